@@ -1,0 +1,372 @@
+/* The forward pass over one sequence context: embedding, per layer RMSNorm -> attention (GQA
+ * or DIFF V2) -> residual -> RMSNorm -> SwiGLU -> residual, final norm and LM head for the
+ * last position only. Chunked: activation memory is bounded by the chunk, not the context. */
+#include "model/engine.h"
+#include "model/sampler.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct Scratch {
+    float *x;      /* (chunk, dim) residual stream */
+    float *xb;     /* (chunk, dim) normed input */
+    float *xb2;    /* (chunk, dim) projection output */
+    float *q;      /* (chunk, n_q_head*hd) */
+    float *k, *v;  /* (chunk, n_kv_head*hd) */
+    float *o;      /* (chunk, n_q_head*hd) per-head attention outputs */
+    float *att;    /* (chunk, n_head*hd) combined heads (diffv2), else aliases o */
+    float *lam;    /* (chunk, n_head) diffv2 lambda */
+    float *gate, *up; /* (chunk, ffn) */
+    float *cos, *sin; /* (chunk, n_rot/2) */
+    float *logits; /* (vocab) */
+    float *attn;   /* attention tiles for every thread */
+};
+
+struct Engine {
+    const struct Model *m;
+    const struct Backend *be;
+    struct EngineOpts opts;
+    struct ThreadPool *pool;
+    void *kcache, *vcache;    /* per layer: (n_kv_head, n_ctx, hd) */
+    size_t layer_kv_elems;
+    float *block;             /* all scratch */
+    struct Scratch s;
+    double *inv_freq;         /* (n_rot/2) RoPE frequencies after scaling */
+    float rope_mscale;
+    int n_past;
+    atomic_int cancel;
+};
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+const char *engine_strerror(int s)
+{
+    switch (s) {
+    case ENGINE_OK: return "ok";
+    case ENGINE_EINPUT: return "invalid input";
+    case ENGINE_EBUDGET: return "over the memory budget";
+    case ENGINE_ENOMEM: return "out of memory";
+    case ENGINE_ECTX: return "context full";
+    case ENGINE_ECANCELLED: return "cancelled";
+    }
+    return "unknown engine error";
+}
+
+void engine_opts_default(struct EngineOpts *o)
+{
+    o->n_ctx = 8192;
+    o->chunk = 512;
+    o->kv_type = KV_F16;
+    o->mem_budget = 0;
+    o->n_threads = 2;
+}
+
+/* Scratch layout in floats; returns the total and fills offsets when s != NULL. */
+static size_t scratch_layout(const struct ModelConfig *c, const struct EngineOpts *o,
+                             const struct Backend *be, float *base, struct Scratch *s)
+{
+    size_t n = (size_t)o->chunk, hd = (size_t)c->head_dim, off = 0;
+    size_t sz[13] = {
+        n * c->dim, n * c->dim, n * c->dim,
+        n * c->n_q_head * hd, n * c->n_kv_head * hd, n * c->n_kv_head * hd,
+        n * c->n_q_head * hd,
+        c->arch == ARCH_DIFFV2 ? n * c->n_head * hd : 0,
+        c->arch == ARCH_DIFFV2 ? n * c->n_head : 0,
+        n * c->ffn_dim, n * c->ffn_dim,
+        n * (c->rope.n_rot / 2) * 2,
+        (size_t)c->vocab,
+    };
+    float **dst[13] = {0};
+    if (s) {
+        float **d[13] = {&s->x, &s->xb, &s->xb2, &s->q, &s->k, &s->v, &s->o, &s->att, &s->lam,
+                         &s->gate, &s->up, &s->cos, &s->logits};
+        memcpy(dst, d, sizeof d);
+    }
+    for (int i = 0; i < 13; i++) {
+        if (s) *dst[i] = base + off;
+        off += (sz[i] + 15) & ~(size_t)15; /* 64-byte aligned pieces */
+    }
+    if (s) {
+        s->sin = s->cos + n * (c->rope.n_rot / 2);
+        if (c->arch != ARCH_DIFFV2) s->att = s->o;
+        s->attn = base + off;
+    }
+    off += be->attention_scratch(c->head_dim, c->n_q_head / c->n_kv_head, o->n_threads);
+    return off;
+}
+
+void engine_estimate(const struct Model *m, const struct EngineOpts *o, struct EngineMemory *out)
+{
+    const struct ModelConfig *c = &m->cfg;
+    size_t el = o->kv_type == KV_F32 ? 4 : 2;
+    out->kv_bytes = 2 * (size_t)c->n_layer * c->n_kv_head * (size_t)o->n_ctx * c->head_dim * el;
+    out->scratch_bytes = scratch_layout(c, o, &backend_cpu, NULL, NULL) * sizeof(float) +
+                         (size_t)(c->rope.n_rot / 2) * sizeof(double);
+    out->context_bytes = out->kv_bytes + out->scratch_bytes;
+    out->weight_bytes = model_weight_bytes(m);
+}
+
+static void rope_init(struct Engine *e)
+{
+    const struct RopeConfig *r = &e->m->cfg.rope;
+    int half = r->n_rot / 2;
+    double low = 0, high = 0;
+    if (r->scaling == ROPE_SCALING_YARN) {
+        double two_ln_base = 2.0 * log(r->base);
+        double cf = r->n_rot * log(r->orig_ctx / (r->beta_fast * 2 * M_PI)) / two_ln_base;
+        double cs = r->n_rot * log(r->orig_ctx / (r->beta_slow * 2 * M_PI)) / two_ln_base;
+        low = floor(cf) > 0 ? floor(cf) : 0;
+        high = ceil(cs) < r->n_rot - 1 ? ceil(cs) : r->n_rot - 1;
+        if (high == low) high += 0.001;
+    }
+    for (int i = 0; i < half; i++) {
+        double theta = pow(r->base, -2.0 * i / r->n_rot);
+        switch (r->scaling) {
+        case ROPE_SCALING_NONE: e->inv_freq[i] = theta; break;
+        case ROPE_SCALING_LINEAR: e->inv_freq[i] = theta / r->factor; break;
+        case ROPE_SCALING_YARN: {
+            double ramp = (i - low) / (high - low);
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            double ext = 1.0 - ramp;
+            e->inv_freq[i] = theta / r->factor * (1 - ext) + theta * ext;
+            break;
+        }
+        }
+    }
+    e->rope_mscale = r->scaling == ROPE_SCALING_YARN ? r->attn_factor : 1.f;
+}
+
+int engine_new(const struct Model *m, const struct EngineOpts *o, struct Engine **out,
+               char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!m || !o || o->n_ctx < 1 || o->n_ctx > ENGINE_MAX_CTX || o->chunk < 1 ||
+        o->n_threads < 1 || o->n_threads > 256 || (o->kv_type != KV_F16 && o->kv_type != KV_F32))
+        return fail(err, errlen, ENGINE_EINPUT,
+                    "invalid engine options: ctx must be 1..%d, chunk >= 1, threads 1..256",
+                    ENGINE_MAX_CTX);
+    struct EngineOpts opts = *o;
+    if (opts.chunk > opts.n_ctx) opts.chunk = opts.n_ctx;
+    struct EngineMemory mem;
+    engine_estimate(m, &opts, &mem);
+    if (opts.mem_budget && mem.context_bytes > opts.mem_budget)
+        return fail(err, errlen, ENGINE_EBUDGET,
+                    "a %d-token context needs %zu bytes (%.1f MiB: KV %.1f MiB + activations "
+                    "%.1f MiB), over the budget of %zu bytes (%.1f MiB)",
+                    opts.n_ctx, mem.context_bytes, mem.context_bytes / 1048576.0,
+                    mem.kv_bytes / 1048576.0, mem.scratch_bytes / 1048576.0, opts.mem_budget,
+                    opts.mem_budget / 1048576.0);
+
+    struct Engine *e = calloc(1, sizeof *e);
+    if (!e) return fail(err, errlen, ENGINE_ENOMEM, "out of memory");
+    e->m = m;
+    e->be = &backend_cpu;
+    e->opts = opts;
+    const struct ModelConfig *c = &m->cfg;
+    size_t el = opts.kv_type == KV_F32 ? 4 : 2;
+    e->layer_kv_elems = (size_t)c->n_kv_head * opts.n_ctx * c->head_dim;
+    size_t kv_total = e->layer_kv_elems * c->n_layer * el;
+    /* malloc, not calloc-and-touch: pages are committed only as positions are written, so a
+     * short sequence in a long context costs what it uses. */
+    e->kcache = malloc(kv_total);
+    e->vcache = malloc(kv_total);
+    size_t nf = scratch_layout(c, &opts, e->be, NULL, NULL);
+    e->block = aligned_alloc(64, ((nf * sizeof(float)) + 63) & ~(size_t)63);
+    e->inv_freq = calloc((size_t)(c->rope.n_rot / 2) + 1, sizeof(double));
+    if (!e->kcache || !e->vcache || !e->block || !e->inv_freq ||
+        pool_new(opts.n_threads, &e->pool) != 0) {
+        engine_destroy(&e);
+        return fail(err, errlen, ENGINE_ENOMEM, "cannot allocate %zu bytes for the context",
+                    mem.context_bytes);
+    }
+    scratch_layout(c, &opts, e->be, e->block, &e->s);
+    rope_init(e);
+    atomic_init(&e->cancel, 0);
+    *out = e;
+    return ENGINE_OK;
+}
+
+void engine_destroy(struct Engine **pe)
+{
+    struct Engine *e = *pe;
+    if (!e) return;
+    pool_destroy(&e->pool);
+    free(e->kcache);
+    free(e->vcache);
+    free(e->block);
+    free(e->inv_freq);
+    free(e);
+    *pe = NULL;
+}
+
+static void rope_tables(struct Engine *e, int n, int pos0)
+{
+    int half = e->m->cfg.rope.n_rot / 2;
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < half; i++) {
+            double phi = (double)(pos0 + t) * e->inv_freq[i];
+            e->s.cos[(size_t)t * half + i] = (float)(cos(phi) * e->rope_mscale);
+            e->s.sin[(size_t)t * half + i] = (float)(sin(phi) * e->rope_mscale);
+        }
+}
+
+/* One chunk of n tokens at positions n_past..n_past+n-1; logits of the last one if asked. */
+static void forward_chunk(struct Engine *e, const int32_t *tokens, int n, int want_logits)
+{
+    const struct Model *m = e->m;
+    const struct ModelConfig *c = &m->cfg;
+    const struct Backend *be = e->be;
+    struct Scratch *s = &e->s;
+    int d = c->dim, hd = c->head_dim, nq = c->n_q_head * hd, nkv = c->n_kv_head * hd;
+    int no = c->n_head * hd, F = c->ffn_dim, pos0 = e->n_past;
+    size_t el = e->opts.kv_type == KV_F32 ? 4 : 2;
+
+    for (int t = 0; t < n; t++)
+        memcpy(s->x + (size_t)t * d, m->tok_embd + (size_t)tokens[t] * d, (size_t)d * sizeof(float));
+    rope_tables(e, n, pos0);
+
+    for (int l = 0; l < c->n_layer; l++) {
+        const struct LayerWeights *w = &m->layers[l];
+        void *kc = (char *)e->kcache + (size_t)l * e->layer_kv_elems * el;
+        void *vc = (char *)e->vcache + (size_t)l * e->layer_kv_elems * el;
+
+        be->rmsnorm(e->pool, s->xb, s->x, w->attn_norm, n, d, c->norm_eps);
+        be->matmul(e->pool, s->q, s->xb, w->wq, n, d, nq);
+        be->matmul(e->pool, s->k, s->xb, w->wk, n, d, nkv);
+        be->matmul(e->pool, s->v, s->xb, w->wv, n, d, nkv);
+        be->rope(s->q, n, (size_t)nq, c->n_q_head, hd, c->rope.n_rot, c->rope.layout, s->cos, s->sin);
+        be->rope(s->k, n, (size_t)nkv, c->n_kv_head, hd, c->rope.n_rot, c->rope.layout, s->cos, s->sin);
+        be->kv_store(kc, vc, e->opts.kv_type, (size_t)e->opts.n_ctx * hd, s->k, s->v, (size_t)nkv,
+                     n, pos0, c->n_kv_head, hd);
+        struct AttnArgs a = {
+            .q = s->q, .q_stride = (size_t)nq, .out = s->o, .out_stride = (size_t)nq,
+            .k = kc, .v = vc, .kv_head_stride = (size_t)e->opts.n_ctx * hd,
+            .kv_type = e->opts.kv_type, .n_tok = n, .pos0 = pos0,
+            .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
+            .scale = 1.f / sqrtf((float)hd),
+        };
+        be->attention(e->pool, &a, s->attn);
+        if (c->arch == ARCH_DIFFV2) {
+            /* out_i = o_2i - sigmoid(lambda_i(x)) * o_2i+1, lambda from the normed input. */
+            be->matmul(e->pool, s->lam, s->xb, w->wlambda, n, d, c->n_head);
+            for (int t = 0; t < n; t++)
+                for (int i = 0; i < c->n_head; i++) {
+                    float lam = 1.f / (1.f + expf(-s->lam[(size_t)t * c->n_head + i]));
+                    const float *o1 = s->o + (size_t)t * nq + (size_t)(2 * i) * hd;
+                    const float *o2 = o1 + hd;
+                    float *dst = s->att + (size_t)t * no + (size_t)i * hd;
+                    for (int j = 0; j < hd; j++) dst[j] = o1[j] - lam * o2[j];
+                }
+        }
+        be->matmul(e->pool, s->xb2, s->att, w->wo, n, no, d);
+        be->add(s->x, s->xb2, (size_t)n * d);
+
+        be->rmsnorm(e->pool, s->xb, s->x, w->ffn_norm, n, d, c->norm_eps);
+        be->matmul(e->pool, s->gate, s->xb, w->w_gate, n, d, F);
+        be->matmul(e->pool, s->up, s->xb, w->w_up, n, d, F);
+        be->swiglu(s->gate, s->up, (size_t)n * F);
+        be->matmul(e->pool, s->xb2, s->gate, w->w_down, n, F, d);
+        be->add(s->x, s->xb2, (size_t)n * d);
+    }
+    e->n_past += n;
+    if (want_logits) {
+        const float *last = s->x + (size_t)(n - 1) * d;
+        be->rmsnorm(e->pool, s->xb, last, m->output_norm, 1, d, c->norm_eps);
+        be->matmul(e->pool, s->logits, s->xb, m->output, 1, d, c->vocab);
+    }
+}
+
+int engine_prefill(struct Engine *e, const int32_t *tokens, size_t n, char *err, size_t errlen)
+{
+    if (!e || (!tokens && n)) return fail(err, errlen, ENGINE_EINPUT, "no tokens");
+    if (n == 0) return ENGINE_OK;
+    if (n > (size_t)(e->opts.n_ctx - e->n_past))
+        return fail(err, errlen, ENGINE_ECTX,
+                    "%zu tokens do not fit: the context holds %d and %d are in use", n,
+                    e->opts.n_ctx, e->n_past);
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= e->m->cfg.vocab)
+            return fail(err, errlen, ENGINE_EINPUT, "token %d at index %zu is outside the vocabulary "
+                        "(%d)", tokens[i], i, e->m->cfg.vocab);
+    openblas_set_num_threads(e->opts.n_threads);
+    for (size_t i = 0; i < n; i += (size_t)e->opts.chunk) {
+        if (atomic_exchange(&e->cancel, 0))
+            return fail(err, errlen, ENGINE_ECANCELLED, "cancelled after %zu of %zu tokens", i, n);
+        int len = n - i < (size_t)e->opts.chunk ? (int)(n - i) : e->opts.chunk;
+        forward_chunk(e, tokens + i, len, i + (size_t)len == n);
+    }
+    return ENGINE_OK;
+}
+
+int engine_score(struct Engine *e, const int32_t *tokens, size_t n, double *nll_sum,
+                 size_t *n_scored, char *err, size_t errlen)
+{
+    enum { ROWS = 32 };
+    *nll_sum = 0;
+    *n_scored = 0;
+    if (!e || !tokens || n < 2) return fail(err, errlen, ENGINE_EINPUT, "need at least 2 tokens");
+    int rc = ENGINE_OK;
+    if (n > (size_t)(e->opts.n_ctx - e->n_past))
+        return fail(err, errlen, ENGINE_ECTX, "%zu tokens do not fit in a %d-token context", n,
+                    e->opts.n_ctx - e->n_past);
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= e->m->cfg.vocab)
+            return fail(err, errlen, ENGINE_EINPUT, "token %d outside the vocabulary", tokens[i]);
+    const struct ModelConfig *c = &e->m->cfg;
+    float *lg = malloc((size_t)ROWS * c->vocab * sizeof(float));
+    if (!lg) return fail(err, errlen, ENGINE_ENOMEM, "out of memory");
+    openblas_set_num_threads(e->opts.n_threads);
+    for (size_t i = 0; i < n && rc == ENGINE_OK; i += (size_t)e->opts.chunk) {
+        if (atomic_exchange(&e->cancel, 0)) { rc = fail(err, errlen, ENGINE_ECANCELLED, "cancelled"); break; }
+        int len = n - i < (size_t)e->opts.chunk ? (int)(n - i) : e->opts.chunk;
+        forward_chunk(e, tokens + i, len, 0);
+        for (int r0 = 0; r0 < len; r0 += ROWS) {
+            int nr = len - r0 < ROWS ? len - r0 : ROWS;
+            const float *rows = e->s.x + (size_t)r0 * c->dim;
+            e->be->rmsnorm(e->pool, e->s.xb, rows, e->m->output_norm, nr, c->dim, c->norm_eps);
+            e->be->matmul(e->pool, lg, e->s.xb, e->m->output, nr, c->dim, c->vocab);
+            for (int r = 0; r < nr; r++) {
+                size_t pos = i + (size_t)r0 + r;
+                if (pos + 1 >= n) break;
+                struct TokenSignal sig;
+                sampler_signal(lg + (size_t)r * c->vocab, c->vocab, tokens[pos + 1], &sig);
+                *nll_sum -= sig.logprob;
+                (*n_scored)++;
+            }
+        }
+    }
+    free(lg);
+    return rc;
+}
+
+int engine_decode(struct Engine *e, int32_t token, char *err, size_t errlen)
+{
+    return engine_prefill(e, &token, 1, err, errlen);
+}
+
+const float *engine_logits(const struct Engine *e) { return e->s.logits; }
+int engine_n_past(const struct Engine *e) { return e->n_past; }
+const struct Model *engine_model(const struct Engine *e) { return e->m; }
+const struct EngineOpts *engine_opts(const struct Engine *e) { return &e->opts; }
+
+void engine_reset(struct Engine *e)
+{
+    e->n_past = 0;
+    atomic_store(&e->cancel, 0);
+}
+
+void engine_cancel(struct Engine *e) { atomic_store(&e->cancel, 1); }

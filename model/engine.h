@@ -1,0 +1,76 @@
+/* The engine: one sequence context over a shared, read-only Model. Open a context with a
+ * token budget (refused up front when its memory would exceed the configured budget), prefill
+ * tokens in chunks, decode one token at a time, read the last position's logits, cancel
+ * between chunks and steps. One context is used by one thread at a time; engine_cancel may be
+ * called from any thread. */
+#ifndef DIFFRAG_ENGINE_H
+#define DIFFRAG_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/backend.h"
+#include "model/model.h"
+
+#define ENGINE_MAX_CTX 131072
+
+enum EngineStatus {
+    ENGINE_OK = 0,
+    ENGINE_EINPUT = -1,     /* bad argument or token id out of range */
+    ENGINE_EBUDGET = -2,    /* the context would need more memory than the budget allows */
+    ENGINE_ENOMEM = -3,
+    ENGINE_ECTX = -4,       /* the sequence would pass n_ctx */
+    ENGINE_ECANCELLED = -5, /* engine_cancel was called; the cache holds the chunks done */
+};
+const char *engine_strerror(int status);
+
+struct EngineOpts {
+    int n_ctx;              /* tokens the KV cache holds (1..ENGINE_MAX_CTX) */
+    int chunk;              /* prefill chunk size in tokens (>= 1) */
+    enum KvType kv_type;    /* KV_F16 (default) or KV_F32 */
+    size_t mem_budget;      /* bytes a context may use (KV + activations); 0 = unlimited */
+    int n_threads;          /* >= 1 */
+};
+void engine_opts_default(struct EngineOpts *o);
+
+struct EngineMemory {
+    size_t kv_bytes;        /* K and V caches for n_ctx tokens */
+    size_t scratch_bytes;   /* activations for one chunk, logits, attention tiles */
+    size_t context_bytes;   /* kv + scratch: what engine_new allocates */
+    size_t weight_bytes;    /* the shared model weights (not part of the context) */
+};
+/* The memory a context with these options needs; pure arithmetic, allocates nothing. */
+void engine_estimate(const struct Model *m, const struct EngineOpts *o, struct EngineMemory *out);
+
+struct Engine;
+
+/* Opens a context. ENGINE_EBUDGET (with both figures in `err`) before any large allocation
+ * when the estimate exceeds o->mem_budget. The Model must outlive the context. */
+int engine_new(const struct Model *m, const struct EngineOpts *o, struct Engine **out,
+               char *err, size_t errlen);
+void engine_destroy(struct Engine **e);
+
+/* Appends n tokens to the sequence in chunks of opts.chunk; afterwards engine_logits holds the
+ * logits of the last token. Checks for cancellation before each chunk. */
+int engine_prefill(struct Engine *e, const int32_t *tokens, size_t n, char *err, size_t errlen);
+/* One decode step: appends `token` and computes its logits (= prefill of one token). */
+int engine_decode(struct Engine *e, int32_t token, char *err, size_t errlen);
+
+/* Appends n tokens like engine_prefill and scores them: *nll_sum receives the summed negative
+ * log-likelihood of tokens[1..n-1], each given its prefix, over *n_scored positions
+ * (perplexity = exp(nll_sum / n_scored)). */
+int engine_score(struct Engine *e, const int32_t *tokens, size_t n, double *nll_sum,
+                 size_t *n_scored, char *err, size_t errlen);
+
+/* Logits (vocab) of the last token evaluated; borrowed, valid until the next call. */
+const float *engine_logits(const struct Engine *e);
+int engine_n_past(const struct Engine *e);
+const struct Model *engine_model(const struct Engine *e);
+const struct EngineOpts *engine_opts(const struct Engine *e);
+/* Forget the sequence (and any pending cancel); the cache is reused. */
+void engine_reset(struct Engine *e);
+/* Asks the running (or next) prefill/decode call to stop at its next chunk or step boundary;
+ * that call returns ENGINE_ECANCELLED and consumes the request. Async-signal and thread safe. */
+void engine_cancel(struct Engine *e);
+
+#endif

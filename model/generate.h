@@ -1,0 +1,50 @@
+/* The decode loop: prefill a prompt, then sample token by token until EOS/end-of-turn, a stop
+ * string, max_tokens or cancellation, streaming complete UTF-8 text through a callback. */
+#ifndef DIFFRAG_GENERATE_H
+#define DIFFRAG_GENERATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/engine.h"
+#include "model/sampler.h"
+
+enum FinishReason { FINISH_STOP = 0, FINISH_LENGTH = 1, FINISH_CANCELLED = 2, FINISH_ERROR = 3 };
+const char *finish_reason_name(enum FinishReason r);
+
+struct GenParams {
+    int max_tokens;
+    struct SamplerParams sampler;
+    const char *const *stop;   /* stop strings (not included in the output) */
+    size_t n_stop;
+};
+
+/* One generated token (or, with id -1, the release of text held back for a stop string that
+ * never completed, delivered once at the end). `text` is the new output text this token releases (complete UTF-8,
+ * possibly empty while a multi-byte character or a possible stop string is held back);
+ * borrowed for the duration of the callback. */
+struct GenToken {
+    int32_t id;
+    int index;
+    const char *text;
+    size_t text_len;
+    struct TokenSignal sig;
+};
+/* Return non-zero to stop generation (finish reason: cancelled). */
+typedef int (*gen_token_fn)(void *user, const struct GenToken *t);
+
+struct GenResult {
+    char *text;                 /* malloc'd, NUL-terminated; caller frees */
+    size_t text_len;
+    int n_prompt, n_generated;
+    enum FinishReason finish;
+    double prefill_ms, decode_ms;
+};
+
+/* Prefills `prompt` into the (reset) engine and decodes. Returns ENGINE_OK with
+ * result->finish telling why it ended (cancellation is not an error), or a negative
+ * ENGINE_E* code with `err` filled. */
+int generate(struct Engine *e, const int32_t *prompt, size_t n_prompt, const struct GenParams *p,
+             gen_token_fn cb, void *user, struct GenResult *result, char *err, size_t errlen);
+
+#endif

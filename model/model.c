@@ -1,0 +1,268 @@
+/* Model loading: reads the hyper-parameters of a llama or diffv2 GGUF (docs/model-format.md),
+ * checks every tensor's shape against them, and dequantises all weights into one f32 arena. */
+#include "model/model.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/dequant.h"
+#include "model/gguf.h"
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+const char *model_arch_name(enum ModelArch a) { return a == ARCH_DIFFV2 ? "diffv2" : "llama"; }
+
+/* Reads "{arch}.suffix" as u32; `def` < 0 means required. */
+static int key_u32(const struct GgufFile *g, const char *arch, const char *suffix, long def,
+                   int *out, char *err, size_t errlen)
+{
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    uint32_t v;
+    int rc = gguf_get_u32(g, key, &v);
+    if (rc == GGUF_ENOTFOUND && def >= 0) { *out = (int)def; return 0; }
+    if (rc != GGUF_OK)
+        return fail(err, errlen, MODEL_EFORMAT, "%s: key %s: %s", gguf_path(g), key,
+                    rc == GGUF_ENOTFOUND ? "missing" : "wrong type or out of range");
+    if (v > (1u << 30))
+        return fail(err, errlen, MODEL_EFORMAT, "%s: key %s = %u is implausibly large",
+                    gguf_path(g), key, v);
+    *out = (int)v;
+    return 0;
+}
+
+static int key_f32(const struct GgufFile *g, const char *arch, const char *suffix, float def,
+                   float *out, char *err, size_t errlen)
+{
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int rc = gguf_get_f32(g, key, out);
+    if (rc == GGUF_ENOTFOUND) { *out = def; return 0; }
+    if (rc != GGUF_OK || !isfinite(*out))
+        return fail(err, errlen, MODEL_EFORMAT, "%s: key %s has a wrong type or value",
+                    gguf_path(g), key);
+    return 0;
+}
+
+static int key_str_eq(const struct GgufFile *g, const char *key, const char *want)
+{
+    struct GgufString s;
+    if (gguf_get_str(g, key, &s) != GGUF_OK) return 0;
+    return s.len == strlen(want) && memcmp(s.ptr, want, s.len) == 0;
+}
+
+static int read_config(const struct GgufFile *g, struct ModelConfig *c, char *err, size_t errlen)
+{
+    struct GgufString a;
+    if (gguf_get_str(g, "general.architecture", &a) != GGUF_OK)
+        return fail(err, errlen, MODEL_EFORMAT, "%s: general.architecture missing", gguf_path(g));
+    char arch[32];
+    if (a.len == 5 && !memcmp(a.ptr, "llama", 5)) c->arch = ARCH_LLAMA;
+    else if (a.len == 6 && !memcmp(a.ptr, "diffv2", 6)) c->arch = ARCH_DIFFV2;
+    else
+        return fail(err, errlen, MODEL_EUNSUPPORTED,
+                    "%s: architecture '%.*s' is not supported (llama, diffv2)", gguf_path(g),
+                    (int)(a.len > 64 ? 64 : a.len), a.ptr);
+    snprintf(arch, sizeof arch, "%s", model_arch_name(c->arch));
+
+    int rc;
+    if ((rc = key_u32(g, arch, "block_count", -1, &c->n_layer, err, errlen)) ||
+        (rc = key_u32(g, arch, "embedding_length", -1, &c->dim, err, errlen)) ||
+        (rc = key_u32(g, arch, "feed_forward_length", -1, &c->ffn_dim, err, errlen)) ||
+        (rc = key_u32(g, arch, "attention.head_count", -1, &c->n_head, err, errlen)) ||
+        (rc = key_u32(g, arch, "context_length", 0, &c->ctx_train, err, errlen)))
+        return rc;
+    if (c->n_layer < 1 || c->dim < 1 || c->ffn_dim < 1 || c->n_head < 1)
+        return fail(err, errlen, MODEL_EFORMAT, "%s: zero layers, width or heads", gguf_path(g));
+    if ((rc = key_u32(g, arch, "attention.head_count_kv", c->n_head, &c->n_kv_head, err, errlen)) ||
+        (rc = key_u32(g, arch, "attention.key_length", c->dim / c->n_head, &c->head_dim, err, errlen)))
+        return rc;
+    c->n_q_head = c->arch == ARCH_DIFFV2 ? 2 * c->n_head : c->n_head;
+    if (c->n_kv_head < 1 || c->head_dim < 2 || c->n_head % c->n_kv_head != 0)
+        return fail(err, errlen, MODEL_EFORMAT,
+                    "%s: head_count %d is not a multiple of head_count_kv %d (or head_dim %d < 2)",
+                    gguf_path(g), c->n_head, c->n_kv_head, c->head_dim);
+    if ((rc = key_f32(g, arch, "attention.layer_norm_rms_epsilon", 1e-5f, &c->norm_eps, err, errlen)))
+        return rc;
+
+    struct RopeConfig *r = &c->rope;
+    if ((rc = key_f32(g, arch, "rope.freq_base", 10000.f, &r->base, err, errlen)) ||
+        (rc = key_u32(g, arch, "rope.dimension_count", c->head_dim, &r->n_rot, err, errlen)))
+        return rc;
+    if (r->n_rot % 2 || r->n_rot > c->head_dim || r->base <= 1.f)
+        return fail(err, errlen, MODEL_EFORMAT, "%s: rope dimension_count %d / base %g invalid",
+                    gguf_path(g), r->n_rot, r->base);
+    char key[160];
+    snprintf(key, sizeof key, "%s.rope.layout", arch);
+    r->layout = ROPE_ADJACENT;
+    if (gguf_has_key(g, key)) {
+        if (key_str_eq(g, key, "neox")) r->layout = ROPE_NEOX;
+        else if (!key_str_eq(g, key, "adjacent"))
+            return fail(err, errlen, MODEL_EUNSUPPORTED, "%s: %s must be adjacent or neox",
+                        gguf_path(g), key);
+    }
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    r->scaling = ROPE_SCALING_NONE;
+    if (gguf_has_key(g, key)) {
+        if (key_str_eq(g, key, "linear")) r->scaling = ROPE_SCALING_LINEAR;
+        else if (key_str_eq(g, key, "yarn")) r->scaling = ROPE_SCALING_YARN;
+        else if (!key_str_eq(g, key, "none"))
+            return fail(err, errlen, MODEL_EUNSUPPORTED, "%s: %s must be none, linear or yarn",
+                        gguf_path(g), key);
+    }
+    if ((rc = key_f32(g, arch, "rope.scaling.factor", 1.f, &r->factor, err, errlen)) ||
+        (rc = key_u32(g, arch, "rope.scaling.original_context_length",
+                      c->ctx_train > 0 ? c->ctx_train : 4096, &r->orig_ctx, err, errlen)) ||
+        (rc = key_f32(g, arch, "rope.scaling.attn_factor", 0.f, &r->attn_factor, err, errlen)) ||
+        (rc = key_f32(g, arch, "rope.scaling.yarn_beta_fast", 32.f, &r->beta_fast, err, errlen)) ||
+        (rc = key_f32(g, arch, "rope.scaling.yarn_beta_slow", 1.f, &r->beta_slow, err, errlen)))
+        return rc;
+    if (r->scaling != ROPE_SCALING_NONE && !(r->factor > 0.f))
+        return fail(err, errlen, MODEL_EFORMAT, "%s: rope scaling factor %g must be > 0",
+                    gguf_path(g), r->factor);
+    if (r->attn_factor == 0.f)
+        r->attn_factor = r->scaling == ROPE_SCALING_YARN && r->factor > 1.f
+                             ? 0.1f * logf(r->factor) + 1.f : 1.f;
+    return 0;
+}
+
+/* Finds `name`, checks it is a 2-D (or 1-D when rows == 0) tensor of the given shape, and
+ * dequantises it to dst. */
+static int load_tensor(const struct GgufFile *g, const char *name, int64_t cols, int64_t rows,
+                       float *dst, char *err, size_t errlen)
+{
+    const struct GgufTensor *t = gguf_find_tensor(g, name);
+    if (!t) return fail(err, errlen, MODEL_EFORMAT, "%s: tensor %s missing", gguf_path(g), name);
+    int ok = rows == 0 ? (t->n_elements == (uint64_t)cols && t->ne[0] == (uint64_t)cols)
+                       : (t->ne[0] == (uint64_t)cols && t->ne[1] == (uint64_t)rows &&
+                          t->n_elements == (uint64_t)(cols * rows));
+    if (!ok)
+        return fail(err, errlen, MODEL_EFORMAT,
+                    "%s: tensor %s has shape [%llu, %llu], expected [%lld, %lld]", gguf_path(g),
+                    name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+                    (long long)cols, (long long)(rows ? rows : 1));
+    if (dequant_row(t->type, t->data, dst, (size_t)t->n_elements) != 0)
+        return fail(err, errlen, MODEL_EUNSUPPORTED, "%s: tensor %s has unsupported type %s",
+                    gguf_path(g), name, ggml_type_name(t->type));
+    return 0;
+}
+
+int model_load(const char *path, struct Model **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct GgufFile *g = NULL;
+    struct Model *m = NULL;
+    int rc = gguf_open(path, &g, err, errlen);
+    if (rc != GGUF_OK) return rc == GGUF_EIO ? MODEL_EIO : rc == GGUF_EUNSUPPORTED
+                                                 ? MODEL_EUNSUPPORTED : MODEL_EFORMAT;
+    m = calloc(1, sizeof *m);
+    if (!m) { rc = fail(err, errlen, MODEL_ENOMEM, "out of memory"); goto err; }
+    m->path = strdup(path);
+    if (!m->path) { rc = fail(err, errlen, MODEL_ENOMEM, "out of memory"); goto err; }
+    struct ModelConfig *c = &m->cfg;
+    if ((rc = read_config(g, c, err, errlen))) goto err;
+
+    const struct GgufTensor *emb = gguf_find_tensor(g, "token_embd.weight");
+    if (!emb || emb->ne[0] != (uint64_t)c->dim || emb->ne[1] < 1 || emb->ne[1] > (1u << 24)) {
+        rc = fail(err, errlen, MODEL_EFORMAT, "%s: token_embd.weight missing or not [%d, vocab]",
+                  path, c->dim);
+        goto err;
+    }
+    c->vocab = (int)emb->ne[1];
+    int tied = gguf_find_tensor(g, "output.weight") == NULL;
+
+    /* Arena layout, in floats. */
+    size_t d = (size_t)c->dim, hd = (size_t)c->head_dim, V = (size_t)c->vocab;
+    size_t nq = (size_t)c->n_q_head * hd, nkv = (size_t)c->n_kv_head * hd;
+    size_t no = (size_t)c->n_head * hd, F = (size_t)c->ffn_dim;
+    size_t per_layer = d + nq * d + 2 * nkv * d + d * no + d + 3 * F * d +
+                       (c->arch == ARCH_DIFFV2 ? (size_t)c->n_head * d : 0);
+    size_t total = V * d + d + (tied ? 0 : V * d) + per_layer * (size_t)c->n_layer;
+    m->arena_bytes = total * sizeof(float);
+    m->arena = malloc(m->arena_bytes);
+    m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
+    if (!m->arena || !m->layers) {
+        rc = fail(err, errlen, MODEL_ENOMEM, "%s: cannot allocate %zu MiB for weights", path,
+                  m->arena_bytes >> 20);
+        goto err;
+    }
+    float *p = m->arena;
+#define TAKE(ptr, n) do { (ptr) = p; p += (n); } while (0)
+    TAKE(m->tok_embd, V * d);
+    TAKE(m->output_norm, d);
+    if (tied) m->output = m->tok_embd; else TAKE(m->output, V * d);
+    if ((rc = load_tensor(g, "token_embd.weight", c->dim, c->vocab, m->tok_embd, err, errlen)) ||
+        (rc = load_tensor(g, "output_norm.weight", c->dim, 0, m->output_norm, err, errlen)) ||
+        (!tied && (rc = load_tensor(g, "output.weight", c->dim, c->vocab, m->output, err, errlen))))
+        goto err;
+    for (int l = 0; l < c->n_layer; l++) {
+        struct LayerWeights *w = &m->layers[l];
+        TAKE(w->attn_norm, d); TAKE(w->wq, nq * d); TAKE(w->wk, nkv * d); TAKE(w->wv, nkv * d);
+        TAKE(w->wo, d * no); TAKE(w->ffn_norm, d); TAKE(w->w_gate, F * d); TAKE(w->w_up, F * d);
+        TAKE(w->w_down, d * F);
+        if (c->arch == ARCH_DIFFV2) TAKE(w->wlambda, (size_t)c->n_head * d);
+        char n[96];
+#define LOAD(suffix, cols, rows, dst) \
+        snprintf(n, sizeof n, "blk.%d." suffix ".weight", l); \
+        if ((rc = load_tensor(g, n, (cols), (rows), (dst), err, errlen))) goto err;
+        LOAD("attn_norm", c->dim, 0, w->attn_norm);
+        LOAD("attn_q", c->dim, (int64_t)nq, w->wq);
+        LOAD("attn_k", c->dim, (int64_t)nkv, w->wk);
+        LOAD("attn_v", c->dim, (int64_t)nkv, w->wv);
+        LOAD("attn_output", (int64_t)no, c->dim, w->wo);
+        LOAD("ffn_norm", c->dim, 0, w->ffn_norm);
+        LOAD("ffn_gate", c->dim, c->ffn_dim, w->w_gate);
+        LOAD("ffn_up", c->dim, c->ffn_dim, w->w_up);
+        LOAD("ffn_down", c->ffn_dim, c->dim, w->w_down);
+        if (c->arch == ARCH_DIFFV2) { LOAD("attn_lambda", c->dim, c->n_head, w->wlambda); }
+#undef LOAD
+    }
+#undef TAKE
+
+    if ((rc = tok_load_gguf(g, &m->tok, err, errlen)) != 0) { rc = MODEL_EFORMAT; goto err; }
+    if (tok_n_vocab(m->tok) > c->vocab) {
+        rc = fail(err, errlen, MODEL_EFORMAT, "%s: tokenizer has %d tokens but the embedding %d",
+                  path, tok_n_vocab(m->tok), c->vocab);
+        goto err;
+    }
+    struct GgufString nm;
+    if (gguf_get_str(g, "general.name", &nm) == GGUF_OK && nm.len > 0)
+        snprintf(m->name, sizeof m->name, "%.*s", (int)(nm.len > 120 ? 120 : nm.len), nm.ptr);
+    else {
+        const char *base = strrchr(path, '/');
+        snprintf(m->name, sizeof m->name, "%s", base ? base + 1 : path);
+    }
+    gguf_close(&g);
+    *out = m;
+    return MODEL_OK;
+err:
+    gguf_close(&g);
+    model_destroy(&m);
+    return rc;
+}
+
+void model_destroy(struct Model **pm)
+{
+    struct Model *m = *pm;
+    if (!m) return;
+    tok_destroy(&m->tok);
+    free(m->arena);
+    free(m->layers);
+    free(m->path);
+    free(m);
+    *pm = NULL;
+}
+
+size_t model_weight_bytes(const struct Model *m) { return m->arena_bytes; }

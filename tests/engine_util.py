@@ -1,0 +1,64 @@
+"""Helpers for the engine tests: tiny model generation and running diffrag-run."""
+import pathlib
+import re
+import subprocess
+import sys
+
+import numpy as np
+
+from conftest import BUILD, ROOT
+
+RUN = BUILD / "diffrag-run"
+
+
+def gen_tiny(path, *args):
+    """Write a tiny random model with tools/gen-tiny-model and return its path."""
+    subprocess.run([sys.executable, str(ROOT / "tools" / "gen-tiny-model"), str(path), *args],
+                   check=True, capture_output=True, text=True)
+    return pathlib.Path(path)
+
+
+def run(model, *args, tokens=None, timeout=900, check=True, stdin=None):
+    """Run diffrag-run; returns the CompletedProcess (stdout as bytes)."""
+    cmd = [str(RUN), "-m", str(model), *map(str, args)]
+    if tokens is not None:
+        cmd += ["--tokens", ",".join(map(str, tokens))]
+    r = subprocess.run(cmd, capture_output=True, timeout=timeout, input=stdin)
+    if check and r.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd[:8])} ... exited {r.returncode}: "
+                             f"{r.stderr.decode(errors='replace')[-2000:]}")
+    return r
+
+
+def last_logits(model, tokens, tmp_path, *args, name="logits.bin"):
+    """Last-position logits of the C engine, float32 array."""
+    out = tmp_path / name
+    if len(tokens) > 200:
+        tf = tmp_path / (name + ".tokens")
+        tf.write_text(",".join(map(str, tokens)))
+        run(model, "--tokens-file", tf, "--dump-logits", out, "-n", 0, *args)
+    else:
+        run(model, "--dump-logits", out, "-n", 0, *args, tokens=tokens)
+    return np.fromfile(out, dtype="<f4")
+
+
+def rel_err(a, b):
+    """max |a - b| / max |b|: the relative error the tolerances are stated in."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def logfmt(stderr, prefix):
+    """Parse the `prefix: k=v ...` line of diffrag-run's stderr into a dict of floats/strs."""
+    text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr
+    for line in text.splitlines():
+        if line.startswith(prefix + ":"):
+            out = {}
+            for k, v in re.findall(r"(\w+)=(\S+)", line):
+                try:
+                    out[k] = float(v)
+                except ValueError:
+                    out[k] = v
+            return out
+    raise AssertionError(f"no '{prefix}:' line in output:\n{text[-2000:]}")

@@ -1,0 +1,10 @@
+# tests/: every tests/test_*.c becomes build/tests/test_* linked against every library; the
+# pytest wrapper tests/test_c_units.py runs each one. ASAN_TESTS are also built under
+# AddressSanitizer + UBSan in build/asan by `make test`.
+TEST_SRCS := $(wildcard tests/test_*.c)
+TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
+ALL_LIBS  := $(RETRIEVER_LIBS) $(MODEL_LIBS)
+ALL_DEPS  := $(filter %.a,$(ALL_LIBS))
+
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(ALL_DEPS)
+	$(CC) $(LDFLAGS) $< -o $@ $(ALL_LIBS) $(LDLIBS)

@@ -1,0 +1,383 @@
+/* diffrag-run: load a model, prefill a prompt in chunks, decode, print the continuation on
+ * stdout and one logfmt timings line on stderr. Also the engine's test harness: raw token
+ * input (--tokens/--tokens-file) and a dump of the last position's logits (--dump-logits). */
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "model/engine.h"
+#include "model/generate.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: diffrag-run -m MODEL (-p PROMPT | --tokens IDS | --tokens-file FILE) [options]\n"
+        "  -m, --model FILE      GGUF model (llama or diffv2)\n"
+        "  -p, --prompt TEXT     prompt text ('-' reads stdin)\n"
+        "  -n, --n-predict N     tokens to generate (default 64)\n"
+        "      --chat            wrap the prompt in the model's chat template\n"
+        "      --system TEXT     system message for --chat\n"
+        "      --ctx N           context size in tokens (default: prompt + n, at most 131072)\n"
+        "      --chunk N         prefill chunk size (default 512)\n"
+        "      --threads N       threads (default: online cores)\n"
+        "      --kv f16|f32      KV cache type (default f16)\n"
+        "      --budget-mb N     refuse contexts needing more than N MiB (default: no limit)\n"
+        "      --temp T          temperature (default 0: greedy)\n"
+        "      --top-k N --top-p P --min-p P --seed S   sampling\n"
+        "      --stop STR        stop string (repeatable)\n"
+        "      --tokens IDS      comma-separated token ids instead of a prompt\n"
+        "      --tokens-file F   token ids (whitespace or comma separated) from a file\n"
+        "      --dump-logits F   write the last prompt position's logits (f32) to F\n"
+        "      --print-tokens    print the prompt's token ids on stderr\n"
+        "      --perplexity      score the prompt: perplexity of each token given its prefix\n"
+        "      --batch           NUL-separated prompts on stdin; NUL-terminated answers out\n");
+}
+
+static int parse_ids(const char *s, int32_t **ids, size_t *n)
+{
+    size_t cap = 1024, k = 0;
+    int32_t *v = malloc(cap * sizeof *v);
+    if (!v) return -1;
+    const char *p = s;
+    while (*p) {
+        while (*p == ',' || *p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (end == p || errno || x < 0 || x > INT32_MAX) { free(v); return -1; }
+        if (k == cap) {
+            int32_t *nv = realloc(v, (cap *= 2) * sizeof *v);
+            if (!nv) { free(v); return -1; }
+            v = nv;
+        }
+        v[k++] = (int32_t)x;
+        p = end;
+    }
+    *ids = v;
+    *n = k;
+    return 0;
+}
+
+static char *read_all(FILE *f, size_t *len)
+{
+    size_t cap = 4096, n = 0;
+    char *b = malloc(cap);
+    if (!b) return NULL;
+    size_t r;
+    while ((r = fread(b + n, 1, cap - n - 1, f)) > 0) {
+        n += r;
+        if (cap - n - 1 == 0) {
+            char *nb = realloc(b, cap *= 2);
+            if (!nb) { free(b); return NULL; }
+            b = nb;
+        }
+    }
+    b[n] = 0;
+    *len = n;
+    return b;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static size_t rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = 0, res = 0;
+    if (!f) return 0;
+    if (fscanf(f, "%ld %ld", &pages, &res) != 2) res = 0;
+    fclose(f);
+    return (size_t)res * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+static int on_token(void *user, const struct GenToken *t)
+{
+    (void)user;
+    if (t->text_len) {
+        fwrite(t->text, 1, t->text_len, stdout);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+#define MAX_STOP 16
+
+/* Wraps text in the chat template when asked and encodes it; *ids is malloc'd. */
+static int encode_prompt(const struct Model *m, const char *text, size_t len, int chat,
+                         const char *system, int32_t **ids, size_t *n_ids)
+{
+    char *wrapped = NULL;
+    if (chat) {
+        struct ChatMessage msgs[2];
+        size_t nm = 0, need;
+        if (system) msgs[nm++] = (struct ChatMessage){CHAT_SYSTEM, system, strlen(system)};
+        msgs[nm++] = (struct ChatMessage){CHAT_USER, text, len};
+        tok_chat_format(m->tok, msgs, nm, 1, NULL, 0, &need);
+        wrapped = malloc(need + 1);
+        if (!wrapped || tok_chat_format(m->tok, msgs, nm, 1, wrapped, need + 1, &need) != TOK_OK) {
+            free(wrapped);
+            return -1;
+        }
+        text = wrapped;
+        len = need;
+    }
+    unsigned flags = chat ? TOK_PARSE_SPECIAL : TOK_ADD_BOS;
+    tok_encode(m->tok, text, len, flags, NULL, 0, n_ids);
+    *ids = malloc((*n_ids ? *n_ids : 1) * sizeof **ids);
+    if (!*ids) { free(wrapped); return -1; }
+    tok_encode(m->tok, text, len, flags, *ids, *n_ids, n_ids);
+    free(wrapped);
+    return 0;
+}
+
+/* --batch: NUL-separated prompts on stdin, each answered with a fresh sequence in one context;
+ * each answer is written to stdout followed by a NUL byte. */
+static int run_batch(const struct Model *m, struct EngineOpts *eo, const struct GenParams *gp,
+                     int chat, const char *system)
+{
+    char err[512];
+    size_t len;
+    char *all = read_all(stdin, &len);
+    struct Engine *e = NULL;
+    if (!all) { fprintf(stderr, "diffrag-run: cannot read stdin\n"); return 1; }
+    if (engine_new(m, eo, &e, err, sizeof err) != ENGINE_OK) {
+        fprintf(stderr, "diffrag-run: %s\n", err);
+        free(all);
+        return 1;
+    }
+    int status = 0;
+    for (size_t off = 0; off < len;) {
+        size_t rl = strnlen(all + off, len - off);
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
+        struct GenResult res = {0};
+        if (encode_prompt(m, all + off, rl, chat, system, &ids, &n_ids) != 0) { status = 1; break; }
+        int rc = generate(e, ids, n_ids, gp, NULL, NULL, &res, err, sizeof err);
+        free(ids);
+        if (rc) {
+            fprintf(stderr, "diffrag-run: prompt at byte %zu: %s\n", off, err);
+            fputc(0, stdout);
+        } else {
+            fwrite(res.text, 1, res.text_len, stdout);
+            fputc(0, stdout);
+            free(res.text);
+        }
+        off += rl + 1;
+    }
+    fflush(stdout);
+    engine_destroy(&e);
+    free(all);
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model_path = NULL, *prompt = NULL, *tokens_arg = NULL, *tokens_file = NULL;
+    const char *dump = NULL, *system = NULL;
+    const char *stop[MAX_STOP];
+    size_t n_stop = 0;
+    int n_predict = 64, chat = 0, ctx = 0, print_tokens = 0, batch = 0, perplexity = 0;
+    long budget_mb = 0;
+    struct EngineOpts eo;
+    engine_opts_default(&eo);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    eo.n_threads = cores > 0 ? (int)cores : 1;
+    struct GenParams gp = {0};
+    sampler_params_default(&gp.sampler);
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define ARG(s, l) (!strcmp(a, s) || !strcmp(a, l))
+#define NEED() do { if (!v) { fprintf(stderr, "diffrag-run: %s needs a value\n", a); return 2; } i++; } while (0)
+        if (ARG("-h", "--help")) { usage(stdout); return 0; }
+        else if (ARG("-m", "--model")) { NEED(); model_path = v; }
+        else if (ARG("-p", "--prompt")) { NEED(); prompt = v; }
+        else if (ARG("-n", "--n-predict")) { NEED(); n_predict = atoi(v); }
+        else if (!strcmp(a, "--chat")) chat = 1;
+        else if (!strcmp(a, "--system")) { NEED(); system = v; }
+        else if (!strcmp(a, "--ctx")) { NEED(); ctx = atoi(v); }
+        else if (!strcmp(a, "--chunk")) { NEED(); eo.chunk = atoi(v); }
+        else if (!strcmp(a, "--threads")) { NEED(); eo.n_threads = atoi(v); }
+        else if (!strcmp(a, "--kv")) {
+            NEED();
+            if (!strcmp(v, "f16")) eo.kv_type = KV_F16;
+            else if (!strcmp(v, "f32")) eo.kv_type = KV_F32;
+            else { fprintf(stderr, "diffrag-run: --kv must be f16 or f32\n"); return 2; }
+        }
+        else if (!strcmp(a, "--budget-mb")) { NEED(); budget_mb = atol(v); }
+        else if (!strcmp(a, "--temp")) { NEED(); gp.sampler.temperature = strtof(v, NULL); }
+        else if (!strcmp(a, "--top-k")) { NEED(); gp.sampler.top_k = atoi(v); }
+        else if (!strcmp(a, "--top-p")) { NEED(); gp.sampler.top_p = strtof(v, NULL); }
+        else if (!strcmp(a, "--min-p")) { NEED(); gp.sampler.min_p = strtof(v, NULL); }
+        else if (!strcmp(a, "--seed")) { NEED(); gp.sampler.seed = strtoull(v, NULL, 10); }
+        else if (!strcmp(a, "--stop")) {
+            NEED();
+            if (n_stop == MAX_STOP) { fprintf(stderr, "diffrag-run: at most %d --stop\n", MAX_STOP); return 2; }
+            stop[n_stop++] = v;
+        }
+        else if (!strcmp(a, "--tokens")) { NEED(); tokens_arg = v; }
+        else if (!strcmp(a, "--tokens-file")) { NEED(); tokens_file = v; }
+        else if (!strcmp(a, "--dump-logits")) { NEED(); dump = v; }
+        else if (!strcmp(a, "--print-tokens")) print_tokens = 1;
+        else if (!strcmp(a, "--batch")) batch = 1;
+        else if (!strcmp(a, "--perplexity")) perplexity = 1;
+        else { fprintf(stderr, "diffrag-run: unknown option %s\n", a); usage(stderr); return 2; }
+#undef NEED
+#undef ARG
+    }
+    if (!model_path || (!prompt && !tokens_arg && !tokens_file && !batch)) { usage(stderr); return 2; }
+    if (n_predict < 0 || eo.chunk < 1 || eo.n_threads < 1 || ctx < 0 || budget_mb < 0) {
+        fprintf(stderr, "diffrag-run: -n, --chunk, --threads, --ctx and --budget-mb must be positive\n");
+        return 2;
+    }
+    gp.max_tokens = n_predict;
+    gp.stop = stop;
+    gp.n_stop = n_stop;
+
+    char err[512] = "";
+    struct Model *m = NULL;
+    struct Engine *e = NULL;
+    int32_t *ids = NULL;
+    char *text = NULL;
+    size_t n_ids = 0;
+    int status = 1;
+    double t_load = now_s();
+    if (model_load(model_path, &m, err, sizeof err) != MODEL_OK) {
+        fprintf(stderr, "diffrag-run: %s\n", err);
+        return 1;
+    }
+    t_load = now_s() - t_load;
+    if (batch) {
+        eo.n_ctx = ctx ? ctx : 4096;
+        eo.mem_budget = (size_t)budget_mb << 20;
+        status = run_batch(m, &eo, &gp, chat, system);
+        model_destroy(&m);
+        return status;
+    }
+
+    if (tokens_arg || tokens_file) {
+        char *src = NULL;
+        size_t len;
+        if (tokens_file) {
+            FILE *f = fopen(tokens_file, "r");
+            if (!f || !(src = read_all(f, &len))) {
+                fprintf(stderr, "diffrag-run: cannot read %s: %s\n", tokens_file, strerror(errno));
+                if (f) fclose(f);
+                goto out;
+            }
+            fclose(f);
+        }
+        int bad = parse_ids(src ? src : tokens_arg, &ids, &n_ids);
+        free(src);
+        if (bad) { fprintf(stderr, "diffrag-run: token ids must be non-negative integers\n"); goto out; }
+    } else {
+        size_t len;
+        if (!strcmp(prompt, "-")) {
+            if (!(text = read_all(stdin, &len))) { fprintf(stderr, "diffrag-run: cannot read stdin\n"); goto out; }
+        } else if (!(text = strdup(prompt))) goto out;
+        if (encode_prompt(m, text, strlen(text), chat, system, &ids, &n_ids) != 0) {
+            fprintf(stderr, "diffrag-run: cannot encode the prompt\n");
+            goto out;
+        }
+    }
+    if (n_ids == 0) { fprintf(stderr, "diffrag-run: the prompt is empty\n"); goto out; }
+    if (print_tokens) {
+        fprintf(stderr, "tokens:");
+        for (size_t i = 0; i < n_ids; i++) fprintf(stderr, " %d", ids[i]);
+        fprintf(stderr, "\n");
+    }
+
+    long want = ctx ? ctx : (long)n_ids + n_predict;
+    if (want > ENGINE_MAX_CTX) want = ENGINE_MAX_CTX;
+    eo.n_ctx = (int)want;
+    eo.mem_budget = (size_t)budget_mb << 20;
+    struct EngineMemory mem;
+    engine_estimate(m, &eo, &mem);
+
+    /* Touch OpenBLAS's per-thread buffers before measuring, so the context's resident size
+     * below is the context's own. */
+    {
+        int k = m->cfg.dim, n = m->cfg.ffn_dim, rows = eo.chunk < 64 ? eo.chunk : 64;
+        float *a = calloc((size_t)rows * k, sizeof(float)), *c = malloc((size_t)rows * n * sizeof(float));
+        openblas_set_num_threads(eo.n_threads);
+        if (a && c) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, k, 1.f, a, k,
+                                m->layers[0].w_gate, k, 0.f, c, n);
+        free(a);
+        free(c);
+    }
+    size_t rss_base = rss_bytes();
+    int rc = engine_new(m, &eo, &e, err, sizeof err);
+    if (rc != ENGINE_OK) { fprintf(stderr, "diffrag-run: %s\n", err); status = rc == ENGINE_EBUDGET ? 3 : 1; goto out; }
+
+    double prefill_s = 0, decode_s = 0;
+    int n_gen = 0;
+    if (perplexity) {
+        double nll;
+        size_t scored;
+        double t0 = now_s();
+        rc = engine_score(e, ids, n_ids, &nll, &scored, err, sizeof err);
+        prefill_s = now_s() - t0;
+        if (rc) { fprintf(stderr, "diffrag-run: %s\n", err); goto out; }
+        printf("perplexity: ppl=%.4f tokens=%zu nll=%.4f\n", exp(nll / scored), scored, nll);
+        n_predict = 0;
+    } else if (dump || n_predict == 0) {
+        double t0 = now_s();
+        rc = engine_prefill(e, ids, n_ids, err, sizeof err);
+        prefill_s = now_s() - t0;
+        if (rc) { fprintf(stderr, "diffrag-run: %s\n", err); goto out; }
+        if (dump) {
+            FILE *f = fopen(dump, "wb");
+            if (!f || fwrite(engine_logits(e), sizeof(float), (size_t)m->cfg.vocab, f) != (size_t)m->cfg.vocab) {
+                fprintf(stderr, "diffrag-run: cannot write %s\n", dump);
+                if (f) fclose(f);
+                goto out;
+            }
+            fclose(f);
+        }
+    }
+    size_t rss_ctx = rss_bytes() - rss_base;
+    if (n_predict > 0) {
+        struct GenResult res;
+        rc = generate(e, ids, n_ids, &gp, on_token, NULL, &res, err, sizeof err);
+        if (rc) { fprintf(stderr, "diffrag-run: %s\n", err); goto out; }
+        printf("\n");
+        prefill_s = res.prefill_ms / 1e3;
+        decode_s = res.decode_ms / 1e3;
+        n_gen = res.n_generated;
+        size_t r2 = rss_bytes() - rss_base;
+        if (r2 > rss_ctx) rss_ctx = r2;
+        fprintf(stderr, "finish: reason=%s\n", finish_reason_name(res.finish));
+        free(res.text);
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    fprintf(stderr, "memory: weights_mb=%.1f context_estimate_mb=%.2f kv_mb=%.2f "
+            "activations_mb=%.2f context_rss_mb=%.2f\n",
+            mem.weight_bytes / 1048576.0, mem.context_bytes / 1048576.0,
+            mem.kv_bytes / 1048576.0, mem.scratch_bytes / 1048576.0, rss_ctx / 1048576.0);
+    /* Decode speed counts the steps after the first token (which comes from the prefill). */
+    fprintf(stderr, "timings: prompt_tokens=%zu prefill_tok_s=%.1f decode_tok_s=%.1f "
+            "peak_rss_mb=%.1f load_s=%.2f generated=%d\n",
+            n_ids, prefill_s > 0 ? n_ids / prefill_s : 0.0,
+            decode_s > 0 && n_gen > 1 ? (n_gen - 1) / decode_s : 0.0, ru.ru_maxrss / 1024.0,
+            t_load, n_gen);
+    status = 0;
+out:
+    engine_destroy(&e);
+    model_destroy(&m);
+    free(ids);
+    free(text);
+    return status;
+}
