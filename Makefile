@@ -3,7 +3,7 @@
 # default model and serves. Modules add their sources and programs in */module.mk.
 CC       ?= gcc
 ARCH     ?= -march=native
-OPT      ?= -O2
+OPT      ?= -O3
 SAN      ?=
 CFLAGS   := -std=c11 $(OPT) $(ARCH) -g -Wall -Wextra -Werror -D_GNU_SOURCE -MMD -MP -I. \
             -fno-strict-aliasing $(SAN) $(EXTRA_CFLAGS)
@@ -46,9 +46,12 @@ asan:
 run: deps all model
 	sh tools/run-default.sh
 
+bench-engine: all $(MODEL_FILE)
+	$(PYTHON) bench/bench_engine.py
+
 clean:
 	rm -rf build
 
-.PHONY: all deps model test asan run clean
+.PHONY: all deps model test asan run clean bench-engine
 .SECONDARY:
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

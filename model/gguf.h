@@ -11,7 +11,9 @@
  *
  * Every count, length, offset and size is checked against the file before use; a malformed
  * file yields GGUF_EFORMAT and a message naming the file and the problem, never a crash.
- * All pointers handed out (strings, tensor data) borrow the mapping: valid until gguf_close. */
+ * All pointers handed out (strings, tensor data) borrow the mapping: valid until gguf_close.
+ * A GgufFile is immutable after open, so every getter may be called from several threads.
+ * The mapping is only as stable as the file: truncating it while mapped faults on access. */
 #ifndef DIFFRAG_GGUF_H
 #define DIFFRAG_GGUF_H
 

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/vexp.h"
 #include "kernels/f16.h"
 
 enum { ATTN_BQ = 16, ATTN_BK = 64 };
@@ -49,10 +50,10 @@ static void attn_task(void *ctx, int task, int thread)
     int t0 = qb * ATTN_BQ, bq = a->n_tok - t0 < ATTN_BQ ? a->n_tok - t0 : ATTN_BQ;
     int rows = bq * G;
 
-    float *kt = job->scratch + job->per_thread * (size_t)thread;
-    float *vt = kt + (size_t)ATTN_BK * hd;
-    float *s = vt + (size_t)ATTN_BK * hd;
-    float *acc = s + ATTN_BK;
+    float *restrict kt = job->scratch + job->per_thread * (size_t)thread;
+    float *restrict vt = kt + (size_t)ATTN_BK * hd;
+    float *restrict s = vt + (size_t)ATTN_BK * hd;
+    float *restrict acc = s + ATTN_BK;
     float *mx = acc + (size_t)ATTN_BQ * G * hd;
     float *sum = mx + (size_t)ATTN_BQ * G;
     memset(acc, 0, (size_t)rows * hd * sizeof(float));
@@ -68,11 +69,11 @@ static void attn_task(void *ctx, int task, int thread)
             if (nv <= 0) continue;
             for (int j = 0; j < G; j++) {
                 int r = t * G + j;
-                const float *q = a->q + (size_t)(t0 + t) * a->q_stride + (size_t)(g * G + j) * hd;
+                const float *restrict q = a->q + (size_t)(t0 + t) * a->q_stride + (size_t)(g * G + j) * hd;
                 for (int kk = 0; kk < ATTN_BK; kk++) s[kk] = 0.f;
                 for (int d = 0; d < hd; d++) {
                     float qd = q[d];
-                    const float *kr = kt + (size_t)d * ATTN_BK;
+                    const float *restrict kr = kt + (size_t)d * ATTN_BK;
                     for (int kk = 0; kk < ATTN_BK; kk++) s[kk] += qd * kr[kk];
                 }
                 float m_tile = -INFINITY;
@@ -81,15 +82,17 @@ static void attn_task(void *ctx, int task, int thread)
                     if (s[kk] > m_tile) m_tile = s[kk];
                 }
                 float m_new = m_tile > mx[r] ? m_tile : mx[r];
-                float corr = expf(mx[r] - m_new); /* exp(-inf) = 0 on the first tile */
-                float *ar = acc + (size_t)r * hd;
+                float corr = vexpf(mx[r] - m_new); /* 0 on the first tile (mx = -inf) */
+                if (mx[r] == -INFINITY) corr = 0.f;
+                float *restrict ar = acc + (size_t)r * hd;
                 if (corr != 1.f)
                     for (int d = 0; d < hd; d++) ar[d] *= corr;
+                for (int kk = 0; kk < nv; kk++) s[kk] = vexpf(s[kk] - m_new);
                 float l = sum[r] * corr;
+                for (int kk = 0; kk < nv; kk++) l += s[kk];
                 for (int kk = 0; kk < nv; kk++) {
-                    float p = expf(s[kk] - m_new);
-                    l += p;
-                    const float *vr = vt + (size_t)kk * hd;
+                    float p = s[kk];
+                    const float *restrict vr = vt + (size_t)kk * hd;
                     for (int d = 0; d < hd; d++) ar[d] += p * vr[d];
                 }
                 sum[r] = l;
