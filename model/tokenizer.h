@@ -42,17 +42,22 @@ void tok_destroy(struct Tokenizer **t);
 int32_t tok_n_vocab(const struct Tokenizer *t);
 int32_t tok_bos(const struct Tokenizer *t);   /* -1 if none */
 int32_t tok_eos(const struct Tokenizer *t);   /* -1 if none */
-/* Does generating this id end a turn (EOS, or an end-of-turn control token such as <|im_end|>)? */
+/* Does generating this id end a turn? True for EOS, tokenizer.ggml.eot_token_id/eom_token_id,
+ * and the tokens whose text is <|im_end|>, <|endoftext|>, <|eot_id|> or <end_of_turn>. */
 int tok_is_end(const struct Tokenizer *t, int32_t id);
 int tok_is_special(const struct Tokenizer *t, int32_t id); /* control token (type 3) */
 
-/* Encode `len` bytes of UTF-8 `text` (invalid UTF-8 is never rejected: each ill-formed byte
- * becomes its own byte token). TOK_ADD_BOS adds BOS only when tokenizer.ggml.add_bos_token is
- * true; with TOK_PARSE_SPECIAL the texts of control and user-defined tokens are matched
- * (longest first) and emitted as their ids, otherwise they are ordinary text.
+/* Encode `len` bytes of UTF-8 `text`. Invalid UTF-8 is never rejected: each ill-formed byte
+ * becomes its own byte token. A byte the vocabulary has no token for (SmolLM2 lacks 21, e.g.
+ * U+0004 and 0xFF) is dropped, as Hugging Face's BPE without an unknown token does, so
+ * decoding gives the text back exactly only when every byte has a token.
+ * TOK_ADD_BOS adds BOS only when tokenizer.ggml.add_bos_token is true; with TOK_PARSE_SPECIAL
+ * the texts of control and user-defined tokens are matched (longest first) and emitted as
+ * their ids, otherwise they are ordinary text.
  * Writes at most `cap` ids; *n_out receives the full count, so a first call with cap = 0
  * sizes the buffer. Returns TOK_OK (even when truncated: compare *n_out with cap),
- * TOK_EINPUT (NULL text with len > 0) or TOK_ENOMEM. */
+ * TOK_EINPUT (NULL text with len > 0) or TOK_ENOMEM. Allocates scratch per call, so
+ * concurrent calls on one tokenizer are safe. */
 int tok_encode(const struct Tokenizer *t, const char *text, size_t len, unsigned flags,
                int32_t *ids, size_t cap, size_t *n_out);
 

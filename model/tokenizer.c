@@ -1,0 +1,1008 @@
+/* Byte-level BPE tokenizer over a GGUF vocabulary: loading tokenizer.ggml.*, the GPT-2
+ * pre-tokenizer regex written out by hand over code points, merges by rank with a heap, special
+ * tokens, ChatML formatting and the streaming detokeniser. */
+#include "model/tokenizer.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/unicode.h"
+
+enum PreTokenizer { PRE_GPT2, PRE_DIGITS_GPT2 };
+
+enum TokenType {  /* tokenizer.ggml.token_type values (llama.cpp's numbering) */
+    TT_UNDEFINED = 0, TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER_DEFINED = 4,
+    TT_UNUSED = 5, TT_BYTE = 6,
+};
+
+enum ChatKind { CHAT_NONE_IN_FILE, CHAT_CHATML, CHAT_OTHER };
+
+struct MergeSlot { uint64_t key; uint32_t rank; int32_t id; }; /* key = left << 32 | right */
+
+struct Special { int32_t id; uint32_t len; const char *text; };
+
+struct Tokenizer {
+    int32_t n_vocab;
+    char *pieces;           /* every token's bytes back to back, each NUL-terminated */
+    uint64_t *piece_off;    /* (n_vocab + 1) offsets into pieces; length = next - this - 1 */
+    uint8_t *type;          /* (n_vocab) enum TokenType */
+    size_t max_piece;
+    int32_t byte_id[256];   /* token of each single byte; -1 when the vocabulary has none */
+
+    struct MergeSlot *merges; /* open addressing, merge_mask + 1 slots */
+    uint64_t merge_mask;
+
+    struct Special *specials; /* control and user-defined tokens, longest text first */
+    size_t n_specials;
+    uint8_t special_first[256]; /* does some special text start with this byte? */
+
+    enum PreTokenizer pre;
+    int32_t bos, eos;
+    int add_bos;
+    int32_t end_ids[8];
+    size_t n_end;
+
+    enum ChatKind chat;
+    char *chat_default_system; /* NULL when the template inserts none */
+    size_t chat_default_system_len;
+};
+
+#define MERGE_EMPTY UINT64_MAX
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || errlen == 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+const char *tok_strerror(int status)
+{
+    switch (status) {
+    case TOK_OK: return "ok";
+    case TOK_EFORMAT: return "vocabulary missing or inconsistent";
+    case TOK_EUNSUPPORTED: return "tokenizer not supported";
+    case TOK_ENOMEM: return "out of memory";
+    case TOK_ERANGE: return "token id or buffer size out of range";
+    case TOK_EINPUT: return "invalid argument";
+    default: return "unknown tokenizer status";
+    }
+}
+
+/* ---- GPT-2 byte <-> code point mapping ------------------------------------------------- */
+
+/* Printable bytes stand for themselves; the other 68 are shifted to U+0100.. in byte order so
+ * that every token string is printable. */
+static int byte_is_printable(unsigned b)
+{
+    return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+}
+
+static void byte_map_build(uint32_t byte_to_cp[256], int16_t cp_to_byte[324])
+{
+    for (int i = 0; i < 324; i++) cp_to_byte[i] = -1;
+    uint32_t next = 256;
+    for (unsigned b = 0; b < 256; b++) {
+        byte_to_cp[b] = byte_is_printable(b) ? b : next++;
+        cp_to_byte[byte_to_cp[b]] = (int16_t)b;
+    }
+}
+
+/* ---- load-time string -> id map -------------------------------------------------------- */
+
+struct StrMap { const struct GgufString *keys; int32_t *slots; uint64_t mask; };
+
+static uint64_t hash_bytes(const char *p, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) { h ^= (unsigned char)p[i]; h *= 1099511628211ull; }
+    return h ^ (h >> 29);
+}
+
+static int32_t strmap_get(const struct StrMap *m, const char *p, size_t n)
+{
+    for (uint64_t i = hash_bytes(p, n) & m->mask;; i = (i + 1) & m->mask) {
+        int32_t id = m->slots[i];
+        if (id < 0) return -1;
+        if (m->keys[id].len == n && memcmp(m->keys[id].ptr, p, n) == 0) return id;
+    }
+}
+
+/* A later duplicate replaces an earlier one, as a Python dict built from the list would. */
+static void strmap_put(struct StrMap *m, int32_t id)
+{
+    const struct GgufString *k = &m->keys[id];
+    for (uint64_t i = hash_bytes(k->ptr, k->len) & m->mask;; i = (i + 1) & m->mask) {
+        int32_t cur = m->slots[i];
+        if (cur < 0 ||
+            (m->keys[cur].len == k->len && memcmp(m->keys[cur].ptr, k->ptr, k->len) == 0)) {
+            m->slots[i] = id;
+            return;
+        }
+    }
+}
+
+/* ---- merges ---------------------------------------------------------------------------- */
+
+static uint64_t merge_hash(uint64_t key)
+{
+    key ^= key >> 31;
+    key *= 0x9E3779B97F4A7C15ull;
+    return key ^ (key >> 29);
+}
+
+static const struct MergeSlot *merge_get(const struct Tokenizer *t, int32_t a, int32_t b)
+{
+    uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+    for (uint64_t i = merge_hash(key) & t->merge_mask;; i = (i + 1) & t->merge_mask) {
+        const struct MergeSlot *s = &t->merges[i];
+        if (s->key == key) return s;
+        if (s->key == MERGE_EMPTY) return NULL;
+    }
+}
+
+static void merge_put(struct Tokenizer *t, int32_t a, int32_t b, uint32_t rank, int32_t id)
+{
+    uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+    for (uint64_t i = merge_hash(key) & t->merge_mask;; i = (i + 1) & t->merge_mask) {
+        struct MergeSlot *s = &t->merges[i];
+        if (s->key == key || s->key == MERGE_EMPTY) {
+            s->key = key;
+            s->rank = rank;
+            s->id = id;
+            return;
+        }
+    }
+}
+
+static uint64_t pow2_at_least(uint64_t n)
+{
+    uint64_t p = 16;
+    while (p < n) p <<= 1;
+    return p;
+}
+
+/* ---- loading --------------------------------------------------------------------------- */
+
+static int str_eq(struct GgufString s, const char *lit)
+{
+    return s.len == strlen(lit) && memcmp(s.ptr, lit, s.len) == 0;
+}
+
+static int pre_from_name(struct GgufString name, enum PreTokenizer *pre)
+{
+    static const char *gpt2[] = {"gpt2", "gpt-2", "default"};
+    static const char *digits[] = {"smollm", "starcoder", "refact", "command-r", "codeshell"};
+    for (size_t i = 0; i < sizeof gpt2 / sizeof gpt2[0]; i++)
+        if (str_eq(name, gpt2[i])) { *pre = PRE_GPT2; return 1; }
+    for (size_t i = 0; i < sizeof digits / sizeof digits[0]; i++)
+        if (str_eq(name, digits[i])) { *pre = PRE_DIGITS_GPT2; return 1; }
+    return 0;
+}
+
+/* Token text in GPT-2 byte-level form back to bytes; a character outside the 256 mapped ones
+ * means the token is not byte-level text, and it is kept verbatim. */
+static size_t unmap_bytes(const char *s, size_t n, const int16_t cp_to_byte[324], char *out)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t k = unicode_decode_utf8((const unsigned char *)s + i, n - i, &cp);
+        if (cp == UNICODE_INVALID || cp >= 324 || cp_to_byte[cp] < 0) {
+            memcpy(out, s, n);
+            return n;
+        }
+        out[o++] = (char)cp_to_byte[cp];
+        i += k;
+    }
+    return o;
+}
+
+static int special_cmp(const void *a, const void *b)
+{
+    const struct Special *x = a, *y = b;
+    if (x->len != y->len) return x->len > y->len ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static int load_id(const struct GgufFile *g, const char *key, int32_t n_vocab, int32_t *out,
+                   char *err, size_t errlen)
+{
+    int64_t v;
+    int rc = gguf_get_i64(g, key, &v);
+    *out = -1;
+    if (rc == GGUF_ENOTFOUND) return TOK_OK;
+    if (rc != GGUF_OK || v < 0 || v >= n_vocab) {
+        set_err(err, errlen, "%s: %s is not a token id below %d", gguf_path(g), key, n_vocab);
+        return TOK_EFORMAT;
+    }
+    *out = (int32_t)v;
+    return TOK_OK;
+}
+
+/* Pull a literal default system message out of a ChatML template, e.g. SmolLM2's
+ * {{ '<|im_start|>system\nYou are ...<|im_end|>\n' }}: the first "<|im_start|>system" that
+ * opens a quoted string and whose text runs to "<|im_end|>" inside the same literal. */
+static int chat_find_default_system(struct Tokenizer *t, struct GgufString tpl)
+{
+    static const char open[] = "<|im_start|>system";
+    static const char close[] = "<|im_end|>";
+    const char *p = tpl.ptr, *end = tpl.ptr + tpl.len;
+    while ((p = memmem(p, (size_t)(end - p), open, sizeof open - 1)) != NULL) {
+        const char *start = p;
+        p += sizeof open - 1;
+        if (start == tpl.ptr || (start[-1] != '\'' && start[-1] != '"')) continue;
+        char quote = start[-1];
+        const char *c = p;
+        if (c < end && *c == '\n') c++;
+        else if (end - c >= 2 && c[0] == '\\' && c[1] == 'n') c += 2;
+        else continue;
+        const char *stop = memmem(c, (size_t)(end - c), close, sizeof close - 1);
+        if (!stop) return TOK_OK;
+        /* Unescape the Jinja string literal; an unescaped quote means the text is built from
+         * expressions (e.g. + messages[0]['content']), not a literal default. */
+        char *text = malloc((size_t)(stop - c) + 1);
+        if (!text) return TOK_ENOMEM;
+        size_t n = 0;
+        int literal = 1;
+        for (const char *q = c; q < stop; q++) {
+            if (*q == quote) { literal = 0; break; }
+            if (*q == '\\' && q + 1 < stop) {
+                q++;
+                text[n++] = *q == 'n' ? '\n' : *q == 't' ? '\t' : *q;
+            } else {
+                text[n++] = *q;
+            }
+        }
+        if (!literal) { free(text); continue; }
+        text[n] = 0;
+        t->chat_default_system = text;
+        t->chat_default_system_len = n;
+        return TOK_OK;
+    }
+    return TOK_OK;
+}
+
+static int load_chat(struct Tokenizer *t, const struct GgufFile *g)
+{
+    struct GgufString tpl;
+    if (gguf_get_str(g, "tokenizer.chat_template", &tpl) != GGUF_OK) {
+        t->chat = CHAT_NONE_IN_FILE;
+        return TOK_OK;
+    }
+    if (!memmem(tpl.ptr, tpl.len, "<|im_start|>", 12)) {
+        t->chat = CHAT_OTHER;
+        return TOK_OK;
+    }
+    t->chat = CHAT_CHATML;
+    return chat_find_default_system(t, tpl);
+}
+
+static void add_end_id(struct Tokenizer *t, int32_t id)
+{
+    if (id < 0) return;
+    for (size_t i = 0; i < t->n_end; i++)
+        if (t->end_ids[i] == id) return;
+    if (t->n_end < sizeof t->end_ids / sizeof t->end_ids[0]) t->end_ids[t->n_end++] = id;
+}
+
+/* Vocabulary, pieces, token types and specials. `keys` receives every token's text. */
+static int load_vocab(struct Tokenizer *t, const struct GgufFile *g, struct GgufString *keys,
+                      const int16_t cp_to_byte[324], char *err, size_t errlen)
+{
+    const char *path = gguf_path(g);
+    int32_t n = t->n_vocab;
+    uint64_t total = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (gguf_get_arr_str(g, "tokenizer.ggml.tokens", (uint64_t)i, &keys[i]) != GGUF_OK) {
+            set_err(err, errlen, "%s: tokenizer.ggml.tokens[%d] is not a string", path, i);
+            return TOK_EFORMAT;
+        }
+        if (keys[i].len > UINT32_MAX) {
+            set_err(err, errlen, "%s: token %d is %llu bytes long", path, i,
+                    (unsigned long long)keys[i].len);
+            return TOK_EFORMAT;
+        }
+        total += keys[i].len + 1;
+    }
+
+    enum GgufValueType et;
+    uint64_t count;
+    const void *types = NULL;
+    int rc = gguf_get_arr_data(g, "tokenizer.ggml.token_type", &et, &count, &types);
+    if (rc == GGUF_OK && (et != GGUF_TYPE_INT32 || count != (uint64_t)n)) {
+        set_err(err, errlen, "%s: tokenizer.ggml.token_type must be %d int32 values", path, n);
+        return TOK_EFORMAT;
+    }
+    if (rc != GGUF_OK && rc != GGUF_ENOTFOUND) {
+        set_err(err, errlen, "%s: tokenizer.ggml.token_type: %s", path, gguf_strerror(rc));
+        return TOK_EFORMAT;
+    }
+
+    t->pieces = malloc(total ? total : 1);
+    t->piece_off = malloc(((size_t)n + 1) * sizeof *t->piece_off);
+    t->type = malloc((size_t)n);
+    if (!t->pieces || !t->piece_off || !t->type) return TOK_ENOMEM;
+    uint64_t off = 0;
+    size_t n_specials = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t ty = TT_NORMAL;
+        if (types) memcpy(&ty, (const char *)types + (size_t)i * 4, 4);
+        t->type[i] = (uint8_t)(ty >= 0 && ty <= TT_BYTE ? ty : TT_UNDEFINED);
+        t->piece_off[i] = off;
+        char *dst = t->pieces + off;
+        size_t len;
+        if (ty == TT_NORMAL || ty == TT_UNDEFINED) {
+            len = unmap_bytes(keys[i].ptr, keys[i].len, cp_to_byte, dst);
+        } else {
+            memcpy(dst, keys[i].ptr, keys[i].len);
+            len = keys[i].len;
+        }
+        dst[len] = 0;
+        off += len + 1;
+        if (len > t->max_piece) t->max_piece = len;
+        if ((ty == TT_CONTROL || ty == TT_USER_DEFINED) && keys[i].len > 0) n_specials++;
+    }
+    t->piece_off[n] = off;
+
+    t->specials = calloc(n_specials ? n_specials : 1, sizeof *t->specials);
+    if (!t->specials) return TOK_ENOMEM;
+    for (int32_t i = 0; i < n; i++) {
+        if ((t->type[i] == TT_CONTROL || t->type[i] == TT_USER_DEFINED) && keys[i].len > 0) {
+            struct Special *s = &t->specials[t->n_specials++];
+            s->id = i;
+            s->len = (uint32_t)keys[i].len;
+            s->text = t->pieces + t->piece_off[i];
+            t->special_first[(unsigned char)s->text[0]] = 1;
+        }
+    }
+    qsort(t->specials, t->n_specials, sizeof *t->specials, special_cmp);
+    return TOK_OK;
+}
+
+/* Merges "left right" resolved to ids through the token texts, as a BPE model built from the
+ * same vocabulary and merge list would. */
+static int load_merges(struct Tokenizer *t, const struct GgufFile *g, const struct StrMap *map,
+                       char *err, size_t errlen)
+{
+    const char *path = gguf_path(g);
+    enum GgufValueType et;
+    uint64_t n_merges;
+    if (gguf_get_arr_info(g, "tokenizer.ggml.merges", &et, &n_merges) != GGUF_OK ||
+        et != GGUF_TYPE_STRING) {
+        set_err(err, errlen, "%s: tokenizer.ggml.merges (array of strings) is missing", path);
+        return TOK_EFORMAT;
+    }
+    if (n_merges > UINT32_MAX / 2) {
+        set_err(err, errlen, "%s: %llu merges is too many", path, (unsigned long long)n_merges);
+        return TOK_EFORMAT;
+    }
+    t->merge_mask = pow2_at_least(n_merges * 2) - 1;
+    t->merges = malloc((t->merge_mask + 1) * sizeof *t->merges);
+    if (!t->merges) return TOK_ENOMEM;
+    for (uint64_t i = 0; i <= t->merge_mask; i++) t->merges[i].key = MERGE_EMPTY;
+
+    char *joined = NULL;
+    size_t joined_cap = 0;
+    int rc = TOK_OK;
+    for (uint64_t r = 0; r < n_merges; r++) {
+        struct GgufString m;
+        if (gguf_get_arr_str(g, "tokenizer.ggml.merges", r, &m) != GGUF_OK) {
+            set_err(err, errlen, "%s: tokenizer.ggml.merges[%llu] unreadable", path,
+                    (unsigned long long)r);
+            rc = TOK_EFORMAT;
+            break;
+        }
+        const char *sp = m.len > 1 ? memchr(m.ptr + 1, ' ', m.len - 1) : NULL;
+        if (!sp || sp + 1 == m.ptr + m.len) {
+            set_err(err, errlen, "%s: merge %llu \"%.*s\" is not \"left right\"", path,
+                    (unsigned long long)r, (int)(m.len > 64 ? 64 : m.len), m.ptr);
+            rc = TOK_EFORMAT;
+            break;
+        }
+        size_t la = (size_t)(sp - m.ptr), lb = m.len - la - 1;
+        if (la + lb > joined_cap) {
+            joined_cap = 2 * (la + lb);
+            char *nj = realloc(joined, joined_cap);
+            if (!nj) { rc = TOK_ENOMEM; break; }
+            joined = nj;
+        }
+        memcpy(joined, m.ptr, la);
+        memcpy(joined + la, sp + 1, lb);
+        int32_t a = strmap_get(map, m.ptr, la);
+        int32_t b = strmap_get(map, sp + 1, lb);
+        int32_t ab = strmap_get(map, joined, la + lb);
+        if (a < 0 || b < 0 || ab < 0) {
+            set_err(err, errlen, "%s: merge %llu \"%.*s\" names a token not in the vocabulary",
+                    path, (unsigned long long)r, (int)(m.len > 64 ? 64 : m.len), m.ptr);
+            rc = TOK_EFORMAT;
+            break;
+        }
+        merge_put(t, a, b, (uint32_t)r, ab);
+    }
+    free(joined);
+    return rc;
+}
+
+int tok_load_gguf(const struct GgufFile *g, struct Tokenizer **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    const char *path = gguf_path(g);
+    struct GgufString model, pre_name;
+    if (gguf_get_str(g, "tokenizer.ggml.model", &model) != GGUF_OK) {
+        set_err(err, errlen, "%s: no tokenizer.ggml.model", path);
+        return TOK_EFORMAT;
+    }
+    if (!str_eq(model, "gpt2")) {
+        set_err(err, errlen, "%s: tokenizer model \"%.*s\" is not supported (only \"gpt2\", "
+                "byte-level BPE)", path, (int)(model.len > 64 ? 64 : model.len), model.ptr);
+        return TOK_EUNSUPPORTED;
+    }
+    enum PreTokenizer pre = PRE_GPT2;
+    if (gguf_get_str(g, "tokenizer.ggml.pre", &pre_name) == GGUF_OK &&
+        !pre_from_name(pre_name, &pre)) {
+        set_err(err, errlen, "%s: pre-tokenizer \"%.*s\" is not supported (supported: gpt2, "
+                "gpt-2, default, smollm, starcoder, refact, command-r, codeshell)", path,
+                (int)(pre_name.len > 64 ? 64 : pre_name.len), pre_name.ptr);
+        return TOK_EUNSUPPORTED;
+    }
+    enum GgufValueType et;
+    uint64_t n_tokens;
+    if (gguf_get_arr_info(g, "tokenizer.ggml.tokens", &et, &n_tokens) != GGUF_OK ||
+        et != GGUF_TYPE_STRING || n_tokens == 0 || n_tokens > INT32_MAX / 2) {
+        set_err(err, errlen, "%s: tokenizer.ggml.tokens (array of strings) missing or empty", path);
+        return TOK_EFORMAT;
+    }
+
+    int rc = TOK_ENOMEM;
+    struct GgufString *keys = NULL;
+    struct StrMap map = {0};
+    struct Tokenizer *t = calloc(1, sizeof *t);
+    if (!t) goto err;
+    t->n_vocab = (int32_t)n_tokens;
+    t->pre = pre;
+    keys = calloc(n_tokens, sizeof *keys);
+    map.keys = keys;
+    map.mask = pow2_at_least(n_tokens * 2) - 1;
+    map.slots = malloc((map.mask + 1) * sizeof *map.slots);
+    if (!keys || !map.slots) goto err;
+    memset(map.slots, 0xFF, (map.mask + 1) * sizeof *map.slots);
+
+    uint32_t byte_to_cp[256];
+    int16_t cp_to_byte[324];
+    byte_map_build(byte_to_cp, cp_to_byte);
+    if ((rc = load_vocab(t, g, keys, cp_to_byte, err, errlen)) != TOK_OK) goto err;
+    for (int32_t i = 0; i < t->n_vocab; i++) strmap_put(&map, i);
+    /* Real vocabularies lack the tokens of bytes never seen in training (SmolLM2: some C0
+     * controls, 0xC0, 0xC1, 0xF1, 0xF2, 0xF5..0xFF); printable ASCII, space and newline are
+     * what makes it a byte-level vocabulary at all. */
+    for (unsigned b = 0; b < 256; b++) {
+        char u[4];
+        size_t k = unicode_encode_utf8(byte_to_cp[b], u);
+        t->byte_id[b] = strmap_get(&map, u, k);
+        if (t->byte_id[b] < 0 && ((b >= 0x20 && b <= 0x7E) || b == '\n')) {
+            set_err(err, errlen, "%s: vocabulary has no token for byte 0x%02X: not byte-level",
+                    path, b);
+            rc = TOK_EFORMAT;
+            goto err;
+        }
+    }
+    if ((rc = load_merges(t, g, &map, err, errlen)) != TOK_OK) goto err;
+
+    if ((rc = load_id(g, "tokenizer.ggml.bos_token_id", t->n_vocab, &t->bos, err, errlen)) ||
+        (rc = load_id(g, "tokenizer.ggml.eos_token_id", t->n_vocab, &t->eos, err, errlen)))
+        goto err;
+    if (gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &t->add_bos) != GGUF_OK) t->add_bos = 0;
+    add_end_id(t, t->eos);
+    static const char *end_keys[] = {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
+    for (size_t i = 0; i < 2; i++) {
+        int32_t id;
+        if ((rc = load_id(g, end_keys[i], t->n_vocab, &id, err, errlen))) goto err;
+        add_end_id(t, id);
+    }
+    static const char *end_texts[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>"};
+    for (size_t i = 0; i < sizeof end_texts / sizeof end_texts[0]; i++)
+        add_end_id(t, strmap_get(&map, end_texts[i], strlen(end_texts[i])));
+
+    if ((rc = load_chat(t, g)) != TOK_OK) goto err;
+    free(map.slots);
+    free(keys);
+    *out = t;
+    return TOK_OK;
+err:
+    if (rc == TOK_ENOMEM) set_err(err, errlen, "%s: out of memory loading the tokenizer", path);
+    free(map.slots);
+    free(keys);
+    tok_destroy(&t);
+    return rc;
+}
+
+void tok_destroy(struct Tokenizer **pt)
+{
+    if (!pt || !*pt) return;
+    struct Tokenizer *t = *pt;
+    free(t->pieces);
+    free(t->piece_off);
+    free(t->type);
+    free(t->merges);
+    free(t->specials);
+    free(t->chat_default_system);
+    free(t);
+    *pt = NULL;
+}
+
+int32_t tok_n_vocab(const struct Tokenizer *t) { return t->n_vocab; }
+int32_t tok_bos(const struct Tokenizer *t) { return t->bos; }
+int32_t tok_eos(const struct Tokenizer *t) { return t->eos; }
+size_t tok_max_piece_len(const struct Tokenizer *t) { return t->max_piece; }
+
+int tok_is_end(const struct Tokenizer *t, int32_t id)
+{
+    for (size_t i = 0; i < t->n_end; i++)
+        if (t->end_ids[i] == id) return 1;
+    return 0;
+}
+
+int tok_is_special(const struct Tokenizer *t, int32_t id)
+{
+    return id >= 0 && id < t->n_vocab && t->type[id] == TT_CONTROL;
+}
+
+const char *tok_piece(const struct Tokenizer *t, int32_t id, size_t *len)
+{
+    if (id < 0 || id >= t->n_vocab) {
+        if (len) *len = 0;
+        return NULL;
+    }
+    if (len) *len = (size_t)(t->piece_off[id + 1] - t->piece_off[id] - 1);
+    return t->pieces + t->piece_off[id];
+}
+
+/* ---- encoding -------------------------------------------------------------------------- */
+
+struct Symbol { int32_t id; int32_t prev, next; uint32_t len; }; /* len 0: merged away */
+struct HeapItem { uint32_t rank; uint32_t pos; int32_t id; };
+
+/* Words repeat, so a long text keeps the BPE result of each short word it has seen. An entry
+ * points back at the word's first occurrence in the caller's text instead of copying it. */
+#define CACHE_MIN_TEXT 4096   /* shorter texts are not worth the table */
+#define CACHE_MAX_WORD 32     /* bytes; longer words are rare and go straight to BPE */
+#define CACHE_SLOTS 16384
+#define CACHE_MAX_ENTRIES (CACHE_SLOTS * 3 / 4)
+
+struct CacheEntry { uint64_t hash; size_t pos; uint32_t ids_off; uint8_t n_bytes, n_ids; };
+
+struct Encoder {
+    const struct Tokenizer *t;
+    const unsigned char *text; /* start of the caller's text: cache entries are offsets in it */
+    int32_t *ids;
+    size_t cap, n;
+    struct Symbol *sym;
+    size_t sym_cap;
+    struct HeapItem *heap;
+    size_t heap_n;             /* heap holds 3 * sym_cap items */
+    int32_t *word;             /* ids of the word being encoded (sym_cap entries) */
+    struct CacheEntry *cache;  /* CACHE_SLOTS entries, n_bytes 0 = empty; NULL: no cache */
+    size_t cache_n;
+    int32_t *cache_ids;
+    size_t cache_ids_n, cache_ids_cap;
+};
+
+static void emit_id(struct Encoder *e, int32_t id)
+{
+    if (e->n < e->cap) e->ids[e->n] = id;
+    e->n++;
+}
+
+/* Lowest rank first; among equal ranks the leftmost pair. */
+static int heap_less(const struct HeapItem *a, const struct HeapItem *b)
+{
+    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+}
+
+static void heap_push(struct Encoder *e, struct HeapItem it)
+{
+    size_t i = e->heap_n++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!heap_less(&it, &e->heap[p])) break;
+        e->heap[i] = e->heap[p];
+        i = p;
+    }
+    e->heap[i] = it;
+}
+
+static struct HeapItem heap_pop(struct Encoder *e)
+{
+    struct HeapItem top = e->heap[0], last = e->heap[--e->heap_n];
+    size_t i = 0, n = e->heap_n;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && heap_less(&e->heap[c + 1], &e->heap[c])) c++;
+        if (!heap_less(&e->heap[c], &last)) break;
+        e->heap[i] = e->heap[c];
+        i = c;
+    }
+    if (n > 0) e->heap[i] = last;
+    return top;
+}
+
+static void push_pair(struct Encoder *e, int32_t left)
+{
+    int32_t right = e->sym[left].next;
+    if (right < 0) return;
+    const struct MergeSlot *m = merge_get(e->t, e->sym[left].id, e->sym[right].id);
+    if (m) heap_push(e, (struct HeapItem){m->rank, (uint32_t)left, m->id});
+}
+
+/* One pre-token (n >= 2) into e->word, its token count in *n_ids: start from single bytes
+ * and repeatedly merge the lowest-ranked adjacent pair. Stale heap entries (a side already
+ * merged into something else) are recognised by checking that the pair still merges into the
+ * recorded token. O(n log n) in the word's length. A byte with no token in the vocabulary is
+ * dropped and its neighbours may merge across the gap, as a BPE model without an unknown
+ * token does. */
+static int bpe_word(struct Encoder *e, const unsigned char *w, size_t n, size_t *n_ids)
+{
+    const struct Tokenizer *t = e->t;
+    *n_ids = 0;
+    if (n > INT32_MAX / 4) return TOK_ENOMEM;
+    if (n > e->sym_cap) {
+        size_t cap = n < 64 ? 64 : n;
+        struct Symbol *s = realloc(e->sym, cap * sizeof *s);
+        if (!s) return TOK_ENOMEM;
+        e->sym = s;
+        int32_t *word = realloc(e->word, cap * sizeof *word);
+        if (!word) return TOK_ENOMEM;
+        e->word = word;
+        /* Each merge pushes at most two pairs after the initial n - 1. */
+        struct HeapItem *h = realloc(e->heap, 3 * cap * sizeof *h);
+        if (!h) return TOK_ENOMEM;
+        e->heap = h;
+        e->sym_cap = cap;
+    }
+    size_t n_sym = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t id = t->byte_id[w[i]];
+        if (id >= 0) {
+            e->sym[n_sym] = (struct Symbol){id, (int32_t)n_sym - 1, (int32_t)n_sym + 1, 1};
+            n_sym++;
+        }
+    }
+    if (n_sym == 0) return TOK_OK;
+    e->sym[n_sym - 1].next = -1;
+    e->heap_n = 0;
+    for (size_t i = 0; i + 1 < n_sym; i++) push_pair(e, (int32_t)i);
+    while (e->heap_n > 0) {
+        struct HeapItem top = heap_pop(e);
+        struct Symbol *l = &e->sym[top.pos];
+        if (l->len == 0 || l->next < 0) continue;
+        struct Symbol *r = &e->sym[l->next];
+        const struct MergeSlot *m = merge_get(t, l->id, r->id);
+        if (!m || m->id != top.id) continue;
+        l->id = top.id;
+        l->len += r->len;
+        r->len = 0;
+        l->next = r->next;
+        if (l->next >= 0) e->sym[l->next].prev = (int32_t)top.pos;
+        if (l->prev >= 0) push_pair(e, l->prev);
+        push_pair(e, (int32_t)top.pos);
+    }
+    for (int32_t i = 0; i >= 0; i = e->sym[i].next) e->word[(*n_ids)++] = e->sym[i].id;
+    return TOK_OK;
+}
+
+static struct CacheEntry *cache_find(struct Encoder *e, const unsigned char *w, size_t n,
+                                     uint64_t h)
+{
+    for (size_t i = h & (CACHE_SLOTS - 1);; i = (i + 1) & (CACHE_SLOTS - 1)) {
+        struct CacheEntry *c = &e->cache[i];
+        if (c->n_bytes == 0) return c;
+        if (c->hash == h && c->n_bytes == n && memcmp(e->text + c->pos, w, n) == 0) return c;
+    }
+}
+
+static int encode_word(struct Encoder *e, const unsigned char *w, size_t n)
+{
+    if (n == 1) {
+        if (e->t->byte_id[w[0]] >= 0) emit_id(e, e->t->byte_id[w[0]]);
+        return TOK_OK;
+    }
+    struct CacheEntry *c = NULL;
+    uint64_t h = 0;
+    if (e->cache && n <= CACHE_MAX_WORD) {
+        h = hash_bytes((const char *)w, n);
+        c = cache_find(e, w, n, h);
+        if (c->n_bytes != 0) {
+            for (size_t i = 0; i < c->n_ids; i++) emit_id(e, e->cache_ids[c->ids_off + i]);
+            return TOK_OK;
+        }
+    }
+    size_t n_ids;
+    int rc = bpe_word(e, w, n, &n_ids);
+    if (rc) return rc;
+    for (size_t i = 0; i < n_ids; i++) emit_id(e, e->word[i]);
+    if (c && e->cache_n < CACHE_MAX_ENTRIES && e->cache_ids_n + n_ids <= UINT32_MAX) {
+        if (e->cache_ids_n + n_ids > e->cache_ids_cap) {
+            size_t cap = e->cache_ids_cap ? 2 * e->cache_ids_cap : 4096;
+            int32_t *p = realloc(e->cache_ids, cap * sizeof *p);
+            if (!p) return TOK_OK; /* the cache only saves time: carry on without growing it */
+            e->cache_ids = p;
+            e->cache_ids_cap = cap;
+        }
+        memcpy(e->cache_ids + e->cache_ids_n, e->word, n_ids * sizeof *e->word);
+        *c = (struct CacheEntry){h, (size_t)(w - e->text), (uint32_t)e->cache_ids_n,
+                                 (uint8_t)n, (uint8_t)n_ids};
+        e->cache_ids_n += n_ids;
+        e->cache_n++;
+    }
+    return TOK_OK;
+}
+
+enum { CLS_INVALID = 4 }; /* beside enum UnicodeClass: an ill-formed byte, always alone */
+
+static const uint8_t ascii_class[128] = {
+    /* 0x00 */ 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 3, 3, 3, 3, 0, 0,
+    /* 0x10 */ 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    /* 0x20 */ 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    /* 0x30 */ 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0,
+    /* 0x40 */ 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    /* 0x50 */ 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0,
+    /* 0x60 */ 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    /* 0x70 */ 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0,
+};
+
+/* Class of the code point at s[0..n), n >= 1, and its length in *k. */
+static int class_at(const unsigned char *s, size_t n, size_t *k)
+{
+    if (s[0] < 0x80) { *k = 1; return ascii_class[s[0]]; }
+    uint32_t cp;
+    size_t len = unicode_decode_utf8(s, n, &cp);
+    if (cp == UNICODE_INVALID) { *k = 1; return CLS_INVALID; }
+    *k = len;
+    return (int)unicode_class(cp);
+}
+
+/* The GPT-2 pre-tokenizer regex
+ *   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+ * matched by hand, leftmost alternative first. With split_digits every \p{N} code point is a
+ * piece of its own and the regex runs on the text between them, so a digit ends a piece just
+ * like the end of the text does (the lookahead sees no \S there). Ill-formed bytes are pieces
+ * of their own as well, so each becomes its byte token. */
+static int pretokenize(struct Encoder *e, const unsigned char *s, size_t len, int split_digits)
+{
+    size_t pos = 0;
+    while (pos < len) {
+        size_t k, k2, end;
+        int c = class_at(s + pos, len - pos, &k);
+        int rc;
+        if (c == CLS_INVALID || (split_digits && c == UNICODE_NUMBER)) {
+            if ((rc = encode_word(e, s + pos, k))) return rc;
+            pos += k;
+            continue;
+        }
+        if (s[pos] == '\'' && pos + 1 < len) {
+            unsigned char a = s[pos + 1], b = pos + 2 < len ? s[pos + 2] : 0;
+            int two = a == 's' || a == 't' || a == 'm' || a == 'd';
+            int three = (a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l');
+            size_t m = two ? 2 : three ? 3 : 0;
+            if (m) {
+                if ((rc = encode_word(e, s + pos, m))) return rc;
+                pos += m;
+                continue;
+            }
+        }
+        size_t p = pos;
+        int run = c;
+        if (s[pos] == ' ' && pos + 1 < len) {
+            int c2 = class_at(s + pos + 1, len - pos - 1, &k2);
+            if (c2 == UNICODE_LETTER || c2 == UNICODE_OTHER ||
+                (c2 == UNICODE_NUMBER && !split_digits)) {
+                p = pos + 1;
+                run = c2;
+                k = k2;
+            }
+        }
+        if (run == UNICODE_LETTER || run == UNICODE_NUMBER || run == UNICODE_OTHER) {
+            end = p + k;
+            while (end < len && class_at(s + end, len - end, &k2) == run) end += k2;
+        } else {
+            /* \s+(?!\S) gives back the last space when \S follows, \s+ takes a lone one. */
+            size_t last = pos;
+            int next = -1;
+            end = pos;
+            while (end < len) {
+                next = class_at(s + end, len - end, &k2);
+                if (next != UNICODE_SPACE) break;
+                last = end;
+                end += k2;
+            }
+            int followed_by_text = end < len && next != CLS_INVALID &&
+                                   !(split_digits && next == UNICODE_NUMBER);
+            if (followed_by_text && last > pos) end = last;
+        }
+        if ((rc = encode_word(e, s + pos, end - pos))) return rc;
+        pos = end;
+    }
+    return TOK_OK;
+}
+
+static int encode_text(struct Encoder *e, const unsigned char *s, size_t len)
+{
+    return pretokenize(e, s, len, e->t->pre == PRE_DIGITS_GPT2);
+}
+
+int tok_encode(const struct Tokenizer *t, const char *text, size_t len, unsigned flags,
+               int32_t *ids, size_t cap, size_t *n_out)
+{
+    *n_out = 0;
+    if ((!text && len > 0) || (!ids && cap > 0)) return TOK_EINPUT;
+    const unsigned char *s = (const unsigned char *)text;
+    struct Encoder e = {.t = t, .text = s, .ids = ids, .cap = cap};
+    if (len >= CACHE_MIN_TEXT) e.cache = calloc(CACHE_SLOTS, sizeof *e.cache); /* NULL: none */
+    int rc = TOK_OK;
+    if ((flags & TOK_ADD_BOS) && t->add_bos && t->bos >= 0) emit_id(&e, t->bos);
+    if (!(flags & TOK_PARSE_SPECIAL) || t->n_specials == 0) {
+        if (len > 0) rc = encode_text(&e, s, len);
+    } else {
+        size_t seg = 0;
+        for (size_t p = 0; p < len && rc == TOK_OK;) {
+            const struct Special *hit = NULL;
+            if (t->special_first[s[p]]) {
+                for (size_t i = 0; i < t->n_specials; i++) {
+                    const struct Special *sp = &t->specials[i];
+                    if (sp->len <= len - p && memcmp(s + p, sp->text, sp->len) == 0) {
+                        hit = sp;
+                        break;
+                    }
+                }
+            }
+            if (!hit) { p++; continue; }
+            if (p > seg) rc = encode_text(&e, s + seg, p - seg);
+            emit_id(&e, hit->id);
+            p += hit->len;
+            seg = p;
+        }
+        if (rc == TOK_OK && seg < len) rc = encode_text(&e, s + seg, len - seg);
+    }
+    free(e.sym);
+    free(e.heap);
+    free(e.word);
+    free(e.cache);
+    free(e.cache_ids);
+    *n_out = e.n;
+    return rc;
+}
+
+/* ---- decoding -------------------------------------------------------------------------- */
+
+int tok_decode(const struct Tokenizer *t, const int32_t *ids, size_t n, char *out, size_t cap,
+               size_t *n_out)
+{
+    *n_out = 0;
+    if ((!ids && n > 0) || (!out && cap > 0)) return TOK_EINPUT;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t len;
+        const char *p = tok_piece(t, ids[i], &len);
+        if (!p) return TOK_ERANGE;
+        if (total < cap) memcpy(out + total, p, len < cap - total ? len : cap - total);
+        total += len;
+    }
+    *n_out = total;
+    return TOK_OK;
+}
+
+/* ---- chat ------------------------------------------------------------------------------ */
+
+struct OutBuf { char *p; size_t cap, n; };
+
+static void out_put(struct OutBuf *o, const char *s, size_t n)
+{
+    if (o->n < o->cap) memcpy(o->p + o->n, s, n < o->cap - o->n ? n : o->cap - o->n);
+    o->n += n;
+}
+
+static void chat_turn(struct OutBuf *o, const char *role, const char *content, size_t len)
+{
+    out_put(o, "<|im_start|>", 12);
+    out_put(o, role, strlen(role));
+    out_put(o, "\n", 1);
+    out_put(o, content, len);
+    out_put(o, "<|im_end|>\n", 11);
+}
+
+int tok_chat_format(const struct Tokenizer *t, const struct ChatMessage *msgs, size_t n_msgs,
+                    int add_assistant_prompt, char *out, size_t cap, size_t *n_out)
+{
+    static const char *roles[] = {"system", "user", "assistant"};
+    *n_out = 0;
+    if ((!msgs && n_msgs > 0) || (!out && cap > 0)) return TOK_EINPUT;
+    for (size_t i = 0; i < n_msgs; i++)
+        if ((unsigned)msgs[i].role > CHAT_ASSISTANT || (!msgs[i].content && msgs[i].len > 0))
+            return TOK_EINPUT;
+    /* Leave room for the NUL: the text is laid out in cap - 1 bytes. */
+    struct OutBuf o = {out, cap > 0 ? cap - 1 : 0, 0};
+    if (n_msgs > 0 && msgs[0].role != CHAT_SYSTEM && t->chat_default_system)
+        chat_turn(&o, "system", t->chat_default_system, t->chat_default_system_len);
+    for (size_t i = 0; i < n_msgs; i++)
+        chat_turn(&o, roles[msgs[i].role], msgs[i].content ? msgs[i].content : "", msgs[i].len);
+    if (add_assistant_prompt) out_put(&o, "<|im_start|>assistant\n", 22);
+    if (cap > 0) out[o.n < o.cap ? o.n : o.cap] = 0;
+    *n_out = o.n;
+    return t->chat == CHAT_OTHER ? TOK_EUNSUPPORTED : TOK_OK;
+}
+
+/* ---- streaming ------------------------------------------------------------------------- */
+
+void tok_stream_init(struct TokStream *s, const struct Tokenizer *t)
+{
+    memset(s, 0, sizeof *s);
+    s->tok = t;
+}
+
+static const char replacement[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
+
+int tok_stream_feed(struct TokStream *s, int32_t id, char *out, size_t cap)
+{
+    size_t plen;
+    const unsigned char *p = (const unsigned char *)tok_piece(s->tok, id, &plen);
+    if (!p) return TOK_ERANGE;
+    struct OutBuf o = {out, cap, 0};
+    size_t i = 0;
+    unsigned char held[8];
+    size_t n_held = 0;
+    if (s->n_pending > 0) {
+        /* Finish the sequence started in earlier pieces (pending is a valid prefix). */
+        unsigned char tmp[8];
+        size_t n = s->n_pending;
+        memcpy(tmp, s->pending, n);
+        size_t take = plen < 4 - n ? plen : 4 - n;
+        memcpy(tmp + n, p, take);
+        uint32_t cp;
+        size_t k = unicode_decode_utf8(tmp, n + take, &cp);
+        if (cp != UNICODE_INVALID) {
+            out_put(&o, (const char *)tmp, k);
+            i = k - n;
+        } else if (k == n + take && unicode_is_incomplete_utf8(tmp, k)) {
+            memcpy(held, tmp, k);  /* the whole piece extends it and it is still short */
+            n_held = k;
+            i = plen;
+        } else {
+            out_put(&o, replacement, 3);  /* the piece broke the sequence after k bytes */
+            i = k - n;
+        }
+    }
+    while (i < plen) {
+        uint32_t cp;
+        size_t k = unicode_decode_utf8(p + i, plen - i, &cp);
+        if (cp != UNICODE_INVALID) {
+            out_put(&o, (const char *)p + i, k);
+        } else if (i + k == plen && unicode_is_incomplete_utf8(p + i, k)) {
+            memcpy(held, p + i, k);
+            n_held = k;
+        } else {
+            out_put(&o, replacement, 3);
+        }
+        i += k;
+    }
+    if (o.n > cap || o.n > INT32_MAX) return TOK_ERANGE;
+    memcpy(s->pending, held, n_held);
+    s->n_pending = n_held;
+    return (int)o.n;
+}
+
+int tok_stream_flush(struct TokStream *s, char *out, size_t cap)
+{
+    if (s->n_pending == 0) return 0;
+    if (cap < 3) return TOK_ERANGE;
+    memcpy(out, replacement, 3);
+    s->n_pending = 0;
+    return 3;
+}

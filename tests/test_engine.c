@@ -1,0 +1,197 @@
+/* Engine API unit tests on the default model: cancellation between chunks and decode steps,
+ * context and budget limits, bad token ids, stop strings, sampler behaviour and the per-token
+ * signals. Run from the repository root (needs models/SmolLM2-135M-Instruct.Q4_1.gguf). */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/engine.h"
+#include "model/generate.h"
+
+static int passed, failed;
+#define CHECK(cond, ...) do { if (cond) passed++; else { failed++; \
+    printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
+
+static const char *MODEL = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+struct CancelAt { struct Engine *e; int after_tokens; int seen; };
+
+static int cancel_cb(void *user, const struct GenToken *t)
+{
+    struct CancelAt *c = user;
+    if (t->id >= 0) c->seen++;
+    if (c->seen == c->after_tokens) engine_cancel(c->e);
+    return 0;
+}
+
+static int stop_cb(void *user, const struct GenToken *t)
+{
+    (void)t;
+    return ++*(int *)user >= 3;
+}
+
+struct Streamed { char buf[4096]; size_t len; };
+
+static int stream_cb(void *user, const struct GenToken *t)
+{
+    struct Streamed *s = user;
+    if (s->len + t->text_len < sizeof s->buf) {
+        memcpy(s->buf + s->len, t->text, t->text_len);
+        s->len += t->text_len;
+    }
+    return 0;
+}
+
+static void *cancel_later(void *arg)
+{
+    usleep(20000);
+    engine_cancel(arg);
+    return NULL;
+}
+
+int main(void)
+{
+    char err[512];
+    struct Model *m = NULL;
+    if (model_load(MODEL, &m, err, sizeof err) != MODEL_OK) {
+        printf("FAIL cannot load %s: %s\n", MODEL, err);
+        return 1;
+    }
+    struct EngineOpts o;
+    engine_opts_default(&o);
+    o.n_ctx = 1024;
+    o.chunk = 16;
+    struct Engine *e = NULL;
+    CHECK(engine_new(m, &o, &e, err, sizeof err) == ENGINE_OK, "engine_new: %s", err);
+
+    int32_t toks[600];
+    for (int i = 0; i < 600; i++) toks[i] = 100 + (i * 37) % 5000;
+
+    /* A cancel requested before a prefill stops it at the first chunk boundary. */
+    engine_cancel(e);
+    CHECK(engine_prefill(e, toks, 64, err, sizeof err) == ENGINE_ECANCELLED, "pre-cancel");
+    CHECK(engine_n_past(e) == 0, "nothing evaluated after a pre-cancel (n_past %d)", engine_n_past(e));
+    CHECK(engine_prefill(e, toks, 16, err, sizeof err) == ENGINE_OK, "cancel is consumed: %s", err);
+    CHECK(engine_n_past(e) == 16, "n_past 16");
+
+    /* Cancel from another thread during a long prefill: stops at a chunk boundary. */
+    engine_reset(e);
+    pthread_t th;
+    pthread_create(&th, NULL, cancel_later, e);
+    int rc = engine_prefill(e, toks, 600, err, sizeof err);
+    pthread_join(th, NULL);
+    CHECK(rc == ENGINE_ECANCELLED || rc == ENGINE_OK, "threaded cancel rc %d", rc);
+    if (rc == ENGINE_ECANCELLED)
+        CHECK(engine_n_past(e) % 16 == 0 && engine_n_past(e) < 600,
+              "stopped on a chunk boundary (n_past %d)", engine_n_past(e));
+    printf("threaded cancel: %s after %d of 600 tokens\n", rc ? "stopped" : "finished first",
+           engine_n_past(e));
+
+    /* Bad inputs. */
+    engine_reset(e);
+    int32_t bad[2] = {5, m->cfg.vocab};
+    CHECK(engine_prefill(e, bad, 2, err, sizeof err) == ENGINE_EINPUT && strstr(err, "vocabulary"),
+          "out-of-vocabulary id refused: %s", err);
+    CHECK(engine_n_past(e) == 0, "refused input leaves the sequence empty");
+    int32_t *many = calloc(1100, sizeof *many);
+    CHECK(engine_prefill(e, many, 1100, err, sizeof err) == ENGINE_ECTX, "context overflow refused");
+    free(many);
+
+    /* Budget: refused with both figures, before allocating. */
+    struct EngineOpts big = o;
+    big.n_ctx = 131072;
+    big.mem_budget = 64u << 20;
+    struct Engine *e2 = NULL;
+    CHECK(engine_new(m, &big, &e2, err, sizeof err) == ENGINE_EBUDGET && !e2, "budget refused");
+    CHECK(strstr(err, "67108864") != NULL && strstr(err, "needs") != NULL, "message: %s", err);
+    struct EngineMemory mem;
+    engine_estimate(m, &big, &mem);
+    CHECK(mem.kv_bytes == 2ull * 30 * 3 * 131072 * 64 * 2, "KV estimate %zu", mem.kv_bytes);
+
+    /* Decode-step cancellation: stops within one step, reason cancelled. */
+    struct GenParams gp = {.max_tokens = 40};
+    sampler_params_default(&gp.sampler);
+    struct GenResult res;
+    struct CancelAt ca = {.e = e, .after_tokens = 5};
+    int32_t prompt[4] = {504, 3458, 282, 4649};
+    rc = generate(e, prompt, 4, &gp, cancel_cb, &ca, &res, err, sizeof err);
+    CHECK(rc == ENGINE_OK && res.finish == FINISH_CANCELLED, "cancel mid-decode: rc %d finish %s",
+          rc, finish_reason_name(res.finish));
+    CHECK(res.n_generated == 5, "stopped right after the step it was requested in (%d)", res.n_generated);
+    free(res.text);
+
+    /* Callback asks to stop. */
+    int count = 0;
+    rc = generate(e, prompt, 4, &gp, stop_cb, &count, &res, err, sizeof err);
+    CHECK(rc == 0 && res.finish == FINISH_CANCELLED && res.n_generated == 3, "callback stop");
+    free(res.text);
+
+    /* Greedy: deterministic, length-limited, streamed text equals the final text. */
+    struct Streamed st1 = {0}, st2 = {0};
+    gp.max_tokens = 20;
+    rc = generate(e, prompt, 4, &gp, stream_cb, &st1, &res, err, sizeof err);
+    CHECK(rc == 0 && res.finish == FINISH_LENGTH && res.n_generated == 20, "length finish");
+    CHECK(st1.len == res.text_len && !memcmp(st1.buf, res.text, res.text_len),
+          "stream == final text");
+    char first[4096];
+    snprintf(first, sizeof first, "%s", res.text);
+    free(res.text);
+    rc = generate(e, prompt, 4, &gp, stream_cb, &st2, &res, err, sizeof err);
+    CHECK(rc == 0 && !strcmp(first, res.text), "greedy is deterministic");
+    free(res.text);
+
+    /* Stop string taken from the greedy output: the output ends right before it. */
+    if (strlen(first) > 8) {
+        char stop[5];
+        memcpy(stop, first + 6, 4);
+        stop[4] = 0;
+        const char *stops[1] = {stop};
+        struct GenParams gs = gp;
+        gs.stop = stops;
+        gs.n_stop = 1;
+        struct Streamed st3 = {0};
+        rc = generate(e, prompt, 4, &gs, stream_cb, &st3, &res, err, sizeof err);
+        const char *hit = strstr(first, stop);
+        CHECK(rc == 0 && res.finish == FINISH_STOP && hit &&
+              res.text_len == (size_t)(hit - first) && !memcmp(res.text, first, res.text_len),
+              "stop string '%s': got '%s'", stop, res.text);
+        CHECK(st3.len == res.text_len, "streamed text never included the stop string");
+        free(res.text);
+    }
+
+    /* Sampling: same seed, same text; temperature with top-k 1 equals greedy; signals sane. */
+    struct GenParams gt = gp;
+    gt.sampler.temperature = 0.9f;
+    gt.sampler.seed = 42;
+    char a[4096], b[4096];
+    generate(e, prompt, 4, &gt, NULL, NULL, &res, err, sizeof err);
+    snprintf(a, sizeof a, "%s", res.text);
+    free(res.text);
+    generate(e, prompt, 4, &gt, NULL, NULL, &res, err, sizeof err);
+    snprintf(b, sizeof b, "%s", res.text);
+    free(res.text);
+    CHECK(!strcmp(a, b), "seeded sampling is reproducible");
+    gt.sampler.top_k = 1;
+    generate(e, prompt, 4, &gt, NULL, NULL, &res, err, sizeof err);
+    CHECK(!strcmp(res.text, first), "top-k 1 equals greedy");
+    free(res.text);
+
+    float logits[5] = {1.f, 3.f, 2.f, -INFINITY, 0.f};
+    struct TokenSignal sig;
+    sampler_signal(logits, 5, 1, &sig);
+    double z = exp(1) + exp(3) + exp(2) + exp(0);
+    CHECK(fabs(sig.logprob - (3 - log(z))) < 1e-5, "logprob %f", sig.logprob);
+    double ent = 0;
+    double ls[4] = {1, 3, 2, 0};
+    for (int i = 0; i < 4; i++) ent -= exp(ls[i]) / z * (ls[i] - log(z));
+    CHECK(fabs(sig.entropy - ent) < 1e-5, "entropy %f vs %f", sig.entropy, ent);
+    CHECK(fabs(sig.margin - (exp(3) - exp(2)) / z) < 1e-5, "margin %f", sig.margin);
+
+    engine_destroy(&e);
+    model_destroy(&m);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}
