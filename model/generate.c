@@ -74,9 +74,13 @@ int generate(struct Engine *e, const int32_t *prompt, size_t n_prompt, const str
         snprintf(err, errlen, "out of memory");
         return ENGINE_ENOMEM;
     }
-    engine_reset(e);
     double t0 = now_ms();
-    rc = engine_prefill(e, prompt, n_prompt, err, errlen);
+    if (p->prefilled && engine_n_past(e) == (int)n_prompt) {
+        rc = ENGINE_OK;
+    } else {
+        engine_reset(e);
+        rc = engine_prefill(e, prompt, n_prompt, err, errlen);
+    }
     r->prefill_ms = now_ms() - t0;
     if (rc == ENGINE_ECANCELLED) { r->finish = FINISH_CANCELLED; rc = ENGINE_OK; goto done; }
     if (rc) goto done;

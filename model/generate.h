@@ -17,6 +17,8 @@ struct GenParams {
     struct SamplerParams sampler;
     const char *const *stop;   /* stop strings (not included in the output) */
     size_t n_stop;
+    int prefilled;             /* the engine already holds exactly `prompt` (the caller
+                                  prefilled it, e.g. to read its logits): skip the prefill */
 };
 
 /* One generated token (or, with id -1, the release of text held back for a stop string that
@@ -41,7 +43,7 @@ struct GenResult {
     double prefill_ms, decode_ms;
 };
 
-/* Prefills `prompt` into the (reset) engine and decodes. Returns ENGINE_OK with
+/* Prefills `prompt` into the (reset) engine, unless p->prefilled, and decodes. Returns ENGINE_OK with
  * result->finish telling why it ended (cancellation is not an error), or a negative
  * ENGINE_E* code with `err` filled. */
 int generate(struct Engine *e, const int32_t *prompt, size_t n_prompt, const struct GenParams *p,

@@ -350,10 +350,11 @@ int main(int argc, char **argv)
     size_t rss_ctx = rss_bytes() - rss_base;
     if (n_predict > 0) {
         struct GenResult res;
+        gp.prefilled = dump != NULL;
         rc = generate(e, ids, n_ids, &gp, on_token, NULL, &res, err, sizeof err);
         if (rc) { fprintf(stderr, "diffrag-run: %s\n", err); goto out; }
         printf("\n");
-        prefill_s = res.prefill_ms / 1e3;
+        if (!gp.prefilled) prefill_s = res.prefill_ms / 1e3;
         decode_s = res.decode_ms / 1e3;
         n_gen = res.n_generated;
         size_t r2 = rss_bytes() - rss_base;
