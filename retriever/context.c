@@ -1,0 +1,277 @@
+/* Context assembly: encode the fixed frame, then place chunks best-first while their label,
+ * text and separator fit the budget (skipping ones that do not, trying the rest), optionally
+ * reorder by document, and concatenate everything into one token array with exact spans. */
+#include "retriever/context.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "retriever/prompt.h"
+#include "retriever/status.h"
+
+struct Placed {
+    size_t rank;
+    int32_t *ids; size_t n;          /* the chunk text's tokens */
+    size_t text_len;                 /* bytes of the chunk placed (less when truncated) */
+    int truncated;
+    int32_t *label; size_t n_label;
+    char label_text[PROMPT_MAX_TITLE_BYTES + 32];
+    size_t label_len;
+};
+
+static int encode_label(const struct TokenCounter *tc, struct Placed *p, int marker,
+                        const struct CtxChunk *c)
+{
+    free(p->label);
+    p->label = NULL;
+    int len = prompt_label(marker, c->title, c->title_len, p->label_text, sizeof p->label_text);
+    if (len < 0)
+        return RET_EINPUT;
+    p->label_len = (size_t)len;
+    return tokcount_encode_alloc(tc, p->label_text, p->label_len, 0, &p->label, &p->n_label);
+}
+
+static int is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
+/* Longest whitespace-bounded prefix of c's text with at most `avail` tokens; 0 bytes if none. */
+static int fit_prefix(const struct TokenCounter *tc, const struct CtxChunk *c, size_t avail,
+                      struct Placed *p)
+{
+    size_t *cuts = malloc((c->text_len + 1) * sizeof *cuts), n_cuts = 0;
+    if (!cuts)
+        return RET_ENOMEM;
+    for (size_t i = 1; i < c->text_len; i++)
+        if (is_space(c->text[i]) && !is_space(c->text[i - 1]))
+            cuts[n_cuts++] = i;
+    size_t lo = 0, hi = n_cuts, best = 0; /* best = number of cuts usable (prefix to cuts[best-1]) */
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2, cnt;
+        if (tokcount_count(tc, c->text, cuts[mid], &cnt)) {
+            free(cuts);
+            return RET_ETOKEN;
+        }
+        if (cnt <= avail) {
+            best = mid + 1;
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    p->text_len = best ? cuts[best - 1] : 0;
+    free(cuts);
+    if (p->text_len == 0)
+        return RET_OK;
+    return tokcount_encode_alloc(tc, c->text, p->text_len, 0, &p->ids, &p->n);
+}
+
+static int cmp_doc_order(const void *pa, const void *pb, void *chunks_v)
+{
+    const struct Placed *a = pa, *b = pb;
+    const struct CtxChunk *chunks = chunks_v;
+    const struct CtxChunk *x = &chunks[a->rank], *y = &chunks[b->rank];
+    size_t n = x->doc_id_len < y->doc_id_len ? x->doc_id_len : y->doc_id_len;
+    int c = n ? memcmp(x->doc_id, y->doc_id, n) : 0;
+    if (c)
+        return c;
+    if (x->doc_id_len != y->doc_id_len)
+        return x->doc_id_len < y->doc_id_len ? -1 : 1;
+    if (x->byte_start != y->byte_start)
+        return x->byte_start < y->byte_start ? -1 : 1;
+    return (a->rank > b->rank) - (a->rank < b->rank);
+}
+
+void ctx_chunks_from_hits(const struct SearchHit *hits, size_t n, struct CtxChunk *out)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = (struct CtxChunk){ hits[i].doc_id, hits[i].doc_id_len, hits[i].title, hits[i].title_len,
+                                    hits[i].text, hits[i].text_len, hits[i].chunk, hits[i].byte_start,
+                                    hits[i].byte_end, hits[i].score };
+}
+
+void ctx_destroy(struct Context **pc)
+{
+    struct Context *c = pc ? *pc : NULL;
+    if (!c)
+        return;
+    for (size_t i = 0; i < c->n_cites; i++)
+        free(c->cites[i].doc_id);
+    free(c->cites);
+    free(c->tokens);
+    free(c->text);
+    free(c);
+    *pc = NULL;
+}
+
+static void placed_free(struct Placed *p)
+{
+    free(p->ids);
+    free(p->label);
+    p->ids = p->label = NULL;
+}
+
+int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t question_len,
+                 const struct CtxChunk *chunks, size_t n_chunks, const struct CtxOptions *o,
+                 struct Context **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!question && question_len)
+        return ret_fail(err, errlen, RET_EINPUT, "no question");
+    for (size_t i = 0; i < n_chunks; i++)
+        if ((!chunks[i].text && chunks[i].text_len) || (!chunks[i].doc_id && chunks[i].doc_id_len))
+            return ret_fail(err, errlen, RET_EINPUT, "chunk %zu has no text or id", i);
+    const char *head = prompt_head(), *sep = prompt_doc_separator(), *qp = prompt_question_prefix(),
+               *tail = prompt_tail();
+    int32_t *h_ids = NULL, *s_ids = NULL, *qp_ids = NULL, *q_ids = NULL, *t_ids = NULL;
+    size_t nh = 0, ns = 0, nqp = 0, nq = 0, nt = 0, n_placed = 0;
+    struct Placed *pl = calloc(n_chunks ? n_chunks : 1, sizeof *pl);
+    struct Context *ctx = calloc(1, sizeof *ctx);
+    int st = RET_OK;
+    if (!pl || !ctx) {
+        st = RET_ENOMEM;
+        goto fail;
+    }
+    if ((st = tokcount_encode_alloc(tc, head, strlen(head), TC_SPECIAL | TC_ADD_BOS, &h_ids, &nh)) ||
+        (st = tokcount_encode_alloc(tc, sep, strlen(sep), 0, &s_ids, &ns)) ||
+        (st = tokcount_encode_alloc(tc, qp, strlen(qp), 0, &qp_ids, &nqp)) ||
+        (st = tokcount_encode_alloc(tc, question, question_len, 0, &q_ids, &nq)) ||
+        (st = tokcount_encode_alloc(tc, tail, strlen(tail), TC_SPECIAL, &t_ids, &nt)))
+        goto fail;
+    size_t fixed = nh + nqp + nq + nt;
+    if (fixed > o->budget) {
+        st = ret_fail(err, errlen, RET_EBUDGET,
+                      "the instruction, question and frame take %zu tokens; the budget is %zu",
+                      fixed, o->budget);
+        goto out_err;
+    }
+    size_t remaining = o->budget - fixed;
+    for (size_t i = 0; i < n_chunks && remaining > ns; i++) {
+        struct Placed *p = &pl[n_placed];
+        p->rank = i;
+        if ((st = encode_label(tc, p, (int)n_placed + 1, &chunks[i])) ||
+            (st = tokcount_encode_alloc(tc, chunks[i].text, chunks[i].text_len, 0, &p->ids, &p->n)))
+            goto fail;
+        p->text_len = chunks[i].text_len;
+        size_t cost = p->n_label + p->n + ns;
+        if (cost <= remaining && p->n > 0) {
+            remaining -= cost;
+            n_placed++;
+        } else {
+            placed_free(p);
+        }
+    }
+    if (n_placed == 0 && n_chunks > 0 && !o->no_truncate) {
+        struct Placed *p = &pl[0];
+        p->rank = 0;
+        if ((st = encode_label(tc, p, 1, &chunks[0])))
+            goto fail;
+        if (p->n_label + ns < remaining) {
+            if ((st = fit_prefix(tc, &chunks[0], remaining - p->n_label - ns, p)))
+                goto fail;
+            if (p->n > 0 && p->n_label + p->n + ns <= remaining) {
+                p->truncated = p->text_len < chunks[0].text_len;
+                n_placed = 1;
+            }
+        }
+        if (!n_placed)
+            placed_free(p);
+    }
+    if (o->order == CTX_ORDER_DOCUMENT && n_placed > 1) {
+        qsort_r(pl, n_placed, sizeof *pl, cmp_doc_order, (void *)chunks);
+        /* Markers follow the new order; longer numbers may cost a token: drop the worst-ranked
+         * chunks until the prompt fits again. */
+        for (;;) {
+            size_t total = fixed;
+            for (size_t i = 0; i < n_placed; i++) {
+                if ((st = encode_label(tc, &pl[i], (int)i + 1, &chunks[pl[i].rank])))
+                    goto fail;
+                total += pl[i].n_label + pl[i].n + ns;
+            }
+            if (total <= o->budget)
+                break;
+            size_t worst = 0;
+            for (size_t i = 1; i < n_placed; i++)
+                if (pl[i].rank > pl[worst].rank)
+                    worst = i;
+            placed_free(&pl[worst]);
+            memmove(&pl[worst], &pl[worst + 1], (n_placed - worst - 1) * sizeof *pl);
+            n_placed--;
+            memset(&pl[n_placed], 0, sizeof *pl);
+        }
+    }
+    /* Lay out tokens and text. */
+    size_t n_tok = fixed, n_text = strlen(head) + strlen(qp) + question_len + strlen(tail);
+    for (size_t i = 0; i < n_placed; i++) {
+        n_tok += pl[i].n_label + pl[i].n + ns;
+        n_text += pl[i].label_len + pl[i].text_len + strlen(sep);
+    }
+    ctx->tokens = malloc((n_tok ? n_tok : 1) * sizeof *ctx->tokens);
+    ctx->text = malloc(n_text + 1);
+    ctx->cites = calloc(n_placed ? n_placed : 1, sizeof *ctx->cites);
+    if (!ctx->tokens || !ctx->text || !ctx->cites) {
+        st = RET_ENOMEM;
+        goto fail;
+    }
+    size_t tk = 0, tx = 0;
+#define EMIT(ids, n, s, len) do { \
+        memcpy(ctx->tokens + tk, (ids), (n) * sizeof(int32_t)); tk += (n); \
+        memcpy(ctx->text + tx, (s), (len)); tx += (len); } while (0)
+    EMIT(h_ids, nh, head, strlen(head));
+    ctx->documents.start = tk;
+    for (size_t i = 0; i < n_placed; i++) {
+        const struct CtxChunk *c = &chunks[pl[i].rank];
+        struct CtxCitation *ci = &ctx->cites[ctx->n_cites];
+        ci->doc_id = malloc(c->doc_id_len + 1);
+        if (!ci->doc_id) {
+            st = RET_ENOMEM;
+            goto fail;
+        }
+        ctx->n_cites++;
+        memcpy(ci->doc_id, c->doc_id, c->doc_id_len);
+        ci->doc_id[c->doc_id_len] = 0;
+        ci->doc_id_len = c->doc_id_len;
+        ci->marker = (int)i + 1;
+        ci->rank = pl[i].rank;
+        ci->chunk = c->chunk;
+        ci->byte_start = c->byte_start;
+        ci->byte_end = c->byte_start + pl[i].text_len;
+        ci->score = c->score;
+        ci->truncated = pl[i].truncated;
+        EMIT(pl[i].label, pl[i].n_label, pl[i].label_text, pl[i].label_len);
+        ci->tokens.start = tk;
+        ci->bytes.start = tx;
+        EMIT(pl[i].ids, pl[i].n, c->text, pl[i].text_len);
+        ci->tokens.end = tk;
+        ci->bytes.end = tx;
+        EMIT(s_ids, ns, sep, strlen(sep));
+    }
+    ctx->documents.end = tk;
+    EMIT(qp_ids, nqp, qp, strlen(qp));
+    ctx->question.start = tk;
+    EMIT(q_ids, nq, question, question_len);
+    ctx->question.end = tk;
+    EMIT(t_ids, nt, tail, strlen(tail));
+#undef EMIT
+    ctx->text[tx] = 0;
+    ctx->n_tokens = tk;
+    ctx->text_len = tx;
+    ctx->n_offered = n_chunks;
+    ctx->n_skipped = n_chunks - n_placed; /* includes chunks never tried once the budget ran out */
+    for (size_t i = 0; i < n_chunks; i++)
+        placed_free(&pl[i]);
+    free(pl);
+    free(h_ids); free(s_ids); free(qp_ids); free(q_ids); free(t_ids);
+    *out = ctx;
+    return RET_OK;
+fail:
+    if (st == RET_ENOMEM)
+        ret_fail(err, errlen, st, "out of memory assembling the context");
+    else
+        ret_fail(err, errlen, st, "the token counter failed assembling the context");
+out_err:
+    for (size_t i = 0; pl && i < n_chunks; i++)
+        placed_free(&pl[i]);
+    free(pl);
+    free(h_ids); free(s_ids); free(qp_ids); free(q_ids); free(t_ids);
+    ctx_destroy(&ctx);
+    return st;
+}

@@ -1,0 +1,70 @@
+/* Context assembly: given a question, ranked chunks and a token budget, build the prompt as a
+ * token array (separately encoded segments, concatenated) so the token span of each placed
+ * chunk decodes exactly to its text, and return those spans with their citations. */
+#ifndef DIFFRAG_CONTEXT_H
+#define DIFFRAG_CONTEXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "retriever/index.h"
+#include "retriever/tokcount.h"
+
+enum CtxOrder {
+    CTX_ORDER_RANK = 0,      /* best first */
+    CTX_ORDER_DOCUMENT = 1,  /* chosen best first, then laid out by document id and position */
+};
+
+/* A ranked chunk offered for the prompt (e.g. a SearchHit); all borrowed for the call. */
+struct CtxChunk {
+    const char *doc_id; size_t doc_id_len;
+    const char *title; size_t title_len;
+    const char *text; size_t text_len;
+    uint32_t chunk;                 /* index in its document */
+    uint64_t byte_start, byte_end;  /* in the document */
+    double score;
+};
+
+struct CtxOptions {
+    size_t budget;          /* total prompt tokens allowed (everything, frame included) */
+    enum CtxOrder order;
+    int no_truncate;        /* 0: when no chunk fits whole, place a prefix of the best one */
+};
+
+struct CtxSpan { size_t start, end; };  /* [start, end) */
+
+struct CtxCitation {
+    int marker;                     /* the n of [n] */
+    size_t rank;                    /* index of the chunk in the caller's array */
+    char *doc_id; size_t doc_id_len;  /* owned copy */
+    uint32_t chunk;
+    uint64_t byte_start, byte_end;  /* in the document (a truncated chunk ends earlier) */
+    double score;
+    int truncated;                  /* only a prefix of the chunk fitted */
+    struct CtxSpan tokens;          /* the chunk text's tokens in Context.tokens */
+    struct CtxSpan bytes;           /* the chunk text's bytes in Context.text */
+};
+
+struct Context {
+    int32_t *tokens; size_t n_tokens;   /* the prompt to prefill */
+    char *text; size_t text_len;        /* the same prompt as text (NUL-terminated) */
+    struct CtxCitation *cites; size_t n_cites; /* in prompt order */
+    struct CtxSpan question;            /* the question's tokens */
+    struct CtxSpan documents;           /* tokens from the first label to the last separator */
+    size_t n_offered, n_skipped;        /* chunks given; chunks that did not fit */
+};
+
+/* Assemble. The prompt never has more than o->budget tokens as counted by tc. Returns RET_OK;
+ * RET_EBUDGET when the instruction, question and frame alone exceed the budget (the message
+ * gives both numbers); RET_EINPUT (NULL question, bad chunk); RET_ETOKEN; RET_ENOMEM.
+ * *out is owned by the caller: free with ctx_destroy. */
+int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t question_len,
+                 const struct CtxChunk *chunks, size_t n_chunks, const struct CtxOptions *o,
+                 struct Context **out, char *err, size_t errlen);
+void ctx_destroy(struct Context **c);
+
+/* Fill out[0..n) from search hits (store or in-memory); the CtxChunks borrow what the hits
+ * borrow, so assemble before the reader or index that produced the hits goes away. */
+void ctx_chunks_from_hits(const struct SearchHit *hits, size_t n, struct CtxChunk *out);
+
+#endif

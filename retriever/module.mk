@@ -1,0 +1,23 @@
+# retriever/: the document store (LMDB), chunking, the BM25 index and search, context assembly.
+RETRIEVER_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard retriever/*.c))
+LIB_RETRIEVER  := $(BUILD)/libdiffrag_retriever.a
+RETRIEVER_LIBS := $(LIB_RETRIEVER) -llmdb -lstemmer
+
+$(LIB_RETRIEVER): $(RETRIEVER_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+BINS += $(BUILD)/diffrag-store
+$(BUILD)/diffrag-store: $(BUILD)/tools/diffrag_store.o $(LIB_RETRIEVER) $(LIB_MODEL)
+	$(CC) $(LDFLAGS) $< -o $@ $(RETRIEVER_LIBS) $(MODEL_LIBS) $(LDLIBS)
+
+# The benchmark compares against SQLite FTS5; it is built and run only by `make bench-retriever`.
+BENCH_RETRIEVER_ARGS ?= --passages ../shared/data/squad2/passages.jsonl \
+                        --questions ../shared/data/squad2/questions.jsonl
+$(BUILD)/bench_retriever: $(BUILD)/bench/bench_retriever.o $(LIB_RETRIEVER) $(LIB_MODEL)
+	$(CC) $(LDFLAGS) $< -o $@ $(RETRIEVER_LIBS) -lsqlite3 $(MODEL_LIBS) $(LDLIBS)
+
+bench-retriever: $(BUILD)/bench_retriever
+	$(BUILD)/bench_retriever $(BENCH_RETRIEVER_ARGS)
+
+.PHONY: bench-retriever

@@ -1,0 +1,44 @@
+/* Text of the grounded-answer prompt (see prompt.h for the layout). The instruction is kept
+ * short so that the smallest budgets (64 tokens) still leave room for a question. */
+#include "retriever/prompt.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char HEAD[] =
+    "<|im_start|>system\n"
+    "Answer the question using only the documents. Cite the documents you use as [n]. "
+    "If they do not contain the answer, reply: " PROMPT_REFUSAL "<|im_end|>\n"
+    "<|im_start|>user\n"
+    "Documents:\n\n";
+
+const char *prompt_head(void) { return HEAD; }
+const char *prompt_doc_separator(void) { return "\n\n"; }
+const char *prompt_question_prefix(void) { return "Question: "; }
+const char *prompt_tail(void) { return "<|im_end|>\n<|im_start|>assistant\n"; }
+
+int prompt_label(int marker, const char *title, size_t title_len, char *out, size_t cap)
+{
+    int n = snprintf(out, cap, "[%d]", marker);
+    if (n < 0 || (size_t)n >= cap)
+        return -1;
+    size_t len = (size_t)n;
+    if (title_len) {
+        size_t tl = title_len;
+        if (tl > PROMPT_MAX_TITLE_BYTES) {
+            tl = PROMPT_MAX_TITLE_BYTES;
+            while (tl > 0 && ((unsigned char)title[tl] & 0xC0) == 0x80)
+                tl--;
+        }
+        if (len + 1 + tl + 2 > cap)
+            return -1;
+        out[len++] = ' ';
+        for (size_t i = 0; i < tl; i++)
+            out[len++] = (title[i] == '\n' || title[i] == '\r') ? ' ' : title[i];
+    }
+    if (len + 2 > cap)
+        return -1;
+    out[len++] = '\n';
+    out[len] = 0;
+    return (int)len;
+}

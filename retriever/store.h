@@ -1,0 +1,147 @@
+/* The document store: one LMDB environment in a data directory with named databases
+ *
+ *   meta      "schema" -> u32 schema version, "next_coll" -> u32 next collection id
+ *   stats     collection name -> collection record (id, options, statistics for BM25)
+ *   docs      coll id (u32 BE) | doc id -> doc record (chunk range, title, metadata, text)
+ *   chunks    coll id | chunk id (u32 BE) -> chunk record (index in doc, byte offsets,
+ *             length in terms, tokens, doc id)
+ *   postings  coll id | term | 0x00 -> term header (df, max tf, min length)
+ *             coll id | term | 0x00 | first chunk id (u32 BE) -> posting block (postings.h)
+ *
+ * Chunk ids are allocated in increasing order and never reused, so new postings always append.
+ * A write (a batch of puts or deletes) is one LMDB transaction: it is acknowledged (the call
+ * returns RET_OK) only after the commit reached the disk, and a reader sees all of it or none.
+ * Readers never block the writer. When the map fills, the store grows it and retries.
+ *
+ * Thread safety: a Store may be shared by threads. A StoreReader must be ended by the thread
+ * that began it; a thread may hold several. Writes from several threads serialise on LMDB's
+ * writer lock. Growing the map waits until other threads' snapshots end (LMDB requires that no
+ * transaction is open then), and a write from a thread that holds a snapshot of the same store
+ * gets RET_ELIMIT instead of growing. */
+#ifndef DIFFRAG_STORE_H
+#define DIFFRAG_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "retriever/index.h"
+#include "retriever/tokcount.h"
+
+#define STORE_SCHEMA_VERSION 1
+
+struct StoreOptions {
+    size_t map_size;        /* initial map size in bytes (default 64 MiB); grows on demand */
+    size_t max_map_size;    /* ceiling for growth (default 1 TiB) */
+    size_t max_doc_bytes;   /* largest document text accepted (default 64 MiB) */
+    int no_sync;            /* 1 = MDB_NOSYNC: commits are not durable (benchmarks only) */
+};
+void store_options_default(struct StoreOptions *o);
+
+struct Store;
+struct StoreReader;
+
+/* Open (creating the directory and an empty store if needed) the store in `dir`.
+ * Returns RET_OK; RET_EVERSION when the store has another schema version (the message names
+ * both versions; the store is left untouched); RET_EIO; RET_ECORRUPT; RET_ENOMEM. */
+int store_open(const char *dir, const struct StoreOptions *opt, struct Store **out, char *err,
+               size_t errlen);
+void store_close(struct Store **s);
+
+/* Current map size in bytes (it grows as the store fills). */
+size_t store_map_size(struct Store *s);
+
+/* Insert or replace documents in `collection` (created on first ingest with `create_opts`, or
+ * the defaults when NULL; an existing collection keeps its own options). A replaced
+ * document's chunks and postings go in the same transaction. The whole batch is validated
+ * first (UTF-8, sizes, empty text, duplicate ids): any bad document rejects the batch and
+ * leaves the store unchanged. `tc` counts tokens for chunking (borrowed for the call).
+ * Returns RET_OK (committed durably), RET_EINPUT, RET_ELIMIT, RET_ETOKEN, RET_EIO, RET_ENOMEM. */
+int store_put_docs(struct Store *s, const char *collection, const struct StoreDoc *docs, size_t n,
+                   const struct IndexOptions *create_opts, const struct TokenCounter *tc,
+                   char *err, size_t errlen);
+
+/* Delete documents by id in one transaction; ids that are not present are skipped.
+ * *n_deleted (optional) receives how many existed. RET_OK, RET_ENOTFOUND (unknown
+ * collection), RET_EINPUT, RET_EIO, RET_ENOMEM. */
+int store_delete_docs(struct Store *s, const char *collection, const char *const *ids,
+                      const size_t *id_lens, size_t n, size_t *n_deleted, char *err, size_t errlen);
+
+/* Read snapshots. Everything a reader returns is borrowed LMDB memory, valid until
+ * store_read_end. A reader holds its snapshot; keep it short so the file can reuse pages. */
+int store_read_begin(struct Store *s, struct StoreReader **out, char *err, size_t errlen);
+void store_read_end(struct StoreReader **r);
+
+struct StoreCollStats {
+    uint32_t id;
+    struct IndexOptions options;
+    uint64_t n_docs, n_chunks, total_terms, text_bytes;
+    uint32_t next_chunk_id;
+    double avg_chunk_terms;
+};
+
+/* RET_OK or RET_ENOTFOUND ("unknown collection"), RET_ECORRUPT, RET_EIO. */
+int store_collection_stats(struct StoreReader *r, const char *collection, struct StoreCollStats *out,
+                           char *err, size_t errlen);
+
+/* Calls fn for each collection name (borrowed, NUL-free, not NUL-terminated) in byte order.
+ * A non-zero return from fn stops the walk and is returned. */
+int store_list_collections(struct StoreReader *r,
+                           int (*fn)(void *ctx, const char *name, size_t len), void *ctx,
+                           char *err, size_t errlen);
+
+struct StoreDocView {
+    const char *id; size_t id_len;
+    const char *title; size_t title_len;
+    const void *meta; size_t meta_len;
+    const char *text; size_t text_len;
+    uint32_t first_chunk, n_chunks;      /* chunk ids first_chunk .. first_chunk+n_chunks-1 */
+};
+
+/* RET_OK, RET_ENOTFOUND (collection or document), RET_ECORRUPT, RET_EIO. */
+int store_get_doc(struct StoreReader *r, const char *collection, const char *id, size_t id_len,
+                  struct StoreDocView *out, char *err, size_t errlen);
+
+/* Page through documents in id byte order: up to cap documents whose id sorts after
+ * `after` (NULL or after_len 0 = from the start). *n receives the count; fewer than cap means
+ * the end was reached. RET_OK, RET_ENOTFOUND, RET_ECORRUPT, RET_EIO. */
+int store_list_docs(struct StoreReader *r, const char *collection, const char *after,
+                    size_t after_len, struct StoreDocView *out, size_t cap, size_t *n,
+                    char *err, size_t errlen);
+
+struct StoreChunkView {
+    uint32_t chunk_id, chunk;            /* collection-wide id, index within the document */
+    uint64_t byte_start, byte_end;
+    uint32_t n_terms, n_tokens;
+    const char *doc_id; size_t doc_id_len;
+};
+int store_get_chunk(struct StoreReader *r, const char *collection, uint32_t chunk_id,
+                    struct StoreChunkView *out, char *err, size_t errlen);
+
+/* BM25 top-k over the collection (query analysed with the collection's analyzer). hits holds
+ * cap entries (k is clamped to cap); *n_hits receives the count, best first. Hits borrow the
+ * reader's snapshot. RET_OK, RET_ENOTFOUND (collection; unknown filter ids simply match
+ * nothing), RET_ECORRUPT, RET_EIO, RET_ENOMEM. `stats` (optional) reports the work done. */
+struct Bm25Stats;
+int store_search(struct StoreReader *r, const char *collection, const char *query, size_t qlen,
+                 const struct SearchOptions *o, struct SearchHit *hits, size_t cap, size_t *n_hits,
+                 struct Bm25Stats *stats, char *err, size_t errlen);
+
+struct StoreVerifyReport {
+    uint64_t collections, docs, chunks, postings, terms;
+    uint64_t problems;          /* 0 when the store is consistent */
+    char first_problem[256];
+};
+
+/* Recompute every collection's statistics from its documents and chunks and check them
+ * against the stored ones; re-analyse every chunk and check the postings hold exactly its
+ * terms with their frequencies and length; check every posting points at a live chunk, every
+ * chunk at a live document, every block decodes. `collection` NULL checks all.
+ * RET_OK (consistent), RET_ECORRUPT (report says what), RET_ENOTFOUND, RET_EIO, RET_ENOMEM. */
+int store_verify(struct Store *s, const char *collection, struct StoreVerifyReport *rep,
+                 char *err, size_t errlen);
+
+/* Compacting copy of the environment into directory `dest` (created; must be empty).
+ * RET_OK, RET_EIO. */
+int store_backup(struct Store *s, const char *dest, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,128 @@
+/* Internals shared by store.c (environment, reads), store_write.c (puts and deletes),
+ * store_search.c and store_verify.c: the handle, key layouts and record codecs. Not a public
+ * header. All multi-byte integers in records are little-endian; in keys, big-endian so that
+ * keys sort by number. */
+#ifndef DIFFRAG_STORE_INTERNAL_H
+#define DIFFRAG_STORE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+#include <lmdb.h>
+
+#include "retriever/store.h"
+
+struct Store {
+    MDB_env *env;
+    MDB_dbi db_meta, db_stats, db_docs, db_chunks, db_postings;
+    struct StoreOptions opt;
+    char *dir;
+    /* Held shared by every transaction, exclusively to change the map size (LMDB requires that
+     * no transaction of this process is open then). Writer-preferring, so growth is not starved. */
+    pthread_rwlock_t resize_lock;
+};
+
+struct StoreReader {
+    struct Store *s;
+    MDB_txn *txn;
+};
+
+/* Collection record (value in db_stats), 56 bytes. */
+struct CollRecord {
+    uint32_t id, analyzer_flags, chunk_tokens, chunk_overlap, index_flags, next_chunk_id;
+    uint64_t n_docs, n_chunks, total_terms, text_bytes;
+};
+#define COLL_RECORD_SIZE 56
+
+/* Doc record header (value in db_docs), followed by title, meta, text. */
+struct DocHeader { uint32_t first_chunk, n_chunks, title_len, meta_len; uint64_t text_len; };
+#define DOC_HEADER_SIZE 24
+
+/* Chunk record (value in db_chunks), followed by the doc id. */
+struct ChunkRecord {
+    uint32_t chunk, n_terms, n_tokens;
+    uint64_t byte_start, byte_end;
+};
+#define CHUNK_RECORD_SIZE 32
+
+/* Term header (value of a postings key without a block suffix). */
+struct TermHeader { uint32_t df, max_tf, min_len; };
+#define TERM_HEADER_SIZE 12
+
+/* Chunk ids stay below this, so BM25_END (UINT32_MAX) never names a chunk. */
+#define BM25_CHUNK_LIMIT 0xFFFFFFFEu
+
+#define KEY_MAX (4 + INDEX_MAX_ID_BYTES + 8)
+
+static inline void put_be32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
+}
+static inline uint32_t get_be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+static inline void put_le32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static inline void put_le64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static inline uint32_t get_le32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+static inline uint64_t get_le64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+void coll_record_encode(const struct CollRecord *c, uint8_t *out); /* COLL_RECORD_SIZE bytes */
+int coll_record_decode(const MDB_val *v, struct CollRecord *c);     /* RET_OK / RET_ECORRUPT */
+void coll_record_options(const struct CollRecord *c, struct IndexOptions *o);
+
+/* Parse a doc record; pointers borrow v. */
+int doc_record_decode(const MDB_val *v, struct DocHeader *h, const char **title, const void **meta,
+                      const char **text);
+int chunk_record_decode(const MDB_val *v, struct ChunkRecord *c, const char **doc_id, size_t *doc_id_len);
+int term_header_decode(const MDB_val *v, struct TermHeader *h);
+
+/* Key builders; return the key length. `out` must hold KEY_MAX bytes (or 4 + term + 5). */
+size_t key_doc(uint8_t *out, uint32_t coll, const char *id, size_t len);
+size_t key_chunk(uint8_t *out, uint32_t coll, uint32_t chunk_id);
+size_t key_term(uint8_t *out, uint32_t coll, const char *term, size_t len);          /* header */
+size_t key_block(uint8_t *out, uint32_t coll, const char *term, size_t len, uint32_t base);
+
+/* Look up a collection record in txn: RET_OK, RET_ENOTFOUND (message "unknown collection"),
+ * RET_ECORRUPT, RET_EIO. */
+int store_coll_get(struct Store *s, MDB_txn *txn, const char *name, struct CollRecord *c,
+                   char *err, size_t errlen);
+
+/* A document chunked and analysed ahead of its write transaction (store_prep.c). */
+struct PreTerm { uint32_t off, len, tf; };     /* term bytes at arena + off */
+struct PreDoc {
+    struct ChunkSpan *spans; size_t n_spans;
+    uint32_t *term_first;   /* n_spans + 1: chunk j's terms are terms[term_first[j] .. term_first[j + 1]) */
+    uint32_t *chunk_len;    /* chunk j's length in terms */
+    struct PreTerm *terms; size_t n_terms, cap_terms;
+    char *arena; size_t arena_len, arena_cap;
+};
+/* Prepare docs[0..n) into pre[0..n) (zeroed by the caller), with worker threads when the batch
+ * is large. tc must be safe to call from several threads. On failure everything is freed. */
+int store_prep_docs(const struct StoreDoc *docs, size_t n, const struct IndexOptions *o,
+                    const struct TokenCounter *tc, struct PreDoc *pre, char *err, size_t errlen);
+void store_prep_free(struct PreDoc *pre, size_t n);
+
+/* Map an LMDB error to a status and message. */
+int store_mdb_fail(char *err, size_t errlen, int mdb_rc, const char *what);
+
+/* Begin a transaction under the resize lock (shared); handles MDB_MAP_RESIZED. On success the
+ * caller must end it with store_txn_end (commit or abort), which releases the lock. */
+int store_txn_begin(struct Store *s, unsigned flags, MDB_txn **txn, char *err, size_t errlen);
+/* Commit; returns RET_OK, a RET_E* status, or MDB_MAP_FULL untouched (writers retry). */
+int store_txn_commit(struct Store *s, MDB_txn *txn, char *err, size_t errlen);
+void store_txn_abort(struct Store *s, MDB_txn *txn);
+/* Grow the map (at least doubling). RET_OK or RET_ELIMIT at the ceiling, RET_EIO. */
+int store_grow(struct Store *s, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,338 @@
+/* UTF-8 validation and decoding, Unicode lowercasing and word classes (tables generated into
+ * unicode_tables.c), and the analyzer that turns text into index terms: words are runs of
+ * letters, marks and digits (an apostrophe between letters stays inside a word, a possessive
+ * 's is dropped), each ideograph is a term by itself, then stop words and stemming apply. */
+#include "retriever/text.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <libstemmer.h>
+
+#include "retriever/status.h"
+#include "retriever/unicode_tables.h"
+
+int32_t utf8_decode(const unsigned char *s, size_t len, size_t *adv)
+{
+    unsigned c = s[0];
+    *adv = 1;
+    if (c < 0x80)
+        return (int32_t)c;
+    size_t n;
+    uint32_t cp, min;
+    if (c >= 0xC2 && c <= 0xDF) { n = 2; cp = c & 0x1F; min = 0x80; }
+    else if (c >= 0xE0 && c <= 0xEF) { n = 3; cp = c & 0x0F; min = 0x800; }
+    else if (c >= 0xF0 && c <= 0xF4) { n = 4; cp = c & 0x07; min = 0x10000; }
+    else return -1;
+    if (len < n)
+        return -1;
+    for (size_t i = 1; i < n; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            return -1;
+        cp = (cp << 6) | (s[i] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+        return -1;
+    *adv = n;
+    return (int32_t)cp;
+}
+
+size_t utf8_encode(uint32_t cp, char *out)
+{
+    unsigned char *o = (unsigned char *)out;
+    if (cp < 0x80) { o[0] = (unsigned char)cp; return 1; }
+    if (cp < 0x800) {
+        o[0] = (unsigned char)(0xC0 | (cp >> 6));
+        o[1] = (unsigned char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        o[0] = (unsigned char)(0xE0 | (cp >> 12));
+        o[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+        o[2] = (unsigned char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    o[0] = (unsigned char)(0xF0 | (cp >> 18));
+    o[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
+    o[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+    o[3] = (unsigned char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+int utf8_valid(const char *s, size_t len, size_t *bad_off)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < len) {
+        if (u[i] < 0x80) { i++; continue; }
+        size_t adv;
+        if (utf8_decode(u + i, len - i, &adv) < 0) {
+            if (bad_off)
+                *bad_off = i;
+            return 0;
+        }
+        i += adv;
+    }
+    return 1;
+}
+
+uint32_t uni_lower(uint32_t cp)
+{
+    if (cp < 0x80)
+        return (cp >= 'A' && cp <= 'Z') ? cp + 32 : cp;
+    size_t lo = 0, hi = uni_lower_runs_n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        const struct UniLowerRun *r = &uni_lower_runs[mid];
+        if (cp < r->lo) hi = mid;
+        else if (cp > r->hi) lo = mid + 1;
+        else return ((cp - r->lo) % r->stride == 0) ? (uint32_t)((int32_t)cp + r->delta) : cp;
+    }
+    return cp;
+}
+
+int uni_class(uint32_t cp)
+{
+    if (cp < 0x80) {
+        if ((cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z'))
+            return UNI_WORD;
+        return UNI_SEP;
+    }
+    size_t lo = 0, hi = uni_class_ranges_n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        const struct UniClassRange *r = &uni_class_ranges[mid];
+        if (cp < r->lo) hi = mid;
+        else if (cp > r->hi) lo = mid + 1;
+        else return r->cls;
+    }
+    return UNI_SEP;
+}
+
+/* Lucene's English stop set (EnglishAnalyzer.ENGLISH_STOP_WORDS_SET), sorted for bsearch. */
+static const char *const STOP_WORDS[] = {
+    "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is",
+    "it", "no", "not", "of", "on", "or", "such", "that", "the", "their", "then", "there",
+    "these", "they", "this", "to", "was", "will", "with",
+};
+
+static int is_stop_word(const char *w, size_t len)
+{
+    size_t lo = 0, hi = sizeof STOP_WORDS / sizeof STOP_WORDS[0];
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        const char *s = STOP_WORDS[mid];
+        size_t sl = strlen(s);
+        int c = memcmp(w, s, len < sl ? len : sl);
+        if (c == 0)
+            c = (len > sl) - (len < sl);
+        if (c == 0) return 1;
+        if (c < 0) hi = mid; else lo = mid + 1;
+    }
+    return 0;
+}
+
+/* Stems of recent words: most words of a text repeat, and the stemmer costs far more than a
+ * lookup. Cleared when full. */
+#define STEM_CACHE_SLOTS 16384
+#define STEM_CACHE_WORD 24
+struct StemSlot { uint32_t hash; uint8_t word_len, stem_len; char word[STEM_CACHE_WORD], stem[STEM_CACHE_WORD]; };
+
+struct Analyzer {
+    unsigned flags;
+    struct sb_stemmer *stemmer;
+    struct StemSlot *stems;  /* STEM_CACHE_SLOTS, word_len 0 = empty */
+    size_t n_stems;
+    char *word;      /* the word being collected, lowercased */
+    size_t len, cap;
+};
+
+int analyzer_new(unsigned flags, struct Analyzer **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (flags & ~(unsigned)ANALYZE_KNOWN_FLAGS)
+        return ret_fail(err, errlen, RET_EINPUT, "unknown analyzer flags 0x%x", flags);
+    struct Analyzer *a = calloc(1, sizeof *a);
+    if (!a)
+        goto nomem;
+    a->flags = flags;
+    a->cap = 256;
+    a->word = malloc(a->cap);
+    if (!a->word)
+        goto nomem;
+    if (flags & ANALYZE_STEM) {
+        a->stemmer = sb_stemmer_new("english", "UTF_8");
+        a->stems = calloc(STEM_CACHE_SLOTS, sizeof *a->stems);
+        if (!a->stemmer || !a->stems)
+            goto nomem;
+    }
+    *out = a;
+    return RET_OK;
+nomem:
+    analyzer_destroy(&a);
+    return ret_fail(err, errlen, RET_ENOMEM, "out of memory creating the analyzer");
+}
+
+void analyzer_destroy(struct Analyzer **pa)
+{
+    struct Analyzer *a = pa ? *pa : NULL;
+    if (!a)
+        return;
+    if (a->stemmer)
+        sb_stemmer_delete(a->stemmer);
+    free(a->stems);
+    free(a->word);
+    free(a);
+    *pa = NULL;
+}
+
+unsigned analyzer_flags(const struct Analyzer *a) { return a->flags; }
+
+static int word_push(struct Analyzer *a, const char *bytes, size_t n)
+{
+    if (a->len + n > a->cap) {
+        size_t cap = a->cap * 2 + n;
+        char *w = realloc(a->word, cap);
+        if (!w)
+            return RET_ENOMEM;
+        a->word = w;
+        a->cap = cap;
+    }
+    memcpy(a->word + a->len, bytes, n);
+    a->len += n;
+    return 0;
+}
+
+/* Cut to at most `max` bytes without splitting a UTF-8 sequence. */
+static size_t cut_utf8(const char *s, size_t len, size_t max)
+{
+    if (len <= max)
+        return len;
+    size_t n = max;
+    while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
+        n--;
+    return n;
+}
+
+static int stem_emit(struct Analyzer *a, const char *w, size_t n, analyzer_emit_fn emit, void *ctx)
+{
+    struct StemSlot *slot = NULL;
+    uint32_t h = 0;
+    if (n <= STEM_CACHE_WORD) {
+        h = 2166136261u;
+        for (size_t i = 0; i < n; i++)
+            h = (h ^ (unsigned char)w[i]) * 16777619u;
+        for (size_t i = h & (STEM_CACHE_SLOTS - 1);; i = (i + 1) & (STEM_CACHE_SLOTS - 1)) {
+            slot = &a->stems[i];
+            if (slot->word_len == 0)
+                break;
+            if (slot->hash == h && slot->word_len == n && memcmp(slot->word, w, n) == 0)
+                return emit(ctx, slot->stem, slot->stem_len);
+        }
+    }
+    const sb_symbol *st = sb_stemmer_stem(a->stemmer, (const sb_symbol *)w, (int)n);
+    if (!st)
+        return RET_ENOMEM;
+    int sl = sb_stemmer_length(a->stemmer);
+    if (sl <= 0)
+        return emit(ctx, w, n);
+    size_t stem_len = cut_utf8((const char *)st, (size_t)sl, ANALYZE_MAX_TERM);
+    if (slot && stem_len <= STEM_CACHE_WORD) {
+        if (a->n_stems >= STEM_CACHE_SLOTS / 2) {
+            /* Full enough that probes get long: start over (slot is then the home slot). */
+            memset(a->stems, 0, STEM_CACHE_SLOTS * sizeof *a->stems);
+            a->n_stems = 0;
+            slot = &a->stems[h & (STEM_CACHE_SLOTS - 1)];
+        }
+        slot->hash = h;
+        slot->word_len = (uint8_t)n;
+        slot->stem_len = (uint8_t)stem_len;
+        memcpy(slot->word, w, n);
+        memcpy(slot->stem, st, stem_len);
+        a->n_stems++;
+    }
+    return emit(ctx, (const char *)st, stem_len);
+}
+
+static int word_flush(struct Analyzer *a, analyzer_emit_fn emit, void *ctx)
+{
+    char *w = a->word;
+    size_t n = a->len;
+    a->len = 0;
+    if (n >= 2 && w[n - 1] == 's' && w[n - 2] == '\'')
+        n -= 2;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (w[i] != '\'')
+            w[k++] = w[i];
+    n = cut_utf8(w, k, ANALYZE_MAX_TERM);
+    if (n == 0)
+        return 0;
+    if ((a->flags & ANALYZE_STOPWORDS) && is_stop_word(w, n))
+        return 0;
+    if (a->stemmer)
+        return stem_emit(a, w, n, emit, ctx);
+    return emit(ctx, w, n);
+}
+
+static int is_apostrophe(int32_t cp) { return cp == '\'' || cp == 0x2019; }
+
+int analyzer_run(struct Analyzer *a, const char *text, size_t len, analyzer_emit_fn emit, void *ctx)
+{
+    const unsigned char *u = (const unsigned char *)text;
+    size_t i = 0;
+    int rc = 0;
+    a->len = 0;
+    while (i < len) {
+        unsigned char c = u[i];
+        if (c < 0x80 && c != '\'') {
+            /* ASCII fast path: letters and digits extend the word, anything else ends it. */
+            int is_word = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z');
+            if (is_word) {
+                if (a->len == a->cap) {
+                    char *w = realloc(a->word, a->cap * 2);
+                    if (!w)
+                        return RET_ENOMEM;
+                    a->word = w;
+                    a->cap *= 2;
+                }
+                a->word[a->len++] = (char)((c >= 'A' && c <= 'Z') ? c + 32 : c);
+            } else if (a->len && (rc = word_flush(a, emit, ctx))) {
+                return rc;
+            }
+            i++;
+            continue;
+        }
+        size_t adv;
+        int32_t cp = utf8_decode(u + i, len - i, &adv);
+        int cls = cp < 0 ? UNI_SEP : uni_class((uint32_t)cp);
+        if (cls == UNI_WORD) {
+            char enc[4];
+            size_t m = utf8_encode(uni_lower((uint32_t)cp), enc);
+            if ((rc = word_push(a, enc, m)))
+                return rc;
+        } else if (cls == UNI_SEP && is_apostrophe(cp) && a->len > 0 && i + adv < len) {
+            /* Keep an apostrophe only between two word characters ("don't", "Norman's"). */
+            size_t adv2;
+            int32_t next = utf8_decode(u + i + adv, len - i - adv, &adv2);
+            if (next >= 0 && uni_class((uint32_t)next) == UNI_WORD) {
+                if ((rc = word_push(a, "'", 1)))
+                    return rc;
+            } else if ((rc = word_flush(a, emit, ctx))) {
+                return rc;
+            }
+        } else {
+            if (a->len && (rc = word_flush(a, emit, ctx)))
+                return rc;
+            if (cls == UNI_IDEO) {
+                char enc[4];
+                size_t m = utf8_encode((uint32_t)cp, enc);
+                if ((rc = emit(ctx, enc, m)))
+                    return rc;
+            }
+        }
+        i += adv;
+    }
+    if (a->len)
+        rc = word_flush(a, emit, ctx);
+    return rc;
+}

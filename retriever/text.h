@@ -1,0 +1,49 @@
+/* Text analysis for the index: UTF-8 checks, Unicode lowercasing and word splitting, optional
+ * stop words and Snowball English stemming. The same analyzer runs over chunks at ingest and
+ * over questions at search, so both sides see the same terms. */
+#ifndef DIFFRAG_TEXT_H
+#define DIFFRAG_TEXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Longest term kept, in bytes; longer words are cut at a character boundary. */
+#define ANALYZE_MAX_TERM 64
+
+enum AnalyzeFlags {
+    ANALYZE_STEM = 1u << 0,      /* Snowball English stemmer */
+    ANALYZE_STOPWORDS = 1u << 1, /* drop the Lucene English stop words */
+};
+#define ANALYZE_KNOWN_FLAGS (ANALYZE_STEM | ANALYZE_STOPWORDS)
+
+/* 1 when s[0..len) is well-formed UTF-8 (no overlongs, surrogates or code points past
+ * U+10FFFF); otherwise 0 and *bad_off (if non-NULL) receives the offset of the first bad byte. */
+int utf8_valid(const char *s, size_t len, size_t *bad_off);
+
+/* Decode one code point at s (len > 0 bytes available). Returns the code point and sets *adv
+ * to its byte length, or returns -1 with *adv = 1 for a malformed sequence. */
+int32_t utf8_decode(const unsigned char *s, size_t len, size_t *adv);
+/* Encode cp into out (4 bytes of room); returns the byte count. */
+size_t utf8_encode(uint32_t cp, char *out);
+
+uint32_t uni_lower(uint32_t cp);
+int uni_class(uint32_t cp); /* enum UniClass */
+
+struct Analyzer;
+
+/* flags: enum AnalyzeFlags. The analyzer holds a stemmer and scratch space, so it is not
+ * thread-safe: use one per thread or per call. Returns RET_OK, RET_EINPUT (unknown flag),
+ * RET_ENOMEM. */
+int analyzer_new(unsigned flags, struct Analyzer **out, char *err, size_t errlen);
+void analyzer_destroy(struct Analyzer **a);
+unsigned analyzer_flags(const struct Analyzer *a);
+
+/* Called once per term, in text order. `term` is borrowed until the callback returns. A
+ * non-zero return stops the run and is passed back by analyzer_run. */
+typedef int (*analyzer_emit_fn)(void *ctx, const char *term, size_t len);
+
+/* Split text into terms. Bytes that are not valid UTF-8 act as separators (queries are not
+ * validated first). Returns 0, RET_ENOMEM, or the callback's non-zero return. */
+int analyzer_run(struct Analyzer *a, const char *text, size_t len, analyzer_emit_fn emit, void *ctx);
+
+#endif
