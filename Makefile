@@ -44,7 +44,31 @@ asan:
 	$(MAKE) BUILD=build/asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" all
 
 run: deps all model
-	sh tools/run-default.sh
+	sh tools/run-daemon.sh
+
+install: install-daemon
+
+# libFuzzer targets (clang): the GGUF reader, the tokenizer, the BM25 text normaliser, context
+# assembly and the daemon's request decoder. `make fuzz FUZZ_SECONDS=N` runs each for N s.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := fuzz_gguf fuzz_tokenizer fuzz_analyzer fuzz_context
+FUZZ_BUILD   := build/fuzz
+FUZZ_SAN     := -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer
+# The parsers under fuzz need no kernels: link only what they use.
+FUZZ_OBJS    := model/gguf model/tokenizer model/unicode $(basename $(wildcard retriever/*.c))
+fuzz-build:
+	$(MAKE) BUILD=$(FUZZ_BUILD) CC=clang OPT=-O1 SAN="$(FUZZ_SAN)" \
+	    $(patsubst %,$(FUZZ_BUILD)/%.o,$(FUZZ_OBJS) $(addprefix tests/fuzz/,$(FUZZ_TARGETS)))
+	for t in $(FUZZ_TARGETS); do \
+	    clang -fsanitize=fuzzer,address,undefined $(FUZZ_BUILD)/tests/fuzz/$$t.o -o $(FUZZ_BUILD)/$$t \
+	        $(patsubst %,$(FUZZ_BUILD)/%.o,$(FUZZ_OBJS)) -llmdb -lstemmer -lm -lpthread || exit 1; \
+	done
+fuzz: fuzz-build $(MODEL_FILE)
+	for t in $(FUZZ_TARGETS); do \
+	    mkdir -p $(FUZZ_BUILD)/corpus/$$t; \
+	    $(FUZZ_BUILD)/$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -print_final_stats=1 \
+	        $(FUZZ_BUILD)/corpus/$$t tests/fuzz/seeds/$$t || exit 1; \
+	done
 
 bench-engine: all $(MODEL_FILE)
 	$(PYTHON) bench/bench_engine.py
@@ -52,6 +76,6 @@ bench-engine: all $(MODEL_FILE)
 clean:
 	rm -rf build
 
-.PHONY: all deps model test asan run clean bench-engine
+.PHONY: all deps model test asan run clean bench-engine install fuzz fuzz-build
 .SECONDARY:
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

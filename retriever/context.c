@@ -37,6 +37,9 @@ static int is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == 
 static int fit_prefix(const struct TokenCounter *tc, const struct CtxChunk *c, size_t avail,
                       struct Placed *p)
 {
+    free(p->ids);
+    p->ids = NULL;
+    p->n = 0;
     size_t *cuts = malloc((c->text_len + 1) * sizeof *cuts), n_cuts = 0;
     if (!cuts)
         return RET_ENOMEM;
@@ -107,6 +110,8 @@ static void placed_free(struct Placed *p)
     free(p->ids);
     free(p->label);
     p->ids = p->label = NULL;
+    p->n = p->n_label = 0;   /* a freed entry must never be laid out with stale counts */
+    p->text_len = 0;
 }
 
 int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t question_len,

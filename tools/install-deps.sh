@@ -4,7 +4,9 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-DEBS="build-essential pkg-config libopenblas-dev liblmdb-dev libstemmer-dev libsqlite3-dev"
+DEBS="build-essential pkg-config libopenblas-dev liblmdb-dev libstemmer-dev libsqlite3-dev
+      libzmq3-dev libmsgpack-dev libmicrohttpd-dev libsystemd-dev prometheus systemd
+      clang libclang-rt-14-dev"
 
 missing=""
 for p in $DEBS; do

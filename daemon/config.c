@@ -1,0 +1,533 @@
+/* The configuration table and its readers: embedded defaults, the `key = value` file, the
+ * command line, cross-key validation, printing, and the SIGHUP reload of the keys that can
+ * change while running. */
+#include "daemon/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/log.h"
+
+enum KeyType { K_STR, K_LONG, K_SIZE, K_DOUBLE };
+
+struct Key {
+    const char *name;
+    enum KeyType type;
+    size_t off, cap;
+    const char *def;
+    double min, max;
+    int reload;          /* SIGHUP applies it */
+    const char *help;
+};
+
+#define F(field) offsetof(struct Config, field), sizeof(((struct Config *)0)->field)
+
+static const struct Key keys[] = {
+    { "model", K_STR, F(model), "models/SmolLM2-135M-Instruct.Q4_1.gguf", 0, 0, 0,
+      "GGUF model file (llama or DIFF V2); one read-only copy serves every worker" },
+    { "data_dir", K_STR, F(data_dir), "var", 0, 0, 0,
+      "directory of the LMDB document store (created if missing)" },
+    { "listen", K_STR, F(listen), "tcp://127.0.0.1:7400", 0, 0, 0,
+      "ZeroMQ endpoint for clients (tcp://, ipc:// ...)" },
+    { "worker_listen", K_STR, F(worker_listen), "", 0, 0, 0,
+      "ZeroMQ endpoint where remote workers (diffragd --worker) connect; empty: none" },
+    { "metrics_listen", K_STR, F(metrics_listen), "127.0.0.1:9400", 0, 0, 0,
+      "HOST:PORT for /metrics, /healthz and /readyz over HTTP; empty: off" },
+    { "connect", K_STR, F(connect), "", 0, 0, 0,
+      "worker mode only: the broker's worker endpoint to join, e.g. tcp://HOST:7401" },
+    { "workers", K_LONG, F(workers), "1", 0, 256, 0,
+      "in-process worker threads, each with its own engine context (0: remote workers only)" },
+    { "threads", K_LONG, F(threads), "0", 0, 256, 0,
+      "compute threads per worker (0: online cores divided by workers, at least 1)" },
+    { "device", K_STR, F(device), "cpu", 0, 0, 0,
+      "compute device: cpu" },
+    { "io_threads", K_LONG, F(io_threads), "2", 1, 64, 0,
+      "threads for retrieval, context assembly and store operations (off the socket loop)" },
+    { "max_queue", K_LONG, F(max_queue), "64", 1, 1000000, 1,
+      "requests admitted but not yet running; beyond it requests get `overloaded` at once" },
+    { "max_message_bytes", K_SIZE, F(max_message_bytes), "16MiB", 1024, 1073741824.0, 1,
+      "largest request accepted (bigger: too_large; over 4x: the connection is dropped)" },
+    { "max_docs", K_LONG, F(max_docs), "256", 1, 1000000, 1,
+      "documents (or ids) per request, inline or ingested" },
+    { "max_question_bytes", K_SIZE, F(max_question_bytes), "4096", 1, 1048576, 1,
+      "longest question in bytes" },
+    { "max_context_tokens", K_LONG, F(max_context_tokens), "4096", 64, 131072, 1,
+      "cap (and default) of a query's prompt budget in tokens: frame, documents, question" },
+    { "max_tokens", K_LONG, F(max_tokens), "1024", 1, 131072, 1,
+      "cap of a query's max_tokens (tokens generated)" },
+    { "default_max_tokens", K_LONG, F(default_max_tokens), "256", 1, 131072, 1,
+      "max_tokens of a query that does not say (at most max_tokens)" },
+    { "top_k", K_LONG, F(top_k), "5", 1, 100000, 1,
+      "chunks retrieved for a query that does not say (at most max_top_k)" },
+    { "max_top_k", K_LONG, F(max_top_k), "100", 1, 100000, 1,
+      "cap of a query's top_k" },
+    { "chunk_tokens", K_LONG, F(chunk_tokens), "256", 16, 65536, 1,
+      "document chunk size in tokens for new collections and inline documents" },
+    { "chunk_overlap", K_LONG, F(chunk_overlap), "32", 0, 65535, 1,
+      "overlap between consecutive chunks in tokens" },
+    { "prefill_chunk", K_LONG, F(prefill_chunk), "512", 1, 65536, 0,
+      "tokens per prefill step (cancellation and deadlines are checked between steps)" },
+    { "kv_type", K_STR, F(kv_type), "f16", 0, 0, 0,
+      "KV cache element type: f16 or f32" },
+    { "kv_budget_bytes", K_SIZE, F(kv_budget_bytes), "0", 0, 1e15, 0,
+      "memory a worker context (KV cache + scratch) may take; 0: unlimited. Startup fails "
+      "when max_context_tokens + max_tokens would not fit" },
+    { "max_depth", K_LONG, F(max_depth), "16", 2, 64, 1,
+      "deepest msgpack nesting accepted in a request" },
+    { "max_stop", K_LONG, F(max_stop), "8", 0, 64, 1,
+      "stop strings per query" },
+    { "log_level", K_STR, F(log_level), "info", 0, 0, 1,
+      "error, warn, info (one line per request) or debug" },
+    { "drain_timeout", K_DOUBLE, F(drain_timeout), "30", 0, 86400, 1,
+      "seconds in-flight requests may take to finish after SIGTERM" },
+    { "heartbeat_ms", K_LONG, F(heartbeat_ms), "1000", 20, 60000, 0,
+      "heartbeat interval between broker and workers in milliseconds" },
+    { "heartbeat_liveness", K_LONG, F(heartbeat_liveness), "3", 1, 100, 0,
+      "missed heartbeats after which a peer is presumed dead" },
+};
+#define N_KEYS (sizeof keys / sizeof keys[0])
+
+static const struct Key *find_key(const char *name, size_t len)
+{
+    char norm[64];
+    if (len >= sizeof norm)
+        return NULL;
+    for (size_t i = 0; i < len; i++)
+        norm[i] = name[i] == '-' ? '_' : name[i];
+    norm[len] = 0;
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (!strcmp(keys[i].name, norm))
+            return &keys[i];
+    return NULL;
+}
+
+static int parse_size(const char *s, size_t *out)
+{
+    char *end;
+    while (isspace((unsigned char)*s))
+        s++;
+    if (!isdigit((unsigned char)*s))
+        return -1;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !isfinite(v) || v < 0)
+        return -1;
+    while (isspace((unsigned char)*end))
+        end++;
+    double mul = 1;
+    static const struct { const char *suf; double mul; } sufs[] = {
+        { "", 1 }, { "b", 1 }, { "k", 1024.0 }, { "kb", 1024.0 }, { "kib", 1024.0 },
+        { "m", 1048576.0 }, { "mb", 1048576.0 }, { "mib", 1048576.0 },
+        { "g", 1073741824.0 }, { "gb", 1073741824.0 }, { "gib", 1073741824.0 },
+        { "t", 1099511627776.0 }, { "tb", 1099511627776.0 }, { "tib", 1099511627776.0 },
+    };
+    size_t i;
+    for (i = 0; i < sizeof sufs / sizeof sufs[0]; i++)
+        if (!strcasecmp(end, sufs[i].suf)) {
+            mul = sufs[i].mul;
+            break;
+        }
+    if (i == sizeof sufs / sizeof sufs[0])
+        return -1;
+    v *= mul;
+    if (v > 1e18)
+        return -1;
+    *out = (size_t)v;
+    return 0;
+}
+
+static int set_key(struct Config *c, const struct Key *k, const char *value, char *err, size_t errlen)
+{
+    char *dst = (char *)c + k->off;
+    char *end;
+    switch (k->type) {
+    case K_STR: {
+        size_t n = strlen(value);
+        if (n >= k->cap) {
+            snprintf(err, errlen, "%s: value longer than %zu bytes", k->name, k->cap - 1);
+            return -1;
+        }
+        memcpy(dst, value, n + 1);
+        return 0;
+    }
+    case K_LONG: {
+        errno = 0;
+        long v = strtol(value, &end, 10);
+        while (end && isspace((unsigned char)*end))
+            end++;
+        if (errno || end == value || *end || !*value) {
+            snprintf(err, errlen, "%s: not an integer: \"%s\"", k->name, value);
+            return -1;
+        }
+        if (v < k->min || v > k->max) {
+            snprintf(err, errlen, "%s: %ld is outside %.0f..%.0f", k->name, v, k->min, k->max);
+            return -1;
+        }
+        memcpy(dst, &v, sizeof v);
+        return 0;
+    }
+    case K_SIZE: {
+        size_t v;
+        if (parse_size(value, &v)) {
+            snprintf(err, errlen, "%s: not a size (bytes, or with k/M/G/T): \"%s\"", k->name, value);
+            return -1;
+        }
+        if ((double)v < k->min || (double)v > k->max) {
+            snprintf(err, errlen, "%s: %zu is outside %.0f..%.0f", k->name, v, k->min, k->max);
+            return -1;
+        }
+        memcpy(dst, &v, sizeof v);
+        return 0;
+    }
+    case K_DOUBLE: {
+        errno = 0;
+        double v = strtod(value, &end);
+        if (end && *end == 's')
+            end++;
+        if (errno || end == value || *end || !isfinite(v)) {
+            snprintf(err, errlen, "%s: not a number: \"%s\"", k->name, value);
+            return -1;
+        }
+        if (v < k->min || v > k->max) {
+            snprintf(err, errlen, "%s: %g is outside %g..%g", k->name, v, k->min, k->max);
+            return -1;
+        }
+        memcpy(dst, &v, sizeof v);
+        return 0;
+    }
+    }
+    return -1;
+}
+
+void config_defaults(struct Config *c)
+{
+    char err[256];
+    memset(c, 0, sizeof *c);
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (set_key(c, &keys[i], keys[i].def, err, sizeof err))
+            dlog(LL_ERROR, "msg=\"bad embedded default\" detail=\"%s\"", err); /* a table bug */
+}
+
+int config_set(struct Config *c, const char *key, const char *value, char *err, size_t errlen)
+{
+    const struct Key *k = find_key(key, strlen(key));
+    if (!k) {
+        snprintf(err, errlen, "unknown key \"%s\"", key);
+        return -1;
+    }
+    return set_key(c, k, value, err, errlen);
+}
+
+static char *trim(char *s)
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    size_t n = strlen(s);
+    while (n && isspace((unsigned char)s[n - 1]))
+        s[--n] = 0;
+    return s;
+}
+
+int config_load_file(struct Config *c, const char *path, int must_exist, int *loaded, char *err,
+                     size_t errlen)
+{
+    if (loaded)
+        *loaded = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        if (errno == ENOENT && !must_exist)
+            return 0;
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    char line[4096];
+    int lineno = 0, rc = 0;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        size_t len = strlen(line);
+        if (len == sizeof line - 1 && line[len - 1] != '\n') {
+            snprintf(err, errlen, "%s:%d: line too long", path, lineno);
+            rc = -1;
+            break;
+        }
+        char *s = trim(line);
+        if (!*s || *s == '#' || *s == ';')
+            continue;
+        char *eq = strchr(s, '=');
+        if (!eq) {
+            snprintf(err, errlen, "%s:%d: expected `key = value`", path, lineno);
+            rc = -1;
+            break;
+        }
+        *eq = 0;
+        char *key = trim(s), *val = trim(eq + 1);
+        if (*val == '"') {
+            char *close = strrchr(val + 1, '"');
+            if (!close) {
+                snprintf(err, errlen, "%s:%d: unterminated quote", path, lineno);
+                rc = -1;
+                break;
+            }
+            char *rest = trim(close + 1);
+            if (*rest && *rest != '#') {
+                snprintf(err, errlen, "%s:%d: text after the quoted value", path, lineno);
+                rc = -1;
+                break;
+            }
+            *close = 0;
+            val++;
+        } else {
+            /* a comment after the value needs whitespace before its # */
+            for (char *h = val; *h; h++)
+                if (*h == '#' && h > val && isspace((unsigned char)h[-1])) {
+                    *h = 0;
+                    val = trim(val);
+                    break;
+                }
+        }
+        char kerr[512];
+        if (config_set(c, key, val, kerr, sizeof kerr)) {
+            snprintf(err, errlen, "%s:%d: %s", path, lineno, kerr);
+            rc = -1;
+            break;
+        }
+    }
+    if (rc == 0 && ferror(f)) {
+        snprintf(err, errlen, "%s: read error", path);
+        rc = -1;
+    }
+    fclose(f);
+    if (rc == 0 && loaded)
+        *loaded = 1;
+    return rc;
+}
+
+static int is_flag(const char *a, const char *name)
+{
+    return !strcmp(a, name);
+}
+
+int config_from_args(struct Config *c, struct ConfigCli *cli, int argc, char **argv, char *err,
+                     size_t errlen)
+{
+    memset(cli, 0, sizeof *cli);
+    /* First pass: flags, and where the file is. */
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (is_flag(a, "--config") || is_flag(a, "-c")) {
+            if (i + 1 >= argc) {
+                snprintf(err, errlen, "%s needs a file", a);
+                return -1;
+            }
+            cli->config_path = argv[++i];
+        } else if (!strncmp(a, "--config=", 9)) {
+            cli->config_path = a + 9;
+        } else if (is_flag(a, "--check-config")) {
+            cli->check = 1;
+        } else if (is_flag(a, "--print-config")) {
+            cli->print = 1;
+        } else if (is_flag(a, "--worker")) {
+            cli->worker = 1;
+        } else if (is_flag(a, "--help") || is_flag(a, "-h")) {
+            cli->help = 1;
+        } else if (is_flag(a, "--version")) {
+            cli->version = 1;
+        } else if (!strncmp(a, "--", 2) && a[2]) {
+            const char *eqs = strchr(a, '=');
+            size_t klen = eqs ? (size_t)(eqs - a - 2) : strlen(a + 2);
+            if (!find_key(a + 2, klen)) {
+                snprintf(err, errlen, "unknown option %s", a);
+                return -1;
+            }
+            if (!eqs) {
+                if (i + 1 >= argc) {
+                    snprintf(err, errlen, "%s needs a value", a);
+                    return -1;
+                }
+                i++;
+            }
+        } else {
+            snprintf(err, errlen, "unexpected argument \"%s\"", a);
+            return -1;
+        }
+    }
+    config_defaults(c);
+    const char *path = cli->config_path ? cli->config_path : CONFIG_DEFAULT_PATH;
+    if (config_load_file(c, path, cli->config_path != NULL, NULL, err, errlen))
+        return -1;
+    /* Second pass: keys override the file. */
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (is_flag(a, "--config") || is_flag(a, "-c")) {
+            i++;
+            continue;
+        }
+        if (strncmp(a, "--", 2) || !a[2])
+            continue;
+        const char *eqs = strchr(a, '=');
+        size_t klen = eqs ? (size_t)(eqs - a - 2) : strlen(a + 2);
+        const struct Key *k = find_key(a + 2, klen);
+        if (!k || !strncmp(a, "--config=", 9))
+            continue;
+        const char *val = eqs ? eqs + 1 : argv[++i];
+        if (set_key(c, k, val, err, errlen))
+            return -1;
+    }
+    return 0;
+}
+
+static int endpoint_ok(const char *e)
+{
+    static const char *const schemes[] = { "tcp://", "ipc://", "inproc://", "ws://", "udp://" };
+    for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++)
+        if (!strncmp(e, schemes[i], strlen(schemes[i])) && e[strlen(schemes[i])])
+            return 1;
+    return 0;
+}
+
+int config_validate(const struct Config *c, char *err, size_t errlen)
+{
+    if (!endpoint_ok(c->listen)) {
+        snprintf(err, errlen, "listen: \"%s\" is not a ZeroMQ endpoint (tcp://HOST:PORT, ipc://PATH)",
+                 c->listen);
+        return -1;
+    }
+    if (c->worker_listen[0] && !endpoint_ok(c->worker_listen)) {
+        snprintf(err, errlen, "worker_listen: \"%s\" is not a ZeroMQ endpoint", c->worker_listen);
+        return -1;
+    }
+    if (c->connect[0] && !endpoint_ok(c->connect)) {
+        snprintf(err, errlen, "connect: \"%s\" is not a ZeroMQ endpoint", c->connect);
+        return -1;
+    }
+    if (c->metrics_listen[0]) {
+        const char *colon = strrchr(c->metrics_listen, ':');
+        char *end;
+        long port = colon ? strtol(colon + 1, &end, 10) : -1;
+        if (!colon || colon == c->metrics_listen || !colon[1] || *end || port < 0 || port > 65535) {
+            snprintf(err, errlen, "metrics_listen: \"%s\" is not HOST:PORT", c->metrics_listen);
+            return -1;
+        }
+    }
+    if (strcmp(c->device, "cpu")) {
+        snprintf(err, errlen, "device: \"%s\" is not available in this build (cpu)", c->device);
+        return -1;
+    }
+    if (strcmp(c->kv_type, "f16") && strcmp(c->kv_type, "f32")) {
+        snprintf(err, errlen, "kv_type: \"%s\" is neither f16 nor f32", c->kv_type);
+        return -1;
+    }
+    if (dlog_level_parse(c->log_level) < 0) {
+        snprintf(err, errlen, "log_level: \"%s\" is not error, warn, info or debug", c->log_level);
+        return -1;
+    }
+    if (c->chunk_overlap >= c->chunk_tokens) {
+        snprintf(err, errlen, "chunk_overlap (%ld) must be below chunk_tokens (%ld)",
+                 c->chunk_overlap, c->chunk_tokens);
+        return -1;
+    }
+    if (c->max_context_tokens + c->max_tokens > 131072) {
+        snprintf(err, errlen, "max_context_tokens + max_tokens (%ld) exceeds 131072",
+                 c->max_context_tokens + c->max_tokens);
+        return -1;
+    }
+    if (!c->model[0]) {
+        snprintf(err, errlen, "model: no file given");
+        return -1;
+    }
+    return 0;
+}
+
+static void print_value(const struct Config *c, const struct Key *k, FILE *f)
+{
+    const char *src = (const char *)c + k->off;
+    switch (k->type) {
+    case K_STR: {
+        const char *s = src;
+        int quote = !*s || strchr(s, '#') || isspace((unsigned char)s[0]) ||
+                    isspace((unsigned char)s[strlen(s) - 1]);
+        fprintf(f, quote ? "\"%s\"" : "%s", s);
+        break;
+    }
+    case K_LONG: { long v; memcpy(&v, src, sizeof v); fprintf(f, "%ld", v); break; }
+    case K_SIZE: {
+        size_t v;
+        memcpy(&v, src, sizeof v);
+        if (v && v % 1073741824u == 0) fprintf(f, "%zuGiB", v / 1073741824u);
+        else if (v && v % 1048576u == 0) fprintf(f, "%zuMiB", v / 1048576u);
+        else if (v && v % 1024u == 0) fprintf(f, "%zuKiB", v / 1024u);
+        else fprintf(f, "%zu", v);
+        break;
+    }
+    case K_DOUBLE: { double v; memcpy(&v, src, sizeof v); fprintf(f, "%g", v); break; }
+    }
+}
+
+void config_print(const struct Config *c, FILE *f, int with_help)
+{
+    for (size_t i = 0; i < N_KEYS; i++) {
+        if (with_help)
+            fprintf(f, "%s# %s%s\n", i ? "\n" : "", keys[i].help,
+                    keys[i].reload ? " (SIGHUP reloads it)" : "");
+        fprintf(f, "%s = ", keys[i].name);
+        print_value(c, &keys[i], f);
+        fputc('\n', f);
+    }
+}
+
+static void append(char *dst, size_t cap, const char *name)
+{
+    size_t n = strlen(dst);
+    snprintf(dst + n, cap - n, "%s%s", n ? "," : "", name);
+}
+
+int config_reload(struct Config *live, int argc, char **argv, char *changed, size_t changed_len,
+                  char *ignored, size_t ignored_len, char *err, size_t errlen)
+{
+    struct Config fresh;
+    struct ConfigCli cli;
+    if (changed_len) changed[0] = 0;
+    if (ignored_len) ignored[0] = 0;
+    if (config_from_args(&fresh, &cli, argc, argv, err, errlen) ||
+        config_validate(&fresh, err, errlen))
+        return -1;
+    struct Config next = *live;
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const struct Key *k = &keys[i];
+        const char *a = (const char *)live + k->off, *b = (const char *)&fresh + k->off;
+        int differs = k->type == K_STR ? strcmp(a, b) != 0 : memcmp(a, b, k->cap) != 0;
+        if (!differs)
+            continue;
+        if (k->reload) {
+            memcpy((char *)&next + k->off, b, k->cap);
+            append(changed, changed_len, k->name);
+        } else {
+            append(ignored, ignored_len, k->name);
+        }
+    }
+    /* The mixture must hold together too (e.g. a reloaded default against a kept cap). */
+    if (config_validate(&next, err, errlen))
+        return -1;
+    *live = next;
+    return 0;
+}
+
+void config_usage(FILE *f)
+{
+    fprintf(f,
+        "usage: diffragd [--config FILE] [--KEY VALUE ...] [--check-config | --print-config]\n"
+        "       diffragd --worker --connect tcp://HOST:PORT [--model FILE] [--workers N]\n"
+        "  --config FILE     key = value file (default %s when it exists)\n"
+        "  --check-config    validate the configuration (and that the model file opens), exit\n"
+        "  --print-config    print the effective configuration, exit\n"
+        "  --worker          run only workers that join the broker at --connect\n"
+        "  --version         print the version, exit\n"
+        "keys (each also works as --key value):\n", CONFIG_DEFAULT_PATH);
+    for (size_t i = 0; i < N_KEYS; i++)
+        fprintf(f, "  %-20s %s (default: %s)\n", keys[i].name, keys[i].help,
+                keys[i].def[0] ? keys[i].def : "\"\"");
+}

@@ -1,0 +1,76 @@
+/* diffragd's configuration: one table of keys, each with a type, an embedded default, bounds,
+ * whether SIGHUP may change it, and a line of help. The same key works in the file
+ * (`key = value`, `#` comments) and on the command line (`--key value`; `-` and `_` are the
+ * same in keys). Command-line values override the file. */
+#ifndef DIFFRAG_CONFIG_H
+#define DIFFRAG_CONFIG_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#define CONFIG_DEFAULT_PATH "/etc/diffrag/diffragd.conf"
+#define CONFIG_STR_MAX 512
+
+struct Config {
+    char model[CONFIG_STR_MAX];
+    char data_dir[CONFIG_STR_MAX];
+    char listen[CONFIG_STR_MAX];
+    char worker_listen[CONFIG_STR_MAX];
+    char metrics_listen[CONFIG_STR_MAX];
+    char connect[CONFIG_STR_MAX];
+    char device[32];
+    char kv_type[8];
+    char log_level[16];
+    long workers, threads, io_threads;
+    long max_queue;
+    size_t max_message_bytes;
+    long max_docs;
+    size_t max_question_bytes;
+    long max_context_tokens, max_tokens, default_max_tokens;
+    long top_k, max_top_k;
+    long chunk_tokens, chunk_overlap, prefill_chunk;
+    size_t kv_budget_bytes;
+    long max_depth;
+    long max_stop;
+    double drain_timeout;
+    long heartbeat_ms, heartbeat_liveness;
+};
+
+/* What the command line asked besides keys. */
+struct ConfigCli {
+    const char *config_path;   /* NULL: CONFIG_DEFAULT_PATH when it exists */
+    int check, print, help, version, worker;
+};
+
+/* Fills every key with its embedded default. */
+void config_defaults(struct Config *c);
+
+/* Sets one key from text. RET-style: 0, or -1 with `err` naming the key and the problem
+ * (unknown key, not a number, out of bounds, too long). */
+int config_set(struct Config *c, const char *key, const char *value, char *err, size_t errlen);
+
+/* Applies a `key = value` file. 0, or -1 with "PATH:LINE: problem" in err. A missing file is
+ * an error only when `must_exist`; *loaded (optional) tells whether it was read. */
+int config_load_file(struct Config *c, const char *path, int must_exist, int *loaded, char *err,
+                     size_t errlen);
+
+/* The whole command line: flags into *cli, `--key value` pairs into c after the file named by
+ * --config (or the default path) has been applied. 0, or -1 with err. */
+int config_from_args(struct Config *c, struct ConfigCli *cli, int argc, char **argv, char *err,
+                     size_t errlen);
+
+/* Checks relations between keys (defaults within caps, endpoints well-formed, ...). */
+int config_validate(const struct Config *c, char *err, size_t errlen);
+
+/* `key = value` for every key; with_help puts each key's meaning above it as a comment. */
+void config_print(const struct Config *c, FILE *f, int with_help);
+
+/* Re-reads the file and command line into a fresh Config and copies the keys SIGHUP may change
+ * into *live; `changed` receives a comma-separated list of reloaded keys that changed and
+ * `ignored` the keys that changed but need a restart. 0, or -1 (live untouched) with err. */
+int config_reload(struct Config *live, int argc, char **argv, char *changed, size_t changed_len,
+                  char *ignored, size_t ignored_len, char *err, size_t errlen);
+
+void config_usage(FILE *f);
+
+#endif

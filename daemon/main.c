@@ -1,0 +1,305 @@
+/* diffragd: configuration, start-up (model, store, sockets, I/O threads, workers, metrics),
+ * signals, and the orderly shutdown after the broker has drained. With --worker it runs only
+ * worker threads that join a broker elsewhere over TCP. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <systemd/sd-daemon.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "daemon/broker.h"
+#include "daemon/config.h"
+#include "daemon/log.h"
+#include "daemon/metrics.h"
+#include "daemon/prep.h"
+#include "daemon/worker.h"
+#include "daemon/zutil.h"
+#include "model/gguf.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+#include "retriever/store.h"
+#include "retriever/tokcount.h"
+
+#define DIFFRAGD_VERSION "0.1.0"
+
+static volatile sig_atomic_t sig_term, sig_hup;
+
+static void on_signal(int s)
+{
+    if (s == SIGHUP)
+        sig_hup = 1;
+    else
+        sig_term = 1;
+}
+
+static void install_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+/* Threads started while these are blocked never run the handlers, so the broker thread
+ * (which unblocks them) is the one whose poll a signal interrupts. */
+static void block_signals(int block)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
+    pthread_sigmask(block ? SIG_BLOCK : SIG_UNBLOCK, &set, NULL);
+}
+
+static void engine_opts_from(const struct Config *c, int n_workers, struct EngineOpts *o)
+{
+    engine_opts_default(o);
+    o->n_ctx = (int)(c->max_context_tokens + c->max_tokens);
+    o->chunk = (int)c->prefill_chunk;
+    o->kv_type = strcmp(c->kv_type, "f32") ? KV_F16 : KV_F32;
+    o->mem_budget = c->kv_budget_bytes;
+    long threads = c->threads;
+    if (threads == 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = cores > 0 ? cores / (n_workers > 0 ? n_workers : 1) : 1;
+        if (threads < 1)
+            threads = 1;
+    }
+    o->n_threads = (int)threads;
+}
+
+static int check_config(const struct Config *c, int worker_mode)
+{
+    char err[1024];
+    struct GgufFile *g = NULL;
+    if (gguf_open(c->model, &g, err, sizeof err)) {
+        fprintf(stderr, "diffragd: model: %s\n", err);
+        return 1;
+    }
+    gguf_close(&g);
+    if (worker_mode && !c->connect[0]) {
+        fprintf(stderr, "diffragd: --worker needs connect (the broker's worker endpoint)\n");
+        return 1;
+    }
+    printf("diffragd: configuration ok\n");
+    return 0;
+}
+
+static int start_workers(void *zctx, const struct Model *m, const struct Config *c, int n,
+                         const char *endpoint, struct Worker **workers)
+{
+    struct WorkerOpts wo;
+    memset(&wo, 0, sizeof wo);
+    wo.endpoint = endpoint;
+    wo.heartbeat_ms = (int)c->heartbeat_ms;
+    wo.liveness = (int)c->heartbeat_liveness;
+    engine_opts_from(c, n, &wo.engine);
+    for (int i = 0; i < n; i++) {
+        char err[512];
+        wo.index = i;
+        if (worker_start(zctx, m, &wo, &workers[i], err, sizeof err)) {
+            dlog(LL_ERROR, "msg=\"cannot start a worker\" worker=%d error=\"%s\" hint=\"lower "
+                 "max_context_tokens or max_tokens, or raise kv_budget_bytes\"", i, err);
+            return -1;
+        }
+    }
+    dlog(LL_INFO, "msg=\"workers started\" workers=%d n_ctx=%d threads=%d kv_bytes_each=%zu",
+         n, wo.engine.n_ctx, wo.engine.n_threads, n ? worker_kv_bytes(workers[0]) : (size_t)0);
+    return 0;
+}
+
+static int run_worker_mode(struct Config *c)
+{
+    char err[1024];
+    struct Model *m = NULL;
+    int n = c->workers > 0 ? (int)c->workers : 1;
+    struct Worker **workers = calloc((size_t)n, sizeof *workers);
+    double t0 = zu_now_ms();
+    if (!workers || model_load(c->model, &m, err, sizeof err)) {
+        dlog(LL_ERROR, "msg=\"cannot load the model\" error=\"%s\"", workers ? err : "out of memory");
+        free(workers);
+        return 1;
+    }
+    dlog(LL_INFO, "msg=\"model loaded\" model=\"%s\" load_s=%.2f", m->name, (zu_now_ms() - t0) / 1e3);
+    block_signals(1);
+    void *zctx = zmq_ctx_new();
+    int rc = start_workers(zctx, m, c, n, c->connect, workers);
+    block_signals(0);
+    if (rc == 0) {
+        sd_notify(0, "READY=1\nSTATUS=worker: joining the broker");
+        dlog(LL_INFO, "msg=\"worker mode\" connect=%s workers=%d", c->connect, n);
+        while (!sig_term) {
+            struct timespec ts = { 0, 100 * 1000 * 1000 };
+            nanosleep(&ts, NULL);
+        }
+        sd_notify(0, "STOPPING=1");
+    }
+    for (int i = 0; i < n; i++)
+        worker_stop(&workers[i]);
+    zmq_ctx_term(zctx);
+    free(workers);
+    model_destroy(&m);
+    dlog(LL_INFO, "msg=\"stopped\"");
+    return rc ? 1 : 0;
+}
+
+static int run_daemon(struct Config *c, int argc, char **argv)
+{
+    char err[1024];
+    struct Model *m = NULL;
+    struct GgufFile *g = NULL;
+    struct Tokenizer *tok_only = NULL;
+    const struct Tokenizer *tok;
+    struct TokCountModel *tcm = NULL;
+    struct Store *store = NULL;
+    struct Metrics *metrics = NULL;
+    struct MetricsHttp *http = NULL;
+    struct Broker *broker = NULL;
+    struct PrepPool *prep = NULL;
+    void *zctx = NULL;
+    int n_workers = (int)c->workers, rc = 1;
+    struct Worker **workers = calloc((size_t)(n_workers > 0 ? n_workers : 1), sizeof *workers);
+    char model_name[128];
+
+    dlog(LL_INFO, "msg=\"starting\" version=%s listen=%s worker_listen=\"%s\" workers=%d model=\"%s\" "
+         "data_dir=\"%s\"", DIFFRAGD_VERSION, c->listen, c->worker_listen, n_workers, c->model,
+         c->data_dir);
+    double t0 = zu_now_ms();
+    if (!workers)
+        goto out;
+    if (n_workers > 0) {
+        if (model_load(c->model, &m, err, sizeof err)) {
+            dlog(LL_ERROR, "msg=\"cannot load the model\" error=\"%s\"", err);
+            goto out;
+        }
+        tok = m->tok;
+        snprintf(model_name, sizeof model_name, "%.127s", m->name);
+    } else {
+        /* remote workers only: the broker needs just the tokenizer for context assembly */
+        if (gguf_open(c->model, &g, err, sizeof err) || tok_load_gguf(g, &tok_only, err, sizeof err)) {
+            dlog(LL_ERROR, "msg=\"cannot load the tokenizer\" error=\"%s\"", err);
+            goto out;
+        }
+        tok = tok_only;
+        const char *base = strrchr(c->model, '/');
+        snprintf(model_name, sizeof model_name, "%.127s", base ? base + 1 : c->model);
+    }
+    dlog(LL_INFO, "msg=\"model loaded\" model=\"%s\" load_s=%.2f", model_name, (zu_now_ms() - t0) / 1e3);
+    struct StoreOptions so;
+    store_options_default(&so);
+    if (store_open(c->data_dir, &so, &store, err, sizeof err)) {
+        dlog(LL_ERROR, "msg=\"cannot open the store\" data_dir=\"%s\" error=\"%s\"", c->data_dir, err);
+        goto out;
+    }
+    if (tokcount_model_new(tok, &tcm)) {
+        dlog(LL_ERROR, "msg=\"out of memory\"");
+        goto out;
+    }
+    struct PrepShared shared = { .store = store };
+    tokcount_model_counter(tcm, &shared.tc);
+    if (metrics_new(DIFFRAGD_VERSION, c->device, model_name, &metrics)) {
+        dlog(LL_ERROR, "msg=\"out of memory\"");
+        goto out;
+    }
+    metrics_set_ready(metrics, 1, 1);
+
+    block_signals(1);
+    zctx = zmq_ctx_new();
+    struct BrokerOpts bo = {
+        .cfg = c, .argc = argc, .argv = argv, .zctx = zctx, .metrics = metrics,
+        .model_name = model_name, .vocab = tok_n_vocab(tok), .inproc_workers = n_workers,
+        .io_threads = (int)c->io_threads, .version = DIFFRAGD_VERSION,
+        .sig_term = &sig_term, .sig_hup = &sig_hup,
+    };
+    if (!zctx || broker_new(&bo, &broker, err, sizeof err)) {
+        dlog(LL_ERROR, "msg=\"cannot start the broker\" error=\"%s\"", zctx ? err : "zmq context");
+        block_signals(0);
+        goto out;
+    }
+    if (prep_start(zctx, BROKER_PREP_INPROC, (int)c->io_threads, &shared, &prep, err, sizeof err) ||
+        start_workers(zctx, m, c, n_workers, BROKER_WORKERS_INPROC, workers)) {
+        if (prep)
+            dlog(LL_ERROR, "msg=\"start-up failed\"");
+        else
+            dlog(LL_ERROR, "msg=\"cannot start the I/O threads\" error=\"%s\"", err);
+        /* exit() only before ready: threads may be mid-start and cannot be joined cleanly */
+        exit(1);
+    }
+    if (c->metrics_listen[0] && metrics_http_start(metrics, c->metrics_listen, &http, err, sizeof err)) {
+        dlog(LL_ERROR, "msg=\"cannot serve metrics\" error=\"%s\"", err);
+        exit(1);
+    }
+    block_signals(0);
+    dlog(LL_INFO, "msg=\"listening\" listen=%s metrics=\"%s\" io_threads=%ld", c->listen,
+         c->metrics_listen, c->io_threads);
+    broker_run(broker);
+    metrics_http_stop(&http);
+    for (int i = 0; i < n_workers; i++)
+        worker_stop(&workers[i]);
+    broker_farewell(broker);
+    prep_join(&prep);
+    broker_destroy(&broker);
+    rc = 0;
+out:
+    if (zctx)
+        zmq_ctx_term(zctx);
+    metrics_destroy(&metrics);
+    tokcount_model_destroy(&tcm);
+    store_close(&store);
+    tok_destroy(&tok_only);
+    gguf_close(&g);
+    model_destroy(&m);
+    free(workers);
+    if (rc == 0)
+        dlog(LL_INFO, "msg=\"stopped\" store=closed");
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    struct Config cfg;
+    struct ConfigCli cli;
+    char err[1024];
+    if (config_from_args(&cfg, &cli, argc, argv, err, sizeof err)) {
+        fprintf(stderr, "diffragd: %s\n", err);
+        return 2;
+    }
+    if (cli.help) {
+        config_usage(stdout);
+        return 0;
+    }
+    if (cli.version) {
+        printf("diffragd %s\n", DIFFRAGD_VERSION);
+        return 0;
+    }
+    if (config_validate(&cfg, err, sizeof err)) {
+        fprintf(stderr, "diffragd: %s\n", err);
+        return 2;
+    }
+    if (cli.print) {
+        config_print(&cfg, stdout, 1);
+        return 0;
+    }
+    if (cli.check)
+        return check_config(&cfg, cli.worker);
+    dlog_level = dlog_level_parse(cfg.log_level);
+    install_signals();
+    if (cli.worker) {
+        if (!cfg.connect[0]) {
+            fprintf(stderr, "diffragd: --worker needs --connect tcp://HOST:PORT\n");
+            return 2;
+        }
+        return run_worker_mode(&cfg);
+    }
+    return run_daemon(&cfg, argc, argv);
+}

@@ -1,0 +1,407 @@
+/* Counters, gauges and histograms of diffragd, their Prometheus text rendering, and the
+ * libmicrohttpd server for /metrics, /healthz and /readyz. */
+#include "daemon/metrics.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_BUCKETS 20
+
+struct Hist {
+    const double *bounds;
+    int n;
+    uint64_t counts[MAX_BUCKETS + 1];   /* per bucket (not cumulative); last: +Inf */
+    double sum;
+    uint64_t count;
+};
+
+static const double b_duration[] = { .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1,
+                                     2.5, 5, 10, 30, 60, 120, 300 };
+static const double b_queue[] = { .0001, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1,
+                                  2.5, 5, 10, 30, 60 };
+static const double b_ttft[] = { .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 20,
+                                 30, 60, 120, 300 };
+static const double b_tpot[] = { .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25,
+                                 .5, 1, 2.5 };
+static const double b_tokens[] = { 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768,
+                                   65536, 131072 };
+static const double b_tps[] = { 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000,
+                                100000, 250000 };
+static const double b_retrieval[] = { .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1,
+                                      .25, .5, 1, 2.5, 5 };
+#define NB(a) (int)(sizeof a / sizeof a[0])
+
+struct Metrics {
+    pthread_mutex_t mu;
+    char *version, *backend, *model;
+    uint64_t requests[OP_COUNT][EC_COUNT];
+    struct Hist duration[OP_COUNT];
+    struct Hist queue_wait, ttft, tpot, context_tokens, prefill_tps, retrieval;
+    uint64_t prompt_tokens, generated_tokens, worker_lost;
+    int queue_depth, inflight, workers_idle, workers_busy;
+    uint64_t kv_bytes;
+    int model_loaded, store_open, draining;
+};
+
+static void hist_init(struct Hist *h, const double *bounds, int n)
+{
+    memset(h, 0, sizeof *h);
+    h->bounds = bounds;
+    h->n = n;
+}
+
+static void hist_observe(struct Hist *h, double v)
+{
+    int i = 0;
+    while (i < h->n && v > h->bounds[i])
+        i++;
+    h->counts[i]++;
+    h->sum += v;
+    h->count++;
+}
+
+int metrics_new(const char *version, const char *backend, const char *model, struct Metrics **out)
+{
+    struct Metrics *m = calloc(1, sizeof *m);
+    *out = NULL;
+    if (!m)
+        return -1;
+    pthread_mutex_init(&m->mu, NULL);
+    m->version = strdup(version);
+    m->backend = strdup(backend);
+    m->model = strdup(model);
+    if (!m->version || !m->backend || !m->model) {
+        metrics_destroy(&m);
+        return -1;
+    }
+    for (int i = 0; i < OP_COUNT; i++)
+        hist_init(&m->duration[i], b_duration, NB(b_duration));
+    hist_init(&m->queue_wait, b_queue, NB(b_queue));
+    hist_init(&m->ttft, b_ttft, NB(b_ttft));
+    hist_init(&m->tpot, b_tpot, NB(b_tpot));
+    hist_init(&m->context_tokens, b_tokens, NB(b_tokens));
+    hist_init(&m->prefill_tps, b_tps, NB(b_tps));
+    hist_init(&m->retrieval, b_retrieval, NB(b_retrieval));
+    *out = m;
+    return 0;
+}
+
+void metrics_destroy(struct Metrics **mp)
+{
+    struct Metrics *m = mp ? *mp : NULL;
+    if (!m)
+        return;
+    pthread_mutex_destroy(&m->mu);
+    free(m->version);
+    free(m->backend);
+    free(m->model);
+    free(m);
+    *mp = NULL;
+}
+
+void metrics_request(struct Metrics *m, enum Op op, enum ErrCode code, double seconds)
+{
+    if ((unsigned)op >= OP_COUNT || (unsigned)code >= EC_COUNT)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->requests[op][code]++;
+    hist_observe(&m->duration[op], seconds);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_query(struct Metrics *m, const struct QueryObs *q)
+{
+    pthread_mutex_lock(&m->mu);
+    if (q->queue_s >= 0) hist_observe(&m->queue_wait, q->queue_s);
+    if (q->retrieval_s >= 0) hist_observe(&m->retrieval, q->retrieval_s);
+    if (q->ttft_s >= 0) hist_observe(&m->ttft, q->ttft_s);
+    if (q->tpot_s >= 0) hist_observe(&m->tpot, q->tpot_s);
+    if (q->prefill_tps >= 0) hist_observe(&m->prefill_tps, q->prefill_tps);
+    hist_observe(&m->context_tokens, (double)q->context_tokens);
+    m->prompt_tokens += q->prompt_tokens;
+    m->generated_tokens += q->generated_tokens;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_worker_lost(struct Metrics *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->worker_lost++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_gauges(struct Metrics *m, int queue_depth, int inflight, int workers_idle,
+                    int workers_busy, uint64_t kv_cache_bytes)
+{
+    pthread_mutex_lock(&m->mu);
+    m->queue_depth = queue_depth;
+    m->inflight = inflight;
+    m->workers_idle = workers_idle;
+    m->workers_busy = workers_busy;
+    m->kv_bytes = kv_cache_bytes;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_set_ready(struct Metrics *m, int model_loaded, int store_open)
+{
+    pthread_mutex_lock(&m->mu);
+    m->model_loaded = model_loaded;
+    m->store_open = store_open;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_set_draining(struct Metrics *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->draining = 1;
+    pthread_mutex_unlock(&m->mu);
+}
+
+int metrics_is_ready(struct Metrics *m, char *why, size_t cap)
+{
+    pthread_mutex_lock(&m->mu);
+    const char *reason = m->draining ? "draining"
+                       : !m->model_loaded ? "model not loaded"
+                       : !m->store_open ? "store not open"
+                       : m->workers_idle + m->workers_busy == 0 ? "no worker ready" : NULL;
+    pthread_mutex_unlock(&m->mu);
+    snprintf(why, cap, "%s", reason ? reason : "ready");
+    return reason == NULL;
+}
+
+static void label_value(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '\\' || *s == '"') fputc('\\', f), fputc(*s, f);
+        else if (*s == '\n') fputs("\\n", f);
+        else fputc(*s, f);
+    }
+}
+
+static void head(FILE *f, const char *name, const char *type, const char *help)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void hist_write(FILE *f, const char *name, const char *labels, const struct Hist *h)
+{
+    uint64_t cum = 0;
+    const char *sep = labels[0] ? "," : "";
+    for (int i = 0; i <= h->n; i++) {
+        cum += h->counts[i];
+        if (i < h->n)
+            fprintf(f, "%s_bucket{%s%sle=\"%.10g\"} %llu\n", name, labels, sep, h->bounds[i],
+                    (unsigned long long)cum);
+        else
+            fprintf(f, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, sep,
+                    (unsigned long long)cum);
+    }
+    if (labels[0]) {
+        fprintf(f, "%s_sum{%s} %.9g\n", name, labels, h->sum);
+        fprintf(f, "%s_count{%s} %llu\n", name, labels, (unsigned long long)h->count);
+    } else {
+        fprintf(f, "%s_sum %.9g\n", name, h->sum);
+        fprintf(f, "%s_count %llu\n", name, (unsigned long long)h->count);
+    }
+}
+
+char *metrics_render(struct Metrics *m, size_t *len)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (!f)
+        return NULL;
+    pthread_mutex_lock(&m->mu);
+    head(f, "diffrag_build_info", "gauge", "Version, compute backend and model of this daemon.");
+    fputs("diffrag_build_info{version=\"", f);
+    label_value(f, m->version);
+    fputs("\",backend=\"", f);
+    label_value(f, m->backend);
+    fputs("\",model=\"", f);
+    label_value(f, m->model);
+    fputs("\"} 1\n", f);
+
+    head(f, "diffrag_requests_total", "counter", "Requests answered, by operation and reply code.");
+    for (int op = 0; op < OP_COUNT; op++)
+        for (int c = 0; c < EC_COUNT; c++)
+            if (m->requests[op][c] || (op != OP_NONE && (c == EC_OK || c == EC_BAD_REQUEST)))
+                fprintf(f, "diffrag_requests_total{op=\"%s\",code=\"%s\"} %llu\n", op_name(op),
+                        ec_name(c), (unsigned long long)m->requests[op][c]);
+
+    head(f, "diffrag_request_duration_seconds", "histogram",
+         "Time from receiving a request to its final reply, by operation.");
+    for (int op = 0; op < OP_COUNT; op++) {
+        char labels[32];
+        snprintf(labels, sizeof labels, "op=\"%s\"", op_name(op));
+        hist_write(f, "diffrag_request_duration_seconds", labels, &m->duration[op]);
+    }
+    head(f, "diffrag_queue_wait_seconds", "histogram",
+         "Time a query waited for an I/O thread and for a worker.");
+    hist_write(f, "diffrag_queue_wait_seconds", "", &m->queue_wait);
+    head(f, "diffrag_retrieval_duration_seconds", "histogram",
+         "Retrieval and context assembly time of a query.");
+    hist_write(f, "diffrag_retrieval_duration_seconds", "", &m->retrieval);
+    head(f, "diffrag_time_to_first_token_seconds", "histogram",
+         "Time from receiving a query to its first generated token.");
+    hist_write(f, "diffrag_time_to_first_token_seconds", "", &m->ttft);
+    head(f, "diffrag_time_per_output_token_seconds", "histogram",
+         "Mean decode time per generated token after the first, per query.");
+    hist_write(f, "diffrag_time_per_output_token_seconds", "", &m->tpot);
+    head(f, "diffrag_context_tokens", "histogram", "Prompt tokens per query (frame, documents, question).");
+    hist_write(f, "diffrag_context_tokens", "", &m->context_tokens);
+    head(f, "diffrag_prefill_tokens_per_second", "histogram", "Prefill throughput per query.");
+    hist_write(f, "diffrag_prefill_tokens_per_second", "", &m->prefill_tps);
+
+    head(f, "diffrag_prompt_tokens_total", "counter", "Prompt tokens prefilled.");
+    fprintf(f, "diffrag_prompt_tokens_total %llu\n", (unsigned long long)m->prompt_tokens);
+    head(f, "diffrag_generated_tokens_total", "counter", "Tokens generated.");
+    fprintf(f, "diffrag_generated_tokens_total %llu\n", (unsigned long long)m->generated_tokens);
+    head(f, "diffrag_worker_lost_total", "counter", "Workers presumed dead (silent past the heartbeat timeout, or gone).");
+    fprintf(f, "diffrag_worker_lost_total %llu\n", (unsigned long long)m->worker_lost);
+
+    head(f, "diffrag_queue_depth", "gauge", "Queries retrieved and waiting for a worker.");
+    fprintf(f, "diffrag_queue_depth %d\n", m->queue_depth);
+    head(f, "diffrag_inflight_requests", "gauge", "Requests admitted and not yet answered.");
+    fprintf(f, "diffrag_inflight_requests %d\n", m->inflight);
+    head(f, "diffrag_workers", "gauge", "Workers known to the broker, by state.");
+    fprintf(f, "diffrag_workers{state=\"idle\"} %d\n", m->workers_idle);
+    fprintf(f, "diffrag_workers{state=\"busy\"} %d\n", m->workers_busy);
+    head(f, "diffrag_kv_cache_bytes", "gauge", "KV cache memory of the ready workers.");
+    fprintf(f, "diffrag_kv_cache_bytes %llu\n", (unsigned long long)m->kv_bytes);
+    pthread_mutex_unlock(&m->mu);
+    if (fclose(f)) {
+        free(buf);
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
+
+/* ---- HTTP ---- */
+
+struct MetricsHttp {
+    struct MHD_Daemon *d;
+    struct Metrics *m;
+};
+
+static enum MHD_Result respond(struct MHD_Connection *c, unsigned status, char *body, size_t len,
+                               const char *type)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", type);
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url,
+                              const char *method, const char *version, const char *upload,
+                              size_t *upload_size, void **state)
+{
+    (void)version;
+    (void)upload;
+    struct MetricsHttp *h = cls;
+    if (*state == NULL) {   /* first call per request: headers only */
+        *state = h;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    const char *text = "text/plain; charset=utf-8";
+    if (strcmp(method, "GET") && strcmp(method, "HEAD"))
+        return respond(c, 405, strdup("method not allowed\n"), 19, text);
+    if (!strcmp(url, "/metrics")) {
+        size_t len = 0;
+        char *body = metrics_render(h->m, &len);
+        if (!body)
+            return respond(c, 500, strdup("out of memory\n"), 14, text);
+        return respond(c, 200, body, len, "text/plain; version=0.0.4; charset=utf-8");
+    }
+    if (!strcmp(url, "/healthz"))
+        return respond(c, 200, strdup("ok\n"), 3, text);
+    if (!strcmp(url, "/readyz")) {
+        char why[64], *body = malloc(80);
+        int ready = metrics_is_ready(h->m, why, sizeof why);
+        if (!body)
+            return MHD_NO;
+        int n = snprintf(body, 80, "%s\n", why);
+        return respond(c, ready ? 200 : 503, body, (size_t)n, text);
+    }
+    return respond(c, 404, strdup("not found\n"), 10, text);
+}
+
+int metrics_http_start(struct Metrics *m, const char *hostport, struct MetricsHttp **out,
+                       char *err, size_t errlen)
+{
+    *out = NULL;
+    char host[256];
+    const char *colon = strrchr(hostport, ':');
+    if (!colon || (size_t)(colon - hostport) >= sizeof host) {
+        snprintf(err, errlen, "metrics_listen: \"%s\" is not HOST:PORT", hostport);
+        return -1;
+    }
+    memcpy(host, hostport, (size_t)(colon - hostport));
+    host[colon - hostport] = 0;
+    if (host[0] == '[' && host[strlen(host) - 1] == ']') {
+        memmove(host, host + 1, strlen(host));
+        host[strlen(host) - 1] = 0;
+    }
+    if (!strcmp(host, "localhost"))
+        strcpy(host, "127.0.0.1");
+    int port = atoi(colon + 1);
+    struct sockaddr_in a4;
+    struct sockaddr_in6 a6;
+    const struct sockaddr *sa;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD;
+    memset(&a4, 0, sizeof a4);
+    memset(&a6, 0, sizeof a6);
+    if (inet_pton(AF_INET, host, &a4.sin_addr) == 1) {
+        a4.sin_family = AF_INET;
+        a4.sin_port = htons((uint16_t)port);
+        sa = (const struct sockaddr *)&a4;
+    } else if (inet_pton(AF_INET6, host, &a6.sin6_addr) == 1) {
+        a6.sin6_family = AF_INET6;
+        a6.sin6_port = htons((uint16_t)port);
+        sa = (const struct sockaddr *)&a6;
+        flags |= MHD_USE_IPv6;
+    } else {
+        snprintf(err, errlen, "metrics_listen: \"%s\" is not an IP address", host);
+        return -1;
+    }
+    struct MetricsHttp *h = calloc(1, sizeof *h);
+    if (!h) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    h->m = m;
+    h->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, handle, h, MHD_OPTION_SOCK_ADDR, sa,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
+    if (!h->d) {
+        snprintf(err, errlen, "cannot serve metrics on %s (address in use?)", hostport);
+        free(h);
+        return -1;
+    }
+    *out = h;
+    return 0;
+}
+
+void metrics_http_stop(struct MetricsHttp **hp)
+{
+    struct MetricsHttp *h = hp ? *hp : NULL;
+    if (!h)
+        return;
+    MHD_stop_daemon(h->d);
+    free(h);
+    *hp = NULL;
+}

@@ -1,0 +1,48 @@
+/* diffragd's Prometheus metrics and its HTTP endpoint (libmicrohttpd): GET /metrics in the text
+ * exposition format, /healthz (the process answers) and /readyz (model loaded, store open, at
+ * least one worker ready). Observations come from the broker thread; the HTTP thread renders
+ * under the same mutex. Names follow diffrag_<noun>_<unit>, counters end in _total, and no
+ * label carries a per-request value. */
+#ifndef DIFFRAG_METRICS_H
+#define DIFFRAG_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/proto.h"
+
+struct Metrics;
+
+/* version, backend and model label diffrag_build_info; copied. 0 or -1 (out of memory). */
+int metrics_new(const char *version, const char *backend, const char *model, struct Metrics **out);
+void metrics_destroy(struct Metrics **m);
+
+void metrics_request(struct Metrics *m, enum Op op, enum ErrCode code, double seconds);
+
+/* One finished query (negative values: not observed, e.g. no token was generated). */
+struct QueryObs {
+    double queue_s, retrieval_s, ttft_s, tpot_s, prefill_tps;
+    uint64_t prompt_tokens, generated_tokens, context_tokens;
+};
+void metrics_query(struct Metrics *m, const struct QueryObs *q);
+void metrics_worker_lost(struct Metrics *m);
+
+void metrics_gauges(struct Metrics *m, int queue_depth, int inflight, int workers_idle,
+                    int workers_busy, uint64_t kv_cache_bytes);
+/* Readiness parts; /readyz is 200 only when all hold and a worker is ready. */
+void metrics_set_ready(struct Metrics *m, int model_loaded, int store_open);
+/* After SIGTERM /readyz answers 503 "draining", so balancers stop sending new work. */
+void metrics_set_draining(struct Metrics *m);
+/* 1 when ready; otherwise 0 and why (e.g. "no worker ready"). */
+int metrics_is_ready(struct Metrics *m, char *why, size_t cap);
+
+/* The exposition text, malloc'ed (caller frees); NULL when out of memory. */
+char *metrics_render(struct Metrics *m, size_t *len);
+
+struct MetricsHttp;
+/* Serves m on "HOST:PORT" (an IPv4 or IPv6 literal, or "localhost"). 0, or -1 with err. */
+int metrics_http_start(struct Metrics *m, const char *hostport, struct MetricsHttp **out,
+                       char *err, size_t errlen);
+void metrics_http_stop(struct MetricsHttp **h);
+
+#endif

@@ -1,0 +1,48 @@
+# daemon/: diffragd (sockets, protocol, broker, workers, configuration, metrics) and its
+# installation. Needs libzmq, msgpack-c, libmicrohttpd and libsystemd (tools/install-deps.sh).
+DAEMON_SRCS := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
+DAEMON_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(DAEMON_SRCS))
+LIB_DAEMON  := $(BUILD)/libdiffrag_daemon.a
+DAEMON_LIBS := $(LIB_DAEMON) -lzmq -lmsgpackc -lmicrohttpd -lsystemd
+
+$(LIB_DAEMON): $(DAEMON_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+BINS += $(BUILD)/diffragd
+$(BUILD)/diffragd: $(BUILD)/daemon/main.o $(LIB_DAEMON) $(LIB_RETRIEVER) $(LIB_MODEL)
+	$(CC) $(LDFLAGS) $< -o $@ $(DAEMON_LIBS) $(RETRIEVER_LIBS) $(MODEL_LIBS) $(LDLIBS)
+
+# The daemon's C unit tests link the daemon library too (the generic test rule does not).
+$(BUILD)/tests/test_daemon_units: $(BUILD)/tests/test_daemon_units.o $(LIB_DAEMON) $(LIB_RETRIEVER) $(LIB_MODEL)
+	$(CC) $(LDFLAGS) $< -o $@ $(DAEMON_LIBS) $(RETRIEVER_LIBS) $(MODEL_LIBS) $(LDLIBS)
+
+bench-daemon: $(BUILD)/diffragd
+	$(PYTHON) bench/bench_daemon.py
+
+# `make install-daemon PREFIX=/usr DESTDIR=...`: the binary, the configuration (kept when one
+# exists), the systemd unit, the documentation and (INSTALL_MODEL=yes) the default model, with
+# the unit's and the configuration's paths pointed at PREFIX.
+PREFIX        ?= /usr/local
+SYSCONFDIR    ?= /etc
+UNITDIR       ?= $(PREFIX)/lib/systemd/system
+INSTALL_MODEL ?= yes
+DAEMON_SHARE  := $(PREFIX)/share/diffrag
+install-daemon: $(BUILD)/diffragd
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(SYSCONFDIR)/diffrag $(DESTDIR)$(UNITDIR) \
+	    $(DESTDIR)$(PREFIX)/share/doc/diffrag $(DESTDIR)$(DAEMON_SHARE)/models
+	install -m 755 $(BUILD)/diffragd $(DESTDIR)$(PREFIX)/bin/diffragd
+	sed 's|/usr/local/share/diffrag|$(DAEMON_SHARE)|g' deploy/diffragd.conf > \
+	    $(DESTDIR)$(SYSCONFDIR)/diffrag/diffragd.conf.example
+	test -e $(DESTDIR)$(SYSCONFDIR)/diffrag/diffragd.conf || \
+	    cp $(DESTDIR)$(SYSCONFDIR)/diffrag/diffragd.conf.example $(DESTDIR)$(SYSCONFDIR)/diffrag/diffragd.conf
+	sed -e 's|/usr/local/bin/diffragd|$(PREFIX)/bin/diffragd|g' \
+	    -e 's|/usr/local/share/doc/diffrag|$(PREFIX)/share/doc/diffrag|g' \
+	    -e 's|/etc/diffrag/|$(SYSCONFDIR)/diffrag/|g' deploy/diffragd.service > \
+	    $(DESTDIR)$(UNITDIR)/diffragd.service
+	chmod 644 $(DESTDIR)$(UNITDIR)/diffragd.service
+	install -m 644 docs/protocol.md docs/configuration.md $(DESTDIR)$(PREFIX)/share/doc/diffrag/
+	if [ "$(INSTALL_MODEL)" = yes ] && [ -f $(MODEL_FILE) ]; then \
+	    install -m 644 $(MODEL_FILE) $(DESTDIR)$(DAEMON_SHARE)/models/; fi
+
+.PHONY: bench-daemon install-daemon

@@ -1,0 +1,105 @@
+/* The broker <-> worker protocol, the same for worker threads (inproc://) and worker processes
+ * on other machines (tcp://). A worker's DEALER sends and receives two-frame messages; the
+ * broker's ROUTER sees the worker's routing id in front of them.
+ *
+ *   frame 0: one command byte          frame 1: body
+ *   WIRE_READY      0x01  w -> b       msgpack {v, model, vocab, n_ctx, kv_bytes, threads}
+ *   WIRE_HEARTBEAT  0x02  both         (no body frame)
+ *   WIRE_JOB        0x03  b -> w       u64 job id (LE) | msgpack {tokens: bin of int32 LE,
+ *                                      max_tokens, temperature, top_p, seed, stop: [str],
+ *                                      stream: bool}
+ *   WIRE_DELTA      0x04  w -> b       u64 job id | UTF-8 text released by one token
+ *   WIRE_RESULT     0x05  w -> b       u64 job id | msgpack {finish, text, prompt_tokens,
+ *                                      completion_tokens, prefill_ms, ttft_ms, decode_ms,
+ *                                      [code, message] when finish is "error"}
+ *   WIRE_CANCEL     0x06  b -> w       u64 job id | one reason byte (enum WireReason)
+ *   WIRE_DISCONNECT 0x07  both         (no body frame) the peer forgets the sender
+ *
+ * A worker is idle after READY and after each RESULT; the broker sends a JOB only to an idle
+ * worker. Any message proves the sender alive; each side sends HEARTBEAT every heartbeat_ms
+ * and presumes the other dead after heartbeat_liveness intervals of silence. Job ids are never
+ * reused, so a late DELTA or RESULT of a job the broker gave up on is recognised and dropped. */
+#ifndef DIFFRAG_WIRE_H
+#define DIFFRAG_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/mp.h"
+
+enum WireCmd {
+    WIRE_READY = 0x01,
+    WIRE_HEARTBEAT = 0x02,
+    WIRE_JOB = 0x03,
+    WIRE_DELTA = 0x04,
+    WIRE_RESULT = 0x05,
+    WIRE_CANCEL = 0x06,
+    WIRE_DISCONNECT = 0x07,
+};
+
+enum WireReason { WIRE_REASON_CANCEL = 1, WIRE_REASON_DEADLINE = 2, WIRE_REASON_SHUTDOWN = 3 };
+
+enum WireFinish { WF_STOP, WF_LENGTH, WF_CANCELLED, WF_DEADLINE, WF_ERROR };
+const char *wire_finish_name(enum WireFinish f);
+int wire_finish_parse(const char *s, size_t len);   /* -1 when unknown */
+
+#define WIRE_MAX_STOP 64
+#define WIRE_MAX_STOP_BYTES 256
+
+struct WireInfo {
+    char model[128];
+    int64_t vocab, n_ctx, threads;
+    uint64_t kv_bytes;
+};
+
+/* A job as the worker runs it. tokens and stop strings are owned (wire_job_free). */
+struct WireJob {
+    uint64_t job;
+    int32_t *tokens;
+    size_t n_tokens;
+    int max_tokens;
+    float temperature, top_p;
+    uint64_t seed;
+    char **stop;              /* NUL-terminated copies */
+    size_t n_stop;
+    int stream;
+};
+
+struct WireResult {
+    uint64_t job;
+    enum WireFinish finish;
+    const char *text; size_t text_len;      /* borrowed (from the message when decoded) */
+    int64_t prompt_tokens, completion_tokens;
+    double prefill_ms, ttft_ms, decode_ms;
+    const char *code, *message;             /* finish == WF_ERROR; borrowed */
+    size_t code_len, message_len;
+};
+
+static inline void wire_put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint64_t wire_get_u64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+/* Encoders append one msgpack value (no job id prefix) to w. */
+void wire_info_encode(struct MpWriter *w, const struct WireInfo *info);
+void wire_job_encode(struct MpWriter *w, const int32_t *tokens, size_t n_tokens, int max_tokens,
+                     double temperature, double top_p, uint64_t seed, const char *const *stop,
+                     const size_t *stop_lens, size_t n_stop, int stream);
+void wire_result_encode(struct MpWriter *w, const struct WireResult *r);
+
+/* Decoders take the body after the job id. 0, or -1 with err (the peer sent garbage). */
+int wire_info_decode(const void *buf, size_t len, struct WireInfo *out, char *err, size_t errlen);
+int wire_job_decode(const void *buf, size_t len, struct WireJob *out, char *err, size_t errlen);
+void wire_job_free(struct WireJob *j);
+/* The result's strings borrow buf. */
+int wire_result_decode(const void *buf, size_t len, struct WireResult *out, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,475 @@
+/* A worker's two threads: the I/O thread (broker socket, heartbeats, reconnects with back-off,
+ * cancels) and the compute thread (prefill, decode, streaming deltas), joined by an inproc
+ * PAIR socket. Engine cancellation crosses threads through engine_cancel and an atomic. */
+#include "daemon/worker.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/log.h"
+#include "daemon/wire.h"
+#include "daemon/zutil.h"
+#include "model/generate.h"
+
+struct Worker {
+    void *zctx;
+    const struct Model *m;
+    struct Engine *e;
+    struct WorkerOpts o;
+    char endpoint[512];
+    char pair_ep[96], ctl_ep[96];
+    void *pair_io;              /* the I/O thread's end of the PAIR */
+    void *ctl;                  /* PULL: worker_stop's wake-up */
+    pthread_t io_thread, compute_thread;
+    int io_started, compute_started;
+    _Atomic uint64_t cancel_job;  /* the job the I/O thread asked to stop (0: none) */
+    _Atomic int cancel_reason;    /* enum WireReason */
+    size_t kv_bytes;
+};
+
+size_t worker_kv_bytes(const struct Worker *w)
+{
+    return w ? w->kv_bytes : 0;
+}
+
+/* ---- compute thread ---- */
+
+struct RunCtx {
+    struct Worker *w;
+    void *pair;
+    uint64_t job;
+    int stream;
+    double t0, ttft_ms;
+    int got_first;
+};
+
+static int cancel_requested(struct Worker *w, uint64_t job)
+{
+    return atomic_load(&w->cancel_job) == job;
+}
+
+static int on_token(void *user, const struct GenToken *t)
+{
+    struct RunCtx *rc = user;
+    if (!rc->got_first) {
+        rc->ttft_ms = zu_now_ms() - rc->t0;
+        rc->got_first = 1;
+    }
+    if (rc->stream && t->text_len)
+        zu_send_job(rc->pair, NULL, 0, WIRE_DELTA, rc->job, t->text, t->text_len, 0);
+    return cancel_requested(rc->w, rc->job);
+}
+
+static void send_result(void *pair, const struct WireResult *r)
+{
+    struct MpWriter mw;
+    mpw_init(&mw);
+    wire_result_encode(&mw, r);
+    if (mw.failed) {
+        /* out of memory for the text: still answer, without it */
+        struct WireResult e = { .job = r->job, .finish = WF_ERROR, .code = "internal", .code_len = 8,
+                                .message = "out of memory", .message_len = 13 };
+        mpw_reset(&mw);
+        wire_result_encode(&mw, &e);
+    }
+    zu_send_job(pair, NULL, 0, WIRE_RESULT, r->job, mw.buf.data, mw.buf.size, 0);
+    mpw_destroy(&mw);
+}
+
+static void send_error(void *pair, uint64_t job, const char *code, const char *msg)
+{
+    struct WireResult r = { .job = job, .finish = WF_ERROR, .code = code, .code_len = strlen(code),
+                            .message = msg, .message_len = strlen(msg) };
+    send_result(pair, &r);
+}
+
+static enum WireFinish cancel_finish(struct Worker *w)
+{
+    return atomic_load(&w->cancel_reason) == WIRE_REASON_DEADLINE ? WF_DEADLINE : WF_CANCELLED;
+}
+
+static void run_job(struct Worker *w, void *pair, uint64_t job_id, const void *body, size_t len)
+{
+    struct WireJob job = { .job = job_id };
+    char err[512];
+    if (wire_job_decode(body, len, &job, err, sizeof err)) {
+        send_error(pair, job_id, "internal", err);
+        return;
+    }
+    const struct EngineOpts *eo = engine_opts(w->e);
+    if (job.n_tokens + 1 > (size_t)eo->n_ctx) {
+        snprintf(err, sizeof err, "the prompt has %zu tokens; this worker's context holds %d",
+                 job.n_tokens, eo->n_ctx);
+        send_error(pair, job_id, "too_large", err);
+        wire_job_free(&job);
+        return;
+    }
+    struct RunCtx rc = { .w = w, .pair = pair, .job = job_id, .stream = job.stream,
+                         .t0 = zu_now_ms() };
+    struct WireResult r = { .job = job_id, .prompt_tokens = (int64_t)job.n_tokens };
+    engine_reset(w->e);
+    /* A cancel that came before the reset was wiped by it; the atomic still says so. */
+    int st = cancel_requested(w, job_id) ? ENGINE_ECANCELLED
+                                         : engine_prefill(w->e, job.tokens, job.n_tokens, err, sizeof err);
+    r.prefill_ms = zu_now_ms() - rc.t0;
+    if (st == ENGINE_ECANCELLED) {
+        r.finish = cancel_finish(w);
+        send_result(pair, &r);
+        wire_job_free(&job);
+        return;
+    }
+    if (st) {
+        send_error(pair, job_id, st == ENGINE_ECTX ? "too_large" : "internal", err);
+        wire_job_free(&job);
+        return;
+    }
+    struct GenParams p;
+    memset(&p, 0, sizeof p);
+    p.max_tokens = job.max_tokens;
+    sampler_params_default(&p.sampler);
+    p.sampler.temperature = job.temperature;
+    p.sampler.top_p = job.top_p;
+    p.sampler.seed = job.seed;
+    p.stop = (const char *const *)job.stop;
+    p.n_stop = job.n_stop;
+    p.prefilled = 1;
+    struct GenResult g;
+    st = generate(w->e, job.tokens, job.n_tokens, &p, on_token, &rc, &g, err, sizeof err);
+    if (st) {
+        send_error(pair, job_id, "internal", err);
+        wire_job_free(&job);
+        return;
+    }
+    switch (g.finish) {
+    case FINISH_STOP: r.finish = WF_STOP; break;
+    case FINISH_LENGTH: r.finish = WF_LENGTH; break;
+    case FINISH_CANCELLED: r.finish = cancel_finish(w); break;
+    default: r.finish = WF_ERROR; r.code = "internal"; r.code_len = 8; break;
+    }
+    r.text = g.text;
+    r.text_len = g.text_len;
+    r.completion_tokens = g.n_generated;
+    r.ttft_ms = rc.got_first ? rc.ttft_ms : 0;
+    r.decode_ms = g.decode_ms;
+    send_result(pair, &r);
+    free(g.text);
+    wire_job_free(&job);
+}
+
+static void *compute_main(void *arg)
+{
+    struct Worker *w = arg;
+    void *pair = zmq_socket(w->zctx, ZMQ_PAIR);
+    if (!pair || zmq_connect(pair, w->pair_ep)) {
+        dlog(LL_ERROR, "msg=\"worker compute socket failed\" worker=%d error=\"%s\"", w->o.index,
+             zmq_strerror(errno));
+        if (pair)
+            zmq_close(pair);
+        return NULL;
+    }
+    for (;;) {
+        struct ZuMsg m;
+        if (zu_recv(pair, &m, 0)) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        uint8_t cmd = m.n >= 1 && zu_size(&m, 0) == 1 ? *(const uint8_t *)zu_data(&m, 0) : 0;
+        if (cmd == WIRE_DISCONNECT) {
+            zu_close(&m);
+            break;
+        }
+        if (cmd == WIRE_JOB && m.n == 2 && zu_size(&m, 1) >= 8) {
+            const uint8_t *b = zu_data(&m, 1);
+            run_job(w, pair, wire_get_u64(b), b + 8, zu_size(&m, 1) - 8);
+        }
+        zu_close(&m);
+    }
+    zu_send_cmd(pair, NULL, 0, WIRE_DISCONNECT, NULL, 0, 0);  /* bye: the I/O thread may exit */
+    zmq_close(pair);
+    return NULL;
+}
+
+/* ---- I/O thread ---- */
+
+static void *connect_broker(struct Worker *w)
+{
+    void *s = zmq_socket(w->zctx, ZMQ_DEALER);
+    if (!s)
+        return NULL;
+    int linger = 200, hwm = 100000;
+    int64_t maxmsg = 256ll << 20;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    if (zmq_connect(s, w->endpoint)) {
+        dlog(LL_ERROR, "msg=\"worker cannot connect\" worker=%d endpoint=%s error=\"%s\"",
+             w->o.index, w->endpoint, zmq_strerror(errno));
+        zmq_close(s);
+        return NULL;
+    }
+    return s;
+}
+
+/* Closing to reconnect: nothing queued on the old connection (a stale READY above all) may
+ * reach the broker later, so no linger. */
+static void drop_socket(void *s)
+{
+    int zero = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_close(s);
+}
+
+static void send_ready(struct Worker *w, void *dealer)
+{
+    struct WireInfo info;
+    memset(&info, 0, sizeof info);
+    snprintf(info.model, sizeof info.model, "%s", w->m->name);
+    info.vocab = w->m->cfg.vocab;
+    info.n_ctx = engine_opts(w->e)->n_ctx;
+    info.threads = engine_opts(w->e)->n_threads;
+    info.kv_bytes = w->kv_bytes;
+    struct MpWriter mw;
+    mpw_init(&mw);
+    wire_info_encode(&mw, &info);
+    if (!mw.failed)
+        zu_send_cmd(dealer, NULL, 0, WIRE_READY, mw.buf.data, mw.buf.size, ZMQ_DONTWAIT);
+    mpw_destroy(&mw);
+}
+
+static void request_cancel(struct Worker *w, uint64_t job, int reason)
+{
+    atomic_store(&w->cancel_reason, reason);
+    atomic_store(&w->cancel_job, job);
+    engine_cancel(w->e);
+}
+
+static void *io_main(void *arg)
+{
+    struct Worker *w = arg;
+    const double hb = w->o.heartbeat_ms;
+    void *dealer = NULL;
+    double now = zu_now_ms(), next_hb = now, last_heard = now, reconnect_at = now;
+    double backoff = hb;
+    int busy = 0, discard = 0, stopping = 0, ready_owed = 0;
+    uint64_t cur_job = 0;
+    for (;;) {
+        now = zu_now_ms();
+        if (!dealer && !stopping && now >= reconnect_at) {
+            dealer = connect_broker(w);
+            if (dealer) {
+                last_heard = now;
+                next_hb = now + hb;
+                ready_owed = 1;
+            } else {
+                reconnect_at = now + backoff;
+            }
+        }
+        if (dealer && ready_owed && !busy) {
+            send_ready(w, dealer);
+            ready_owed = 0;
+        }
+        zmq_pollitem_t items[3] = {
+            { w->ctl, 0, ZMQ_POLLIN, 0 },
+            { w->pair_io, 0, ZMQ_POLLIN, 0 },
+            { dealer, 0, ZMQ_POLLIN, 0 },
+        };
+        double until = dealer ? next_hb : reconnect_at;
+        long timeout = stopping ? 100 : (long)(until - now);
+        if (timeout < 0) timeout = 0;
+        if (timeout > 1000) timeout = 1000;
+        int n = zmq_poll(items, dealer ? 3 : 2, timeout);
+        if (n < 0 && errno != EINTR)
+            break;
+        now = zu_now_ms();
+        if (n > 0 && (items[0].revents & ZMQ_POLLIN)) {
+            struct ZuMsg m;
+            if (zu_recv(w->ctl, &m, ZMQ_DONTWAIT) == 0)
+                zu_close(&m);
+            if (!stopping) {
+                stopping = 1;
+                if (busy)
+                    request_cancel(w, cur_job, WIRE_REASON_SHUTDOWN);
+                zu_send_cmd(w->pair_io, NULL, 0, WIRE_DISCONNECT, NULL, 0, 0);
+                if (dealer)
+                    zu_send_cmd(dealer, NULL, 0, WIRE_DISCONNECT, NULL, 0, ZMQ_DONTWAIT);
+            }
+        }
+        if (n > 0 && (items[1].revents & ZMQ_POLLIN)) {
+            struct ZuMsg m;
+            int done = 0;
+            while (zu_recv(w->pair_io, &m, ZMQ_DONTWAIT) == 0) {
+                uint8_t cmd = m.n >= 1 && zu_size(&m, 0) == 1 ? *(const uint8_t *)zu_data(&m, 0) : 0;
+                if (cmd == WIRE_DISCONNECT) {
+                    done = 1;
+                } else if (cmd == WIRE_DELTA || cmd == WIRE_RESULT) {
+                    if (dealer && !discard && m.n == 2) {
+                        const void *bufs[2] = { zu_data(&m, 0), zu_data(&m, 1) };
+                        size_t lens[2] = { 1, zu_size(&m, 1) };
+                        zu_send(dealer, bufs, lens, 2, ZMQ_DONTWAIT);
+                    }
+                    if (cmd == WIRE_RESULT) {
+                        busy = 0;
+                        if (discard && dealer)
+                            ready_owed = 1;   /* a fresh connection has not heard READY */
+                        discard = 0;
+                    }
+                }
+                zu_close(&m);
+                if (done)
+                    break;
+            }
+            if (done)
+                break;
+        }
+        if (dealer && n > 0 && (items[2].revents & ZMQ_POLLIN)) {
+            struct ZuMsg m;
+            while (dealer && zu_recv(dealer, &m, ZMQ_DONTWAIT) == 0) {
+                last_heard = now;
+                backoff = hb;
+                uint8_t cmd = m.n >= 1 && zu_size(&m, 0) == 1 ? *(const uint8_t *)zu_data(&m, 0) : 0;
+                const uint8_t *b = m.n == 2 ? zu_data(&m, 1) : NULL;
+                size_t bl = m.n == 2 ? zu_size(&m, 1) : 0;
+                if (cmd == WIRE_JOB && bl >= 8) {
+                    if (busy || stopping) {
+                        /* the broker thinks this worker idle: answer rather than drop */
+                        struct WireResult r = { .job = wire_get_u64(b), .finish = WF_ERROR,
+                                                .code = "internal", .code_len = 8,
+                                                .message = "worker busy", .message_len = 11 };
+                        struct MpWriter mw;
+                        mpw_init(&mw);
+                        wire_result_encode(&mw, &r);
+                        zu_send_job(dealer, NULL, 0, WIRE_RESULT, r.job, mw.buf.data, mw.buf.size,
+                                    ZMQ_DONTWAIT);
+                        mpw_destroy(&mw);
+                    } else {
+                        cur_job = wire_get_u64(b);
+                        busy = 1;
+                        const void *bufs[2] = { zu_data(&m, 0), b };
+                        size_t lens[2] = { 1, bl };
+                        zu_send(w->pair_io, bufs, lens, 2, 0);
+                    }
+                } else if (cmd == WIRE_CANCEL && bl >= 9) {
+                    if (busy && wire_get_u64(b) == cur_job)
+                        request_cancel(w, cur_job, b[8]);
+                } else if (cmd == WIRE_DISCONNECT) {
+                    /* The broker does not know this worker (it restarted, or expired us):
+                     * register again on a fresh connection. */
+                    dlog(LL_INFO, "msg=\"broker asked to reconnect\" worker=%d", w->o.index);
+                    if (busy) {
+                        request_cancel(w, cur_job, WIRE_REASON_SHUTDOWN);
+                        discard = 1;
+                    }
+                    drop_socket(dealer);
+                    dealer = NULL;
+                    reconnect_at = now;
+                }
+                zu_close(&m);
+            }
+        }
+        if (dealer && now >= next_hb) {
+            zu_send_cmd(dealer, NULL, 0, WIRE_HEARTBEAT, NULL, 0, ZMQ_DONTWAIT);
+            next_hb = now + hb;
+        }
+        if (dealer && !stopping && now - last_heard > hb * w->o.liveness) {
+            dlog(LL_WARN, "msg=\"broker silent, reconnecting\" worker=%d endpoint=%s backoff_ms=%.0f",
+                 w->o.index, w->endpoint, backoff);
+            if (busy) {
+                request_cancel(w, cur_job, WIRE_REASON_SHUTDOWN);
+                discard = 1;
+            }
+            drop_socket(dealer);
+            dealer = NULL;
+            reconnect_at = now + backoff;
+            backoff = backoff * 2 > hb * 32 ? hb * 32 : backoff * 2;
+        }
+    }
+    if (dealer)
+        zmq_close(dealer);
+    return NULL;
+}
+
+/* ---- lifecycle ---- */
+
+int worker_start(void *zctx, const struct Model *m, const struct WorkerOpts *o,
+                 struct Worker **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct Worker *w = calloc(1, sizeof *w);
+    if (!w) {
+        snprintf(err, errlen, "out of memory");
+        return ENGINE_ENOMEM;
+    }
+    w->zctx = zctx;
+    w->m = m;
+    w->o = *o;
+    snprintf(w->endpoint, sizeof w->endpoint, "%s", o->endpoint);
+    w->o.endpoint = w->endpoint;
+    int rc = engine_new(m, &o->engine, &w->e, err, errlen);
+    if (rc)
+        goto err;
+    struct EngineMemory mem;
+    engine_estimate(m, &o->engine, &mem);
+    w->kv_bytes = mem.kv_bytes;
+    snprintf(w->pair_ep, sizeof w->pair_ep, "inproc://diffrag-worker-%p-pair", (void *)w);
+    snprintf(w->ctl_ep, sizeof w->ctl_ep, "inproc://diffrag-worker-%p-ctl", (void *)w);
+    w->pair_io = zmq_socket(zctx, ZMQ_PAIR);
+    w->ctl = zmq_socket(zctx, ZMQ_PULL);
+    if (!w->pair_io || !w->ctl || zmq_bind(w->pair_io, w->pair_ep) || zmq_bind(w->ctl, w->ctl_ep)) {
+        snprintf(err, errlen, "worker sockets: %s", zmq_strerror(errno));
+        rc = ENGINE_ENOMEM;
+        goto err;
+    }
+    if (pthread_create(&w->compute_thread, NULL, compute_main, w)) {
+        snprintf(err, errlen, "cannot start a thread");
+        rc = ENGINE_ENOMEM;
+        goto err;
+    }
+    w->compute_started = 1;
+    if (pthread_create(&w->io_thread, NULL, io_main, w)) {
+        snprintf(err, errlen, "cannot start a thread");
+        rc = ENGINE_ENOMEM;
+        goto err;
+    }
+    w->io_started = 1;
+    *out = w;
+    return 0;
+err:
+    worker_stop(&w);
+    return rc;
+}
+
+void worker_stop(struct Worker **wp)
+{
+    struct Worker *w = wp ? *wp : NULL;
+    if (!w)
+        return;
+    if (w->io_started) {
+        void *push = zmq_socket(w->zctx, ZMQ_PUSH);
+        if (push) {
+            int linger = 1000;
+            zmq_setsockopt(push, ZMQ_LINGER, &linger, sizeof linger);
+            if (zmq_connect(push, w->ctl_ep) == 0)
+                zmq_send(push, "x", 1, 0);
+            zmq_close(push);
+        }
+        pthread_join(w->io_thread, NULL);
+    } else if (w->compute_started) {
+        zu_send_cmd(w->pair_io, NULL, 0, WIRE_DISCONNECT, NULL, 0, 0);
+    }
+    if (w->compute_started)
+        pthread_join(w->compute_thread, NULL);
+    if (w->pair_io)
+        zmq_close(w->pair_io);
+    if (w->ctl)
+        zmq_close(w->ctl);
+    engine_destroy(&w->e);
+    free(w);
+    *wp = NULL;
+}

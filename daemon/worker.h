@@ -1,0 +1,41 @@
+/* A worker: one engine context (KV cache + scratch) over a shared, read-only Model, joined to
+ * a broker over the wire protocol of daemon/wire.h. The same code serves in-process worker
+ * threads (inproc://) and `diffragd --worker` processes on other machines (tcp://).
+ *
+ * Each worker runs two threads: an I/O thread that owns the broker socket (heartbeats,
+ * reconnection with back-off, cancel requests) and a compute thread that prefills and decodes.
+ * So a long prefill never silences the heartbeats, and a CANCEL reaches the engine between
+ * two chunks or two decode steps. */
+#ifndef DIFFRAG_WORKER_H
+#define DIFFRAG_WORKER_H
+
+#include <stddef.h>
+
+#include "model/engine.h"
+#include "model/model.h"
+
+struct WorkerOpts {
+    const char *endpoint;      /* the broker's worker endpoint; copied */
+    int heartbeat_ms;          /* interval of heartbeats both ways */
+    int liveness;              /* silent intervals after which the broker is presumed dead */
+    struct EngineOpts engine;  /* n_ctx, chunk, kv type, memory budget, threads */
+    int index;                 /* for log lines */
+};
+
+struct Worker;
+
+/* Opens the engine context (ENGINE_EBUDGET and the figures in err when it would not fit the
+ * budget) and starts the worker's threads, which connect and announce READY. zctx is the
+ * ZeroMQ context (shared with the broker for inproc://). The Model must outlive the worker.
+ * Returns 0 or a negative status with err. */
+int worker_start(void *zctx, const struct Model *m, const struct WorkerOpts *o,
+                 struct Worker **out, char *err, size_t errlen);
+
+/* Cancels a running job, tells the broker it leaves, joins the threads and frees the engine.
+ * NULL or *w == NULL is a no-op; *w is set to NULL. */
+void worker_stop(struct Worker **w);
+
+/* Bytes of the worker's KV cache (for metrics). */
+size_t worker_kv_bytes(const struct Worker *w);
+
+#endif

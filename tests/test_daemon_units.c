@@ -1,0 +1,274 @@
+/* Unit tests of the daemon's pure parts: the msgpack reader (round trips, every truncation,
+ * random bytes, nesting limits), the broker <-> worker bodies, request decoding, configuration
+ * values and logfmt quoting. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/config.h"
+#include "daemon/log.h"
+#include "daemon/mp.h"
+#include "daemon/proto.h"
+#include "daemon/wire.h"
+
+static int failures, checks;
+
+#define CHECK(cond, ...) do { checks++; if (!(cond)) { failures++; \
+    fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+
+static uint64_t rng = 88172645463325252ull;
+static uint64_t next_rand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+static void test_mp_round_trip(void)
+{
+    struct MpWriter w;
+    mpw_init(&w);
+    mpw_map(&w, 9);
+    mpw_kv_uint(&w, "u", 300);
+    mpw_kv_int(&w, "i", -70000);
+    mpw_kv_double(&w, "f", 2.5);
+    mpw_kv_bool(&w, "b", 1);
+    mpw_kv_cstr(&w, "s", "héllo");
+    mpw_cstr(&w, "n");
+    mpw_nil(&w);
+    mpw_cstr(&w, "bin");
+    mpw_bin(&w, "\x00\x01\x02", 3);
+    mpw_cstr(&w, "a");
+    mpw_array(&w, 2);
+    mpw_uint(&w, 1);
+    mpw_array(&w, 0);
+    mpw_cstr(&w, "big");
+    mpw_uint(&w, UINT64_MAX);
+    CHECK(!w.failed, "writer failed");
+    char err[128];
+    CHECK(mp_check(w.buf.data, w.buf.size, 4, err, sizeof err) == MP_OK, "%s", err);
+    CHECK(mp_check(w.buf.data, w.buf.size, 1, err, sizeof err) == MP_EDEPTH, "depth 1 accepted");
+    struct MpCursor c;
+    struct MpObj o, k;
+    mp_cursor_init(&c, w.buf.data, w.buf.size);
+    CHECK(mp_next(&c, &o) == 0 && o.type == MP_MAP && o.v.n == 9, "map header");
+    mp_next(&c, &k); mp_next(&c, &o);
+    CHECK(o.type == MP_UINT && o.v.u == 300, "u");
+    mp_next(&c, &k); mp_next(&c, &o);
+    CHECK(o.type == MP_INT && o.v.i == -70000, "i");
+    mp_next(&c, &k); mp_next(&c, &o);
+    CHECK(o.type == MP_FLOAT && o.v.f == 2.5, "f");
+    mp_next(&c, &k); mp_next(&c, &o);
+    CHECK(o.type == MP_BOOL && o.v.b == 1, "b");
+    mp_next(&c, &k); mp_next(&c, &o);
+    CHECK(o.type == MP_STR && o.len == 6 && !memcmp(o.s, "héllo", 6), "s");
+    mp_next(&c, &k); mp_next(&c, &o);
+    CHECK(o.type == MP_NIL, "n");
+    mp_next(&c, &k); mp_next(&c, &o);
+    CHECK(o.type == MP_BIN && o.len == 3 && o.s[2] == 2, "bin");
+    mp_next(&c, &k); mp_next(&c, &o);
+    CHECK(o.type == MP_ARRAY && o.v.n == 2, "array");
+    CHECK(mp_skip_body(&c, &o) == 0, "skip array body");
+    mp_next(&c, &k); mp_next(&c, &o);
+    CHECK(k.len == 3 && o.type == MP_UINT && o.v.u == UINT64_MAX, "big");
+    CHECK(c.p == c.end, "consumed %zd of %zu", (ssize_t)(c.p - (const uint8_t *)w.buf.data),
+          w.buf.size);
+    /* every proper prefix is refused as truncated, never read past */
+    int bad = 0;
+    for (size_t n = 0; n < w.buf.size; n++) {
+        char *copy = malloc(n ? n : 1);
+        memcpy(copy, w.buf.data, n);
+        if (mp_check(copy, n, 8, err, sizeof err) != MP_ETRUNC)
+            bad++;
+        free(copy);
+    }
+    CHECK(bad == 0, "%d truncations accepted", bad);
+    mpw_destroy(&w);
+}
+
+static void test_mp_random_bytes(void)
+{
+    /* Random messages: mp_check either refuses them or they walk to the exact end. */
+    int accepted = 0, inconsistent = 0;
+    for (int t = 0; t < 20000; t++) {
+        uint8_t buf[48];
+        size_t n = 1 + next_rand() % sizeof buf;
+        for (size_t i = 0; i < n; i++)
+            buf[i] = (uint8_t)next_rand();
+        if (t % 3 == 0)
+            buf[0] = (uint8_t)(0x80 | (buf[0] & 0x1f));   /* often a map or array */
+        char err[128];
+        uint8_t *heap = malloc(n);   /* exact size, so any over-read would be visible to ASan */
+        memcpy(heap, buf, n);
+        if (mp_check(heap, n, 8, err, sizeof err) == MP_OK) {
+            accepted++;
+            struct MpCursor c;
+            mp_cursor_init(&c, heap, n);
+            if (mp_skip(&c) != MP_OK || c.p != c.end)
+                inconsistent++;
+        }
+        free(heap);
+    }
+    printf("mp random: %d of 20000 accepted, %d inconsistent\n", accepted, inconsistent);
+    CHECK(accepted > 100 && inconsistent == 0, "accepted %d inconsistent %d", accepted, inconsistent);
+    /* a container claiming 2^32 - 1 elements is refused at once */
+    uint8_t huge[] = { 0xdd, 0xff, 0xff, 0xff, 0xff, 0x01 };
+    char err[128];
+    CHECK(mp_check(huge, sizeof huge, 8, err, sizeof err) == MP_ETRUNC, "huge array");
+    CHECK(strstr(err, "4294967295") != NULL, "%s", err);
+    /* nesting: 64 levels refused at 16, accepted at 64 */
+    uint8_t deep[65];
+    memset(deep, 0x91, 64);
+    deep[64] = 0x01;
+    CHECK(mp_check(deep, sizeof deep, 16, err, sizeof err) == MP_EDEPTH, "deep 16");
+    CHECK(mp_check(deep, sizeof deep, 64, err, sizeof err) == MP_OK, "deep 64: %s", err);
+}
+
+static void test_wire(void)
+{
+    int32_t toks[5] = { 1, 0, 65535, 70000, 511 };
+    const char *stop[2] = { "\n\n", "END" };
+    size_t lens[2] = { 2, 3 };
+    struct MpWriter w;
+    mpw_init(&w);
+    wire_job_encode(&w, toks, 5, 42, 0.7, 0.9, 1234567890123ull, stop, lens, 2, 1);
+    struct WireJob j = { .job = 99 };
+    char err[128];
+    CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) == 0, "%s", err);
+    CHECK(j.job == 99 && j.n_tokens == 5 && !memcmp(j.tokens, toks, sizeof toks), "tokens");
+    CHECK(j.max_tokens == 42 && fabsf(j.temperature - 0.7f) < 1e-6 && fabsf(j.top_p - 0.9f) < 1e-6,
+          "params");
+    CHECK(j.seed == 1234567890123ull && j.stream == 1, "seed/stream");
+    CHECK(j.n_stop == 2 && !strcmp(j.stop[0], "\n\n") && !strcmp(j.stop[1], "END"), "stop");
+    wire_job_free(&j);
+    /* a body that lies about its tokens is refused */
+    mpw_reset(&w);
+    mpw_map(&w, 2);
+    mpw_cstr(&w, "tokens");
+    mpw_bin(&w, "abc", 3);
+    mpw_kv_int(&w, "max_tokens", 4);
+    CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) != 0, "odd token bytes");
+
+    struct WireResult r = { .job = 5, .finish = WF_DEADLINE, .text = "partial", .text_len = 7,
+                            .prompt_tokens = 100, .completion_tokens = 3, .prefill_ms = 1.5,
+                            .ttft_ms = 2.0, .decode_ms = 3.25 };
+    mpw_reset(&w);
+    wire_result_encode(&w, &r);
+    struct WireResult back = { .job = 5 };
+    CHECK(wire_result_decode(w.buf.data, w.buf.size, &back, err, sizeof err) == 0, "%s", err);
+    CHECK(back.finish == WF_DEADLINE && back.text_len == 7 && !memcmp(back.text, "partial", 7) &&
+          back.completion_tokens == 3 && back.decode_ms == 3.25, "result");
+    struct WireResult e = { .finish = WF_ERROR, .code = "too_large", .code_len = 9,
+                            .message = "too big", .message_len = 7 };
+    mpw_reset(&w);
+    wire_result_encode(&w, &e);
+    CHECK(wire_result_decode(w.buf.data, w.buf.size, &back, err, sizeof err) == 0 &&
+          back.finish == WF_ERROR && back.code_len == 9 && !memcmp(back.code, "too_large", 9),
+          "error result");
+    struct WireInfo info = { .model = "m", .vocab = 512, .n_ctx = 4096, .threads = 2, .kv_bytes = 77 };
+    struct WireInfo ib;
+    mpw_reset(&w);
+    wire_info_encode(&w, &info);
+    CHECK(wire_info_decode(w.buf.data, w.buf.size, &ib, err, sizeof err) == 0 &&
+          ib.vocab == 512 && ib.n_ctx == 4096 && ib.kv_bytes == 77 && !strcmp(ib.model, "m"), "info");
+    mpw_destroy(&w);
+}
+
+static void test_proto(void)
+{
+    struct Config cfg;
+    config_defaults(&cfg);
+    cfg.max_docs = 3;
+    struct MpWriter w;
+    mpw_init(&w);
+    mpw_map(&w, 8);
+    mpw_kv_uint(&w, "v", 1);
+    mpw_kv_cstr(&w, "op", "query");
+    mpw_kv_cstr(&w, "id", "abc");
+    mpw_kv_cstr(&w, "question", "Where?");
+    mpw_cstr(&w, "docs");
+    mpw_array(&w, 2);
+    mpw_map(&w, 1);
+    mpw_kv_cstr(&w, "text", "first");
+    mpw_map(&w, 2);
+    mpw_kv_cstr(&w, "id", "x");
+    mpw_kv_cstr(&w, "text", "second");
+    mpw_cstr(&w, "stop");
+    mpw_cstr(&w, "END");
+    mpw_kv_uint(&w, "max_tokens", 9);
+    mpw_kv_bool(&w, "stream", 1);
+    struct RequestParams p;
+    enum ErrCode code;
+    char err[256];
+    CHECK(proto_decode(w.buf.data, w.buf.size, &cfg, &p, &code, err, sizeof err) == 0, "%s", err);
+    CHECK(p.op == OP_QUERY && p.n_docs == 2 && p.max_tokens == 9 && p.stream && p.n_stop == 1,
+          "fields");
+    CHECK(p.docs[0].id_len == 1 && p.docs[0].id[0] == '1' && p.docs[1].id[0] == 'x', "doc ids");
+    CHECK(p.id_raw && p.id_len == 4 && p.id_raw[0] == 0xa3, "raw id");
+    CHECK(p.top_k == cfg.top_k && p.max_context_tokens == cfg.max_context_tokens, "defaults");
+    proto_params_free(&p);
+    /* the id is echoed even when a later field is wrong */
+    mpw_reset(&w);
+    mpw_map(&w, 4);
+    mpw_kv_uint(&w, "v", 1);
+    mpw_kv_cstr(&w, "op", "query");
+    mpw_kv_int(&w, "id", -7);
+    mpw_kv_int(&w, "max_tokens", -1);
+    CHECK(proto_decode(w.buf.data, w.buf.size, &cfg, &p, &code, err, sizeof err) != 0 &&
+          code == EC_BAD_REQUEST && p.id_raw && p.id_raw[0] == 0xf9, "%s", err);
+    proto_params_free(&p);
+    mpw_destroy(&w);
+    struct MpWriter e;
+    mpw_init(&e);
+    proto_error(&e, NULL, 0, EC_TOO_LARGE, "big");
+    CHECK(mp_check(e.buf.data, e.buf.size, 4, err, sizeof err) == 0, "error reply is msgpack");
+    CHECK(memmem(e.buf.data, e.buf.size, "too_large", 9) != NULL, "code in reply");
+    mpw_destroy(&e);
+}
+
+static void test_config(void)
+{
+    struct Config c;
+    char err[256];
+    config_defaults(&c);
+    CHECK(c.max_message_bytes == 16u << 20 && c.workers == 1 && !strcmp(c.listen,
+          "tcp://127.0.0.1:7400"), "defaults");
+    CHECK(config_set(&c, "max-message-bytes", "1.5k", err, sizeof err) == 0 &&
+          c.max_message_bytes == 1536, "1.5k: %s", err);
+    CHECK(config_set(&c, "kv_budget_bytes", "2GiB", err, sizeof err) == 0 &&
+          c.kv_budget_bytes == (size_t)2 << 30, "2GiB");
+    CHECK(config_set(&c, "max_message_bytes", "-5", err, sizeof err) != 0, "negative size");
+    CHECK(config_set(&c, "workers", "300", err, sizeof err) != 0 && strstr(err, "outside"), "%s", err);
+    CHECK(config_set(&c, "drain_timeout", "2.5s", err, sizeof err) == 0 && c.drain_timeout == 2.5,
+          "seconds");
+    CHECK(config_set(&c, "nope", "1", err, sizeof err) != 0 && strstr(err, "unknown"), "%s", err);
+    CHECK(config_validate(&c, err, sizeof err) == 0, "%s", err);
+    config_set(&c, "listen", "localhost:7400", err, sizeof err);
+    CHECK(config_validate(&c, err, sizeof err) != 0 && strstr(err, "listen"), "%s", err);
+}
+
+static void test_quote(void)
+{
+    char out[64];
+    CHECK(!strcmp(dlog_quote(out, sizeof out, "abc", 3), "abc"), "%s", out);
+    CHECK(!strcmp(dlog_quote(out, sizeof out, "a b\"c\n", 6), "\"a b\\\"c\\n\""), "%s", out);
+    CHECK(!strcmp(dlog_quote(out, sizeof out, "", 0), "\"\""), "%s", out);
+    char small[6];
+    dlog_quote(small, sizeof small, "a long value with spaces", 24);
+    CHECK(strlen(small) < sizeof small, "cut");
+}
+
+int main(void)
+{
+    test_mp_round_trip();
+    test_mp_random_bytes();
+    test_wire();
+    test_proto();
+    test_config();
+    test_quote();
+    printf("daemon units: %d checks, %d failures\n", checks, failures);
+    return failures ? 1 : 0;
+}
