@@ -46,7 +46,7 @@ asan:
 run: deps all model
 	sh tools/run-daemon.sh
 
-install: install-daemon
+install: install-daemon install-clients
 
 # libFuzzer targets (clang): the GGUF reader, the tokenizer, the BM25 text normaliser, context
 # assembly and the daemon's request decoder. `make fuzz FUZZ_SECONDS=N` runs each for N s.

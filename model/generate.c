@@ -93,7 +93,9 @@ int generate(struct Engine *e, const int32_t *prompt, size_t n_prompt, const str
         struct GenToken gt = {.index = i};
         gt.id = sampler_sample(smp, engine_logits(e), &gt.sig);
         r->n_generated++;
-        int end = tok_is_end(m->tok, gt.id);
+        /* A control token (e.g. <|im_start|>) never belongs in an answer: it ends the turn
+         * like EOS instead of leaking template text into the output. */
+        int end = tok_is_end(m->tok, gt.id) || tok_is_special(m->tok, gt.id);
         char piece[512];
         int nb = end ? tok_stream_flush(&ts, piece, sizeof piece)
                      : tok_stream_feed(&ts, gt.id, piece, sizeof piece);

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 DEBS="build-essential pkg-config libopenblas-dev liblmdb-dev libstemmer-dev libsqlite3-dev
       libzmq3-dev libmsgpack-dev libmicrohttpd-dev libsystemd-dev prometheus systemd
-      clang libclang-rt-14-dev"
+      clang libclang-rt-14-dev valgrind curl"
 
 missing=""
 for p in $DEBS; do

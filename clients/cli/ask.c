@@ -1,0 +1,188 @@
+/* diffrag ask: one question over a collection and/or files sent inline; prints the answer
+ * (streamed as it is generated with --stream), its sources and its grounding figures, or the
+ * reply as JSON. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clients/c/json.h"
+#include "clients/cli/cli.h"
+
+#define ASK_ID "ask"
+
+struct Stream {
+    const struct CliArgs *a;
+    int last_newline; /* the answer printed so far ends with a newline */
+    size_t bytes;
+};
+
+static int on_delta(void *user, const char *text, size_t len)
+{
+    struct Stream *s = user;
+    if (s->a->json) {
+        struct JsonBuf b = { 0 };
+        json_buf_puts(&b, "{\"id\": \"" ASK_ID "\", \"delta\": ");
+        json_buf_string(&b, text, len);
+        json_buf_puts(&b, "}\n");
+        if (!b.oom)
+            fputs(b.p, stdout);
+        json_buf_free(&b);
+    } else {
+        fwrite(text, 1, len, stdout);
+    }
+    if (len) {
+        s->last_newline = text[len - 1] == '\n';
+        s->bytes += len;
+    }
+    fflush(stdout);
+    return 0;
+}
+
+static const char *base_name(const char *path)
+{
+    const char *s = strrchr(path, '/');
+    return s && s[1] ? s + 1 : path;
+}
+
+static void print_details(const DiffragAnswer *r)
+{
+    if (r->n_citations == 0)
+        printf("sources: none (nothing retrieved)\n");
+    else
+        printf("sources:\n");
+    for (size_t i = 0; i < r->n_citations; i++) {
+        const DiffragCitation *c = &r->citations[i];
+        printf("  [%lld] %s  chunk %lld, score %.2f, bytes %lld-%lld%s%s\n", (long long)c->marker,
+               c->doc_id, (long long)c->chunk, c->score, (long long)c->start, (long long)c->end,
+               c->cited ? ", cited" : "", c->truncated ? ", truncated" : "");
+    }
+    if (r->has_grounding) {
+        const DiffragGrounding *g = &r->grounding;
+        printf("grounding: %s, score %.3f, lookback ratio %.3f, unsupported tokens %.3f "
+               "(%lld of %lld flagged), mean logprob %.2f%s%s%s\n",
+               g->abstained ? "abstained" : g->flagged ? "FLAGGED: the answer may not rest on "
+               "the sources" : "not flagged", g->score, g->lookback_ratio,
+               g->unsupported_token_ratio, (long long)g->flagged_tokens,
+               (long long)g->answer_tokens, g->mean_logprob, g->detector ? " (detector " : "",
+               g->detector ? g->detector : "", g->detector ? ")" : "");
+    } else {
+        printf("grounding: not reported by this daemon\n");
+    }
+    printf("finish: %s; tokens: %lld prompt (%lld from documents), %lld generated; "
+           "first token %.0f ms, total %.0f ms\n", r->finish_reason,
+           (long long)r->prompt_tokens, (long long)r->context_tokens,
+           (long long)r->completion_tokens, r->ttft_ms, r->total_ms);
+}
+
+int cmd_ask(const struct CliArgs *a)
+{
+    DiffragClient *c = NULL;
+    DiffragAnswer *ans = NULL;
+    DiffragDoc *docs = NULL;
+    char **texts = NULL;
+    char *question = NULL;
+    size_t qlen = 0;
+    int rc = CLI_EXIT_LOCAL;
+
+    if (a->n_doc_ids && !a->collection_given && a->n_doc_files)
+        return cli_usage_error("ask", "--doc-id restricts a collection: give -c too");
+    if (strcmp(a->pos[0], "-") == 0) {
+        if (cli_read_file("-", &question, &qlen)) {
+            fprintf(stderr, "diffrag ask: reading the question from stdin: %s\n", strerror(errno));
+            return CLI_EXIT_LOCAL;
+        }
+    } else {
+        question = strdup(a->pos[0]);
+        if (!question)
+            return CLI_EXIT_LOCAL;
+        qlen = strlen(question);
+    }
+    while (qlen && (question[qlen - 1] == '\n' || question[qlen - 1] == '\r' ||
+                    question[qlen - 1] == ' ' || question[qlen - 1] == '\t'))
+        question[--qlen] = 0;
+    if (qlen == 0) {
+        rc = cli_usage_error("ask", "the question is empty");
+        goto out;
+    }
+    if (!cli_utf8_ok(question, qlen)) {
+        rc = cli_usage_error("ask", "the question is not UTF-8 text");
+        goto out;
+    }
+    if (a->n_doc_files) {
+        docs = calloc(a->n_doc_files, sizeof *docs);
+        texts = calloc(a->n_doc_files, sizeof *texts);
+        if (!docs || !texts)
+            goto out;
+    }
+    for (size_t i = 0; i < a->n_doc_files; i++) {
+        size_t len;
+        if (cli_read_file(a->doc_files[i], &texts[i], &len)) {
+            fprintf(stderr, "diffrag ask: %s: %s\n", a->doc_files[i], strerror(errno));
+            goto out;
+        }
+        if (len == 0 || !cli_utf8_ok(texts[i], len)) {
+            fprintf(stderr, "diffrag ask: %s: %s\n", a->doc_files[i],
+                    len ? "not UTF-8 text" : "empty");
+            goto out;
+        }
+        docs[i].id = a->doc_files[i];
+        docs[i].title = base_name(a->doc_files[i]);
+        docs[i].text = texts[i];
+        docs[i].text_len = len;
+    }
+
+    DiffragQuery q;
+    memset(&q, 0, sizeof q);
+    q.question = question;
+    q.collection = a->collection_given || !a->n_doc_files ? a->collection : NULL;
+    q.docs = docs;
+    q.n_docs = a->n_doc_files;
+    q.doc_ids = a->doc_ids;
+    q.n_doc_ids = a->n_doc_ids;
+    q.top_k = a->top_k;
+    q.max_context_tokens = a->max_context_tokens;
+    q.max_tokens = a->max_tokens;
+    q.temperature = a->temperature;
+    q.top_p = a->top_p;
+    q.seed = a->seed;
+    q.stop = a->stops;
+    q.n_stop = a->n_stops;
+    q.deadline_ms = a->deadline_ms;
+    q.id = ASK_ID;
+
+    rc = cli_connect(a, &c);
+    if (rc)
+        goto out;
+    struct Stream s = { .a = a, .last_newline = 1 };
+    int st = diffrag_query(c, &q, a->stream ? on_delta : NULL, &s, &ans);
+    if (st) {
+        if (a->stream && !a->json && !s.last_newline)
+            putchar('\n');
+        rc = cli_fail(a, c, st);
+        goto out;
+    }
+    if (a->json) {
+        printf("%s\n", ans->json);
+    } else {
+        if (!a->stream)
+            fwrite(ans->answer, 1, ans->answer_len, stdout);
+        int nl = a->stream ? s.last_newline : ans->answer_len && ans->answer[ans->answer_len - 1] == '\n';
+        if (!nl)
+            putchar('\n');
+        putchar('\n');
+        print_details(ans);
+    }
+    rc = strcmp(ans->finish_reason, "cancelled") == 0 && cli_interrupted ? CLI_EXIT_INTERRUPTED
+                                                                         : CLI_EXIT_OK;
+out:
+    fflush(stdout);
+    diffrag_answer_free(&ans);
+    cli_disconnect(&c);
+    for (size_t i = 0; texts && i < a->n_doc_files; i++)
+        free(texts[i]);
+    free(texts);
+    free(docs);
+    free(question);
+    return rc;
+}

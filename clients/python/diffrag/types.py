@@ -1,0 +1,162 @@
+"""The results of diffrag calls, as typed dataclasses. Each keeps ``raw``: the daemon's whole
+reply as a dict, for fields this version of the client does not model."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+
+@dataclass
+class Citation:
+    """A chunk placed in the prompt: ``marker`` is the n of its ``[n]`` label, ``cited`` says
+    whether the answer contains ``[n]``, ``offsets`` the byte range in the document."""
+
+    doc_id: str
+    chunk: int
+    score: float
+    offsets: Tuple[int, int]
+    marker: int = 0
+    cited: bool = False
+    truncated: bool = False
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    context_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class Timings:
+    """Milliseconds, as the daemon measured them."""
+
+    queue_ms: float = 0.0
+    retrieve_ms: float = 0.0
+    prefill_ms: float = 0.0
+    ttft_ms: float = 0.0
+    decode_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+@dataclass
+class Grounding:
+    """How far the answer rests on the documents, when the daemon reports it."""
+
+    score: Optional[float] = None
+    flagged: Optional[bool] = None
+    abstained: Optional[bool] = None
+    lookback_ratio: Optional[float] = None
+    unsupported_token_ratio: Optional[float] = None
+    mean_logprob: Optional[float] = None
+    min_logprob: Optional[float] = None
+    answer_tokens: Optional[int] = None
+    flagged_tokens: Optional[int] = None
+    detector: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class Delta:
+    """A piece of a streamed answer: the text released by one generated token."""
+
+    id: Any
+    text: str
+
+
+@dataclass
+class Answer:
+    """The final reply to a query. ``finish_reason``: stop, length, cancelled or deadline."""
+
+    id: Any
+    answer: str
+    finish_reason: str
+    citations: List[Citation]
+    usage: Usage
+    timings: Timings
+    grounding: Optional[Grounding] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class Pong:
+    version: str
+    model: str
+    rtt_ms: float
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class IngestResult:
+    """``ingested`` documents (``bytes`` of text) stored; the collection now holds ``docs``
+    documents in ``chunks`` chunks."""
+
+    collection: str
+    ingested: int
+    bytes: int
+    docs: int
+    chunks: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class DeleteResult:
+    deleted: int
+    docs: int
+    chunks: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class Document:
+    id: str
+    title: str
+    text: str
+    chunks: int
+    meta: Optional[Dict[str, Any]] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class DocInfo:
+    id: str
+    title: Optional[str]
+    bytes: int
+    chunks: int
+
+
+@dataclass
+class ListResult:
+    """Without a collection: ``collections``. With one: a page of ``docs`` and ``next`` (pass
+    it as ``after`` for the next page; None at the end)."""
+
+    collections: List[str] = field(default_factory=list)
+    docs: List[DocInfo] = field(default_factory=list)
+    next: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class CollectionStats:
+    collection: str
+    docs: int
+    chunks: int
+    terms: int
+    text_bytes: int
+    avg_chunk_terms: float
+    chunk_tokens: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class DaemonStats:
+    version: str
+    model: str
+    uptime_s: float
+    workers_idle: int
+    workers_busy: int
+    queue_depth: int
+    inflight: int
+    kv_cache_bytes: int
+    draining: bool
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)

@@ -1,0 +1,170 @@
+"""Runs the README's "Using diffrag" section in order, as a new user would, on a fresh data
+directory, and checks what each command prints. `make run` is what it runs once everything is
+built: tools/run-daemon.sh (ingest docs/, then diffragd with the default model), here with a
+temporary DIFFRAG_DATA_DIR, free ports and short answers (--default-max-tokens, --top-k) so
+that the test stays quick. The other ```sh blocks run from the repository root in bash, with
+DIFFRAG_ENDPOINT naming the daemon and the documented addresses replaced by the test's, and
+with `python3` from a fresh virtual environment (so `pip install` installs there, offline).
+Every command of the section must have a check here."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import ROOT
+from daemon_util import free_port, http_get
+
+SECTION = "## Using diffrag"
+
+
+def section_commands():
+    text = (ROOT / "README.md").read_text()
+    assert text.startswith("# diffrag\n\n```sh\nmake run    # install what is needed, build, fetch "
+                           "the default model, serve on the defaults\nmake test   # every test")
+    body = text.split(SECTION + "\n", 1)[1].split("\n## ", 1)[0]
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", body, re.S):
+        lines = block.splitlines()
+        i = 0
+        while i < len(lines):
+            cmd = lines[i]
+            if cmd.rstrip().endswith("<<'EOF'"):  # a here-document runs as one command
+                end = lines.index("EOF", i)
+                cmd = "\n".join(lines[i:end + 1])
+                i = end
+            commands.append(cmd)
+            i += 1
+    return commands
+
+
+def sources(out):
+    """The doc ids of the "sources:" lines of `diffrag ask`, in order."""
+    assert "\nsources:\n" in out, out
+    tail = out.split("\nsources:\n", 1)[1].splitlines()
+    ids = [m.group(1) for m in (re.match(r"  \[\d+\] (\S+)  chunk \d+, score ", ln) for ln in tail) if m]
+    assert ids, out
+    assert any(ln.startswith("grounding: ") for ln in tail), out
+    assert any(re.match(r"finish: (stop|length); tokens: \d+ prompt", ln) for ln in tail), out
+    return ids
+
+
+def sample_matches(out):
+    """The README shows what follows an answer (its ```text block): the same lines, in that
+    order, up to the figures, the doc ids and the finish reason, follow the real answer."""
+    body = (ROOT / "README.md").read_text().split(SECTION + "\n", 1)[1].split("\n## ", 1)[0]
+    sample = re.search(r"```text\n(.*?)```", body, re.S).group(1).splitlines()
+    real = out.split("\nsources:\n", 1)[1].splitlines()
+    k = 0
+    for line in sample[1:]:
+        if line.startswith("grounding: "):  # its figures depend on the daemon's detector
+            pat = r"grounding: .*"
+        else:
+            parts = re.split(r"(\d+|docs/[\w-]+\.md|(?<=finish: )(?:stop|length))", line)
+            pat = "".join(re.escape(p) if i % 2 == 0 else r"\d+" if p.isdigit() else r"\S+"
+                          for i, p in enumerate(parts))
+        while k < len(real) and not re.fullmatch(pat, real[k]):
+            k += 1
+        assert k < len(real), "no line like %r after the answer:\n%s" % (line, out)
+        k += 1
+    return sample[0] == "sources:"
+
+
+def is_doc(name):
+    return re.fullmatch(r"docs/[\w-]+\.md", name) is not None
+
+
+# (command pattern, queries it sends, check(stdout, context)) for every command of the section
+CHECKS = [
+    (r"build/diffrag ping$", 0,
+     lambda out, c: out.startswith("pong from %s: diffragd 0.1.0, model " % c["ep"])),
+    (r'build/diffrag ask "How do I cancel a query\?"$', 1,
+     lambda out, c: sources(out)[0] == "docs/protocol.md" and sample_matches(out)),
+    (r'build/diffrag ask --stream "Which port does diffragd listen on\?"$', 1,
+     lambda out, c: all(map(is_doc, sources(out)))),
+    (r'echo "What does /readyz report\?" \| build/diffrag ask -$', 1,
+     lambda out, c: "docs/configuration.md" in sources(out)),
+    (r"build/diffrag ingest -c mine examples/$", 0,
+     lambda out, c: out.startswith("ingested 1 documents") and "skipped 2 files" in out),
+    (r'build/diffrag ask -c mine "How long is the Rhine\?"$', 1,
+     lambda out, c: sources(out)[0] == "examples/sample-paragraph.txt"),
+    (r'build/diffrag ask -d examples/sample-paragraph.txt "How long is the Rhine\?"$', 1,
+     lambda out, c: set(sources(out)) == {"examples/sample-paragraph.txt"}),
+    (r"build/diffrag ask --json .* \| python3 -c ", 1,
+     lambda out, c: re.fullmatch(r"(stop|length) \['docs/[\w-]+\.md'.*\]\n", out)),
+    (r"build/diffrag ls$", 0, lambda out, c: set(out.split()) >= {"docs", "mine"}),
+    (r"build/diffrag ls -c mine$", 0,
+     lambda out, c: out.startswith("examples/sample-paragraph.txt ") and out.count("\n") == 1),
+    (r"build/diffrag stats$", 0,
+     lambda out, c: "diffragd:        0.1.0" in out and "workers:         1 idle" in out),
+    (r"python3 -m pip install clients/python$", 0,
+     lambda out, c: any(c["venv"].glob("lib/python*/site-packages/diffrag/client.py"))),
+    (r"python3 - <<'EOF'\nimport diffrag\n", 1,
+     lambda out, c: "\nsources: [(1, 'docs/protocol.md')" in out),
+    (r"python3 examples/ask_folder.py tcp://127.0.0.1:7400 examples ", 1,
+     lambda out, c: out.startswith("stored 1 documents") and
+     "[1] sample-paragraph.txt" in out.split("sources:")[1]),
+    (r"curl -s http://127.0.0.1:9400/metrics \| grep ", 0,
+     lambda out, c: re.search(r'^diffrag_requests_total\{op="query",code="ok"\} %d$'
+                              % c["asks"], out, re.M) and
+     re.search(r"^diffrag_time_to_first_token_seconds_count %d$" % c["asks"], out, re.M)),
+]
+
+
+def check_for(cmd):
+    for pattern, asks, chk in CHECKS:
+        if re.match(pattern, cmd):
+            return asks, chk
+    raise AssertionError("the README runs %r: add a check for it to this test" % cmd)
+
+
+def test_readme_quickstart(tmp_path, default_model):
+    commands = section_commands()
+    assert commands[0] == "make run", commands
+    checks = [check_for(c) for c in commands[1:]]  # every command is known before starting
+    port, mport = free_port(), free_port()
+    ep = "tcp://127.0.0.1:%d" % port
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages",
+                    str(venv)], check=True)
+    env = dict(os.environ, DIFFRAG_ENDPOINT=ep, DIFFRAG_DATA_DIR=str(tmp_path / "var"),
+               PATH="%s:%s" % (venv / "bin", os.environ["PATH"]), PIP_NO_INDEX="1",
+               PYTHONPATH="", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    log = open(tmp_path / "run.log", "wb")
+    # `make run` = make deps all model (done by the test environment) + tools/run-daemon.sh
+    daemon = subprocess.Popen(["sh", "tools/run-daemon.sh", "--listen", ep,
+                               "--metrics-listen", "127.0.0.1:%d" % mport, "--workers", "1",
+                               "--default-max-tokens", "24", "--top-k", "2",
+                               "--log-level", "warn"],
+                              cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 120
+        while http_get("http://127.0.0.1:%d/readyz" % mport, 0.5)[0] != 200:
+            assert daemon.poll() is None, (tmp_path / "run.log").read_text()
+            assert time.time() < deadline, "diffragd not ready"
+            time.sleep(0.1)
+        started = (tmp_path / "run.log").read_text()
+        assert 'into "docs"' in started and 'build/diffrag ask "How do I cancel a query?"' in started
+        ctx = {"ep": ep, "venv": venv, "asks": 0}
+        for cmd, (asks, chk) in zip(commands[1:], checks):
+            run = cmd.replace("tcp://127.0.0.1:7400", ep).replace("127.0.0.1:9400",
+                                                                  "127.0.0.1:%d" % mport)
+            t0 = time.time()
+            r = subprocess.run(["bash", "-c", "set -o pipefail\n" + run], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=300)
+            ctx["asks"] += asks
+            print("$ %s  (exit %d, %.1f s)\n%s%s" % (cmd, r.returncode, time.time() - t0,
+                                                     r.stdout[-1500:], r.stderr[-1500:]))
+            assert r.returncode == 0, cmd
+            assert chk(r.stdout, ctx), "unexpected output of %r:\n%s" % (cmd, r.stdout)
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            rc = daemon.wait(60)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            rc = daemon.wait()
+        log.close()
+    assert rc == 0, (tmp_path / "run.log").read_text()[-3000:]
+    assert (tmp_path / "var" / "data.mdb").exists()  # the fresh store, not var/
