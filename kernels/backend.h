@@ -1,7 +1,13 @@
 /* The backend interface: the small table of operations the engine's forward pass calls.
  * model/ decides what to compute and calls through this table; kernels/cpu implements it
- * now (kernels/cuda will implement it a second time). All tensors are row-major f32 unless
- * stated; "rows" are tokens. */
+ * now (kernels/cuda will implement it a second time). Activations are row-major f32; "rows"
+ * are tokens. Weight matrices stay in their file encoding (struct Weights) and are decoded
+ * inside the products, so a Q4_1 model costs 5 bits per weight in memory, not 32.
+ *
+ * KV cache layout (chosen by the backend, sized by kv_head_stride): per layer and KV head a
+ * run of kv_head_stride elements holding tiles of KV_TILE positions; in tile T (positions
+ * T*KV_TILE ..) the keys are stored transposed, K[d][pos % KV_TILE], so a tile of scores is a
+ * plain matrix product, and the values as rows, V[pos % KV_TILE][d]. */
 #ifndef DIFFRAG_BACKEND_H
 #define DIFFRAG_BACKEND_H
 
@@ -12,45 +18,111 @@
 
 enum KvType { KV_F32 = 0, KV_F16 = 1 };
 
+#define KV_TILE 64
+
+/* A weight matrix (rows, cols): row r holds the weights of output r, `cols` inputs wide,
+ * encoded as ggml type `type` (GGML_TYPE_* numbers of model/gguf.h: F32, F16, BF16, Q4_0,
+ * Q4_1, Q5_0, Q5_1, Q8_0; see kernels/dequant.h for the block layouts), in one of two
+ * layouts:
+ *   WEIGHTS_ROWS  the file's: row after row, row_bytes apart;
+ *   WEIGHTS_X16   (Q4_0, Q4_1, Q8_0) rows interleaved by groups of 16, so that one vector
+ *                 holds the same input of 16 outputs: for group G (rows 16G..16G+15, the last
+ *                 group padded with zero rows) and block b (columns 32b..32b+31) a tile at
+ *                 (G * cols/32 + b) * 16 * block_bytes holds the 16 rows' f16 scales d[16],
+ *                 then (Q4_1) the f16 offsets m[16], then the quants: Q4_0/Q4_1 16 x 16
+ *                 bytes, byte 16i + j = byte i of row j's block (columns i and i + 16 as low and
+ *                 high nibble); Q8_0 32 x 16 bytes, byte 16c + j = row j's column c.
+ * Either way every weight decodes to exactly the value the file's block gives. */
+enum WeightsLayout { WEIGHTS_ROWS = 0, WEIGHTS_X16 = 1 };
+
+struct Weights {
+    uint32_t type;
+    enum WeightsLayout layout;
+    int rows, cols;
+    size_t row_bytes;          /* bytes of one row's blocks (either layout) */
+    const void *data;          /* borrowed from the model's arena (64-byte aligned) */
+};
+
+/* One product of a MatmulArgs: y (n, w->rows) = x . w^T, or y += x . w^T. */
+struct MatOut {
+    const struct Weights *w;   /* (m, k); w->cols == k */
+    float *y;                  /* rows y_stride floats apart */
+    size_t y_stride;
+    int accumulate;            /* 1: add into y (fuses a residual add) */
+};
+
+/* Up to 4 products that share one input, run as one parallel job so the input is swept
+ * together and the threads meet once. With swiglu = 1, out[0] is the gate and out[1] the up
+ * projection (same shape): out[0].y receives silu(x.wg^T) * (x.wu^T) and out[1].y is unused. */
+struct MatmulArgs {
+    const float *x;            /* (n, k), rows x_stride floats apart */
+    size_t x_stride;
+    int n, k;
+    struct MatOut out[4];
+    int n_out;
+    int swiglu;
+};
+
 /* Causal attention of a chunk of n_tok query tokens at positions pos0..pos0+n_tok-1 against a
  * cache that already holds keys/values for positions 0..pos0+n_tok-1. */
 struct AttnArgs {
     const float *q;            /* (n_tok, n_q_head*head_dim), rows q_stride floats apart */
     size_t q_stride;
-    float *out;                /* (n_tok, n_q_head*head_dim): one output per query head */
+    float *out;                /* (n_tok, n_q_head*head_dim), or (n_tok, n_q_head/2*head_dim)
+                                  when lambda != NULL; rows out_stride floats apart */
     size_t out_stride;
-    const void *k, *v;         /* cache: (n_kv_head, kv_head_stride) of kv_type elements,
-                                  position t of head g at g*kv_head_stride + t*head_dim */
-    size_t kv_head_stride;
+    const void *k, *v;         /* this layer's caches, layout above */
+    size_t kv_head_stride;     /* elements per KV head: kv_head_stride(n_ctx, head_dim) */
     enum KvType kv_type;
     int n_tok, pos0;
     int n_q_head, n_kv_head, head_dim;
     float scale;               /* 1/sqrt(head_dim) */
+    /* DIFF V2: when non-NULL, query heads 2i and 2i+1 are combined as
+     * out_i = o_2i - sigmoid(lambda[t][i]) * o_2i+1; lambda is (n_tok, n_q_head/2), rows
+     * lambda_stride floats apart. */
+    const float *lambda;
+    size_t lambda_stride;
+};
+
+/* RoPE on the chunk's queries and keys, then the keys and values into the cache at pos0. */
+struct RopeStoreArgs {
+    float *q;                  /* (n_tok, n_q_head*head_dim), rows q_stride apart */
+    size_t q_stride;
+    float *k;                  /* (n_tok, n_kv_head*head_dim), rows kv_stride apart */
+    const float *v;
+    size_t kv_stride;
+    int n_tok, pos0, n_q_head, n_kv_head, head_dim;
+    int n_rot, layout;         /* rotated dims per head; 0 adjacent pairs, 1 neox halves */
+    const float *cos, *sin;    /* (n_tok, n_rot/2) */
+    void *kcache, *vcache;
+    enum KvType kv_type;
+    size_t kv_head_stride;
 };
 
 struct Backend {
     const char *name;
-    /* y (n, m) = x (n, k) . w^T, w (m, k). */
-    void (*matmul)(struct ThreadPool *pool, float *y, const float *x, const float *w, int n,
-                   int k, int m);
+    /* Weights as this backend wants them: bytes needed for a (rows, cols) matrix of `type`
+     * (0 when the type is not handled), and the copy of a file-layout matrix `src` into `dst`
+     * (64-byte aligned, that many bytes), describing the result in *out. */
+    size_t (*weights_bytes)(uint32_t type, int rows, int cols);
+    void (*weights_pack)(uint32_t type, int rows, int cols, const void *src, void *dst,
+                         struct Weights *out);
+    /* Row r of w decoded to f32 (cols floats): the embedding lookup. */
+    void (*weights_row)(const struct Weights *w, int r, float *dst);
+    /* The products of `a`; `scratch` holds matmul_scratch(a->n, max k, threads) bytes. */
+    void (*matmul)(struct ThreadPool *pool, const struct MatmulArgs *a, void *scratch);
+    size_t (*matmul_scratch)(int n_max, int k_max, int threads);
     /* y (n, d) = x / rms(x) * w, row by row; y may equal x. */
     void (*rmsnorm)(struct ThreadPool *pool, float *y, const float *x, const float *w, int n,
                     int d, float eps);
-    /* Rotates the first n_rot dims of each of n_heads heads of n_tok rows (stride floats
-     * apart) with per-row tables cos/sin (n_tok, n_rot/2); layout 0 adjacent, 1 neox. */
-    void (*rope)(float *x, int n_tok, size_t stride, int n_heads, int head_dim, int n_rot,
-                 int layout, const float *cos, const float *sin);
-    /* gate = silu(gate) * up, n elements. */
-    void (*swiglu)(float *gate, const float *up, size_t n);
-    /* y += x, n elements. */
-    void (*add)(float *y, const float *x, size_t n);
-    /* Writes the chunk's keys/values (n_tok, n_kv_head*head_dim) into the cache at pos0. */
-    void (*kv_store)(void *kcache, void *vcache, enum KvType type, size_t kv_head_stride,
-                     const float *k, const float *v, size_t stride, int n_tok, int pos0,
-                     int n_kv_head, int head_dim);
-    void (*attention)(struct ThreadPool *pool, const struct AttnArgs *a, float *scratch);
-    /* Floats of `scratch` that attention needs for `threads` threads. */
-    size_t (*attention_scratch)(int head_dim, int group, int threads);
+    void (*rope_store)(struct ThreadPool *pool, const struct RopeStoreArgs *a);
+    void (*attention)(struct ThreadPool *pool, const struct AttnArgs *a, void *scratch);
+    /* Bytes of `scratch` attention needs for chunks of up to n_tok_max tokens over a cache of
+     * n_ctx positions with `threads` threads. */
+    size_t (*attention_scratch)(int n_tok_max, int n_ctx, int head_dim, int n_q_head,
+                                int n_kv_head, int threads);
+    /* Elements of one KV head's cache for n_ctx positions (a multiple of KV_TILE rows). */
+    size_t (*kv_head_stride)(int n_ctx, int head_dim);
 };
 
 extern const struct Backend backend_cpu;

@@ -9,12 +9,18 @@
  *   Q8_0 32 elems, 34 bytes: f16 d | i8 qs[32]                 x = q * d
  * In the 4/5-bit formats element j < 16 takes the low nibble of qs[j] and element j + 16 its
  * high nibble; the fifth bit of element j is bit j of the little-endian u32 qh.
- * Type numbers are ggml's (enum GgmlType in model/gguf.h). */
+ * Type numbers are ggml's (enum GgmlType in model/gguf.h; repeated here because kernels/ does
+ * not include model/). */
 #ifndef DIFFRAG_DEQUANT_H
 #define DIFFRAG_DEQUANT_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+enum DequantType {
+    DQ_F32 = 0, DQ_F16 = 1, DQ_Q4_0 = 2, DQ_Q4_1 = 3, DQ_Q5_0 = 6, DQ_Q5_1 = 7, DQ_Q8_0 = 8,
+    DQ_BF16 = 30,
+};
 
 enum DequantStatus {
     DEQUANT_OK = 0,
@@ -27,5 +33,10 @@ enum DequantStatus {
  * so a row, a tensor or any block-aligned slice can be decoded. Returns DEQUANT_OK,
  * DEQUANT_ETYPE or DEQUANT_ELENGTH; on error `dst` is untouched. */
 int dequant_row(uint32_t ggml_type, const void *src, float *dst, size_t n_elems);
+
+/* Elements and bytes per block of `ggml_type` (1 and the element size for F32/F16/BF16);
+ * 0 for a type dequant_row does not handle. */
+int dequant_block_elems(uint32_t ggml_type);
+int dequant_block_bytes(uint32_t ggml_type);
 
 #endif

@@ -1,30 +1,33 @@
 /* The forward pass over one sequence context: embedding, per layer RMSNorm -> attention (GQA
  * or DIFF V2) -> residual -> RMSNorm -> SwiGLU -> residual, final norm and LM head for the
- * last position only. Chunked: activation memory is bounded by the chunk, not the context. */
+ * last position only. Chunked: activation memory is bounded by the chunk, not the context.
+ * Each step is one backend call over the whole chunk, with the elementwise work fused into
+ * the products (q/k/v/lambda in one job, residual adds as accumulating products, SwiGLU in
+ * the gate/up job) so the chunk's activations are swept as few times as possible. */
 #include "model/engine.h"
 #include "model/sampler.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
 
 struct Scratch {
     float *x;      /* (chunk, dim) residual stream */
     float *xb;     /* (chunk, dim) normed input */
-    float *xb2;    /* (chunk, dim) projection output */
     float *q;      /* (chunk, n_q_head*hd) */
     float *k, *v;  /* (chunk, n_kv_head*hd) */
-    float *o;      /* (chunk, n_q_head*hd) per-head attention outputs */
-    float *att;    /* (chunk, n_head*hd) combined heads (diffv2), else aliases o */
-    float *lam;    /* (chunk, n_head) diffv2 lambda */
-    float *gate, *up; /* (chunk, ffn) */
+    float *att;    /* (chunk, n_head*hd) attention output (diffv2 heads already combined) */
+    float *lam;    /* (chunk, n_head) diffv2 lambda logits */
+    float *h;      /* (chunk, ffn) SwiGLU activations */
     float *cos, *sin; /* (chunk, n_rot/2) */
     float *logits; /* (vocab) */
-    float *attn;   /* attention tiles for every thread */
+    void *mm;      /* matrix-product panels for every thread */
+    void *attn;    /* attention tiles and partial states for every thread */
 };
 
 struct Engine {
@@ -32,13 +35,15 @@ struct Engine {
     const struct Backend *be;
     struct EngineOpts opts;
     struct ThreadPool *pool;
-    void *kcache, *vcache;    /* per layer: (n_kv_head, n_ctx, hd) */
+    void *kcache, *vcache;    /* per layer: (n_kv_head, kv_head_stride) */
+    size_t kv_head_stride;    /* elements */
     size_t layer_kv_elems;
     float *block;             /* all scratch */
     struct Scratch s;
     double *inv_freq;         /* (n_rot/2) RoPE frequencies after scaling */
     float rope_mscale;
     int n_past;
+    struct EngineStats stats;
     atomic_int cancel;
 };
 
@@ -75,47 +80,55 @@ void engine_opts_default(struct EngineOpts *o)
     o->n_threads = 2;
 }
 
-/* Scratch layout in floats; returns the total and fills offsets when s != NULL. */
+static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+
+/* Scratch layout in bytes (64-byte aligned pieces); returns the total and fills pointers when
+ * s != NULL. */
 static size_t scratch_layout(const struct ModelConfig *c, const struct EngineOpts *o,
-                             const struct Backend *be, float *base, struct Scratch *s)
+                             const struct Backend *be, char *base, struct Scratch *s)
 {
     size_t n = (size_t)o->chunk, hd = (size_t)c->head_dim, off = 0;
-    size_t sz[13] = {
-        n * c->dim, n * c->dim, n * c->dim,
+    int k_max = max3(c->dim, c->ffn_dim, c->n_head * c->head_dim);
+    size_t sz[12] = {
+        n * c->dim, n * c->dim,
         n * c->n_q_head * hd, n * c->n_kv_head * hd, n * c->n_kv_head * hd,
-        n * c->n_q_head * hd,
-        c->arch == ARCH_DIFFV2 ? n * c->n_head * hd : 0,
+        n * c->n_head * hd,
         c->arch == ARCH_DIFFV2 ? n * c->n_head : 0,
-        n * c->ffn_dim, n * c->ffn_dim,
+        n * c->ffn_dim,
         n * (c->rope.n_rot / 2) * 2,
         (size_t)c->vocab,
+        0, 0,
     };
-    float **dst[13] = {0};
+    for (int i = 0; i < 10; i++) sz[i] *= sizeof(float);
+    sz[10] = be->matmul_scratch(o->chunk, k_max, o->n_threads);
+    sz[11] = be->attention_scratch(o->chunk, o->n_ctx, c->head_dim, c->n_q_head, c->n_kv_head,
+                                   o->n_threads);
+    void **dst[12] = {0};
     if (s) {
-        float **d[13] = {&s->x, &s->xb, &s->xb2, &s->q, &s->k, &s->v, &s->o, &s->att, &s->lam,
-                         &s->gate, &s->up, &s->cos, &s->logits};
+        void **d[12] = {(void **)&s->x, (void **)&s->xb, (void **)&s->q, (void **)&s->k,
+                        (void **)&s->v, (void **)&s->att, (void **)&s->lam, (void **)&s->h,
+                        (void **)&s->cos, (void **)&s->logits, &s->mm, &s->attn};
         memcpy(dst, d, sizeof d);
     }
-    for (int i = 0; i < 13; i++) {
+    for (int i = 0; i < 12; i++) {
         if (s) *dst[i] = base + off;
-        off += (sz[i] + 15) & ~(size_t)15; /* 64-byte aligned pieces */
+        off += (sz[i] + 63) & ~(size_t)63;
     }
-    if (s) {
-        s->sin = s->cos + n * (c->rope.n_rot / 2);
-        if (c->arch != ARCH_DIFFV2) s->att = s->o;
-        s->attn = base + off;
-    }
-    off += be->attention_scratch(c->head_dim, c->n_q_head / c->n_kv_head, o->n_threads);
+    if (s) s->sin = s->cos + n * (c->rope.n_rot / 2);
     return off;
 }
 
 void engine_estimate(const struct Model *m, const struct EngineOpts *o, struct EngineMemory *out)
 {
     const struct ModelConfig *c = &m->cfg;
+    const struct Backend *be = &backend_cpu;
     size_t el = o->kv_type == KV_F32 ? 4 : 2;
-    out->kv_bytes = 2 * (size_t)c->n_layer * c->n_kv_head * (size_t)o->n_ctx * c->head_dim * el;
-    out->scratch_bytes = scratch_layout(c, o, &backend_cpu, NULL, NULL) * sizeof(float) +
-                         (size_t)(c->rope.n_rot / 2) * sizeof(double);
+    out->kv_bytes = 2 * (size_t)c->n_layer * c->n_kv_head *
+                    be->kv_head_stride(o->n_ctx, c->head_dim) * el;
+    struct EngineOpts eff = *o;
+    if (eff.chunk > eff.n_ctx) eff.chunk = eff.n_ctx;
+    out->scratch_bytes = scratch_layout(c, &eff, be, NULL, NULL) +
+                         (size_t)(c->rope.n_rot / 2 + 1) * sizeof(double);
     out->context_bytes = out->kv_bytes + out->scratch_bytes;
     out->weight_bytes = model_weight_bytes(m);
 }
@@ -178,14 +191,15 @@ int engine_new(const struct Model *m, const struct EngineOpts *o, struct Engine 
     e->opts = opts;
     const struct ModelConfig *c = &m->cfg;
     size_t el = opts.kv_type == KV_F32 ? 4 : 2;
-    e->layer_kv_elems = (size_t)c->n_kv_head * opts.n_ctx * c->head_dim;
+    e->kv_head_stride = e->be->kv_head_stride(opts.n_ctx, c->head_dim);
+    e->layer_kv_elems = (size_t)c->n_kv_head * e->kv_head_stride;
     size_t kv_total = e->layer_kv_elems * c->n_layer * el;
     /* malloc, not calloc-and-touch: pages are committed only as positions are written, so a
      * short sequence in a long context costs what it uses. */
     e->kcache = malloc(kv_total);
     e->vcache = malloc(kv_total);
-    size_t nf = scratch_layout(c, &opts, e->be, NULL, NULL);
-    e->block = aligned_alloc(64, ((nf * sizeof(float)) + 63) & ~(size_t)63);
+    size_t nb = scratch_layout(c, &opts, e->be, NULL, NULL);
+    e->block = aligned_alloc(64, (nb + 63) & ~(size_t)63);
     e->inv_freq = calloc((size_t)(c->rope.n_rot / 2) + 1, sizeof(double));
     if (!e->kcache || !e->vcache || !e->block || !e->inv_freq ||
         pool_new(opts.n_threads, &e->pool) != 0) {
@@ -193,7 +207,7 @@ int engine_new(const struct Model *m, const struct EngineOpts *o, struct Engine 
         return fail(err, errlen, ENGINE_ENOMEM, "cannot allocate %zu bytes for the context",
                     mem.context_bytes);
     }
-    scratch_layout(c, &opts, e->be, e->block, &e->s);
+    scratch_layout(c, &opts, e->be, (char *)e->block, &e->s);
     rope_init(e);
     atomic_init(&e->cancel, 0);
     *out = e;
@@ -224,6 +238,28 @@ static void rope_tables(struct Engine *e, int n, int pos0)
         }
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double matmul_flop(const struct MatmulArgs *a)
+{
+    double f = 0;
+    for (int i = 0; i < a->n_out; i++) f += 2.0 * a->n * a->k * a->out[i].w->rows;
+    return f;
+}
+
+static void run_matmul(struct Engine *e, const struct MatmulArgs *a)
+{
+    double t = now_s();
+    e->be->matmul(e->pool, a, e->s.mm);
+    e->stats.matmul_s += now_s() - t;
+    e->stats.matmul_flop += matmul_flop(a);
+}
+
 /* One chunk of n tokens at positions n_past..n_past+n-1; logits of the last one if asked. */
 static void forward_chunk(struct Engine *e, const int32_t *tokens, int n, int want_logits)
 {
@@ -234,10 +270,13 @@ static void forward_chunk(struct Engine *e, const int32_t *tokens, int n, int wa
     int d = c->dim, hd = c->head_dim, nq = c->n_q_head * hd, nkv = c->n_kv_head * hd;
     int no = c->n_head * hd, F = c->ffn_dim, pos0 = e->n_past;
     size_t el = e->opts.kv_type == KV_F32 ? 4 : 2;
+    int diff = c->arch == ARCH_DIFFV2;
+    double t_start = now_s(), t;
 
-    for (int t = 0; t < n; t++)
-        memcpy(s->x + (size_t)t * d, m->tok_embd + (size_t)tokens[t] * d, (size_t)d * sizeof(float));
+    for (int i = 0; i < n; i++) be->weights_row(&m->tok_embd, tokens[i], s->x + (size_t)i * d);
     rope_tables(e, n, pos0);
+    double attn_flop = 0;
+    for (int i = 0; i < n; i++) attn_flop += 4.0 * (pos0 + i + 1) * hd * c->n_q_head;
 
     for (int l = 0; l < c->n_layer; l++) {
         const struct LayerWeights *w = &m->layers[l];
@@ -245,49 +284,62 @@ static void forward_chunk(struct Engine *e, const int32_t *tokens, int n, int wa
         void *vc = (char *)e->vcache + (size_t)l * e->layer_kv_elems * el;
 
         be->rmsnorm(e->pool, s->xb, s->x, w->attn_norm, n, d, c->norm_eps);
-        be->matmul(e->pool, s->q, s->xb, w->wq, n, d, nq);
-        be->matmul(e->pool, s->k, s->xb, w->wk, n, d, nkv);
-        be->matmul(e->pool, s->v, s->xb, w->wv, n, d, nkv);
-        be->rope(s->q, n, (size_t)nq, c->n_q_head, hd, c->rope.n_rot, c->rope.layout, s->cos, s->sin);
-        be->rope(s->k, n, (size_t)nkv, c->n_kv_head, hd, c->rope.n_rot, c->rope.layout, s->cos, s->sin);
-        be->kv_store(kc, vc, e->opts.kv_type, (size_t)e->opts.n_ctx * hd, s->k, s->v, (size_t)nkv,
-                     n, pos0, c->n_kv_head, hd);
+        struct MatmulArgs qkv = {
+            .x = s->xb, .x_stride = (size_t)d, .n = n, .k = d, .n_out = diff ? 4 : 3,
+            .out = {{&w->wq, s->q, (size_t)nq, 0}, {&w->wk, s->k, (size_t)nkv, 0},
+                    {&w->wv, s->v, (size_t)nkv, 0}, {&w->wlambda, s->lam, (size_t)c->n_head, 0}},
+        };
+        run_matmul(e, &qkv);
+        struct RopeStoreArgs rs = {
+            .q = s->q, .q_stride = (size_t)nq, .k = s->k, .v = s->v, .kv_stride = (size_t)nkv,
+            .n_tok = n, .pos0 = pos0, .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head,
+            .head_dim = hd, .n_rot = c->rope.n_rot, .layout = c->rope.layout, .cos = s->cos,
+            .sin = s->sin, .kcache = kc, .vcache = vc, .kv_type = e->opts.kv_type,
+            .kv_head_stride = e->kv_head_stride,
+        };
+        be->rope_store(e->pool, &rs);
         struct AttnArgs a = {
-            .q = s->q, .q_stride = (size_t)nq, .out = s->o, .out_stride = (size_t)nq,
-            .k = kc, .v = vc, .kv_head_stride = (size_t)e->opts.n_ctx * hd,
+            .q = s->q, .q_stride = (size_t)nq, .out = s->att, .out_stride = (size_t)no,
+            .k = kc, .v = vc, .kv_head_stride = e->kv_head_stride,
             .kv_type = e->opts.kv_type, .n_tok = n, .pos0 = pos0,
             .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
             .scale = 1.f / sqrtf((float)hd),
+            .lambda = diff ? s->lam : NULL, .lambda_stride = (size_t)c->n_head,
         };
+        t = now_s();
         be->attention(e->pool, &a, s->attn);
-        if (c->arch == ARCH_DIFFV2) {
-            /* out_i = o_2i - sigmoid(lambda_i(x)) * o_2i+1, lambda from the normed input. */
-            be->matmul(e->pool, s->lam, s->xb, w->wlambda, n, d, c->n_head);
-            for (int t = 0; t < n; t++)
-                for (int i = 0; i < c->n_head; i++) {
-                    float lam = 1.f / (1.f + expf(-s->lam[(size_t)t * c->n_head + i]));
-                    const float *o1 = s->o + (size_t)t * nq + (size_t)(2 * i) * hd;
-                    const float *o2 = o1 + hd;
-                    float *dst = s->att + (size_t)t * no + (size_t)i * hd;
-                    for (int j = 0; j < hd; j++) dst[j] = o1[j] - lam * o2[j];
-                }
-        }
-        be->matmul(e->pool, s->xb2, s->att, w->wo, n, no, d);
-        be->add(s->x, s->xb2, (size_t)n * d);
+        e->stats.attention_s += now_s() - t;
+        e->stats.attention_flop += attn_flop;
+        struct MatmulArgs o = {
+            .x = s->att, .x_stride = (size_t)no, .n = n, .k = no, .n_out = 1,
+            .out = {{&w->wo, s->x, (size_t)d, 1}},
+        };
+        run_matmul(e, &o);
 
         be->rmsnorm(e->pool, s->xb, s->x, w->ffn_norm, n, d, c->norm_eps);
-        be->matmul(e->pool, s->gate, s->xb, w->w_gate, n, d, F);
-        be->matmul(e->pool, s->up, s->xb, w->w_up, n, d, F);
-        be->swiglu(s->gate, s->up, (size_t)n * F);
-        be->matmul(e->pool, s->xb2, s->gate, w->w_down, n, F, d);
-        be->add(s->x, s->xb2, (size_t)n * d);
+        struct MatmulArgs up = {
+            .x = s->xb, .x_stride = (size_t)d, .n = n, .k = d, .n_out = 2, .swiglu = 1,
+            .out = {{&w->w_gate, s->h, (size_t)F, 0}, {&w->w_up, NULL, 0, 0}},
+        };
+        run_matmul(e, &up);
+        struct MatmulArgs down = {
+            .x = s->h, .x_stride = (size_t)F, .n = n, .k = F, .n_out = 1,
+            .out = {{&w->w_down, s->x, (size_t)d, 1}},
+        };
+        run_matmul(e, &down);
     }
     e->n_past += n;
     if (want_logits) {
         const float *last = s->x + (size_t)(n - 1) * d;
         be->rmsnorm(e->pool, s->xb, last, m->output_norm, 1, d, c->norm_eps);
-        be->matmul(e->pool, s->logits, s->xb, m->output, 1, d, c->vocab);
+        struct MatmulArgs lm = {
+            .x = s->xb, .x_stride = (size_t)d, .n = 1, .k = d, .n_out = 1,
+            .out = {{&m->output, s->logits, (size_t)c->vocab, 0}},
+        };
+        run_matmul(e, &lm);
     }
+    e->stats.total_s += now_s() - t_start;
+    e->stats.tokens += n;
 }
 
 int engine_prefill(struct Engine *e, const int32_t *tokens, size_t n, char *err, size_t errlen)
@@ -302,7 +354,6 @@ int engine_prefill(struct Engine *e, const int32_t *tokens, size_t n, char *err,
         if (tokens[i] < 0 || tokens[i] >= e->m->cfg.vocab)
             return fail(err, errlen, ENGINE_EINPUT, "token %d at index %zu is outside the vocabulary "
                         "(%d)", tokens[i], i, e->m->cfg.vocab);
-    openblas_set_num_threads(e->opts.n_threads);
     for (size_t i = 0; i < n; i += (size_t)e->opts.chunk) {
         if (atomic_exchange(&e->cancel, 0))
             return fail(err, errlen, ENGINE_ECANCELLED, "cancelled after %zu of %zu tokens", i, n);
@@ -315,7 +366,7 @@ int engine_prefill(struct Engine *e, const int32_t *tokens, size_t n, char *err,
 int engine_score(struct Engine *e, const int32_t *tokens, size_t n, double *nll_sum,
                  size_t *n_scored, char *err, size_t errlen)
 {
-    enum { ROWS = 32 };
+    enum { ROWS = 64 };
     *nll_sum = 0;
     *n_scored = 0;
     if (!e || !tokens || n < 2) return fail(err, errlen, ENGINE_EINPUT, "need at least 2 tokens");
@@ -329,7 +380,6 @@ int engine_score(struct Engine *e, const int32_t *tokens, size_t n, double *nll_
     const struct ModelConfig *c = &e->m->cfg;
     float *lg = malloc((size_t)ROWS * c->vocab * sizeof(float));
     if (!lg) return fail(err, errlen, ENGINE_ENOMEM, "out of memory");
-    openblas_set_num_threads(e->opts.n_threads);
     for (size_t i = 0; i < n && rc == ENGINE_OK; i += (size_t)e->opts.chunk) {
         if (atomic_exchange(&e->cancel, 0)) { rc = fail(err, errlen, ENGINE_ECANCELLED, "cancelled"); break; }
         int len = n - i < (size_t)e->opts.chunk ? (int)(n - i) : e->opts.chunk;
@@ -338,7 +388,11 @@ int engine_score(struct Engine *e, const int32_t *tokens, size_t n, double *nll_
             int nr = len - r0 < ROWS ? len - r0 : ROWS;
             const float *rows = e->s.x + (size_t)r0 * c->dim;
             e->be->rmsnorm(e->pool, e->s.xb, rows, e->m->output_norm, nr, c->dim, c->norm_eps);
-            e->be->matmul(e->pool, lg, e->s.xb, e->m->output, nr, c->dim, c->vocab);
+            struct MatmulArgs lm = {
+                .x = e->s.xb, .x_stride = (size_t)c->dim, .n = nr, .k = c->dim, .n_out = 1,
+                .out = {{&e->m->output, lg, (size_t)c->vocab, 0}},
+            };
+            run_matmul(e, &lm);
             for (int r = 0; r < nr; r++) {
                 size_t pos = i + (size_t)r0 + r;
                 if (pos + 1 >= n) break;
@@ -370,3 +424,7 @@ void engine_reset(struct Engine *e)
 }
 
 void engine_cancel(struct Engine *e) { atomic_store(&e->cancel, 1); }
+
+void engine_stats(const struct Engine *e, struct EngineStats *out) { *out = e->stats; }
+
+void engine_stats_reset(struct Engine *e) { memset(&e->stats, 0, sizeof e->stats); }

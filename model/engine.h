@@ -73,4 +73,16 @@ void engine_reset(struct Engine *e);
  * that call returns ENGINE_ECANCELLED and consumes the request. Async-signal and thread safe. */
 void engine_cancel(struct Engine *e);
 
+/* Where a context's time went since it was opened (or since engine_stats_reset): seconds and
+ * floating-point operations of the matrix products and of attention, and the whole forward
+ * passes. For benchmarks and metrics; the counters cost two clock reads per product. */
+struct EngineStats {
+    double matmul_s, matmul_flop;
+    double attention_s, attention_flop;
+    double total_s;           /* forward passes, everything included */
+    long tokens;              /* positions evaluated */
+};
+void engine_stats(const struct Engine *e, struct EngineStats *out);
+void engine_stats_reset(struct Engine *e);
+
 #endif

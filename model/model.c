@@ -1,5 +1,6 @@
 /* Model loading: reads the hyper-parameters of a llama or diffv2 GGUF (docs/model-format.md),
- * checks every tensor's shape against them, and dequantises all weights into one f32 arena. */
+ * checks every tensor's shape and type against them, and copies the weight matrices in their
+ * file encoding (norm vectors decoded to f32) into one arena. */
 #include "model/model.h"
 
 #include <math.h>
@@ -138,25 +139,52 @@ static int read_config(const struct GgufFile *g, struct ModelConfig *c, char *er
     return 0;
 }
 
-/* Finds `name`, checks it is a 2-D (or 1-D when rows == 0) tensor of the given shape, and
- * dequantises it to dst. */
-static int load_tensor(const struct GgufFile *g, const char *name, int64_t cols, int64_t rows,
-                       float *dst, char *err, size_t errlen)
+/* One tensor to load: a matrix (rows > 0) kept in its encoding, or a vector decoded to f32. */
+struct TensorSpec {
+    char name[96];
+    int64_t cols, rows;
+    struct Weights *mat;
+    float **vec;
+    const struct GgufTensor *t;
+};
+
+static size_t align64(size_t v) { return (v + 63) & ~(size_t)63; }
+
+/* Finds the tensor, checks its shape and type; returns the arena bytes it needs. */
+static int check_tensor(const struct GgufFile *g, struct TensorSpec *sp, size_t *bytes,
+                        char *err, size_t errlen)
 {
-    const struct GgufTensor *t = gguf_find_tensor(g, name);
-    if (!t) return fail(err, errlen, MODEL_EFORMAT, "%s: tensor %s missing", gguf_path(g), name);
+    const struct GgufTensor *t = gguf_find_tensor(g, sp->name);
+    if (!t) return fail(err, errlen, MODEL_EFORMAT, "%s: tensor %s missing", gguf_path(g), sp->name);
+    int64_t cols = sp->cols, rows = sp->rows;
     int ok = rows == 0 ? (t->n_elements == (uint64_t)cols && t->ne[0] == (uint64_t)cols)
                        : (t->ne[0] == (uint64_t)cols && t->ne[1] == (uint64_t)rows &&
                           t->n_elements == (uint64_t)(cols * rows));
     if (!ok)
         return fail(err, errlen, MODEL_EFORMAT,
                     "%s: tensor %s has shape [%llu, %llu], expected [%lld, %lld]", gguf_path(g),
-                    name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+                    sp->name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
                     (long long)cols, (long long)(rows ? rows : 1));
-    if (dequant_row(t->type, t->data, dst, (size_t)t->n_elements) != 0)
+    int be = dequant_block_elems(t->type);
+    if (be == 0 || cols % be != 0)
         return fail(err, errlen, MODEL_EUNSUPPORTED, "%s: tensor %s has unsupported type %s",
-                    gguf_path(g), name, ggml_type_name(t->type));
+                    gguf_path(g), sp->name, ggml_type_name(t->type));
+    sp->t = t;
+    *bytes = rows == 0 ? align64((size_t)cols * sizeof(float))
+                       : align64(backend_cpu.weights_bytes(t->type, (int)rows, (int)cols));
     return 0;
+}
+
+/* Copies (matrix, in the backend's layout) or decodes (vector) a checked tensor to dst. */
+static void place_tensor(struct TensorSpec *sp, void *dst)
+{
+    const struct GgufTensor *t = sp->t;
+    if (sp->rows == 0) {
+        dequant_row(t->type, t->data, dst, (size_t)sp->cols);
+        *sp->vec = dst;
+        return;
+    }
+    backend_cpu.weights_pack(t->type, (int)sp->rows, (int)sp->cols, t->data, dst, sp->mat);
 }
 
 int model_load(const char *path, struct Model **out, char *err, size_t errlen)
@@ -164,6 +192,7 @@ int model_load(const char *path, struct Model **out, char *err, size_t errlen)
     *out = NULL;
     struct GgufFile *g = NULL;
     struct Model *m = NULL;
+    struct TensorSpec *specs = NULL;
     int rc = gguf_open(path, &g, err, errlen);
     if (rc != GGUF_OK) return rc == GGUF_EIO ? MODEL_EIO : rc == GGUF_EUNSUPPORTED
                                                  ? MODEL_EUNSUPPORTED : MODEL_EFORMAT;
@@ -182,54 +211,61 @@ int model_load(const char *path, struct Model **out, char *err, size_t errlen)
     }
     c->vocab = (int)emb->ne[1];
     int tied = gguf_find_tensor(g, "output.weight") == NULL;
-
-    /* Arena layout, in floats. */
-    size_t d = (size_t)c->dim, hd = (size_t)c->head_dim, V = (size_t)c->vocab;
-    size_t nq = (size_t)c->n_q_head * hd, nkv = (size_t)c->n_kv_head * hd;
-    size_t no = (size_t)c->n_head * hd, F = (size_t)c->ffn_dim;
-    size_t per_layer = d + nq * d + 2 * nkv * d + d * no + d + 3 * F * d +
-                       (c->arch == ARCH_DIFFV2 ? (size_t)c->n_head * d : 0);
-    size_t total = V * d + d + (tied ? 0 : V * d) + per_layer * (size_t)c->n_layer;
-    m->arena_bytes = total * sizeof(float);
-    m->arena = malloc(m->arena_bytes);
     m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
-    if (!m->arena || !m->layers) {
-        rc = fail(err, errlen, MODEL_ENOMEM, "%s: cannot allocate %zu MiB for weights", path,
-                  m->arena_bytes >> 20);
-        goto err;
-    }
-    float *p = m->arena;
-#define TAKE(ptr, n) do { (ptr) = p; p += (n); } while (0)
-    TAKE(m->tok_embd, V * d);
-    TAKE(m->output_norm, d);
-    if (tied) m->output = m->tok_embd; else TAKE(m->output, V * d);
-    if ((rc = load_tensor(g, "token_embd.weight", c->dim, c->vocab, m->tok_embd, err, errlen)) ||
-        (rc = load_tensor(g, "output_norm.weight", c->dim, 0, m->output_norm, err, errlen)) ||
-        (!tied && (rc = load_tensor(g, "output.weight", c->dim, c->vocab, m->output, err, errlen))))
-        goto err;
+    size_t max_specs = 3 + 10 * (size_t)c->n_layer;
+    specs = calloc(max_specs, sizeof *specs);
+    if (!m->layers || !specs) { rc = fail(err, errlen, MODEL_ENOMEM, "out of memory"); goto err; }
+
+    int64_t d = c->dim, hd = c->head_dim, nq = c->n_q_head * hd, nkv = c->n_kv_head * hd;
+    int64_t no = c->n_head * hd, F = c->ffn_dim;
+    size_t n_specs = 0;
+#define SPEC(nm, cols_, rows_, matp, vecp) do { \
+        struct TensorSpec *sp_ = &specs[n_specs++]; \
+        snprintf(sp_->name, sizeof sp_->name, "%s", (nm)); \
+        sp_->cols = (cols_); sp_->rows = (rows_); sp_->mat = (matp); sp_->vec = (vecp); \
+    } while (0)
+    SPEC("token_embd.weight", d, c->vocab, &m->tok_embd, NULL);
+    SPEC("output_norm.weight", d, 0, NULL, &m->output_norm);
+    if (!tied) SPEC("output.weight", d, c->vocab, &m->output, NULL);
     for (int l = 0; l < c->n_layer; l++) {
         struct LayerWeights *w = &m->layers[l];
-        TAKE(w->attn_norm, d); TAKE(w->wq, nq * d); TAKE(w->wk, nkv * d); TAKE(w->wv, nkv * d);
-        TAKE(w->wo, d * no); TAKE(w->ffn_norm, d); TAKE(w->w_gate, F * d); TAKE(w->w_up, F * d);
-        TAKE(w->w_down, d * F);
-        if (c->arch == ARCH_DIFFV2) TAKE(w->wlambda, (size_t)c->n_head * d);
         char n[96];
-#define LOAD(suffix, cols, rows, dst) \
-        snprintf(n, sizeof n, "blk.%d." suffix ".weight", l); \
-        if ((rc = load_tensor(g, n, (cols), (rows), (dst), err, errlen))) goto err;
-        LOAD("attn_norm", c->dim, 0, w->attn_norm);
-        LOAD("attn_q", c->dim, (int64_t)nq, w->wq);
-        LOAD("attn_k", c->dim, (int64_t)nkv, w->wk);
-        LOAD("attn_v", c->dim, (int64_t)nkv, w->wv);
-        LOAD("attn_output", (int64_t)no, c->dim, w->wo);
-        LOAD("ffn_norm", c->dim, 0, w->ffn_norm);
-        LOAD("ffn_gate", c->dim, c->ffn_dim, w->w_gate);
-        LOAD("ffn_up", c->dim, c->ffn_dim, w->w_up);
-        LOAD("ffn_down", c->ffn_dim, c->dim, w->w_down);
-        if (c->arch == ARCH_DIFFV2) { LOAD("attn_lambda", c->dim, c->n_head, w->wlambda); }
-#undef LOAD
+#define LAYER(suffix, cols_, rows_, matp, vecp) \
+        snprintf(n, sizeof n, "blk.%d." suffix ".weight", l); SPEC(n, cols_, rows_, matp, vecp);
+        LAYER("attn_norm", d, 0, NULL, &w->attn_norm);
+        LAYER("attn_q", d, nq, &w->wq, NULL);
+        LAYER("attn_k", d, nkv, &w->wk, NULL);
+        LAYER("attn_v", d, nkv, &w->wv, NULL);
+        LAYER("attn_output", no, d, &w->wo, NULL);
+        LAYER("ffn_norm", d, 0, NULL, &w->ffn_norm);
+        LAYER("ffn_gate", d, F, &w->w_gate, NULL);
+        LAYER("ffn_up", d, F, &w->w_up, NULL);
+        LAYER("ffn_down", F, d, &w->w_down, NULL);
+        if (c->arch == ARCH_DIFFV2) { LAYER("attn_lambda", d, c->n_head, &w->wlambda, NULL); }
+#undef LAYER
     }
-#undef TAKE
+#undef SPEC
+    size_t total = 0;
+    for (size_t i = 0; i < n_specs; i++) {
+        size_t b;
+        if ((rc = check_tensor(g, &specs[i], &b, err, errlen))) goto err;
+        total += b;
+    }
+    m->arena_bytes = total;
+    m->arena = aligned_alloc(64, total ? total : 64);
+    if (!m->arena) {
+        rc = fail(err, errlen, MODEL_ENOMEM, "%s: cannot allocate %zu MiB for weights", path,
+                  total >> 20);
+        goto err;
+    }
+    char *p = m->arena;
+    for (size_t i = 0; i < n_specs; i++) {
+        size_t b;
+        check_tensor(g, &specs[i], &b, err, errlen);
+        place_tensor(&specs[i], p);
+        p += b;
+    }
+    if (tied) m->output = m->tok_embd;
 
     if ((rc = tok_load_gguf(g, &m->tok, err, errlen)) != 0) { rc = MODEL_EFORMAT; goto err; }
     if (tok_n_vocab(m->tok) > c->vocab) {
@@ -244,10 +280,12 @@ int model_load(const char *path, struct Model **out, char *err, size_t errlen)
         const char *base = strrchr(path, '/');
         snprintf(m->name, sizeof m->name, "%s", base ? base + 1 : path);
     }
+    free(specs);
     gguf_close(&g);
     *out = m;
     return MODEL_OK;
 err:
+    free(specs);
     gguf_close(&g);
     model_destroy(&m);
     return rc;

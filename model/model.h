@@ -1,11 +1,14 @@
-/* A loaded model: hyper-parameters, f32 weights (dequantised at load into one arena) and the
- * tokenizer. Read-only after model_load, so any number of engine contexts share one Model. */
+/* A loaded model: hyper-parameters, weights and the tokenizer. Weight matrices keep the file's
+ * encoding (Q4_1, Q8_0, F16, ...; struct Weights in kernels/backend.h) and are decoded inside
+ * the products; norm vectors are f32. Everything lives in one arena. Read-only after
+ * model_load, so any number of engine contexts share one Model. */
 #ifndef DIFFRAG_MODEL_H
 #define DIFFRAG_MODEL_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/backend.h"
 #include "model/tokenizer.h"
 
 enum ModelArch { ARCH_LLAMA = 0, ARCH_DIFFV2 = 1 };
@@ -40,24 +43,24 @@ struct ModelConfig {
 
 struct LayerWeights {
     float *attn_norm;          /* (dim) */
-    float *wq;                 /* (n_q_head*head_dim, dim) */
-    float *wk;                 /* (n_kv_head*head_dim, dim) */
-    float *wv;                 /* (n_kv_head*head_dim, dim) */
-    float *wo;                 /* (dim, n_head*head_dim) */
-    float *wlambda;            /* (n_head, dim); diffv2 only, else NULL */
+    struct Weights wq;         /* (n_q_head*head_dim, dim) */
+    struct Weights wk;         /* (n_kv_head*head_dim, dim) */
+    struct Weights wv;         /* (n_kv_head*head_dim, dim) */
+    struct Weights wo;         /* (dim, n_head*head_dim) */
+    struct Weights wlambda;    /* (n_head, dim); diffv2 only, else data == NULL */
     float *ffn_norm;           /* (dim) */
-    float *w_gate;             /* (ffn_dim, dim) */
-    float *w_up;               /* (ffn_dim, dim) */
-    float *w_down;             /* (dim, ffn_dim) */
+    struct Weights w_gate;     /* (ffn_dim, dim) */
+    struct Weights w_up;       /* (ffn_dim, dim) */
+    struct Weights w_down;     /* (dim, ffn_dim) */
 };
 
 struct Model {
     struct ModelConfig cfg;
-    float *tok_embd;           /* (vocab, dim) */
+    struct Weights tok_embd;   /* (vocab, dim) */
     float *output_norm;        /* (dim) */
-    float *output;             /* (vocab, dim); == tok_embd when tied */
+    struct Weights output;     /* (vocab, dim); the same data as tok_embd when tied */
     struct LayerWeights *layers; /* (n_layer) */
-    float *arena;              /* every weight above lives here */
+    void *arena;               /* every weight above lives here (64-byte aligned pieces) */
     size_t arena_bytes;
     struct Tokenizer *tok;
     char *path;

@@ -381,7 +381,10 @@ def test_curve(tmp_path):
         with diffrag.Client(srv.endpoint, connect_timeout=1) as c:
             with pytest.raises(diffrag.ConnectionFailed) as e:
                 c.ping()
-        assert "mechanism mismatch" in e.value.message, e.value
+        # ZeroMQ reports a plain client against a CURVE server either as a mechanism mismatch
+        # or, when the server closes first (a loaded machine), as a broken handshake.
+        assert ("mechanism mismatch" in e.value.message or
+                "handshake failed" in e.value.message), e.value
 
         async def amain():
             async with diffrag.AsyncClient(srv.endpoint, server_key=server_pub,

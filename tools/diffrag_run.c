@@ -306,15 +306,18 @@ int main(int argc, char **argv)
     struct EngineMemory mem;
     engine_estimate(m, &eo, &mem);
 
-    /* Touch OpenBLAS's per-thread buffers before measuring, so the context's resident size
-     * below is the context's own. */
+    /* Touch OpenBLAS's buffers before measuring, so the context's resident size below is the
+     * context's own. Single-threaded, as the engine calls it (inside its own pool's tasks):
+     * OpenBLAS threads would only spin on the cores the engine is about to use. */
     {
         int k = m->cfg.dim, n = m->cfg.ffn_dim, rows = eo.chunk < 64 ? eo.chunk : 64;
         float *a = calloc((size_t)rows * k, sizeof(float)), *c = malloc((size_t)rows * n * sizeof(float));
-        openblas_set_num_threads(eo.n_threads);
-        if (a && c) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, k, 1.f, a, k,
-                                m->layers[0].w_gate, k, 0.f, c, n);
+        float *b = calloc((size_t)n * k, sizeof(float));
+        openblas_set_num_threads(1);
+        if (a && b && c) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, k, 1.f, a,
+                                     k, b, k, 0.f, c, n);
         free(a);
+        free(b);
         free(c);
     }
     size_t rss_base = rss_bytes();

@@ -1,123 +1,299 @@
-/* Causal attention on the CPU, tiled with an online softmax: never an N x N matrix. A task is
- * (KV head, block of query tokens); each K/V tile is converted to f32 once and reused by every
- * query head of its group for every token of the block. */
+/* Causal attention on the CPU: flash attention with an online softmax, never an N x N matrix.
+ * Prefill splits the work into (KV head, block of query tokens) tasks, heaviest first; each
+ * K/V tile is converted to f32 once per task and reused by every query head of the group for
+ * every token of the block. A few tokens (decode) split the keys instead (flash-decoding):
+ * tasks of (KV head, key segment) leave partial softmax states that the last task of each
+ * head merges. Segment sizes depend only on the sequence length, never on the thread count,
+ * so results do not depend on it. Also owns the KV cache layout and the key/value stores. */
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
-#include "kernels/cpu/vexp.h"
 #include "kernels/f16.h"
 
-enum { ATTN_BQ = 16, ATTN_BK = 64 };
+enum {
+    ROWS_TARGET = 96,   /* query rows (tokens x heads of a group) per prefill task */
+    SPLIT_MAX_TOK = 4,  /* chunks this short split the keys */
+    SEG_MIN = 512,      /* keys per segment, at least */
+    SEG_MAX_COUNT = 64, /* segments per head, at most */
+    RB_MAX = 6,
+};
 
-size_t cpu_attention_scratch(int head_dim, int group, int threads)
+
+static size_t round16(size_t v) { return (v + 15) & ~(size_t)15; }
+
+size_t cpu_kv_head_stride(int n_ctx, int head_dim)
 {
-    size_t rows = (size_t)ATTN_BQ * group;
-    size_t per = 2 * (size_t)ATTN_BK * head_dim /* Kt, V tiles */ + ATTN_BK /* scores */ +
-                 rows * ((size_t)head_dim + 2) /* acc, m, l */;
-    return per * (size_t)threads;
+    return (size_t)(n_ctx + KV_TILE - 1) / KV_TILE * KV_TILE * (size_t)head_dim;
 }
 
-struct AttnJob { const struct AttnArgs *a; float *scratch; size_t per_thread; int n_qblocks; };
-
-static void load_tile(const struct AttnArgs *a, int g, int k0, int nk, float *kt, float *vt)
+static int block_tokens(int G)
 {
-    int hd = a->head_dim;
-    size_t base = (size_t)g * a->kv_head_stride + (size_t)k0 * hd;
-    if (a->kv_type == KV_F32) {
-        const float *ks = (const float *)a->k + base, *vs = (const float *)a->v + base;
-        for (int j = 0; j < nk; j++)
-            for (int d = 0; d < hd; d++) kt[(size_t)d * ATTN_BK + j] = ks[(size_t)j * hd + d];
-        memcpy(vt, vs, (size_t)nk * hd * sizeof(float));
-    } else {
-        const uint16_t *ks = (const uint16_t *)a->k + base, *vs = (const uint16_t *)a->v + base;
-        for (int j = 0; j < nk; j++)
-            for (int d = 0; d < hd; d++)
-                kt[(size_t)d * ATTN_BK + j] = f16_to_f32(ks[(size_t)j * hd + d]);
-        for (size_t i = 0; i < (size_t)nk * hd; i++) vt[i] = f16_to_f32(vs[i]);
+    int bq = ROWS_TARGET / G;
+    return bq < 4 ? 4 : bq;
+}
+
+static int seg_len(int n_keys)
+{
+    int per = (n_keys + SEG_MAX_COUNT - 1) / SEG_MAX_COUNT;
+    per = (per + KV_TILE - 1) / KV_TILE * KV_TILE;
+    return per < SEG_MIN ? SEG_MIN : per;
+}
+
+/* Floats of one thread's workspace for R rows: queries, K and V tiles, score rows. */
+static size_t ws_floats(int R, int hd)
+{
+    return round16((size_t)R * hd) + 2 * round16((size_t)hd * KV_TILE) + RB_MAX * KV_TILE;
+}
+
+/* Floats of one softmax state of R rows: O (R, hd), M (R), L (R). */
+static size_t state_floats(int R, int hd) { return round16((size_t)R * hd) + 2 * round16((size_t)R); }
+
+static int max_rows(int G)
+{
+    int q = block_tokens(G) * G, s = SPLIT_MAX_TOK * G;
+    return q > s ? q : s;
+}
+
+size_t cpu_attention_scratch(int n_tok_max, int n_ctx, int head_dim, int n_q_head,
+                             int n_kv_head, int threads)
+{
+    (void)n_tok_max;
+    int G = n_q_head / n_kv_head, R = max_rows(G);
+    size_t per = ws_floats(R, head_dim) + state_floats(R, head_dim);
+    /* Every sequence length up to n_ctx splits into at most this many segments. */
+    int n_seg = (n_ctx + SEG_MIN - 1) / SEG_MIN;
+    n_seg = n_seg > SEG_MAX_COUNT ? SEG_MAX_COUNT : n_seg;
+    size_t parts = (size_t)n_kv_head * n_seg * state_floats(SPLIT_MAX_TOK * G, head_dim);
+    return (per * (size_t)threads + parts + 16) * sizeof(float) +
+           (size_t)n_kv_head * sizeof(atomic_int) + 64;
+}
+
+/* The portable path: the same tiles and state as the vector paths, in plain loops. */
+static void attend_scalar(const struct AttnArgs *a, int g, int t0, int bq, int kb, int ke,
+                          float *ws, float *O, float *M, float *L)
+{
+    int hd = a->head_dim, G = a->n_q_head / a->n_kv_head, R = bq * G;
+    float *Q = ws, *S = ws + round16((size_t)R * hd) + 2 * round16((size_t)hd * KV_TILE);
+    const float qscale = a->scale * 1.44269504088896341f;
+    for (int r = 0; r < R; r++) {
+        const float *src = a->q + (size_t)(t0 + r / G) * a->q_stride + (size_t)(g * G + r % G) * hd;
+        for (int d = 0; d < hd; d++) Q[(size_t)r * hd + d] = src[d] * qscale;
     }
-    /* Columns past nk are never read for scores that count, but keep them finite. */
-    for (int d = 0; d < hd; d++)
-        for (int j = nk; j < ATTN_BK; j++) kt[(size_t)d * ATTN_BK + j] = 0.f;
+    size_t head = (size_t)g * a->kv_head_stride;
+    for (int k0 = kb; k0 < ke; k0 += KV_TILE) {
+        int nk = ke - k0 < KV_TILE ? ke - k0 : KV_TILE;
+        size_t base = head + (size_t)k0 * hd;
+        for (int r = 0; r < R; r++) {
+            int nv = a->pos0 + t0 + r / G + 1 - k0;
+            nv = nv > nk ? nk : nv;
+            if (nv <= 0) continue;
+            const float *q = Q + (size_t)r * hd;
+            float m_tile = -INFINITY;
+            for (int j = 0; j < nv; j++) {
+                float s = 0.f;
+                for (int d = 0; d < hd; d++) {
+                    size_t at = base + (size_t)d * KV_TILE + j;
+                    float kv = a->kv_type == KV_F32 ? ((const float *)a->k)[at]
+                                                    : f16_to_f32(((const uint16_t *)a->k)[at]);
+                    s += q[d] * kv;
+                }
+                S[j] = s;
+                if (s > m_tile) m_tile = s;
+            }
+            float m_new = m_tile > M[r] ? m_tile : M[r];
+            float corr = m_new > M[r] ? (M[r] == -INFINITY ? 0.f : exp2f(M[r] - m_new)) : 1.f;
+            float l = L[r] * corr;
+            float *o = O + (size_t)r * hd;
+            for (int d = 0; d < hd; d++) o[d] *= corr;
+            for (int j = 0; j < nv; j++) {
+                float p = exp2f(S[j] - m_new);
+                l += p;
+                size_t at = base + (size_t)j * hd;
+                for (int d = 0; d < hd; d++) {
+                    float vv = a->kv_type == KV_F32 ? ((const float *)a->v)[at + d]
+                                                    : f16_to_f32(((const uint16_t *)a->v)[at + d]);
+                    o[d] += p * vv;
+                }
+            }
+            L[r] = l;
+            M[r] = m_new;
+        }
+    }
 }
 
-static void attn_task(void *ctx, int task, int thread)
+typedef void (*attend_fn)(const struct AttnArgs *, int, int, int, int, int, float *, float *,
+                          float *, float *);
+
+static attend_fn attend_for(enum CpuIsa isa, int hd)
+{
+    if (isa == CPU_ISA_AVX512 && hd % 16 == 0) return cpu_attend_avx512;
+    if (isa >= CPU_ISA_AVX2 && hd % 8 == 0) return cpu_attend_avx2;
+    return attend_scalar;
+}
+
+static void state_init(int R, int hd, float *O, float *M, float *L)
+{
+    memset(O, 0, (size_t)R * hd * sizeof(float));
+    for (int r = 0; r < R; r++) { M[r] = -INFINITY; L[r] = 0.f; }
+}
+
+/* Normalises R rows of state (tokens t0.., group g) into the output, combining the DIFF V2
+ * head pairs when lambda is given. */
+static void finish_rows(const struct AttnArgs *a, int g, int t0, int bq, const float *O,
+                        const float *L)
+{
+    int hd = a->head_dim, G = a->n_q_head / a->n_kv_head;
+    for (int t = 0; t < bq; t++)
+        for (int j = 0; j < G; j++) {
+            int r = t * G + j, h = g * G + j;
+            const float *o = O + (size_t)r * hd;
+            if (!a->lambda) {
+                float inv = 1.f / L[r];
+                float *dst = a->out + (size_t)(t0 + t) * a->out_stride + (size_t)h * hd;
+                for (int d = 0; d < hd; d++) dst[d] = o[d] * inv;
+            } else if (j % 2 == 0) {
+                /* out_i = o_2i - sigmoid(lambda_i) o_2i+1 for output head i = h / 2. */
+                float lam = a->lambda[(size_t)(t0 + t) * a->lambda_stride + h / 2];
+                float sg = 1.f / (1.f + expf(-lam));
+                float i1 = 1.f / L[r], i2 = sg / L[r + 1];
+                const float *o2 = o + hd;
+                float *dst = a->out + (size_t)(t0 + t) * a->out_stride + (size_t)(h / 2) * hd;
+                for (int d = 0; d < hd; d++) dst[d] = o[d] * i1 - o2[d] * i2;
+            }
+        }
+}
+
+struct AttnJob {
+    const struct AttnArgs *a;
+    attend_fn attend;
+    float *scratch;
+    size_t per_thread;         /* floats: workspace then state */
+    int R;                     /* rows of a task's state */
+    int bq, n_qblocks;         /* prefill split */
+    int seg, n_seg, k_end;     /* key split */
+    float *parts;              /* (n_kv_head, n_seg) states */
+    size_t part_floats;
+    atomic_int *done;          /* (n_kv_head) segments finished */
+};
+
+static void qblock_task(void *ctx, int task, int thread)
 {
     const struct AttnJob *job = ctx;
     const struct AttnArgs *a = job->a;
     int hd = a->head_dim, G = a->n_q_head / a->n_kv_head;
-    int g = task / job->n_qblocks, qb = task % job->n_qblocks;
-    int t0 = qb * ATTN_BQ, bq = a->n_tok - t0 < ATTN_BQ ? a->n_tok - t0 : ATTN_BQ;
-    int rows = bq * G;
+    /* Later blocks see more keys: hand them out first. */
+    int qb = job->n_qblocks - 1 - task / a->n_kv_head, g = task % a->n_kv_head;
+    int t0 = qb * job->bq, bq = a->n_tok - t0 < job->bq ? a->n_tok - t0 : job->bq;
+    int R = bq * G;
+    float *ws = job->scratch + job->per_thread * (size_t)thread;
+    float *O = ws + ws_floats(job->R, hd);
+    float *M = O + round16((size_t)job->R * hd), *L = M + round16((size_t)job->R);
+    state_init(R, hd, O, M, L);
+    job->attend(a, g, t0, bq, 0, a->pos0 + t0 + bq, ws, O, M, L);
+    finish_rows(a, g, t0, bq, O, L);
+}
 
-    float *restrict kt = job->scratch + job->per_thread * (size_t)thread;
-    float *restrict vt = kt + (size_t)ATTN_BK * hd;
-    float *restrict s = vt + (size_t)ATTN_BK * hd;
-    float *restrict acc = s + ATTN_BK;
-    float *mx = acc + (size_t)ATTN_BQ * G * hd;
-    float *sum = mx + (size_t)ATTN_BQ * G;
-    memset(acc, 0, (size_t)rows * hd * sizeof(float));
-    for (int r = 0; r < rows; r++) { mx[r] = -INFINITY; sum[r] = 0.f; }
+/* Merges the n_seg partial states of head g (in segment order) and writes its outputs. */
+static void merge_head(const struct AttnJob *job, int g, float *ws)
+{
+    const struct AttnArgs *a = job->a;
+    int hd = a->head_dim, R = job->R;
+    float *O = ws, *M = O + round16((size_t)R * hd), *L = M + round16((size_t)R);
+    for (int r = 0; r < R; r++) {
+        float mx = -INFINITY;
+        for (int s = 0; s < job->n_seg; s++) {
+            const float *pm = job->parts + ((size_t)g * job->n_seg + s) * job->part_floats +
+                              round16((size_t)R * hd);
+            if (pm[r] > mx) mx = pm[r];
+        }
+        float l = 0.f, *o = O + (size_t)r * hd;
+        memset(o, 0, (size_t)hd * sizeof(float));
+        for (int s = 0; s < job->n_seg; s++) {
+            const float *po = job->parts + ((size_t)g * job->n_seg + s) * job->part_floats;
+            const float *pm = po + round16((size_t)R * hd), *pl = pm + round16((size_t)R);
+            if (pm[r] == -INFINITY) continue;
+            float w = exp2f(pm[r] - mx);
+            l += w * pl[r];
+            for (int d = 0; d < hd; d++) o[d] += w * po[(size_t)r * hd + d];
+        }
+        M[r] = mx;
+        L[r] = l;
+    }
+    finish_rows(a, g, 0, a->n_tok, O, L);
+}
 
-    int k_end = a->pos0 + t0 + bq; /* exclusive: the block's last token sees up to here */
-    for (int k0 = 0; k0 < k_end; k0 += ATTN_BK) {
-        int nk = k_end - k0 < ATTN_BK ? k_end - k0 : ATTN_BK;
-        load_tile(a, g, k0, nk, kt, vt);
-        for (int t = 0; t < bq; t++) {
-            int limit = a->pos0 + t0 + t + 1 - k0; /* keys k0..k0+limit-1 are visible */
-            int nv = limit < nk ? limit : nk;
-            if (nv <= 0) continue;
-            for (int j = 0; j < G; j++) {
-                int r = t * G + j;
-                const float *restrict q = a->q + (size_t)(t0 + t) * a->q_stride + (size_t)(g * G + j) * hd;
-                for (int kk = 0; kk < ATTN_BK; kk++) s[kk] = 0.f;
-                for (int d = 0; d < hd; d++) {
-                    float qd = q[d];
-                    const float *restrict kr = kt + (size_t)d * ATTN_BK;
-                    for (int kk = 0; kk < ATTN_BK; kk++) s[kk] += qd * kr[kk];
-                }
-                float m_tile = -INFINITY;
-                for (int kk = 0; kk < nv; kk++) {
-                    s[kk] *= a->scale;
-                    if (s[kk] > m_tile) m_tile = s[kk];
-                }
-                float m_new = m_tile > mx[r] ? m_tile : mx[r];
-                float corr = vexpf(mx[r] - m_new); /* 0 on the first tile (mx = -inf) */
-                if (mx[r] == -INFINITY) corr = 0.f;
-                float *restrict ar = acc + (size_t)r * hd;
-                if (corr != 1.f)
-                    for (int d = 0; d < hd; d++) ar[d] *= corr;
-                for (int kk = 0; kk < nv; kk++) s[kk] = vexpf(s[kk] - m_new);
-                float l = sum[r] * corr;
-                for (int kk = 0; kk < nv; kk++) l += s[kk];
-                for (int kk = 0; kk < nv; kk++) {
-                    float p = s[kk];
-                    const float *restrict vr = vt + (size_t)kk * hd;
-                    for (int d = 0; d < hd; d++) ar[d] += p * vr[d];
-                }
-                sum[r] = l;
-                mx[r] = m_new;
+static void split_task(void *ctx, int task, int thread)
+{
+    const struct AttnJob *job = ctx;
+    const struct AttnArgs *a = job->a;
+    int hd = a->head_dim;
+    /* Segments of one head are consecutive tasks, so each head's merge can start early. */
+    int g = task / job->n_seg, s = task % job->n_seg;
+    int kb = s * job->seg, ke = kb + job->seg < job->k_end ? kb + job->seg : job->k_end;
+    float *ws = job->scratch + job->per_thread * (size_t)thread;
+    float *O = job->parts + ((size_t)g * job->n_seg + s) * job->part_floats;
+    float *M = O + round16((size_t)job->R * hd), *L = M + round16((size_t)job->R);
+    state_init(job->R, hd, O, M, L);
+    job->attend(a, g, 0, a->n_tok, kb, ke, ws, O, M, L);
+    /* The task that completes a head merges it; acq_rel orders the other segments' states
+     * before the merge reads them. */
+    if (atomic_fetch_add_explicit(&job->done[g], 1, memory_order_acq_rel) == job->n_seg - 1)
+        merge_head(job, g, ws + ws_floats(job->R, hd));
+}
+
+void cpu_attention_with(enum CpuIsa isa, struct ThreadPool *pool, const struct AttnArgs *a,
+                        void *scratch)
+{
+    int hd = a->head_dim, G = a->n_q_head / a->n_kv_head;
+    int Rmax = max_rows(G);
+    struct AttnJob job = {
+        .a = a,
+        .attend = attend_for(isa, hd),
+        .scratch = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63),
+        .per_thread = ws_floats(Rmax, hd) + state_floats(Rmax, hd),
+    };
+    if (a->n_tok > SPLIT_MAX_TOK) {
+        job.bq = block_tokens(G);
+        job.R = job.bq * G;
+        job.n_qblocks = (a->n_tok + job.bq - 1) / job.bq;
+        pool_run(pool, a->n_kv_head * job.n_qblocks, qblock_task, &job);
+        return;
+    }
+    job.R = a->n_tok * G;
+    job.k_end = a->pos0 + a->n_tok;
+    job.seg = seg_len(job.k_end);
+    job.n_seg = (job.k_end + job.seg - 1) / job.seg;
+    job.part_floats = state_floats(SPLIT_MAX_TOK * G, hd);
+    job.parts = job.scratch + job.per_thread * (size_t)pool_threads(pool);
+    job.done = (atomic_int *)(void *)(job.parts + (size_t)a->n_kv_head * job.n_seg * job.part_floats);
+    for (int g = 0; g < a->n_kv_head; g++) atomic_init(&job.done[g], 0);
+    pool_run(pool, a->n_kv_head * job.n_seg, split_task, &job);
+}
+
+/* --- KV cache stores (layout in kernels/backend.h) --- */
+
+void cpu_kv_store_rows(const struct RopeStoreArgs *a, int t0, int t1)
+{
+    int hd = a->head_dim;
+    for (int t = t0; t < t1; t++) {
+        int pos = a->pos0 + t, tile = pos / KV_TILE, col = pos % KV_TILE;
+        for (int g = 0; g < a->n_kv_head; g++) {
+            size_t head = (size_t)g * a->kv_head_stride;
+            size_t kbase = head + (size_t)tile * KV_TILE * hd + col;
+            size_t vbase = head + (size_t)pos * hd;
+            const float *ks = a->k + (size_t)t * a->kv_stride + (size_t)g * hd;
+            const float *vs = a->v + (size_t)t * a->kv_stride + (size_t)g * hd;
+            if (a->kv_type == KV_F32) {
+                float *kd = (float *)a->kcache, *vd = (float *)a->vcache;
+                for (int d = 0; d < hd; d++) kd[kbase + (size_t)d * KV_TILE] = ks[d];
+                memcpy(vd + vbase, vs, (size_t)hd * sizeof(float));
+            } else {
+                uint16_t *kd = (uint16_t *)a->kcache, *vd = (uint16_t *)a->vcache;
+                for (int d = 0; d < hd; d++) kd[kbase + (size_t)d * KV_TILE] = f32_to_f16(ks[d]);
+                for (int d = 0; d < hd; d++) vd[vbase + d] = f32_to_f16(vs[d]);
             }
         }
     }
-    for (int t = 0; t < bq; t++)
-        for (int j = 0; j < G; j++) {
-            int r = t * G + j;
-            float inv = 1.f / sum[r];
-            float *o = a->out + (size_t)(t0 + t) * a->out_stride + (size_t)(g * G + j) * hd;
-            const float *ar = acc + (size_t)r * hd;
-            for (int d = 0; d < hd; d++) o[d] = ar[d] * inv;
-        }
-}
-
-void cpu_attention(struct ThreadPool *pool, const struct AttnArgs *a, float *scratch)
-{
-    int G = a->n_q_head / a->n_kv_head;
-    struct AttnJob job = {
-        .a = a,
-        .scratch = scratch,
-        .per_thread = cpu_attention_scratch(a->head_dim, G, 1),
-        .n_qblocks = (a->n_tok + ATTN_BQ - 1) / ATTN_BQ,
-    };
-    pool_run(pool, a->n_kv_head * job.n_qblocks, attn_task, &job);
 }

@@ -1,10 +1,97 @@
-/* Internal to kernels/cpu: kernels shared between the CPU backend's files. */
+/* Internal to kernels/cpu (and its tests and benchmarks): the instruction-set paths, chosen
+ * at run time, and the entry points of each kernel with the path made explicit so every path
+ * the machine supports can be checked against the portable one. */
 #ifndef DIFFRAG_KERNELS_CPU_H
 #define DIFFRAG_KERNELS_CPU_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include "kernels/backend.h"
 
-void cpu_attention(struct ThreadPool *pool, const struct AttnArgs *a, float *scratch);
-size_t cpu_attention_scratch(int head_dim, int group, int threads);
+enum CpuIsa {
+    CPU_ISA_SCALAR = 0, /* portable C */
+    CPU_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
+    CPU_ISA_AVX512 = 2, /* AVX-512 F/BW/VL/DQ */
+    CPU_ISA_COUNT
+};
+
+const char *cpu_isa_name(enum CpuIsa isa);
+int cpu_isa_supported(enum CpuIsa isa);
+/* The best supported path, or the one named by the environment variable DIFFRAG_CPU_ISA
+ * (scalar, avx2, avx512) when it is supported; decided once per process. */
+enum CpuIsa cpu_isa_best(void);
+
+/* How prefill products are computed: this backend's microkernels, or OpenBLAS sgemm on
+ * decoded weight panels (single-threaded inside the pool's tasks, so the two never compete
+ * for cores). The default is the microkernels where a vector path exists and OpenBLAS on the
+ * portable path; DIFFRAG_GEMM=native|openblas overrides. */
+enum CpuGemm { CPU_GEMM_NATIVE = 0, CPU_GEMM_OPENBLAS = 1 };
+enum CpuGemm cpu_gemm_default(void);
+
+/* Matrix products with an explicit path (the table's matmul uses the defaults). */
+void cpu_matmul_with(enum CpuIsa isa, enum CpuGemm gemm, struct ThreadPool *pool,
+                     const struct MatmulArgs *a, void *scratch);
+size_t cpu_matmul_scratch(int n_max, int k_max, int threads);
+
+/* Attention with an explicit path. */
+void cpu_attention_with(enum CpuIsa isa, struct ThreadPool *pool, const struct AttnArgs *a,
+                        void *scratch);
+size_t cpu_attention_scratch(int n_tok_max, int n_ctx, int head_dim, int n_q_head,
+                             int n_kv_head, int threads);
+size_t cpu_kv_head_stride(int n_ctx, int head_dim);
+
+/* --- pieces shared between the files of kernels/cpu --- */
+
+/* Weights (weights.c): which types are interleaved, bytes, packing, decoding. */
+int cpu_weights_x16(uint32_t type);
+size_t cpu_weights_bytes(uint32_t type, int rows, int cols);
+void cpu_weights_pack(uint32_t type, int rows, int cols, const void *src, void *dst,
+                      struct Weights *out);
+void cpu_weights_row(const struct Weights *w, int r, float *dst);
+/* Rows r0..r0+nr-1 of w decoded into dst (nr, cols). */
+void cpu_decode_rows(const struct Weights *w, int r0, int nr, float *dst);
+/* Rows r0..r0+width-1 (r0 a multiple of 16, width 16 or 32) of an X16 matrix decoded into a
+ * k-major panel: panel[c * width + j] = w[r0 + j][c]; rows past the matrix give zeros. */
+void cpu_panel_x16(const struct Weights *w, int r0, int width, float *panel);
+void cpu_panel_x16_avx512(const struct Weights *w, int r0, int width, float *panel);
+/* One-token products of an X16 matrix: groups g0..g1-1, y[16 * (g - g0) + j] = row 16g+j . x.
+ * `xsum` (cols/32) holds the sums of x over each 32-element block. */
+void cpu_matvec_x16_portable(const struct Weights *w, int g0, int g1, const float *x, float *y);
+void cpu_matvec_x16_avx512(const struct Weights *w, int g0, int g1, const float *x,
+                           const float *xsum, float *y);
+/* One-token products of a row-layout matrix: y[r - r0] = row r . x. */
+void cpu_matvec_avx512(const struct Weights *w, int r0, int r1, const float *x,
+                       const float *xsum, float *y);
+int cpu_matvec_avx512_handles(uint32_t type);
+
+/* Microkernel-level products of one column block, per path. `panel` holds the block's
+ * weights k-major, NR floats per k (NR = 32 for AVX-512, 16 for AVX2):
+ * y[i][j] (= or +=) sum_k x[i][k] panel[k][j] for i < n, j < m_blk. */
+struct GemmBlock {
+    const float *x;
+    size_t x_stride;
+    int n, k;
+    const float *panel;
+    int m_blk;                 /* outputs in this block (<= NR) */
+    float *y;
+    size_t y_stride;
+    int accumulate;
+};
+void cpu_gemm_block_avx512(const struct GemmBlock *b);
+void cpu_gemm_block_avx2(const struct GemmBlock *b);
+/* g[i] = silu(g[i]) * u[i] for i < n. */
+void cpu_silu_mul_avx512(float *g, const float *u, int n);
+/* rows (nr, k) row-major, nr <= NR, into a panel (k, NR) with zero columns past nr. */
+void cpu_pack_panel_avx512(const float *rows, int nr, int k, float *panel);
+void cpu_pack_panel_avx2(const float *rows, int nr, int k, float *panel);
+
+/* The attention inner loop per path (attention.c documents the contract). */
+void cpu_attend_avx512(const struct AttnArgs *a, int g, int t0, int bq, int kb, int ke,
+                       float *ws, float *O, float *M, float *L);
+void cpu_attend_avx2(const struct AttnArgs *a, int g, int t0, int bq, int kb, int ke,
+                     float *ws, float *O, float *M, float *L);
+/* Rows t0..t1-1 of the chunk's keys and values into the cache (layout in backend.h). */
+void cpu_kv_store_rows(const struct RopeStoreArgs *a, int t0, int t1);
 
 #endif

@@ -109,6 +109,29 @@ static void dequant_q8_0(const uint8_t *src, float *dst, size_t nb)
     }
 }
 
+int dequant_block_elems(uint32_t ggml_type)
+{
+    switch (ggml_type) {
+    case DQ_F32: case DQ_F16: case DQ_BF16: return 1;
+    case DQ_Q4_0: case DQ_Q4_1: case DQ_Q5_0: case DQ_Q5_1: case DQ_Q8_0: return QK;
+    default: return 0;
+    }
+}
+
+int dequant_block_bytes(uint32_t ggml_type)
+{
+    switch (ggml_type) {
+    case DQ_F32: return 4;
+    case DQ_F16: case DQ_BF16: return 2;
+    case DQ_Q4_0: return 18;
+    case DQ_Q4_1: return 20;
+    case DQ_Q5_0: return 22;
+    case DQ_Q5_1: return 24;
+    case DQ_Q8_0: return 34;
+    default: return 0;
+    }
+}
+
 int dequant_row(uint32_t ggml_type, const void *src, float *dst, size_t n_elems)
 {
     const uint8_t *s = src;

@@ -1,98 +1,134 @@
-/* CPU elementwise and matrix operations of the backend table: matrix products through
- * OpenBLAS, RMSNorm, RoPE, SwiGLU, residual adds and KV-cache stores. */
-#include <cblas.h>
+/* The CPU backend's table and its row-wise operations: RMSNorm, and RoPE fused with the
+ * key/value store (one sweep over the chunk's q, k, v). Both split rows over the pool when a
+ * chunk is long enough to pay for the hand-off. */
 #include <math.h>
 #include <string.h>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"
-#include "kernels/f16.h"
 
-static void cpu_matmul(struct ThreadPool *pool, float *y, const float *x, const float *w, int n,
-                       int k, int m)
+enum { ROWS_PER_TASK = 16 };
+
+
+struct RowJob {
+    float *y;
+    const float *x, *w;
+    int n, d;
+    float eps;
+    const struct RopeStoreArgs *rs;
+};
+
+static void rmsnorm_rows(const struct RowJob *j, int r0, int r1)
 {
-    (void)pool;
-    if (n == 1)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, m, k, 1.f, w, k, x, 1, 0.f, y, 1);
-    else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k, 1.f, x, k, w, k, 0.f, y, m);
+    int d = j->d;
+    for (int r = r0; r < r1; r++) {
+        const float *xr = j->x + (size_t)r * d;
+        float *yr = j->y + (size_t)r * d;
+        /* 16 partial sums: a loop-carried single sum would not be vectorised. */
+        float part[16] = {0}, ss = 0.f;
+        int i = 0;
+        for (; i + 16 <= d; i += 16)
+            for (int l = 0; l < 16; l++) part[l] += xr[i + l] * xr[i + l];
+        for (; i < d; i++) ss += xr[i] * xr[i];
+        for (int l = 0; l < 16; l++) ss += part[l];
+        float inv = 1.f / sqrtf(ss / d + j->eps);
+        for (i = 0; i < d; i++) yr[i] = xr[i] * inv * j->w[i];
+    }
+}
+
+static void rmsnorm_task(void *ctx, int task, int thread)
+{
+    (void)thread;
+    const struct RowJob *j = ctx;
+    int r0 = task * ROWS_PER_TASK, r1 = r0 + ROWS_PER_TASK < j->n ? r0 + ROWS_PER_TASK : j->n;
+    rmsnorm_rows(j, r0, r1);
 }
 
 static void cpu_rmsnorm(struct ThreadPool *pool, float *y, const float *x, const float *w, int n,
                         int d, float eps)
 {
-    (void)pool;
-    for (int r = 0; r < n; r++) {
-        const float *xr = x + (size_t)r * d;
-        float *yr = y + (size_t)r * d;
-        double ss = 0;
-        for (int i = 0; i < d; i++) ss += (double)xr[i] * xr[i];
-        float inv = (float)(1.0 / sqrt(ss / d + eps));
-        for (int i = 0; i < d; i++) yr[i] = xr[i] * inv * w[i];
+    struct RowJob j = {.y = y, .x = x, .w = w, .n = n, .d = d, .eps = eps};
+    if (n <= ROWS_PER_TASK) {
+        rmsnorm_rows(&j, 0, n);
+        return;
     }
+    pool_run(pool, (n + ROWS_PER_TASK - 1) / ROWS_PER_TASK, rmsnorm_task, &j);
 }
 
-static void cpu_rope(float *x, int n_tok, size_t stride, int n_heads, int head_dim, int n_rot,
-                     int layout, const float *cos_t, const float *sin_t)
+static void rope_heads(float *x, int n_heads, int head_dim, int n_rot, int layout,
+                       const float *c, const float *s)
 {
     int half = n_rot / 2;
-    for (int t = 0; t < n_tok; t++) {
-        const float *c = cos_t + (size_t)t * half, *s = sin_t + (size_t)t * half;
-        for (int h = 0; h < n_heads; h++) {
-            float *v = x + (size_t)t * stride + (size_t)h * head_dim;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * head_dim;
+        if (layout) {
             for (int i = 0; i < half; i++) {
-                int a = layout ? i : 2 * i, b = layout ? i + half : 2 * i + 1;
-                float xa = v[a], xb = v[b];
-                v[a] = xa * c[i] - xb * s[i];
-                v[b] = xa * s[i] + xb * c[i];
+                float xa = v[i], xb = v[i + half];
+                v[i] = xa * c[i] - xb * s[i];
+                v[i + half] = xa * s[i] + xb * c[i];
+            }
+        } else {
+            for (int i = 0; i < half; i++) {
+                float xa = v[2 * i], xb = v[2 * i + 1];
+                v[2 * i] = xa * c[i] - xb * s[i];
+                v[2 * i + 1] = xa * s[i] + xb * c[i];
             }
         }
     }
 }
 
-static void cpu_swiglu(float *gate, const float *up, size_t n)
+static void rope_store_rows(const struct RopeStoreArgs *a, int t0, int t1)
 {
-    for (size_t i = 0; i < n; i++) {
-        float g = gate[i];
-        gate[i] = g / (1.f + expf(-g)) * up[i];
+    int half = a->n_rot / 2;
+    for (int t = t0; t < t1; t++) {
+        const float *c = a->cos + (size_t)t * half, *s = a->sin + (size_t)t * half;
+        rope_heads(a->q + (size_t)t * a->q_stride, a->n_q_head, a->head_dim, a->n_rot,
+                   a->layout, c, s);
+        rope_heads(a->k + (size_t)t * a->kv_stride, a->n_kv_head, a->head_dim, a->n_rot,
+                   a->layout, c, s);
     }
+    cpu_kv_store_rows(a, t0, t1);
 }
 
-static void cpu_add(float *y, const float *x, size_t n)
+static void rope_store_task(void *ctx, int task, int thread)
 {
-    for (size_t i = 0; i < n; i++) y[i] += x[i];
+    (void)thread;
+    const struct RowJob *j = ctx;
+    int t0 = task * ROWS_PER_TASK;
+    int t1 = t0 + ROWS_PER_TASK < j->rs->n_tok ? t0 + ROWS_PER_TASK : j->rs->n_tok;
+    rope_store_rows(j->rs, t0, t1);
 }
 
-static void cpu_kv_store(void *kcache, void *vcache, enum KvType type, size_t kv_head_stride,
-                         const float *k, const float *v, size_t stride, int n_tok, int pos0,
-                         int n_kv_head, int head_dim)
+static void cpu_rope_store(struct ThreadPool *pool, const struct RopeStoreArgs *a)
 {
-    for (int t = 0; t < n_tok; t++)
-        for (int g = 0; g < n_kv_head; g++) {
-            size_t dst = (size_t)g * kv_head_stride + (size_t)(pos0 + t) * head_dim;
-            const float *ks = k + (size_t)t * stride + (size_t)g * head_dim;
-            const float *vs = v + (size_t)t * stride + (size_t)g * head_dim;
-            if (type == KV_F32) {
-                memcpy((float *)kcache + dst, ks, (size_t)head_dim * sizeof(float));
-                memcpy((float *)vcache + dst, vs, (size_t)head_dim * sizeof(float));
-            } else {
-                uint16_t *kd = (uint16_t *)kcache + dst, *vd = (uint16_t *)vcache + dst;
-                for (int i = 0; i < head_dim; i++) {
-                    kd[i] = f32_to_f16(ks[i]);
-                    vd[i] = f32_to_f16(vs[i]);
-                }
-            }
-        }
+    if (a->n_tok <= ROWS_PER_TASK) {
+        rope_store_rows(a, 0, a->n_tok);
+        return;
+    }
+    struct RowJob j = {.rs = a};
+    pool_run(pool, (a->n_tok + ROWS_PER_TASK - 1) / ROWS_PER_TASK, rope_store_task, &j);
+}
+
+static void cpu_matmul(struct ThreadPool *pool, const struct MatmulArgs *a, void *scratch)
+{
+    cpu_matmul_with(cpu_isa_best(), cpu_gemm_default(), pool, a, scratch);
+}
+
+static void cpu_attention(struct ThreadPool *pool, const struct AttnArgs *a, void *scratch)
+{
+    cpu_attention_with(cpu_isa_best(), pool, a, scratch);
 }
 
 const struct Backend backend_cpu = {
     .name = "cpu",
+    .weights_bytes = cpu_weights_bytes,
+    .weights_pack = cpu_weights_pack,
+    .weights_row = cpu_weights_row,
     .matmul = cpu_matmul,
+    .matmul_scratch = cpu_matmul_scratch,
     .rmsnorm = cpu_rmsnorm,
-    .rope = cpu_rope,
-    .swiglu = cpu_swiglu,
-    .add = cpu_add,
-    .kv_store = cpu_kv_store,
+    .rope_store = cpu_rope_store,
     .attention = cpu_attention,
     .attention_scratch = cpu_attention_scratch,
+    .kv_head_stride = cpu_kv_head_stride,
 };

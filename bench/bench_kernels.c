@@ -1,0 +1,521 @@
+/* bench_kernels: the measurements behind `make bench-engine` that need to run inside one
+ * process on the engine's own threads:
+ *   peaks    the two ceilings: an AVX-512 (or AVX2) FMA loop on every thread, and a large
+ *            OpenBLAS sgemm with as many OpenBLAS threads;
+ *   shapes   each matrix product of a model's layer at a chunk's size through every path
+ *            (microkernels per instruction set, OpenBLAS inside the pool), against sgemm on
+ *            the same shape with f32 weights; and the one-token products' memory bandwidth;
+ *   engine   a prefill of the tokens in a file (and optionally greedy decode steps), with the
+ *            engine's own split of time and work between products and attention.
+ * Prints logfmt lines; figures are medians of --reps runs. */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels/cpu/cpu.h"
+#include "kernels/dequant.h"
+#include "kernels/f16.h"
+#include "model/engine.h"
+#include "model/gguf.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
+/* Wall-clock time by default; --clock cpu measures the process's CPU time instead (all
+ * threads, spinning included), which other processes on a shared machine do not inflate. */
+static clockid_t bench_clock = CLOCK_MONOTONIC;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(bench_clock, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* --- the FMA ceiling --- */
+
+enum { FMA_ITERS = 4000000 };
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/* Independent accumulator chains (more than latency x ports) with distinct starting values,
+ * and x made opaque each step so the compiler can neither merge nor fold chains. Returns
+ * FLOPs done. */
+__attribute__((target("avx512f"))) static double fma_loop_avx512(float *sink)
+{
+    enum { N = 16 };
+    __m512 x = _mm512_set1_ps(1.0000001f), y = _mm512_set1_ps(1e-7f), a[N];
+    for (int j = 0; j < N; j++) a[j] = _mm512_set1_ps((float)j * 1e-3f);
+    for (long i = 0; i < FMA_ITERS; i++) {
+        __asm__ volatile("" : "+v"(x));
+#pragma GCC unroll 16
+        for (int j = 0; j < N; j++) a[j] = _mm512_fmadd_ps(a[j], x, y);
+    }
+    float s = 0.f;
+    for (int j = 0; j < N; j++) s += _mm512_reduce_add_ps(a[j]);
+    *sink = s;
+    return (double)FMA_ITERS * N * 16 * 2;
+}
+
+__attribute__((target("avx2,fma"))) static double fma_loop_avx2(float *sink)
+{
+    enum { N = 12 };
+    __m256 x = _mm256_set1_ps(1.0000001f), y = _mm256_set1_ps(1e-7f), a[N];
+    for (int j = 0; j < N; j++) a[j] = _mm256_set1_ps((float)j * 1e-3f);
+    for (long i = 0; i < FMA_ITERS; i++) {
+        __asm__ volatile("" : "+x"(x));
+#pragma GCC unroll 12
+        for (int j = 0; j < N; j++) a[j] = _mm256_fmadd_ps(a[j], x, y);
+    }
+    float v[8], s = 0.f;
+    for (int j = 0; j < N; j++) {
+        _mm256_storeu_ps(v, a[j]);
+        s += v[0] + v[7];
+    }
+    *sink = s;
+    return (double)FMA_ITERS * N * 8 * 2;
+}
+#endif
+
+struct FmaJob { double flop[256]; float sink[256]; int isa; };
+
+static void fma_task(void *ctx, int task, int thread)
+{
+    struct FmaJob *j = ctx;
+    (void)thread;
+#if defined(__x86_64__) && defined(__GNUC__)
+    j->flop[task] = j->isa == CPU_ISA_AVX512 ? fma_loop_avx512(&j->sink[task])
+                                             : fma_loop_avx2(&j->sink[task]);
+#else
+    j->flop[task] = 0;
+#endif
+}
+
+static double fma_peak(struct ThreadPool *pool, int threads)
+{
+    struct FmaJob j = {.isa = cpu_isa_supported(CPU_ISA_AVX512) ? CPU_ISA_AVX512 : CPU_ISA_AVX2};
+    if (!cpu_isa_supported(CPU_ISA_AVX2)) return 0;
+    double t = now_s();
+    pool_run(pool, threads, fma_task, &j);
+    t = now_s() - t;
+    double f = 0;
+    for (int i = 0; i < threads; i++) f += j.flop[i];
+    return f / t / 1e9;
+}
+
+static double sgemm_peak(int threads)
+{
+    enum { N = 2048 };
+    float *a = malloc(sizeof(float) * N * N), *b = malloc(sizeof(float) * N * N),
+          *c = malloc(sizeof(float) * N * N);
+    if (!a || !b || !c) { free(a); free(b); free(c); return 0; }
+    for (size_t i = 0; i < (size_t)N * N; i++) { a[i] = (float)(i % 7) * 1e-3f; b[i] = (float)(i % 5) * 1e-3f; }
+    openblas_set_num_threads(threads);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, N, N, 1.f, a, N, b, N, 0.f, c, N);
+    double t = now_s();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, N, N, 1.f, a, N, b, N, 0.f, c, N);
+    t = now_s() - t;
+    free(a); free(b); free(c);
+    return 2.0 * N * N * N / t / 1e9;
+}
+
+static void run_peaks(int threads, int reps)
+{
+    struct ThreadPool *pool = NULL;
+    if (pool_new(threads, &pool) != 0) { fprintf(stderr, "bench_kernels: no threads\n"); return; }
+    double f[64], s[64];
+    if (reps > 64) reps = 64;
+    /* All FMA runs first: after an sgemm OpenBLAS's threads spin for a while on our cores. */
+    for (int r = 0; r < reps; r++) f[r] = fma_peak(pool, threads);
+    for (int r = 0; r < reps; r++) s[r] = sgemm_peak(threads);
+    printf("peaks: threads=%d fma_isa=%s fma_gflops=%.1f sgemm_gflops=%.1f openblas_coretype=%s\n",
+           threads, cpu_isa_supported(CPU_ISA_AVX512) ? "avx512" : "avx2", median(f, reps),
+           median(s, reps), getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "auto");
+    pool_destroy(&pool);
+}
+
+/* --- products on the model's shapes --- */
+
+struct Shape { const char *name; struct MatmulArgs a; };
+
+static double time_matmul(enum CpuIsa isa, enum CpuGemm gemm, struct ThreadPool *pool,
+                          const struct MatmulArgs *a, void *scratch, int reps)
+{
+    double t[64];
+    if (reps > 64) reps = 64;
+    cpu_matmul_with(isa, gemm, pool, a, scratch);
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_s();
+        cpu_matmul_with(isa, gemm, pool, a, scratch);
+        t[r] = now_s() - t0;
+    }
+    return median(t, reps);
+}
+
+static void run_shapes(const struct Model *m, int threads, int n, int reps)
+{
+    const struct ModelConfig *c = &m->cfg;
+    const struct LayerWeights *w = &m->layers[0];
+    int d = c->dim, F = c->ffn_dim, no = c->n_head * c->head_dim;
+    int kmax = F > d ? F : d;
+    kmax = no > kmax ? no : kmax;
+    size_t big = (size_t)n * (F > 3 * d ? F : 3 * d) + 64;
+    float *x = malloc(sizeof(float) * (size_t)n * kmax), *y = calloc(big, 4 * sizeof(float));
+    size_t ss = cpu_matmul_scratch(n, kmax, threads);
+    void *scratch = malloc(ss);
+    struct ThreadPool *pool = NULL;
+    if (!x || !y || !scratch || pool_new(threads, &pool) != 0) {
+        fprintf(stderr, "bench_kernels: out of memory\n");
+        goto out;
+    }
+    for (size_t i = 0; i < (size_t)n * kmax; i++) x[i] = (float)((i * 7919) % 1000) / 1000.f - 0.5f;
+    int diff = c->arch == ARCH_DIFFV2;
+    int nq = c->n_q_head * c->head_dim, nkv = c->n_kv_head * c->head_dim;
+    struct Shape shapes[] = {
+        {"qkv", {.x = x, .x_stride = (size_t)d, .n = n, .k = d, .n_out = diff ? 4 : 3,
+                 .out = {{&w->wq, y, (size_t)nq, 0}, {&w->wk, y + (size_t)n * nq, (size_t)nkv, 0},
+                         {&w->wv, y + (size_t)n * (nq + nkv), (size_t)nkv, 0},
+                         {&w->wlambda, y + (size_t)n * (nq + 2 * nkv), (size_t)c->n_head, 0}}}},
+        {"attn_out", {.x = x, .x_stride = (size_t)no, .n = n, .k = no, .n_out = 1,
+                      .out = {{&w->wo, y, (size_t)d, 1}}}},
+        {"gate_up", {.x = x, .x_stride = (size_t)d, .n = n, .k = d, .n_out = 2, .swiglu = 1,
+                     .out = {{&w->w_gate, y, (size_t)F, 0}, {&w->w_up, NULL, 0, 0}}}},
+        {"down", {.x = x, .x_stride = (size_t)F, .n = n, .k = F, .n_out = 1,
+                  .out = {{&w->w_down, y, (size_t)d, 1}}}},
+    };
+    /* First, before any OpenBLAS call leaves its threads spinning on our cores. */
+    /* One token: the products of a whole forward pass read every weight once. */
+    {
+        double t[64];
+        int nr = reps > 64 ? 64 : reps;
+        size_t bytes = 0;
+        for (int r = 0; r <= nr; r++) {
+            double t0 = now_s();
+            for (int l = 0; l < c->n_layer; l++) {
+                const struct LayerWeights *lw = &m->layers[l];
+                struct MatmulArgs qa = {.x = x, .x_stride = (size_t)d, .n = 1, .k = d,
+                    .n_out = diff ? 4 : 3,
+                    .out = {{&lw->wq, y, 0, 0}, {&lw->wk, y + nq, 0, 0}, {&lw->wv, y + nq + nkv, 0, 0},
+                            {&lw->wlambda, y + nq + 2 * nkv, 0, 0}}};
+                struct MatmulArgs oa = {.x = x, .x_stride = (size_t)no, .n = 1, .k = no, .n_out = 1,
+                    .out = {{&lw->wo, y, 0, 1}}};
+                struct MatmulArgs ga = {.x = x, .x_stride = (size_t)d, .n = 1, .k = d, .n_out = 2,
+                    .swiglu = 1, .out = {{&lw->w_gate, y, 0, 0}, {&lw->w_up, NULL, 0, 0}}};
+                struct MatmulArgs da = {.x = x, .x_stride = (size_t)F, .n = 1, .k = F, .n_out = 1,
+                    .out = {{&lw->w_down, y, 0, 1}}};
+                const struct MatmulArgs *all[4] = {&qa, &oa, &ga, &da};
+                for (int i = 0; i < 4; i++) {
+                    cpu_matmul_with(cpu_isa_best(), cpu_gemm_default(), pool, all[i], scratch);
+                    if (r == 0)
+                        for (int o = 0; o < all[i]->n_out; o++)
+                            bytes += all[i]->out[o].w->row_bytes * (size_t)all[i]->out[o].w->rows;
+                }
+            }
+            struct MatmulArgs lm = {.x = x, .x_stride = (size_t)d, .n = 1, .k = d, .n_out = 1,
+                                    .out = {{&m->output, y, 0, 0}}};
+            float *logits = malloc(sizeof(float) * (size_t)c->vocab);
+            if (logits) {
+                lm.out[0].y = logits;
+                cpu_matmul_with(cpu_isa_best(), cpu_gemm_default(), pool, &lm, scratch);
+                free(logits);
+            }
+            if (r == 0) bytes += m->output.row_bytes * (size_t)m->output.rows;
+            if (r) t[r - 1] = now_s() - t0;
+        }
+        double tm = median(t, nr);
+        printf("matvec: threads=%d weight_mb=%.1f ms_per_token=%.2f gb_s=%.1f\n", threads,
+               bytes / 1048576.0, tm * 1e3, bytes / tm / 1e9);
+    }
+    double tot_flop = 0, tot_best = 0, tot_blas = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        const struct MatmulArgs *a = &shapes[i].a;
+        double flop = 0;
+        int m_all = 0;
+        for (int o = 0; o < a->n_out; o++) { flop += 2.0 * n * a->k * a->out[o].w->rows; m_all += a->out[o].w->rows; }
+        printf("shape: name=%s n=%d k=%d m=%d type=%s", shapes[i].name, n, a->k, m_all,
+               ggml_type_name(a->out[0].w->type));
+        double best = 1e30;
+        for (int isa = CPU_ISA_COUNT - 1; isa >= 0; isa--) {
+            if (!cpu_isa_supported((enum CpuIsa)isa)) continue;
+            if (isa == CPU_ISA_SCALAR) continue; /* too slow to be a candidate */
+            double t = time_matmul((enum CpuIsa)isa, CPU_GEMM_NATIVE, pool, a, scratch, reps);
+            printf(" native_%s_gflops=%.1f", cpu_isa_name((enum CpuIsa)isa), flop / t / 1e9);
+            if (t < best) best = t;
+        }
+        double tb = time_matmul(cpu_isa_best(), CPU_GEMM_OPENBLAS, pool, a, scratch, reps);
+        printf(" openblas_in_pool_gflops=%.1f", flop / tb / 1e9);
+        if (tb < best) best = tb;
+        /* Plain multi-threaded sgemm on f32 copies of the same weights. */
+        float *wf = malloc(sizeof(float) * (size_t)m_all * a->k);
+        if (wf) {
+            int r0 = 0;
+            for (int o = 0; o < a->n_out; o++) {
+                cpu_decode_rows(a->out[o].w, 0, a->out[o].w->rows, wf + (size_t)r0 * a->k);
+                r0 += a->out[o].w->rows;
+            }
+            openblas_set_num_threads(threads);
+            double ts[64];
+            int nr = reps > 64 ? 64 : reps;
+            for (int r = 0; r <= nr; r++) {
+                double t0 = now_s();
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m_all, a->k, 1.f, x,
+                            (int)a->x_stride, wf, a->k, 0.f, y, m_all);
+                if (r) ts[r - 1] = now_s() - t0;
+            }
+            double t = median(ts, nr);
+            printf(" sgemm_f32_gflops=%.1f", flop / t / 1e9);
+            /* Let OpenBLAS's threads stop spinning before the next shape's runs. */
+            openblas_set_num_threads(1);
+            usleep(300000);
+            tot_blas += t;
+            free(wf);
+        }
+        printf(" best_gflops=%.1f\n", flop / best / 1e9);
+        tot_flop += flop;
+        tot_best += best;
+    }
+    printf("shapes: threads=%d n=%d default_path=%s/%s best_gflops=%.1f sgemm_f32_gflops=%.1f\n",
+           threads, n, cpu_isa_name(cpu_isa_best()),
+           cpu_gemm_default() == CPU_GEMM_NATIVE ? "native" : "openblas", tot_flop / tot_best / 1e9,
+           tot_blas > 0 ? tot_flop / tot_blas / 1e9 : 0.0);
+
+out:
+    pool_destroy(&pool);
+    free(x);
+    free(y);
+    free(scratch);
+}
+
+/* --- attention on random data of the default model's shape --- */
+
+static void run_attention(int threads, int ctx, int n_q_head, int reps)
+{
+    int n_kv = 3, hd = 64, chunk = 512 < ctx ? 512 : ctx;
+    size_t stride = cpu_kv_head_stride(ctx, hd);
+    uint16_t *k = malloc(stride * n_kv * 2), *v = malloc(stride * n_kv * 2);
+    float *q = malloc(sizeof(float) * (size_t)chunk * n_q_head * hd);
+    float *out = malloc(sizeof(float) * (size_t)chunk * n_q_head * hd);
+    size_t ss = cpu_attention_scratch(chunk, ctx, hd, n_q_head, n_kv, threads);
+    void *scratch = malloc(ss);
+    struct ThreadPool *pool = NULL;
+    if (!k || !v || !q || !out || !scratch || pool_new(threads, &pool) != 0) {
+        fprintf(stderr, "bench_kernels: out of memory\n");
+        goto out;
+    }
+    unsigned seed = 1;
+    for (size_t i = 0; i < stride * n_kv; i++) {
+        seed = seed * 1103515245u + 12345u;
+        k[i] = f32_to_f16((float)((seed >> 16) & 1023) / 512.f - 1.f);
+        v[i] = f32_to_f16((float)((seed >> 8) & 1023) / 512.f - 1.f);
+    }
+    for (size_t i = 0; i < (size_t)chunk * n_q_head * hd; i++) q[i] = (float)(i % 97) / 48.f - 1.f;
+    struct AttnArgs a = {
+        .q = q, .q_stride = (size_t)n_q_head * hd, .out = out,
+        .out_stride = (size_t)n_q_head * hd, .k = k, .v = v, .kv_head_stride = stride,
+        .kv_type = KV_F16, .n_tok = chunk, .pos0 = ctx - chunk, .n_q_head = n_q_head,
+        .n_kv_head = n_kv, .head_dim = hd, .scale = 0.125f,
+    };
+    double flop = 0;
+    for (int i = 0; i < chunk; i++) flop += 4.0 * (a.pos0 + i + 1) * hd * n_q_head;
+    printf("attention: threads=%d ctx=%d q_heads=%d chunk=%d", threads, ctx, n_q_head, chunk);
+    for (int isa = CPU_ISA_COUNT - 1; isa >= 0; isa--) {
+        if (!cpu_isa_supported((enum CpuIsa)isa)) continue;
+        double t[64];
+        int nr = reps > 64 ? 64 : reps;
+        if (isa == CPU_ISA_SCALAR) nr = 1;
+        for (int r = 0; r < nr; r++) {
+            double t0 = now_s();
+            cpu_attention_with((enum CpuIsa)isa, pool, &a, scratch);
+            t[r] = now_s() - t0;
+        }
+        printf(" prefill_%s_gflops=%.1f", cpu_isa_name((enum CpuIsa)isa), flop / median(t, nr) / 1e9);
+    }
+    /* One token at the end of the cache: flash-decoding over the whole context. */
+    a.n_tok = 1;
+    a.pos0 = ctx - 1;
+    double t[64];
+    int nr = reps > 64 ? 64 : reps;
+    for (int r = 0; r < nr; r++) {
+        double t0 = now_s();
+        for (int i = 0; i < 10; i++) cpu_attention_with(cpu_isa_best(), pool, &a, scratch);
+        t[r] = (now_s() - t0) / 10;
+    }
+    double tm = median(t, nr), bytes = 2.0 * ctx * hd * n_kv * 2;
+    printf(" decode_us=%.1f decode_gb_s=%.1f\n", tm * 1e6, bytes / tm / 1e9);
+out:
+    pool_destroy(&pool);
+    free(k); free(v); free(q); free(out); free(scratch);
+}
+
+/* --- the engine --- */
+
+static int read_tokens(const char *path, int32_t **ids, size_t *n)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    size_t cap = 4096, k = 0;
+    int32_t *v = malloc(cap * sizeof *v);
+    long x;
+    int ch;
+    while (v) {
+        if (fscanf(f, "%ld", &x) == 1) {
+            if (k == cap) {
+                int32_t *nv = realloc(v, (cap *= 2) * sizeof *v);
+                if (!nv) { free(v); v = NULL; break; }
+                v = nv;
+            }
+            v[k++] = (int32_t)x;
+        } else if ((ch = fgetc(f)) == EOF) {
+            break;
+        }
+    }
+    fclose(f);
+    if (!v) return -1;
+    *ids = v;
+    *n = k;
+    return 0;
+}
+
+static int run_engine(const struct Model *m, const char *tokens_path, int threads, int chunk,
+                      int n_decode, enum KvType kv)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    char err[512];
+    if (read_tokens(tokens_path, &ids, &n) != 0 || n == 0) {
+        fprintf(stderr, "bench_kernels: cannot read tokens from %s\n", tokens_path);
+        free(ids);
+        return 1;
+    }
+    struct EngineOpts o;
+    engine_opts_default(&o);
+    o.n_threads = threads;
+    o.chunk = chunk;
+    o.kv_type = kv;
+    o.n_ctx = (int)n + n_decode + 1;
+    struct Engine *e = NULL;
+    if (engine_new(m, &o, &e, err, sizeof err) != ENGINE_OK) {
+        fprintf(stderr, "bench_kernels: %s\n", err);
+        free(ids);
+        return 1;
+    }
+    double t = now_s();
+    int rc = engine_prefill(e, ids, n, err, sizeof err);
+    double prefill_s = now_s() - t;
+    struct EngineStats st;
+    engine_stats(e, &st);
+    double decode_s = 0;
+    struct EngineStats ds = {0};
+    engine_stats_reset(e);
+    if (rc == ENGINE_OK && n_decode > 0) {
+        t = now_s();
+        for (int i = 0; i < n_decode && rc == ENGINE_OK; i++) {
+            const float *lg = engine_logits(e);
+            int best = 0;
+            for (int v = 1; v < m->cfg.vocab; v++) if (lg[v] > lg[best]) best = v;
+            rc = engine_decode(e, best, err, sizeof err);
+        }
+        decode_s = now_s() - t;
+        engine_stats(e, &ds);
+    }
+    if (rc != ENGINE_OK) {
+        fprintf(stderr, "bench_kernels: %s\n", err);
+        engine_destroy(&e);
+        free(ids);
+        return 1;
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double other = st.total_s - st.matmul_s - st.attention_s;
+    printf("engine: tokens=%zu threads=%d prefill_tok_s=%.1f prefill_gflops=%.1f "
+           "matmul_gflops=%.1f attention_gflops=%.1f matmul_s=%.3f attention_s=%.3f other_s=%.3f "
+           "decode_tokens=%d decode_tok_s=%.1f decode_matmul_ms=%.2f decode_attention_ms=%.2f "
+           "peak_rss_mb=%.1f\n",
+           n, threads, n / prefill_s, (st.matmul_flop + st.attention_flop) / prefill_s / 1e9,
+           st.matmul_s > 0 ? st.matmul_flop / st.matmul_s / 1e9 : 0.0,
+           st.attention_s > 0 ? st.attention_flop / st.attention_s / 1e9 : 0.0, st.matmul_s,
+           st.attention_s, other, n_decode, decode_s > 0 ? n_decode / decode_s : 0.0,
+           n_decode ? ds.matmul_s * 1e3 / n_decode : 0.0,
+           n_decode ? ds.attention_s * 1e3 / n_decode : 0.0, ru.ru_maxrss / 1024.0);
+    engine_destroy(&e);
+    free(ids);
+    return 0;
+}
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: bench_kernels peaks [--threads N] [--reps R]\n"
+            "       bench_kernels shapes -m MODEL [--threads N] [--n ROWS] [--reps R]\n"
+            "       bench_kernels attention [--ctx N] [--q-heads 9|18] [--threads N] [--reps R]\n"
+            "       bench_kernels engine -m MODEL --tokens-file F [--threads N] [--chunk C]\n"
+            "                            [--decode N] [--kv f16|f32]\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) { usage(); return 2; }
+    const char *mode = argv[1], *model_path = NULL, *tokens = NULL;
+    int threads = 2, reps = 5, n = 512, chunk = 512, n_decode = 0, ctx = 2048, q_heads = 9;
+    enum KvType kv = KV_F16;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) { usage(); return 2; }
+        if (!strcmp(a, "-m")) model_path = v;
+        else if (!strcmp(a, "--threads")) threads = atoi(v);
+        else if (!strcmp(a, "--reps")) reps = atoi(v);
+        else if (!strcmp(a, "--n")) n = atoi(v);
+        else if (!strcmp(a, "--chunk")) chunk = atoi(v);
+        else if (!strcmp(a, "--decode")) n_decode = atoi(v);
+        else if (!strcmp(a, "--ctx")) ctx = atoi(v);
+        else if (!strcmp(a, "--clock")) bench_clock = !strcmp(v, "cpu") ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC;
+        else if (!strcmp(a, "--q-heads")) q_heads = atoi(v);
+        else if (!strcmp(a, "--tokens-file")) tokens = v;
+        else if (!strcmp(a, "--kv")) kv = !strcmp(v, "f32") ? KV_F32 : KV_F16;
+        else { usage(); return 2; }
+        i++;
+    }
+    if (threads < 1 || threads > 256 || reps < 1 || n < 1 || chunk < 1 || n_decode < 0 ||
+        ctx < 1 || q_heads < 3 || q_heads % 3) {
+        usage();
+        return 2;
+    }
+    if (!strcmp(mode, "peaks")) {
+        run_peaks(threads, reps);
+        return 0;
+    }
+    if (!strcmp(mode, "attention")) {
+        run_attention(threads, ctx, q_heads, reps);
+        return 0;
+    }
+    if (!model_path) { usage(); return 2; }
+    char err[512];
+    struct Model *m = NULL;
+    if (model_load(model_path, &m, err, sizeof err) != MODEL_OK) {
+        fprintf(stderr, "bench_kernels: %s\n", err);
+        return 1;
+    }
+    int rc = 0;
+    if (!strcmp(mode, "shapes")) run_shapes(m, threads, n, reps);
+    else if (!strcmp(mode, "engine") && tokens) rc = run_engine(m, tokens, threads, chunk, n_decode, kv);
+    else { usage(); rc = 2; }
+    model_destroy(&m);
+    return rc;
+}

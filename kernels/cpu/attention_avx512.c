@@ -1,0 +1,79 @@
+/* AVX-512 instantiation of the attention inner loop (attention_simd.h): 6 query rows by 64
+ * keys of scores in registers, 6 rows by 64 head dims of output. Compiled for AVX-512
+ * whatever the build's -march; called only when cpu_isa_supported(CPU_ISA_AVX512). */
+#include "kernels/cpu/cpu.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#include <math.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#endif
+
+#define VEC __m512
+#define VL 16
+#define RB 6
+#define KC 4
+#define DC 4
+#define vzero() _mm512_setzero_ps()
+#define vload_h(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p)))
+#define vload(p) _mm512_loadu_ps(p)
+#define vstore(p, v) _mm512_storeu_ps((p), (v))
+#define vset1(x) _mm512_set1_ps(x)
+#define vfma(a, b, c) _mm512_fmadd_ps((a), (b), (c))
+#define vmul(a, b) _mm512_mul_ps((a), (b))
+#define vadd(a, b) _mm512_add_ps((a), (b))
+#define vmax(a, b) _mm512_max_ps((a), (b))
+#define vhmax(v) _mm512_reduce_max_ps(v)
+#define vhsum(v) _mm512_reduce_add_ps(v)
+
+static inline __m512 vkeep_lt(__m512 v, int first, int limit, float fill)
+{
+    int n = limit - first;
+    __mmask16 m = n <= 0 ? 0 : n >= 16 ? 0xffff : (__mmask16)((1u << n) - 1);
+    return _mm512_mask_blend_ps(m, _mm512_set1_ps(fill), v);
+}
+
+/* 2^x: x = n + f with |f| <= 1/2, degree-6 polynomial for 2^f (relative error ~2e-7),
+ * scalef for 2^n; inputs below -127 give (nearly) zero. */
+static inline __m512 vexp2(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-127.f));
+    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(1.5403530393381608e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(p, n);
+}
+
+static inline void load_half(float *dst, const uint16_t *src, int n)
+{
+    for (int i = 0; i < n; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+}
+
+#define ATTEND cpu_attend_avx512
+#include "kernels/cpu/attention_simd.h"
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#else
+void cpu_attend_avx512(const struct AttnArgs *a, int g, int t0, int bq, int kb, int ke,
+                       float *ws, float *O, float *M, float *L)
+{
+    (void)a; (void)g; (void)t0; (void)bq; (void)kb; (void)ke; (void)ws; (void)O; (void)M; (void)L;
+}
+#endif

@@ -1,0 +1,258 @@
+/* Matrix products of the CPU backend: the job split over the thread pool and the portable
+ * and OpenBLAS paths. A prefill task owns 32 outputs of one product for a block of input rows
+ * small enough to stay in the core's L2 cache across tasks (tasks run row block by row
+ * block): it decodes those weights (exact f32 values, as the reference decoder gives) into a
+ * k-major panel and runs the path's microkernel over the rows. One token (decode)
+ * instead splits the outputs into groups of 16 and uses fused dequantise-and-dot kernels:
+ * there each weight is used once, so memory traffic rules. */
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/vexp.h"
+#include "kernels/dequant.h"
+
+enum {
+    TASK_COLS = 32,
+    MATVEC_GROUP = 16,
+    ALIGN_FLOATS = 16,
+    ROW_BLOCK_BYTES = 1 << 20, /* input rows per task: about half of a core's L2 */
+};
+
+static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+/* Per-thread scratch, in floats: decoded rows (TASK_COLS, k), the packed panel (k,
+ * TASK_COLS), the up-projection tile of a SwiGLU task (n, TASK_COLS), and one-token outputs.
+ * The block sums of x for one-token products follow the per-thread areas. */
+static size_t per_thread_floats(int n_max, int k_max)
+{
+    size_t k = (size_t)(k_max > 0 ? k_max : 1), n = (size_t)(n_max > 0 ? n_max : 1);
+    return 2 * round_up((size_t)TASK_COLS * k, ALIGN_FLOATS) +
+           round_up(n * TASK_COLS, ALIGN_FLOATS) + 4 * 256;
+}
+
+size_t cpu_matmul_scratch(int n_max, int k_max, int threads)
+{
+    return (per_thread_floats(n_max, k_max) * (size_t)threads +
+            round_up((size_t)(k_max > 0 ? k_max : 1), 32) / 32 + ALIGN_FLOATS) * sizeof(float) + 64;
+}
+
+struct GemmJob {
+    const struct MatmulArgs *a;
+    enum CpuIsa isa;
+    enum CpuGemm gemm;
+    int per_task;              /* one token: groups of 16 outputs per task */
+    int row_block, n_row_blocks; /* prefill: input rows per task */
+    int first_task[5];         /* task index where each product's blocks start, per row block */
+    float *scratch;
+    size_t per_thread;
+    const float *xsum;         /* one token: per-32-block sums of x */
+};
+
+/* silu(g) * u over n elements. */
+static void silu_mul_n(enum CpuIsa isa, float *g, const float *u, int n)
+{
+    if (isa == CPU_ISA_AVX512) {
+        cpu_silu_mul_avx512(g, u, n);
+        return;
+    }
+    for (int j = 0; j < n; j++) g[j] = g[j] / (1.f + vexpf(-g[j])) * u[j];
+}
+
+/* y (n, mb) (= or +=) x (n, k) . rows (mb, k)^T, portably; rows are decoded weights. */
+static void block_scalar(const float *x, size_t xs, int n, int k, const float *rows, int mb,
+                         float *y, size_t ys, int acc)
+{
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * xs;
+        for (int j = 0; j < mb; j++) {
+            const float *wj = rows + (size_t)j * k;
+            float s = 0.f;
+            for (int kk = 0; kk < k; kk++) s += xi[kk] * wj[kk];
+            float *dst = y + (size_t)i * ys + j;
+            *dst = acc ? *dst + s : s;
+        }
+    }
+}
+
+/* One product's block of mb outputs starting at output c0 for rows i0..i0+n-1, written to
+ * y (rows ys apart, row i0 first). */
+static void gemm_one(const struct GemmJob *job, const struct Weights *w, int c0, int mb, int i0,
+                     int n, float *y, size_t ys, int acc, float *ws)
+{
+    const struct MatmulArgs *a = job->a;
+    int k = a->k;
+    const float *x = a->x + (size_t)i0 * a->x_stride;
+    float *rows = ws;
+    float *panel = ws + round_up((size_t)TASK_COLS * k, ALIGN_FLOATS);
+    struct GemmBlock b = {
+        .x = x, .x_stride = a->x_stride, .n = n, .k = k, .panel = panel, .y = y,
+        .y_stride = ys, .accumulate = acc,
+    };
+    int x16 = w->layout == WEIGHTS_X16;
+    if (job->gemm == CPU_GEMM_NATIVE && job->isa == CPU_ISA_AVX512) {
+        if (x16) cpu_panel_x16_avx512(w, c0, TASK_COLS, panel);
+        else {
+            cpu_decode_rows(w, c0, mb, rows);
+            cpu_pack_panel_avx512(rows, mb, k, panel);
+        }
+        b.m_blk = mb;
+        cpu_gemm_block_avx512(&b);
+        return;
+    }
+    if (job->gemm == CPU_GEMM_NATIVE && job->isa == CPU_ISA_AVX2) {
+        for (int j = 0; j < mb; j += 16) {
+            int nb = mb - j < 16 ? mb - j : 16;
+            if (x16) cpu_panel_x16(w, c0 + j, 16, panel);
+            else {
+                cpu_decode_rows(w, c0 + j, nb, rows);
+                cpu_pack_panel_avx2(rows, nb, k, panel);
+            }
+            b.m_blk = nb;
+            b.y = y + j;
+            cpu_gemm_block_avx2(&b);
+        }
+        return;
+    }
+    cpu_decode_rows(w, c0, mb, rows);
+    if (job->gemm == CPU_GEMM_OPENBLAS)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, mb, k, 1.f, x,
+                    (int)a->x_stride, rows, k, acc ? 1.f : 0.f, y, (int)ys);
+    else
+        block_scalar(x, a->x_stride, n, k, rows, mb, y, ys, acc);
+}
+
+static int find_out(const struct GemmJob *job, int task)
+{
+    int o = 0;
+    while (task >= job->first_task[o + 1]) o++;
+    return o;
+}
+
+static void gemm_task(void *ctx, int task, int thread)
+{
+    const struct GemmJob *job = ctx;
+    const struct MatmulArgs *a = job->a;
+    float *ws = job->scratch + job->per_thread * (size_t)thread;
+    int per_rb = job->first_task[a->swiglu ? 1 : a->n_out];
+    int rb = task / per_rb;
+    task %= per_rb;
+    int i0 = rb * job->row_block, n = a->n - i0 < job->row_block ? a->n - i0 : job->row_block;
+    int o = find_out(job, task);
+    const struct MatOut *out = &a->out[o];
+    int c0 = (task - job->first_task[o]) * TASK_COLS;
+    int mb = out->w->rows - c0 < TASK_COLS ? out->w->rows - c0 : TASK_COLS;
+    float *y = out->y + (size_t)i0 * out->y_stride + c0;
+    if (!a->swiglu) {
+        gemm_one(job, out->w, c0, mb, i0, n, y, out->y_stride, out->accumulate, ws);
+        return;
+    }
+    /* Gate into the output, up into this thread's tile, then combine in place while both
+     * are still in cache. */
+    float *up = ws + 2 * round_up((size_t)TASK_COLS * a->k, ALIGN_FLOATS);
+    gemm_one(job, a->out[0].w, c0, mb, i0, n, y, out->y_stride, 0, ws);
+    gemm_one(job, a->out[1].w, c0, mb, i0, n, up, TASK_COLS, 0, ws);
+    for (int i = 0; i < n; i++)
+        silu_mul_n(job->isa, y + (size_t)i * out->y_stride, up + (size_t)i * TASK_COLS, mb);
+}
+
+/* --- one input row --- */
+
+/* Outputs r0..r1-1 (r0 a multiple of 16) of w . x into y[0 .. r1 - r0). */
+static void matvec_rows(const struct GemmJob *job, const struct Weights *w, int r0, int r1,
+                        float *y, float *ws)
+{
+    const float *x = job->a->x;
+    if (w->layout == WEIGHTS_X16) {
+        int g0 = r0 / 16, g1 = (r1 + 15) / 16;
+        float *tmp = ws + round_up((size_t)w->cols, ALIGN_FLOATS);
+        if (job->isa == CPU_ISA_AVX512) cpu_matvec_x16_avx512(w, g0, g1, x, job->xsum, tmp);
+        else cpu_matvec_x16_portable(w, g0, g1, x, tmp);
+        memcpy(y, tmp, (size_t)(r1 - r0) * sizeof(float));
+        return;
+    }
+    if (job->isa == CPU_ISA_AVX512 && cpu_matvec_avx512_handles(w->type)) {
+        cpu_matvec_avx512(w, r0, r1, x, job->xsum, y);
+        return;
+    }
+    int k = w->cols;
+    for (int r = r0; r < r1; r++) {
+        cpu_weights_row(w, r, ws);
+        float s = 0.f;
+        for (int kk = 0; kk < k; kk++) s += ws[kk] * x[kk];
+        y[r - r0] = s;
+    }
+}
+
+static void matvec_task(void *ctx, int task, int thread)
+{
+    const struct GemmJob *job = ctx;
+    const struct MatmulArgs *a = job->a;
+    float *ws = job->scratch + job->per_thread * (size_t)thread;
+    int o = find_out(job, task);
+    const struct MatOut *out = &a->out[o];
+    int span = job->per_task * MATVEC_GROUP;
+    int r0 = (task - job->first_task[o]) * span;
+    int r1 = out->w->rows - r0 < span ? out->w->rows : r0 + span;
+    float tmp[256], up[256];
+    matvec_rows(job, out->w, r0, r1, tmp, ws);
+    if (a->swiglu) {
+        matvec_rows(job, a->out[1].w, r0, r1, up, ws);
+        silu_mul_n(job->isa, tmp, up, r1 - r0);
+        memcpy(out->y + r0, tmp, (size_t)(r1 - r0) * sizeof(float));
+        return;
+    }
+    for (int r = r0; r < r1; r++)
+        out->y[r] = out->accumulate ? out->y[r] + tmp[r - r0] : tmp[r - r0];
+}
+
+void cpu_matmul_with(enum CpuIsa isa, enum CpuGemm gemm, struct ThreadPool *pool,
+                     const struct MatmulArgs *a, void *scratch)
+{
+    if (a->n <= 0 || a->n_out <= 0) return;
+    struct GemmJob job = {.a = a, .isa = isa, .gemm = gemm};
+    float *base = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    int threads = pool_threads(pool);
+    job.per_thread = per_thread_floats(a->n, a->k);
+    job.scratch = base;
+    int single = a->n == 1;
+    int n_prod = a->swiglu ? 1 : a->n_out;
+    if (single) {
+        /* Enough tasks to balance the threads, few enough to keep each one a few
+         * microseconds of streaming; at most 256 outputs per task (matvec_task's buffers). */
+        int rows = 0;
+        for (int o = 0; o < n_prod; o++) rows += a->out[o].w->rows;
+        int groups = (rows + MATVEC_GROUP - 1) / MATVEC_GROUP;
+        job.per_task = groups / (16 * threads);
+        job.per_task = job.per_task < 1 ? 1 : job.per_task > 16 ? 16 : job.per_task;
+    }
+    int width = single ? job.per_task * MATVEC_GROUP : TASK_COLS;
+    job.first_task[0] = 0;
+    for (int o = 0; o < n_prod; o++)
+        job.first_task[o + 1] = job.first_task[o] + (a->out[o].w->rows + width - 1) / width;
+    for (int o = n_prod + 1; o < 5; o++) job.first_task[o] = job.first_task[n_prod];
+    if (single) {
+        float *xsum = base + job.per_thread * (size_t)threads;
+        for (int b = 0; b < a->k / 32; b++) {
+            float s = 0.f;
+            for (int j = 0; j < 32; j++) s += a->x[b * 32 + j];
+            xsum[b] = s;
+        }
+        job.xsum = xsum;
+    }
+    job.row_block = a->n;
+    job.n_row_blocks = 1;
+    if (!single) {
+        /* Row blocks of whole microkernel tiles (14 rows) that fit the cache budget. */
+        int fit = (int)(ROW_BLOCK_BYTES / ((size_t)a->k * sizeof(float)));
+        fit = fit < 14 ? 14 : fit / 14 * 14;
+        job.n_row_blocks = (a->n + fit - 1) / fit;
+        job.row_block = (a->n + job.n_row_blocks - 1) / job.n_row_blocks;
+        job.row_block = (job.row_block + 13) / 14 * 14;
+        job.n_row_blocks = (a->n + job.row_block - 1) / job.row_block;
+    }
+    if (gemm == CPU_GEMM_OPENBLAS && !single) openblas_set_num_threads(1);
+    pool_run(pool, job.first_task[n_prod] * (single ? 1 : job.n_row_blocks),
+             single ? matvec_task : gemm_task, &job);
+}

@@ -1,0 +1,69 @@
+/* Run-time choice of the CPU kernels' instruction-set path and prefill product engine: what
+ * the processor supports, optionally narrowed by DIFFRAG_CPU_ISA / DIFFRAG_GEMM (for
+ * benchmarks and for checking each path on one machine). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu.h"
+
+static const char *const isa_names[CPU_ISA_COUNT] = {"scalar", "avx2", "avx512"};
+
+const char *cpu_isa_name(enum CpuIsa isa)
+{
+    return isa >= 0 && isa < CPU_ISA_COUNT ? isa_names[isa] : "unknown";
+}
+
+int cpu_isa_supported(enum CpuIsa isa)
+{
+    switch (isa) {
+    case CPU_ISA_SCALAR: return 1;
+#if defined(__x86_64__) && defined(__GNUC__)
+    case CPU_ISA_AVX2:
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+    case CPU_ISA_AVX512:
+        __builtin_cpu_init();
+        return cpu_isa_supported(CPU_ISA_AVX2) && __builtin_cpu_supports("avx512f") &&
+               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+               __builtin_cpu_supports("avx512dq");
+#endif
+    default: return 0;
+    }
+}
+
+static enum CpuIsa best_isa;
+static enum CpuGemm default_gemm;
+static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
+
+static void choose(void)
+{
+    best_isa = CPU_ISA_SCALAR;
+    for (int i = CPU_ISA_COUNT - 1; i > 0; i--)
+        if (cpu_isa_supported((enum CpuIsa)i)) { best_isa = (enum CpuIsa)i; break; }
+    const char *want = getenv("DIFFRAG_CPU_ISA");
+    if (want)
+        for (int i = 0; i < CPU_ISA_COUNT; i++)
+            if (!strcmp(want, isa_names[i]) && cpu_isa_supported((enum CpuIsa)i))
+                best_isa = (enum CpuIsa)i;
+    /* The AVX-512 and AVX2 microkernels beat OpenBLAS's sgemm on the prefill shapes
+     * (bench_kernels shapes; docs/performance.md); without either, OpenBLAS's kernels for the
+     * machine beat the portable loops by far. */
+    default_gemm = best_isa == CPU_ISA_SCALAR ? CPU_GEMM_OPENBLAS : CPU_GEMM_NATIVE;
+    const char *g = getenv("DIFFRAG_GEMM");
+    if (g && !strcmp(g, "native")) default_gemm = CPU_GEMM_NATIVE;
+    if (g && !strcmp(g, "openblas")) default_gemm = CPU_GEMM_OPENBLAS;
+}
+
+enum CpuIsa cpu_isa_best(void)
+{
+    pthread_once(&choose_once, choose);
+    return best_isa;
+}
+
+enum CpuGemm cpu_gemm_default(void)
+{
+    pthread_once(&choose_once, choose);
+    return default_gemm;
+}

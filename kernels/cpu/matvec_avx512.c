@@ -1,0 +1,292 @@
+/* AVX-512 products of weights with one f32 input (the decode step's), dequantising in
+ * registers: each weight byte is read once and never written back as f32. Interleaved (X16)
+ * matrices give 16 outputs per vector with no horizontal sums; affine formats use
+ * sum((q*d + m) x) = d*sum(q x) + m*sum(x) with the block sums of x computed once per
+ * product. Also the exact decoding of X16 tiles into the prefill products' panels. */
+#include "kernels/cpu/cpu.h"
+#include "kernels/dequant.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#include <string.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#endif
+
+int cpu_matvec_avx512_handles(uint32_t type)
+{
+    return type == DQ_F32 || type == DQ_F16 || type == DQ_BF16 || type == DQ_Q4_0 ||
+           type == DQ_Q4_1 || type == DQ_Q8_0;
+}
+
+static inline float half(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+static inline __mmask16 tail_mask(int n) { return (__mmask16)((1u << n) - 1); }
+
+static float dot_f32(const float *w, const float *x, int k)
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= k; i += 32) {
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
+    }
+    for (; i < k; i += 16) {
+        __mmask16 m = k - i >= 16 ? 0xffff : tail_mask(k - i);
+        a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + i), _mm512_maskz_loadu_ps(m, x + i), a0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+}
+
+static float dot_f16(const uint16_t *w, const float *x, int k)
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= k; i += 32) {
+        a0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + i))),
+                             _mm512_loadu_ps(x + i), a0);
+        a1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + i + 16))),
+                             _mm512_loadu_ps(x + i + 16), a1);
+    }
+    for (; i < k; i += 16) {
+        __mmask16 m = k - i >= 16 ? 0xffff : tail_mask(k - i);
+        __m512 wv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w + i));
+        a0 = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + i), a0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+}
+
+static float dot_bf16(const uint16_t *w, const float *x, int k)
+{
+    __m512 a0 = _mm512_setzero_ps();
+    for (int i = 0; i < k; i += 16) {
+        __mmask16 m = k - i >= 16 ? 0xffff : tail_mask(k - i);
+        __m512i wi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, w + i)), 16);
+        a0 = _mm512_fmadd_ps(_mm512_castsi512_ps(wi), _mm512_maskz_loadu_ps(m, x + i), a0);
+    }
+    return _mm512_reduce_add_ps(a0);
+}
+
+/* Sum over the block of nibble * x for the 16 bytes at q (low nibbles: x[0..15], high:
+ * x[16..31]). */
+static inline __m512 nibble_dot(const uint8_t *q, const float *x)
+{
+    __m128i b = _mm_loadu_si128((const __m128i *)q);
+    __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
+    __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), _mm512_loadu_ps(x));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), _mm512_loadu_ps(x + 16), s);
+}
+
+static float dot_q4_1(const uint8_t *w, const float *x, const float *xsum, int nb)
+{
+    __m512 acc = _mm512_setzero_ps();
+    float macc = 0.f;
+    for (int b = 0; b < nb; b++, w += 20, x += 32) {
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(half(w)), nibble_dot(w + 4, x), acc);
+        macc += half(w + 2) * xsum[b];
+    }
+    return _mm512_reduce_add_ps(acc) + macc;
+}
+
+static float dot_q4_0(const uint8_t *w, const float *x, const float *xsum, int nb)
+{
+    __m512 acc = _mm512_setzero_ps();
+    float macc = 0.f;
+    for (int b = 0; b < nb; b++, w += 18, x += 32) {
+        float d = half(w);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), nibble_dot(w + 2, x), acc);
+        macc -= 8.f * d * xsum[b];
+    }
+    return _mm512_reduce_add_ps(acc) + macc;
+}
+
+static float dot_q8_0(const uint8_t *w, const float *x, int nb)
+{
+    __m512 acc = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++, w += 34, x += 32) {
+        __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + 2))));
+        __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + 18))));
+        __m512 s = _mm512_mul_ps(q0, _mm512_loadu_ps(x));
+        s = _mm512_fmadd_ps(q1, _mm512_loadu_ps(x + 16), s);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(half(w)), s, acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* --- interleaved (X16) matrices: 16 outputs per group --- */
+
+#ifndef PREFETCH_BYTES
+#define PREFETCH_BYTES 16384
+#endif
+
+static inline __m512 half16(const uint8_t *p)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
+}
+
+/* sum over the block of nibble * x for the 16 rows: four chains hide the FMA latency. The
+ * nibble becomes a float through a 16-entry table (vpermps reads only the index's low 4 bits,
+ * so the low nibble needs no mask), one instruction instead of a mask and a conversion. */
+static inline __m512 x16_nibbles(const uint8_t *q, const float *xb)
+{
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(),
+           s3 = _mm512_setzero_ps();
+    const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int i = 0; i < 16; i += 2) {
+        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * i)));
+        __m512i u = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * i + 16)));
+        s0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(v, table), _mm512_set1_ps(xb[i]), s0);
+        s1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table), _mm512_set1_ps(xb[i + 16]), s1);
+        s2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(u, table), _mm512_set1_ps(xb[i + 1]), s2);
+        s3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(u, 4), table), _mm512_set1_ps(xb[i + 17]), s3);
+    }
+    return _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
+}
+
+static inline __m512 x16_bytes(const uint8_t *q, const float *xb)
+{
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(),
+           s3 = _mm512_setzero_ps();
+    for (int c = 0; c < 32; c += 4) {
+#define Q8COL(i) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * (c + (i))))))
+        s0 = _mm512_fmadd_ps(Q8COL(0), _mm512_set1_ps(xb[c]), s0);
+        s1 = _mm512_fmadd_ps(Q8COL(1), _mm512_set1_ps(xb[c + 1]), s1);
+        s2 = _mm512_fmadd_ps(Q8COL(2), _mm512_set1_ps(xb[c + 2]), s2);
+        s3 = _mm512_fmadd_ps(Q8COL(3), _mm512_set1_ps(xb[c + 3]), s3);
+#undef Q8COL
+    }
+    return _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
+}
+
+void cpu_matvec_x16_avx512(const struct Weights *w, int g0, int g1, const float *x,
+                           const float *xsum, float *y)
+{
+    int nb = w->cols / 32;
+    size_t tile_bytes = 16 * (size_t)dequant_block_bytes(w->type);
+    for (int g = g0; g < g1; g++) {
+        const uint8_t *t = (const uint8_t *)w->data + (size_t)g * nb * tile_bytes;
+        __m512 acc = _mm512_setzero_ps(), macc = _mm512_setzero_ps();
+        for (int b = 0; b < nb; b++, t += tile_bytes) {
+            const float *xb = x + 32 * b;
+            /* Weights stream from memory once per token: keep PREFETCH_BYTES ahead in flight. */
+            for (size_t off = 0; off < tile_bytes; off += 64)
+                _mm_prefetch((const char *)(t + PREFETCH_BYTES + off), _MM_HINT_T0);
+            switch (w->type) {
+            case DQ_Q4_1:
+                acc = _mm512_fmadd_ps(half16(t), x16_nibbles(t + 64, xb), acc);
+                macc = _mm512_fmadd_ps(half16(t + 32), _mm512_set1_ps(xsum[b]), macc);
+                break;
+            case DQ_Q4_0: {
+                __m512 s = _mm512_sub_ps(x16_nibbles(t + 32, xb), _mm512_set1_ps(8.f * xsum[b]));
+                acc = _mm512_fmadd_ps(half16(t), s, acc);
+                break;
+            }
+            default:
+                acc = _mm512_fmadd_ps(half16(t), x16_bytes(t + 32, xb), acc);
+                break;
+            }
+        }
+        _mm512_storeu_ps(y + (size_t)(g - g0) * 16, _mm512_add_ps(acc, macc));
+    }
+}
+
+/* Exact decoding of X16 tiles into a k-major panel `width` floats wide; multiply then add as
+ * separate operations, as the reference decoder. */
+void cpu_panel_x16_avx512(const struct Weights *w, int r0, int width, float *panel)
+{
+    int nb = w->cols / 32, groups = (w->rows + 15) / 16;
+    size_t tile_bytes = 16 * (size_t)dequant_block_bytes(w->type);
+    const __m512i lo_mask = _mm512_set1_epi32(0x0f);
+    for (int h = 0; h < width / 16; h++) {
+        int g = r0 / 16 + h;
+        float *col = panel + 16 * h;
+        if (g >= groups) {
+            for (int c = 0; c < w->cols; c++) _mm512_storeu_ps(col + (size_t)c * width, _mm512_setzero_ps());
+            continue;
+        }
+        const uint8_t *t = (const uint8_t *)w->data + (size_t)g * nb * tile_bytes;
+        for (int b = 0; b < nb; b++, t += tile_bytes) {
+            __m512 d = half16(t);
+            float *out = col + (size_t)32 * b * width;
+            if (w->type == DQ_Q8_0) {
+                for (int c = 0; c < 32; c++) {
+                    __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(t + 32 + 16 * c))));
+                    _mm512_storeu_ps(out + (size_t)c * width, _mm512_mul_ps(q, d));
+                }
+                continue;
+            }
+            int q4_1 = w->type == DQ_Q4_1;
+            __m512 m = q4_1 ? half16(t + 32) : _mm512_setzero_ps();
+            const uint8_t *q = t + (q4_1 ? 64 : 32);
+            for (int i = 0; i < 16; i++) {
+                __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * i)));
+                __m512i lo = _mm512_and_si512(v, lo_mask), hi = _mm512_srli_epi32(v, 4);
+                if (!q4_1) {
+                    lo = _mm512_sub_epi32(lo, _mm512_set1_epi32(8));
+                    hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(8));
+                }
+                __m512 wl = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d);
+                __m512 wh = _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d);
+                if (q4_1) {
+                    wl = _mm512_add_ps(wl, m);
+                    wh = _mm512_add_ps(wh, m);
+                }
+                _mm512_storeu_ps(out + (size_t)i * width, wl);
+                _mm512_storeu_ps(out + (size_t)(i + 16) * width, wh);
+            }
+        }
+    }
+}
+
+void cpu_matvec_avx512(const struct Weights *w, int r0, int r1, const float *x,
+                       const float *xsum, float *y)
+{
+    int k = w->cols, nb = k / 32;
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+        float s;
+        switch (w->type) {
+        case DQ_F32: s = dot_f32((const float *)(const void *)row, x, k); break;
+        case DQ_F16: s = dot_f16((const uint16_t *)(const void *)row, x, k); break;
+        case DQ_BF16: s = dot_bf16((const uint16_t *)(const void *)row, x, k); break;
+        case DQ_Q4_0: s = dot_q4_0(row, x, xsum, nb); break;
+        case DQ_Q4_1: s = dot_q4_1(row, x, xsum, nb); break;
+        default: s = dot_q8_0(row, x, nb); break;
+        }
+        y[r - r0] = s;
+    }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#else
+int cpu_matvec_avx512_handles(uint32_t type) { (void)type; return 0; }
+void cpu_matvec_x16_avx512(const struct Weights *w, int g0, int g1, const float *x,
+                           const float *xsum, float *y)
+{
+    (void)w; (void)g0; (void)g1; (void)x; (void)xsum; (void)y;
+}
+void cpu_panel_x16_avx512(const struct Weights *w, int r0, int width, float *panel)
+{
+    (void)w; (void)r0; (void)width; (void)panel;
+}
+void cpu_matvec_avx512(const struct Weights *w, int r0, int r1, const float *x,
+                       const float *xsum, float *y)
+{
+    (void)w; (void)r0; (void)r1; (void)x; (void)xsum; (void)y;
+}
+#endif

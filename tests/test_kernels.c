@@ -1,0 +1,407 @@
+/* CPU kernel tests against independent double-precision references on random inputs, for
+ * every instruction-set path this machine supports (portable, AVX2, AVX-512):
+ *   - attention (prefill blocks and the key-split decode path, GQA and DIFF V2 head pairs,
+ *     f32 and f16 caches, several head sizes) within 1e-5 relative of the reference;
+ *   - matrix products for every weight type and layout, one token and many, plain,
+ *     accumulating and SwiGLU, through the microkernels and through OpenBLAS;
+ *   - the thread count (1..4) changes no result by more than 1e-5 relative;
+ *   - the interleaved weight layout decodes to exactly the file's values;
+ *   - the thread pool runs every task of every job exactly once.
+ * Prints the largest difference of each group. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu.h"
+#include "kernels/dequant.h"
+#include "kernels/f16.h"
+
+static int passed, failed;
+#define CHECK(cond, ...) do { if (cond) passed++; else { failed++; \
+    printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
+
+static unsigned long long rng_state = 0x9e3779b97f4a7c15ULL;
+
+static unsigned rnd(void)
+{
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (unsigned)(rng_state >> 33);
+}
+
+static float frand(void) { return (float)rnd() / 2147483648.f - 1.f; } /* [-1, 1) */
+
+/* max |a - b| / max |b| over n values */
+static double rel_diff(const float *a, const double *b, size_t n)
+{
+    double md = 0, mb = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (d > md || isnan(d)) md = isnan(d) ? INFINITY : d;
+        if (fabs(b[i]) > mb) mb = fabs(b[i]);
+    }
+    return mb > 0 ? md / mb : md;
+}
+
+static double rel_diff_f(const float *a, const float *b, size_t n)
+{
+    double md = 0, mb = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (d > md || isnan(d)) md = isnan(d) ? INFINITY : d;
+        if (fabs(b[i]) > mb) mb = fabs(b[i]);
+    }
+    return mb > 0 ? md / mb : md;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Attention                                                                                   */
+
+struct AttnCase {
+    int n_q_head, n_kv_head, head_dim, n_tok, pos0;
+    enum KvType kv;
+    int diff;
+    int ctx_extra;             /* cache and scratch sized for this many more positions */
+};
+
+/* Reference: causal softmax attention in double from the cache's own (possibly f16) values. */
+static void attn_reference(const struct AttnCase *c, const float *q, const float *kf,
+                           const float *vf, const float *lam, double *out)
+{
+    int hd = c->head_dim, G = c->n_q_head / c->n_kv_head, n_ctx = c->pos0 + c->n_tok;
+    double *o = malloc(sizeof(double) * (size_t)c->n_q_head * hd);
+    double *p = malloc(sizeof(double) * (size_t)n_ctx);
+    double scale = 1.0 / sqrt((double)hd);
+    int n_out_head = c->diff ? c->n_q_head / 2 : c->n_q_head;
+    for (int t = 0; t < c->n_tok; t++) {
+        int last = c->pos0 + t;
+        for (int h = 0; h < c->n_q_head; h++) {
+            int g = h / G;
+            const float *qh = q + ((size_t)t * c->n_q_head + h) * hd;
+            double mx = -INFINITY, sum = 0;
+            for (int j = 0; j <= last; j++) {
+                const float *kj = kf + ((size_t)g * n_ctx + j) * hd;
+                double s = 0;
+                for (int d = 0; d < hd; d++) s += (double)qh[d] * kj[d];
+                p[j] = s * scale;
+                if (p[j] > mx) mx = p[j];
+            }
+            for (int j = 0; j <= last; j++) { p[j] = exp(p[j] - mx); sum += p[j]; }
+            for (int d = 0; d < hd; d++) {
+                double acc = 0;
+                for (int j = 0; j <= last; j++) acc += p[j] * vf[((size_t)g * n_ctx + j) * hd + d];
+                o[(size_t)h * hd + d] = acc / sum;
+            }
+        }
+        for (int h = 0; h < n_out_head; h++)
+            for (int d = 0; d < hd; d++) {
+                double v;
+                if (c->diff) {
+                    double sg = 1.0 / (1.0 + exp(-(double)lam[(size_t)t * n_out_head + h]));
+                    v = o[(size_t)(2 * h) * hd + d] - sg * o[(size_t)(2 * h + 1) * hd + d];
+                } else {
+                    v = o[(size_t)h * hd + d];
+                }
+                out[((size_t)t * n_out_head + h) * hd + d] = v;
+            }
+    }
+    free(o);
+    free(p);
+}
+
+/* Runs one case on every supported path and thread count; returns the worst difference. */
+static double attn_case(const struct AttnCase *c)
+{
+    int hd = c->head_dim, n_ctx = c->pos0 + c->n_tok, G = c->n_q_head / c->n_kv_head;
+    int n_out_head = c->diff ? c->n_q_head / 2 : c->n_q_head;
+    size_t stride = cpu_kv_head_stride(n_ctx + c->ctx_extra, hd), el = c->kv == KV_F32 ? 4 : 2;
+    size_t nq = (size_t)c->n_tok * c->n_q_head * hd, nout = (size_t)c->n_tok * n_out_head * hd;
+    float *q = malloc(sizeof(float) * nq);
+    float *kf = malloc(sizeof(float) * (size_t)c->n_kv_head * n_ctx * hd);
+    float *vf = malloc(sizeof(float) * (size_t)c->n_kv_head * n_ctx * hd);
+    float *krow = malloc(sizeof(float) * (size_t)c->n_kv_head * hd);
+    float *vrow = malloc(sizeof(float) * (size_t)c->n_kv_head * hd);
+    float *lam = malloc(sizeof(float) * (size_t)c->n_tok * n_out_head);
+    void *kc = malloc(stride * c->n_kv_head * el), *vc = malloc(stride * c->n_kv_head * el);
+    double *want = malloc(sizeof(double) * nout);
+    float *got = malloc(sizeof(float) * nout), *first = malloc(sizeof(float) * nout);
+    /* Poison the cache so reads past the written positions would show. */
+    memset(kc, 0xff, stride * c->n_kv_head * el);
+    memset(vc, 0xff, stride * c->n_kv_head * el);
+    for (size_t i = 0; i < nq; i++) q[i] = 2.f * frand();
+    for (int i = 0; i < c->n_tok * n_out_head; i++) lam[i] = 2.f * frand();
+    /* Keys and values stored through the backend one position at a time (no rotation). */
+    float no_q[1] = {0}, no_rot[1] = {0};
+    for (int pos = 0; pos < n_ctx; pos++) {
+        for (int i = 0; i < c->n_kv_head * hd; i++) { krow[i] = frand(); vrow[i] = frand(); }
+        struct RopeStoreArgs rs = {
+            .q = no_q, .q_stride = 0, .k = krow, .v = vrow, .kv_stride = (size_t)c->n_kv_head * hd,
+            .n_tok = 1, .pos0 = pos, .n_q_head = 0, .n_kv_head = c->n_kv_head, .head_dim = hd,
+            .n_rot = 0, .layout = 0, .cos = no_rot, .sin = no_rot, .kcache = kc, .vcache = vc,
+            .kv_type = c->kv, .kv_head_stride = stride,
+        };
+        backend_cpu.rope_store(NULL, &rs);
+        for (int g = 0; g < c->n_kv_head; g++)
+            for (int d = 0; d < hd; d++) {
+                float kv = krow[g * hd + d], vv = vrow[g * hd + d];
+                if (c->kv == KV_F16) { kv = f16_to_f32(f32_to_f16(kv)); vv = f16_to_f32(f32_to_f16(vv)); }
+                kf[((size_t)g * n_ctx + pos) * hd + d] = kv;
+                vf[((size_t)g * n_ctx + pos) * hd + d] = vv;
+            }
+    }
+    attn_reference(c, q, kf, vf, lam, want);
+    struct AttnArgs a = {
+        .q = q, .q_stride = (size_t)c->n_q_head * hd, .out = got,
+        .out_stride = (size_t)n_out_head * hd, .k = kc, .v = vc, .kv_head_stride = stride,
+        .kv_type = c->kv, .n_tok = c->n_tok, .pos0 = c->pos0, .n_q_head = c->n_q_head,
+        .n_kv_head = c->n_kv_head, .head_dim = hd, .scale = 1.f / sqrtf((float)hd),
+        .lambda = c->diff ? lam : NULL, .lambda_stride = (size_t)n_out_head,
+    };
+    double worst = 0;
+    for (int isa = 0; isa < CPU_ISA_COUNT; isa++) {
+        if (!cpu_isa_supported((enum CpuIsa)isa)) continue;
+        for (int threads = 1; threads <= 4; threads++) {
+            struct ThreadPool *pool = NULL;
+            CHECK(pool_new(threads, &pool) == 0, "pool_new(%d)", threads);
+            size_t ss = cpu_attention_scratch(c->n_tok, n_ctx + c->ctx_extra, hd, c->n_q_head,
+                                              c->n_kv_head, threads);
+            void *scratch = malloc(ss);
+            memset(got, 0, sizeof(float) * nout);
+            cpu_attention_with((enum CpuIsa)isa, pool, &a, scratch);
+            double err = rel_diff(got, want, nout);
+            if (err > worst) worst = err;
+            CHECK(err <= 1e-5, "attention %s threads=%d q_heads=%d kv_heads=%d hd=%d n_tok=%d "
+                  "pos0=%d kv=%s diff=%d: relative error %.3e", cpu_isa_name((enum CpuIsa)isa),
+                  threads, c->n_q_head, c->n_kv_head, hd, c->n_tok, c->pos0,
+                  c->kv == KV_F32 ? "f32" : "f16", c->diff, err);
+            if (threads == 1) memcpy(first, got, sizeof(float) * nout);
+            else {
+                double td = rel_diff_f(got, first, nout);
+                CHECK(td <= 1e-5, "attention %s: %d threads differ from 1 thread by %.3e",
+                      cpu_isa_name((enum CpuIsa)isa), threads, td);
+            }
+            free(scratch);
+            pool_destroy(&pool);
+        }
+    }
+    (void)G;
+    free(q); free(kf); free(vf); free(krow); free(vrow); free(lam); free(kc); free(vc);
+    free(want); free(got); free(first);
+    return worst;
+}
+
+static void test_attention(void)
+{
+    const struct AttnCase cases[] = {
+        /* prefill blocks: causal diagonal, partial tiles, chunk after a cached prefix */
+        {9, 3, 64, 77, 0, KV_F32, 0, 0},
+        {9, 3, 64, 40, 100, KV_F16, 0, 0},
+        {18, 3, 64, 37, 70, KV_F32, 1, 0},   /* DIFF V2: 6 query heads per KV head */
+        {4, 4, 16, 50, 13, KV_F32, 0, 0},
+        {8, 2, 32, 21, 64, KV_F16, 1, 0},
+        {4, 1, 128, 19, 45, KV_F32, 0, 0},
+        {4, 2, 24, 30, 9, KV_F32, 0, 0},     /* head size no vector path takes: portable */
+        /* key split (decode): several segments, a few tokens */
+        {9, 3, 64, 1, 700, KV_F16, 0, 0},
+        {18, 3, 64, 3, 600, KV_F32, 1, 0},
+        {4, 4, 16, 2, 1030, KV_F16, 0, 0},
+        {9, 3, 64, 1, 0, KV_F32, 0, 0},      /* the very first token */
+        /* 64 segments of 256 keys in a cache sized for a longer context (longer segments) */
+        {9, 3, 64, 1, 16383, KV_F16, 0, 64},
+    };
+    double worst = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        double e = attn_case(&cases[i]);
+        if (e > worst) worst = e;
+    }
+    printf("attention: %zu cases on every supported path, 1-4 threads: max relative error %.3e\n",
+           sizeof cases / sizeof *cases, worst);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Weights and matrix products                                                                 */
+
+/* Random file-layout blocks of `type` for a (rows, cols) matrix, scales kept moderate. */
+static void *random_blocks(uint32_t type, int rows, int cols, size_t *row_bytes)
+{
+    int be = dequant_block_elems(type), bb = dequant_block_bytes(type);
+    *row_bytes = (size_t)(cols / be) * bb;
+    uint8_t *p = malloc(*row_bytes * rows);
+    for (int r = 0; r < rows; r++)
+        for (int b = 0; b < cols / be; b++) {
+            uint8_t *blk = p + (size_t)r * *row_bytes + (size_t)b * bb;
+            if (type == DQ_F32) { float f = frand(); memcpy(blk, &f, 4); continue; }
+            if (type == DQ_F16) { uint16_t h = f32_to_f16(frand()); memcpy(blk, &h, 2); continue; }
+            if (type == DQ_BF16) { uint16_t h = f32_to_bf16(frand()); memcpy(blk, &h, 2); continue; }
+            for (int i = 0; i < bb; i++) blk[i] = (uint8_t)rnd();
+            uint16_t d = f32_to_f16(0.01f + 0.05f * (float)(rnd() % 1000) / 1000.f);
+            uint16_t m = f32_to_f16(-0.2f * (float)(rnd() % 1000) / 1000.f);
+            memcpy(blk, &d, 2);
+            if (type == DQ_Q4_1 || type == DQ_Q5_1) memcpy(blk + 2, &m, 2);
+        }
+    return p;
+}
+
+static const uint32_t TYPES[] = {DQ_F32, DQ_F16, DQ_BF16, DQ_Q4_0, DQ_Q4_1, DQ_Q5_0, DQ_Q5_1, DQ_Q8_0};
+static const char *const TYPE_NAMES[] = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"};
+
+static void test_weights_layout(void)
+{
+    int bad = 0, checked = 0;
+    for (size_t ti = 0; ti < sizeof TYPES / sizeof *TYPES; ti++) {
+        int rows = 37, cols = 96;
+        size_t rb;
+        void *src = random_blocks(TYPES[ti], rows, cols, &rb);
+        size_t bytes = cpu_weights_bytes(TYPES[ti], rows, cols);
+        void *dst = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        struct Weights w;
+        cpu_weights_pack(TYPES[ti], rows, cols, src, dst, &w);
+        CHECK((w.layout == WEIGHTS_X16) == cpu_weights_x16(TYPES[ti]), "%s layout", TYPE_NAMES[ti]);
+        float got[96], want[96];
+        for (int r = 0; r < rows; r++) {
+            cpu_weights_row(&w, r, got);
+            dequant_row(TYPES[ti], (const uint8_t *)src + (size_t)r * rb, want, (size_t)cols);
+            checked++;
+            if (memcmp(got, want, sizeof got)) bad++;
+        }
+        free(src);
+        free(dst);
+    }
+    CHECK(bad == 0, "%d of %d rows decode differently from the file's blocks", bad, checked);
+    printf("weights: %d rows of 8 types decode bit-exactly in the backend's layout\n", checked);
+}
+
+/* One product configuration through every path: y = x.w^T (plain / accumulate) or SwiGLU. */
+static double matmul_case(uint32_t type, int n, int k, int m, int mode, const char *tname)
+{
+    size_t rb;
+    void *src = random_blocks(type, m, k, &rb), *src2 = random_blocks(type, m, k, &rb);
+    size_t bytes = cpu_weights_bytes(type, m, k);
+    void *wd = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    void *wd2 = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    struct Weights w, w2;
+    cpu_weights_pack(type, m, k, src, wd, &w);
+    cpu_weights_pack(type, m, k, src2, wd2, &w2);
+    float *wf = malloc(sizeof(float) * (size_t)m * k), *wf2 = malloc(sizeof(float) * (size_t)m * k);
+    for (int r = 0; r < m; r++) {
+        dequant_row(type, (const uint8_t *)src + (size_t)r * rb, wf + (size_t)r * k, (size_t)k);
+        dequant_row(type, (const uint8_t *)src2 + (size_t)r * rb, wf2 + (size_t)r * k, (size_t)k);
+    }
+    size_t xs = (size_t)k + 3, ys = (size_t)m + 5; /* strides wider than the rows */
+    float *x = malloc(sizeof(float) * (size_t)n * xs), *y0 = malloc(sizeof(float) * (size_t)n * ys);
+    float *y = malloc(sizeof(float) * (size_t)n * ys), *first = malloc(sizeof(float) * (size_t)n * ys);
+    double *want = malloc(sizeof(double) * (size_t)n * ys);
+    for (size_t i = 0; i < (size_t)n * xs; i++) x[i] = frand();
+    for (size_t i = 0; i < (size_t)n * ys; i++) y0[i] = frand();
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < (int)ys; j++) {
+            size_t at = (size_t)i * ys + j;
+            if (j >= m) { want[at] = y0[at]; continue; }
+            double s = 0, s2 = 0;
+            for (int kk = 0; kk < k; kk++) {
+                s += (double)x[(size_t)i * xs + kk] * wf[(size_t)j * k + kk];
+                s2 += (double)x[(size_t)i * xs + kk] * wf2[(size_t)j * k + kk];
+            }
+            want[at] = mode == 0 ? s : mode == 1 ? y0[at] + s : s / (1.0 + exp(-s)) * s2;
+        }
+    struct MatmulArgs a = {
+        .x = x, .x_stride = xs, .n = n, .k = k, .n_out = mode == 2 ? 2 : 1, .swiglu = mode == 2,
+        .out = {{&w, y, ys, mode == 1}, {&w2, NULL, 0, 0}},
+    };
+    double worst = 0;
+    for (int isa = 0; isa < CPU_ISA_COUNT; isa++) {
+        if (!cpu_isa_supported((enum CpuIsa)isa)) continue;
+        for (int gemm = 0; gemm < 2; gemm++)
+            for (int threads = 1; threads <= 4; threads += (threads == 1 ? 1 : 2)) {
+                struct ThreadPool *pool = NULL;
+                CHECK(pool_new(threads, &pool) == 0, "pool_new");
+                void *scratch = malloc(cpu_matmul_scratch(n, k, threads));
+                memcpy(y, y0, sizeof(float) * (size_t)n * ys);
+                cpu_matmul_with((enum CpuIsa)isa, (enum CpuGemm)gemm, pool, &a, scratch);
+                double err = rel_diff(y, want, (size_t)n * ys);
+                if (err > worst) worst = err;
+                CHECK(err <= 1e-5, "matmul %s %s/%s threads=%d n=%d k=%d m=%d mode=%d: relative "
+                      "error %.3e", tname, cpu_isa_name((enum CpuIsa)isa),
+                      gemm ? "openblas" : "native", threads, n, k, m, mode, err);
+                if (threads == 1) memcpy(first, y, sizeof(float) * (size_t)n * ys);
+                else {
+                    double td = rel_diff_f(y, first, (size_t)n * ys);
+                    CHECK(td <= 1e-5, "matmul %s %s: %d threads differ from 1 by %.3e", tname,
+                          cpu_isa_name((enum CpuIsa)isa), threads, td);
+                }
+                free(scratch);
+                pool_destroy(&pool);
+            }
+    }
+    free(src); free(src2); free(wd); free(wd2); free(wf); free(wf2);
+    free(x); free(y0); free(y); free(first); free(want);
+    return worst;
+}
+
+static void test_matmul(void)
+{
+    double worst = 0;
+    int cases = 0;
+    const int shapes[][3] = {{1, 96, 40}, {2, 64, 33}, {13, 160, 70}, {77, 96, 48}, {30, 1600, 20}};
+    for (size_t ti = 0; ti < sizeof TYPES / sizeof *TYPES; ti++)
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+            for (int mode = 0; mode < 3; mode++) {
+                double e = matmul_case(TYPES[ti], shapes[si][0], shapes[si][1], shapes[si][2],
+                                       mode, TYPE_NAMES[ti]);
+                if (e > worst) worst = e;
+                cases++;
+            }
+    printf("matmul: %d cases (8 types, 1-77 rows, plain/accumulate/SwiGLU) on every path: max "
+           "relative error %.3e\n", cases, worst);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Thread pool                                                                                 */
+
+struct CountJob { atomic_int *hits; int n; };
+
+static void count_task(void *ctx, int task, int thread)
+{
+    struct CountJob *j = ctx;
+    (void)thread;
+    atomic_fetch_add(&j->hits[task], 1);
+}
+
+static void test_pool(void)
+{
+    enum { MAX_TASKS = 300 };
+    atomic_int hits[MAX_TASKS];
+    int bad = 0;
+    for (int threads = 1; threads <= 4; threads++) {
+        struct ThreadPool *pool = NULL;
+        CHECK(pool_new(threads, &pool) == 0 && pool_threads(pool) == threads, "pool_new(%d)", threads);
+        for (int job = 0; job < 2000; job++) {
+            int n = 1 + (int)(rnd() % MAX_TASKS);
+            for (int i = 0; i < n; i++) atomic_init(&hits[i], 0);
+            struct CountJob j = {hits, n};
+            pool_run(pool, n, count_task, &j);
+            for (int i = 0; i < n; i++)
+                if (atomic_load(&hits[i]) != 1) bad++;
+        }
+        pool_destroy(&pool);
+        CHECK(pool == NULL, "pool_destroy clears the pointer");
+    }
+    CHECK(bad == 0, "%d tasks ran other than exactly once", bad);
+    printf("pool: 8000 jobs of 1-%d tasks on 1-4 threads, every task exactly once\n", MAX_TASKS);
+}
+
+int main(void)
+{
+    printf("paths supported here:");
+    for (int isa = 0; isa < CPU_ISA_COUNT; isa++)
+        if (cpu_isa_supported((enum CpuIsa)isa)) printf(" %s", cpu_isa_name((enum CpuIsa)isa));
+    printf(" (default %s)\n", cpu_isa_name(cpu_isa_best()));
+    test_pool();
+    test_weights_layout();
+    test_matmul();
+    test_attention();
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
