@@ -304,6 +304,9 @@ def test_curve_with_keygen_keys(tmp_path):
                 "--connect-timeout", "1", "ping", endpoint=srv.endpoint)
         assert r.returncode == 3 and "refused this client's CurveZMQ key" in r.stderr
         r = cli("--connect-timeout", "1", "ping", endpoint=srv.endpoint)
-        assert r.returncode == 3 and "mechanism mismatch" in r.stderr
+        # ZeroMQ reports a plain client against a CURVE server either as a mechanism mismatch
+        # or, when the server closes first (a loaded machine), as a broken handshake.
+        assert r.returncode == 3 and ("mechanism mismatch" in r.stderr or
+                                      "handshake failed" in r.stderr), r.stderr
     r = cli("--server-key", tmp_path / "nowhere.pub", "ping", endpoint="tcp://127.0.0.1:1")
     assert r.returncode == 2 and "nowhere.pub" in r.stderr

@@ -441,8 +441,12 @@ static void drain_monitor(DiffragClient *c)
                          "protocol error 0x%x): a wrong server key?", value);
             break;
         case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-            snprintf(c->conn_note, sizeof c->conn_note, "the handshake failed: %s",
-                     zmq_strerror((int)value));
+            /* A plain client against a CURVE daemon sees this instead of a mechanism
+             * mismatch when the daemon closes the connection first. */
+            if (!c->conn_note[0] || strncmp(c->conn_note, "security mechanism", 18))
+                snprintf(c->conn_note, sizeof c->conn_note, "the handshake failed: %s (does "
+                         "the daemon require CurveZMQ, or this client's server key not match "
+                         "it?)", zmq_strerror((int)value));
             break;
         case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
             c->conn_note[0] = 0;

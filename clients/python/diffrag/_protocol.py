@@ -357,7 +357,10 @@ def event_note(event: int, value: int, note: str) -> str:
                     "CurveZMQ (give or drop the server key)")
         return f"the handshake failed (ZMTP protocol error {value:#x}): a wrong server key?"
     if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-        return f"the handshake failed: {zmq.strerror(value)}"
+        if note.startswith("security mechanism"):
+            return note
+        return (f"the handshake failed: {zmq.strerror(value)} (does the daemon require "
+                "CurveZMQ, or this client's server key not match it?)")
     if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
         return ""
     return note
