@@ -73,9 +73,12 @@ fuzz: fuzz-build $(MODEL_FILE)
 bench-engine: all $(MODEL_FILE)
 	$(PYTHON) bench/bench_engine.py
 
+bench-grounding: all $(MODEL_FILE)
+	$(PYTHON) bench/bench_grounding.py
+
 clean:
 	rm -rf build
 
-.PHONY: all deps model test asan run clean bench-engine install fuzz fuzz-build
+.PHONY: all deps model test asan run clean bench-engine bench-grounding install fuzz fuzz-build
 .SECONDARY:
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

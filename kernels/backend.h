@@ -99,6 +99,24 @@ struct RopeStoreArgs {
     size_t kv_head_stride;
 };
 
+/* Attention probability mass per position class for one query token (the groundedness
+ * signals): for each listed query head h, the softmax of scale * q_h . k_j over keys
+ * j < n_keys, summed over the marked positions j < n_marked with cls[j] == 1 (mass[2i]) and
+ * over the positions j >= n_marked (mass[2i+1], the generated ones). */
+struct MassArgs {
+    const float *q;            /* one token's queries (n_q_head*head_dim), after RoPE */
+    const void *k;             /* this layer's key cache, layout above */
+    size_t kv_head_stride;
+    enum KvType kv_type;
+    int n_keys, n_q_head, n_kv_head, head_dim;
+    float scale;
+    const uint8_t *cls;        /* (n_marked) position classes */
+    int n_marked;
+    const int *heads;          /* (n_heads) query heads */
+    int n_heads;
+    float *mass;               /* (n_heads, 2) out */
+};
+
 struct Backend {
     const char *name;
     /* Weights as this backend wants them: bytes needed for a (rows, cols) matrix of `type`
@@ -123,6 +141,10 @@ struct Backend {
                                 int n_kv_head, int threads);
     /* Elements of one KV head's cache for n_ctx positions (a multiple of KV_TILE rows). */
     size_t (*kv_head_stride)(int n_ctx, int head_dim);
+    /* The masses of `a`; `scratch` holds attention_mass_scratch(n_ctx, head_dim, threads)
+     * bytes. */
+    void (*attention_mass)(struct ThreadPool *pool, const struct MassArgs *a, void *scratch);
+    size_t (*attention_mass_scratch)(int n_ctx, int head_dim, int threads);
 };
 
 extern const struct Backend backend_cpu;

@@ -45,6 +45,18 @@ struct Engine {
     int n_past;
     struct EngineStats stats;
     atomic_int cancel;
+    /* groundedness signals: watched heads, position classes, masses of the last position */
+    struct AttnWatch *watch;  /* (n_watch) in the caller's order */
+    int n_watch;
+    int *wq;                  /* query heads to measure, grouped by layer: wq[wq_off[l]..] */
+    int *wq_watch;            /* for each, the watch it belongs to */
+    int *wq_off;              /* (n_layer + 1) */
+    float *wq_mass;           /* (total query heads, 2) */
+    struct AttnMass *mass;    /* (n_watch) */
+    int mass_valid;
+    uint8_t *cls;             /* (n_ctx) position classes */
+    int n_marked;
+    void *mass_scratch;
 };
 
 static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
@@ -128,7 +140,9 @@ void engine_estimate(const struct Model *m, const struct EngineOpts *o, struct E
     struct EngineOpts eff = *o;
     if (eff.chunk > eff.n_ctx) eff.chunk = eff.n_ctx;
     out->scratch_bytes = scratch_layout(c, &eff, be, NULL, NULL) +
-                         (size_t)(c->rope.n_rot / 2 + 1) * sizeof(double);
+                         (size_t)(c->rope.n_rot / 2 + 1) * sizeof(double) +
+                         be->attention_mass_scratch(eff.n_ctx, c->head_dim, eff.n_threads) +
+                         (size_t)eff.n_ctx;
     out->context_bytes = out->kv_bytes + out->scratch_bytes;
     out->weight_bytes = model_weight_bytes(m);
 }
@@ -201,7 +215,11 @@ int engine_new(const struct Model *m, const struct EngineOpts *o, struct Engine 
     size_t nb = scratch_layout(c, &opts, e->be, NULL, NULL);
     e->block = aligned_alloc(64, (nb + 63) & ~(size_t)63);
     e->inv_freq = calloc((size_t)(c->rope.n_rot / 2) + 1, sizeof(double));
-    if (!e->kcache || !e->vcache || !e->block || !e->inv_freq ||
+    e->mass_scratch = malloc(e->be->attention_mass_scratch(opts.n_ctx, c->head_dim,
+                                                           opts.n_threads));
+    e->cls = calloc((size_t)opts.n_ctx, 1);
+    e->wq_off = calloc((size_t)c->n_layer + 1, sizeof *e->wq_off);
+    if (!e->kcache || !e->vcache || !e->block || !e->inv_freq || !e->mass_scratch || !e->cls || !e->wq_off ||
         pool_new(opts.n_threads, &e->pool) != 0) {
         engine_destroy(&e);
         return fail(err, errlen, ENGINE_ENOMEM, "cannot allocate %zu bytes for the context",
@@ -223,6 +241,14 @@ void engine_destroy(struct Engine **pe)
     free(e->vcache);
     free(e->block);
     free(e->inv_freq);
+    free(e->mass_scratch);
+    free(e->cls);
+    free(e->wq_off);
+    free(e->watch);
+    free(e->wq);
+    free(e->wq_watch);
+    free(e->wq_mass);
+    free(e->mass);
     free(e);
     *pe = NULL;
 }
@@ -258,6 +284,44 @@ static void run_matmul(struct Engine *e, const struct MatmulArgs *a)
     e->be->matmul(e->pool, a, e->s.mm);
     e->stats.matmul_s += now_s() - t;
     e->stats.matmul_flop += matmul_flop(a);
+}
+
+/* The watched heads of layer l at the chunk's last position (its queries are in s->q after
+ * RoPE, its keys already in the cache kc). */
+static void measure_layer(struct Engine *e, int l, int n, const void *kc)
+{
+    const struct ModelConfig *c = &e->m->cfg;
+    int b = e->wq_off[l], nh = e->wq_off[l + 1] - b;
+    struct MassArgs ma = {
+        .q = e->s.q + (size_t)(n - 1) * c->n_q_head * c->head_dim, .k = kc,
+        .kv_head_stride = e->kv_head_stride, .kv_type = e->opts.kv_type,
+        .n_keys = e->n_past + n, .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head,
+        .head_dim = c->head_dim, .scale = 1.f / sqrtf((float)c->head_dim), .cls = e->cls,
+        .n_marked = e->n_marked, .heads = e->wq + b, .n_heads = nh, .mass = e->wq_mass + 2 * b,
+    };
+    e->be->attention_mass(e->pool, &ma, e->mass_scratch);
+    int diff = c->arch == ARCH_DIFFV2;
+    for (int i = b; i < b + nh; i += diff ? 2 : 1) {
+        struct AttnMass *o = &e->mass[e->wq_watch[i]];
+        const float *m1 = e->wq_mass + 2 * i;
+        memset(o, 0, sizeof *o);
+        o->doc = m1[0];
+        o->gen = m1[1];
+        if (!diff) {
+            o->diff_doc = o->doc;
+            o->diff_gen = o->gen;
+            continue;
+        }
+        const float *m2 = m1 + 2;
+        double lam = e->s.lam[(size_t)(n - 1) * c->n_head + e->wq[i] / 2];
+        double sg = 1.0 / (1.0 + exp(-lam)), rest = 1.0 - sg;
+        if (rest < 1e-7) rest = 1e-7;
+        o->doc2 = m2[0];
+        o->gen2 = m2[1];
+        o->sig = (float)sg;
+        o->diff_doc = (float)((m1[0] - sg * m2[0]) / rest);
+        o->diff_gen = (float)((m1[1] - sg * m2[1]) / rest);
+    }
 }
 
 /* One chunk of n tokens at positions n_past..n_past+n-1; logits of the last one if asked. */
@@ -298,6 +362,8 @@ static void forward_chunk(struct Engine *e, const int32_t *tokens, int n, int wa
             .kv_head_stride = e->kv_head_stride,
         };
         be->rope_store(e->pool, &rs);
+        if (e->wq_off[l + 1] > e->wq_off[l])
+            measure_layer(e, l, n, kc);
         struct AttnArgs a = {
             .q = s->q, .q_stride = (size_t)nq, .out = s->att, .out_stride = (size_t)no,
             .k = kc, .v = vc, .kv_head_stride = e->kv_head_stride,
@@ -329,6 +395,7 @@ static void forward_chunk(struct Engine *e, const int32_t *tokens, int n, int wa
         run_matmul(e, &down);
     }
     e->n_past += n;
+    e->mass_valid = e->n_watch > 0;
     if (want_logits) {
         const float *last = s->x + (size_t)(n - 1) * d;
         be->rmsnorm(e->pool, s->xb, last, m->output_norm, 1, d, c->norm_eps);
@@ -420,6 +487,7 @@ const struct EngineOpts *engine_opts(const struct Engine *e) { return &e->opts; 
 void engine_reset(struct Engine *e)
 {
     e->n_past = 0;
+    e->mass_valid = 0;
     atomic_store(&e->cancel, 0);
 }
 
@@ -428,3 +496,82 @@ void engine_cancel(struct Engine *e) { atomic_store(&e->cancel, 1); }
 void engine_stats(const struct Engine *e, struct EngineStats *out) { *out = e->stats; }
 
 void engine_stats_reset(struct Engine *e) { memset(&e->stats, 0, sizeof e->stats); }
+
+/* ---- groundedness signals ---- */
+
+int engine_watch(struct Engine *e, const struct AttnWatch *w, int n, char *err, size_t errlen)
+{
+    const struct ModelConfig *c = &e->m->cfg;
+    int diff = c->arch == ARCH_DIFFV2, per = diff ? 2 : 1;
+    int heads = diff ? c->n_head : c->n_q_head;
+    if (n < 0 || n > ENGINE_MAX_WATCH || (n && !w))
+        return fail(err, errlen, ENGINE_EINPUT, "watch at most %d heads", ENGINE_MAX_WATCH);
+    for (int i = 0; i < n; i++) {
+        if (w[i].layer < 0 || w[i].layer >= c->n_layer || w[i].head < 0 || w[i].head >= heads)
+            return fail(err, errlen, ENGINE_EINPUT, "watched head %d:%d is outside the model "
+                        "(%d layers of %d %s heads)", w[i].layer, w[i].head, c->n_layer, heads,
+                        diff ? "DIFF V2 output" : "query");
+        for (int j = 0; j < i; j++)
+            if (w[j].layer == w[i].layer && w[j].head == w[i].head)
+                return fail(err, errlen, ENGINE_EINPUT, "head %d:%d is watched twice",
+                            w[i].layer, w[i].head);
+    }
+    struct AttnWatch *nw = n ? malloc((size_t)n * sizeof *nw) : NULL;
+    int *wq = n ? malloc((size_t)n * per * sizeof *wq) : NULL;
+    int *wqw = n ? malloc((size_t)n * per * sizeof *wqw) : NULL;
+    float *wm = n ? calloc((size_t)n * per * 2, sizeof *wm) : NULL;
+    struct AttnMass *ms = n ? calloc((size_t)n, sizeof *ms) : NULL;
+    if (n && (!nw || !wq || !wqw || !wm || !ms)) {
+        free(nw); free(wq); free(wqw); free(wm); free(ms);
+        return fail(err, errlen, ENGINE_ENOMEM, "out of memory");
+    }
+    if (n) memcpy(nw, w, (size_t)n * sizeof *nw);
+    int k = 0;
+    for (int l = 0; l < c->n_layer; l++) {
+        e->wq_off[l] = k;
+        for (int i = 0; i < n; i++)
+            if (w[i].layer == l)
+                for (int p = 0; p < per; p++) {
+                    wq[k] = w[i].head * per + p;
+                    wqw[k++] = i;
+                }
+    }
+    e->wq_off[c->n_layer] = k;
+    free(e->watch); free(e->wq); free(e->wq_watch); free(e->wq_mass); free(e->mass);
+    e->watch = nw;
+    e->wq = wq;
+    e->wq_watch = wqw;
+    e->wq_mass = wm;
+    e->mass = ms;
+    e->n_watch = n;
+    e->mass_valid = 0;
+    return ENGINE_OK;
+}
+
+int engine_set_spans(struct Engine *e, const uint8_t *cls, size_t n, char *err, size_t errlen)
+{
+    if (n > (size_t)e->opts.n_ctx || (n && !cls))
+        return fail(err, errlen, ENGINE_EINPUT, "%zu marked positions do not fit a %d-token "
+                    "context", n, e->opts.n_ctx);
+    if (n) memcpy(e->cls, cls, n);
+    e->n_marked = (int)n;
+    return ENGINE_OK;
+}
+
+const struct AttnMass *engine_attn_mass(const struct Engine *e, int *n)
+{
+    *n = e->mass_valid ? e->n_watch : 0;
+    return e->mass_valid ? e->mass : NULL;
+}
+
+int engine_default_watch(const struct Model *m, struct AttnWatch *out, int cap)
+{
+    const struct ModelConfig *c = &m->cfg;
+    int heads = c->arch == ARCH_DIFFV2 ? c->n_head : c->n_q_head, k = 0;
+    int layers[2] = {c->n_layer / 2, 3 * c->n_layer / 4};
+    for (int i = 0; i < 2; i++) {
+        if (i == 1 && layers[1] == layers[0]) break;
+        for (int h = 0; h < heads && k < cap; h++) out[k++] = (struct AttnWatch){layers[i], h};
+    }
+    return k;
+}

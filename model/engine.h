@@ -85,4 +85,41 @@ struct EngineStats {
 void engine_stats(const struct Engine *e, struct EngineStats *out);
 void engine_stats_reset(struct Engine *e);
 
+/* ---- Attention signals for groundedness (docs/groundedness.md) ----
+ * For a set of watched (layer, head) pairs the engine measures, at the last position of
+ * every prefill chunk and decode step, the attention probability mass on the positions
+ * marked ATTN_DOC and on the generated positions (those at or after the end of the marked
+ * range), from the same post-RoPE queries and cached keys as the attention itself. */
+enum AttnClass { ATTN_OTHER = 0, ATTN_DOC = 1 };
+
+struct AttnWatch {
+    int layer;
+    int head;   /* GQA: a query head (0..n_q_head-1); DIFF V2: an output head i (0..n_head-1),
+                   the pair of query heads 2i and 2i+1 */
+};
+
+struct AttnMass {
+    float doc, gen;            /* GQA: the head's masses; DIFF V2: those of query head 2i */
+    float doc2, gen2;          /* DIFF V2: those of query head 2i+1; GQA: 0 */
+    float sig;                 /* DIFF V2: sigmoid(lambda_i) at this position; GQA: 0 */
+    float diff_doc, diff_gen;  /* DIFF V2: (doc - sig*doc2) / (1 - sig), likewise gen (can be
+                                  negative); GQA: doc and gen */
+};
+
+#define ENGINE_MAX_WATCH 1024
+
+/* Sets the watched heads (n = 0 turns the measurement off; at most ENGINE_MAX_WATCH, no
+ * duplicates). ENGINE_EINPUT with a message for a layer or head out of range. */
+int engine_watch(struct Engine *e, const struct AttnWatch *w, int n, char *err, size_t errlen);
+/* Marks positions 0..n-1 with their AttnClass (copied); positions >= n count as generated.
+ * ENGINE_EINPUT when n > n_ctx. Kept across engine_reset; call again for a new prompt. */
+int engine_set_spans(struct Engine *e, const uint8_t *cls, size_t n, char *err, size_t errlen);
+/* The masses of the watched heads (in engine_watch order) at the last position evaluated;
+ * *n receives their count. NULL when nothing is watched or nothing was evaluated since the
+ * sequence was reset. Borrowed, valid until the next prefill/decode/reset. */
+const struct AttnMass *engine_attn_mass(const struct Engine *e, int *n);
+/* The default watch set: every head of the layers at 1/2 and 3/4 depth. Fills out (at most
+ * cap entries) and returns the count. */
+int engine_default_watch(const struct Model *m, struct AttnWatch *out, int cap);
+
 #endif

@@ -92,6 +92,7 @@ int generate(struct Engine *e, const int32_t *prompt, size_t n_prompt, const str
     for (int i = 0; i < p->max_tokens; i++) {
         struct GenToken gt = {.index = i};
         gt.id = sampler_sample(smp, engine_logits(e), &gt.sig);
+        gt.mass = engine_attn_mass(e, &gt.n_mass);
         r->n_generated++;
         /* A control token (e.g. <|im_start|>) never belongs in an answer: it ends the turn
          * like EOS instead of leaking template text into the output. */

@@ -31,6 +31,10 @@ struct GenToken {
     const char *text;
     size_t text_len;
     struct TokenSignal sig;
+    /* The watched heads' attention masses at the position whose logits gave this token
+     * (engine_attn_mass); NULL and 0 when nothing is watched. Borrowed for the callback. */
+    const struct AttnMass *mass;
+    int n_mass;
 };
 /* Return non-zero to stop generation (finish reason: cancelled). */
 typedef int (*gen_token_fn)(void *user, const struct GenToken *t);

@@ -35,6 +35,11 @@ static void usage(FILE *f)
         "      --tokens-file F   token ids (whitespace or comma separated) from a file\n"
         "      --dump-logits F   write the last prompt position's logits (f32) to F\n"
         "      --print-tokens    print the prompt's token ids on stderr\n"
+        "      --watch SPEC      measure attention masses of heads: auto, or L:H[,L:H...]\n"
+        "      --mark N          positions < N are the prompt's marked range (default: the\n"
+        "                        whole prompt); positions >= N count as generated\n"
+        "      --doc A-B         positions A..B-1 are document tokens (repeatable)\n"
+        "      --dump-mass F     write the watched heads' masses to F, one block per token\n"
         "      --perplexity      score the prompt: perplexity of each token given its prefix\n"
         "      --batch           NUL-separated prompts on stdin; NUL-terminated answers out\n");
 }
@@ -101,9 +106,24 @@ static size_t rss_bytes(void)
     return (size_t)res * (size_t)sysconf(_SC_PAGESIZE);
 }
 
+static void write_mass(FILE *f, int step, const struct AttnWatch *w, const struct AttnMass *ms,
+                       int n)
+{
+    fprintf(f, "step %d\n", step);
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%d %d %.9g %.9g %.9g %.9g %.9g %.9g %.9g\n", w[i].layer, w[i].head, ms[i].doc,
+                ms[i].gen, ms[i].doc2, ms[i].gen2, ms[i].sig, ms[i].diff_doc, ms[i].diff_gen);
+}
+
+struct RunWatch {
+    FILE *f;
+    const struct AttnWatch *w;
+};
+
 static int on_token(void *user, const struct GenToken *t)
 {
-    (void)user;
+    struct RunWatch *rw = user;
+    if (rw && rw->f && t->mass) write_mass(rw->f, t->index, rw->w, t->mass, t->n_mass);
     if (t->text_len) {
         fwrite(t->text, 1, t->text_len, stdout);
         fflush(stdout);
@@ -188,6 +208,11 @@ int main(int argc, char **argv)
     const char *stop[MAX_STOP];
     size_t n_stop = 0;
     int n_predict = 64, chat = 0, ctx = 0, print_tokens = 0, batch = 0, perplexity = 0;
+    const char *watch_spec = NULL, *dump_mass = NULL;
+    long mark = -1;
+    enum { MAX_DOC = 64 };
+    long doc_a[MAX_DOC], doc_b[MAX_DOC];
+    int n_doc = 0;
     long budget_mb = 0;
     struct EngineOpts eo;
     engine_opts_default(&eo);
@@ -231,6 +256,19 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--tokens-file")) { NEED(); tokens_file = v; }
         else if (!strcmp(a, "--dump-logits")) { NEED(); dump = v; }
         else if (!strcmp(a, "--print-tokens")) print_tokens = 1;
+        else if (!strcmp(a, "--watch")) { NEED(); watch_spec = v; }
+        else if (!strcmp(a, "--mark")) { NEED(); mark = atol(v); }
+        else if (!strcmp(a, "--dump-mass")) { NEED(); dump_mass = v; }
+        else if (!strcmp(a, "--doc")) {
+            NEED();
+            char *end;
+            if (n_doc == MAX_DOC) { fprintf(stderr, "diffrag-run: at most %d --doc\n", MAX_DOC); return 2; }
+            doc_a[n_doc] = strtol(v, &end, 10);
+            if (*end != '-' || doc_a[n_doc] < 0) { fprintf(stderr, "diffrag-run: --doc takes A-B\n"); return 2; }
+            doc_b[n_doc] = strtol(end + 1, &end, 10);
+            if (*end || doc_b[n_doc] < doc_a[n_doc]) { fprintf(stderr, "diffrag-run: --doc takes A-B with A <= B\n"); return 2; }
+            n_doc++;
+        }
         else if (!strcmp(a, "--batch")) batch = 1;
         else if (!strcmp(a, "--perplexity")) perplexity = 1;
         else { fprintf(stderr, "diffrag-run: unknown option %s\n", a); usage(stderr); return 2; }
@@ -247,6 +285,7 @@ int main(int argc, char **argv)
     gp.n_stop = n_stop;
 
     char err[512] = "";
+    FILE *mass_f = NULL;
     struct Model *m = NULL;
     struct Engine *e = NULL;
     int32_t *ids = NULL;
@@ -324,6 +363,43 @@ int main(int argc, char **argv)
     int rc = engine_new(m, &eo, &e, err, sizeof err);
     if (rc != ENGINE_OK) { fprintf(stderr, "diffrag-run: %s\n", err); status = rc == ENGINE_EBUDGET ? 3 : 1; goto out; }
 
+    struct AttnWatch watch[ENGINE_MAX_WATCH];
+    int n_watch = 0;
+    struct RunWatch rw = {0};
+    if (watch_spec) {
+        if (!strcmp(watch_spec, "auto")) {
+            n_watch = engine_default_watch(m, watch, ENGINE_MAX_WATCH);
+        } else {
+            const char *p = watch_spec;
+            while (*p) {
+                char *end;
+                long l = strtol(p, &end, 10), h;
+                if (end == p || *end != ':') { n_watch = -1; break; }
+                p = end + 1;
+                h = strtol(p, &end, 10);
+                if (end == p || (*end && *end != ',') || n_watch == ENGINE_MAX_WATCH) { n_watch = -1; break; }
+                watch[n_watch++] = (struct AttnWatch){(int)l, (int)h};
+                p = *end ? end + 1 : end;
+            }
+            if (n_watch < 0) { fprintf(stderr, "diffrag-run: --watch takes auto or L:H[,L:H...]\n"); goto out; }
+        }
+        if (engine_watch(e, watch, n_watch, err, sizeof err)) { fprintf(stderr, "diffrag-run: %s\n", err); goto out; }
+        size_t nm = mark >= 0 ? (size_t)mark : n_ids;
+        uint8_t *cls = calloc(nm ? nm : 1, 1);
+        if (!cls) goto out;
+        for (int i = 0; i < n_doc; i++)
+            for (long j = doc_a[i]; j < doc_b[i] && (size_t)j < nm; j++) cls[j] = ATTN_DOC;
+        rc = engine_set_spans(e, cls, nm, err, sizeof err);
+        free(cls);
+        if (rc) { fprintf(stderr, "diffrag-run: %s\n", err); goto out; }
+        if (dump_mass && !(mass_f = fopen(dump_mass, "w"))) {
+            fprintf(stderr, "diffrag-run: cannot write %s: %s\n", dump_mass, strerror(errno));
+            goto out;
+        }
+        rw.f = mass_f;
+        rw.w = watch;
+    }
+
     double prefill_s = 0, decode_s = 0;
     int n_gen = 0;
     if (perplexity) {
@@ -349,12 +425,15 @@ int main(int argc, char **argv)
             }
             fclose(f);
         }
+        int nm;
+        const struct AttnMass *ms = engine_attn_mass(e, &nm);
+        if (mass_f && n_predict == 0 && ms) write_mass(mass_f, 0, watch, ms, nm);
     }
     size_t rss_ctx = rss_bytes() - rss_base;
     if (n_predict > 0) {
         struct GenResult res;
         gp.prefilled = dump != NULL;
-        rc = generate(e, ids, n_ids, &gp, on_token, NULL, &res, err, sizeof err);
+        rc = generate(e, ids, n_ids, &gp, on_token, &rw, &res, err, sizeof err);
         if (rc) { fprintf(stderr, "diffrag-run: %s\n", err); goto out; }
         printf("\n");
         if (!gp.prefilled) prefill_s = res.prefill_ms / 1e3;
@@ -379,6 +458,7 @@ int main(int argc, char **argv)
             t_load, n_gen);
     status = 0;
 out:
+    if (mass_f && fclose(mass_f)) { fprintf(stderr, "diffrag-run: cannot write %s\n", dump_mass); status = 1; }
     engine_destroy(&e);
     model_destroy(&m);
     free(ids);

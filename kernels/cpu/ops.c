@@ -131,4 +131,6 @@ const struct Backend backend_cpu = {
     .attention = cpu_attention,
     .attention_scratch = cpu_attention_scratch,
     .kv_head_stride = cpu_kv_head_stride,
+    .attention_mass = cpu_attention_mass,
+    .attention_mass_scratch = cpu_attention_mass_scratch,
 };

@@ -163,8 +163,10 @@ def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def hidden(m, tokens, start_pos=0):
-    """Final residual stream before output_norm: [n_tok, d]."""
+def hidden(m, tokens, start_pos=0, maps=None):
+    """Final residual stream before output_norm: [n_tok, d]. When `maps` is a dict, it receives
+    per layer (probabilities [n_q, n, n], sigmoid(lambda) [n, h] or None): the attention maps
+    materialised, for checking the engine's attention-mass signals."""
     tokens = np.asarray(tokens, dtype=np.int64)
     if tokens.ndim != 1 or tokens.size == 0:
         raise ValueError("tokens must be a non-empty 1-D sequence")
@@ -184,18 +186,24 @@ def hidden(m, tokens, start_pos=0):
         q = apply_rope(m, q, pos)
         k = apply_rope(m, k, pos)
         o = np.empty((n, m.n_q, m.hd))
+        probs = np.empty((m.n_q, n, n)) if maps is not None else None
         for j in range(m.n_q):
             g = j // group
             s = (q[:, j, :] @ k[:, g, :].T) / math.sqrt(m.hd)
             s = np.where(causal, s, -np.inf)
             s = np.exp(s - s.max(axis=1, keepdims=True))
             s /= s.sum(axis=1, keepdims=True)
+            if probs is not None:
+                probs[j] = s
             o[:, j, :] = s @ v[:, g, :]
         if m.arch == "diffv2":
             lam = _sigmoid(a @ m.w[p + "attn_lambda.weight"].T)            # [n, h]
             attn = o[:, 0::2, :] - lam[:, :, None] * o[:, 1::2, :]
         else:
+            lam = None
             attn = o
+        if maps is not None:
+            maps[layer] = (probs, lam)
         x = x + attn.reshape(n, m.n_head * m.hd) @ m.w[p + "attn_output.weight"].T
         mm = rmsnorm(x, m.w[p + "ffn_norm.weight"], m.eps)
         gate = mm @ m.w[p + "ffn_gate.weight"].T
