@@ -110,6 +110,7 @@ static void request_free(struct Request *r)
     proto_params_free(&r->p);
     zmq_msg_close(&r->body);
     ctx_destroy(&r->ctx);
+    gr_wordset_destroy(&r->doc_words);
     mpw_destroy(&r->reply);
     free(r);
 }
@@ -209,6 +210,122 @@ static enum ErrCode code_parse(const char *s, size_t len)
     return EC_INTERNAL;
 }
 
+/* The answer's groundedness: lexical support from the documents' words, then the figures of
+ * docs/groundedness.md. unsupported and token_score (NULL unless asked for) are owned by the
+ * caller afterwards. */
+struct Grounded {
+    struct GrSignals sig;
+    struct GrSummary sum;
+    uint8_t *unsupported;
+    double *token_score;
+};
+
+static int ground(const struct Broker *b, const struct Request *r, const struct WireResult *res,
+                  struct Grounded *g)
+{
+    memset(g, 0, sizeof *g);
+    const struct WireSignals *ws = &res->sig;
+    size_t n = res->has_signals ? ws->n : 0;
+    g->unsupported = calloc(n + 1, 1);
+    if (r->p.include_token_signals && b->o.calibration)
+        g->token_score = calloc(n + 1, sizeof *g->token_score);
+    if (!g->unsupported || (r->p.include_token_signals && b->o.calibration && !g->token_score))
+        return -1;
+    const char *text = res->text ? res->text : "";
+    size_t len = res->text ? res->text_len : 0;
+    g->sig = (struct GrSignals){
+        .n = n, .logprob = ws->f[WS_LOGPROB], .entropy = ws->f[WS_ENTROPY],
+        .margin = ws->f[WS_MARGIN], .doc_mass = ws->f[WS_DOC_MASS], .gen_mass = ws->f[WS_GEN_MASS],
+        .diff_doc_mass = ws->f[WS_DIFF_DOC_MASS], .lookback = ws->f[WS_LOOKBACK],
+        .text_end = ws->text_end, .unsupported = g->unsupported,
+    };
+    if (n)
+        gr_lexical(r->doc_words, text, len, ws->text_end, n, g->unsupported);
+    gr_summarize(b->o.calibration, b->o.threshold, &g->sig, text, len, g->token_score, &g->sum);
+    return 0;
+}
+
+static void put_opt_double(struct MpWriter *w, const char *key, int have, double v)
+{
+    mpw_cstr(w, key);
+    if (have)
+        mpw_double(w, v);
+    else
+        mpw_nil(w);
+}
+
+static void put_grounding(const struct Broker *b, struct MpWriter *w, const struct Grounded *g)
+{
+    const struct GrSummary *s = &g->sum;
+    mpw_cstr(w, "grounding");
+    mpw_map(w, 10);
+    put_opt_double(w, "score", s->scored, s->score);
+    mpw_cstr(w, "flagged");
+    if (s->scored)
+        mpw_bool(w, s->flagged);
+    else
+        mpw_nil(w);
+    mpw_kv_bool(w, "abstained", s->abstained);
+    put_opt_double(w, "lookback_ratio", s->has_ratios, s->lookback_ratio);
+    put_opt_double(w, "unsupported_token_ratio", s->has_ratios, s->unsupported_token_ratio);
+    put_opt_double(w, "mean_logprob", s->has_ratios, s->mean_logprob);
+    put_opt_double(w, "min_logprob", s->has_ratios, s->min_logprob);
+    mpw_kv_uint(w, "answer_tokens", s->answer_tokens);
+    mpw_kv_uint(w, "flagged_tokens", s->flagged_tokens);
+    mpw_kv_cstr(w, "detector", b->o.calibration ? b->o.calibration->name : "none");
+}
+
+static void put_float_array(struct MpWriter *w, const char *key, const float *v, size_t n)
+{
+    mpw_cstr(w, key);
+    mpw_array(w, n);
+    for (size_t i = 0; i < n; i++)
+        mpw_double(w, v[i]);
+}
+
+/* "token_signals": equal-length arrays over the answer tokens. */
+static void put_token_signals(struct MpWriter *w, const struct WireResult *res,
+                              const struct Grounded *g)
+{
+    const struct GrSignals *s = &g->sig;
+    const char *text = res->text ? res->text : "";   /* text_end was checked against it */
+    mpw_cstr(w, "token_signals");
+    mpw_map(w, 9 + (g->token_score ? 1 : 0));
+    mpw_cstr(w, "text");
+    mpw_array(w, s->n);
+    for (size_t i = 0; i < s->n; i++) {
+        uint32_t a = i ? s->text_end[i - 1] : 0;
+        mpw_str(w, text + a, s->text_end[i] - a);
+    }
+    put_float_array(w, "logprob", s->logprob, s->n);
+    put_float_array(w, "entropy", s->entropy, s->n);
+    put_float_array(w, "margin", s->margin, s->n);
+    put_float_array(w, "doc_mass", s->doc_mass, s->n);
+    put_float_array(w, "gen_mass", s->gen_mass, s->n);
+    put_float_array(w, "diff_doc_mass", s->diff_doc_mass, s->n);
+    put_float_array(w, "lookback", s->lookback, s->n);
+    mpw_cstr(w, "unsupported");
+    mpw_array(w, s->n);
+    for (size_t i = 0; i < s->n; i++)
+        mpw_bool(w, s->unsupported[i]);
+    if (g->token_score) {
+        mpw_cstr(w, "score");
+        mpw_array(w, s->n);
+        for (size_t i = 0; i < s->n; i++)
+            mpw_double(w, g->token_score[i]);
+    }
+}
+
+/* logfmt of an optional figure: "-" when it is not defined. */
+static const char *opt_fmt(char *buf, size_t cap, int have, double v)
+{
+    if (have)
+        snprintf(buf, cap, "%.4f", v);
+    else
+        snprintf(buf, cap, "-");
+    return buf;
+}
+
 static void reply_query(struct Broker *b, struct Request *r, const struct WireResult *res)
 {
     if (res->finish == WF_ERROR) {
@@ -227,9 +344,16 @@ static void reply_query(struct Broker *b, struct Request *r, const struct WireRe
     double total = now - r->t_recv;
     size_t context_tokens = ctx->documents.end > ctx->documents.start
                           ? ctx->documents.end - ctx->documents.start : 0;
+    struct Grounded g;
+    if (ground(b, r, res, &g)) {
+        free(g.unsupported);
+        free(g.token_score);
+        reply_error(b, r, EC_INTERNAL, "out of memory scoring the answer");
+        return;
+    }
     struct MpWriter *w = &b->w;
     mpw_reset(w);
-    proto_reply_head(w, 5, r->p.id_raw, r->p.id_len, 1);
+    proto_reply_head(w, 6 + (r->p.include_token_signals ? 1 : 0), r->p.id_raw, r->p.id_len, 1);
     mpw_kv_str(w, "answer", res->text ? res->text : "", res->text ? res->text_len : 0);
     mpw_kv_cstr(w, "finish_reason", wire_finish_name(res->finish));
     mpw_cstr(w, "citations");
@@ -261,6 +385,11 @@ static void reply_query(struct Broker *b, struct Request *r, const struct WireRe
     mpw_kv_double(w, "ttft_ms", ttft);
     mpw_kv_double(w, "decode_ms", res->decode_ms);
     mpw_kv_double(w, "total_ms", total);
+    put_grounding(b, w, &g);
+    if (r->p.include_token_signals)
+        put_token_signals(w, res, &g);
+    free(g.unsupported);
+    free(g.token_score);
     if (w->failed) {
         reply_error(b, r, EC_INTERNAL, "out of memory building the reply");
         return;
@@ -275,13 +404,24 @@ static void reply_query(struct Broker *b, struct Request *r, const struct WireRe
         .context_tokens = ctx->n_tokens,
     };
     metrics_query(b->o.metrics, &q);
-    char extra[512];
+    const struct GrSummary *gs = &g.sum;
+    metrics_grounding(b->o.metrics, gs);
+    char extra[1024], f_score[32], f_lb[32], f_uns[32], f_mlp[32], f_minlp[32];
     snprintf(extra, sizeof extra,
              "finish=%s queue_ms=%.3f retrieve_ms=%.3f prefill_ms=%.3f ttft_ms=%.3f decode_ms=%.3f "
-             "prompt_tokens=%zu context_tokens=%zu completion_tokens=%lld retried=%d",
+             "prompt_tokens=%zu context_tokens=%zu completion_tokens=%lld retried=%d detector=%s "
+             "score=%s flagged=%s abstained=%s lookback_ratio=%s unsupported_token_ratio=%s "
+             "mean_logprob=%s min_logprob=%s answer_tokens=%zu flagged_tokens=%zu",
              wire_finish_name(res->finish), queue_ms, r->retrieve_ms, res->prefill_ms, ttft,
              res->decode_ms, ctx->n_tokens, context_tokens, (long long)res->completion_tokens,
-             r->retried);
+             r->retried, b->o.calibration ? b->o.calibration->name : "none",
+             opt_fmt(f_score, sizeof f_score, gs->scored, gs->score),
+             gs->scored ? (gs->flagged ? "true" : "false") : "-", gs->abstained ? "true" : "false",
+             opt_fmt(f_lb, sizeof f_lb, gs->has_ratios, gs->lookback_ratio),
+             opt_fmt(f_uns, sizeof f_uns, gs->has_ratios, gs->unsupported_token_ratio),
+             opt_fmt(f_mlp, sizeof f_mlp, gs->has_ratios, gs->mean_logprob),
+             opt_fmt(f_minlp, sizeof f_minlp, gs->has_ratios, gs->min_logprob),
+             gs->answer_tokens, gs->flagged_tokens);
     finish(b, r, EC_OK, extra);
 }
 
@@ -431,10 +571,13 @@ static void on_worker_result(struct Broker *b, struct WorkerRef *w, const uint8_
     struct WireResult res = { .job = job };
     char err[256];
     if (wire_result_decode(body + 8, len - 8, &res, err, sizeof err)) {
+        dlog(LL_WARN, "msg=\"worker sent a malformed result\" model=\"%s\" error=\"%s\"",
+             w->info.model, err);
         reply_error(b, r, EC_INTERNAL, err);
         return;
     }
     reply_query(b, r, &res);
+    wire_result_free(&res);
 }
 
 static void on_worker_delta(struct Broker *b, struct WorkerRef *w, const uint8_t *body, size_t len)
@@ -536,9 +679,21 @@ static void dispatch_workers(struct Broker *b)
             stops[i] = r->p.stop[i].p;
             stop_lens[i] = r->p.stop[i].len;
         }
+        /* the documents' token spans: each placed chunk's text, not its label */
+        uint32_t *spans = malloc(2 * r->ctx->n_cites * sizeof *spans + sizeof *spans);
+        if (spans)
+            for (size_t i = 0; i < r->ctx->n_cites; i++) {
+                spans[2 * i] = (uint32_t)r->ctx->cites[i].tokens.start;
+                spans[2 * i + 1] = (uint32_t)r->ctx->cites[i].tokens.end;
+            }
+        struct WireGround wg = { .doc_spans = spans, .n_spans = r->ctx->n_cites,
+                                 .watch = b->o.watch, .n_watch = b->o.n_watch };
         mpw_reset(mw);
+        if (!spans)
+            mw->failed = 1;
         wire_job_encode(mw, r->ctx->tokens, r->ctx->n_tokens, (int)r->p.max_tokens, r->p.temperature,
-                        r->p.top_p, r->p.seed, stops, stop_lens, r->p.n_stop, r->p.stream);
+                        r->p.top_p, r->p.seed, stops, stop_lens, r->p.n_stop, r->p.stream, &wg);
+        free(spans);
         q_remove(&b->waitq_head, &b->waitq_tail, r);
         b->n_wait--;
         b->n_pending--;

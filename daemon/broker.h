@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "daemon/config.h"
+#include "daemon/grounding.h"
 #include "daemon/metrics.h"
 
 #define BROKER_WORKERS_INPROC "inproc://diffrag-workers"
@@ -30,6 +31,12 @@ struct BrokerOpts {
     const char *version;
     volatile sig_atomic_t *sig_term; /* set by signal handlers; the loop acts on them */
     volatile sig_atomic_t *sig_hup;
+    /* groundedness (docs/groundedness.md) */
+    const struct GrCalibration *calibration; /* NULL: signals only, no score or flag */
+    double threshold;                        /* flagged: score >= threshold */
+    const int32_t *watch;                    /* (n_watch, 2) layer, head pairs the workers
+                                                watch; NULL: each worker's default set */
+    size_t n_watch;
 };
 
 struct Broker;

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/grounding.h"
 #include "daemon/log.h"
 
 enum KeyType { K_STR, K_LONG, K_SIZE, K_DOUBLE };
@@ -88,6 +89,14 @@ static const struct Key keys[] = {
       "heartbeat interval between broker and workers in milliseconds" },
     { "heartbeat_liveness", K_LONG, F(heartbeat_liveness), "3", 1, 100, 0,
       "missed heartbeats after which a peer is presumed dead" },
+    { "grounding_calibration", K_STR, F(grounding_calibration), "auto", 0, 0, 0,
+      "groundedness calibration file; auto: the *.grounding file for the loaded model in "
+      "deploy/grounding/ or the installed share directory; none: signals only, no score" },
+    { "grounding_threshold", K_STR, F(grounding_threshold), "", 0, 0, 0,
+      "score at or above which an answer is flagged (0..1); empty: the calibration's own" },
+    { "grounding_heads", K_STR, F(grounding_heads), "auto", 0, 0, 0,
+      "attention heads watched without a calibration: auto (every head of the layers at 1/2 "
+      "and 3/4 depth) or LAYER:HEAD,LAYER:HEAD,..." },
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
@@ -438,6 +447,29 @@ int config_validate(const struct Config *c, char *err, size_t errlen)
     if (!c->model[0]) {
         snprintf(err, errlen, "model: no file given");
         return -1;
+    }
+    if (!c->grounding_calibration[0]) {
+        snprintf(err, errlen, "grounding_calibration: give a file, auto or none");
+        return -1;
+    }
+    if (c->grounding_threshold[0]) {
+        char *end;
+        errno = 0;
+        double t = strtod(c->grounding_threshold, &end);
+        if (errno || end == c->grounding_threshold || *end || !(t >= 0 && t <= 1)) {
+            snprintf(err, errlen, "grounding_threshold: \"%s\" is not a number from 0 to 1",
+                     c->grounding_threshold);
+            return -1;
+        }
+    }
+    if (strcmp(c->grounding_heads, "auto")) {
+        struct GrHead heads[GR_MAX_WATCH];
+        int n;
+        char herr[256];
+        if (gr_parse_heads(c->grounding_heads, heads, GR_MAX_WATCH, &n, herr, sizeof herr)) {
+            snprintf(err, errlen, "grounding_heads: %s", herr);
+            return -1;
+        }
     }
     return 0;
 }

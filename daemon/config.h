@@ -34,6 +34,9 @@ struct Config {
     long max_stop;
     double drain_timeout;
     long heartbeat_ms, heartbeat_liveness;
+    char grounding_calibration[CONFIG_STR_MAX];  /* a file, "auto" or "none" */
+    char grounding_threshold[32];                /* "" : the calibration's own */
+    char grounding_heads[8192];                  /* "auto" or L:H,L:H,... */
 };
 
 /* What the command line asked besides keys. */

@@ -1,6 +1,7 @@
 /* diffragd: configuration, start-up (model, store, sockets, I/O threads, workers, metrics),
  * signals, and the orderly shutdown after the broker has drained. With --worker it runs only
  * worker threads that join a broker elsewhere over TCP. */
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -14,9 +15,11 @@
 
 #include "daemon/broker.h"
 #include "daemon/config.h"
+#include "daemon/grounding.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "daemon/prep.h"
+#include "daemon/sha256.h"
 #include "daemon/worker.h"
 #include "daemon/zutil.h"
 #include "model/gguf.h"
@@ -78,6 +81,171 @@ static void engine_opts_from(const struct Config *c, int n_workers, struct Engin
     o->n_threads = (int)threads;
 }
 
+/* ---- groundedness: the calibration for the loaded model and the watched heads ---- */
+
+struct Grounding {
+    struct GrCalibration cal;
+    int calibrated;           /* cal applies to the loaded model */
+    double threshold;
+    int32_t watch[2 * GR_MAX_WATCH];
+    size_t n_watch;
+    int watch_given;          /* 0: the workers' default set */
+};
+
+static int is_explicit_calibration(const struct Config *c)
+{
+    return strcmp(c->grounding_calibration, "auto") && strcmp(c->grounding_calibration, "none");
+}
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The first *.grounding file of dir (by name) whose model_sha256 is the model's; a file that
+ * does not parse is skipped with a warning (nobody chose it). 1 when found. */
+static int find_calibration(const char *dir, const uint8_t sha[32], struct GrCalibration *out,
+                            char *found, size_t found_len)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t l = strlen(e->d_name);
+        if (l <= 10 || strcmp(e->d_name + l - 10, ".grounding"))
+            continue;
+        if (n == cap) {
+            char **nn = realloc(names, (cap = cap ? 2 * cap : 16) * sizeof *nn);
+            if (!nn)
+                break;
+            names = nn;
+        }
+        if (!(names[n] = strdup(e->d_name)))
+            break;
+        n++;
+    }
+    closedir(d);
+    if (n)
+        qsort(names, n, sizeof *names, by_name);
+    int hit = 0;
+    for (size_t i = 0; i < n; i++) {
+        char path[1024], err[512];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (!hit && gr_calibration_load(path, out, err, sizeof err)) {
+            dlog(LL_WARN, "msg=\"grounding calibration skipped\" error=\"%s\"", err);
+        } else if (!hit && !memcmp(out->model_sha256, sha, 32)) {
+            snprintf(found, found_len, "%s", path);
+            hit = 1;
+        }
+        free(names[i]);
+    }
+    free(names);
+    return hit;
+}
+
+/* The directory of the installed files: PREFIX/share/diffrag/grounding beside PREFIX/bin. */
+static void share_dir(char *out, size_t cap)
+{
+    char exe[1024];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    out[0] = 0;
+    if (n <= 0)
+        return;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash)
+        return;
+    *slash = 0;
+    snprintf(out, cap, "%s/../share/diffrag/grounding", exe);
+}
+
+/* Resolves grounding_calibration, grounding_threshold and grounding_heads for the model m
+ * (NULL when only the tokenizer is loaded: heads are then checked by the workers). 0, or -1
+ * after logging why the daemon cannot start. */
+static int setup_grounding(const struct Config *c, const struct Model *m, struct Grounding *g)
+{
+    char err[1024], found[1100] = "";
+    memset(g, 0, sizeof *g);
+    if (strcmp(c->grounding_calibration, "none")) {
+        uint8_t sha[32];
+        char hex[65];
+        double t0 = zu_now_ms();
+        if (sha256_file(c->model, sha, err, sizeof err)) {
+            dlog(LL_ERROR, "msg=\"cannot hash the model\" error=\"%s\"", err);
+            return -1;
+        }
+        sha256_hex(sha, hex);
+        dlog(LL_DEBUG, "msg=\"model hashed\" sha256=%s hash_ms=%.0f", hex, zu_now_ms() - t0);
+        if (is_explicit_calibration(c)) {
+            if (gr_calibration_load(c->grounding_calibration, &g->cal, err, sizeof err)) {
+                dlog(LL_ERROR, "msg=\"bad grounding calibration\" error=\"%s\"", err);
+                return -1;
+            }
+            if (memcmp(g->cal.model_sha256, sha, 32)) {
+                char want[65];
+                sha256_hex(g->cal.model_sha256, want);
+                dlog(LL_WARN, "msg=\"grounding calibration is for another model; answers get "
+                     "signals but no score\" calibration=\"%s\" calibration_sha256=%s "
+                     "model_sha256=%s", c->grounding_calibration, want, hex);
+            } else {
+                g->calibrated = 1;
+                snprintf(found, sizeof found, "%s", c->grounding_calibration);
+            }
+        } else {
+            char share[1100];
+            share_dir(share, sizeof share);
+            g->calibrated = find_calibration("deploy/grounding", sha, &g->cal, found, sizeof found) ||
+                            (share[0] && find_calibration(share, sha, &g->cal, found, sizeof found));
+            if (!g->calibrated)
+                dlog(LL_INFO, "msg=\"no grounding calibration for this model; answers get "
+                     "signals but no score\" model_sha256=%s", hex);
+        }
+    }
+    if (g->calibrated) {
+        g->threshold = g->cal.threshold;
+        for (int i = 0; i < g->cal.n_watch; i++) {
+            g->watch[2 * i] = g->cal.watch[i].layer;
+            g->watch[2 * i + 1] = g->cal.watch[i].head;
+        }
+        g->n_watch = (size_t)g->cal.n_watch;
+        g->watch_given = 1;
+    } else if (strcmp(c->grounding_heads, "auto")) {
+        struct GrHead heads[GR_MAX_WATCH];
+        int n;
+        if (gr_parse_heads(c->grounding_heads, heads, GR_MAX_WATCH, &n, err, sizeof err)) {
+            dlog(LL_ERROR, "msg=\"bad grounding_heads\" error=\"%s\"", err);
+            return -1;
+        }
+        for (int i = 0; i < n; i++) {
+            g->watch[2 * i] = heads[i].layer;
+            g->watch[2 * i + 1] = heads[i].head;
+        }
+        g->n_watch = (size_t)n;
+        g->watch_given = 1;
+    }
+    if (c->grounding_threshold[0])
+        g->threshold = strtod(c->grounding_threshold, NULL);   /* validated with the config */
+    if (m && g->watch_given) {
+        int layers = m->cfg.n_layer;
+        int heads = m->cfg.arch == ARCH_DIFFV2 ? m->cfg.n_head : m->cfg.n_q_head;
+        for (size_t i = 0; i < g->n_watch; i++)
+            if (g->watch[2 * i] >= layers || g->watch[2 * i + 1] >= heads) {
+                dlog(LL_ERROR, "msg=\"watched head outside the model\" head=%d:%d layers=%d "
+                     "heads=%d source=\"%s\"", g->watch[2 * i], g->watch[2 * i + 1], layers, heads,
+                     g->calibrated ? found : "grounding_heads");
+                return -1;
+            }
+    }
+    if (g->calibrated)
+        dlog(LL_INFO, "msg=\"grounding detector\" calibration=%s file=\"%s\" threshold=%g "
+             "window=%d stride=%d watched_heads=%zu", g->cal.name, found, g->threshold,
+             g->cal.window, g->cal.stride, g->n_watch);
+    return 0;
+}
+
 static int check_config(const struct Config *c, int worker_mode)
 {
     char err[1024];
@@ -87,6 +255,15 @@ static int check_config(const struct Config *c, int worker_mode)
         return 1;
     }
     gguf_close(&g);
+    if (!worker_mode && is_explicit_calibration(c)) {
+        struct GrCalibration *cal = malloc(sizeof *cal);
+        if (!cal || gr_calibration_load(c->grounding_calibration, cal, err, sizeof err)) {
+            fprintf(stderr, "diffragd: grounding_calibration: %s\n", cal ? err : "out of memory");
+            free(cal);
+            return 2;
+        }
+        free(cal);
+    }
     if (worker_mode && !c->connect[0]) {
         fprintf(stderr, "diffragd: --worker needs connect (the broker's worker endpoint)\n");
         return 1;
@@ -166,6 +343,7 @@ static int run_daemon(struct Config *c, int argc, char **argv)
     struct MetricsHttp *http = NULL;
     struct Broker *broker = NULL;
     struct PrepPool *prep = NULL;
+    struct Grounding *ground = calloc(1, sizeof *ground);
     void *zctx = NULL;
     int n_workers = (int)c->workers, rc = 1;
     struct Worker **workers = calloc((size_t)(n_workers > 0 ? n_workers : 1), sizeof *workers);
@@ -175,7 +353,7 @@ static int run_daemon(struct Config *c, int argc, char **argv)
          "data_dir=\"%s\"", DIFFRAGD_VERSION, c->listen, c->worker_listen, n_workers, c->model,
          c->data_dir);
     double t0 = zu_now_ms();
-    if (!workers)
+    if (!workers || !ground)
         goto out;
     if (n_workers > 0) {
         if (model_load(c->model, &m, err, sizeof err)) {
@@ -195,6 +373,8 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         snprintf(model_name, sizeof model_name, "%.127s", base ? base + 1 : c->model);
     }
     dlog(LL_INFO, "msg=\"model loaded\" model=\"%s\" load_s=%.2f", model_name, (zu_now_ms() - t0) / 1e3);
+    if (setup_grounding(c, m, ground))
+        goto out;
     struct StoreOptions so;
     store_options_default(&so);
     if (store_open(c->data_dir, &so, &store, err, sizeof err)) {
@@ -212,6 +392,13 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         goto out;
     }
     metrics_set_ready(metrics, 1, 1);
+    char threshold[32];
+    snprintf(threshold, sizeof threshold, "%g", ground->threshold);
+    if (metrics_set_detector(metrics, ground->calibrated ? ground->cal.name : "none",
+                             ground->calibrated ? threshold : "none")) {
+        dlog(LL_ERROR, "msg=\"out of memory\"");
+        goto out;
+    }
 
     block_signals(1);
     zctx = zmq_ctx_new();
@@ -220,6 +407,8 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         .model_name = model_name, .vocab = tok_n_vocab(tok), .inproc_workers = n_workers,
         .io_threads = (int)c->io_threads, .version = DIFFRAGD_VERSION,
         .sig_term = &sig_term, .sig_hup = &sig_hup,
+        .calibration = ground->calibrated ? &ground->cal : NULL, .threshold = ground->threshold,
+        .watch = ground->watch_given ? ground->watch : NULL, .n_watch = ground->n_watch,
     };
     if (!zctx || broker_new(&bo, &broker, err, sizeof err)) {
         dlog(LL_ERROR, "msg=\"cannot start the broker\" error=\"%s\"", zctx ? err : "zmq context");
@@ -260,6 +449,7 @@ out:
     gguf_close(&g);
     model_destroy(&m);
     free(workers);
+    free(ground);
     if (rc == 0)
         dlog(LL_INFO, "msg=\"stopped\" store=closed");
     return rc;

@@ -33,6 +33,7 @@ static const double b_tps[] = { 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 100
                                 100000, 250000 };
 static const double b_retrieval[] = { .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1,
                                       .25, .5, 1, 2.5, 5 };
+static const double b_ratio[] = { .1, .2, .3, .4, .5, .6, .7, .8, .9, 1 };
 #define NB(a) (int)(sizeof a / sizeof a[0])
 
 struct Metrics {
@@ -45,6 +46,10 @@ struct Metrics {
     int queue_depth, inflight, workers_idle, workers_busy;
     uint64_t kv_bytes;
     int model_loaded, store_open, draining;
+    /* groundedness */
+    char *calibration, *threshold;
+    uint64_t g_checked, g_flagged, g_abstained, g_answer_tokens, g_flagged_tokens;
+    struct Hist g_score, g_lookback, g_unsupported;
 };
 
 static void hist_init(struct Hist *h, const double *bounds, int n)
@@ -74,7 +79,9 @@ int metrics_new(const char *version, const char *backend, const char *model, str
     m->version = strdup(version);
     m->backend = strdup(backend);
     m->model = strdup(model);
-    if (!m->version || !m->backend || !m->model) {
+    m->calibration = strdup("none");
+    m->threshold = strdup("none");
+    if (!m->version || !m->backend || !m->model || !m->calibration || !m->threshold) {
         metrics_destroy(&m);
         return -1;
     }
@@ -86,6 +93,9 @@ int metrics_new(const char *version, const char *backend, const char *model, str
     hist_init(&m->context_tokens, b_tokens, NB(b_tokens));
     hist_init(&m->prefill_tps, b_tps, NB(b_tps));
     hist_init(&m->retrieval, b_retrieval, NB(b_retrieval));
+    hist_init(&m->g_score, b_ratio, NB(b_ratio));
+    hist_init(&m->g_lookback, b_ratio, NB(b_ratio));
+    hist_init(&m->g_unsupported, b_ratio, NB(b_ratio));
     *out = m;
     return 0;
 }
@@ -99,6 +109,8 @@ void metrics_destroy(struct Metrics **mp)
     free(m->version);
     free(m->backend);
     free(m->model);
+    free(m->calibration);
+    free(m->threshold);
     free(m);
     *mp = NULL;
 }
@@ -125,6 +137,41 @@ void metrics_query(struct Metrics *m, const struct QueryObs *q)
     m->prompt_tokens += q->prompt_tokens;
     m->generated_tokens += q->generated_tokens;
     pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_grounding(struct Metrics *m, const struct GrSummary *g)
+{
+    pthread_mutex_lock(&m->mu);
+    if (g->scored) {
+        m->g_checked++;
+        hist_observe(&m->g_score, g->score);
+    }
+    m->g_flagged += g->flagged ? 1 : 0;
+    m->g_abstained += g->abstained ? 1 : 0;
+    m->g_answer_tokens += g->answer_tokens;
+    m->g_flagged_tokens += g->flagged_tokens;
+    if (g->has_ratios) {
+        hist_observe(&m->g_lookback, g->lookback_ratio);
+        hist_observe(&m->g_unsupported, g->unsupported_token_ratio);
+    }
+    pthread_mutex_unlock(&m->mu);
+}
+
+int metrics_set_detector(struct Metrics *m, const char *calibration, const char *threshold)
+{
+    char *c = strdup(calibration), *t = strdup(threshold);
+    if (!c || !t) {
+        free(c);
+        free(t);
+        return -1;
+    }
+    pthread_mutex_lock(&m->mu);
+    free(m->calibration);
+    free(m->threshold);
+    m->calibration = c;
+    m->threshold = t;
+    pthread_mutex_unlock(&m->mu);
+    return 0;
 }
 
 void metrics_worker_lost(struct Metrics *m)
@@ -263,6 +310,43 @@ char *metrics_render(struct Metrics *m, size_t *len)
     fprintf(f, "diffrag_generated_tokens_total %llu\n", (unsigned long long)m->generated_tokens);
     head(f, "diffrag_worker_lost_total", "counter", "Workers presumed dead (silent past the heartbeat timeout, or gone).");
     fprintf(f, "diffrag_worker_lost_total %llu\n", (unsigned long long)m->worker_lost);
+
+    head(f, "diffrag_grounding_checked_requests_total", "counter",
+         "Answers scored by a calibrated groundedness detector.");
+    fprintf(f, "diffrag_grounding_checked_requests_total %llu\n", (unsigned long long)m->g_checked);
+    head(f, "diffrag_hallucination_flagged_requests_total", "counter",
+         "Answers the detector flagged as likely not resting on the documents (a detector's flag "
+         "rate, not a ground-truth hallucination rate).");
+    fprintf(f, "diffrag_hallucination_flagged_requests_total %llu\n",
+            (unsigned long long)m->g_flagged);
+    head(f, "diffrag_abstained_requests_total", "counter",
+         "Answers that gave the prompt's refusal phrase.");
+    fprintf(f, "diffrag_abstained_requests_total %llu\n", (unsigned long long)m->g_abstained);
+    head(f, "diffrag_answer_tokens_total", "counter",
+         "Answer tokens (generated tokens without the control token that ends the turn).");
+    fprintf(f, "diffrag_answer_tokens_total %llu\n", (unsigned long long)m->g_answer_tokens);
+    head(f, "diffrag_hallucination_flagged_tokens_total", "counter",
+         "Answer tokens of flagged answers inside a window scored at or above the threshold.");
+    fprintf(f, "diffrag_hallucination_flagged_tokens_total %llu\n",
+            (unsigned long long)m->g_flagged_tokens);
+    head(f, "diffrag_hallucination_score", "histogram",
+         "Groundedness detector score per scored answer (maximum over windows, 0..1).");
+    hist_write(f, "diffrag_hallucination_score", "", &m->g_score);
+    head(f, "diffrag_lookback_ratio", "histogram",
+         "Attention lookback ratio per answer: document mass / (document + generated mass).");
+    hist_write(f, "diffrag_lookback_ratio", "", &m->g_lookback);
+    head(f, "diffrag_unsupported_token_ratio", "histogram",
+         "Fraction of an answer's tokens in content words the documents do not contain.");
+    hist_write(f, "diffrag_unsupported_token_ratio", "", &m->g_unsupported);
+    head(f, "diffrag_hallucination_detector_info", "gauge",
+         "The groundedness detector: model, calibration (\"none\": signals only) and threshold.");
+    fputs("diffrag_hallucination_detector_info{model=\"", f);
+    label_value(f, m->model);
+    fputs("\",calibration=\"", f);
+    label_value(f, m->calibration);
+    fputs("\",threshold=\"", f);
+    label_value(f, m->threshold);
+    fputs("\"} 1\n", f);
 
     head(f, "diffrag_queue_depth", "gauge", "Queries retrieved and waiting for a worker.");
     fprintf(f, "diffrag_queue_depth %d\n", m->queue_depth);

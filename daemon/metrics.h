@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/grounding.h"
 #include "daemon/proto.h"
 
 struct Metrics;
@@ -26,6 +27,11 @@ struct QueryObs {
 };
 void metrics_query(struct Metrics *m, const struct QueryObs *q);
 void metrics_worker_lost(struct Metrics *m);
+/* The groundedness figures of one answer (docs/groundedness.md#metrics). */
+void metrics_grounding(struct Metrics *m, const struct GrSummary *g);
+/* The detector in use, for diffrag_hallucination_detector_info: the calibration's name (or
+ * "none") and its threshold as text (or "none"); copied. 0 or -1 (out of memory). */
+int metrics_set_detector(struct Metrics *m, const char *calibration, const char *threshold);
 
 void metrics_gauges(struct Metrics *m, int queue_depth, int inflight, int workers_idle,
                     int workers_busy, uint64_t kv_cache_bytes);

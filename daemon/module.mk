@@ -14,15 +14,17 @@ $(BUILD)/diffragd: $(BUILD)/daemon/main.o $(LIB_DAEMON) $(LIB_RETRIEVER) $(LIB_M
 	$(CC) $(LDFLAGS) $< -o $@ $(DAEMON_LIBS) $(RETRIEVER_LIBS) $(MODEL_LIBS) $(LDLIBS)
 
 # The daemon's C unit tests link the daemon library too (the generic test rule does not).
-$(BUILD)/tests/test_daemon_units: $(BUILD)/tests/test_daemon_units.o $(LIB_DAEMON) $(LIB_RETRIEVER) $(LIB_MODEL)
+$(BUILD)/tests/test_daemon_units $(BUILD)/tests/test_grounding_units: $(BUILD)/tests/%: \
+        $(BUILD)/tests/%.o $(LIB_DAEMON) $(LIB_RETRIEVER) $(LIB_MODEL)
 	$(CC) $(LDFLAGS) $< -o $@ $(DAEMON_LIBS) $(RETRIEVER_LIBS) $(MODEL_LIBS) $(LDLIBS)
 
 bench-daemon: $(BUILD)/diffragd
 	$(PYTHON) bench/bench_daemon.py
 
 # `make install-daemon PREFIX=/usr DESTDIR=...`: the binary, the configuration (kept when one
-# exists), the systemd unit, the documentation and (INSTALL_MODEL=yes) the default model, with
-# the unit's and the configuration's paths pointed at PREFIX.
+# exists), the systemd unit, the documentation, the groundedness calibrations (found by
+# grounding_calibration = auto in PREFIX/share/diffrag/grounding) and (INSTALL_MODEL=yes) the
+# default model, with the unit's and the configuration's paths pointed at PREFIX.
 PREFIX        ?= /usr/local
 SYSCONFDIR    ?= /etc
 UNITDIR       ?= $(PREFIX)/lib/systemd/system
@@ -30,7 +32,8 @@ INSTALL_MODEL ?= yes
 DAEMON_SHARE  := $(PREFIX)/share/diffrag
 install-daemon: $(BUILD)/diffragd
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(SYSCONFDIR)/diffrag $(DESTDIR)$(UNITDIR) \
-	    $(DESTDIR)$(PREFIX)/share/doc/diffrag $(DESTDIR)$(DAEMON_SHARE)/models
+	    $(DESTDIR)$(PREFIX)/share/doc/diffrag $(DESTDIR)$(DAEMON_SHARE)/models \
+	    $(DESTDIR)$(DAEMON_SHARE)/grounding
 	install -m 755 $(BUILD)/diffragd $(DESTDIR)$(PREFIX)/bin/diffragd
 	sed 's|/usr/local/share/diffrag|$(DAEMON_SHARE)|g' deploy/diffragd.conf > \
 	    $(DESTDIR)$(SYSCONFDIR)/diffrag/diffragd.conf.example
@@ -41,7 +44,11 @@ install-daemon: $(BUILD)/diffragd
 	    -e 's|/etc/diffrag/|$(SYSCONFDIR)/diffrag/|g' deploy/diffragd.service > \
 	    $(DESTDIR)$(UNITDIR)/diffragd.service
 	chmod 644 $(DESTDIR)$(UNITDIR)/diffragd.service
-	install -m 644 docs/protocol.md docs/configuration.md $(DESTDIR)$(PREFIX)/share/doc/diffrag/
+	install -m 644 docs/protocol.md docs/configuration.md docs/groundedness.md \
+	    $(DESTDIR)$(PREFIX)/share/doc/diffrag/
+	for f in deploy/grounding/*.grounding; do \
+	    if [ -f "$$f" ]; then install -m 644 "$$f" $(DESTDIR)$(DAEMON_SHARE)/grounding/ || exit 1; fi; \
+	done
 	if [ "$(INSTALL_MODEL)" = yes ] && [ -f $(MODEL_FILE) ]; then \
 	    install -m 644 $(MODEL_FILE) $(DESTDIR)$(DAEMON_SHARE)/models/; fi
 

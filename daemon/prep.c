@@ -143,8 +143,22 @@ static void run_query(const struct PrepShared *sh, struct Request *r)
     struct CtxOptions co = { .budget = (size_t)p->max_context_tokens, .order = CTX_ORDER_RANK };
     st = ctx_assemble(&sh->tc, p->question.p, p->question.len, chunks, n_hits, &co, &r->ctx, err,
                       sizeof err);
-    if (st)
+    if (st) {
         fail(r, st, err);
+        goto done;
+    }
+    /* the words of the text the model is given, for the answer's lexical support */
+    if (gr_wordset_new(&r->doc_words)) {
+        fail(r, RET_ENOMEM, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < r->ctx->n_cites; i++) {
+        const struct CtxSpan *b = &r->ctx->cites[i].bytes;
+        if (gr_wordset_add_text(r->doc_words, r->ctx->text + b->start, b->end - b->start)) {
+            fail(r, RET_ENOMEM, "out of memory");
+            goto done;
+        }
+    }
 done:
     store_read_end(&rd);
     memidx_destroy(&mi);

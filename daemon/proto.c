@@ -29,11 +29,11 @@ const char *ec_name(enum ErrCode c)
 /* The keys the protocol knows; values are found in a first pass, then decoded by name. */
 enum Key { K_V, K_OP, K_ID, K_QUESTION, K_DOCS, K_COLLECTION, K_IDS, K_TOP_K, K_MAX_CONTEXT,
            K_MAX_TOKENS, K_TEMPERATURE, K_TOP_P, K_SEED, K_STOP, K_STREAM, K_DEADLINE, K_TARGET,
-           K_DOC_ID, K_AFTER, K_LIMIT, K_COUNT };
+           K_DOC_ID, K_AFTER, K_LIMIT, K_INCLUDE, K_COUNT };
 static const char *const key_names[K_COUNT] = {
     "v", "op", "id", "question", "docs", "collection", "ids", "top_k", "max_context_tokens",
     "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "deadline_ms", "target",
-    "doc_id", "after", "limit" };
+    "doc_id", "after", "limit", "include" };
 
 struct Dec {
     const uint8_t *end;
@@ -226,6 +226,38 @@ static int decode_stop(struct Dec *d)
     return 0;
 }
 
+/* "include": optional parts of a query's reply, by name. */
+static int decode_include(struct Dec *d)
+{
+    struct MpCursor c;
+    struct MpObj o;
+    if (!d->val[K_INCLUDE])
+        return 0;
+    read_at(d, K_INCLUDE, &c, &o);
+    if (o.type != MP_ARRAY)
+        FAIL(d, EC_BAD_REQUEST, "include must be an array of strings, not %s", mp_type_name(o.type));
+    if (o.v.n > PROTO_MAX_INCLUDE)
+        FAIL(d, EC_BAD_REQUEST, "include has %u entries; at most %d", o.v.n, PROTO_MAX_INCLUDE);
+    for (uint32_t i = 0; i < o.v.n; i++) {
+        struct MpObj e;
+        mp_next(&c, &e);
+        if (e.type != MP_STR)
+            FAIL(d, EC_BAD_REQUEST, "include[%u] must be a string, not %s", i, mp_type_name(e.type));
+        if (e.len == 13 && !memcmp(e.s, "token_signals", 13)) {
+            d->p->include_token_signals = 1;
+        } else {
+            char shown[40];
+            size_t n = e.len < 32 ? e.len : 32, j = 0;
+            for (size_t k = 0; k < n; k++)
+                shown[j++] = (e.s[k] >= 0x20 && e.s[k] < 0x7f) ? e.s[k] : '?';
+            shown[j] = 0;
+            FAIL(d, EC_BAD_REQUEST, "include[%u]: unknown part \"%s\" (known: token_signals)", i,
+                 shown);
+        }
+    }
+    return 0;
+}
+
 static int decode_docs(struct Dec *d, int need_ids)
 {
     struct MpCursor c;
@@ -326,7 +358,8 @@ static int decode_fields(struct Dec *d)
         if (!d->val[K_QUESTION])
             FAIL(d, EC_BAD_REQUEST, "query needs a question");
         if (get_str(d, K_QUESTION, 1, cfg->max_question_bytes, EC_TOO_LARGE, &p->question) ||
-            check_collection(d) || decode_ids(d) || decode_stop(d) || decode_docs(d, 0))
+            check_collection(d) || decode_ids(d) || decode_stop(d) || decode_docs(d, 0) ||
+            decode_include(d))
             return -1;
         if (p->n_docs == 0 && p->collection.len == 0)
             FAIL(d, EC_BAD_REQUEST, "query needs docs (inline documents) or a collection");

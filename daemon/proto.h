@@ -17,6 +17,7 @@
 #define PROTO_MAX_STOP 64             /* config max_stop may not exceed it */
 #define PROTO_MAX_LIST_LIMIT 1000
 #define PROTO_MAX_DEADLINE_MS 86400000L
+#define PROTO_MAX_INCLUDE 8               /* entries of a query's "include" */
 
 enum Op { OP_PING, OP_QUERY, OP_INGEST, OP_DELETE, OP_GET, OP_LIST, OP_STATS, OP_CANCEL, OP_NONE,
           OP_COUNT };
@@ -48,6 +49,7 @@ struct RequestParams {
     size_t n_stop;
     int stream;
     long deadline_ms;                           /* 0: none */
+    int include_token_signals;                  /* query: "include": ["token_signals"] */
     const uint8_t *target_raw; size_t target_len; /* cancel: the id of the request to stop */
 };
 

@@ -10,6 +10,7 @@
 
 #include <zmq.h>
 
+#include "daemon/grounding.h"
 #include "daemon/mp.h"
 #include "daemon/proto.h"
 #include "retriever/context.h"
@@ -41,6 +42,7 @@ struct Request {
     /* filled by the I/O thread */
     double retrieve_ms;
     struct Context *ctx;              /* query: the assembled prompt */
+    struct GrWordSet *doc_words;      /* query: the placed chunks' words (lexical support) */
     struct MpWriter reply;            /* store operations: the reply body after id/ok */
     size_t reply_fields;              /* entries in `reply` (a map body) */
     enum ErrCode code;

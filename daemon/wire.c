@@ -36,6 +36,57 @@ static int num(const struct MpObj *v, double *out)
     return isfinite(*out) ? 0 : -1;
 }
 
+static const char *const sig_names[WS_N_FLOAT] = {
+    "logprob", "entropy", "margin", "doc_mass", "gen_mass", "diff_doc_mass", "lookback",
+};
+
+const char *wire_sig_name(int i)
+{
+    return i >= 0 && i < WS_N_FLOAT ? sig_names[i] : NULL;
+}
+
+static void put_u32(uint8_t *p, uint32_t u)
+{
+    p[0] = (uint8_t)u;
+    p[1] = (uint8_t)(u >> 8);
+    p[2] = (uint8_t)(u >> 16);
+    p[3] = (uint8_t)(u >> 24);
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* n 32-bit words (int32, uint32 or float) as a bin of little-endian words. */
+static void put_words_bin(struct MpWriter *w, const void *words, size_t n)
+{
+    uint8_t *le = malloc(n * 4 + 1);
+    if (!le) {
+        w->failed = 1;
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, (const char *)words + 4 * i, 4);
+        put_u32(le + 4 * i, u);
+    }
+    mpw_bin(w, le, n * 4);
+    free(le);
+}
+
+/* A bin of little-endian words into a fresh array of n words; NULL when out of memory. */
+static void *get_words_bin(const struct MpObj *v, size_t n)
+{
+    uint32_t *out = malloc(n * 4 + 4);
+    if (!out)
+        return NULL;
+    const uint8_t *p = (const uint8_t *)v->s;
+    for (size_t i = 0; i < n; i++)
+        out[i] = get_u32(p + 4 * i);
+    return out;
+}
+
 /* Opens the single map a body must be. */
 static int open_map(const void *buf, size_t len, struct MpCursor *c, uint32_t *n, char *err,
                     size_t errlen)
@@ -107,25 +158,14 @@ bad:
 
 void wire_job_encode(struct MpWriter *w, const int32_t *tokens, size_t n_tokens, int max_tokens,
                      double temperature, double top_p, uint64_t seed, const char *const *stop,
-                     const size_t *stop_lens, size_t n_stop, int stream)
+                     const size_t *stop_lens, size_t n_stop, int stream,
+                     const struct WireGround *g)
 {
-    mpw_map(w, 7);
-    mpw_cstr(w, "tokens");
+    int watch = g && g->watch;
+    mpw_map(w, 8 + (watch ? 1 : 0));
     /* int32 little-endian: the x86/arm in-memory layout, converted where it is not */
-    uint8_t *le = malloc(n_tokens * 4 + 1);
-    if (!le) {
-        w->failed = 1;
-        return;
-    }
-    for (size_t i = 0; i < n_tokens; i++) {
-        uint32_t u = (uint32_t)tokens[i];
-        le[4 * i] = (uint8_t)u;
-        le[4 * i + 1] = (uint8_t)(u >> 8);
-        le[4 * i + 2] = (uint8_t)(u >> 16);
-        le[4 * i + 3] = (uint8_t)(u >> 24);
-    }
-    mpw_bin(w, le, n_tokens * 4);
-    free(le);
+    mpw_cstr(w, "tokens");
+    put_words_bin(w, tokens, n_tokens);
     mpw_kv_int(w, "max_tokens", max_tokens);
     mpw_kv_double(w, "temperature", temperature);
     mpw_kv_double(w, "top_p", top_p);
@@ -135,11 +175,19 @@ void wire_job_encode(struct MpWriter *w, const int32_t *tokens, size_t n_tokens,
     for (size_t i = 0; i < n_stop; i++)
         mpw_str(w, stop[i], stop_lens[i]);
     mpw_kv_bool(w, "stream", stream);
+    mpw_cstr(w, "doc_spans");
+    put_words_bin(w, g ? g->doc_spans : NULL, g ? 2 * g->n_spans : 0);
+    if (watch) {
+        mpw_cstr(w, "watch");
+        put_words_bin(w, g->watch, 2 * g->n_watch);
+    }
 }
 
 void wire_job_free(struct WireJob *j)
 {
     free(j->tokens);
+    free(j->doc_spans);
+    free(j->watch);
     for (size_t i = 0; i < j->n_stop; i++)
         free(j->stop[i]);
     free(j->stop);
@@ -163,12 +211,20 @@ int wire_job_decode(const void *buf, size_t len, struct WireJob *out, char *err,
         if (key_is(&k, "tokens")) {
             if (v.type != MP_BIN || v.len % 4 || v.len == 0 || out->tokens) goto bad;
             out->n_tokens = v.len / 4;
-            out->tokens = malloc(v.len);
+            out->tokens = get_words_bin(&v, out->n_tokens);
             if (!out->tokens) goto nomem;
-            const uint8_t *p = (const uint8_t *)v.s;
-            for (size_t t = 0; t < out->n_tokens; t++)
-                out->tokens[t] = (int32_t)((uint32_t)p[4 * t] | (uint32_t)p[4 * t + 1] << 8 |
-                                           (uint32_t)p[4 * t + 2] << 16 | (uint32_t)p[4 * t + 3] << 24);
+        } else if (key_is(&k, "doc_spans")) {
+            if (v.type != MP_BIN || v.len % 8 || out->doc_spans) goto bad;
+            out->n_spans = v.len / 8;
+            out->doc_spans = get_words_bin(&v, 2 * out->n_spans);
+            if (!out->doc_spans) goto nomem;
+        } else if (key_is(&k, "watch")) {
+            if (v.type != MP_BIN || v.len % 8 || v.len / 8 > WIRE_MAX_WATCH || out->watch_given)
+                goto bad;
+            out->n_watch = v.len / 8;
+            out->watch = get_words_bin(&v, 2 * out->n_watch);
+            out->watch_given = 1;
+            if (!out->watch) goto nomem;
         } else if (key_is(&k, "max_tokens")) {
             if (num(&v, &d) || d < 1 || d > 1 << 20) goto bad;
             out->max_tokens = (int)d;
@@ -208,6 +264,19 @@ int wire_job_decode(const void *buf, size_t len, struct WireJob *out, char *err,
         wire_job_free(out);
         return -1;
     }
+    for (size_t i = 0; i < out->n_spans; i++)
+        if (out->doc_spans[2 * i] > out->doc_spans[2 * i + 1] ||
+            out->doc_spans[2 * i + 1] > out->n_tokens) {
+            snprintf(err, errlen, "JOB document span %zu is outside the prompt", i);
+            wire_job_free(out);
+            return -1;
+        }
+    for (size_t i = 0; i < out->n_watch; i++)
+        if (out->watch[2 * i] < 0 || out->watch[2 * i + 1] < 0) {
+            snprintf(err, errlen, "JOB watches a negative layer or head");
+            wire_job_free(out);
+            return -1;
+        }
     return 0;
 nomem:
     snprintf(err, errlen, "out of memory");
@@ -222,7 +291,7 @@ bad:
 void wire_result_encode(struct MpWriter *w, const struct WireResult *r)
 {
     int is_err = r->finish == WF_ERROR;
-    mpw_map(w, 7 + (is_err ? 2 : 0));
+    mpw_map(w, 7 + (is_err ? 2 : 0) + (r->has_signals ? 1 : 0));
     mpw_kv_cstr(w, "finish", wire_finish_name(r->finish));
     mpw_kv_str(w, "text", r->text ? r->text : "", r->text ? r->text_len : 0);
     mpw_kv_int(w, "prompt_tokens", r->prompt_tokens);
@@ -230,10 +299,100 @@ void wire_result_encode(struct MpWriter *w, const struct WireResult *r)
     mpw_kv_double(w, "prefill_ms", r->prefill_ms);
     mpw_kv_double(w, "ttft_ms", r->ttft_ms);
     mpw_kv_double(w, "decode_ms", r->decode_ms);
+    if (r->has_signals) {
+        mpw_cstr(w, "signals");
+        mpw_map(w, WS_N_FLOAT + 2);
+        mpw_kv_uint(w, "n", r->sig.n);
+        for (int i = 0; i < WS_N_FLOAT; i++) {
+            mpw_cstr(w, sig_names[i]);
+            put_words_bin(w, r->sig.f[i], r->sig.n);
+        }
+        mpw_cstr(w, "text_end");
+        put_words_bin(w, r->sig.text_end, r->sig.n);
+    }
     if (is_err) {
         mpw_kv_str(w, "code", r->code ? r->code : "internal", r->code ? r->code_len : 8);
         mpw_kv_str(w, "message", r->message ? r->message : "", r->message ? r->message_len : 0);
     }
+}
+
+void wire_result_free(struct WireResult *r)
+{
+    for (int i = 0; i < WS_N_FLOAT; i++) {
+        free(r->sig.f[i]);
+        r->sig.f[i] = NULL;
+    }
+    free(r->sig.text_end);
+    r->sig.text_end = NULL;
+    r->sig.n = 0;
+    r->has_signals = 0;
+}
+
+/* The signals map: every array present once, n words long, floats finite. */
+static int signals_decode(struct MpCursor *c, const struct MpObj *m, struct WireSignals *sg,
+                          char *err, size_t errlen)
+{
+    const struct MpObj *arrays[WS_N_FLOAT + 1] = { 0 };
+    struct MpObj vals[WS_N_FLOAT + 1];
+    int have_n = 0;
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < m->v.n; i++) {
+        struct MpObj k, v;
+        if (mp_next(c, &k) || mp_next(c, &v))
+            goto bad;
+        int slot = -1;
+        if (key_is(&k, "n")) {
+            if (v.type != MP_UINT || have_n || v.v.u > (1u << 24))
+                goto bad;
+            n = v.v.u;
+            have_n = 1;
+        } else if (key_is(&k, "text_end")) {
+            slot = WS_N_FLOAT;
+        } else {
+            for (int s = 0; s < WS_N_FLOAT; s++)
+                if (key_is(&k, sig_names[s]))
+                    slot = s;
+        }
+        if (slot >= 0) {
+            if (v.type != MP_BIN || arrays[slot])
+                goto bad;
+            vals[slot] = v;
+            arrays[slot] = &vals[slot];
+        } else if (v.type == MP_ARRAY || v.type == MP_MAP) {
+            if (mp_skip_body(c, &v))
+                goto bad;
+        }
+    }
+    if (!have_n)
+        goto bad;
+    for (int s = 0; s <= WS_N_FLOAT; s++)
+        if (!arrays[s] || arrays[s]->len != n * 4) {
+            snprintf(err, errlen, "RESULT signals: %s is not %llu values long",
+                     s < WS_N_FLOAT ? sig_names[s] : "text_end", (unsigned long long)n);
+            return -1;
+        }
+    sg->n = (size_t)n;
+    for (int s = 0; s <= WS_N_FLOAT; s++) {
+        void *a = get_words_bin(arrays[s], sg->n);
+        if (!a) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        if (s < WS_N_FLOAT)
+            sg->f[s] = a;
+        else
+            sg->text_end = a;
+    }
+    for (int s = 0; s < WS_N_FLOAT; s++)
+        for (size_t i = 0; i < sg->n; i++)
+            if (!isfinite(sg->f[s][i])) {
+                snprintf(err, errlen, "RESULT signals: %s[%zu] is not finite", sig_names[s], i);
+                return -1;
+            }
+    return 0;
+bad:
+    snprintf(err, errlen, "malformed RESULT signals");
+    return -1;
 }
 
 int wire_result_decode(const void *buf, size_t len, struct WireResult *out, char *err, size_t errlen)
@@ -265,6 +424,13 @@ int wire_result_decode(const void *buf, size_t len, struct WireResult *out, char
         } else if (key_is(&k, "message") && v.type == MP_STR) {
             out->message = v.s;
             out->message_len = v.len;
+        } else if (key_is(&k, "signals")) {
+            if (v.type != MP_MAP || out->has_signals) goto bad;
+            out->has_signals = 1;
+            if (signals_decode(&c, &v, &out->sig, err, errlen)) {
+                wire_result_free(out);
+                return -1;
+            }
         } else if (!num(&v, &d) && d >= 0 && d < 1e15) {
             if (key_is(&k, "prompt_tokens")) out->prompt_tokens = (int64_t)d;
             else if (key_is(&k, "completion_tokens")) out->completion_tokens = (int64_t)d;
@@ -277,8 +443,34 @@ int wire_result_decode(const void *buf, size_t len, struct WireResult *out, char
     }
     if (!have_finish)
         goto bad;
+    if (out->has_signals) {
+        /* token i owns text[text_end[i-1] .. text_end[i]): in order, on character boundaries,
+         * covering the whole text */
+        const struct WireSignals *sg = &out->sig;
+        const uint8_t *t = (const uint8_t *)out->text;
+        uint32_t prev = 0;
+        const char *why = NULL;
+        if ((int64_t)sg->n > out->completion_tokens)
+            why = "more signals than completion tokens";
+        for (size_t i = 0; !why && i < sg->n; i++) {
+            uint32_t e = sg->text_end[i];
+            if (e < prev || e > out->text_len)
+                why = "text_end out of order or past the text";
+            else if (e < out->text_len && (t[e] & 0xC0) == 0x80)
+                why = "text_end inside a character";
+            prev = e;
+        }
+        if (!why && sg->n && prev != out->text_len)
+            why = "text_end does not reach the end of the text";
+        if (why) {
+            snprintf(err, errlen, "RESULT signals: %s", why);
+            wire_result_free(out);
+            return -1;
+        }
+    }
     return 0;
 bad:
     snprintf(err, errlen, "malformed RESULT body");
+    wire_result_free(out);
     return -1;
 }

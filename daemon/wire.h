@@ -7,11 +7,21 @@
  *   WIRE_HEARTBEAT  0x02  both         (no body frame)
  *   WIRE_JOB        0x03  b -> w       u64 job id (LE) | msgpack {tokens: bin of int32 LE,
  *                                      max_tokens, temperature, top_p, seed, stop: [str],
- *                                      stream: bool}
+ *                                      stream: bool, doc_spans: bin of uint32 LE pairs
+ *                                      [start, end) (the documents' prompt tokens),
+ *                                      [watch: bin of int32 LE pairs (layer, head); absent:
+ *                                      the worker's default set]}
  *   WIRE_DELTA      0x04  w -> b       u64 job id | UTF-8 text released by one token
  *   WIRE_RESULT     0x05  w -> b       u64 job id | msgpack {finish, text, prompt_tokens,
  *                                      completion_tokens, prefill_ms, ttft_ms, decode_ms,
+ *                                      signals: {n, logprob, entropy, margin, doc_mass,
+ *                                      gen_mass, diff_doc_mass, lookback: bin of n float32 LE,
+ *                                      text_end: bin of n uint32 LE},
  *                                      [code, message] when finish is "error"}
+ *
+ * The signals are those of the answer tokens (the generated tokens without the control token
+ * that ends the turn; docs/groundedness.md): text_end[i] is the length of the answer text
+ * released up to and including token i, so token i owns text[text_end[i-1] .. text_end[i]).
  *   WIRE_CANCEL     0x06  b -> w       u64 job id | one reason byte (enum WireReason)
  *   WIRE_DISCONNECT 0x07  both         (no body frame) the peer forgets the sender
  *
@@ -52,7 +62,18 @@ struct WireInfo {
     uint64_t kv_bytes;
 };
 
-/* A job as the worker runs it. tokens and stop strings are owned (wire_job_free). */
+/* The grounding part of a job: the prompt's document token spans and the watched heads. */
+struct WireGround {
+    const uint32_t *doc_spans;  /* (n_spans, 2): [start, end) token ranges */
+    size_t n_spans;
+    const int32_t *watch;       /* (n_watch, 2): layer, head; NULL: the worker's default set */
+    size_t n_watch;
+};
+
+#define WIRE_MAX_WATCH 1024
+
+/* A job as the worker runs it. tokens, stop strings, spans and watch are owned
+ * (wire_job_free). */
 struct WireJob {
     uint64_t job;
     int32_t *tokens;
@@ -63,6 +84,21 @@ struct WireJob {
     char **stop;              /* NUL-terminated copies */
     size_t n_stop;
     int stream;
+    uint32_t *doc_spans;      /* (n_spans, 2), each within [0, n_tokens] with start <= end */
+    size_t n_spans;
+    int32_t *watch;           /* (n_watch, 2) when watch_given */
+    size_t n_watch;
+    int watch_given;          /* 0: the worker's default set */
+};
+
+/* The answer tokens' signals, struct of arrays of n each. */
+enum WireSig { WS_LOGPROB, WS_ENTROPY, WS_MARGIN, WS_DOC_MASS, WS_GEN_MASS, WS_DIFF_DOC_MASS,
+               WS_LOOKBACK, WS_N_FLOAT };
+const char *wire_sig_name(int s);   /* the key of each float array ("logprob", ...) */
+struct WireSignals {
+    size_t n;
+    float *f[WS_N_FLOAT];
+    uint32_t *text_end;       /* non-decreasing; the last equals the text's length */
 };
 
 struct WireResult {
@@ -73,6 +109,8 @@ struct WireResult {
     double prefill_ms, ttft_ms, decode_ms;
     const char *code, *message;             /* finish == WF_ERROR; borrowed */
     size_t code_len, message_len;
+    int has_signals;                        /* sig holds the answer tokens' signals */
+    struct WireSignals sig;                 /* encode: borrowed; decode: owned */
 };
 
 static inline void wire_put_u64(uint8_t *p, uint64_t v)
@@ -92,14 +130,18 @@ static inline uint64_t wire_get_u64(const uint8_t *p)
 void wire_info_encode(struct MpWriter *w, const struct WireInfo *info);
 void wire_job_encode(struct MpWriter *w, const int32_t *tokens, size_t n_tokens, int max_tokens,
                      double temperature, double top_p, uint64_t seed, const char *const *stop,
-                     const size_t *stop_lens, size_t n_stop, int stream);
+                     const size_t *stop_lens, size_t n_stop, int stream,
+                     const struct WireGround *ground);   /* ground NULL: no spans, default watch */
 void wire_result_encode(struct MpWriter *w, const struct WireResult *r);
 
 /* Decoders take the body after the job id. 0, or -1 with err (the peer sent garbage). */
 int wire_info_decode(const void *buf, size_t len, struct WireInfo *out, char *err, size_t errlen);
 int wire_job_decode(const void *buf, size_t len, struct WireJob *out, char *err, size_t errlen);
 void wire_job_free(struct WireJob *j);
-/* The result's strings borrow buf. */
+/* The result's strings borrow buf; its signals are checked (lengths, finite values, text_end
+ * non-decreasing, on character boundaries, ending at the text's end, no more than
+ * completion_tokens) and copied: free them with wire_result_free. */
 int wire_result_decode(const void *buf, size_t len, struct WireResult *out, char *err, size_t errlen);
+void wire_result_free(struct WireResult *r);
 
 #endif

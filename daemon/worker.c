@@ -15,6 +15,7 @@
 #include "daemon/wire.h"
 #include "daemon/zutil.h"
 #include "model/generate.h"
+#include "model/tokenizer.h"
 
 struct Worker {
     void *zctx;
@@ -30,6 +31,10 @@ struct Worker {
     _Atomic uint64_t cancel_job;  /* the job the I/O thread asked to stop (0: none) */
     _Atomic int cancel_reason;    /* enum WireReason */
     size_t kv_bytes;
+    /* the heads the engine watches now (set again only when a job asks for others) */
+    struct AttnWatch watch[ENGINE_MAX_WATCH];
+    int n_watch;
+    int watch_default;            /* the engine's default set is on */
 };
 
 size_t worker_kv_bytes(const struct Worker *w)
@@ -39,6 +44,13 @@ size_t worker_kv_bytes(const struct Worker *w)
 
 /* ---- compute thread ---- */
 
+/* The answer tokens' signals as they are generated (struct of arrays, grown by doubling). */
+struct SigBuf {
+    struct WireSignals s;
+    size_t cap;
+    int oom;
+};
+
 struct RunCtx {
     struct Worker *w;
     void *pair;
@@ -46,7 +58,64 @@ struct RunCtx {
     int stream;
     double t0, ttft_ms;
     int got_first;
+    uint32_t released;          /* answer bytes released so far */
+    struct SigBuf sig;
 };
+
+static void sigbuf_free(struct SigBuf *b)
+{
+    for (int i = 0; i < WS_N_FLOAT; i++)
+        free(b->s.f[i]);
+    free(b->s.text_end);
+    memset(b, 0, sizeof *b);
+}
+
+static int sigbuf_grow(struct SigBuf *b)
+{
+    size_t cap = b->cap ? b->cap * 2 : 64;
+    for (int i = 0; i < WS_N_FLOAT; i++) {
+        float *f = realloc(b->s.f[i], cap * sizeof *f);
+        if (!f)
+            return -1;
+        b->s.f[i] = f;
+    }
+    uint32_t *te = realloc(b->s.text_end, cap * sizeof *te);
+    if (!te)
+        return -1;
+    b->s.text_end = te;
+    b->cap = cap;
+    return 0;
+}
+
+/* Appends one answer token: its probabilities and the watched heads' masses averaged
+ * (docs/groundedness.md: doc_mass, gen_mass, diff_doc_mass; lookback per head, then
+ * averaged, 0 for a head with no mass on either). */
+static void sigbuf_add(struct SigBuf *b, const struct GenToken *t, uint32_t text_end)
+{
+    if (b->oom || (b->s.n == b->cap && sigbuf_grow(b))) {
+        b->oom = 1;
+        return;
+    }
+    double doc = 0, gen = 0, diff = 0, lb = 0;
+    for (int h = 0; h < t->n_mass; h++) {
+        const struct AttnMass *m = &t->mass[h];
+        doc += m->doc;
+        gen += m->gen;
+        diff += m->diff_doc;
+        if ((double)m->doc + m->gen != 0)
+            lb += m->doc / ((double)m->doc + m->gen);
+    }
+    double k = t->n_mass > 0 ? (double)t->n_mass : 1;
+    size_t i = b->s.n++;
+    b->s.f[WS_LOGPROB][i] = t->sig.logprob;
+    b->s.f[WS_ENTROPY][i] = t->sig.entropy;
+    b->s.f[WS_MARGIN][i] = t->sig.margin;
+    b->s.f[WS_DOC_MASS][i] = (float)(doc / k);
+    b->s.f[WS_GEN_MASS][i] = (float)(gen / k);
+    b->s.f[WS_DIFF_DOC_MASS][i] = (float)(diff / k);
+    b->s.f[WS_LOOKBACK][i] = (float)(lb / k);
+    b->s.text_end[i] = text_end;
+}
 
 static int cancel_requested(struct Worker *w, uint64_t job)
 {
@@ -62,6 +131,16 @@ static int on_token(void *user, const struct GenToken *t)
     }
     if (rc->stream && t->text_len)
         zu_send_job(rc->pair, NULL, 0, WIRE_DELTA, rc->job, t->text, t->text_len, 0);
+    rc->released += (uint32_t)t->text_len;
+    /* The control token that ends the turn is not an answer token, nor is the release of
+     * held-back text at the end (id -1): what they release belongs to the last answer token. */
+    const struct Tokenizer *tok = rc->w->m->tok;
+    if (t->id < 0 || tok_is_end(tok, t->id) || tok_is_special(tok, t->id)) {
+        if (rc->sig.s.n)
+            rc->sig.s.text_end[rc->sig.s.n - 1] = rc->released;
+    } else {
+        sigbuf_add(&rc->sig, t, rc->released);
+    }
     return cancel_requested(rc->w, rc->job);
 }
 
@@ -93,6 +172,48 @@ static enum WireFinish cancel_finish(struct Worker *w)
     return atomic_load(&w->cancel_reason) == WIRE_REASON_DEADLINE ? WF_DEADLINE : WF_CANCELLED;
 }
 
+/* The heads the job asks to watch (the engine's default set when it names none), set only
+ * when they differ from the current ones. 0, or -1 with err. */
+static int set_watch(struct Worker *w, const struct WireJob *job, char *err, size_t errlen)
+{
+    struct AttnWatch want[ENGINE_MAX_WATCH];
+    int n;
+    if (!job->watch_given) {
+        if (w->watch_default)
+            return 0;
+        n = engine_default_watch(w->m, want, ENGINE_MAX_WATCH);
+    } else {
+        n = (int)job->n_watch;
+        for (int i = 0; i < n; i++)
+            want[i] = (struct AttnWatch){ job->watch[2 * i], job->watch[2 * i + 1] };
+        if (!w->watch_default && n == w->n_watch && !memcmp(want, w->watch, (size_t)n * sizeof *want))
+            return 0;
+    }
+    w->watch_default = 0;
+    w->n_watch = 0;
+    if (engine_watch(w->e, want, n, err, errlen))
+        return -1;
+    memcpy(w->watch, want, (size_t)n * sizeof *want);
+    w->n_watch = n;
+    w->watch_default = !job->watch_given;
+    return 0;
+}
+
+/* Marks the prompt's document positions; everything after the prompt counts as generated. */
+static int set_spans(struct Worker *w, const struct WireJob *job, char *err, size_t errlen)
+{
+    uint8_t *cls = calloc(job->n_tokens, 1);
+    if (!cls) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < job->n_spans; i++)
+        memset(cls + job->doc_spans[2 * i], ATTN_DOC, job->doc_spans[2 * i + 1] - job->doc_spans[2 * i]);
+    int rc = engine_set_spans(w->e, cls, job->n_tokens, err, errlen);
+    free(cls);
+    return rc ? -1 : 0;
+}
+
 static void run_job(struct Worker *w, void *pair, uint64_t job_id, const void *body, size_t len)
 {
     struct WireJob job = { .job = job_id };
@@ -109,9 +230,15 @@ static void run_job(struct Worker *w, void *pair, uint64_t job_id, const void *b
         wire_job_free(&job);
         return;
     }
+    if (set_watch(w, &job, err, sizeof err) || set_spans(w, &job, err, sizeof err)) {
+        send_error(pair, job_id, "internal", err);
+        wire_job_free(&job);
+        return;
+    }
     struct RunCtx rc = { .w = w, .pair = pair, .job = job_id, .stream = job.stream,
                          .t0 = zu_now_ms() };
-    struct WireResult r = { .job = job_id, .prompt_tokens = (int64_t)job.n_tokens };
+    struct WireResult r = { .job = job_id, .prompt_tokens = (int64_t)job.n_tokens,
+                            .has_signals = 1 };
     engine_reset(w->e);
     /* A cancel that came before the reset was wiped by it; the atomic still says so. */
     int st = cancel_requested(w, job_id) ? ENGINE_ECANCELLED
@@ -140,8 +267,11 @@ static void run_job(struct Worker *w, void *pair, uint64_t job_id, const void *b
     p.prefilled = 1;
     struct GenResult g;
     st = generate(w->e, job.tokens, job.n_tokens, &p, on_token, &rc, &g, err, sizeof err);
-    if (st) {
-        send_error(pair, job_id, "internal", err);
+    if (st || rc.sig.oom) {
+        send_error(pair, job_id, "internal", st ? err : "out of memory for the token signals");
+        if (!st)
+            free(g.text);
+        sigbuf_free(&rc.sig);
         wire_job_free(&job);
         return;
     }
@@ -156,8 +286,10 @@ static void run_job(struct Worker *w, void *pair, uint64_t job_id, const void *b
     r.completion_tokens = g.n_generated;
     r.ttft_ms = rc.got_first ? rc.ttft_ms : 0;
     r.decode_ms = g.decode_ms;
+    r.sig = rc.sig.s;
     send_result(pair, &r);
     free(g.text);
+    sigbuf_free(&rc.sig);
     wire_job_free(&job);
 }
 

@@ -1,6 +1,6 @@
 """diffragd and the daemon unit tests built with AddressSanitizer + UndefinedBehaviorSanitizer
 (build/asan), leak detection on: the unit tests (msgpack reader on every truncation and random
-bytes), then a sanitized daemon fed every malformed case of test_daemon_malformed.py, a
+bytes; the groundedness figures and the signals on the wire), then a sanitized daemon fed every malformed case of test_daemon_malformed.py, a
 streamed query, a cancel, store operations and a SIGTERM drain; no sanitizer report, exit 0."""
 import os
 import subprocess
@@ -20,15 +20,17 @@ MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error")
 
 @pytest.fixture(scope="module")
 def asan_build(root):
-    targets = [f"{ASAN_BUILD}/diffragd", f"{ASAN_BUILD}/tests/test_daemon_units"]
+    targets = [f"{ASAN_BUILD}/diffragd", f"{ASAN_BUILD}/tests/test_daemon_units",
+               f"{ASAN_BUILD}/tests/test_grounding_units"]
     r = subprocess.run(["make", "-s", "-j2", f"BUILD={ASAN_BUILD}", "OPT=-O1", f"SAN={SAN}",
                         *targets], cwd=root, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, f"ASan build failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return root / ASAN_BUILD
 
 
-def test_units_under_asan(asan_build, root):
-    r = subprocess.run([str(asan_build / "tests" / "test_daemon_units")], cwd=root,
+@pytest.mark.parametrize("unit", ["test_daemon_units", "test_grounding_units"])
+def test_units_under_asan(asan_build, root, unit):
+    r = subprocess.run([str(asan_build / "tests" / unit)], cwd=root,
                        capture_output=True, text=True, timeout=300, env=dict(os.environ, **ENV))
     print(r.stdout, r.stderr)
     assert r.returncode == 0 and not any(m in r.stderr for m in MARKERS), r.stderr[-3000:]

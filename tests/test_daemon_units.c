@@ -134,7 +134,7 @@ static void test_wire(void)
     size_t lens[2] = { 2, 3 };
     struct MpWriter w;
     mpw_init(&w);
-    wire_job_encode(&w, toks, 5, 42, 0.7, 0.9, 1234567890123ull, stop, lens, 2, 1);
+    wire_job_encode(&w, toks, 5, 42, 0.7, 0.9, 1234567890123ull, stop, lens, 2, 1, NULL);
     struct WireJob j = { .job = 99 };
     char err[128];
     CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) == 0, "%s", err);

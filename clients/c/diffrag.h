@@ -171,18 +171,22 @@ typedef struct DiffragCitation {
     int truncated;     /* only a prefix fitted the prompt budget */
 } DiffragCitation;
 
-/* The groundedness figures of an answer, when the daemon reports them (has_grounding). */
+/* The groundedness figures of an answer, when the daemon reports them (has_grounding); the
+ * daemon's docs/groundedness.md defines each. A figure the daemon leaves nil is NAN: score
+ * when it has no calibrated detector for its model (detector "none"), the ratios and
+ * log-probabilities for an answer of no token. */
 typedef struct DiffragGrounding {
-    double score;                   /* higher: more likely unsupported by the documents */
+    double score;                   /* 0..1, higher: more likely unsupported by the documents;
+                                     * NAN: not scored */
     int flagged;                    /* the detector flags the answer */
     int abstained;                  /* the answer declines to answer */
-    double lookback_ratio;
-    double unsupported_token_ratio;
+    double lookback_ratio;          /* attention on the documents vs. on the answer so far */
+    double unsupported_token_ratio; /* tokens of content words the documents lack */
     double mean_logprob;
     double min_logprob;
     int64_t answer_tokens;
     int64_t flagged_tokens;
-    char *detector;                 /* the calibration's name; may be NULL */
+    char *detector;                 /* the calibration's name, "none"; may be NULL */
 } DiffragGrounding;
 
 typedef struct DiffragAnswer {

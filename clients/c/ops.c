@@ -1,6 +1,7 @@
 /* The operations of docs/protocol.md: each packs its request map, runs the exchange through
  * client.c and decodes the final reply into the plain result structs of diffrag.h (and frees
  * them). query also handles streaming, delta callbacks and cancellation. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -302,18 +303,19 @@ static void decode_citation(struct Dec *d, const msgpack_object *o, size_t i, Di
     d->ctx = saved;
 }
 
-static double opt_num(const msgpack_object *map, const char *key)
+/* A number, or `absent` when the key is missing, nil or of another type. */
+static double opt_num(const msgpack_object *map, const char *key, double absent)
 {
     const msgpack_object *o = mpo_get(map, key);
     if (!o)
-        return 0;
+        return absent;
     if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
         return (double)o->via.u64;
     if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
         return (double)o->via.i64;
     if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64)
         return o->via.f64;
-    return 0;
+    return absent;
 }
 
 static int opt_bool(const msgpack_object *map, const char *key)
@@ -365,15 +367,15 @@ static DiffragAnswer *decode_answer(struct Dec *d, const struct Reply *r, const 
          * reason to lose the answer (json keeps everything) */
         DiffragGrounding *gr = &a->grounding;
         a->has_grounding = 1;
-        gr->score = opt_num(g, "score");
+        gr->score = opt_num(g, "score", NAN);
         gr->flagged = opt_bool(g, "flagged");
         gr->abstained = opt_bool(g, "abstained");
-        gr->lookback_ratio = opt_num(g, "lookback_ratio");
-        gr->unsupported_token_ratio = opt_num(g, "unsupported_token_ratio");
-        gr->mean_logprob = opt_num(g, "mean_logprob");
-        gr->min_logprob = opt_num(g, "min_logprob");
-        gr->answer_tokens = (int64_t)opt_num(g, "answer_tokens");
-        gr->flagged_tokens = (int64_t)opt_num(g, "flagged_tokens");
+        gr->lookback_ratio = opt_num(g, "lookback_ratio", NAN);
+        gr->unsupported_token_ratio = opt_num(g, "unsupported_token_ratio", NAN);
+        gr->mean_logprob = opt_num(g, "mean_logprob", NAN);
+        gr->min_logprob = opt_num(g, "min_logprob", NAN);
+        gr->answer_tokens = (int64_t)opt_num(g, "answer_tokens", 0);
+        gr->flagged_tokens = (int64_t)opt_num(g, "flagged_tokens", 0);
         const msgpack_object *det = mpo_get(g, "detector");
         if (det && det->type == MSGPACK_OBJECT_STR)
             gr->detector = dec_strdup(d, det->via.str.ptr, det->via.str.size);

@@ -2,6 +2,7 @@
  * (streamed as it is generated with --stream), its sources and its grounding figures, or the
  * reply as JSON. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,7 +58,7 @@ static void print_details(const DiffragAnswer *r)
                c->doc_id, (long long)c->chunk, c->score, (long long)c->start, (long long)c->end,
                c->cited ? ", cited" : "", c->truncated ? ", truncated" : "");
     }
-    if (r->has_grounding) {
+    if (r->has_grounding && !isnan(r->grounding.score)) {
         const DiffragGrounding *g = &r->grounding;
         printf("grounding: %s, score %.3f, lookback ratio %.3f, unsupported tokens %.3f "
                "(%lld of %lld flagged), mean logprob %.2f%s%s%s\n",
@@ -66,6 +67,12 @@ static void print_details(const DiffragAnswer *r)
                g->unsupported_token_ratio, (long long)g->flagged_tokens,
                (long long)g->answer_tokens, g->mean_logprob, g->detector ? " (detector " : "",
                g->detector ? g->detector : "", g->detector ? ")" : "");
+    } else if (r->has_grounding) {
+        const DiffragGrounding *g = &r->grounding;
+        printf("grounding: %snot scored (no calibrated detector for this model), lookback ratio "
+               "%.3f, unsupported tokens %.3f of %lld, mean logprob %.2f\n",
+               g->abstained ? "abstained, " : "", g->lookback_ratio, g->unsupported_token_ratio,
+               (long long)g->answer_tokens, g->mean_logprob);
     } else {
         printf("grounding: not reported by this daemon\n");
     }

@@ -41,7 +41,10 @@ class Timings:
 
 @dataclass
 class Grounding:
-    """How far the answer rests on the documents, when the daemon reports it."""
+    """How far the answer rests on the documents, when the daemon reports it (the daemon's
+    docs/groundedness.md defines each figure). ``score`` and ``flagged`` are None when the
+    daemon has no calibrated detector for its model (``detector`` is then "none"); the ratios
+    and log-probabilities are None for an answer of no token."""
 
     score: Optional[float] = None
     flagged: Optional[bool] = None

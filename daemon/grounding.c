@@ -1,0 +1,820 @@
+/* The groundedness figures of docs/groundedness.md: word splitting and the documents' word
+ * set, lexical support, windows, features, the logistic score and the request summary, and
+ * the strict calibration file parser. */
+#include "daemon/grounding.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "retriever/prompt.h"
+#include "retriever/text.h"
+#include "retriever/unicode_tables.h"
+
+static const char *const feature_names[GR_N_FEATURES] = {
+    "mean_logprob", "min_logprob", "mean_entropy", "mean_margin", "lookback", "diff_doc_mass",
+    "unsupported_ratio",
+};
+
+const char *gr_feature_name(int f)
+{
+    return f >= 0 && f < GR_N_FEATURES ? feature_names[f] : NULL;
+}
+
+/* ---- words ---- */
+
+/* Function words that carry no fact of their own. */
+static const char *const stop_words[] = {
+    "a", "about", "after", "all", "also", "am", "an", "and", "any", "are", "as", "at", "be",
+    "because", "been", "before", "being", "between", "both", "but", "by", "can", "could",
+    "did", "do", "does", "during", "each", "for", "from", "had", "has", "have", "he", "her",
+    "here", "hers", "him", "his", "how", "i", "if", "in", "into", "is", "it", "its", "just",
+    "me", "more", "most", "my", "no", "nor", "not", "of", "on", "once", "only", "or", "other",
+    "our", "out", "over", "own", "same", "she", "should", "so", "some", "such", "than", "that",
+    "the", "their", "them", "then", "there", "these", "they", "this", "those", "through", "to",
+    "too", "under", "until", "up", "very", "was", "we", "were", "what", "when", "where",
+    "which", "while", "who", "whom", "why", "will", "with", "would", "you", "your",
+};
+
+static int is_stop_word(const char *w, size_t len)
+{
+    for (size_t i = 0; i < sizeof stop_words / sizeof stop_words[0]; i++)
+        if (strlen(stop_words[i]) == len && !memcmp(stop_words[i], w, len))
+            return 1;
+    return 0;
+}
+
+int gr_is_content(const struct GrWord *w)
+{
+    return w->digit || w->capital || !is_stop_word(w->lower, w->lower_len);
+}
+
+/* The word being collected: lowercased bytes (apostrophes included until the flush). */
+struct WordAcc {
+    char buf[4 * GR_MAX_WORD + 8];
+    size_t len;
+    int overflow;
+    struct GrWord w;
+    int open;
+};
+
+static void acc_push(struct WordAcc *a, const char *b, size_t n)
+{
+    if (a->len + n > sizeof a->buf) {
+        a->overflow = 1;    /* past any term length kept: the rest is cut anyway */
+        return;
+    }
+    memcpy(a->buf + a->len, b, n);
+    a->len += n;
+}
+
+static size_t cut_utf8(const char *s, size_t len, size_t max)
+{
+    if (len <= max)
+        return len;
+    size_t n = max;
+    while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
+        n--;
+    return n;
+}
+
+static int acc_flush(struct WordAcc *a, gr_word_fn fn, void *ctx)
+{
+    if (!a->open)
+        return 0;
+    a->open = 0;
+    char *w = a->buf;
+    size_t n = a->len;
+    a->len = 0;
+    if (!a->overflow && n >= 2 && w[n - 1] == 's' && w[n - 2] == '\'')
+        n -= 2;
+    a->overflow = 0;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (w[i] != '\'')
+            w[k++] = w[i];
+    n = cut_utf8(w, k, GR_MAX_WORD);
+    if (n == 0)
+        return 0;
+    memcpy(a->w.lower, w, n);
+    a->w.lower_len = n;
+    return fn(ctx, &a->w);
+}
+
+/* A word character at byte i (its code point cp, adv bytes) joins the word. */
+static void acc_char(struct WordAcc *a, size_t i, size_t adv, uint32_t cp)
+{
+    uint32_t lo = uni_lower(cp);
+    if (!a->open) {
+        a->open = 1;
+        a->len = 0;
+        a->overflow = 0;
+        a->w.start = i;
+        a->w.capital = lo != cp;
+        a->w.digit = 0;
+    }
+    if (cp >= '0' && cp <= '9')
+        a->w.digit = 1;
+    char enc[4];
+    acc_push(a, enc, utf8_encode(lo, enc));
+    a->w.end = i + adv;
+}
+
+static int is_apostrophe(int32_t cp) { return cp == '\'' || cp == 0x2019; }
+
+static int ascii_word(unsigned char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+}
+
+int gr_words(const char *text, size_t len, gr_word_fn fn, void *ctx)
+{
+    const unsigned char *u = (const unsigned char *)text;
+    struct WordAcc a;
+    int rc;
+    a.open = 0;
+    a.len = 0;
+    a.overflow = 0;
+    for (size_t i = 0; i < len;) {
+        size_t adv = 1;
+        int32_t cp;
+        int cls;
+        if (u[i] < 0x80) {
+            cp = u[i];
+            cls = ascii_word(u[i]) ? UNI_WORD : UNI_SEP;
+        } else {
+            cp = utf8_decode(u + i, len - i, &adv);
+            cls = cp < 0 ? UNI_SEP : uni_class((uint32_t)cp);
+        }
+        if (cls == UNI_WORD) {
+            acc_char(&a, i, adv, (uint32_t)cp);
+        } else if (is_apostrophe(cp) && a.open && i + adv < len) {
+            /* kept only between two word characters ("don't", "Norman's") */
+            size_t adv2 = 1;
+            int32_t next = u[i + adv] < 0x80 ? (ascii_word(u[i + adv]) ? u[i + adv] : -1)
+                                             : utf8_decode(u + i + adv, len - i - adv, &adv2);
+            if (next >= 0 && (next < 0x80 || uni_class((uint32_t)next) == UNI_WORD))
+                acc_push(&a, "'", 1);
+            else if ((rc = acc_flush(&a, fn, ctx)))
+                return rc;
+        } else {
+            if ((rc = acc_flush(&a, fn, ctx)))
+                return rc;
+            if (cls == UNI_IDEO) {
+                acc_char(&a, i, adv, (uint32_t)cp);
+                if ((rc = acc_flush(&a, fn, ctx)))
+                    return rc;
+            }
+        }
+        i += adv;
+    }
+    return acc_flush(&a, fn, ctx);
+}
+
+/* ---- the documents' word set: 64-bit hashes of lowercased words, open addressing ---- */
+
+struct GrWordSet {
+    uint64_t *slots;    /* 0: empty */
+    size_t cap, n;      /* cap a power of two, n <= cap / 2 */
+};
+
+static uint64_t word_hash(const char *s, size_t len)
+{
+    uint64_t h = 1469598103934665603ull;   /* FNV-1a, then a final mix */
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return h ? h : 1;
+}
+
+int gr_wordset_new(struct GrWordSet **out)
+{
+    struct GrWordSet *ws = calloc(1, sizeof *ws);
+    *out = NULL;
+    if (!ws)
+        return -1;
+    ws->cap = 256;
+    ws->slots = calloc(ws->cap, sizeof *ws->slots);
+    if (!ws->slots) {
+        free(ws);
+        return -1;
+    }
+    *out = ws;
+    return 0;
+}
+
+void gr_wordset_destroy(struct GrWordSet **pws)
+{
+    struct GrWordSet *ws = pws ? *pws : NULL;
+    if (!ws)
+        return;
+    free(ws->slots);
+    free(ws);
+    *pws = NULL;
+}
+
+static void slot_put(uint64_t *slots, size_t cap, uint64_t h, size_t *n)
+{
+    for (size_t i = h & (cap - 1);; i = (i + 1) & (cap - 1)) {
+        if (slots[i] == h)
+            return;
+        if (slots[i] == 0) {
+            slots[i] = h;
+            (*n)++;
+            return;
+        }
+    }
+}
+
+static int wordset_put(struct GrWordSet *ws, uint64_t h)
+{
+    if (ws->n + 1 > ws->cap / 2) {
+        size_t cap = ws->cap * 2, n = 0;
+        uint64_t *s = calloc(cap, sizeof *s);
+        if (!s)
+            return -1;
+        for (size_t i = 0; i < ws->cap; i++)
+            if (ws->slots[i])
+                slot_put(s, cap, ws->slots[i], &n);
+        free(ws->slots);
+        ws->slots = s;
+        ws->cap = cap;
+    }
+    slot_put(ws->slots, ws->cap, h, &ws->n);
+    return 0;
+}
+
+static int add_word(void *ctx, const struct GrWord *w)
+{
+    return wordset_put(ctx, word_hash(w->lower, w->lower_len));
+}
+
+int gr_wordset_add_text(struct GrWordSet *ws, const char *text, size_t len)
+{
+    return gr_words(text, len, add_word, ws) ? -1 : 0;
+}
+
+int gr_wordset_has(const struct GrWordSet *ws, const char *lower, size_t len)
+{
+    uint64_t h = word_hash(lower, len);
+    for (size_t i = h & (ws->cap - 1);; i = (i + 1) & (ws->cap - 1)) {
+        if (ws->slots[i] == h)
+            return 1;
+        if (ws->slots[i] == 0)
+            return 0;
+    }
+}
+
+size_t gr_wordset_size(const struct GrWordSet *ws)
+{
+    return ws->n;
+}
+
+/* ---- lexical support ---- */
+
+struct LexCtx {
+    const struct GrWordSet *docs;
+    const char *text;
+    size_t len;
+    const uint32_t *text_end;
+    size_t n, tok;     /* tok: the first token that may overlap the next word */
+    uint8_t *unsupported;
+};
+
+static int citation_char(char ch) { return (ch >= '0' && ch <= '9') || ch == ',' || ch == ' '; }
+
+/* The number of a citation marker: inside brackets that hold only numbers, commas and spaces
+ * ("[2]", "[1, 3]"). The prompt asks for these; they are not claims about the documents. */
+static int in_citation(const struct LexCtx *c, const struct GrWord *w)
+{
+    for (size_t i = w->start; i < w->end; i++)
+        if (c->text[i] < '0' || c->text[i] > '9')
+            return 0;
+    size_t a = w->start, b = w->end;
+    while (a > 0 && citation_char(c->text[a - 1]))
+        a--;
+    while (b < c->len && citation_char(c->text[b]))
+        b++;
+    return a > 0 && c->text[a - 1] == '[' && b < c->len && c->text[b] == ']';
+}
+
+static int lex_word(void *ctx, const struct GrWord *w)
+{
+    struct LexCtx *c = ctx;
+    if (!gr_is_content(w) || in_citation(c, w) || (c->docs && gr_wordset_has(c->docs, w->lower, w->lower_len)))
+        return 0;
+    /* tokens [ts, te) with ts < w->end and w->start < te; words come in text order */
+    while (c->tok < c->n && c->text_end[c->tok] <= w->start)
+        c->tok++;
+    for (size_t t = c->tok; t < c->n; t++) {
+        size_t ts = t ? c->text_end[t - 1] : 0;
+        if (ts >= w->end)
+            break;
+        if (c->text_end[t] > ts)
+            c->unsupported[t] = 1;
+    }
+    return 0;
+}
+
+void gr_lexical(const struct GrWordSet *docs, const char *answer, size_t len,
+                const uint32_t *text_end, size_t n, uint8_t *unsupported)
+{
+    struct LexCtx c = { .docs = docs, .text = answer, .len = len, .text_end = text_end, .n = n,
+                        .unsupported = unsupported };
+    memset(unsupported, 0, n);
+    gr_words(answer, len, lex_word, &c);
+}
+
+/* ---- windows, features, score ---- */
+
+size_t gr_windows(size_t n, int window, int stride, struct GrWindow *out, size_t cap)
+{
+    size_t w = (size_t)window, k = 0;
+    if (n == 0 || window < 1 || stride < 1)
+        return 0;
+    if (n <= w) {
+        if (cap)
+            out[0] = (struct GrWindow){ 0, n };
+        return 1;
+    }
+    for (size_t s = 0; s + w < n; s += (size_t)stride, k++)
+        if (k < cap)
+            out[k] = (struct GrWindow){ s, s + w };
+    if (k < cap)
+        out[k] = (struct GrWindow){ n - w, n };
+    return k + 1;
+}
+
+void gr_window_features(const struct GrSignals *s, size_t a, size_t b, double f[GR_N_FEATURES])
+{
+    double lp = 0, lp_min = INFINITY, ent = 0, mar = 0, doc = 0, gen = 0, diff = 0, uns = 0;
+    for (size_t i = a; i < b; i++) {
+        lp += s->logprob[i];
+        if (s->logprob[i] < lp_min)
+            lp_min = s->logprob[i];
+        ent += s->entropy[i];
+        mar += s->margin[i];
+        doc += s->doc_mass[i];
+        gen += s->gen_mass[i];
+        diff += s->diff_doc_mass[i];
+        uns += s->unsupported[i] ? 1 : 0;
+    }
+    double k = (double)(b - a);
+    f[GR_MEAN_LOGPROB] = lp / k;
+    f[GR_MIN_LOGPROB] = lp_min;
+    f[GR_MEAN_ENTROPY] = ent / k;
+    f[GR_MEAN_MARGIN] = mar / k;
+    f[GR_LOOKBACK] = doc + gen != 0 ? doc / (doc + gen) : 0;
+    f[GR_DIFF_DOC_MASS] = diff / k;
+    f[GR_UNSUPPORTED_RATIO] = uns / k;
+}
+
+double gr_window_score(const struct GrCalibration *c, const double f[GR_N_FEATURES])
+{
+    double z = c->bias;
+    for (int j = 0; j < c->n_features; j++)
+        z += c->weight[j] * (f[c->feature[j]] - c->mean[j]) / c->scale[j];
+    return 1.0 / (1.0 + exp(-z));
+}
+
+int gr_abstained(const char *answer, size_t len)
+{
+    const char *phrase = PROMPT_REFUSAL;
+    size_t pl = strlen(phrase);
+    while (pl && ispunct((unsigned char)phrase[pl - 1]))
+        pl--;
+    size_t i = 0;
+    while (i < len && isspace((unsigned char)answer[i]))
+        i++;
+    if (len - i < pl)
+        return 0;
+    for (size_t k = 0; k < pl; k++)
+        if (tolower((unsigned char)answer[i + k]) != tolower((unsigned char)phrase[k]))
+            return 0;
+    return 1;
+}
+
+void gr_summarize(const struct GrCalibration *cal, double threshold, const struct GrSignals *s,
+                  const char *answer, size_t len, double *token_score, struct GrSummary *out)
+{
+    memset(out, 0, sizeof *out);
+    out->answer_tokens = s->n;
+    out->abstained = gr_abstained(answer, len);
+    size_t n = s->n;
+    if (n > 0) {
+        double doc = 0, gen = 0, lp = 0, lp_min = INFINITY, uns = 0;
+        for (size_t i = 0; i < n; i++) {
+            doc += s->doc_mass[i];
+            gen += s->gen_mass[i];
+            lp += s->logprob[i];
+            if (s->logprob[i] < lp_min)
+                lp_min = s->logprob[i];
+            uns += s->unsupported[i] ? 1 : 0;
+        }
+        out->has_ratios = 1;
+        /* mean(doc) / (mean(doc) + mean(gen)): the n cancels */
+        out->lookback_ratio = doc + gen != 0 ? doc / (doc + gen) : 0;
+        out->unsupported_token_ratio = uns / (double)n;
+        out->mean_logprob = lp / (double)n;
+        out->min_logprob = lp_min;
+    }
+    if (!cal || n == 0)
+        return;
+    if (token_score)
+        for (size_t i = 0; i < n; i++)
+            token_score[i] = 0;
+    /* Windows start in increasing order and their ends never decrease, so the flagged
+     * windows' union is counted in one pass. */
+    size_t W = (size_t)cal->window, S = (size_t)cal->stride;
+    size_t nw = gr_windows(n, cal->window, cal->stride, NULL, 0), covered = 0, flagged = 0;
+    double best = 0;
+    for (size_t k = 0; k < nw; k++) {
+        struct GrWindow w = n <= W ? (struct GrWindow){ 0, n }
+                          : k + 1 == nw ? (struct GrWindow){ n - W, n }
+                          : (struct GrWindow){ k * S, k * S + W };
+        double f[GR_N_FEATURES];
+        gr_window_features(s, w.start, w.end, f);
+        double sc = gr_window_score(cal, f);
+        if (sc > best)
+            best = sc;
+        if (token_score)
+            for (size_t i = w.start; i < w.end; i++)
+                if (sc > token_score[i])
+                    token_score[i] = sc;
+        if (sc >= threshold) {
+            size_t from = w.start > covered ? w.start : covered;
+            if (w.end > from)
+                flagged += w.end - from;
+            if (w.end > covered)
+                covered = w.end;
+        }
+    }
+    out->scored = 1;
+    out->score = best;
+    out->flagged = best >= threshold && !out->abstained;
+    out->flagged_tokens = out->flagged ? flagged : 0;
+}
+
+/* ---- the calibration file ---- */
+
+enum CalKey { CK_MAGIC, CK_NAME, CK_SHA, CK_WINDOW, CK_STRIDE, CK_THRESHOLD, CK_WATCH,
+              CK_FEATURES, CK_MEAN, CK_SCALE, CK_WEIGHTS, CK_BIAS, CK_COUNT };
+static const char *const cal_keys[CK_COUNT] = {
+    "diffrag-grounding", "name", "model_sha256", "window", "stride", "threshold", "watch",
+    "features", "mean", "scale", "weights", "bias",
+};
+
+struct CalParse {
+    const char *origin;
+    int line;
+    char *err;
+    size_t errlen;
+};
+
+static int cal_fail(struct CalParse *p, int line, const char *fmt, ...)
+{
+    char msg[384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (line > 0)
+        snprintf(p->err, p->errlen, "%s:%d: %s", p->origin, line, msg);
+    else
+        snprintf(p->err, p->errlen, "%s: %s", p->origin, msg);
+    return -1;
+}
+
+/* The next whitespace-separated token of [*s, end): sets *t and *tl; 0 when none is left. */
+static int next_token(const char **s, const char *end, const char **t, size_t *tl)
+{
+    const char *p = *s;
+    while (p < end && (*p == ' ' || *p == '\t'))
+        p++;
+    if (p == end)
+        return 0;
+    const char *q = p;
+    while (q < end && *q != ' ' && *q != '\t')
+        q++;
+    *t = p;
+    *tl = (size_t)(q - p);
+    *s = q;
+    return 1;
+}
+
+static int parse_number(const char *t, size_t tl, double *out)
+{
+    char buf[64];
+    if (tl == 0 || tl >= sizeof buf)
+        return -1;
+    memcpy(buf, t, tl);
+    buf[tl] = 0;
+    char *e;
+    errno = 0;
+    double v = strtod(buf, &e);
+    if (errno || *e || e == buf || !isfinite(v))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_int(const char *t, size_t tl, long lo, long hi, long *out)
+{
+    if (tl == 0 || tl > 9)
+        return -1;
+    long v = 0;
+    for (size_t i = 0; i < tl; i++) {
+        if (t[i] < '0' || t[i] > '9')
+            return -1;
+        v = v * 10 + (t[i] - '0');
+    }
+    if (v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* The numbers of a mean/scale/weights line. */
+static int parse_vector(struct CalParse *p, const char *key, const char *s, const char *end,
+                        double *v, int *n)
+{
+    const char *t;
+    size_t tl;
+    *n = 0;
+    while (next_token(&s, end, &t, &tl)) {
+        if (*n == GR_N_FEATURES)
+            return cal_fail(p, p->line, "%s has more than %d numbers", key, GR_N_FEATURES);
+        if (parse_number(t, tl, &v[*n]))
+            return cal_fail(p, p->line, "%s: \"%.*s\" is not a finite number", key,
+                            (int)(tl < 40 ? tl : 40), t);
+        (*n)++;
+    }
+    return 0;
+}
+
+/* The words after a key: exactly one expected. */
+static int one_token(struct CalParse *p, const char *key, const char *s, const char *end,
+                     const char **t, size_t *tl)
+{
+    const char *x;
+    size_t xl;
+    if (!next_token(&s, end, t, tl))
+        return cal_fail(p, p->line, "%s has no value", key);
+    if (next_token(&s, end, &x, &xl))
+        return cal_fail(p, p->line, "%s takes one value", key);
+    return 0;
+}
+
+static int parse_watch(struct CalParse *p, struct GrCalibration *c, const char *s, const char *end)
+{
+    const char *t;
+    size_t tl;
+    c->n_watch = 0;
+    while (next_token(&s, end, &t, &tl)) {
+        const char *colon = memchr(t, ':', tl);
+        long l, h;
+        if (!colon || parse_int(t, (size_t)(colon - t), 0, 65535, &l) ||
+            parse_int(colon + 1, tl - (size_t)(colon - t) - 1, 0, 65535, &h))
+            return cal_fail(p, p->line, "watch: \"%.*s\" is not LAYER:HEAD", (int)(tl < 40 ? tl : 40), t);
+        if (c->n_watch == GR_MAX_WATCH)
+            return cal_fail(p, p->line, "watch lists more than %d heads", GR_MAX_WATCH);
+        for (int i = 0; i < c->n_watch; i++)
+            if (c->watch[i].layer == l && c->watch[i].head == h)
+                return cal_fail(p, p->line, "watch lists %ld:%ld twice", l, h);
+        c->watch[c->n_watch++] = (struct GrHead){ (int)l, (int)h };
+    }
+    if (c->n_watch == 0)
+        return cal_fail(p, p->line, "watch lists no head");
+    return 0;
+}
+
+static int parse_features(struct CalParse *p, struct GrCalibration *c, const char *s, const char *end)
+{
+    const char *t;
+    size_t tl;
+    c->n_features = 0;
+    while (next_token(&s, end, &t, &tl)) {
+        int f;
+        for (f = 0; f < GR_N_FEATURES; f++)
+            if (strlen(feature_names[f]) == tl && !memcmp(feature_names[f], t, tl))
+                break;
+        if (f == GR_N_FEATURES)
+            return cal_fail(p, p->line, "unknown feature \"%.*s\"", (int)(tl < 40 ? tl : 40), t);
+        for (int j = 0; j < c->n_features; j++)
+            if (c->feature[j] == f)
+                return cal_fail(p, p->line, "feature %s is named twice", feature_names[f]);
+        c->feature[c->n_features++] = f;
+    }
+    if (c->n_features == 0)
+        return cal_fail(p, p->line, "features names none");
+    return 0;
+}
+
+static int parse_line(struct CalParse *p, struct GrCalibration *c, const char *s, const char *end,
+                      int *lines, int *n_vec)
+{
+    const char *t;
+    size_t tl;
+    if (!next_token(&s, end, &t, &tl))
+        return 0;
+    int k;
+    for (k = 0; k < CK_COUNT; k++)
+        if (strlen(cal_keys[k]) == tl && !memcmp(cal_keys[k], t, tl))
+            break;
+    if (k == CK_COUNT)
+        return cal_fail(p, p->line, "unknown key \"%.*s\"", (int)(tl < 40 ? tl : 40), t);
+    if (lines[k])
+        return cal_fail(p, p->line, "%s appears twice (first on line %d)", cal_keys[k], lines[k]);
+    lines[k] = p->line;
+    const char *key = cal_keys[k];
+    long iv;
+    double dv;
+    switch (k) {
+    case CK_MAGIC:
+        if (one_token(p, key, s, end, &t, &tl))
+            return -1;
+        if (tl != 1 || t[0] != '1')
+            return cal_fail(p, p->line, "version %.*s: this daemon reads diffrag-grounding 1",
+                            (int)(tl < 20 ? tl : 20), t);
+        return 0;
+    case CK_NAME:
+        if (one_token(p, key, s, end, &t, &tl))
+            return -1;
+        if (tl > GR_MAX_NAME)
+            return cal_fail(p, p->line, "name is longer than %d characters", GR_MAX_NAME);
+        for (size_t i = 0; i < tl; i++)
+            if (!isalnum((unsigned char)t[i]) && t[i] != '.' && t[i] != '_' && t[i] != '-')
+                return cal_fail(p, p->line, "name may hold only letters, digits, '.', '_' and '-'");
+        memcpy(c->name, t, tl);
+        c->name[tl] = 0;
+        return 0;
+    case CK_SHA:
+        if (one_token(p, key, s, end, &t, &tl))
+            return -1;
+        if (tl != 64)
+            return cal_fail(p, p->line, "model_sha256 must be 64 hex digits (has %zu characters)", tl);
+        for (int i = 0; i < 32; i++) {
+            int hi = hexval(t[2 * i]), lo = hexval(t[2 * i + 1]);
+            if (hi < 0 || lo < 0)
+                return cal_fail(p, p->line, "model_sha256 must be 64 hex digits");
+            c->model_sha256[i] = (uint8_t)(hi << 4 | lo);
+        }
+        return 0;
+    case CK_WINDOW:
+    case CK_STRIDE:
+        if (one_token(p, key, s, end, &t, &tl))
+            return -1;
+        if (parse_int(t, tl, 1, GR_MAX_WINDOW, &iv))
+            return cal_fail(p, p->line, "%s must be an integer from 1 to %d", key, GR_MAX_WINDOW);
+        *(k == CK_WINDOW ? &c->window : &c->stride) = (int)iv;
+        return 0;
+    case CK_THRESHOLD:
+    case CK_BIAS:
+        if (one_token(p, key, s, end, &t, &tl))
+            return -1;
+        if (parse_number(t, tl, &dv))
+            return cal_fail(p, p->line, "%s: \"%.*s\" is not a finite number", key,
+                            (int)(tl < 40 ? tl : 40), t);
+        if (k == CK_THRESHOLD && (dv < 0 || dv > 1))
+            return cal_fail(p, p->line, "threshold %g is outside [0, 1]", dv);
+        *(k == CK_THRESHOLD ? &c->threshold : &c->bias) = dv;
+        return 0;
+    case CK_WATCH:
+        return parse_watch(p, c, s, end);
+    case CK_FEATURES:
+        return parse_features(p, c, s, end);
+    case CK_MEAN:
+        return parse_vector(p, key, s, end, c->mean, &n_vec[0]);
+    case CK_SCALE:
+        return parse_vector(p, key, s, end, c->scale, &n_vec[1]);
+    case CK_WEIGHTS:
+        return parse_vector(p, key, s, end, c->weight, &n_vec[2]);
+    }
+    return cal_fail(p, p->line, "key %s is not handled", key);
+}
+
+int gr_calibration_parse(const char *text, size_t len, const char *origin,
+                         struct GrCalibration *out, char *err, size_t errlen)
+{
+    struct CalParse p = { .origin = origin ? origin : "calibration", .err = err, .errlen = errlen };
+    int lines[CK_COUNT] = { 0 }, n_vec[3] = { 0 };
+    memset(out, 0, sizeof *out);
+    if (len > GR_MAX_FILE_BYTES)
+        return cal_fail(&p, 0, "larger than %d bytes", GR_MAX_FILE_BYTES);
+    const char *s = text, *end = text + len;
+    while (s < end) {
+        p.line++;
+        const char *nl = memchr(s, '\n', (size_t)(end - s));
+        const char *le = nl ? nl : end;
+        if (memchr(s, 0, (size_t)(le - s)))
+            return cal_fail(&p, p.line, "NUL byte");
+        const char *hash = memchr(s, '#', (size_t)(le - s));
+        const char *ce = hash ? hash : le;
+        while (ce > s && (ce[-1] == '\r' || ce[-1] == ' ' || ce[-1] == '\t'))
+            ce--;
+        for (const char *q = s; q < ce; q++)
+            if ((unsigned char)*q < 0x20 && *q != '\t')
+                return cal_fail(&p, p.line, "control character 0x%02x", (unsigned char)*q);
+        if (parse_line(&p, out, s, ce, lines, n_vec))
+            return -1;
+        s = nl ? nl + 1 : end;
+    }
+    for (int k = 0; k < CK_COUNT; k++)
+        if (!lines[k])
+            return cal_fail(&p, 0, "%s is missing (every key is required)", cal_keys[k]);
+    if (out->stride > out->window)
+        return cal_fail(&p, lines[CK_STRIDE], "stride %d exceeds window %d (every token must be "
+                        "in a window)", out->stride, out->window);
+    static const enum CalKey vec_keys[3] = { CK_MEAN, CK_SCALE, CK_WEIGHTS };
+    for (int v = 0; v < 3; v++)
+        if (n_vec[v] != out->n_features)
+            return cal_fail(&p, lines[vec_keys[v]], "%s has %d numbers; features names %d",
+                            cal_keys[vec_keys[v]], n_vec[v], out->n_features);
+    for (int j = 0; j < out->n_features; j++)
+        if (!(out->scale[j] > 0))
+            return cal_fail(&p, lines[CK_SCALE], "scale of %s is %g; it must be above 0",
+                            feature_names[out->feature[j]], out->scale[j]);
+    return 0;
+}
+
+int gr_calibration_load(const char *path, struct GrCalibration *out, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    char *buf = malloc(GR_MAX_FILE_BYTES + 1);
+    if (!buf) {
+        fclose(f);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    size_t n = fread(buf, 1, GR_MAX_FILE_BYTES + 1, f);
+    int bad = ferror(f);
+    fclose(f);
+    int rc;
+    if (bad) {
+        snprintf(err, errlen, "%s: read error", path);
+        rc = -1;
+    } else {
+        rc = gr_calibration_parse(buf, n, path, out, err, errlen);
+    }
+    free(buf);
+    return rc;
+}
+
+int gr_parse_heads(const char *s, struct GrHead *out, int cap, int *n, char *err, size_t errlen)
+{
+    *n = 0;
+    const char *p = s;
+    for (;;) {
+        while (*p == ' ')
+            p++;
+        const char *t = p;
+        while (*p && *p != ',' && *p != ' ')
+            p++;
+        size_t tl = (size_t)(p - t);
+        const char *colon = memchr(t, ':', tl);
+        long l, h;
+        if (!colon || parse_int(t, (size_t)(colon - t), 0, 65535, &l) ||
+            parse_int(colon + 1, tl - (size_t)(colon - t) - 1, 0, 65535, &h)) {
+            snprintf(err, errlen, "\"%.*s\" is not LAYER:HEAD (expected auto or LAYER:HEAD,...)",
+                     (int)(tl < 40 ? tl : 40), t);
+            return -1;
+        }
+        if (*n == cap) {
+            snprintf(err, errlen, "more than %d heads", cap);
+            return -1;
+        }
+        for (int i = 0; i < *n; i++)
+            if (out[i].layer == l && out[i].head == h) {
+                snprintf(err, errlen, "%ld:%ld is listed twice", l, h);
+                return -1;
+            }
+        out[(*n)++] = (struct GrHead){ (int)l, (int)h };
+        while (*p == ' ')
+            p++;
+        if (!*p)
+            return 0;
+        if (*p != ',') {
+            snprintf(err, errlen, "separate LAYER:HEAD pairs with commas");
+            return -1;
+        }
+        p++;
+    }
+}

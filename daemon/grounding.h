@@ -1,0 +1,130 @@
+/* The groundedness figures of an answer, as docs/groundedness.md defines each one: the
+ * documents' word set and lexical support, the windows and their features, the calibrated
+ * logistic score, abstention, the request summary; and the calibration file. Pure functions
+ * over arrays: nothing here touches a socket or the engine, so all of it is unit-tested. */
+#ifndef DIFFRAG_GROUNDING_H
+#define DIFFRAG_GROUNDING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- calibration ---- */
+
+enum GrFeature {
+    GR_MEAN_LOGPROB, GR_MIN_LOGPROB, GR_MEAN_ENTROPY, GR_MEAN_MARGIN, GR_LOOKBACK,
+    GR_DIFF_DOC_MASS, GR_UNSUPPORTED_RATIO, GR_N_FEATURES
+};
+const char *gr_feature_name(int f);   /* "mean_logprob", ...; NULL out of range */
+
+#define GR_MAX_WATCH 1024          /* = ENGINE_MAX_WATCH */
+#define GR_MAX_NAME 64
+#define GR_MAX_WINDOW 4096
+#define GR_MAX_FILE_BYTES (1 << 20)
+
+struct GrHead { int layer, head; };
+
+struct GrCalibration {
+    char name[GR_MAX_NAME + 1];        /* [A-Za-z0-9._-]+ */
+    uint8_t model_sha256[32];
+    int window, stride;                /* 1 <= stride <= window <= GR_MAX_WINDOW */
+    double threshold;                  /* [0, 1] */
+    struct GrHead watch[GR_MAX_WATCH]; /* distinct (layer, head) pairs */
+    int n_watch;                       /* >= 1 */
+    int n_features;                    /* 1..GR_N_FEATURES */
+    int feature[GR_N_FEATURES];        /* enum GrFeature, in the file's order, distinct */
+    double mean[GR_N_FEATURES], scale[GR_N_FEATURES], weight[GR_N_FEATURES]; /* scale > 0 */
+    double bias;
+};
+
+/* Parses a calibration file's text (len bytes; need not be NUL-terminated). 0, or -1 with
+ * "ORIGIN:LINE: what is wrong" in err (ORIGIN: a file name for the message). */
+int gr_calibration_parse(const char *text, size_t len, const char *origin,
+                         struct GrCalibration *out, char *err, size_t errlen);
+/* Reads and parses a file (at most GR_MAX_FILE_BYTES). 0, or -1 with err as above, or naming
+ * the file and errno when it cannot be read. */
+int gr_calibration_load(const char *path, struct GrCalibration *out, char *err, size_t errlen);
+
+/* "auto" is not a list: parses LAYER:HEAD pairs separated by commas (spaces allowed), at
+ * most cap, distinct, at least one. 0, or -1 with err. */
+int gr_parse_heads(const char *s, struct GrHead *out, int cap, int *n, char *err, size_t errlen);
+
+/* ---- per-token signals ---- */
+
+/* The answer tokens' signals (struct of arrays, each of n; borrowed). Token i covers the
+ * answer bytes [text_end[i-1], text_end[i]) (text_end[-1] = 0). */
+struct GrSignals {
+    size_t n;
+    const float *logprob, *entropy, *margin;
+    const float *doc_mass, *gen_mass, *diff_doc_mass, *lookback;
+    const uint32_t *text_end;
+    const uint8_t *unsupported;        /* 0/1, from gr_lexical */
+};
+
+/* ---- words and lexical support ---- */
+
+#define GR_MAX_WORD 64   /* longer words are cut at a character boundary (= the index's) */
+
+struct GrWord {
+    size_t start, end;           /* bytes of the word in the text */
+    char lower[GR_MAX_WORD];     /* lowercased, apostrophes and a final 's dropped */
+    size_t lower_len;            /* >= 1 */
+    int capital;                 /* the first character is an upper-case letter */
+    int digit;                   /* it contains an ASCII digit */
+};
+/* Called per word in text order; non-zero stops the walk and is returned by gr_words. */
+typedef int (*gr_word_fn)(void *ctx, const struct GrWord *w);
+/* Splits text as the retriever's analyzer does (Unicode word characters, an apostrophe kept
+ * only between two of them, each ideograph a word of its own; bytes that are not UTF-8
+ * separate words). */
+int gr_words(const char *text, size_t len, gr_word_fn fn, void *ctx);
+
+/* A content word: not a stop word, or has a digit, or starts with a capital letter. */
+int gr_is_content(const struct GrWord *w);
+
+struct GrWordSet;
+int gr_wordset_new(struct GrWordSet **out);      /* 0 or -1 (out of memory) */
+void gr_wordset_destroy(struct GrWordSet **ws);
+/* Adds the (lowercased) words of text. 0 or -1 (out of memory). */
+int gr_wordset_add_text(struct GrWordSet *ws, const char *text, size_t len);
+int gr_wordset_has(const struct GrWordSet *ws, const char *lower, size_t len);
+size_t gr_wordset_size(const struct GrWordSet *ws);
+
+/* unsupported[i] = 1 when token i's bytes overlap a content word of the answer whose
+ * lowercased form is not in docs (NULL: no documents, every content word unsupported).
+ * text_end must be non-decreasing and at most len. */
+void gr_lexical(const struct GrWordSet *docs, const char *answer, size_t len,
+                const uint32_t *text_end, size_t n, uint8_t *unsupported);
+
+/* ---- windows, features, score ---- */
+
+struct GrWindow { size_t start, end; };   /* answer tokens [start, end) */
+/* The windows of an n-token answer (none when n = 0). Fills out[0..min(total, cap)) and
+ * returns the total. */
+size_t gr_windows(size_t n, int window, int stride, struct GrWindow *out, size_t cap);
+/* The features of tokens [a, b), a < b <= s->n, in enum GrFeature order. */
+void gr_window_features(const struct GrSignals *s, size_t a, size_t b,
+                        double f[GR_N_FEATURES]);
+/* sigma(bias + sum_j weight_j (f_j - mean_j) / scale_j) over the calibration's features. */
+double gr_window_score(const struct GrCalibration *c, const double f[GR_N_FEATURES]);
+
+/* The answer, whitespace-trimmed, begins with the prompt's refusal phrase (case-insensitive,
+ * its final punctuation optional). */
+int gr_abstained(const char *answer, size_t len);
+
+struct GrSummary {
+    int scored;                   /* a calibration scored the answer (it has >= 1 token) */
+    double score;                 /* scored: max over windows, in [0, 1] */
+    int flagged;                  /* scored, score >= threshold and not abstained */
+    int abstained;
+    int has_ratios;               /* answer_tokens > 0: the four figures below are defined */
+    double lookback_ratio, unsupported_token_ratio, mean_logprob, min_logprob;
+    size_t answer_tokens, flagged_tokens;
+};
+
+/* Everything a reply reports about one answer. cal NULL: no detector (score and flag not
+ * claimed). token_score (n entries, may be NULL) receives, with a calibration, each token's
+ * highest window score. Allocates nothing. */
+void gr_summarize(const struct GrCalibration *cal, double threshold, const struct GrSignals *s,
+                  const char *answer, size_t len, double *token_score, struct GrSummary *out);
+
+#endif

@@ -1,0 +1,564 @@
+/* Unit tests of the groundedness figures (daemon/grounding.c, docs/groundedness.md): SHA-256
+ * against the FIPS 180-4 test vectors, the calibration parser's errors, windows, features,
+ * the logistic score against a direct evaluation of the formula, lexical support, abstention,
+ * the request summary, and the signals on the broker <-> worker wire. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/grounding.h"
+#include "daemon/sha256.h"
+#include "daemon/wire.h"
+
+static int failures, checks;
+
+#define CHECK(cond, ...) do { checks++; if (!(cond)) { failures++; \
+    fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+
+/* ---- SHA-256 ---- */
+
+static void hex_of(const void *data, size_t len, char out[65])
+{
+    struct Sha256 s;
+    uint8_t d[32];
+    sha256_init(&s);
+    sha256_update(&s, data, len);
+    sha256_final(&s, d);
+    sha256_hex(d, out);
+}
+
+static void test_sha256(void)
+{
+    char h[65];
+    hex_of("", 0, h);
+    CHECK(!strcmp(h, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"), "%s", h);
+    hex_of("abc", 3, h);
+    CHECK(!strcmp(h, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"), "%s", h);
+    const char *two = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+    hex_of(two, strlen(two), h);
+    CHECK(!strcmp(h, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"), "%s", h);
+    const char *four = "abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmno"
+                       "pqklmnopqrlmnopqrsmnopqrstnopqrstu";
+    hex_of(four, strlen(four), h);
+    CHECK(!strcmp(h, "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1"), "%s", h);
+    /* a million 'a', fed in uneven pieces */
+    char *a = malloc(1000000);
+    memset(a, 'a', 1000000);
+    struct Sha256 s;
+    uint8_t d[32];
+    sha256_init(&s);
+    for (size_t off = 0, step = 1; off < 1000000; off += step, step = step * 3 % 997 + 1)
+        sha256_update(&s, a + off, off + step > 1000000 ? 1000000 - off : step);
+    sha256_final(&s, d);
+    sha256_hex(d, h);
+    CHECK(!strcmp(h, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"), "%s", h);
+    /* every length around the padding boundaries: pieces agree with one update */
+    for (size_t n = 50; n < 140; n++) {
+        char one[65], parts[65];
+        hex_of(a, n, one);
+        sha256_init(&s);
+        sha256_update(&s, a, n / 3);
+        sha256_update(&s, a + n / 3, n - n / 3);
+        sha256_final(&s, d);
+        sha256_hex(d, parts);
+        CHECK(!strcmp(one, parts), "length %zu", n);
+    }
+    const char *dir = getenv("TMPDIR");
+    char path[512];
+    snprintf(path, sizeof path, "%s/diffrag-sha-XXXXXX", dir && *dir ? dir : P_tmpdir);
+    int fd = mkstemp(path);
+    CHECK(fd >= 0 && write(fd, a, 1000000) == 1000000, "temp file");
+    close(fd);
+    char err[256];
+    CHECK(sha256_file(path, d, err, sizeof err) == 0, "%s", err);
+    sha256_hex(d, h);
+    CHECK(!strcmp(h, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"), "file %s", h);
+    unlink(path);
+    CHECK(sha256_file(path, d, err, sizeof err) != 0 && strstr(err, path), "missing: %s", err);
+    free(a);
+}
+
+/* ---- calibration ---- */
+
+static const char *GOOD =
+    "# a calibration\n"
+    "diffrag-grounding 1\n"
+    "name smollm2-135m-v1\n"
+    "model_sha256 B179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53\n"
+    "window 8\r\n"
+    "stride 4   # half a window\n"
+    "threshold 0.5\n"
+    "watch 15:0 15:1 22:8\n"
+    "features mean_logprob min_logprob mean_entropy mean_margin lookback diff_doc_mass unsupported_ratio\n"
+    "mean 0 0 0 0 0 0 0\n"
+    "scale 1 1 1 1 1 1 1\n"
+    "weights -1.5 0 0 0 2e-1 0 3\n"
+    "\n"
+    "bias -0.25\n";
+
+/* GOOD with line `line` (1-based) replaced by `repl` (NULL: removed). */
+static void with_line(int line, const char *repl, char *out, size_t cap)
+{
+    const char *s = GOOD;
+    size_t n = 0;
+    for (int l = 1; *s; l++) {
+        const char *nl = strchr(s, '\n');
+        size_t len = (size_t)(nl - s) + 1;
+        if (l == line) {
+            if (repl)
+                n += (size_t)snprintf(out + n, cap - n, "%s\n", repl);
+        } else {
+            memcpy(out + n, s, len);
+            n += len;
+        }
+        s += len;
+    }
+    out[n] = 0;
+}
+
+static void bad_cal(int line, const char *repl, const char *want)
+{
+    char text[2048], err[512];
+    struct GrCalibration c;
+    with_line(line, repl, text, sizeof text);
+    int rc = gr_calibration_parse(text, strlen(text), "x.grounding", &c, err, sizeof err);
+    CHECK(rc != 0 && strstr(err, want), "line %d \"%s\": want \"%s\", got \"%s\"", line,
+          repl ? repl : "(removed)", want, rc ? err : "success");
+}
+
+static void test_calibration(void)
+{
+    struct GrCalibration c;
+    char err[512];
+    int rc = gr_calibration_parse(GOOD, strlen(GOOD), "x.grounding", &c, err, sizeof err);
+    CHECK(rc == 0, "%s", err);
+    CHECK(!strcmp(c.name, "smollm2-135m-v1") && c.window == 8 && c.stride == 4 &&
+          c.threshold == 0.5 && c.bias == -0.25, "scalars");
+    CHECK(c.model_sha256[0] == 0xb1 && c.model_sha256[31] == 0x53, "sha");
+    CHECK(c.n_watch == 3 && c.watch[2].layer == 22 && c.watch[2].head == 8, "watch");
+    CHECK(c.n_features == 7 && c.feature[4] == GR_LOOKBACK && c.weight[0] == -1.5 &&
+          c.weight[4] == 0.2 && c.weight[6] == 3, "features");
+    /* keys in another order, a subset of features in another order */
+    const char *other = "bias 1\nweights 2 3\nscale 0.5 4\nmean 1 -1\n"
+                        "features unsupported_ratio mean_logprob\nwatch 0:0\nthreshold 1\n"
+                        "stride 8\nwindow 8\nmodel_sha256 "
+                        "0000000000000000000000000000000000000000000000000000000000000000\n"
+                        "name a.b_c\ndiffrag-grounding 1";
+    rc = gr_calibration_parse(other, strlen(other), "y", &c, err, sizeof err);
+    CHECK(rc == 0 && c.n_features == 2 && c.feature[0] == GR_UNSUPPORTED_RATIO &&
+          c.feature[1] == GR_MEAN_LOGPROB && c.scale[1] == 4, "reordered: %s", rc ? err : "");
+
+    bad_cal(2, "diffrag-grounding 2", "x.grounding:2: version 2");
+    bad_cal(2, NULL, "diffrag-grounding is missing");
+    bad_cal(3, "name two words", "x.grounding:3: name takes one value");
+    bad_cal(3, "name a/b", "x.grounding:3: name may hold only");
+    bad_cal(4, "model_sha256 b179", "x.grounding:4: model_sha256 must be 64 hex digits");
+    bad_cal(4, "model_sha256 z179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            "x.grounding:4: model_sha256 must be 64 hex digits");
+    bad_cal(5, "window 0", "x.grounding:5: window must be an integer from 1");
+    bad_cal(5, "window 8.5", "x.grounding:5: window must be an integer");
+    bad_cal(6, "stride 9", "x.grounding:6: stride 9 exceeds window 8");
+    bad_cal(7, "threshold 1.5", "x.grounding:7: threshold 1.5 is outside [0, 1]");
+    bad_cal(7, "threshold nan", "x.grounding:7: threshold: \"nan\" is not a finite number");
+    bad_cal(7, "threshold", "x.grounding:7: threshold has no value");
+    bad_cal(8, "watch 15:0 15-1", "x.grounding:8: watch: \"15-1\" is not LAYER:HEAD");
+    bad_cal(8, "watch 15:0 15:0", "x.grounding:8: watch lists 15:0 twice");
+    bad_cal(8, "watch", "x.grounding:8: watch lists no head");
+    bad_cal(9, "features mean_logprob bogus", "x.grounding:9: unknown feature \"bogus\"");
+    bad_cal(9, "features lookback lookback", "x.grounding:9: feature lookback is named twice");
+    bad_cal(10, "mean 0 0 0", "x.grounding:10: mean has 3 numbers; features names 7");
+    bad_cal(11, "scale 1 1 1 1 0 1 1", "x.grounding:11: scale of lookback is 0");
+    bad_cal(12, "weights 0 0 0 0 inf 0 0", "x.grounding:12: weights: \"inf\" is not a finite");
+    bad_cal(12, "weights 0 0 0 0 0 0 0 0", "x.grounding:12: weights has more than 7");
+    bad_cal(14, "bias 1x", "x.grounding:14: bias: \"1x\" is not a finite number");
+    bad_cal(13, "window 4", "x.grounding:13: window appears twice (first on line 5)");
+    bad_cal(13, "colour blue", "x.grounding:13: unknown key \"colour\"");
+    bad_cal(14, NULL, "x.grounding: bias is missing");
+    char nul[64] = "diffrag-grounding 1\nname a\0b\n";
+    rc = gr_calibration_parse(nul, 28, "z", &c, err, sizeof err);
+    CHECK(rc != 0 && strstr(err, "z:2: NUL byte"), "%s", err);
+    CHECK(gr_calibration_load("/nonexistent/x.grounding", &c, err, sizeof err) != 0 &&
+          strstr(err, "/nonexistent/x.grounding"), "%s", err);
+
+    struct GrHead h[4];
+    int n;
+    CHECK(gr_parse_heads("15:0, 15:1,22:8", h, 4, &n, err, sizeof err) == 0 && n == 3 &&
+          h[1].layer == 15 && h[1].head == 1, "heads: %s", err);
+    CHECK(gr_parse_heads("15:0,15:0", h, 4, &n, err, sizeof err) != 0 && strstr(err, "twice"), "%s", err);
+    CHECK(gr_parse_heads("15", h, 4, &n, err, sizeof err) != 0, "no colon");
+    CHECK(gr_parse_heads("1:1,", h, 4, &n, err, sizeof err) != 0, "trailing comma");
+    CHECK(gr_parse_heads("1:1,2:2,3:3,4:4,5:5", h, 4, &n, err, sizeof err) != 0 &&
+          strstr(err, "more than 4"), "%s", err);
+}
+
+/* ---- windows, features, score ---- */
+
+static void test_windows(void)
+{
+    struct GrWindow w[64];
+    CHECK(gr_windows(0, 8, 4, w, 64) == 0, "empty answer: no window");
+    CHECK(gr_windows(5, 8, 4, w, 64) == 1 && w[0].start == 0 && w[0].end == 5, "short");
+    CHECK(gr_windows(8, 8, 4, w, 64) == 1 && w[0].end == 8, "exactly one window");
+    CHECK(gr_windows(10, 8, 4, w, 64) == 2 && w[1].start == 2 && w[1].end == 10, "10");
+    CHECK(gr_windows(16, 8, 4, w, 64) == 3 && w[1].start == 4 && w[2].start == 8, "16");
+    CHECK(gr_windows(17, 8, 4, w, 64) == 4 && w[2].start == 8 && w[3].start == 9 &&
+          w[3].end == 17, "17");
+    CHECK(gr_windows(16, 8, 8, w, 64) == 2 && w[1].start == 8, "stride = window");
+    CHECK(gr_windows(17, 8, 4, w, 2) == 4, "total beyond cap");
+    /* for many shapes: starts increase, ends never decrease, every token is covered, each
+     * window has min(n, window) tokens, the last ends at n */
+    for (int win = 1; win <= 9; win++)
+        for (int st = 1; st <= win; st++)
+            for (size_t n = 1; n <= 40; n++) {
+                size_t k = gr_windows(n, win, st, w, 64), covered = 0;
+                int ok = k >= 1 && k <= 64 && w[0].start == 0 && w[k - 1].end == n;
+                for (size_t i = 0; ok && i < k; i++) {
+                    ok = w[i].end - w[i].start == (n < (size_t)win ? n : (size_t)win) &&
+                         w[i].start <= covered && (i == 0 || (w[i].start > w[i - 1].start &&
+                                                              w[i].end >= w[i - 1].end));
+                    if (w[i].end > covered)
+                        covered = w[i].end;
+                }
+                CHECK(ok && covered == n, "window %d stride %d n %zu", win, st, n);
+            }
+}
+
+#define NTOK 12
+static float lp[NTOK] = { -0.1f, -2.0f, -0.5f, -0.3f, -4.0f, -0.2f, -0.1f, -0.6f, -1.0f, -0.05f, -3.0f, -0.4f };
+static float en[NTOK] = { 1, 2, 0.5f, 0.2f, 3, 0.1f, 0.3f, 1.5f, 2.5f, 0.2f, 2.8f, 0.9f };
+static float mg[NTOK] = { .9f, .1f, .5f, .7f, .05f, .8f, .95f, .3f, .2f, .99f, .02f, .6f };
+static float dm[NTOK] = { .2f, .1f, .3f, 0, 0, .25f, .4f, .1f, .05f, .3f, .02f, .2f };
+static float gm[NTOK] = { 0, .1f, .2f, 0, 0, .3f, .1f, .2f, .4f, .1f, .5f, .2f };
+static float dd[NTOK] = { .2f, -.1f, .3f, 0, 0, .25f, .4f, .1f, .05f, .3f, .02f, .2f };
+static float lb[NTOK] = { 1, .5f, .6f, 0, 0, .45f, .8f, .33f, .11f, .75f, .04f, .5f };
+static uint8_t un[NTOK] = { 0, 1, 0, 0, 1, 0, 0, 0, 1, 0, 1, 0 };
+static uint32_t te[NTOK] = { 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24 };
+
+static struct GrSignals sigs(size_t n)
+{
+    return (struct GrSignals){ .n = n, .logprob = lp, .entropy = en, .margin = mg, .doc_mass = dm,
+                               .gen_mass = gm, .diff_doc_mass = dd, .lookback = lb,
+                               .text_end = te, .unsupported = un };
+}
+
+static void test_features_and_score(void)
+{
+    struct GrSignals s = sigs(NTOK);
+    double f[GR_N_FEATURES];
+    gr_window_features(&s, 1, 5, f);   /* tokens 1..4 */
+    CHECK(fabs(f[GR_MEAN_LOGPROB] - (-2.0 - 0.5 - 0.3 - 4.0) / 4) < 1e-6, "mean lp %g", f[0]);
+    CHECK(fabs(f[GR_MIN_LOGPROB] + 4.0) < 1e-6, "min lp");
+    CHECK(fabs(f[GR_MEAN_ENTROPY] - (2 + 0.5 + 0.2 + 3) / 4.0) < 1e-6, "entropy");
+    CHECK(fabs(f[GR_MEAN_MARGIN] - (.1 + .5 + .7 + .05) / 4) < 1e-6, "margin");
+    CHECK(fabs(f[GR_LOOKBACK] - (.1 + .3) / (.1 + .3 + .1 + .2)) < 1e-6, "lookback %g", f[4]);
+    CHECK(fabs(f[GR_DIFF_DOC_MASS] - (-.1 + .3) / 4) < 1e-6, "diff");
+    CHECK(fabs(f[GR_UNSUPPORTED_RATIO] - 0.5) < 1e-12, "unsupported");
+    gr_window_features(&s, 3, 5, f);   /* no mass at all */
+    CHECK(f[GR_LOOKBACK] == 0, "lookback of no mass is 0");
+
+    struct GrCalibration c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.name, sizeof c.name, "t");
+    c.window = 4;
+    c.stride = 2;
+    c.threshold = 0.6;
+    c.n_features = 3;
+    c.feature[0] = GR_UNSUPPORTED_RATIO;
+    c.feature[1] = GR_MEAN_LOGPROB;
+    c.feature[2] = GR_LOOKBACK;
+    c.mean[0] = 0.2; c.scale[0] = 0.5; c.weight[0] = 2.0;
+    c.mean[1] = -0.5; c.scale[1] = 1.0; c.weight[1] = -1.0;
+    c.mean[2] = 0.5; c.scale[2] = 0.25; c.weight[2] = -0.5;
+    c.bias = -0.3;
+    /* windows of 12 tokens: [0,4) [2,6) [4,8) [6,10) [8,12); score each directly */
+    double want[5], best = 0;
+    size_t starts[5] = { 0, 2, 4, 6, 8 };
+    for (int k = 0; k < 5; k++) {
+        double u = 0, l = 0, d = 0, g = 0;
+        for (size_t i = starts[k]; i < starts[k] + 4; i++) {
+            u += un[i];
+            l += lp[i];
+            d += dm[i];
+            g += gm[i];
+        }
+        double z = -0.3 + 2.0 * (u / 4 - 0.2) / 0.5 - 1.0 * (l / 4 + 0.5) / 1.0 -
+                   0.5 * ((d + g > 0 ? d / (d + g) : 0) - 0.5) / 0.25;
+        want[k] = 1 / (1 + exp(-z));
+        gr_window_features(&s, starts[k], starts[k] + 4, f);
+        double got = gr_window_score(&c, f);
+        CHECK(fabs(got - want[k]) < 1e-12, "window %d: %.15g vs %.15g", k, got, want[k]);
+        if (want[k] > best)
+            best = want[k];
+    }
+    double ts[NTOK];
+    struct GrSummary sum;
+    const char *answer = "abcdefghijklmnopqrstuvwx";
+    gr_summarize(&c, c.threshold, &s, answer, 24, ts, &sum);
+    CHECK(sum.scored && fabs(sum.score - best) < 1e-12, "score %g vs %g", sum.score, best);
+    for (size_t i = 0; i < NTOK; i++) {
+        double m = 0;
+        for (int k = 0; k < 5; k++)
+            if (i >= starts[k] && i < starts[k] + 4 && want[k] > m)
+                m = want[k];
+        CHECK(fabs(ts[i] - m) < 1e-12, "token %zu score %g vs %g", i, ts[i], m);
+    }
+    size_t flagged = 0;
+    for (size_t i = 0; i < NTOK; i++) {
+        int in = 0;
+        for (int k = 0; k < 5; k++)
+            in |= i >= starts[k] && i < starts[k] + 4 && want[k] >= c.threshold;
+        flagged += (size_t)in;
+    }
+    CHECK(sum.flagged == (best >= c.threshold), "flagged");
+    CHECK(sum.flagged && flagged > 0 && flagged < NTOK, "the example flags part of the answer "
+          "(%zu tokens)", flagged);
+    CHECK(sum.flagged_tokens == flagged, "flagged tokens %zu vs %zu", sum.flagged_tokens, flagged);
+    CHECK(sum.answer_tokens == NTOK && sum.has_ratios, "counts");
+    double d = 0, g = 0, l = 0, mn = 0;
+    for (size_t i = 0; i < NTOK; i++) {
+        d += dm[i];
+        g += gm[i];
+        l += lp[i];
+        mn = lp[i] < mn ? lp[i] : mn;
+    }
+    CHECK(fabs(sum.lookback_ratio - (d / NTOK) / (d / NTOK + g / NTOK)) < 1e-9, "lookback ratio");
+    CHECK(fabs(sum.mean_logprob - l / NTOK) < 1e-9 && sum.min_logprob == mn, "logprobs");
+    CHECK(fabs(sum.unsupported_token_ratio - 4.0 / NTOK) < 1e-12, "unsupported ratio");
+    /* a higher threshold than any window: scored, not flagged, no flagged tokens */
+    gr_summarize(&c, 0.9999, &s, answer, 24, NULL, &sum);
+    CHECK(sum.scored && !sum.flagged && sum.flagged_tokens == 0, "threshold");
+    /* an abstained answer is never flagged */
+    const char *refusal = "  i CANNOT find the answer in the provided documents   ";
+    uint32_t te2[NTOK];
+    for (size_t i = 0; i < NTOK; i++)
+        te2[i] = (uint32_t)(i + 1 == NTOK ? strlen(refusal) : i);
+    s.text_end = te2;
+    gr_summarize(&c, c.threshold, &s, refusal, strlen(refusal), NULL, &sum);
+    CHECK(sum.abstained && sum.scored && !sum.flagged && sum.flagged_tokens == 0, "abstained");
+    s.text_end = te;
+    /* no calibration: signals only */
+    gr_summarize(NULL, 0.5, &s, answer, 24, NULL, &sum);
+    CHECK(!sum.scored && !sum.flagged && sum.flagged_tokens == 0 && sum.has_ratios, "no detector");
+    /* no answer token: nothing to score, no ratio */
+    struct GrSignals none = sigs(0);
+    gr_summarize(&c, 0.5, &none, "", 0, NULL, &sum);
+    CHECK(!sum.scored && !sum.has_ratios && sum.answer_tokens == 0, "empty answer");
+}
+
+static void test_abstained(void)
+{
+    CHECK(gr_abstained("I cannot find the answer in the provided documents.", 51), "exact");
+    CHECK(gr_abstained("\n I cannot find the answer in the provided documents", 52), "no period");
+    CHECK(gr_abstained("I CANNOT FIND THE ANSWER IN THE PROVIDED DOCUMENTS!", 51), "case");
+    CHECK(!gr_abstained("I cannot find the answer", 24), "prefix of the phrase");
+    CHECK(!gr_abstained("The answer: I cannot find the answer in the provided documents.", 63),
+          "not at the start");
+    CHECK(!gr_abstained("", 0), "empty");
+}
+
+/* ---- words and lexical support ---- */
+
+struct Collected { char words[16][GR_MAX_WORD + 1]; size_t start[16], end[16]; int cap[16], dig[16], n; };
+
+static int collect(void *ctx, const struct GrWord *w)
+{
+    struct Collected *c = ctx;
+    if (c->n < 16) {
+        memcpy(c->words[c->n], w->lower, w->lower_len);
+        c->words[c->n][w->lower_len] = 0;
+        c->start[c->n] = w->start;
+        c->end[c->n] = w->end;
+        c->cap[c->n] = w->capital;
+        c->dig[c->n] = w->digit;
+    }
+    c->n++;
+    return 0;
+}
+
+static void test_words(void)
+{
+    struct Collected c = { .n = 0 };
+    const char *t = "Don't call Norman's ÉCOLE x2-b; 東京 café’s";
+    gr_words(t, strlen(t), collect, &c);
+    CHECK(c.n == 9, "%d words", c.n);
+    CHECK(!strcmp(c.words[0], "dont") && c.cap[0] && c.start[0] == 0 && c.end[0] == 5, "%s", c.words[0]);
+    CHECK(!strcmp(c.words[2], "norman") && c.cap[2] && c.end[2] == 19, "%s %zu", c.words[2], c.end[2]);
+    CHECK(!strcmp(c.words[3], "école") && c.cap[3], "%s", c.words[3]);
+    CHECK(!strcmp(c.words[4], "x2") && c.dig[4] && !c.cap[4], "%s", c.words[4]);
+    CHECK(!strcmp(c.words[6], "東") && !strcmp(c.words[7], "京"), "ideographs");
+    CHECK(!strcmp(c.words[8], "café") && c.end[8] == strlen(t), "%s", c.words[8]);
+    /* a long word is cut at a character boundary */
+    char longw[300];
+    for (int i = 0; i < 100; i++)
+        memcpy(longw + 2 * i, "é", 2);
+    c.n = 0;
+    gr_words(longw, 200, collect, &c);
+    CHECK(c.n == 1 && strlen(c.words[0]) == 64 && c.end[0] == 200, "long word %zu", strlen(c.words[0]));
+    struct GrWord w = { .lower = "the", .lower_len = 3 };
+    CHECK(!gr_is_content(&w), "stop word");
+    w.capital = 1;
+    CHECK(gr_is_content(&w), "capitalised");
+    w = (struct GrWord){ .lower = "river", .lower_len = 5 };
+    CHECK(gr_is_content(&w), "content");
+}
+
+static void test_lexical(void)
+{
+    struct GrWordSet *ws = NULL;
+    CHECK(gr_wordset_new(&ws) == 0, "new");
+    const char *doc = "The Rhine flows 1,230 km from the Swiss Alps to the North Sea. France's rivers";
+    CHECK(gr_wordset_add_text(ws, doc, strlen(doc)) == 0, "add");
+    CHECK(gr_wordset_has(ws, "rhine", 5) && gr_wordset_has(ws, "230", 3) &&
+          gr_wordset_has(ws, "france", 6) && !gr_wordset_has(ws, "Rhine", 5), "lookups");
+    /* many words: the set grows and keeps them all */
+    char buf[32];
+    for (int i = 0; i < 5000; i++) {
+        int n = snprintf(buf, sizeof buf, "w%d", i);
+        gr_wordset_add_text(ws, buf, (size_t)n);
+    }
+    int all = 1;
+    for (int i = 0; i < 5000; i++) {
+        int n = snprintf(buf, sizeof buf, "w%d", i);
+        all &= gr_wordset_has(ws, buf, (size_t)n);
+    }
+    CHECK(all && !gr_wordset_has(ws, "w5000", 5), "grown set");
+    /* tokens: "It" " flows" " 1" ",2" "40" " km" " to" " Paris" "." ; 240 and Paris are not in
+     * the documents, "It" is capitalised and absent; "to" is a stop word */
+    const char *ans = "It flows 1,240 km to Paris.";
+    uint32_t end[9] = { 2, 8, 10, 12, 14, 17, 20, 26, 27 };
+    uint8_t u[9];
+    gr_lexical(ws, ans, strlen(ans), end, 9, u);
+    uint8_t want[9] = { 1, 0, 0, 1, 1, 0, 0, 1, 0 };
+    CHECK(!memcmp(u, want, 9), "%d%d%d%d%d%d%d%d%d", u[0], u[1], u[2], u[3], u[4], u[5], u[6],
+          u[7], u[8]);
+    /* an empty token (text held back) overlaps nothing */
+    uint32_t end2[3] = { 0, 2, 27 };
+    gr_lexical(ws, ans, strlen(ans), end2, 3, u);
+    CHECK(u[0] == 0 && u[1] == 1 && u[2] == 1, "empty token");
+    /* citation markers are not claims: "[1]" and "[2, 3]" need no support, "[x7]" and a
+     * bare 7 do */
+    const char *cited = "Paris [1] is [2, 3] 7 [x7]";
+    uint32_t end3[9] = { 5, 7, 8, 9, 12, 19, 21, 23, 26 };
+    gr_lexical(ws, cited, strlen(cited), end3, 9, u);
+    uint8_t want3[9] = { 1, 0, 0, 0, 0, 0, 1, 0, 1 };
+    CHECK(!memcmp(u, want3, 9), "citations %d%d%d%d%d%d%d%d%d", u[0], u[1], u[2], u[3], u[4],
+          u[5], u[6], u[7], u[8]);
+    /* no documents: every content word is unsupported */
+    gr_lexical(NULL, ans, strlen(ans), end, 9, u);
+    CHECK(u[1] == 1 && u[6] == 0 && u[8] == 0, "no documents");
+    gr_wordset_destroy(&ws);
+    CHECK(ws == NULL, "destroy");
+}
+
+/* ---- the wire ---- */
+
+static void test_wire_signals(void)
+{
+    struct MpWriter w;
+    char err[256];
+    mpw_init(&w);
+    int32_t toks[6] = { 1, 2, 3, 4, 5, 6 };
+    uint32_t spans[4] = { 1, 3, 4, 6 };
+    int32_t watch[4] = { 15, 0, 22, 8 };
+    struct WireGround g = { .doc_spans = spans, .n_spans = 2, .watch = watch, .n_watch = 2 };
+    wire_job_encode(&w, toks, 6, 8, 0, 1, 0, NULL, NULL, 0, 0, &g);
+    struct WireJob j = { .job = 1 };
+    CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) == 0, "%s", err);
+    CHECK(j.n_spans == 2 && j.doc_spans[2] == 4 && j.doc_spans[3] == 6, "spans");
+    CHECK(j.watch_given && j.n_watch == 2 && j.watch[2] == 22 && j.watch[3] == 8, "watch");
+    wire_job_free(&j);
+    mpw_reset(&w);
+    wire_job_encode(&w, toks, 6, 8, 0, 1, 0, NULL, NULL, 0, 0, NULL);
+    CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) == 0 && !j.watch_given &&
+          j.n_spans == 0, "no grounding: %s", err);
+    wire_job_free(&j);
+    uint32_t past[2] = { 2, 7 };   /* past the prompt */
+    g = (struct WireGround){ .doc_spans = past, .n_spans = 1 };
+    mpw_reset(&w);
+    wire_job_encode(&w, toks, 6, 8, 0, 1, 0, NULL, NULL, 0, 0, &g);
+    CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) != 0 &&
+          strstr(err, "span"), "span past the prompt: %s", err);
+
+    /* "añb.": tokens "a", "ñ", "b." */
+    float vals[WS_N_FLOAT][3];
+    for (int k = 0; k < WS_N_FLOAT; k++)
+        for (int i = 0; i < 3; i++)
+            vals[k][i] = (float)(k + 1) * 0.1f * (float)(i + 1) - 0.25f;
+    uint32_t tend[3] = { 1, 3, 5 };
+    struct WireResult r = { .job = 3, .finish = WF_STOP, .text = "a\xc3\xb1" "b.", .text_len = 5,
+                            .completion_tokens = 4, .has_signals = 1 };
+    r.sig.n = 3;
+    for (int k = 0; k < WS_N_FLOAT; k++)
+        r.sig.f[k] = vals[k];
+    r.sig.text_end = tend;
+    mpw_reset(&w);
+    wire_result_encode(&w, &r);
+    struct WireResult back = { .job = 3 };
+    CHECK(wire_result_decode(w.buf.data, w.buf.size, &back, err, sizeof err) == 0, "%s", err);
+    int same = back.has_signals && back.sig.n == 3 && !memcmp(back.sig.text_end, tend, sizeof tend);
+    for (int k = 0; same && k < WS_N_FLOAT; k++)
+        same = !memcmp(back.sig.f[k], vals[k], sizeof vals[k]);
+    CHECK(same, "signals round trip");
+    wire_result_free(&back);
+    CHECK(back.sig.text_end == NULL && !back.has_signals, "freed");
+
+    /* what a broken or hostile worker might send is refused */
+    struct { uint32_t te[3]; int64_t completion; float bad; const char *want; } cases[] = {
+        { { 1, 2, 5 }, 4, 0, "inside a character" },
+        { { 1, 3, 4 }, 4, 0, "does not reach the end" },
+        { { 3, 1, 5 }, 4, 0, "out of order" },
+        { { 1, 3, 6 }, 4, 0, "past the text" },
+        { { 1, 3, 5 }, 2, 0, "more signals than completion tokens" },
+        { { 1, 3, 5 }, 4, NAN, "not finite" },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct WireResult x = r;
+        memcpy(tend, cases[c].te, sizeof tend);
+        x.completion_tokens = cases[c].completion;
+        float keep = vals[WS_MARGIN][1];
+        if (cases[c].bad != 0 || isnan(cases[c].bad))
+            vals[WS_MARGIN][1] = cases[c].bad;
+        mpw_reset(&w);
+        wire_result_encode(&w, &x);
+        vals[WS_MARGIN][1] = keep;
+        back = (struct WireResult){ .job = 3 };
+        int rc = wire_result_decode(w.buf.data, w.buf.size, &back, err, sizeof err);
+        CHECK(rc != 0 && strstr(err, cases[c].want), "case %zu: %s", c, rc ? err : "accepted");
+        CHECK(back.sig.text_end == NULL, "nothing kept after a refusal");
+    }
+    /* an array of the wrong length */
+    mpw_reset(&w);
+    mpw_map(&w, 3);
+    mpw_kv_cstr(&w, "finish", "stop");
+    mpw_kv_int(&w, "completion_tokens", 9);
+    mpw_cstr(&w, "signals");
+    mpw_map(&w, WS_N_FLOAT + 2);
+    mpw_kv_uint(&w, "n", 2);
+    for (int k = 0; k < WS_N_FLOAT; k++) {
+        mpw_cstr(&w, wire_sig_name(k));
+        mpw_bin(&w, "\0\0\0\0\0\0\0\0", k == 3 ? 4 : 8);
+    }
+    mpw_cstr(&w, "text_end");
+    mpw_bin(&w, "\0\0\0\0\0\0\0\0", 8);
+    back = (struct WireResult){ .job = 3 };
+    CHECK(wire_result_decode(w.buf.data, w.buf.size, &back, err, sizeof err) != 0 &&
+          strstr(err, "doc_mass is not 2 values"), "%s", err);
+    mpw_destroy(&w);
+}
+
+int main(void)
+{
+    test_sha256();
+    test_calibration();
+    test_windows();
+    test_features_and_score();
+    test_abstained();
+    test_words();
+    test_lexical();
+    test_wire_signals();
+    printf("grounding units: %d checks, %d failures\n", checks, failures);
+    return failures ? 1 : 0;
+}
