@@ -30,6 +30,9 @@ struct BrokerOpts {
     const char *version;
     volatile sig_atomic_t *sig_term; /* set by signal handlers; the loop acts on them */
     volatile sig_atomic_t *sig_hup;
+    const char *curve_secret;        /* Z85 secret key: the client socket is a CURVE server;
+                                      * NULL: plain. Read during broker_new only. */
+    struct Zap *zap;                 /* the ZAP handler whose keys SIGHUP re-reads; NULL: none */
 };
 
 struct Broker;

@@ -42,6 +42,7 @@ struct Metrics {
     struct Hist duration[OP_COUNT];
     struct Hist queue_wait, ttft, tpot, context_tokens, prefill_tps, retrieval;
     uint64_t prompt_tokens, generated_tokens, worker_lost;
+    uint64_t auth_ok, auth_refused;
     int queue_depth, inflight, workers_idle, workers_busy;
     uint64_t kv_bytes;
     int model_loaded, store_open, draining;
@@ -131,6 +132,16 @@ void metrics_worker_lost(struct Metrics *m)
 {
     pthread_mutex_lock(&m->mu);
     m->worker_lost++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_auth(struct Metrics *m, int allowed)
+{
+    pthread_mutex_lock(&m->mu);
+    if (allowed)
+        m->auth_ok++;
+    else
+        m->auth_refused++;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -263,6 +274,11 @@ char *metrics_render(struct Metrics *m, size_t *len)
     fprintf(f, "diffrag_generated_tokens_total %llu\n", (unsigned long long)m->generated_tokens);
     head(f, "diffrag_worker_lost_total", "counter", "Workers presumed dead (silent past the heartbeat timeout, or gone).");
     fprintf(f, "diffrag_worker_lost_total %llu\n", (unsigned long long)m->worker_lost);
+    head(f, "diffrag_auth_handshakes_total", "counter",
+         "CurveZMQ client handshakes the ZAP handler decided, by result.");
+    fprintf(f, "diffrag_auth_handshakes_total{result=\"allowed\"} %llu\n", (unsigned long long)m->auth_ok);
+    fprintf(f, "diffrag_auth_handshakes_total{result=\"refused\"} %llu\n",
+            (unsigned long long)m->auth_refused);
 
     head(f, "diffrag_queue_depth", "gauge", "Queries retrieved and waiting for a worker.");
     fprintf(f, "diffrag_queue_depth %d\n", m->queue_depth);

@@ -26,6 +26,8 @@ struct QueryObs {
 };
 void metrics_query(struct Metrics *m, const struct QueryObs *q);
 void metrics_worker_lost(struct Metrics *m);
+/* One CurveZMQ handshake decided by the ZAP handler (any thread). */
+void metrics_auth(struct Metrics *m, int allowed);
 
 void metrics_gauges(struct Metrics *m, int queue_depth, int inflight, int workers_idle,
                     int workers_busy, uint64_t kv_cache_bytes);

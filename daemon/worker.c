@@ -22,6 +22,7 @@ struct Worker {
     struct Engine *e;
     struct WorkerOpts o;
     char endpoint[512];
+    char curve_server[41], curve_public[41], curve_secret[41];   /* empty: plain */
     char pair_ep[96], ctl_ep[96];
     void *pair_io;              /* the I/O thread's end of the PAIR */
     void *ctl;                  /* PULL: worker_stop's wake-up */
@@ -208,6 +209,15 @@ static void *connect_broker(struct Worker *w)
     zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
     zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    if (w->curve_server[0] &&
+        (zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, w->curve_server, 41) ||
+         zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, w->curve_public, 41) ||
+         zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, w->curve_secret, 41))) {
+        dlog(LL_ERROR, "msg=\"worker cannot set its CurveZMQ keys\" worker=%d error=\"%s\"",
+             w->o.index, zmq_strerror(errno));
+        zmq_close(s);
+        return NULL;
+    }
     if (zmq_connect(s, w->endpoint)) {
         dlog(LL_ERROR, "msg=\"worker cannot connect\" worker=%d endpoint=%s error=\"%s\"",
              w->o.index, w->endpoint, zmq_strerror(errno));
@@ -411,6 +421,12 @@ int worker_start(void *zctx, const struct Model *m, const struct WorkerOpts *o,
     w->o = *o;
     snprintf(w->endpoint, sizeof w->endpoint, "%s", o->endpoint);
     w->o.endpoint = w->endpoint;
+    if (o->curve_server && o->curve_public && o->curve_secret) {
+        snprintf(w->curve_server, sizeof w->curve_server, "%s", o->curve_server);
+        snprintf(w->curve_public, sizeof w->curve_public, "%s", o->curve_public);
+        snprintf(w->curve_secret, sizeof w->curve_secret, "%s", o->curve_secret);
+    }
+    w->o.curve_server = w->o.curve_public = w->o.curve_secret = NULL;
     int rc = engine_new(m, &o->engine, &w->e, err, errlen);
     if (rc)
         goto err;
@@ -470,6 +486,7 @@ void worker_stop(struct Worker **wp)
     if (w->ctl)
         zmq_close(w->ctl);
     engine_destroy(&w->e);
+    memset(w->curve_secret, 0, sizeof w->curve_secret);
     free(w);
     *wp = NULL;
 }
