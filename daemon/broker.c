@@ -1139,9 +1139,14 @@ int broker_new(const struct BrokerOpts *o, struct Broker **out, char *err, size_
         goto err;
     }
     int linger = 1000, hwm = 100000;
-    int64_t maxmsg = (int64_t)o->cfg->max_message_bytes * 4 + 65536, wmax = 256ll << 20;
+    int64_t maxmsg = (int64_t)o->cfg->max_message_bytes * 4 + 65536, wmax = WIRE_MAX_MESSAGE;
+    /* Messages waiting per client connection: libzmq holds each whole (up to maxmsg) before
+     * the loop reads it, so this bounds what one peer can make the daemon hold; a client
+     * that sends faster waits in TCP. */
+    int client_rcvhwm = BROKER_CLIENT_RCVHWM;
     zmq_setsockopt(b->front, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(b->front, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(b->front, ZMQ_RCVHWM, &client_rcvhwm, sizeof client_rcvhwm);
     zmq_setsockopt(b->front, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     if (o->curve_secret) {
         int server = 1;

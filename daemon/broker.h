@@ -16,6 +16,7 @@
 
 #define BROKER_WORKERS_INPROC "inproc://diffrag-workers"
 #define BROKER_PREP_INPROC "inproc://diffrag-prep"
+#define BROKER_CLIENT_RCVHWM 64   /* messages libzmq queues per client connection */
 
 struct BrokerOpts {
     struct Config *cfg;              /* live configuration; SIGHUP reloads it in place */

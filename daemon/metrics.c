@@ -3,13 +3,19 @@
 #include "daemon/metrics.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <microhttpd.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #define MAX_BUCKETS 20
+#define METRICS_MAX_CONNECTIONS 64
+#define METRICS_CONNECTION_MEMORY (16 * 1024)
 
 struct Hist {
     const double *bounds;
@@ -395,16 +401,38 @@ int metrics_http_start(struct Metrics *m, const char *hostport, struct MetricsHt
         snprintf(err, errlen, "metrics_listen: \"%s\" is not an IP address", host);
         return -1;
     }
+    /* Bound here rather than by libmicrohttpd, so a failure names its cause (EADDRINUSE,
+     * EADDRNOTAVAIL, EACCES) instead of a guess. */
+    socklen_t salen = sa->sa_family == AF_INET ? sizeof a4 : sizeof a6;
+    int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot serve metrics on %s: %s", hostport, strerror(errno));
+        return -1;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (sa->sa_family == AF_INET6)
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    if (bind(fd, sa, salen) || listen(fd, 64)) {
+        snprintf(err, errlen, "cannot serve metrics on %s: %s", hostport, strerror(errno));
+        close(fd);
+        return -1;
+    }
     struct MetricsHttp *h = calloc(1, sizeof *h);
     if (!h) {
         snprintf(err, errlen, "out of memory");
+        close(fd);
         return -1;
     }
     h->m = m;
-    h->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, handle, h, MHD_OPTION_SOCK_ADDR, sa,
+    /* A scraper needs one connection; the caps keep a flood of them from costing threads or
+     * memory (the endpoint reads no request body). */
+    h->d = MHD_start_daemon(flags, 0, NULL, NULL, handle, h, MHD_OPTION_LISTEN_SOCKET, fd,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)METRICS_MAX_CONNECTIONS,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)METRICS_CONNECTION_MEMORY,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
     if (!h->d) {
-        snprintf(err, errlen, "cannot serve metrics on %s (address in use?)", hostport);
+        snprintf(err, errlen, "cannot serve metrics on %s: the HTTP server did not start", hostport);
+        close(fd);
         free(h);
         return -1;
     }

@@ -204,7 +204,7 @@ static void *connect_broker(struct Worker *w)
     if (!s)
         return NULL;
     int linger = 200, hwm = 100000;
-    int64_t maxmsg = 256ll << 20;
+    int64_t maxmsg = WIRE_MAX_MESSAGE;
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
