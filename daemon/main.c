@@ -14,6 +14,7 @@
 
 #include "daemon/broker.h"
 #include "daemon/config.h"
+#include "daemon/fault.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "daemon/prep.h"
@@ -292,7 +293,7 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         dlog(LL_ERROR, "msg=\"out of memory\"");
         goto out;
     }
-    struct PrepShared shared = { .store = store };
+    struct PrepShared shared = { .store = store, .data_dir = c->data_dir };
     tokcount_model_counter(tcm, &shared.tc);
     if (metrics_new(DIFFRAGD_VERSION, c->device, model_name, &metrics)) {
         dlog(LL_ERROR, "msg=\"out of memory\"");
@@ -414,6 +415,16 @@ int main(int argc, char **argv)
     if (cli.check)
         return check_config(&cfg, cli.worker);
     dlog_level = dlog_level_parse(cfg.log_level);
+    if (fault_init(err, sizeof err)) {
+        fprintf(stderr, "diffragd: %s\n", err);
+        return 2;
+    }
+    if (fault_armed()) {
+        const char *f = getenv("DIFFRAGD_FAULTS");
+        char q[256];
+        dlog(LL_WARN, "msg=\"fault injection is armed (DIFFRAGD_FAULTS); for tests only\" faults=%s",
+             dlog_quote(q, sizeof q, f, strlen(f)));
+    }
     install_signals();
     if (cli.worker) {
         if (!cfg.connect[0]) {

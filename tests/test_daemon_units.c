@@ -1,6 +1,6 @@
 /* Unit tests of the daemon's pure parts: the msgpack reader (round trips, every truncation,
  * random bytes, nesting limits), the broker <-> worker bodies, request decoding, configuration
- * values, logfmt quoting and CurveZMQ key files. */
+ * values, logfmt quoting, CurveZMQ key files and fault-point periods. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +10,7 @@
 #include <zmq.h>
 
 #include "daemon/config.h"
+#include "daemon/fault.h"
 #include "daemon/log.h"
 #include "daemon/mp.h"
 #include "daemon/proto.h"
@@ -341,6 +342,19 @@ static void test_keys(void)
     CHECK(system(cmd) == 0, "cleanup");
 }
 
+static void test_faults(void)
+{
+    char err[256];
+    setenv("DIFFRAGD_FAULTS", "worker_engine_error=3", 1);
+    CHECK(fault_init(err, sizeof err) == 0 && fault_armed(), "fault_init: %s", err);
+    int seq[7];
+    for (int i = 0; i < 7; i++)
+        seq[i] = fault_hit(FAULT_WORKER_ENGINE_ERROR);
+    CHECK(!seq[0] && !seq[1] && seq[2] && !seq[3] && !seq[4] && seq[5] && !seq[6], "every 3rd pass");
+    CHECK(!fault_hit(FAULT_WORKER_THREAD_EXIT), "an unarmed point never fires");
+    CHECK(!fault_hit(FAULT_COUNT), "out-of-range point");
+}
+
 int main(void)
 {
     test_mp_round_trip();
@@ -350,6 +364,7 @@ int main(void)
     test_config();
     test_quote();
     test_keys();
+    test_faults();
     printf("daemon units: %d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }
