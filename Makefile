@@ -51,18 +51,20 @@ install: install-daemon install-clients
 # libFuzzer targets (clang): the GGUF reader, the tokenizer, the BM25 text normaliser, context
 # assembly and the daemon's request decoder. `make fuzz FUZZ_SECONDS=N` runs each for N s.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := fuzz_gguf fuzz_tokenizer fuzz_analyzer fuzz_context
+FUZZ_TARGETS := fuzz_gguf fuzz_tokenizer fuzz_analyzer fuzz_context fuzz_request
 FUZZ_BUILD   := build/fuzz
 FUZZ_SAN     := -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer
 # The parsers under fuzz need no kernels: link only what they use.
 FUZZ_OBJS    := model/gguf model/tokenizer model/unicode $(basename $(wildcard retriever/*.c))
+# fuzz_request also links the daemon's decoder, msgpack reader/writer and configuration table.
+FUZZ_DAEMON_OBJS := daemon/proto daemon/mp daemon/wire daemon/config daemon/log
+FUZZ_LINK_fuzz_request := $(patsubst %,$(FUZZ_BUILD)/%.o,$(FUZZ_DAEMON_OBJS)) -lmsgpackc
 fuzz-build:
 	$(MAKE) BUILD=$(FUZZ_BUILD) CC=clang OPT=-O1 SAN="$(FUZZ_SAN)" \
-	    $(patsubst %,$(FUZZ_BUILD)/%.o,$(FUZZ_OBJS) $(addprefix tests/fuzz/,$(FUZZ_TARGETS)))
-	for t in $(FUZZ_TARGETS); do \
-	    clang -fsanitize=fuzzer,address,undefined $(FUZZ_BUILD)/tests/fuzz/$$t.o -o $(FUZZ_BUILD)/$$t \
-	        $(patsubst %,$(FUZZ_BUILD)/%.o,$(FUZZ_OBJS)) -llmdb -lstemmer -lm -lpthread || exit 1; \
-	done
+	    $(patsubst %,$(FUZZ_BUILD)/%.o,$(FUZZ_OBJS) $(FUZZ_DAEMON_OBJS) $(addprefix tests/fuzz/,$(FUZZ_TARGETS)))
+	$(foreach t,$(FUZZ_TARGETS),clang -fsanitize=fuzzer,address,undefined $(FUZZ_BUILD)/tests/fuzz/$(t).o \
+	    -o $(FUZZ_BUILD)/$(t) $(patsubst %,$(FUZZ_BUILD)/%.o,$(FUZZ_OBJS)) $(FUZZ_LINK_$(t)) \
+	    -llmdb -lstemmer -lm -lpthread &&) true
 fuzz: fuzz-build $(MODEL_FILE)
 	for t in $(FUZZ_TARGETS); do \
 	    mkdir -p $(FUZZ_BUILD)/corpus/$$t; \

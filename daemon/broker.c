@@ -13,6 +13,7 @@
 #include "daemon/prep.h"
 #include "daemon/request.h"
 #include "daemon/wire.h"
+#include "daemon/zap.h"
 #include "daemon/zutil.h"
 
 struct WorkerRef {
@@ -1060,6 +1061,40 @@ static void notify_status(struct Broker *b, double now, int force)
     }
 }
 
+/* The allowed client keys are re-read on every SIGHUP, so a key file edited in place (a key
+ * added or revoked) takes effect without a restart. A file that does not load leaves the
+ * keys in force. */
+static void reload_keys(struct Broker *b)
+{
+    if (!b->o.zap)
+        return;
+    struct ZapKeys *keys = NULL;
+    size_t n = 0;
+    char err[512];
+    if (b->cfg->curve_allowed_keys[0] &&
+        zap_keys_load(b->cfg->curve_allowed_keys, &keys, &n, err, sizeof err)) {
+        dlog(LL_ERROR, "msg=\"allowed client keys not reloaded; the previous ones stay\" error=\"%s\"",
+             err);
+    } else {
+        zap_set_keys(b->o.zap, 0, &keys);
+        if (b->cfg->curve_allowed_keys[0])
+            dlog(LL_INFO, "msg=\"allowed client keys reloaded\" keys=%zu", n);
+        else
+            dlog(LL_WARN, "msg=\"curve_allowed_keys is empty: any client with the daemon's public "
+                 "key may connect\"");
+    }
+    if (!b->cfg->worker_listen[0])
+        return;
+    if (!b->cfg->curve_worker_keys[0] ||
+        zap_keys_load(b->cfg->curve_worker_keys, &keys, &n, err, sizeof err)) {
+        dlog(LL_ERROR, "msg=\"worker keys not reloaded; the previous ones stay\" error=\"%s\"",
+             b->cfg->curve_worker_keys[0] ? err : "curve_worker_keys is empty");
+        return;
+    }
+    zap_set_keys(b->o.zap, 1, &keys);
+    dlog(LL_INFO, "msg=\"worker keys reloaded\" keys=%zu", n);
+}
+
 static void reload(struct Broker *b)
 {
     char changed[512], ignored[512], err[512];
@@ -1071,6 +1106,7 @@ static void reload(struct Broker *b)
         dlog_level = dlog_level_parse(b->cfg->log_level);
         int64_t maxmsg = (int64_t)b->cfg->max_message_bytes * 4 + 65536;
         zmq_setsockopt(b->front, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+        reload_keys(b);
         dlog(LL_INFO, "msg=\"configuration reloaded\" changed=\"%s\" needs_restart=\"%s\"", changed,
              ignored);
     }
@@ -1258,10 +1294,34 @@ int broker_new(const struct BrokerOpts *o, struct Broker **out, char *err, size_
         goto err;
     }
     int linger = 1000, hwm = 100000;
-    int64_t maxmsg = (int64_t)o->cfg->max_message_bytes * 4 + 65536, wmax = 256ll << 20;
+    int64_t maxmsg = (int64_t)o->cfg->max_message_bytes * 4 + 65536, wmax = WIRE_MAX_MESSAGE;
+    /* Messages waiting per client connection: libzmq holds each whole (up to maxmsg) before
+     * the loop reads it, so this bounds what one peer can make the daemon hold; a client
+     * that sends faster waits in TCP. */
+    int client_rcvhwm = BROKER_CLIENT_RCVHWM;
     zmq_setsockopt(b->front, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(b->front, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(b->front, ZMQ_RCVHWM, &client_rcvhwm, sizeof client_rcvhwm);
     zmq_setsockopt(b->front, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    if (o->curve_secret) {
+        int server = 1;
+        /* Z85 text with its NUL (41 bytes), as zmq_setsockopt takes keys given as text */
+        if (zmq_setsockopt(b->front, ZMQ_CURVE_SERVER, &server, sizeof server) ||
+            zmq_setsockopt(b->front, ZMQ_CURVE_SECRETKEY, o->curve_secret, CURVE_KEY_Z85_LEN + 1) ||
+            zmq_setsockopt(b->front, ZMQ_ZAP_DOMAIN, ZAP_DOMAIN, strlen(ZAP_DOMAIN))) {
+            snprintf(err, errlen, "cannot enable CurveZMQ on the client socket: %s", zmq_strerror(errno));
+            goto err;
+        }
+        /* Remote workers see every prompt: on a network endpoint they authenticate too, in
+         * their own ZAP domain (inproc:// worker threads have no handshake). */
+        if (o->cfg->worker_listen[0] &&
+            (zmq_setsockopt(b->back, ZMQ_CURVE_SERVER, &server, sizeof server) ||
+             zmq_setsockopt(b->back, ZMQ_CURVE_SECRETKEY, o->curve_secret, CURVE_KEY_Z85_LEN + 1) ||
+             zmq_setsockopt(b->back, ZMQ_ZAP_DOMAIN, ZAP_DOMAIN_WORKERS, strlen(ZAP_DOMAIN_WORKERS)))) {
+            snprintf(err, errlen, "cannot enable CurveZMQ on the worker socket: %s", zmq_strerror(errno));
+            goto err;
+        }
+    }
     zmq_setsockopt(b->back, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(b->back, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(b->back, ZMQ_RCVHWM, &hwm, sizeof hwm);

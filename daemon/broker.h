@@ -17,6 +17,7 @@
 
 #define BROKER_WORKERS_INPROC "inproc://diffrag-workers"
 #define BROKER_PREP_INPROC "inproc://diffrag-prep"
+#define BROKER_CLIENT_RCVHWM 64   /* messages libzmq queues per client connection */
 
 struct BrokerOpts {
     struct Config *cfg;              /* live configuration; SIGHUP reloads it in place */
@@ -37,6 +38,9 @@ struct BrokerOpts {
     const int32_t *watch;                    /* (n_watch, 2) layer, head pairs the workers
                                                 watch; NULL: each worker's default set */
     size_t n_watch;
+    const char *curve_secret;        /* Z85 secret key: the client socket is a CURVE server;
+                                      * NULL: plain. Read during broker_new only. */
+    struct Zap *zap;                 /* the ZAP handler whose keys SIGHUP re-reads; NULL: none */
 };
 
 struct Broker;

@@ -40,6 +40,18 @@ static const struct Key keys[] = {
       "HOST:PORT for /metrics, /healthz and /readyz over HTTP; empty: off" },
     { "connect", K_STR, F(connect), "", 0, 0, 0,
       "worker mode only: the broker's worker endpoint to join, e.g. tcp://HOST:7401" },
+    { "curve_secret_key_file", K_STR, F(curve_secret_key_file), "", 0, 0, 0,
+      "the daemon's CurveZMQ secret key (a Z85 key file); set: clients must use CurveZMQ with "
+      "its public key (docs/security.md); empty: plain ZeroMQ" },
+    { "curve_allowed_keys", K_STR, F(curve_allowed_keys), "", 0, 0, 1,
+      "client public keys allowed to connect with CurveZMQ: a file of Z85 keys, one a line, or "
+      "a directory of *.pub files; empty: any client that has the daemon's public key" },
+    { "curve_worker_keys", K_STR, F(curve_worker_keys), "", 0, 0, 1,
+      "with curve_secret_key_file and a worker_listen: the public keys of the remote workers "
+      "allowed to join (file or directory, as curve_allowed_keys); required then" },
+    { "curve_server_key", K_STR, F(curve_server_key), "", 0, 0, 0,
+      "worker mode: the broker's CurveZMQ public key (a key file); the worker's own key is "
+      "curve_secret_key_file" },
     { "workers", K_LONG, F(workers), "1", 0, 256, 0,
       "in-process worker threads, each with its own engine context (0: remote workers only)" },
     { "threads", K_LONG, F(threads), "0", 0, 256, 0,
@@ -421,6 +433,20 @@ int config_validate(const struct Config *c, char *err, size_t errlen)
             snprintf(err, errlen, "metrics_listen: \"%s\" is not HOST:PORT", c->metrics_listen);
             return -1;
         }
+    }
+    if (c->curve_allowed_keys[0] && !c->curve_secret_key_file[0]) {
+        snprintf(err, errlen, "curve_allowed_keys needs curve_secret_key_file (the daemon's own "
+                 "key): without it clients are not authenticated at all");
+        return -1;
+    }
+    if (c->curve_secret_key_file[0] && c->worker_listen[0] && !c->curve_worker_keys[0]) {
+        snprintf(err, errlen, "worker_listen %s with CurveZMQ needs curve_worker_keys (the public "
+                 "keys of the workers allowed to join)", c->worker_listen);
+        return -1;
+    }
+    if (c->curve_server_key[0] && !c->curve_secret_key_file[0]) {
+        snprintf(err, errlen, "curve_server_key needs curve_secret_key_file (this worker's own key)");
+        return -1;
     }
     if (strcmp(c->device, "cpu")) {
         snprintf(err, errlen, "device: \"%s\" is not available in this build (cpu)", c->device);

@@ -18,6 +18,10 @@ struct Config {
     char worker_listen[CONFIG_STR_MAX];
     char metrics_listen[CONFIG_STR_MAX];
     char connect[CONFIG_STR_MAX];
+    char curve_secret_key_file[CONFIG_STR_MAX];
+    char curve_allowed_keys[CONFIG_STR_MAX];
+    char curve_worker_keys[CONFIG_STR_MAX];
+    char curve_server_key[CONFIG_STR_MAX];
     char device[32];
     char kv_type[8];
     char log_level[16];

@@ -16,11 +16,13 @@
 #include "daemon/broker.h"
 #include "daemon/config.h"
 #include "daemon/grounding.h"
+#include "daemon/fault.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "daemon/prep.h"
 #include "daemon/sha256.h"
 #include "daemon/worker.h"
+#include "daemon/zap.h"
 #include "daemon/zutil.h"
 #include "model/gguf.h"
 #include "model/model.h"
@@ -246,10 +248,69 @@ static int setup_grounding(const struct Config *c, const struct Model *m, struct
     return 0;
 }
 
+/* The CurveZMQ keys of the configuration: the secret key (and its public key) and the allowed
+ * client keys (*keys stays NULL when any client may connect). Nothing to do when
+ * curve_secret_key_file is empty. 0, or -1 with err. */
+static int load_curve(const struct Config *c, char secret[CURVE_KEY_Z85_LEN + 1],
+                      char public_key[CURVE_KEY_Z85_LEN + 1], struct ZapKeys **keys, size_t *n_keys,
+                      struct ZapKeys **worker_keys, size_t *n_worker_keys, char *err, size_t errlen)
+{
+    int loose = 0;
+    *keys = *worker_keys = NULL;
+    *n_keys = *n_worker_keys = 0;
+    if (!c->curve_secret_key_file[0])
+        return 0;
+    if (curve_key_read(c->curve_secret_key_file, secret, &loose, err, errlen))
+        return -1;
+    if (curve_public_of(secret, public_key)) {
+        snprintf(err, errlen, "%s: not a CurveZMQ secret key", c->curve_secret_key_file);
+        return -1;
+    }
+    if (loose)
+        dlog(LL_WARN, "msg=\"the CurveZMQ secret key file is readable by other users; chmod 600 it\" "
+             "file=\"%s\"", c->curve_secret_key_file);
+    if (c->curve_allowed_keys[0] && zap_keys_load(c->curve_allowed_keys, keys, n_keys, err, errlen))
+        return -1;
+    if (c->curve_worker_keys[0] && c->worker_listen[0] &&
+        zap_keys_load(c->curve_worker_keys, worker_keys, n_worker_keys, err, errlen)) {
+        zap_keys_destroy(keys);
+        return -1;
+    }
+    if (c->curve_server_key[0]) {
+        char server[CURVE_KEY_Z85_LEN + 1];
+        if (curve_key_read(c->curve_server_key, server, NULL, err, errlen)) {
+            zap_keys_destroy(keys);
+            zap_keys_destroy(worker_keys);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A client endpoint other than loopback or ipc:// without CurveZMQ is worth a warning. */
+static int endpoint_is_local(const char *e)
+{
+    if (strncmp(e, "tcp://", 6))
+        return 1;   /* ipc:// and inproc:// are guarded by file permissions or the process */
+    e += 6;
+    return !strncmp(e, "127.", 4) || !strncmp(e, "localhost:", 10) || !strncmp(e, "[::1]:", 6);
+}
+
 static int check_config(const struct Config *c, int worker_mode)
 {
     char err[1024];
     struct GgufFile *g = NULL;
+    char secret[CURVE_KEY_Z85_LEN + 1], public_key[CURVE_KEY_Z85_LEN + 1];
+    struct ZapKeys *keys = NULL, *worker_keys = NULL;
+    size_t n_keys, n_worker_keys;
+    if (load_curve(c, secret, public_key, &keys, &n_keys, &worker_keys, &n_worker_keys, err,
+                   sizeof err)) {
+        fprintf(stderr, "diffragd: CurveZMQ: %s\n", err);
+        return 2;
+    }
+    zap_keys_destroy(&keys);
+    zap_keys_destroy(&worker_keys);
+    memset(secret, 0, sizeof secret);
     if (gguf_open(c->model, &g, err, sizeof err)) {
         fprintf(stderr, "diffragd: model: %s\n", err);
         return 1;
@@ -273,11 +334,16 @@ static int check_config(const struct Config *c, int worker_mode)
 }
 
 static int start_workers(void *zctx, const struct Model *m, const struct Config *c, int n,
-                         const char *endpoint, struct Worker **workers)
+                         const char *endpoint, const char *const curve[3], struct Worker **workers)
 {
     struct WorkerOpts wo;
     memset(&wo, 0, sizeof wo);
     wo.endpoint = endpoint;
+    if (curve) {
+        wo.curve_server = curve[0];
+        wo.curve_public = curve[1];
+        wo.curve_secret = curve[2];
+    }
     wo.heartbeat_ms = (int)c->heartbeat_ms;
     wo.liveness = (int)c->heartbeat_liveness;
     engine_opts_from(c, n, &wo.engine);
@@ -308,9 +374,27 @@ static int run_worker_mode(struct Config *c)
         return 1;
     }
     dlog(LL_INFO, "msg=\"model loaded\" model=\"%s\" load_s=%.2f", m->name, (zu_now_ms() - t0) / 1e3);
+    /* CurveZMQ toward the broker: its public key, and this worker's own key pair */
+    char server[CURVE_KEY_Z85_LEN + 1], public_key[CURVE_KEY_Z85_LEN + 1], secret[CURVE_KEY_Z85_LEN + 1];
+    const char *curve[3] = { server, public_key, secret };
+    int loose = 0;
+    if (c->curve_server_key[0] &&
+        (curve_key_read(c->curve_server_key, server, NULL, err, sizeof err) ||
+         curve_key_read(c->curve_secret_key_file, secret, &loose, err, sizeof err) ||
+         curve_public_of(secret, public_key))) {
+        dlog(LL_ERROR, "msg=\"cannot load the CurveZMQ keys\" error=\"%s\"", err);
+        model_destroy(&m);
+        free(workers);
+        return 1;
+    }
+    if (c->curve_server_key[0])
+        dlog(LL_INFO, "msg=\"CurveZMQ toward the broker\" public_key=%s", public_key);
+    if (loose)
+        dlog(LL_WARN, "msg=\"the CurveZMQ secret key file is readable by other users; chmod 600 it\"");
     block_signals(1);
     void *zctx = zmq_ctx_new();
-    int rc = start_workers(zctx, m, c, n, c->connect, workers);
+    int rc = start_workers(zctx, m, c, n, c->connect, c->curve_server_key[0] ? curve : NULL, workers);
+    memset(secret, 0, sizeof secret);
     block_signals(0);
     if (rc == 0) {
         sd_notify(0, "READY=1\nSTATUS=worker: joining the broker");
@@ -344,6 +428,10 @@ static int run_daemon(struct Config *c, int argc, char **argv)
     struct Broker *broker = NULL;
     struct PrepPool *prep = NULL;
     struct Grounding *ground = calloc(1, sizeof *ground);
+    struct Zap *zap = NULL;
+    struct ZapKeys *keys = NULL, *worker_keys = NULL;   /* until the ZAP handler owns them */
+    size_t n_keys = 0, n_worker_keys = 0;
+    char secret[CURVE_KEY_Z85_LEN + 1], public_key[CURVE_KEY_Z85_LEN + 1];
     void *zctx = NULL;
     int n_workers = (int)c->workers, rc = 1;
     struct Worker **workers = calloc((size_t)(n_workers > 0 ? n_workers : 1), sizeof *workers);
@@ -385,7 +473,7 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         dlog(LL_ERROR, "msg=\"out of memory\"");
         goto out;
     }
-    struct PrepShared shared = { .store = store };
+    struct PrepShared shared = { .store = store, .data_dir = c->data_dir };
     tokcount_model_counter(tcm, &shared.tc);
     if (metrics_new(DIFFRAGD_VERSION, c->device, model_name, &metrics)) {
         dlog(LL_ERROR, "msg=\"out of memory\"");
@@ -400,8 +488,36 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         goto out;
     }
 
+    if (load_curve(c, secret, public_key, &keys, &n_keys, &worker_keys, &n_worker_keys, err,
+                   sizeof err)) {
+        dlog(LL_ERROR, "msg=\"cannot load the CurveZMQ keys\" error=\"%s\"", err);
+        goto out;
+    }
+    int curve = c->curve_secret_key_file[0] != 0;
+    if (curve)
+        dlog(LL_INFO, "msg=\"CurveZMQ on the client socket\" public_key=%s allowed_keys=%s", public_key,
+             c->curve_allowed_keys[0] ? "listed" : "any");
+    if (curve && !c->curve_allowed_keys[0])
+        dlog(LL_WARN, "msg=\"curve_allowed_keys is empty: any client with the daemon's public key "
+             "may connect\"");
+    if (curve && c->curve_allowed_keys[0])
+        dlog(LL_INFO, "msg=\"allowed client keys loaded\" keys=%zu", n_keys);
+    if (curve && c->worker_listen[0])
+        dlog(LL_INFO, "msg=\"CurveZMQ on the worker socket\" worker_keys=%zu", n_worker_keys);
+    if (!curve && c->worker_listen[0] && !endpoint_is_local(c->worker_listen))
+        dlog(LL_WARN, "msg=\"remote workers on %s are not authenticated: any peer that connects "
+             "receives prompts; set curve_secret_key_file and curve_worker_keys\"", c->worker_listen);
+    if (!curve && !endpoint_is_local(c->listen))
+        dlog(LL_WARN, "msg=\"clients on %s are neither authenticated nor encrypted; set "
+             "curve_secret_key_file (docs/security.md)\"", c->listen);
+
     block_signals(1);
     zctx = zmq_ctx_new();
+    if (zctx && curve && zap_start(zctx, &keys, &worker_keys, metrics, &zap, err, sizeof err)) {
+        dlog(LL_ERROR, "msg=\"cannot start CurveZMQ authentication\" error=\"%s\"", err);
+        block_signals(0);
+        goto out;
+    }
     struct BrokerOpts bo = {
         .cfg = c, .argc = argc, .argv = argv, .zctx = zctx, .metrics = metrics,
         .model_name = model_name, .vocab = tok_n_vocab(tok), .inproc_workers = n_workers,
@@ -409,14 +525,17 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         .sig_term = &sig_term, .sig_hup = &sig_hup,
         .calibration = ground->calibrated ? &ground->cal : NULL, .threshold = ground->threshold,
         .watch = ground->watch_given ? ground->watch : NULL, .n_watch = ground->n_watch,
+        .curve_secret = curve ? secret : NULL, .zap = zap,
     };
-    if (!zctx || broker_new(&bo, &broker, err, sizeof err)) {
+    int broker_rc = !zctx ? -1 : broker_new(&bo, &broker, err, sizeof err);
+    memset(secret, 0, sizeof secret);   /* libzmq holds its own copy now */
+    if (broker_rc) {
         dlog(LL_ERROR, "msg=\"cannot start the broker\" error=\"%s\"", zctx ? err : "zmq context");
         block_signals(0);
         goto out;
     }
     if (prep_start(zctx, BROKER_PREP_INPROC, (int)c->io_threads, &shared, &prep, err, sizeof err) ||
-        start_workers(zctx, m, c, n_workers, BROKER_WORKERS_INPROC, workers)) {
+        start_workers(zctx, m, c, n_workers, BROKER_WORKERS_INPROC, NULL, workers)) {
         if (prep)
             dlog(LL_ERROR, "msg=\"start-up failed\"");
         else
@@ -440,6 +559,9 @@ static int run_daemon(struct Config *c, int argc, char **argv)
     broker_destroy(&broker);
     rc = 0;
 out:
+    zap_stop(&zap);
+    zap_keys_destroy(&keys);
+    zap_keys_destroy(&worker_keys);
     if (zctx)
         zmq_ctx_term(zctx);
     metrics_destroy(&metrics);
@@ -483,6 +605,16 @@ int main(int argc, char **argv)
     if (cli.check)
         return check_config(&cfg, cli.worker);
     dlog_level = dlog_level_parse(cfg.log_level);
+    if (fault_init(err, sizeof err)) {
+        fprintf(stderr, "diffragd: %s\n", err);
+        return 2;
+    }
+    if (fault_armed()) {
+        const char *f = getenv("DIFFRAGD_FAULTS");
+        char q[256];
+        dlog(LL_WARN, "msg=\"fault injection is armed (DIFFRAGD_FAULTS); for tests only\" faults=%s",
+             dlog_quote(q, sizeof q, f, strlen(f)));
+    }
     install_signals();
     if (cli.worker) {
         if (!cfg.connect[0]) {

@@ -3,13 +3,19 @@
 #include "daemon/metrics.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <microhttpd.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #define MAX_BUCKETS 20
+#define METRICS_MAX_CONNECTIONS 64
+#define METRICS_CONNECTION_MEMORY (16 * 1024)
 
 struct Hist {
     const double *bounds;
@@ -43,6 +49,7 @@ struct Metrics {
     struct Hist duration[OP_COUNT];
     struct Hist queue_wait, ttft, tpot, context_tokens, prefill_tps, retrieval;
     uint64_t prompt_tokens, generated_tokens, worker_lost;
+    uint64_t auth_ok, auth_refused;
     int queue_depth, inflight, workers_idle, workers_busy;
     uint64_t kv_bytes;
     int model_loaded, store_open, draining;
@@ -181,6 +188,16 @@ void metrics_worker_lost(struct Metrics *m)
     pthread_mutex_unlock(&m->mu);
 }
 
+void metrics_auth(struct Metrics *m, int allowed)
+{
+    pthread_mutex_lock(&m->mu);
+    if (allowed)
+        m->auth_ok++;
+    else
+        m->auth_refused++;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void metrics_gauges(struct Metrics *m, int queue_depth, int inflight, int workers_idle,
                     int workers_busy, uint64_t kv_cache_bytes)
 {
@@ -310,6 +327,11 @@ char *metrics_render(struct Metrics *m, size_t *len)
     fprintf(f, "diffrag_generated_tokens_total %llu\n", (unsigned long long)m->generated_tokens);
     head(f, "diffrag_worker_lost_total", "counter", "Workers presumed dead (silent past the heartbeat timeout, or gone).");
     fprintf(f, "diffrag_worker_lost_total %llu\n", (unsigned long long)m->worker_lost);
+    head(f, "diffrag_auth_handshakes_total", "counter",
+         "CurveZMQ client handshakes the ZAP handler decided, by result.");
+    fprintf(f, "diffrag_auth_handshakes_total{result=\"allowed\"} %llu\n", (unsigned long long)m->auth_ok);
+    fprintf(f, "diffrag_auth_handshakes_total{result=\"refused\"} %llu\n",
+            (unsigned long long)m->auth_refused);
 
     head(f, "diffrag_grounding_checked_requests_total", "counter",
          "Answers scored by a calibrated groundedness detector.");
@@ -463,16 +485,38 @@ int metrics_http_start(struct Metrics *m, const char *hostport, struct MetricsHt
         snprintf(err, errlen, "metrics_listen: \"%s\" is not an IP address", host);
         return -1;
     }
+    /* Bound here rather than by libmicrohttpd, so a failure names its cause (EADDRINUSE,
+     * EADDRNOTAVAIL, EACCES) instead of a guess. */
+    socklen_t salen = sa->sa_family == AF_INET ? sizeof a4 : sizeof a6;
+    int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot serve metrics on %s: %s", hostport, strerror(errno));
+        return -1;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (sa->sa_family == AF_INET6)
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    if (bind(fd, sa, salen) || listen(fd, 64)) {
+        snprintf(err, errlen, "cannot serve metrics on %s: %s", hostport, strerror(errno));
+        close(fd);
+        return -1;
+    }
     struct MetricsHttp *h = calloc(1, sizeof *h);
     if (!h) {
         snprintf(err, errlen, "out of memory");
+        close(fd);
         return -1;
     }
     h->m = m;
-    h->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, handle, h, MHD_OPTION_SOCK_ADDR, sa,
+    /* A scraper needs one connection; the caps keep a flood of them from costing threads or
+     * memory (the endpoint reads no request body). */
+    h->d = MHD_start_daemon(flags, 0, NULL, NULL, handle, h, MHD_OPTION_LISTEN_SOCKET, fd,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)METRICS_MAX_CONNECTIONS,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)METRICS_CONNECTION_MEMORY,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
     if (!h->d) {
-        snprintf(err, errlen, "cannot serve metrics on %s (address in use?)", hostport);
+        snprintf(err, errlen, "cannot serve metrics on %s: the HTTP server did not start", hostport);
+        close(fd);
         free(h);
         return -1;
     }

@@ -32,6 +32,8 @@ void metrics_grounding(struct Metrics *m, const struct GrSummary *g);
 /* The detector in use, for diffrag_hallucination_detector_info: the calibration's name (or
  * "none") and its threshold as text (or "none"); copied. 0 or -1 (out of memory). */
 int metrics_set_detector(struct Metrics *m, const char *calibration, const char *threshold);
+/* One CurveZMQ handshake decided by the ZAP handler (any thread). */
+void metrics_auth(struct Metrics *m, int allowed);
 
 void metrics_gauges(struct Metrics *m, int queue_depth, int inflight, int workers_idle,
                     int workers_busy, uint64_t kv_cache_bytes);

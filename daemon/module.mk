@@ -21,6 +21,15 @@ $(BUILD)/tests/test_daemon_units $(BUILD)/tests/test_grounding_units: $(BUILD)/t
 bench-daemon: $(BUILD)/diffragd
 	$(PYTHON) bench/bench_daemon.py
 
+# `make soak`: 64 clients for SOAK_SECONDS (after a 30 s warm-up) against a tiny model; fails on
+# a lost, duplicated or misdirected reply, a broken queue bound, counts that differ from
+# /metrics, or resident memory growing more than 5% (bench/soak.py). BUILD=build/asan soaks the
+# sanitized daemon.
+SOAK_SECONDS ?= 120
+soak: $(BUILD)/diffragd
+	BUILD=$(BUILD) $(PYTHON) bench/soak.py --seconds $(SOAK_SECONDS) --clients 64 \
+	    --json $(BUILD)/soak.json
+
 # `make install-daemon PREFIX=/usr DESTDIR=...`: the binary, the configuration (kept when one
 # exists), the systemd unit, the documentation, the groundedness calibrations (found by
 # grounding_calibration = auto in PREFIX/share/diffrag/grounding) and (INSTALL_MODEL=yes) the
@@ -52,4 +61,4 @@ install-daemon: $(BUILD)/diffragd
 	if [ "$(INSTALL_MODEL)" = yes ] && [ -f $(MODEL_FILE) ]; then \
 	    install -m 644 $(MODEL_FILE) $(DESTDIR)$(DAEMON_SHARE)/models/; fi
 
-.PHONY: bench-daemon install-daemon
+.PHONY: bench-daemon install-daemon soak

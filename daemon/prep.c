@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 
 #include "daemon/log.h"
 #include "daemon/zutil.h"
@@ -40,6 +41,28 @@ static void fail(struct Request *r, int st, const char *msg)
     if (r->code == EC_OK)
         r->code = EC_INTERNAL;
     snprintf(r->message, sizeof r->message, "%s", msg);
+}
+
+/* A store write failed. LMDB reports a full filesystem as an I/O error (a short write), which
+ * tells an operator nothing: when the data directory's filesystem has no room for the batch,
+ * say so. */
+static void fail_write(const struct PrepShared *sh, struct Request *r, int st, const char *err,
+                       size_t batch_bytes)
+{
+    struct statvfs fs;
+    if (st == RET_EIO && sh->data_dir && statvfs(sh->data_dir, &fs) == 0) {
+        unsigned long long avail = (unsigned long long)fs.f_bavail * fs.f_frsize;
+        if (avail < 4ull * batch_bytes + (1ull << 20)) {
+            char msg[sizeof r->message];
+            snprintf(msg, sizeof msg, "no space left in the data directory (%llu KiB free on its "
+                     "filesystem); nothing was written (%s)", avail >> 10, err);
+            fail(r, st, msg);
+            dlog(LL_ERROR, "msg=\"data directory full\" data_dir=\"%s\" free_bytes=%llu", sh->data_dir,
+                 avail);
+            return;
+        }
+    }
+    fail(r, st, err);
 }
 
 static void coll_name(const struct Request *r, char *out)
@@ -195,7 +218,7 @@ static void run_ingest(const struct PrepShared *sh, struct Request *r)
         bytes += r->p.docs[i].text_len;
     int st = store_put_docs(sh->store, coll, r->p.docs, r->p.n_docs, &io, &sh->tc, err, sizeof err);
     if (st) {
-        fail(r, st, err);
+        fail_write(sh, r, st, err, bytes);
         return;
     }
     mpw_kv_str(&r->reply, "collection", coll, strlen(coll));
@@ -222,7 +245,7 @@ static void run_delete(const struct PrepShared *sh, struct Request *r)
     size_t n = 0;
     int st = store_delete_docs(sh->store, coll, ids, lens, r->p.n_ids, &n, err, sizeof err);
     if (st) {
-        fail(r, st, err);
+        fail_write(sh, r, st, err, 0);
         goto done;
     }
     mpw_kv_uint(&r->reply, "deleted", n);

@@ -16,6 +16,7 @@
 
 struct PrepShared {
     struct Store *store;          /* shared by the threads (LMDB: many readers, one writer) */
+    const char *data_dir;         /* the store's directory, to explain failed writes */
     struct TokenCounter tc;       /* the model's tokenizer; thread-safe */
 };
 

@@ -53,6 +53,11 @@ enum WireFinish { WF_STOP, WF_LENGTH, WF_CANCELLED, WF_DEADLINE, WF_ERROR };
 const char *wire_finish_name(enum WireFinish f);
 int wire_finish_parse(const char *s, size_t len);   /* -1 when unknown */
 
+/* The largest broker <-> worker message either side accepts: a JOB holds at most 131072
+ * tokens (512 KiB) and a RESULT the text of as many (a few MiB); a peer announcing more is
+ * dropped before anything is allocated for it. */
+#define WIRE_MAX_MESSAGE (32ll << 20)
+
 #define WIRE_MAX_STOP 64
 #define WIRE_MAX_STOP_BYTES 256
 

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/fault.h"
 #include "daemon/log.h"
 #include "daemon/wire.h"
 #include "daemon/zutil.h"
@@ -23,7 +24,9 @@ struct Worker {
     struct Engine *e;
     struct WorkerOpts o;
     char endpoint[512];
+    char curve_server[41], curve_public[41], curve_secret[41];   /* empty: plain */
     char pair_ep[96], ctl_ep[96];
+    int generation;             /* compute threads started so far (names each PAIR endpoint) */
     void *pair_io;              /* the I/O thread's end of the PAIR */
     void *ctl;                  /* PULL: worker_stop's wake-up */
     pthread_t io_thread, compute_thread;
@@ -222,6 +225,11 @@ static void run_job(struct Worker *w, void *pair, uint64_t job_id, const void *b
         send_error(pair, job_id, "internal", err);
         return;
     }
+    if (fault_hit(FAULT_WORKER_ENGINE_ERROR)) {
+        send_error(pair, job_id, "internal", "the engine failed (injected fault)");
+        wire_job_free(&job);
+        return;
+    }
     const struct EngineOpts *eo = engine_opts(w->e);
     if (job.n_tokens + 1 > (size_t)eo->n_ctx) {
         snprintf(err, sizeof err, "the prompt has %zu tokens; this worker's context holds %d",
@@ -316,6 +324,11 @@ static void *compute_main(void *arg)
             zu_close(&m);
             break;
         }
+        if (cmd == WIRE_JOB && fault_hit(FAULT_WORKER_THREAD_EXIT)) {
+            dlog(LL_WARN, "msg=\"compute thread exits (injected fault)\" worker=%d", w->o.index);
+            zu_close(&m);
+            break;
+        }
         if (cmd == WIRE_JOB && m.n == 2 && zu_size(&m, 1) >= 8) {
             const uint8_t *b = zu_data(&m, 1);
             run_job(w, pair, wire_get_u64(b), b + 8, zu_size(&m, 1) - 8);
@@ -335,11 +348,20 @@ static void *connect_broker(struct Worker *w)
     if (!s)
         return NULL;
     int linger = 200, hwm = 100000;
-    int64_t maxmsg = 256ll << 20;
+    int64_t maxmsg = WIRE_MAX_MESSAGE;
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
     zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    if (w->curve_server[0] &&
+        (zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, w->curve_server, 41) ||
+         zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, w->curve_public, 41) ||
+         zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, w->curve_secret, 41))) {
+        dlog(LL_ERROR, "msg=\"worker cannot set its CurveZMQ keys\" worker=%d error=\"%s\"",
+             w->o.index, zmq_strerror(errno));
+        zmq_close(s);
+        return NULL;
+    }
     if (zmq_connect(s, w->endpoint)) {
         dlog(LL_ERROR, "msg=\"worker cannot connect\" worker=%d endpoint=%s error=\"%s\"",
              w->o.index, w->endpoint, zmq_strerror(errno));
@@ -372,6 +394,62 @@ static void send_ready(struct Worker *w, void *dealer)
     wire_info_encode(&mw, &info);
     if (!mw.failed)
         zu_send_cmd(dealer, NULL, 0, WIRE_READY, mw.buf.data, mw.buf.size, ZMQ_DONTWAIT);
+    mpw_destroy(&mw);
+}
+
+/* Binds a fresh PAIR for the next compute thread (a PAIR takes one peer in its lifetime; a
+ * new name avoids racing the old peer's teardown) and starts that thread. 0 or -1. */
+static int start_compute(struct Worker *w, char *err, size_t errlen)
+{
+    w->generation++;
+    snprintf(w->pair_ep, sizeof w->pair_ep, "inproc://diffrag-worker-%p-pair-%d", (void *)w,
+             w->generation);
+    w->pair_io = zmq_socket(w->zctx, ZMQ_PAIR);
+    if (!w->pair_io || zmq_bind(w->pair_io, w->pair_ep)) {
+        snprintf(err, errlen, "worker sockets: %s", zmq_strerror(errno));
+        return -1;
+    }
+    if (pthread_create(&w->compute_thread, NULL, compute_main, w)) {
+        snprintf(err, errlen, "cannot start a thread");
+        return -1;
+    }
+    w->compute_started = 1;
+    return 0;
+}
+
+/* The compute thread ended without being asked to: the engine context it left may be in any
+ * state, so it is rebuilt before a new thread takes over. 0, or -1 when the worker cannot go
+ * on (it then leaves the broker). */
+static int restart_compute(struct Worker *w)
+{
+    char err[512];
+    pthread_join(w->compute_thread, NULL);
+    w->compute_started = 0;
+    zmq_close(w->pair_io);
+    w->pair_io = NULL;
+    engine_destroy(&w->e);
+    int rc = engine_new(w->m, &w->o.engine, &w->e, err, sizeof err);
+    if (rc == 0)
+        rc = start_compute(w, err, sizeof err);
+    if (rc) {
+        dlog(LL_ERROR, "msg=\"worker cannot restart its compute thread; it leaves the pool\" "
+             "worker=%d error=\"%s\"", w->o.index, err);
+        return -1;
+    }
+    dlog(LL_WARN, "msg=\"worker compute thread restarted\" worker=%d generation=%d", w->o.index,
+         w->generation);
+    return 0;
+}
+
+static void send_job_error(void *dealer, uint64_t job, const char *message)
+{
+    struct WireResult r = { .job = job, .finish = WF_ERROR, .code = "internal", .code_len = 8,
+                            .message = message, .message_len = strlen(message) };
+    struct MpWriter mw;
+    mpw_init(&mw);
+    wire_result_encode(&mw, &r);
+    if (!mw.failed)
+        zu_send_job(dealer, NULL, 0, WIRE_RESULT, r.job, mw.buf.data, mw.buf.size, ZMQ_DONTWAIT);
     mpw_destroy(&mw);
 }
 
@@ -435,11 +513,14 @@ static void *io_main(void *arg)
         }
         if (n > 0 && (items[1].revents & ZMQ_POLLIN)) {
             struct ZuMsg m;
-            int done = 0;
+            int done = 0, died = 0;
             while (zu_recv(w->pair_io, &m, ZMQ_DONTWAIT) == 0) {
                 uint8_t cmd = m.n >= 1 && zu_size(&m, 0) == 1 ? *(const uint8_t *)zu_data(&m, 0) : 0;
                 if (cmd == WIRE_DISCONNECT) {
-                    done = 1;
+                    if (stopping)
+                        done = 1;
+                    else
+                        died = 1;
                 } else if (cmd == WIRE_DELTA || cmd == WIRE_RESULT) {
                     if (dealer && !discard && m.n == 2) {
                         const void *bufs[2] = { zu_data(&m, 0), zu_data(&m, 1) };
@@ -454,11 +535,28 @@ static void *io_main(void *arg)
                     }
                 }
                 zu_close(&m);
-                if (done)
+                if (done || died)
                     break;
             }
             if (done)
                 break;
+            if (died) {
+                /* its job will never be answered by it: answer it here, then carry on with a
+                 * new thread and engine */
+                dlog(LL_ERROR, "msg=\"worker compute thread ended unexpectedly\" worker=%d busy=%d",
+                     w->o.index, busy);
+                if (busy && dealer && !discard)
+                    send_job_error(dealer, cur_job, "the worker's compute thread failed during "
+                                   "this request; it was restarted");
+                if (busy && discard && dealer)
+                    ready_owed = 1;
+                busy = discard = 0;
+                if (restart_compute(w)) {
+                    if (dealer)
+                        zu_send_cmd(dealer, NULL, 0, WIRE_DISCONNECT, NULL, 0, ZMQ_DONTWAIT);
+                    break;
+                }
+            }
         }
         if (dealer && n > 0 && (items[2].revents & ZMQ_POLLIN)) {
             struct ZuMsg m;
@@ -471,15 +569,7 @@ static void *io_main(void *arg)
                 if (cmd == WIRE_JOB && bl >= 8) {
                     if (busy || stopping) {
                         /* the broker thinks this worker idle: answer rather than drop */
-                        struct WireResult r = { .job = wire_get_u64(b), .finish = WF_ERROR,
-                                                .code = "internal", .code_len = 8,
-                                                .message = "worker busy", .message_len = 11 };
-                        struct MpWriter mw;
-                        mpw_init(&mw);
-                        wire_result_encode(&mw, &r);
-                        zu_send_job(dealer, NULL, 0, WIRE_RESULT, r.job, mw.buf.data, mw.buf.size,
-                                    ZMQ_DONTWAIT);
-                        mpw_destroy(&mw);
+                        send_job_error(dealer, wire_get_u64(b), "worker busy");
                     } else {
                         cur_job = wire_get_u64(b);
                         busy = 1;
@@ -543,27 +633,29 @@ int worker_start(void *zctx, const struct Model *m, const struct WorkerOpts *o,
     w->o = *o;
     snprintf(w->endpoint, sizeof w->endpoint, "%s", o->endpoint);
     w->o.endpoint = w->endpoint;
+    if (o->curve_server && o->curve_public && o->curve_secret) {
+        snprintf(w->curve_server, sizeof w->curve_server, "%s", o->curve_server);
+        snprintf(w->curve_public, sizeof w->curve_public, "%s", o->curve_public);
+        snprintf(w->curve_secret, sizeof w->curve_secret, "%s", o->curve_secret);
+    }
+    w->o.curve_server = w->o.curve_public = w->o.curve_secret = NULL;
     int rc = engine_new(m, &o->engine, &w->e, err, errlen);
     if (rc)
         goto err;
     struct EngineMemory mem;
     engine_estimate(m, &o->engine, &mem);
     w->kv_bytes = mem.kv_bytes;
-    snprintf(w->pair_ep, sizeof w->pair_ep, "inproc://diffrag-worker-%p-pair", (void *)w);
     snprintf(w->ctl_ep, sizeof w->ctl_ep, "inproc://diffrag-worker-%p-ctl", (void *)w);
-    w->pair_io = zmq_socket(zctx, ZMQ_PAIR);
     w->ctl = zmq_socket(zctx, ZMQ_PULL);
-    if (!w->pair_io || !w->ctl || zmq_bind(w->pair_io, w->pair_ep) || zmq_bind(w->ctl, w->ctl_ep)) {
+    if (!w->ctl || zmq_bind(w->ctl, w->ctl_ep)) {
         snprintf(err, errlen, "worker sockets: %s", zmq_strerror(errno));
         rc = ENGINE_ENOMEM;
         goto err;
     }
-    if (pthread_create(&w->compute_thread, NULL, compute_main, w)) {
-        snprintf(err, errlen, "cannot start a thread");
+    if (start_compute(w, err, errlen)) {
         rc = ENGINE_ENOMEM;
         goto err;
     }
-    w->compute_started = 1;
     if (pthread_create(&w->io_thread, NULL, io_main, w)) {
         snprintf(err, errlen, "cannot start a thread");
         rc = ENGINE_ENOMEM;
@@ -602,6 +694,7 @@ void worker_stop(struct Worker **wp)
     if (w->ctl)
         zmq_close(w->ctl);
     engine_destroy(&w->e);
+    memset(w->curve_secret, 0, sizeof w->curve_secret);
     free(w);
     *wp = NULL;
 }

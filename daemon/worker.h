@@ -20,6 +20,8 @@ struct WorkerOpts {
     int liveness;              /* silent intervals after which the broker is presumed dead */
     struct EngineOpts engine;  /* n_ctx, chunk, kv type, memory budget, threads */
     int index;                 /* for log lines */
+    /* CurveZMQ toward the broker (Z85 keys, copied); curve_server NULL: plain */
+    const char *curve_server, *curve_public, *curve_secret;
 };
 
 struct Worker;

@@ -580,6 +580,8 @@ int store_get_doc(struct StoreReader *r, const char *collection, const char *id,
         return store_mdb_fail(err, errlen, rc, "read document");
     if (doc_view(&k, &v, out))
         return ret_fail(err, errlen, RET_ECORRUPT, "document record is malformed");
+    /* mdb_get leaves k pointing at kb, on this stack: hand back the caller's id instead */
+    out->id = id;
     return RET_OK;
 }
 

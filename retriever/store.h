@@ -97,7 +97,9 @@ struct StoreDocView {
     uint32_t first_chunk, n_chunks;      /* chunk ids first_chunk .. first_chunk+n_chunks-1 */
 };
 
-/* RET_OK, RET_ENOTFOUND (collection or document), RET_ECORRUPT, RET_EIO. */
+/* The document `id` of a collection. out->title, meta and text borrow the reader's snapshot;
+ * out->id is the caller's `id` (the stored key equals it byte for byte), valid as long as that
+ * is. RET_OK, RET_ENOTFOUND (collection or document), RET_ECORRUPT, RET_EIO. */
 int store_get_doc(struct StoreReader *r, const char *collection, const char *id, size_t id_len,
                   struct StoreDocView *out, char *err, size_t errlen);
 

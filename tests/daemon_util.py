@@ -17,6 +17,11 @@ from conftest import BUILD, ROOT
 DIFFRAGD = BUILD / "diffragd"
 
 
+def sanitized():
+    """Whether the diffragd under test is built with AddressSanitizer (BUILD=build/asan)."""
+    return b"__asan_init" in DIFFRAGD.read_bytes()
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

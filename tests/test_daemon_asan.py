@@ -13,7 +13,7 @@ from daemon_util import Daemon, fast_model, query
 
 SAN = "-fsanitize=address,undefined -fno-omit-frame-pointer"
 ASAN_BUILD = "build/asan"
-ENV = {"ASAN_OPTIONS": "detect_leaks=1:halt_on_error=1",
+ENV = {"ASAN_OPTIONS": "detect_leaks=1:halt_on_error=1:detect_stack_use_after_return=1",
        "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}
 MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error")
 
@@ -72,6 +72,8 @@ def test_daemon_under_asan(asan_build, tmp_path, monkeypatch):
             if "ok" in m:
                 finals[m["id"]] = m
         assert finals["long"]["ok"] and finals["c"]["ok"], finals
+        _, r = c.call({"v": 1, "op": "get", "collection": "main", "doc_id": "p"})
+        assert r["ok"] and r["doc"]["id"] == "p", r
         for m in ({"v": 1, "op": "get", "collection": "main", "doc_id": "p"},
                   {"v": 1, "op": "list", "collection": "main"},
                   {"v": 1, "op": "delete", "collection": "main", "ids": ["r"]},

@@ -109,7 +109,7 @@ def test_remote_worker_killed_mid_request(tmp_path, model):
         w3 = start_worker(tmp_path, model, endpoint, "3")
         workers.append(w3)
         wait_workers(d, 2)
-        c.send(query("Tell me about Paris.", DOCS, id="retry-me", max_tokens=150))
+        c.send(query("Tell me about Paris.", DOCS, id="retry-me", max_tokens=1500))
         time.sleep(0.4)
         ticks = {w.pid: cpu_ticks(w.pid) for w in (w2, w3)}
         time.sleep(0.3)

@@ -1,16 +1,21 @@
 /* Unit tests of the daemon's pure parts: the msgpack reader (round trips, every truncation,
  * random bytes, nesting limits), the broker <-> worker bodies, request decoding, configuration
- * values and logfmt quoting. */
+ * values, logfmt quoting, CurveZMQ key files and fault-point periods. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zmq.h>
 
 #include "daemon/config.h"
+#include "daemon/fault.h"
 #include "daemon/log.h"
 #include "daemon/mp.h"
 #include "daemon/proto.h"
 #include "daemon/wire.h"
+#include "daemon/zap.h"
 
 static int failures, checks;
 
@@ -261,6 +266,95 @@ static void test_quote(void)
     CHECK(strlen(small) < sizeof small, "cut");
 }
 
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+static void test_keys(void)
+{
+    char dir[256], path[512], text[1024], err[512], got[41];
+    snprintf(dir, sizeof dir, "%s/diffrag-keys-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    char pub[3][41], sec[3][41];
+    unsigned char bin[32];
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    for (int i = 0; i < 3; i++)
+        CHECK(zmq_curve_keypair(pub[i], sec[i]) == 0, "keypair");
+    /* a secret key file: comments and blank lines first; mode 0600 is not "loose" */
+    snprintf(path, sizeof path, "%s/s.key", dir);
+    snprintf(text, sizeof text, "# secret\n\n  %s\n", sec[0]);
+    write_file(path, text);
+    chmod(path, 0600);
+    int loose = -1;
+    CHECK(curve_key_read(path, got, &loose, err, sizeof err) == 0 && !strcmp(got, sec[0]) && loose == 0,
+          "secret key: %s", err);
+    char derived[41];
+    CHECK(curve_public_of(got, derived) == 0 && !strcmp(derived, pub[0]), "public of secret");
+    chmod(path, 0644);
+    CHECK(curve_key_read(path, got, &loose, err, sizeof err) == 0 && loose == 1, "loose mode seen");
+    write_file(path, "# only a comment\n");
+    CHECK(curve_key_read(path, got, NULL, err, sizeof err) < 0 && strstr(err, "no CurveZMQ key"), "%s", err);
+    write_file(path, "short\n");
+    CHECK(curve_key_read(path, got, NULL, err, sizeof err) < 0 && strstr(err, "s.key:1:"), "%s", err);
+    /* an allowed-keys file: labels after keys, duplicates, comments */
+    snprintf(path, sizeof path, "%s/allowed", dir);
+    snprintf(text, sizeof text, "# clients\n%s alice\n\n%s\tbob laptop\n%s alice again\n", pub[0],
+             pub[1], pub[0]);
+    write_file(path, text);
+    struct ZapKeys *k = NULL;
+    size_t n = 0;
+    CHECK(zap_keys_load(path, &k, &n, err, sizeof err) == 0 && n == 2, "allowed file: %s (n %zu)", err, n);
+    zmq_z85_decode(bin, pub[0]);
+    CHECK(zap_keys_allow(k, bin), "alice allowed");
+    zmq_z85_decode(bin, pub[1]);
+    CHECK(zap_keys_allow(k, bin), "bob allowed");
+    zmq_z85_decode(bin, pub[2]);
+    CHECK(!zap_keys_allow(k, bin), "carol refused");
+    CHECK(!zap_keys_allow(NULL, bin), "an absent set admits nobody");
+    zap_keys_destroy(&k);
+    CHECK(k == NULL, "destroy clears");
+    /* one bad line rejects the whole list, naming the line */
+    snprintf(text, sizeof text, "%s\n%.39s~\n", pub[0], pub[1]);
+    write_file(path, text);
+    CHECK(zap_keys_load(path, &k, &n, err, sizeof err) < 0 && k == NULL && strstr(err, "allowed:2:"),
+          "bad line: %s", err);
+    /* a directory of *.pub files; other files are ignored */
+    char sub[300];
+    snprintf(sub, sizeof sub, "%s/clients", dir);
+    mkdir(sub, 0700);
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/c%d.pub", sub, i);
+        snprintf(text, sizeof text, "%s\n", pub[i]);
+        write_file(path, text);
+    }
+    snprintf(path, sizeof path, "%s/notes.txt", sub);
+    write_file(path, "not a key\n");
+    CHECK(zap_keys_load(sub, &k, &n, err, sizeof err) == 0 && n == 2, "directory: %s", err);
+    zap_keys_destroy(&k);
+    snprintf(path, sizeof path, "%s/missing", dir);
+    CHECK(zap_keys_load(path, &k, &n, err, sizeof err) < 0 && strstr(err, "No such file"), "%s", err);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0, "cleanup");
+}
+
+static void test_faults(void)
+{
+    char err[256];
+    setenv("DIFFRAGD_FAULTS", "worker_engine_error=3", 1);
+    CHECK(fault_init(err, sizeof err) == 0 && fault_armed(), "fault_init: %s", err);
+    int seq[7];
+    for (int i = 0; i < 7; i++)
+        seq[i] = fault_hit(FAULT_WORKER_ENGINE_ERROR);
+    CHECK(!seq[0] && !seq[1] && seq[2] && !seq[3] && !seq[4] && seq[5] && !seq[6], "every 3rd pass");
+    CHECK(!fault_hit(FAULT_WORKER_THREAD_EXIT), "an unarmed point never fires");
+    CHECK(!fault_hit(FAULT_COUNT), "out-of-range point");
+}
+
 int main(void)
 {
     test_mp_round_trip();
@@ -269,6 +363,8 @@ int main(void)
     test_proto();
     test_config();
     test_quote();
+    test_keys();
+    test_faults();
     printf("daemon units: %d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import ROOT
 
-TARGETS = ["fuzz_gguf", "fuzz_tokenizer", "fuzz_analyzer", "fuzz_context"]
+TARGETS = ["fuzz_gguf", "fuzz_tokenizer", "fuzz_analyzer", "fuzz_context", "fuzz_request"]
 
 
 @pytest.fixture(scope="module")

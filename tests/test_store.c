@@ -191,6 +191,8 @@ static void test_basics(void)
     CHECK(store_get_doc(r, "fruit", "alpha", 5, &d, err, sizeof err) == RET_OK && d.meta_len == sizeof meta &&
           memcmp(d.meta, meta, sizeof meta) == 0 && d.title_len == 11 && d.text_len == docs[0].text_len,
           "get alpha with metadata");
+    /* the id must outlive the call (it once pointed into store_get_doc's own stack) */
+    CHECK(d.id_len == 5 && memcmp(d.id, "alpha", 5) == 0, "get alpha: its id");
     CHECK(store_get_doc(r, "fruit", "zeta", 4, &d, err, sizeof err) == RET_ENOTFOUND, "missing doc");
     CHECK(store_get_doc(r, "nope", "alpha", 5, &d, err, sizeof err) == RET_ENOTFOUND && strstr(err, "unknown collection"),
           "unknown collection: %s", err);

@@ -829,11 +829,20 @@ static int cmd_verify(struct Store *s, const struct Args *a, int all)
     return 0;
 }
 
+static void args_free(struct Args *a)
+{
+    free(a->pos);
+    free(a->docs);
+    a->pos = NULL;
+    a->docs = NULL;
+}
+
 int main(int argc, char **argv)
 {
     struct Args a;
     if (parse_args(argc, argv, &a) || a.n_pos == 0) {
         usage(stderr);
+        args_free(&a);
         return 2;
     }
     const char *cmd = a.pos[0];
@@ -845,6 +854,7 @@ int main(int argc, char **argv)
     if (!ok) {
         fprintf(stderr, "diffrag-store: unknown subcommand %s\n", cmd);
         usage(stderr);
+        args_free(&a);
         return 2;
     }
     struct Store *s;
@@ -856,6 +866,7 @@ int main(int argc, char **argv)
     int st = store_open(a.data_dir, &so, &s, err, sizeof err);
     if (st) {
         fprintf(stderr, "diffrag-store: %s\n", err);
+        args_free(&a);
         return 1;
     }
     int rc;
@@ -888,7 +899,6 @@ int main(int argc, char **argv)
         }
     }
     store_close(&s);
-    free(a.pos);
-    free(a.docs);
+    args_free(&a);
     return rc;
 }

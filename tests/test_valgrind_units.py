@@ -1,0 +1,54 @@
+"""The C unit tests under valgrind memcheck: no invalid read or write, no use of uninitialised
+memory, no definitely lost block (--error-exitcode, --leak-check=full). They are built for
+valgrind in build/valgrind (AVX2 at most: valgrind does not decode AVX-512; the kernels pick
+their vector path at run time from what the CPU, here valgrind's, reports).
+
+Every functional check must still pass; checks of speed (a FAIL line that states a time) are
+expected to fail at valgrind's 20-50x slowdown and are listed instead.
+
+Three binaries take minutes under valgrind and run only when named in DIFFRAG_VALGRIND_EXTRA
+(comma-separated, or `all`): test_store and test_kernels (about 3 minutes each; the CI runs
+them) and test_engine (over 20 minutes: it drives the default 135M model; the CI covers it
+under ASan + UBSan instead)."""
+import os
+import re
+import subprocess
+
+import pytest
+
+from conftest import ROOT
+
+VG_BUILD = "build/valgrind"
+SLOW = ["test_engine", "test_kernels", "test_store"]
+ALL = sorted(p.stem for p in (ROOT / "tests").glob("test_*.c"))
+EXTRA = os.environ.get("DIFFRAG_VALGRIND_EXTRA", "").split(",")
+SELECTED = [t for t in ALL if t not in SLOW or t in EXTRA or "all" in EXTRA]
+TIMING = re.compile(r"\d\s*(ns|us|µs|ms|s)\b|per second|/s\b|takes|faster|slower")
+VG_ERROR = re.compile(r"^==\d+== .*(Invalid|uninitialised|Uninitialised|definitely lost|"
+                      r"Mismatched|overlap|Syscall param)", re.M)
+
+
+@pytest.fixture(scope="module")
+def vg_build():
+    targets = ["%s/tests/%s" % (VG_BUILD, t) for t in SELECTED]
+    r = subprocess.run(["make", "-s", "-j2", "BUILD=" + VG_BUILD, "ARCH=-march=x86-64-v3", "OPT=-O1",
+                        *targets], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return ROOT / VG_BUILD / "tests"
+
+
+@pytest.mark.parametrize("name", SELECTED)
+def test_unit_under_memcheck(vg_build, name):
+    r = subprocess.run(["valgrind", "-q", "--error-exitcode=99", "--leak-check=full",
+                        "--errors-for-leak-kinds=definite", "--show-leak-kinds=definite",
+                        str(vg_build / name)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=2400)
+    out = r.stdout + r.stderr
+    errors = VG_ERROR.findall(r.stderr)
+    fails = [l for l in out.splitlines() if l.startswith("FAIL")]
+    timing = [l for l in fails if TIMING.search(l)]
+    print("%s under memcheck: exit %d, %d valgrind reports, %d failed checks (%d of them timing: %s)"
+          % (name, r.returncode, len(errors), len(fails), len(timing), timing[:3]))
+    assert r.returncode != 99 and not errors, r.stderr[-6000:]
+    assert fails == timing, [l for l in fails if l not in timing]
+    assert r.returncode == 0 or (fails and fails == timing), out[-3000:]
