@@ -141,10 +141,11 @@ struct Backend {
                                 int n_kv_head, int threads);
     /* Elements of one KV head's cache for n_ctx positions (a multiple of KV_TILE rows). */
     size_t (*kv_head_stride)(int n_ctx, int head_dim);
-    /* The masses of `a`; `scratch` holds attention_mass_scratch(n_ctx, head_dim, threads)
-     * bytes. */
+    /* The masses of `a`; `scratch` holds attention_mass_scratch(n_ctx, head_dim, n_q_head,
+     * n_kv_head, threads) bytes. */
     void (*attention_mass)(struct ThreadPool *pool, const struct MassArgs *a, void *scratch);
-    size_t (*attention_mass_scratch)(int n_ctx, int head_dim, int threads);
+    size_t (*attention_mass_scratch)(int n_ctx, int head_dim, int n_q_head, int n_kv_head,
+                                     int threads);
 };
 
 extern const struct Backend backend_cpu;

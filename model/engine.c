@@ -141,7 +141,8 @@ void engine_estimate(const struct Model *m, const struct EngineOpts *o, struct E
     if (eff.chunk > eff.n_ctx) eff.chunk = eff.n_ctx;
     out->scratch_bytes = scratch_layout(c, &eff, be, NULL, NULL) +
                          (size_t)(c->rope.n_rot / 2 + 1) * sizeof(double) +
-                         be->attention_mass_scratch(eff.n_ctx, c->head_dim, eff.n_threads) +
+                         be->attention_mass_scratch(eff.n_ctx, c->head_dim, c->n_q_head,
+                                                    c->n_kv_head, eff.n_threads) +
                          (size_t)eff.n_ctx;
     out->context_bytes = out->kv_bytes + out->scratch_bytes;
     out->weight_bytes = model_weight_bytes(m);
@@ -215,8 +216,8 @@ int engine_new(const struct Model *m, const struct EngineOpts *o, struct Engine 
     size_t nb = scratch_layout(c, &opts, e->be, NULL, NULL);
     e->block = aligned_alloc(64, (nb + 63) & ~(size_t)63);
     e->inv_freq = calloc((size_t)(c->rope.n_rot / 2) + 1, sizeof(double));
-    e->mass_scratch = malloc(e->be->attention_mass_scratch(opts.n_ctx, c->head_dim,
-                                                           opts.n_threads));
+    e->mass_scratch = malloc(e->be->attention_mass_scratch(opts.n_ctx, c->head_dim, c->n_q_head,
+                                                           c->n_kv_head, opts.n_threads));
     e->cls = calloc((size_t)opts.n_ctx, 1);
     e->wq_off = calloc((size_t)c->n_layer + 1, sizeof *e->wq_off);
     if (!e->kcache || !e->vcache || !e->block || !e->inv_freq || !e->mass_scratch || !e->cls || !e->wq_off ||

@@ -22,13 +22,13 @@ def heads_of(ref):
     return ref.n_head if ref.arch == "diffv2" else ref.n_q
 
 
-def reference(ref, tokens, marked):
+def reference(ref, tokens, marked, docs=DOCS):
     """[(layer, head, doc, gen, doc2, gen2, sig, diff_doc, diff_gen)] at the last position."""
     maps = {}
     hidden(ref, tokens, maps=maps)
     n = len(tokens)
     doc_mask = np.zeros(n, dtype=bool)
-    for a, b in DOCS:
+    for a, b in docs:
         doc_mask[a:min(b, marked)] = True
     gen_mask = np.arange(n) >= marked
     rows = []
@@ -57,14 +57,14 @@ def mass_error(got, want):
     return max(plain, diff)
 
 
-def engine_masses(model, tokens, tmp_path, marked, *args):
+def engine_masses(model, tokens, tmp_path, marked, *args, docs=DOCS):
     watch = ",".join(f"{l}:{h}" for l in range(load(model).n_layer)
                      for h in range(heads_of(load(model))))
     tf = tmp_path / "tokens.txt"
     tf.write_text(",".join(map(str, tokens)))
     out = tmp_path / "mass.txt"
-    docs = [x for a, b in DOCS for x in ("--doc", f"{a}-{b}")]
-    run(model, "--tokens-file", tf, "-n", 0, "--watch", watch, "--mark", marked, *docs,
+    spans = [x for a, b in docs for x in ("--doc", f"{a}-{b}")]
+    run(model, "--tokens-file", tf, "-n", 0, "--watch", watch, "--mark", marked, *spans,
         "--dump-mass", out, *args)
     lines = out.read_text().splitlines()
     assert lines[0] == "step 0"
@@ -101,6 +101,22 @@ def test_masses_match_materialised_maps(name, tmp_path):
         tol = 2e-3 * (1 + want[:, 6:7]) / (1 - want[:, 6:7])
         assert (np.abs(got16[:, 7:] - want[:, 7:]) <= tol).all(), f"{name} n={n}, f16 cache"
     print(f"{name}: worst abs diff {worst:.2e}")
+
+
+@pytest.mark.parametrize("arch", ["llama", "diffv2"])
+def test_masses_long_sequence_in_segments(arch, tmp_path):
+    """Past 1,024 keys the keys are split into segments whose partial sums are merged: a
+    2,300-token sequence (3 segments) with the marked range ending inside the second."""
+    model = gen_tiny(tmp_path / f"{arch}.gguf", "--arch", arch, "--heads", "2", "--kv-heads",
+                     "1", "--layers", "1", "--ctx", "4096", "--seed", "4")
+    ref = load(model)
+    rng = np.random.default_rng(5)
+    tokens = rng.integers(0, ref.vocab, size=2300).tolist()
+    docs = [(5, 40), (900, 1200), (1400, 1600)]
+    want = reference(ref, tokens, 1500, docs)
+    got = engine_masses(model, tokens, tmp_path, 1500, "--chunk", 512, "--kv", "f32",
+                        "--threads", 2, docs=docs)
+    assert mass_error(got, want) <= 1e-5, mass_error(got, want)
 
 
 def test_masses_each_generated_step(tmp_path):

@@ -1,8 +1,9 @@
 /* Attention probability mass per position class for one query token: the groundedness
- * signals (docs/groundedness.md). One task per listed query head: the head's scores against
- * every cached key, tile by tile (each K tile converted to f32 once), then one softmax pass
- * that sums the probabilities of document and of generated positions. The scores are the
- * attention kernel's (same queries, same cache, same scale); only the summation differs. */
+ * signals (docs/groundedness.md). Tasks of (KV head, key segment): each converts a K tile to
+ * f32 once for every listed query head of its group, scores the segment, and leaves per head
+ * a partial softmax state (maximum, sum, document sum, generated sum) that the caller's
+ * thread merges. The scores are the attention kernel's (same queries, same cache, same scale);
+ * exponentials through vexpf so the loops vectorise. */
 #include <math.h>
 #include <string.h>
 
@@ -11,14 +12,33 @@
 #endif
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/vexp.h"
 #include "kernels/f16.h"
+
+enum { SEG_MIN = 1024, SEG_MAX_COUNT = 8 };
 
 static size_t round16(size_t v) { return (v + 15) & ~(size_t)15; }
 
-size_t cpu_attention_mass_scratch(int n_ctx, int head_dim, int threads)
+static int seg_len(int n_keys)
 {
-    size_t per = round16((size_t)n_ctx + KV_TILE) + round16((size_t)head_dim * KV_TILE);
-    return (per * (size_t)threads + 16) * sizeof(float);
+    int per = (n_keys + SEG_MAX_COUNT - 1) / SEG_MAX_COUNT;
+    per = (per + KV_TILE - 1) / KV_TILE * KV_TILE;
+    return per < SEG_MIN ? SEG_MIN : per;
+}
+
+/* Floats of one thread's workspace: scores of G heads over a segment, one K tile. */
+static size_t ws_floats(int n_ctx, int head_dim, int G)
+{
+    return (size_t)G * round16((size_t)seg_len(n_ctx)) + round16((size_t)head_dim * KV_TILE);
+}
+
+size_t cpu_attention_mass_scratch(int n_ctx, int head_dim, int n_q_head, int n_kv_head,
+                                  int threads)
+{
+    int G = n_q_head / n_kv_head;
+    size_t parts = (size_t)n_q_head * SEG_MAX_COUNT * 4;
+    return (ws_floats(n_ctx, head_dim, G) * (size_t)threads + parts + 32) * sizeof(float) +
+           (size_t)(n_q_head + n_kv_head + 1) * sizeof(int);
 }
 
 static void tile_to_f32(const struct MassArgs *a, size_t at, size_t n, float *dst)
@@ -40,54 +60,121 @@ struct MassJob {
     const struct MassArgs *a;
     float *scratch;
     size_t per_thread;
+    int G, seg, n_seg;
+    int n_groups;
+    const int *order;       /* listed heads sorted by group: indices into a->heads */
+    int *group_start;       /* order[group_start[k] .. group_start[k+1]) share a KV head */
+    float *parts;           /* (n_heads, SEG_MAX_COUNT, 4): max, sum, doc, gen */
 };
+
+/* s[0..n) becomes p = exp(s - mx); adds the sum of p to *l and, when cls is given, the sum
+ * over the positions whose class is 1 to *doc. */
+static void sums(float *s, const uint8_t *cls, int n, float mx, double *l, double *doc)
+{
+    float t = 0.f, d = 0.f;
+    for (int j = 0; j < n; j++) {
+        s[j] = vexpf(s[j] - mx);
+        t += s[j];
+    }
+    if (cls)
+        for (int j = 0; j < n; j++) d += cls[j] == 1 ? s[j] : 0.f;
+    *l += t;
+    *doc += d;
+}
 
 static void mass_task(void *ctx, int task, int thread)
 {
     const struct MassJob *job = ctx;
     const struct MassArgs *a = job->a;
-    int hd = a->head_dim, G = a->n_q_head / a->n_kv_head, h = a->heads[task];
-    float *S = job->scratch + job->per_thread * (size_t)thread;
-    float *Kf = S + round16((size_t)a->n_keys + KV_TILE);
-    const float *q = a->q + (size_t)h * hd;
-    size_t head = (size_t)(h / G) * a->kv_head_stride;
-    float mx = -INFINITY;
-    for (int k0 = 0; k0 < a->n_keys; k0 += KV_TILE) {
-        int nk = a->n_keys - k0 < KV_TILE ? a->n_keys - k0 : KV_TILE;
-        /* Keys are stored transposed per tile: K[d][j]; unwritten columns are never read. */
+    int hd = a->head_dim, gi = task / job->n_seg, sg = task % job->n_seg;
+    int kb = sg * job->seg, ke = kb + job->seg < a->n_keys ? kb + job->seg : a->n_keys;
+    int h0 = job->group_start[gi], nh = job->group_start[gi + 1] - h0;
+    float *ws = job->scratch + job->per_thread * (size_t)thread;
+    size_t stride = round16((size_t)job->seg);
+    float *Kf = ws + (size_t)job->G * stride;
+    size_t head = (size_t)(a->heads[job->order[h0]] / job->G) * a->kv_head_stride;
+    for (int k0 = kb; k0 < ke; k0 += KV_TILE) {
+        int nk = ke - k0 < KV_TILE ? ke - k0 : KV_TILE;
+        /* keys are stored transposed per tile, K[d][j]; unwritten columns are never read */
         tile_to_f32(a, head + (size_t)k0 * hd, (size_t)hd * KV_TILE, Kf);
-        float *s = S + k0;
-        for (int j = 0; j < nk; j++) s[j] = 0.f;
-        for (int d = 0; d < hd; d++) {
-            const float *kd = Kf + (size_t)d * KV_TILE;
-            float qd = q[d] * a->scale;
-            for (int j = 0; j < nk; j++) s[j] += qd * kd[j];
+        for (int i = 0; i < nh; i++) {
+            const float *q = a->q + (size_t)a->heads[job->order[h0 + i]] * hd;
+            float *restrict s = ws + (size_t)i * stride + (k0 - kb);
+            for (int j = 0; j < nk; j++) s[j] = 0.f;
+            for (int d = 0; d < hd; d++) {
+                const float *restrict kd = Kf + (size_t)d * KV_TILE;
+                float qd = q[d] * a->scale;
+                for (int j = 0; j < nk; j++) s[j] += qd * kd[j];
+            }
         }
-        for (int j = 0; j < nk; j++) mx = s[j] > mx ? s[j] : mx;
     }
-    double l = 0, doc = 0, gen = 0;
-    int marked = a->n_marked < a->n_keys ? a->n_marked : a->n_keys;
-    for (int j = 0; j < marked; j++) {
-        double p = expf(S[j] - mx);
-        l += p;
-        if (a->cls[j] == 1) doc += p;
+    int n = ke - kb;
+    int marked = a->n_marked < ke ? a->n_marked : ke;   /* keys [kb, marked) are marked */
+    int n_m = marked > kb ? marked - kb : 0;
+    for (int i = 0; i < nh; i++) {
+        float *s = ws + (size_t)i * stride;
+        float mx = -INFINITY;
+        for (int j = 0; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+        double l = 0, doc = 0, gen = 0, none = 0;
+        /* p overwrites s in place, block by block (float sums stay short) */
+        for (int j = 0; j < n_m; j += KV_TILE) {
+            int c = n_m - j < KV_TILE ? n_m - j : KV_TILE;
+            sums(s + j, a->cls + kb + j, c, mx, &l, &doc);
+        }
+        for (int j = n_m; j < n; j += KV_TILE) {
+            int c = n - j < KV_TILE ? n - j : KV_TILE;
+            double g = 0;
+            sums(s + j, NULL, c, mx, &g, &none);
+            gen += g;
+            l += g;
+        }
+        float *part = job->parts + ((size_t)job->order[h0 + i] * SEG_MAX_COUNT + sg) * 4;
+        part[0] = mx;
+        part[1] = (float)l;
+        part[2] = (float)doc;
+        part[3] = (float)gen;
     }
-    for (int j = marked; j < a->n_keys; j++) {
-        double p = expf(S[j] - mx);
-        l += p;
-        gen += p;
-    }
-    a->mass[2 * task] = (float)(doc / l);
-    a->mass[2 * task + 1] = (float)(gen / l);
 }
 
 void cpu_attention_mass(struct ThreadPool *pool, const struct MassArgs *a, void *scratch)
 {
+    if (a->n_keys < 1 || a->n_heads < 1 || a->n_heads > a->n_q_head) return;
+    int G = a->n_q_head / a->n_kv_head;
     struct MassJob job = {
         .a = a,
         .scratch = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63),
-        .per_thread = round16((size_t)a->n_keys + KV_TILE) + round16((size_t)a->head_dim * KV_TILE),
+        .G = G,
+        .seg = seg_len(a->n_keys),
     };
-    if (a->n_keys < 1 || a->n_heads < 1) return;
-    pool_run(pool, a->n_heads, mass_task, &job);
+    job.n_seg = (a->n_keys + job.seg - 1) / job.seg;
+    job.per_thread = (size_t)G * round16((size_t)job.seg) + round16((size_t)a->head_dim * KV_TILE);
+    int threads = pool_threads(pool);
+    job.parts = job.scratch + job.per_thread * (size_t)(threads > 0 ? threads : 1);
+    int *order = (int *)(void *)(job.parts + (size_t)a->n_q_head * SEG_MAX_COUNT * 4);
+    job.group_start = order + a->n_q_head;
+    /* group the listed heads by KV head (stable) */
+    int k = 0;
+    for (int g = 0; g < a->n_kv_head; g++) {
+        int start = k;
+        for (int i = 0; i < a->n_heads; i++)
+            if (a->heads[i] / G == g) order[k++] = i;
+        if (k > start) job.group_start[job.n_groups++] = start;
+    }
+    job.group_start[job.n_groups] = k;
+    job.order = order;
+    pool_run(pool, job.n_groups * job.n_seg, mass_task, &job);
+    for (int i = 0; i < a->n_heads; i++) {
+        const float *p = job.parts + (size_t)i * SEG_MAX_COUNT * 4;
+        float mx = -INFINITY;
+        for (int s = 0; s < job.n_seg; s++) mx = p[4 * s] > mx ? p[4 * s] : mx;
+        double l = 0, doc = 0, gen = 0;
+        for (int s = 0; s < job.n_seg; s++) {
+            double w = exp((double)p[4 * s] - mx);
+            l += w * p[4 * s + 1];
+            doc += w * p[4 * s + 2];
+            gen += w * p[4 * s + 3];
+        }
+        a->mass[2 * i] = (float)(doc / l);
+        a->mass[2 * i + 1] = (float)(gen / l);
+    }
 }
