@@ -78,9 +78,14 @@ bench-engine: all $(MODEL_FILE)
 bench-grounding: all $(MODEL_FILE)
 	$(PYTHON) bench/bench_grounding.py
 
+# The groundedness detector's calibration and held-out evaluation (about 40 minutes on two
+# cores): writes deploy/grounding/*.grounding, docs/grounding-eval.md, docs/grounding-roc.png.
+eval-grounding: all $(MODEL_FILE)
+	$(PYTHON) tools/grounding-eval.py all --command "make eval-grounding"
+
 clean:
 	rm -rf build
 
-.PHONY: all deps model test asan run clean bench-engine bench-grounding install fuzz fuzz-build
+.PHONY: all deps model test asan run clean bench-engine bench-grounding eval-grounding install fuzz fuzz-build
 .SECONDARY:
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
