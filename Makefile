@@ -56,8 +56,9 @@ FUZZ_BUILD   := build/fuzz
 FUZZ_SAN     := -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer
 # The parsers under fuzz need no kernels: link only what they use.
 FUZZ_OBJS    := model/gguf model/tokenizer model/unicode $(basename $(wildcard retriever/*.c))
-# fuzz_request also links the daemon's decoder, msgpack reader/writer and configuration table.
-FUZZ_DAEMON_OBJS := daemon/proto daemon/mp daemon/wire daemon/config daemon/log
+# fuzz_request also links the daemon's decoder, msgpack reader/writer, configuration table and
+# the grounding parsers the configuration checks with.
+FUZZ_DAEMON_OBJS := daemon/proto daemon/mp daemon/wire daemon/config daemon/log daemon/grounding
 FUZZ_LINK_fuzz_request := $(patsubst %,$(FUZZ_BUILD)/%.o,$(FUZZ_DAEMON_OBJS)) -lmsgpackc
 fuzz-build:
 	$(MAKE) BUILD=$(FUZZ_BUILD) CC=clang OPT=-O1 SAN="$(FUZZ_SAN)" \
