@@ -217,9 +217,14 @@ int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t que
         goto fail;
     }
     size_t tk = 0, tx = 0;
+/* (an empty piece may come with NULL pointers: memcpy must not see them) */
 #define EMIT(ids, n, s, len) do { \
-        memcpy(ctx->tokens + tk, (ids), (n) * sizeof(int32_t)); tk += (n); \
-        memcpy(ctx->text + tx, (s), (len)); tx += (len); } while (0)
+        if (n) \
+            memcpy(ctx->tokens + tk, (ids), (n) * sizeof(int32_t)); \
+        tk += (n); \
+        if (len) \
+            memcpy(ctx->text + tx, (s), (len)); \
+        tx += (len); } while (0)
     EMIT(h_ids, nh, head, strlen(head));
     ctx->documents.start = tk;
     for (size_t i = 0; i < n_placed; i++) {
