@@ -72,16 +72,6 @@ static void acc_push(struct WordAcc *a, const char *b, size_t n)
     a->len += n;
 }
 
-static size_t cut_utf8(const char *s, size_t len, size_t max)
-{
-    if (len <= max)
-        return len;
-    size_t n = max;
-    while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
-        n--;
-    return n;
-}
-
 static int acc_flush(struct WordAcc *a, gr_word_fn fn, void *ctx)
 {
     if (!a->open)
@@ -97,7 +87,7 @@ static int acc_flush(struct WordAcc *a, gr_word_fn fn, void *ctx)
     for (size_t i = 0; i < n; i++)
         if (w[i] != '\'')
             w[k++] = w[i];
-    n = cut_utf8(w, k, GR_MAX_WORD);
+    n = utf8_cut(w, k, GR_MAX_WORD);
     if (n == 0)
         return 0;
     memcpy(a->w.lower, w, n);

@@ -202,8 +202,7 @@ static int word_push(struct Analyzer *a, const char *bytes, size_t n)
     return 0;
 }
 
-/* Cut to at most `max` bytes without splitting a UTF-8 sequence. */
-static size_t cut_utf8(const char *s, size_t len, size_t max)
+size_t utf8_cut(const char *s, size_t len, size_t max)
 {
     if (len <= max)
         return len;
@@ -235,7 +234,7 @@ static int stem_emit(struct Analyzer *a, const char *w, size_t n, analyzer_emit_
     int sl = sb_stemmer_length(a->stemmer);
     if (sl <= 0)
         return emit(ctx, w, n);
-    size_t stem_len = cut_utf8((const char *)st, (size_t)sl, ANALYZE_MAX_TERM);
+    size_t stem_len = utf8_cut((const char *)st, (size_t)sl, ANALYZE_MAX_TERM);
     if (slot && stem_len <= STEM_CACHE_WORD) {
         if (a->n_stems >= STEM_CACHE_SLOTS / 2) {
             /* Full enough that probes get long: start over (slot is then the home slot). */
@@ -264,7 +263,7 @@ static int word_flush(struct Analyzer *a, analyzer_emit_fn emit, void *ctx)
     for (size_t i = 0; i < n; i++)
         if (w[i] != '\'')
             w[k++] = w[i];
-    n = cut_utf8(w, k, ANALYZE_MAX_TERM);
+    n = utf8_cut(w, k, ANALYZE_MAX_TERM);
     if (n == 0)
         return 0;
     if ((a->flags & ANALYZE_STOPWORDS) && is_stop_word(w, n))

@@ -25,6 +25,8 @@ int utf8_valid(const char *s, size_t len, size_t *bad_off);
 int32_t utf8_decode(const unsigned char *s, size_t len, size_t *adv);
 /* Encode cp into out (4 bytes of room); returns the byte count. */
 size_t utf8_encode(uint32_t cp, char *out);
+/* The length of s[0..len) cut to at most `max` bytes without splitting a UTF-8 sequence. */
+size_t utf8_cut(const char *s, size_t len, size_t max);
 
 uint32_t uni_lower(uint32_t cp);
 int uni_class(uint32_t cp); /* enum UniClass */
