@@ -1,4 +1,5 @@
 """Runs every C unit-test binary (build/tests/test_*) and fails on a non-zero exit."""
+import os
 import subprocess
 
 import pytest
@@ -10,7 +11,10 @@ BINARIES = sorted(p for p in (BUILD / "tests").glob("test_*") if p.is_file() and
 
 @pytest.mark.parametrize("binary", BINARIES, ids=[b.name for b in BINARIES])
 def test_c_unit(binary):
-    r = subprocess.run([str(binary)], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    # full scale here, whatever the shell exports (test_valgrind_units.py runs reduced)
+    env = {k: v for k, v in os.environ.items() if k != "DIFFRAG_TEST_SCALE"}
+    r = subprocess.run([str(binary)], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=1800)
     print(r.stdout)
     print(r.stderr)
     assert r.returncode == 0, f"{binary.name} exited {r.returncode}\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"

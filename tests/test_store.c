@@ -5,7 +5,12 @@
  * bad input leaving the store unchanged, snapshots not blocking the writer, backup, verify
  * catching injected corruption, and context assembly with the default model's tokenizer for
  * budgets from 64 to 131,072 tokens (run from the repository root: it reads
- * models/SmolLM2-135M-Instruct.Q4_1.gguf and ../shared/data/squad2/passages.jsonl). */
+ * models/SmolLM2-135M-Instruct.Q4_1.gguf and ../shared/data/squad2/passages.jsonl).
+ *
+ * DIFFRAG_TEST_SCALE=small (set by tests/test_valgrind_units.py) runs context assembly at a
+ * reduced scale: the first 300 passages and budgets up to 16,384 tokens, the largest of which
+ * must still be nearly filled. It says so on its first line. Every other part runs in full;
+ * `make test` runs everything at full scale. */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -31,6 +36,17 @@
 #define PASSAGES_PATH "../shared/data/squad2/passages.jsonl"
 
 static int n_checks, n_failed;
+
+/* Scale of test_context_model: full by default, reduced for runs under valgrind. */
+struct ContextScale {
+    const char *name;
+    size_t n_passages;   /* passages ingested (0: all of them) */
+    size_t max_budget;   /* the largest budget tried */
+    size_t min_fill;     /* the prompt at the largest budget must hold more tokens than this */
+};
+static const struct ContextScale SCALE_FULL = { "full", 0, 131072, 120000 };
+static const struct ContextScale SCALE_SMALL = { "small", 300, 16384, 15000 };
+static struct ContextScale scale;
 
 #define CHECK(cond, ...)                                                     \
     do {                                                                     \
@@ -550,6 +566,10 @@ static void test_random_ops(void)
 
 /* ---- concurrency: readers while the writer grows the map ---------------------------------- */
 
+/* Under valgrind, which runs one thread at a time, pass --fair-sched=yes: with its default lock
+ * the two readers, which never block, take nearly every time slice and starve the writer, and
+ * this part takes many minutes instead of under one. */
+
 struct ReaderArgs { struct Store *s; atomic_int *stop; size_t searches, failures; };
 
 static void *reader_thread(void *arg)
@@ -727,7 +747,7 @@ static int decode_eq(const struct TokenCounter *tc, const int32_t *ids, size_t n
     return ok;
 }
 
-struct CtxStats { size_t runs, budget_errors, max_slack_full; };
+struct CtxStats { size_t runs, budget_errors, max_slack_full, max_tokens, max_placed; };
 
 /* Assemble and check every promise: within budget, spans decode to the chunk text as placed,
  * the whole prompt decodes to the prompt text, markers in order, document order when asked. */
@@ -786,6 +806,10 @@ static void check_assembly(const struct TokenCounter *tc, const char *q, const s
     }
     if (c->n_skipped == 0)
         CHECK(c->n_cites == n, "all chunks placed");
+    if (c->n_tokens > cst->max_tokens)
+        cst->max_tokens = c->n_tokens;
+    if (c->n_cites > cst->max_placed)
+        cst->max_placed = c->n_cites;
     ctx_destroy(&c);
 }
 
@@ -896,6 +920,9 @@ static void test_context_model(void)
         gguf_close(&g);
         return;
     }
+    size_t n_loaded = n_docs;
+    if (scale.n_passages && scale.n_passages < n_docs)
+        n_docs = scale.n_passages;
     char *dir = temp_dir();
     struct Store *s;
     CHECK(store_open(dir, NULL, &s, err, sizeof err) == RET_OK, "open: %s", err);
@@ -911,10 +938,12 @@ static void test_context_model(void)
     };
     static const size_t budgets[] = { 1, 63, 64, 65, 70, 80, 96, 128, 160, 200, 256, 300, 384, 512, 700, 1000,
                                       1024, 2048, 3000, 4096, 8192, 16384, 32768, 65536, 100000, 131072 };
-    struct CtxStats cst = { 0, 0, 0 };
+    size_t n_budgets = 0;
+    while (n_budgets < sizeof budgets / sizeof budgets[0] && budgets[n_budgets] <= scale.max_budget)
+        n_budgets++;
+    struct CtxStats cst = { 0, 0, 0, 0, 0 };
     struct SearchHit *hits = calloc(n_docs * 2, sizeof *hits);
     struct CtxChunk *ch = calloc(n_docs * 2, sizeof *ch);
-    size_t max_tokens = 0, max_placed = 0;
     t0 = now_s();
     for (size_t qi = 0; qi < 3; qi++) {
         const char *q = questions[qi];
@@ -935,7 +964,7 @@ static void test_context_model(void)
                qi, t, fixed);
         struct StoreReader *r;
         store_read_begin(s, &r, err, sizeof err);
-        for (size_t bi = 0; bi < sizeof budgets / sizeof budgets[0]; bi++) {
+        for (size_t bi = 0; bi < n_budgets; bi++) {
             size_t budget = budgets[bi];
             /* Offer about what the budget can hold (at least 8 chunks, at most all). */
             struct SearchOptions so;
@@ -963,28 +992,23 @@ static void test_context_model(void)
                 if (order == 1 && bi % 3 != 0)
                     continue; /* document order on a third of the budgets keeps the run short */
                 check_assembly(&tc, q, ch, n, budget, (enum CtxOrder)order, fixed, &cst);
-                struct CtxOptions o = { budget, (enum CtxOrder)order, 0 };
-                struct Context *c;
-                if (ctx_assemble(&tc, q, strlen(q), ch, n, &o, &c, NULL, 0) == RET_OK) {
-                    max_tokens = c->n_tokens > max_tokens ? c->n_tokens : max_tokens;
-                    max_placed = c->n_cites > max_placed ? c->n_cites : max_placed;
-                    ctx_destroy(&c);
-                }
             }
         }
         store_read_end(&r);
     }
-    printf("context assembly (model tokenizer): %zu assemblies over budgets 1..131072, %zu refused as below the "
-           "fixed cost, largest prompt %zu tokens with %zu chunks, max unused budget when chunks were left out "
-           "%zu tokens; %.2f s (store ingest of 1216 passages %.2f s)\n", cst.runs, cst.budget_errors, max_tokens,
-           max_placed, cst.max_slack_full, now_s() - t0, t_ingest);
-    CHECK(max_tokens > 120000, "the largest budget was nearly filled (%zu tokens)", max_tokens);
+    printf("context assembly (model tokenizer, %s scale): %zu assemblies over budgets 1..%zu, %zu refused as "
+           "below the fixed cost, largest prompt %zu tokens with %zu chunks, max unused budget when chunks were "
+           "left out %zu tokens; %.2f s (store ingest of %zu passages %.2f s)\n", scale.name, cst.runs,
+           budgets[n_budgets - 1], cst.budget_errors, cst.max_tokens, cst.max_placed, cst.max_slack_full,
+           now_s() - t0, n_docs, t_ingest);
+    CHECK(cst.max_tokens > scale.min_fill, "the largest budget (%zu) was nearly filled (%zu tokens, at least %zu "
+          "expected)", budgets[n_budgets - 1], cst.max_tokens, scale.min_fill);
     free(hits);
     free(ch);
     store_close(&s);
     rm_store(dir);
     free(dir);
-    for (size_t i = 0; i < n_docs * 3; i++)
+    for (size_t i = 0; i < n_loaded * 3; i++)
         free(strings[i]);
     free(strings);
     free(docs);
@@ -994,6 +1018,16 @@ static void test_context_model(void)
 
 int main(void)
 {
+    const char *env_scale = getenv("DIFFRAG_TEST_SCALE");
+    scale = SCALE_FULL;
+    if (env_scale && strcmp(env_scale, "small") == 0) {
+        scale = SCALE_SMALL;
+        printf("reduced scale (DIFFRAG_TEST_SCALE=small): context assembly over the first %zu passages with "
+               "budgets up to %zu tokens; unset it for the full run\n", scale.n_passages, scale.max_budget);
+    } else if (env_scale && *env_scale && strcmp(env_scale, "full") != 0) {
+        fprintf(stderr, "DIFFRAG_TEST_SCALE=%s: expected \"small\" or \"full\"\n", env_scale);
+        return 2;
+    }
     test_basics();
     test_random_ops();
     test_concurrency();
