@@ -1,0 +1,37 @@
+/* Shared by the CUDA backend's translation units: the context and error bookkeeping. */
+#ifndef DIFFRAG_CUDA_COMMON_H
+#define DIFFRAG_CUDA_COMMON_H
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+
+extern "C" {
+#include "kernels/gpu.h"
+#include "kernels/gpu_plan.h"
+}
+
+struct GpuCtx {
+    int dev;
+    int n_sm;
+    size_t smem_optin;         /* the largest dynamic shared memory a block may ask for */
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    cudaEvent_t t0, t1;
+    float *work;               /* decode partial states */
+    size_t work_floats;
+    char err[256];             /* first error since the last sync */
+};
+
+/* Records the first failure of a launch or call; gpu_sync reports it. */
+static inline void gpu_note(GpuCtx *c, cudaError_t e, const char *what)
+{
+    if (e != cudaSuccess && !c->err[0])
+        snprintf(c->err, sizeof c->err, "%s: %s", what, cudaGetErrorString(e));
+}
+#define GPU_LAUNCHED(c, what) gpu_note((c), cudaGetLastError(), (what))
+
+void cuda_attention(GpuCtx *c, const struct GpuAttnArgs *a);
+
+#endif

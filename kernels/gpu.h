@@ -1,0 +1,125 @@
+/* The GPU backend's interface: a table of device operations that model/engine_gpu.c drives.
+ * The CUDA implementation (the .cu files of kernels/cuda, CUDA C + cuBLAS) is built as its own shared
+ * object, libdiffrag_cuda.so, and loaded with dlopen only when a context asks for a GPU, so
+ * the CPU-only programs never link or load CUDA (gpu_api_load in kernels/gpu_load.c).
+ *
+ * Every operation is asynchronous on its context's stream; gpu_sync reports the first error
+ * of any of them. A context (struct GpuCtx) owns its stream, cuBLAS handle and workspace:
+ * nothing is kept at file scope, so each daemon worker opens its own.
+ *
+ * Device data: activations f32 or bf16 (uint16_t here), row-major, rows are tokens. Weights
+ * bf16, (rows = outputs, cols = inputs), uploaded once. The KV cache lives in pages of
+ * GPU_PAGE positions from one pool (struct GpuKvPool, kernels/gpu_plan.h): page p holds, for
+ * every layer l, kind c (0 keys, 1 values) and KV head g, GPU_PAGE rows of head_dim bf16 at
+ * element ((l * 2 + c) * n_kv_head + g) * GPU_PAGE * head_dim of the page. A sequence's page
+ * table maps its position tile t (positions t*GPU_PAGE..) to a page. */
+#ifndef DIFFRAG_GPU_H
+#define DIFFRAG_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define GPU_PAGE 64
+#define GPU_API_VERSION 1
+
+struct GpuCtx;
+
+/* RoPE on q and k (f32, read from the fused q|k|v|lambda projection rows), then q as bf16
+ * into q_out and k, v as bf16 into the sequence's pages at positions pos0.. */
+struct GpuRopeArgs {
+    const float *qkv;          /* (n_tok, qkv_stride): q at col 0, k at nq, v at nq + nkv */
+    int qkv_stride;
+    uint16_t *q_out;           /* (n_tok, n_q_head*head_dim) bf16 */
+    int n_tok, pos0, n_q_head, n_kv_head, head_dim;
+    int n_rot, layout;         /* as struct RopeStoreArgs */
+    const float *cos, *sin;    /* (n_tok, n_rot/2), device */
+    void *pool;                /* page pool base */
+    const int32_t *pages;      /* device page table of the sequence */
+    size_t page_elems;         /* bf16 elements per page */
+    int layer;
+};
+
+/* Causal attention of n_tok queries at positions pos0.. against the sequence's cached keys
+ * 0..pos0+n_tok-1. DIFF V2 when lambda != NULL: query heads 2i, 2i+1 combine to output head
+ * i as o_2i - sigmoid(lambda[t][i]) * o_2i+1 inside the kernel. */
+struct GpuAttnArgs {
+    const uint16_t *q;         /* (n_tok, n_q_head*head_dim) bf16, after RoPE */
+    uint16_t *out;             /* (n_tok, n_out_head*head_dim) bf16 */
+    const void *pool;
+    const int32_t *pages;
+    size_t page_elems;
+    int layer;
+    int n_tok, pos0, n_q_head, n_kv_head, head_dim;
+    float scale;
+    const float *lambda;       /* (n_tok, lambda_stride) f32 logits, or NULL */
+    int lambda_stride;
+    /* Groundedness accumulators (decode path, and the last query of a prefill chunk): when
+     * mass != NULL, for every query head h of the last query token, the softmax mass on the
+     * positions j < n_marked with cls[j] == 1 (mass[2h]) and on j >= n_marked (mass[2h+1]). */
+    const uint8_t *cls;        /* device (n_ctx) */
+    int n_marked;
+    float *mass;               /* device (n_q_head, 2) */
+    /* Kernels: 0 the tensor-core ones with scores in registers (mma.sync; default), 1 the
+     * first forms (prefill: WMMA through shared memory; decode: one key at a time per warp),
+     * kept as a cross-check. */
+    int kernel;
+};
+
+struct GpuApi {
+    int version;               /* GPU_API_VERSION */
+    const char *build;         /* what the library was built with, e.g. "CUDA 13.0, sm_90a + PTX" */
+    /* Visible devices (0 when none or no driver; never fails). */
+    int (*device_count)(void);
+    /* One line naming device `dev`: name, memory, multiprocessors, compute capability. */
+    int (*device_info)(int dev, char *buf, size_t len, size_t *free_bytes, size_t *total_bytes);
+
+    int (*ctx_new)(int dev, struct GpuCtx **out, char *err, size_t errlen);
+    void (*ctx_destroy)(struct GpuCtx *c);
+    /* Waits for the context's work; 0, or -1 with the first error since the last sync. */
+    int (*sync)(struct GpuCtx *c, char *err, size_t errlen);
+
+    int (*alloc)(struct GpuCtx *c, size_t bytes, void **p, char *err, size_t errlen);
+    void (*free)(struct GpuCtx *c, void *p);
+    void (*upload)(struct GpuCtx *c, void *dst, const void *src, size_t bytes);
+    void (*download)(struct GpuCtx *c, void *dst, const void *src, size_t bytes);
+    void (*fill_u16)(struct GpuCtx *c, uint16_t *p, uint16_t v, size_t n);
+
+    /* x (n, d) f32 = table[tokens[i]] (bf16 rows). */
+    void (*embed)(struct GpuCtx *c, const uint16_t *table, const int32_t *tokens, int n, int d,
+                  float *x);
+    /* y (n, d) bf16 = x / rms(x) * w; x rows x_stride floats apart. */
+    void (*rmsnorm)(struct GpuCtx *c, const float *x, int x_stride, const float *w, int n, int d,
+                    float eps, uint16_t *y);
+    /* y (n, m) f32, rows ldy apart, = x (n, k) bf16 . w (m, k)^T + beta * y. */
+    void (*gemm)(struct GpuCtx *c, const uint16_t *x, int n, int k, const uint16_t *w, int m,
+                 float *y, int ldy, float beta);
+    void (*rope_store)(struct GpuCtx *c, const struct GpuRopeArgs *a);
+    void (*attention)(struct GpuCtx *c, const struct GpuAttnArgs *a);
+    /* h (n, F) bf16 = silu(gu[:, :F]) * gu[:, F:] for gu (n, 2F) f32. */
+    void (*swiglu)(struct GpuCtx *c, const float *gu, int n, int F, uint16_t *h);
+
+    /* Device-event timing of everything issued between the two calls, in seconds. */
+    void (*timer_start)(struct GpuCtx *c);
+    double (*timer_stop)(struct GpuCtx *c);
+};
+
+/* Loads libdiffrag_cuda.so (the path in DIFFRAG_CUDA_LIB, else beside the running program or
+ * one folder up, else the loader's search path) and returns its table, or NULL with the
+ * reason in err (no library in this build, no driver, version mismatch). Thread safe; the
+ * library stays loaded. */
+const struct GpuApi *gpu_api_load(char *err, size_t errlen);
+
+/* float <-> bf16 (round to nearest even; NaN stays NaN). */
+static inline uint16_t gpu_f32_to_bf16(float f)
+{
+    union { float f; uint32_t u; } v = {f};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1)) >> 16);
+}
+static inline float gpu_bf16_to_f32(uint16_t h)
+{
+    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+    return v.f;
+}
+
+#endif
