@@ -5,6 +5,7 @@
  * the products (q/k/v/lambda in one job, residual adds as accumulating products, SwiGLU in
  * the gate/up job) so the chunk's activations are swept as few times as possible. */
 #include "model/engine.h"
+#include "model/engine_gpu.h"
 #include "model/sampler.h"
 
 #include <math.h>
@@ -57,6 +58,12 @@ struct Engine {
     uint8_t *cls;             /* (n_ctx) position classes */
     int n_marked;
     void *mass_scratch;
+    /* GPU contexts: the device sequence, and the host side of its masses */
+    struct GpuSeq *gpu;
+    float *gpu_mass;          /* (n_layer, n_q_head, 2) */
+    float *gpu_lam;           /* (n_layer, n_head) */
+    uint8_t *gpu_watch;       /* (n_layer) layers with watched heads */
+    char gpu_err[256];        /* the last device error */
 };
 
 static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
@@ -79,6 +86,7 @@ const char *engine_strerror(int s)
     case ENGINE_ENOMEM: return "out of memory";
     case ENGINE_ECTX: return "context full";
     case ENGINE_ECANCELLED: return "cancelled";
+    case ENGINE_EDEVICE: return "GPU error";
     }
     return "unknown engine error";
 }
@@ -90,6 +98,7 @@ void engine_opts_default(struct EngineOpts *o)
     o->kv_type = KV_F16;
     o->mem_budget = 0;
     o->n_threads = 2;
+    o->device = ENGINE_CPU;
 }
 
 static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
@@ -130,6 +139,15 @@ static size_t scratch_layout(const struct ModelConfig *c, const struct EngineOpt
     return off;
 }
 
+/* GPU contexts keep on the host only the RoPE tables, the logits and the masses. */
+static size_t gpu_host_bytes(const struct ModelConfig *c, const struct EngineOpts *o)
+{
+    return (size_t)o->chunk * (c->rope.n_rot / 2) * 2 * sizeof(float) +
+           (size_t)c->vocab * sizeof(float) +
+           (size_t)c->n_layer * (c->n_q_head * 2 + c->n_head) * sizeof(float) + c->n_layer +
+           (size_t)(c->rope.n_rot / 2 + 1) * sizeof(double) + (size_t)o->n_ctx;
+}
+
 void engine_estimate(const struct Model *m, const struct EngineOpts *o, struct EngineMemory *out)
 {
     const struct ModelConfig *c = &m->cfg;
@@ -139,6 +157,13 @@ void engine_estimate(const struct Model *m, const struct EngineOpts *o, struct E
                     be->kv_head_stride(o->n_ctx, c->head_dim) * el;
     struct EngineOpts eff = *o;
     if (eff.chunk > eff.n_ctx) eff.chunk = eff.n_ctx;
+    if (o->device == ENGINE_CUDA) {
+        gpu_seq_estimate(c, eff.n_ctx, eff.chunk, &out->kv_bytes, &out->scratch_bytes);
+        out->scratch_bytes += gpu_host_bytes(c, &eff);
+        out->context_bytes = out->kv_bytes + out->scratch_bytes;
+        out->weight_bytes = model_weight_bytes(m);
+        return;
+    }
     out->scratch_bytes = scratch_layout(c, &eff, be, NULL, NULL) +
                          (size_t)(c->rope.n_rot / 2 + 1) * sizeof(double) +
                          be->attention_mass_scratch(eff.n_ctx, c->head_dim, c->n_q_head,
@@ -178,12 +203,39 @@ static void rope_init(struct Engine *e)
     e->rope_mscale = r->scaling == ROPE_SCALING_YARN ? r->attn_factor : 1.f;
 }
 
+/* A GPU context: the device sequence, and host memory for the RoPE tables, logits and masses
+ * (laid out as the CPU scratch's cos, sin and logits so the shared code reads them alike). */
+static int gpu_engine_new(struct Engine *e, char *err, size_t errlen)
+{
+    const struct ModelConfig *c = &e->m->cfg;
+    int rc = gpu_seq_new(e->m, e->opts.n_ctx, e->opts.chunk, &e->gpu, err, errlen);
+    if (rc) return rc == -2 ? ENGINE_EBUDGET : ENGINE_EDEVICE;
+    size_t half = (size_t)(c->rope.n_rot / 2);
+    e->block = malloc(((size_t)e->opts.chunk * half * 2 + (size_t)c->vocab) * sizeof(float));
+    e->inv_freq = calloc(half + 1, sizeof(double));
+    e->cls = calloc((size_t)e->opts.n_ctx, 1);
+    e->wq_off = calloc((size_t)c->n_layer + 1, sizeof *e->wq_off);
+    e->gpu_mass = calloc((size_t)c->n_layer * c->n_q_head * 2, sizeof(float));
+    e->gpu_lam = calloc((size_t)c->n_layer * c->n_head, sizeof(float));
+    e->gpu_watch = calloc((size_t)c->n_layer, 1);
+    if (!e->block || !e->inv_freq || !e->cls || !e->wq_off || !e->gpu_mass || !e->gpu_lam ||
+        !e->gpu_watch)
+        return fail(err, errlen, ENGINE_ENOMEM, "out of memory");
+    e->s.cos = e->block;
+    e->s.sin = e->s.cos + (size_t)e->opts.chunk * half;
+    e->s.logits = e->s.sin + (size_t)e->opts.chunk * half;
+    rope_init(e);
+    atomic_init(&e->cancel, 0);
+    return ENGINE_OK;
+}
+
 int engine_new(const struct Model *m, const struct EngineOpts *o, struct Engine **out,
                char *err, size_t errlen)
 {
     *out = NULL;
     if (!m || !o || o->n_ctx < 1 || o->n_ctx > ENGINE_MAX_CTX || o->chunk < 1 ||
-        o->n_threads < 1 || o->n_threads > 256 || (o->kv_type != KV_F16 && o->kv_type != KV_F32))
+        o->n_threads < 1 || o->n_threads > 256 || (o->kv_type != KV_F16 && o->kv_type != KV_F32) ||
+        (o->device != ENGINE_CPU && o->device != ENGINE_CUDA))
         return fail(err, errlen, ENGINE_EINPUT,
                     "invalid engine options: ctx must be 1..%d, chunk >= 1, threads 1..256",
                     ENGINE_MAX_CTX);
@@ -205,6 +257,15 @@ int engine_new(const struct Model *m, const struct EngineOpts *o, struct Engine 
     e->be = &backend_cpu;
     e->opts = opts;
     const struct ModelConfig *c = &m->cfg;
+    if (opts.device == ENGINE_CUDA) {
+        int rc = gpu_engine_new(e, err, errlen);
+        if (rc != ENGINE_OK) {
+            engine_destroy(&e);
+            return rc;
+        }
+        *out = e;
+        return ENGINE_OK;
+    }
     size_t el = opts.kv_type == KV_F32 ? 4 : 2;
     e->kv_head_stride = e->be->kv_head_stride(opts.n_ctx, c->head_dim);
     e->layer_kv_elems = (size_t)c->n_kv_head * e->kv_head_stride;
@@ -238,6 +299,10 @@ void engine_destroy(struct Engine **pe)
     struct Engine *e = *pe;
     if (!e) return;
     pool_destroy(&e->pool);
+    gpu_seq_free(&e->gpu);
+    free(e->gpu_mass);
+    free(e->gpu_lam);
+    free(e->gpu_watch);
     free(e->kcache);
     free(e->vcache);
     free(e->block);
@@ -287,6 +352,8 @@ static void run_matmul(struct Engine *e, const struct MatmulArgs *a)
     e->stats.matmul_flop += matmul_flop(a);
 }
 
+static void fill_masses(struct Engine *e, int l, const float *lam_row);
+
 /* The watched heads of layer l at the chunk's last position (its queries are in s->q after
  * RoPE, its keys already in the cache kc). */
 static void measure_layer(struct Engine *e, int l, int n, const void *kc)
@@ -301,6 +368,15 @@ static void measure_layer(struct Engine *e, int l, int n, const void *kc)
         .n_marked = e->n_marked, .heads = e->wq + b, .n_heads = nh, .mass = e->wq_mass + 2 * b,
     };
     e->be->attention_mass(e->pool, &ma, e->mass_scratch);
+    fill_masses(e, l, e->s.lam + (size_t)(n - 1) * c->n_head);
+}
+
+/* The AttnMass entries of layer l's watched heads from their query heads' masses in wq_mass
+ * and the position's lambda logits (DIFF V2). */
+static void fill_masses(struct Engine *e, int l, const float *lam_row)
+{
+    const struct ModelConfig *c = &e->m->cfg;
+    int b = e->wq_off[l], nh = e->wq_off[l + 1] - b;
     int diff = c->arch == ARCH_DIFFV2;
     for (int i = b; i < b + nh; i += diff ? 2 : 1) {
         struct AttnMass *o = &e->mass[e->wq_watch[i]];
@@ -314,7 +390,7 @@ static void measure_layer(struct Engine *e, int l, int n, const void *kc)
             continue;
         }
         const float *m2 = m1 + 2;
-        double lam = e->s.lam[(size_t)(n - 1) * c->n_head + e->wq[i] / 2];
+        double lam = lam_row[e->wq[i] / 2];
         double sg = 1.0 / (1.0 + exp(-lam)), rest = 1.0 - sg;
         if (rest < 1e-7) rest = 1e-7;
         o->doc2 = m2[0];
@@ -325,9 +401,39 @@ static void measure_layer(struct Engine *e, int l, int n, const void *kc)
     }
 }
 
-/* One chunk of n tokens at positions n_past..n_past+n-1; logits of the last one if asked. */
-static void forward_chunk(struct Engine *e, const int32_t *tokens, int n, int want_logits)
+/* The chunk on the GPU: the same steps, the masses copied back for the watched layers. */
+static int forward_chunk_gpu(struct Engine *e, const int32_t *tokens, int n, int want_logits)
 {
+    const struct ModelConfig *c = &e->m->cfg;
+    double t_start = now_s();
+    rope_tables(e, n, e->n_past);
+    for (int l = 0; l < c->n_layer; l++) e->gpu_watch[l] = e->wq_off[l + 1] > e->wq_off[l];
+    int rc = gpu_seq_forward(e->gpu, tokens, n, e->n_past, e->s.cos, e->s.sin, e->gpu_watch,
+                             e->n_marked, want_logits ? e->s.logits : NULL, e->gpu_mass,
+                             e->gpu_lam, e->gpu_err, sizeof e->gpu_err);
+    if (rc) return ENGINE_EDEVICE;
+    for (int l = 0; l < c->n_layer; l++) {
+        if (!e->gpu_watch[l]) continue;
+        for (int i = e->wq_off[l]; i < e->wq_off[l + 1]; i++) {
+            const float *src = e->gpu_mass + ((size_t)l * c->n_q_head + e->wq[i]) * 2;
+            e->wq_mass[2 * i] = src[0];
+            e->wq_mass[2 * i + 1] = src[1];
+        }
+        fill_masses(e, l, e->gpu_lam + (size_t)l * c->n_head);
+    }
+    for (int i = 0; i < n; i++)
+        e->stats.attention_flop += 4.0 * (e->n_past + i + 1) * c->head_dim * c->n_q_head * c->n_layer;
+    e->n_past += n;
+    e->mass_valid = e->n_watch > 0;
+    e->stats.total_s += now_s() - t_start;
+    e->stats.tokens += n;
+    return ENGINE_OK;
+}
+
+/* One chunk of n tokens at positions n_past..n_past+n-1; logits of the last one if asked. */
+static int forward_chunk(struct Engine *e, const int32_t *tokens, int n, int want_logits)
+{
+    if (e->gpu) return forward_chunk_gpu(e, tokens, n, want_logits);
     const struct Model *m = e->m;
     const struct ModelConfig *c = &m->cfg;
     const struct Backend *be = e->be;
@@ -408,6 +514,7 @@ static void forward_chunk(struct Engine *e, const int32_t *tokens, int n, int wa
     }
     e->stats.total_s += now_s() - t_start;
     e->stats.tokens += n;
+    return ENGINE_OK;
 }
 
 int engine_prefill(struct Engine *e, const int32_t *tokens, size_t n, char *err, size_t errlen)
@@ -426,7 +533,11 @@ int engine_prefill(struct Engine *e, const int32_t *tokens, size_t n, char *err,
         if (atomic_exchange(&e->cancel, 0))
             return fail(err, errlen, ENGINE_ECANCELLED, "cancelled after %zu of %zu tokens", i, n);
         int len = n - i < (size_t)e->opts.chunk ? (int)(n - i) : e->opts.chunk;
-        forward_chunk(e, tokens + i, len, i + (size_t)len == n);
+        if (forward_chunk(e, tokens + i, len, i + (size_t)len == n) != ENGINE_OK) {
+            /* the failed chunk's positions may be half written: the sequence ends before it */
+            return fail(err, errlen, ENGINE_EDEVICE, "after %zu of %zu tokens: %s", i, n,
+                        e->gpu_err);
+        }
     }
     return ENGINE_OK;
 }
@@ -438,6 +549,9 @@ int engine_score(struct Engine *e, const int32_t *tokens, size_t n, double *nll_
     *nll_sum = 0;
     *n_scored = 0;
     if (!e || !tokens || n < 2) return fail(err, errlen, ENGINE_EINPUT, "need at least 2 tokens");
+    if (e->gpu)
+        return fail(err, errlen, ENGINE_EINPUT, "scoring runs on CPU contexts only (it needs "
+                    "the logits of every position)");
     int rc = ENGINE_OK;
     if (n > (size_t)(e->opts.n_ctx - e->n_past))
         return fail(err, errlen, ENGINE_ECTX, "%zu tokens do not fit in a %d-token context", n,
@@ -451,7 +565,7 @@ int engine_score(struct Engine *e, const int32_t *tokens, size_t n, double *nll_
     for (size_t i = 0; i < n && rc == ENGINE_OK; i += (size_t)e->opts.chunk) {
         if (atomic_exchange(&e->cancel, 0)) { rc = fail(err, errlen, ENGINE_ECANCELLED, "cancelled"); break; }
         int len = n - i < (size_t)e->opts.chunk ? (int)(n - i) : e->opts.chunk;
-        forward_chunk(e, tokens + i, len, 0);
+        (void)forward_chunk(e, tokens + i, len, 0);
         for (int r0 = 0; r0 < len; r0 += ROWS) {
             int nr = len - r0 < ROWS ? len - r0 : ROWS;
             const float *rows = e->s.x + (size_t)r0 * c->dim;
@@ -555,6 +669,7 @@ int engine_set_spans(struct Engine *e, const uint8_t *cls, size_t n, char *err, 
         return fail(err, errlen, ENGINE_EINPUT, "%zu marked positions do not fit a %d-token "
                     "context", n, e->opts.n_ctx);
     if (n) memcpy(e->cls, cls, n);
+    if (e->gpu && gpu_seq_set_spans(e->gpu, cls, n, err, errlen)) return ENGINE_EDEVICE;
     e->n_marked = (int)n;
     return ENGINE_OK;
 }

@@ -21,21 +21,28 @@ enum EngineStatus {
     ENGINE_ENOMEM = -3,
     ENGINE_ECTX = -4,       /* the sequence would pass n_ctx */
     ENGINE_ECANCELLED = -5, /* engine_cancel was called; the cache holds the chunks done */
+    ENGINE_EDEVICE = -6,    /* the GPU reported an error (the message says which) */
 };
 const char *engine_strerror(int status);
+
+/* Where a context computes. ENGINE_CUDA needs the model on a GPU first (model_gpu_load in
+ * model/engine_gpu.h); its KV cache comes from the model's shared page pool. */
+enum EngineDevice { ENGINE_CPU = 0, ENGINE_CUDA = 1 };
 
 struct EngineOpts {
     int n_ctx;              /* tokens the KV cache holds (1..ENGINE_MAX_CTX) */
     int chunk;              /* prefill chunk size in tokens (>= 1) */
     enum KvType kv_type;    /* KV_F16 (default) or KV_F32 */
     size_t mem_budget;      /* bytes a context may use (KV + activations); 0 = unlimited */
-    int n_threads;          /* >= 1 */
+    int n_threads;          /* >= 1 (CPU) */
+    enum EngineDevice device; /* ENGINE_CPU (default) or ENGINE_CUDA */
 };
 void engine_opts_default(struct EngineOpts *o);
 
 struct EngineMemory {
-    size_t kv_bytes;        /* K and V caches for n_ctx tokens */
-    size_t scratch_bytes;   /* activations for one chunk, logits, attention tiles */
+    size_t kv_bytes;        /* K and V caches for n_ctx tokens (GPU: its pool pages) */
+    size_t scratch_bytes;   /* activations for one chunk, logits, attention tiles (GPU: device
+                               activations plus the host tables) */
     size_t context_bytes;   /* kv + scratch: what engine_new allocates */
     size_t weight_bytes;    /* the shared model weights (not part of the context) */
 };
@@ -56,7 +63,8 @@ int engine_prefill(struct Engine *e, const int32_t *tokens, size_t n, char *err,
 /* One decode step: appends `token` and computes its logits (= prefill of one token). */
 int engine_decode(struct Engine *e, int32_t token, char *err, size_t errlen);
 
-/* Appends n tokens like engine_prefill and scores them: *nll_sum receives the summed negative
+/* Appends n tokens like engine_prefill and scores them (CPU contexts only: ENGINE_EINPUT on a
+ * GPU context): *nll_sum receives the summed negative
  * log-likelihood of tokens[1..n-1], each given its prefix, over *n_scored positions
  * (perplexity = exp(nll_sum / n_scored)). */
 int engine_score(struct Engine *e, const int32_t *tokens, size_t n, double *nll_sum,

@@ -2,6 +2,7 @@
  * checks every tensor's shape and type against them, and copies the weight matrices in their
  * file encoding (norm vectors decoded to f32) into one arena. */
 #include "model/model.h"
+#include "model/engine_gpu.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -295,6 +296,7 @@ void model_destroy(struct Model **pm)
 {
     struct Model *m = *pm;
     if (!m) return;
+    model_gpu_free(m);
     tok_destroy(&m->tok);
     free(m->arena);
     free(m->layers);

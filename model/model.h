@@ -54,6 +54,8 @@ struct LayerWeights {
     struct Weights w_down;     /* (dim, ffn_dim) */
 };
 
+struct GpuModel;
+
 struct Model {
     struct ModelConfig cfg;
     struct Weights tok_embd;   /* (vocab, dim) */
@@ -65,6 +67,7 @@ struct Model {
     struct Tokenizer *tok;
     char *path;
     char name[128];            /* general.name, or the file's base name */
+    struct GpuModel *gpu;      /* the weights on a GPU (model/engine_gpu.h), or NULL */
 };
 
 enum ModelStatus {

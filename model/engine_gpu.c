@@ -1,0 +1,450 @@
+/* The forward pass on a GPU: the same steps as forward_chunk in model/engine.c, each one
+ * operation of the GPU table over the whole chunk. The residual stream stays f32; the inputs
+ * of products and attention are bf16. q, k, v and lambda come from one fused product, gate
+ * and up from another, and the two residual adds are products accumulating into the stream
+ * (beta = 1). */
+#include "model/engine_gpu.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/gpu.h"
+#include "kernels/gpu_plan.h"
+
+struct GpuLayer {
+    float *attn_norm, *ffn_norm;          /* (dim) f32 */
+    uint16_t *wqkvl;                      /* (nq + 2 nkv + n_head_lambda, dim) */
+    uint16_t *wo;                         /* (dim, n_head * hd) */
+    uint16_t *wgu;                        /* (2 ffn, dim): gate rows, then up rows */
+    uint16_t *wdown;                      /* (dim, ffn) */
+};
+
+struct GpuModel {
+    const struct GpuApi *api;
+    struct GpuCtx *ctx;                   /* the context that uploaded (owns the allocations) */
+    int device;
+    char info[256];
+    uint16_t *embd, *output;              /* (vocab, dim); output == embd when tied */
+    float *output_norm;
+    struct GpuLayer *layers;
+    size_t weight_bytes;
+    size_t page_elems;
+    void *pool_mem;
+    struct GpuKvPool pool;
+};
+
+struct GpuSeq {
+    const struct Model *m;
+    struct GpuModel *g;
+    struct GpuCtx *ctx;
+    int n_ctx, chunk, n_pages;
+    int32_t *pages_h;
+    int32_t *pages;                       /* device page table */
+    void *block;                          /* every activation, one allocation */
+    float *x, *qkv, *gu, *cos, *sin, *logits, *mass, *lam;
+    uint16_t *xb, *q, *att, *h;
+    int32_t *tok;
+    uint8_t *cls;
+    int qkv_stride;
+    int kernel;                           /* GpuAttnArgs.kernel: 1 with
+                                             DIFFRAG_GPU_ATTENTION=reference */
+    double last_s;
+};
+
+static size_t up256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+static int qkv_cols(const struct ModelConfig *c)
+{
+    return (c->n_q_head + 2 * c->n_kv_head) * c->head_dim +
+           (c->arch == ARCH_DIFFV2 ? c->n_head : 0);
+}
+
+/* Host bf16 copy of up to 3 matrices stacked by rows, then one upload. */
+static int upload_stack(struct GpuModel *g, const struct Weights *const *w, int n, uint16_t **out,
+                        char *err, size_t errlen)
+{
+    int rows = 0, cols = w[0]->cols;
+    for (int i = 0; i < n; i++) rows += w[i]->rows;
+    size_t elems = (size_t)rows * cols;
+    uint16_t *host = malloc(elems * sizeof *host);
+    float *row = malloc((size_t)cols * sizeof *row);
+    if (!host || !row) {
+        free(host);
+        free(row);
+        snprintf(err, errlen, "out of host memory converting weights");
+        return -1;
+    }
+    size_t k = 0;
+    for (int i = 0; i < n; i++)
+        for (int r = 0; r < w[i]->rows; r++) {
+            backend_cpu.weights_row(w[i], r, row);
+            for (int j = 0; j < cols; j++) host[k++] = gpu_f32_to_bf16(row[j]);
+        }
+    free(row);
+    int rc = g->api->alloc(g->ctx, elems * 2, (void **)out, err, errlen);
+    if (rc == 0) {
+        g->api->upload(g->ctx, *out, host, elems * 2);
+        rc = g->api->sync(g->ctx, err, errlen);
+        g->weight_bytes += elems * 2;
+    }
+    free(host);
+    return rc;
+}
+
+static int upload_f32(struct GpuModel *g, const float *v, int n, float **out, char *err,
+                      size_t errlen)
+{
+    if (g->api->alloc(g->ctx, (size_t)n * 4, (void **)out, err, errlen)) return -1;
+    g->api->upload(g->ctx, *out, v, (size_t)n * 4);
+    g->weight_bytes += (size_t)n * 4;
+    return g->api->sync(g->ctx, err, errlen);
+}
+
+void model_gpu_free(struct Model *m)
+{
+    struct GpuModel *g = m->gpu;
+    if (!g) return;
+    if (g->ctx) {
+        const struct GpuApi *a = g->api;
+        if (g->layers)
+            for (int l = 0; l < m->cfg.n_layer; l++) {
+                struct GpuLayer *L = &g->layers[l];
+                a->free(g->ctx, L->attn_norm);
+                a->free(g->ctx, L->ffn_norm);
+                a->free(g->ctx, L->wqkvl);
+                a->free(g->ctx, L->wo);
+                a->free(g->ctx, L->wgu);
+                a->free(g->ctx, L->wdown);
+            }
+        if (g->output != g->embd) a->free(g->ctx, g->output);
+        a->free(g->ctx, g->embd);
+        a->free(g->ctx, g->output_norm);
+        a->free(g->ctx, g->pool_mem);
+        a->ctx_destroy(g->ctx);
+    }
+    gpu_pool_fini(&g->pool);
+    free(g->layers);
+    free(g);
+    m->gpu = NULL;
+}
+
+int model_gpu_load(struct Model *m, const struct GpuModelOpts *o, char *err, size_t errlen)
+{
+    if (m->gpu) return 0;
+    const struct ModelConfig *c = &m->cfg;
+    struct GpuAttnPlan plan;
+    if (gpu_attn_plan(1, c->n_q_head, c->n_kv_head, c->head_dim, c->arch == ARCH_DIFFV2, &plan)) {
+        snprintf(err, errlen, "the CUDA backend does not handle this model's attention shape "
+                 "(%d query heads over %d KV heads of dimension %d; dimensions 64 and 128)",
+                 c->n_q_head, c->n_kv_head, c->head_dim);
+        return -1;
+    }
+    if (o->kv_tokens < 1) {
+        snprintf(err, errlen, "the GPU KV pool needs a capacity of at least one position");
+        return -1;
+    }
+    const struct GpuApi *api = gpu_api_load(err, errlen);
+    if (!api) return -1;
+    int n_dev = api->device_count();
+    if (o->device < 0 || o->device >= n_dev) {
+        snprintf(err, errlen, "no CUDA device %d (%d visible)", o->device, n_dev);
+        return -1;
+    }
+    struct GpuModel *g = calloc(1, sizeof *g);
+    if (!g) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    m->gpu = g;
+    g->api = api;
+    g->device = o->device;
+    api->device_info(o->device, g->info, sizeof g->info, NULL, NULL);
+    g->layers = calloc((size_t)c->n_layer, sizeof *g->layers);
+    if (!g->layers || api->ctx_new(o->device, &g->ctx, err, errlen)) goto fail;
+    const struct Weights *e1[1] = {&m->tok_embd};
+    if (upload_stack(g, e1, 1, &g->embd, err, errlen)) goto fail;
+    if (m->output.data == m->tok_embd.data) {
+        g->output = g->embd;
+    } else {
+        const struct Weights *o1[1] = {&m->output};
+        if (upload_stack(g, o1, 1, &g->output, err, errlen)) goto fail;
+    }
+    if (upload_f32(g, m->output_norm, c->dim, &g->output_norm, err, errlen)) goto fail;
+    for (int l = 0; l < c->n_layer; l++) {
+        const struct LayerWeights *w = &m->layers[l];
+        struct GpuLayer *L = &g->layers[l];
+        const struct Weights *qkv[4] = {&w->wq, &w->wk, &w->wv, &w->wlambda};
+        const struct Weights *gu[2] = {&w->w_gate, &w->w_up};
+        const struct Weights *wo[1] = {&w->wo}, *wd[1] = {&w->w_down};
+        if (upload_f32(g, w->attn_norm, c->dim, &L->attn_norm, err, errlen) ||
+            upload_f32(g, w->ffn_norm, c->dim, &L->ffn_norm, err, errlen) ||
+            upload_stack(g, qkv, c->arch == ARCH_DIFFV2 ? 4 : 3, &L->wqkvl, err, errlen) ||
+            upload_stack(g, wo, 1, &L->wo, err, errlen) ||
+            upload_stack(g, gu, 2, &L->wgu, err, errlen) ||
+            upload_stack(g, wd, 1, &L->wdown, err, errlen))
+            goto fail;
+    }
+    g->page_elems = gpu_page_elems(c->n_layer, c->n_kv_head, c->head_dim);
+    long n_pages = (o->kv_tokens + GPU_PAGE - 1) / GPU_PAGE;
+    if (n_pages > 1 << 24) n_pages = 1 << 24;
+    if (api->alloc(g->ctx, (size_t)n_pages * g->page_elems * 2, &g->pool_mem, err, errlen) ||
+        gpu_pool_init(&g->pool, g->pool_mem, g->page_elems * 2, (int)n_pages))
+        goto fail;
+    return 0;
+fail:
+    if (!err[0]) snprintf(err, errlen, "out of memory");
+    model_gpu_free(m);
+    return -1;
+}
+
+const char *model_gpu_info(const struct Model *m, size_t *weight_bytes, int *pages,
+                           int *free_pages)
+{
+    struct GpuModel *g = m->gpu;
+    if (!g) return NULL;
+    if (weight_bytes) *weight_bytes = g->weight_bytes;
+    if (pages) *pages = g->pool.n_pages;
+    if (free_pages) *free_pages = gpu_pool_free_pages(&g->pool);
+    return g->info;
+}
+
+/* The activation block: sizes in bytes, each piece 256-byte aligned. Row counts of the
+ * buffers attention reads by whole query tiles (q) are rounded up to GPU_QTILE. */
+enum { B_X, B_QKV, B_GU, B_COS, B_LOGITS, B_MASS, B_LAM, B_XB, B_Q, B_ATT, B_H, B_TOK, B_CLS,
+       B_PAGES, B_N };
+
+static void seq_layout(const struct ModelConfig *c, int n_ctx, int chunk, size_t off[B_N + 1])
+{
+    size_t n = (size_t)chunk, np = (n + GPU_QTILE - 1) / GPU_QTILE * GPU_QTILE;
+    size_t hd = (size_t)c->head_dim, nq = c->n_q_head * hd, no = c->n_head * hd;
+    size_t wide = (size_t)c->dim > no ? (size_t)c->dim : no;
+    size_t sz[B_N] = {
+        [B_X] = n * c->dim * 4,
+        [B_QKV] = n * qkv_cols(c) * 4,
+        [B_GU] = n * 2 * c->ffn_dim * 4,
+        [B_COS] = n * (c->rope.n_rot / 2) * 4 * 2,
+        [B_LOGITS] = (size_t)c->vocab * 4,
+        [B_MASS] = (size_t)c->n_layer * c->n_q_head * 2 * 4,
+        [B_LAM] = (size_t)c->n_layer * c->n_head * 4,
+        [B_XB] = n * wide * 2,
+        [B_Q] = np * nq * 2,
+        [B_ATT] = n * no * 2,
+        [B_H] = n * c->ffn_dim * 2,
+        [B_TOK] = n * 4,
+        [B_CLS] = (size_t)n_ctx,
+        [B_PAGES] = (size_t)(n_ctx + GPU_PAGE - 1) / GPU_PAGE * 4,
+    };
+    off[0] = 0;
+    for (int i = 0; i < B_N; i++) off[i + 1] = off[i] + up256(sz[i]);
+}
+
+void gpu_seq_estimate(const struct ModelConfig *c, int n_ctx, int chunk, size_t *kv_bytes,
+                      size_t *scratch_bytes)
+{
+    size_t off[B_N + 1];
+    if (chunk > n_ctx) chunk = n_ctx;
+    seq_layout(c, n_ctx, chunk, off);
+    *kv_bytes = (size_t)((n_ctx + GPU_PAGE - 1) / GPU_PAGE) *
+                gpu_page_elems(c->n_layer, c->n_kv_head, c->head_dim) * 2;
+    *scratch_bytes = off[B_N];
+}
+
+void gpu_seq_free(struct GpuSeq **ps)
+{
+    struct GpuSeq *s = *ps;
+    if (!s) return;
+    if (s->pages_h && s->n_pages) gpu_pool_give(&s->g->pool, s->n_pages, s->pages_h);
+    if (s->ctx) {
+        s->g->api->free(s->ctx, s->block);
+        s->g->api->ctx_destroy(s->ctx);
+    }
+    free(s->pages_h);
+    free(s);
+    *ps = NULL;
+}
+
+int gpu_seq_new(const struct Model *m, int n_ctx, int chunk, struct GpuSeq **out, char *err,
+                size_t errlen)
+{
+    *out = NULL;
+    struct GpuModel *g = m->gpu;
+    if (!g) {
+        snprintf(err, errlen, "the model is not on a GPU (model_gpu_load)");
+        return -1;
+    }
+    const struct ModelConfig *c = &m->cfg;
+    if (chunk > n_ctx) chunk = n_ctx;
+    struct GpuSeq *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    s->m = m;
+    s->g = g;
+    s->n_ctx = n_ctx;
+    s->chunk = chunk;
+    int need = (n_ctx + GPU_PAGE - 1) / GPU_PAGE;
+    s->pages_h = malloc((size_t)need * sizeof *s->pages_h);
+    if (!s->pages_h) {
+        free(s);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (gpu_pool_take(&g->pool, need, s->pages_h)) {
+        int fr = gpu_pool_free_pages(&g->pool);
+        snprintf(err, errlen, "a %d-token context needs %d KV pages (%.1f MiB) and the GPU pool "
+                 "has %d of %d free", n_ctx, need, need * g->page_elems * 2 / 1048576.0, fr,
+                 g->pool.n_pages);
+        free(s->pages_h);
+        free(s);
+        return -2;
+    }
+    s->n_pages = need;
+    const struct GpuApi *a = g->api;
+    size_t off[B_N + 1];
+    seq_layout(c, n_ctx, chunk, off);
+    if (a->ctx_new(g->device, &s->ctx, err, errlen) ||
+        a->alloc(s->ctx, off[B_N], &s->block, err, errlen)) {
+        gpu_seq_free(&s);
+        return -1;
+    }
+    char *b = s->block;
+    s->x = (float *)(b + off[B_X]);
+    s->qkv = (float *)(b + off[B_QKV]);
+    s->gu = (float *)(b + off[B_GU]);
+    s->cos = (float *)(b + off[B_COS]);
+    s->sin = s->cos + (size_t)chunk * (c->rope.n_rot / 2);
+    s->logits = (float *)(b + off[B_LOGITS]);
+    s->mass = (float *)(b + off[B_MASS]);
+    s->lam = (float *)(b + off[B_LAM]);
+    s->xb = (uint16_t *)(b + off[B_XB]);
+    s->q = (uint16_t *)(b + off[B_Q]);
+    s->att = (uint16_t *)(b + off[B_ATT]);
+    s->h = (uint16_t *)(b + off[B_H]);
+    s->tok = (int32_t *)(b + off[B_TOK]);
+    s->cls = (uint8_t *)(b + off[B_CLS]);
+    s->pages = (int32_t *)(b + off[B_PAGES]);
+    s->qkv_stride = qkv_cols(c);
+    const char *ak = getenv("DIFFRAG_GPU_ATTENTION");
+    s->kernel = ak && !strcmp(ak, "reference");
+    /* the query rows past a chunk's end are read by whole tiles: keep them finite */
+    a->fill_u16(s->ctx, s->q, 0, (off[B_ATT] - off[B_Q]) / 2);
+    a->upload(s->ctx, s->pages, s->pages_h, (size_t)need * 4);
+    if (a->sync(s->ctx, err, errlen)) {
+        gpu_seq_free(&s);
+        return -1;
+    }
+    *out = s;
+    return 0;
+}
+
+int gpu_seq_set_spans(struct GpuSeq *s, const uint8_t *cls, size_t n, char *err, size_t errlen)
+{
+    if (!n) return 0;
+    s->g->api->upload(s->ctx, s->cls, cls, n);
+    return s->g->api->sync(s->ctx, err, errlen);
+}
+
+double gpu_seq_last_seconds(const struct GpuSeq *s) { return s->last_s; }
+
+int gpu_seq_forward(struct GpuSeq *s, const int32_t *tokens, int n, int pos0, const float *cos,
+                    const float *sin, const uint8_t *watch, int n_marked, float *logits,
+                    float *mass, float *lam, char *err, size_t errlen)
+{
+    const struct Model *m = s->m;
+    const struct ModelConfig *c = &m->cfg;
+    const struct GpuApi *a = s->g->api;
+    struct GpuCtx *x = s->ctx;
+    struct GpuModel *g = s->g;
+    int d = c->dim, hd = c->head_dim, nq = c->n_q_head * hd, nkv = c->n_kv_head * hd;
+    int no = c->n_head * hd, F = c->ffn_dim, half = c->rope.n_rot / 2;
+    int diff = c->arch == ARCH_DIFFV2;
+    a->timer_start(x);
+    a->upload(x, s->tok, tokens, (size_t)n * 4);
+    a->upload(x, s->cos, cos, (size_t)n * half * 4);
+    a->upload(x, s->sin, sin, (size_t)n * half * 4);
+    a->embed(x, g->embd, s->tok, n, d, s->x);
+    for (int l = 0; l < c->n_layer; l++) {
+        const struct GpuLayer *L = &g->layers[l];
+        a->rmsnorm(x, s->x, d, L->attn_norm, n, d, c->norm_eps, s->xb);
+        a->gemm(x, s->xb, n, d, L->wqkvl, s->qkv_stride, s->qkv, s->qkv_stride, 0.f);
+        struct GpuRopeArgs rs = {
+            .qkv = s->qkv, .qkv_stride = s->qkv_stride, .q_out = s->q, .n_tok = n, .pos0 = pos0,
+            .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
+            .n_rot = c->rope.n_rot, .layout = c->rope.layout, .cos = s->cos, .sin = s->sin,
+            .pool = g->pool_mem, .pages = s->pages, .page_elems = g->page_elems, .layer = l,
+        };
+        a->rope_store(x, &rs);
+        const float *lam_col = diff ? s->qkv + nq + 2 * nkv : NULL;
+        int watched = watch && watch[l];
+        struct GpuAttnArgs at = {
+            .q = s->q, .out = s->att, .pool = g->pool_mem, .pages = s->pages,
+            .page_elems = g->page_elems, .layer = l, .n_tok = n, .pos0 = pos0,
+            .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
+            .scale = 1.f / sqrtf((float)hd), .lambda = lam_col, .lambda_stride = s->qkv_stride,
+            .cls = s->cls, .n_marked = n_marked,
+            .mass = watched ? s->mass + (size_t)l * c->n_q_head * 2 : NULL,
+            .kernel = s->kernel,
+        };
+        a->attention(x, &at);
+        if (watched && diff && lam)
+            a->download(x, lam + (size_t)l * c->n_head, lam_col + (size_t)(n - 1) * s->qkv_stride,
+                        (size_t)c->n_head * 4);
+        a->gemm(x, s->att, n, no, L->wo, d, s->x, d, 1.f);
+        a->rmsnorm(x, s->x, d, L->ffn_norm, n, d, c->norm_eps, s->xb);
+        a->gemm(x, s->xb, n, d, L->wgu, 2 * F, s->gu, 2 * F, 0.f);
+        a->swiglu(x, s->gu, n, F, s->h);
+        a->gemm(x, s->h, n, F, L->wdown, d, s->x, d, 1.f);
+    }
+    if (logits) {
+        a->rmsnorm(x, s->x + (size_t)(n - 1) * d, d, g->output_norm, 1, d, c->norm_eps, s->xb);
+        a->gemm(x, s->xb, 1, d, g->output, c->vocab, s->logits, c->vocab, 0.f);
+        a->download(x, logits, s->logits, (size_t)c->vocab * 4);
+    }
+    if (mass && watch)
+        for (int l = 0; l < c->n_layer; l++)
+            if (watch[l])
+                a->download(x, mass + (size_t)l * c->n_q_head * 2,
+                            s->mass + (size_t)l * c->n_q_head * 2, (size_t)c->n_q_head * 8);
+    s->last_s = a->timer_stop(x);
+    return a->sync(x, err, errlen);
+}
+
+int engine_device_select(struct Model *m, const char *setting, long kv_tokens,
+                         enum EngineDevice *out, char *note, size_t note_len)
+{
+    if (note_len) note[0] = 0;
+    *out = ENGINE_CPU;
+    if (!strcmp(setting, "cpu")) return 0;
+    int want_cuda = !strcmp(setting, "cuda");
+    if (!want_cuda && strcmp(setting, "auto")) {
+        snprintf(note, note_len, "device must be auto, cpu or cuda, not \"%s\"", setting);
+        return -1;
+    }
+    /* auto: no NVIDIA driver, no reason to load the CUDA libraries */
+    if (!want_cuda && access("/proc/driver/nvidia/version", R_OK) != 0 &&
+        access("/dev/nvidia0", F_OK) != 0) {
+        snprintf(note, note_len, "no NVIDIA driver: computing on the CPU");
+        return 0;
+    }
+    char err[512];
+    struct GpuModelOpts o = {.device = 0, .kv_tokens = kv_tokens};
+    if (model_gpu_load(m, &o, err, sizeof err)) {
+        if (want_cuda) {
+            snprintf(note, note_len, "%s", err);
+            return -1;
+        }
+        snprintf(note, note_len, "no usable GPU (%s): computing on the CPU", err);
+        return 0;
+    }
+    *out = ENGINE_CUDA;
+    size_t wb = 0;
+    int pages = 0;
+    const char *info = model_gpu_info(m, &wb, &pages, NULL);
+    snprintf(note, note_len, "computing on %s; weights %.1f MiB, KV pool %d positions", info,
+             wb / 1048576.0, pages * GPU_PAGE);
+    return 0;
+}

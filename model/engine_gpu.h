@@ -1,0 +1,55 @@
+/* The forward pass on a GPU (kernels/gpu.h): the model's weights uploaded once as bf16 with a
+ * paged KV pool beside them (model_gpu_load), and per engine context a sequence (struct
+ * GpuSeq) with its own GPU context (stream, cuBLAS handle), page table and activations. The
+ * engine (model/engine.c) calls this when its options ask for a GPU. */
+#ifndef DIFFRAG_ENGINE_GPU_H
+#define DIFFRAG_ENGINE_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/engine.h"
+#include "model/model.h"
+
+struct GpuModelOpts {
+    int device;                /* CUDA device index */
+    long kv_tokens;            /* KV pool capacity in positions, shared by all contexts */
+};
+
+/* Uploads the weights (dequantised to bf16) and allocates the KV pool. Idempotent: a second
+ * call with the model already on a GPU is a no-op returning 0. -1 with `err` on failure. */
+int model_gpu_load(struct Model *m, const struct GpuModelOpts *o, char *err, size_t errlen);
+void model_gpu_free(struct Model *m);
+/* Device line, weight bytes on the device, pool pages (total, free); NULL when not loaded. */
+const char *model_gpu_info(const struct Model *m, size_t *weight_bytes, int *pages, int *free_pages);
+
+/* Device bytes a sequence of n_ctx positions in chunks of `chunk` needs: KV pages and
+ * activations (pure arithmetic). */
+void gpu_seq_estimate(const struct ModelConfig *c, int n_ctx, int chunk, size_t *kv_bytes,
+                      size_t *scratch_bytes);
+
+struct GpuSeq;
+/* 0, -1 (err) on a device failure, -2 (err) when the pool lacks the pages. */
+int gpu_seq_new(const struct Model *m, int n_ctx, int chunk, struct GpuSeq **out, char *err,
+                size_t errlen);
+void gpu_seq_free(struct GpuSeq **s);
+int gpu_seq_set_spans(struct GpuSeq *s, const uint8_t *cls, size_t n, char *err, size_t errlen);
+
+/* n tokens at positions pos0..: cos/sin are the host RoPE tables (n, n_rot/2). With logits
+ * != NULL the last position's logits (vocab floats) come back; for each layer with
+ * watch[l] != 0, mass[l * n_q_head * 2 ..] receives the last position's masses per query head
+ * (doc, generated) and lam[l * n_head ..] its DIFF V2 lambda logits. 0, or -1 with err. */
+int gpu_seq_forward(struct GpuSeq *s, const int32_t *tokens, int n, int pos0, const float *cos,
+                    const float *sin, const uint8_t *watch, int n_marked, float *logits,
+                    float *mass, float *lam, char *err, size_t errlen);
+/* Seconds the device spent in the last forward (device events). */
+double gpu_seq_last_seconds(const struct GpuSeq *s);
+
+#endif
+
+/* Chooses where contexts of model m compute from a user's setting: "cpu"; "cuda" (the model
+ * goes to GPU 0 with a KV pool of kv_tokens positions, or -1 with the reason); "auto" (CUDA
+ * when an NVIDIA driver shows a device and the backend loads, else the CPU, with the reason
+ * in `note`). 0 and *out set, or -1 with err. */
+int engine_device_select(struct Model *m, const char *setting, long kv_tokens,
+                         enum EngineDevice *out, char *note, size_t note_len);
