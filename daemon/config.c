@@ -56,8 +56,9 @@ static const struct Key keys[] = {
       "in-process worker threads, each with its own engine context (0: remote workers only)" },
     { "threads", K_LONG, F(threads), "0", 0, 256, 0,
       "compute threads per worker (0: online cores divided by workers, at least 1)" },
-    { "device", K_STR, F(device), "cpu", 0, 0, 0,
-      "compute device: cpu" },
+    { "device", K_STR, F(device), "auto", 0, 0, 0,
+      "compute device: auto (a CUDA GPU when one is visible and the CUDA backend loads, else the "
+      "CPU), cpu, or cuda (fail at start without a usable GPU)" },
     { "io_threads", K_LONG, F(io_threads), "2", 1, 64, 0,
       "threads for retrieval, context assembly and store operations (off the socket loop)" },
     { "max_queue", K_LONG, F(max_queue), "64", 1, 1000000, 1,
@@ -82,8 +83,9 @@ static const struct Key keys[] = {
       "document chunk size in tokens for new collections and inline documents" },
     { "chunk_overlap", K_LONG, F(chunk_overlap), "32", 0, 65535, 1,
       "overlap between consecutive chunks in tokens" },
-    { "prefill_chunk", K_LONG, F(prefill_chunk), "512", 1, 65536, 0,
-      "tokens per prefill step (cancellation and deadlines are checked between steps)" },
+    { "prefill_chunk", K_LONG, F(prefill_chunk), "0", 0, 65536, 0,
+      "tokens per prefill step (cancellation and deadlines are checked between steps); 0: 512 "
+      "on the CPU, 8192 on a GPU" },
     { "kv_type", K_STR, F(kv_type), "f16", 0, 0, 0,
       "KV cache element type: f16 or f32" },
     { "kv_budget_bytes", K_SIZE, F(kv_budget_bytes), "0", 0, 1e15, 0,
@@ -448,8 +450,8 @@ int config_validate(const struct Config *c, char *err, size_t errlen)
         snprintf(err, errlen, "curve_server_key needs curve_secret_key_file (this worker's own key)");
         return -1;
     }
-    if (strcmp(c->device, "cpu")) {
-        snprintf(err, errlen, "device: \"%s\" is not available in this build (cpu)", c->device);
+    if (strcmp(c->device, "auto") && strcmp(c->device, "cpu") && strcmp(c->device, "cuda")) {
+        snprintf(err, errlen, "device: \"%s\" is not auto, cpu or cuda", c->device);
         return -1;
     }
     if (strcmp(c->kv_type, "f16") && strcmp(c->kv_type, "f32")) {

@@ -24,6 +24,7 @@
 #include "daemon/worker.h"
 #include "daemon/zap.h"
 #include "daemon/zutil.h"
+#include "model/engine_gpu.h"
 #include "model/gguf.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
@@ -333,8 +334,9 @@ static int check_config(const struct Config *c, int worker_mode)
     return 0;
 }
 
-static int start_workers(void *zctx, const struct Model *m, const struct Config *c, int n,
-                         const char *endpoint, const char *const curve[3], struct Worker **workers)
+static int start_workers(void *zctx, struct Model *m, const struct Config *c, int n,
+                         const char *endpoint, const char *const curve[3], struct Worker **workers,
+                         enum EngineDevice *device)
 {
     struct WorkerOpts wo;
     memset(&wo, 0, sizeof wo);
@@ -347,6 +349,21 @@ static int start_workers(void *zctx, const struct Model *m, const struct Config 
     wo.heartbeat_ms = (int)c->heartbeat_ms;
     wo.liveness = (int)c->heartbeat_liveness;
     engine_opts_from(c, n, &wo.engine);
+    /* the device: with cuda the weights go to the GPU once, with a KV pool for every worker */
+    char note[512];
+    enum EngineDevice dev;
+    if (engine_device_select(m, c->device, (long)n * wo.engine.n_ctx, &dev, note, sizeof note)) {
+        dlog(LL_ERROR, "msg=\"cannot use the compute device\" device=%s error=\"%s\"", c->device,
+             note);
+        return -1;
+    }
+    wo.engine.device = dev;
+    if (c->prefill_chunk == 0)
+        wo.engine.chunk = dev == ENGINE_CUDA ? 8192 : 512;
+    if (device)
+        *device = dev;
+    dlog(LL_INFO, "msg=\"compute device\" setting=%s device=%s note=\"%s\"", c->device,
+         dev == ENGINE_CUDA ? "cuda" : "cpu", note[0] ? note : "as configured");
     for (int i = 0; i < n; i++) {
         char err[512];
         wo.index = i;
@@ -393,7 +410,8 @@ static int run_worker_mode(struct Config *c)
         dlog(LL_WARN, "msg=\"the CurveZMQ secret key file is readable by other users; chmod 600 it\"");
     block_signals(1);
     void *zctx = zmq_ctx_new();
-    int rc = start_workers(zctx, m, c, n, c->connect, c->curve_server_key[0] ? curve : NULL, workers);
+    int rc = start_workers(zctx, m, c, n, c->connect, c->curve_server_key[0] ? curve : NULL, workers,
+                           NULL);
     memset(secret, 0, sizeof secret);
     block_signals(0);
     if (rc == 0) {
@@ -418,6 +436,7 @@ static int run_daemon(struct Config *c, int argc, char **argv)
 {
     char err[1024];
     struct Model *m = NULL;
+    enum EngineDevice device = ENGINE_CPU;
     struct GgufFile *g = NULL;
     struct Tokenizer *tok_only = NULL;
     const struct Tokenizer *tok;
@@ -535,7 +554,7 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         goto out;
     }
     if (prep_start(zctx, BROKER_PREP_INPROC, (int)c->io_threads, &shared, &prep, err, sizeof err) ||
-        start_workers(zctx, m, c, n_workers, BROKER_WORKERS_INPROC, NULL, workers)) {
+        start_workers(zctx, m, c, n_workers, BROKER_WORKERS_INPROC, NULL, workers, &device)) {
         if (prep)
             dlog(LL_ERROR, "msg=\"start-up failed\"");
         else
@@ -543,6 +562,8 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         /* exit() only before ready: threads may be mid-start and cannot be joined cleanly */
         exit(1);
     }
+    if (n_workers > 0)
+        metrics_set_backend(metrics, device == ENGINE_CUDA ? "cuda" : "cpu");
     if (c->metrics_listen[0] && metrics_http_start(metrics, c->metrics_listen, &http, err, sizeof err)) {
         dlog(LL_ERROR, "msg=\"cannot serve metrics\" error=\"%s\"", err);
         exit(1);

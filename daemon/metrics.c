@@ -210,6 +210,17 @@ void metrics_gauges(struct Metrics *m, int queue_depth, int inflight, int worker
     pthread_mutex_unlock(&m->mu);
 }
 
+void metrics_set_backend(struct Metrics *m, const char *backend)
+{
+    char *b = strdup(backend);
+    if (!b)
+        return;
+    pthread_mutex_lock(&m->mu);
+    free(m->backend);
+    m->backend = b;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void metrics_set_ready(struct Metrics *m, int model_loaded, int store_open)
 {
     pthread_mutex_lock(&m->mu);

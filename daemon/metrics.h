@@ -39,6 +39,8 @@ void metrics_gauges(struct Metrics *m, int queue_depth, int inflight, int worker
                     int workers_busy, uint64_t kv_cache_bytes);
 /* Readiness parts; /readyz is 200 only when all hold and a worker is ready. */
 void metrics_set_ready(struct Metrics *m, int model_loaded, int store_open);
+/* The compute backend label of diffrag_build_info, once the device setting is resolved. */
+void metrics_set_backend(struct Metrics *m, const char *backend);
 /* After SIGTERM /readyz answers 503 "draining", so balancers stop sending new work. */
 void metrics_set_draining(struct Metrics *m);
 /* 1 when ready; otherwise 0 and why (e.g. "no worker ready"). */

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "model/engine.h"
+#include "model/engine_gpu.h"
 #include "model/generate.h"
 
 static void usage(FILE *f)
@@ -24,9 +25,10 @@ static void usage(FILE *f)
         "      --chat            wrap the prompt in the model's chat template\n"
         "      --system TEXT     system message for --chat\n"
         "      --ctx N           context size in tokens (default: prompt + n, at most 131072)\n"
-        "      --chunk N         prefill chunk size (default 512)\n"
+        "      --chunk N         prefill chunk size (default 512; 8192 on a GPU)\n"
         "      --threads N       threads (default: online cores)\n"
-        "      --kv f16|f32      KV cache type (default f16)\n"
+        "      --kv f16|f32      KV cache type (default f16; the GPU's cache is bf16)\n"
+        "      --device D        auto (a GPU when one is visible), cpu or cuda (default auto)\n"
         "      --budget-mb N     refuse contexts needing more than N MiB (default: no limit)\n"
         "      --temp T          temperature (default 0: greedy)\n"
         "      --top-k N --top-p P --min-p P --seed S   sampling\n"
@@ -161,6 +163,29 @@ static int encode_prompt(const struct Model *m, const char *text, size_t len, in
     return 0;
 }
 
+/* --device: where the context computes. Scoring (--perplexity) needs every position's logits,
+ * which GPU contexts do not return, so it stays on the CPU under auto. */
+static int pick_device(struct Model *m, const char *device, int perplexity, int chunk_given,
+                       struct EngineOpts *eo)
+{
+    char note[512];
+    if (perplexity && !strcmp(device, "cuda")) {
+        fprintf(stderr, "diffrag-run: --perplexity runs on the CPU only\n");
+        return -1;
+    }
+    if (perplexity) device = "cpu";
+    enum EngineDevice d;
+    if (engine_device_select(m, device, eo->n_ctx, &d, note, sizeof note)) {
+        fprintf(stderr, "diffrag-run: %s\n", note);
+        return -1;
+    }
+    eo->device = d;
+    if (d == ENGINE_CUDA && !chunk_given) eo->chunk = 8192;
+    if (d == ENGINE_CUDA || (note[0] && !strstr(note, "no NVIDIA driver")))
+        fprintf(stderr, "diffrag-run: %s\n", note);
+    return 0;
+}
+
 /* --batch: NUL-separated prompts on stdin, each answered with a fresh sequence in one context;
  * each answer is written to stdout followed by a NUL byte. */
 static int run_batch(const struct Model *m, struct EngineOpts *eo, const struct GenParams *gp,
@@ -214,6 +239,8 @@ int main(int argc, char **argv)
     long doc_a[MAX_DOC], doc_b[MAX_DOC];
     int n_doc = 0;
     long budget_mb = 0;
+    const char *device = "auto";
+    int chunk_given = 0;
     struct EngineOpts eo;
     engine_opts_default(&eo);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -233,7 +260,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--chat")) chat = 1;
         else if (!strcmp(a, "--system")) { NEED(); system = v; }
         else if (!strcmp(a, "--ctx")) { NEED(); ctx = atoi(v); }
-        else if (!strcmp(a, "--chunk")) { NEED(); eo.chunk = atoi(v); }
+        else if (!strcmp(a, "--chunk")) { NEED(); eo.chunk = atoi(v); chunk_given = 1; }
         else if (!strcmp(a, "--threads")) { NEED(); eo.n_threads = atoi(v); }
         else if (!strcmp(a, "--kv")) {
             NEED();
@@ -242,6 +269,7 @@ int main(int argc, char **argv)
             else { fprintf(stderr, "diffrag-run: --kv must be f16 or f32\n"); return 2; }
         }
         else if (!strcmp(a, "--budget-mb")) { NEED(); budget_mb = atol(v); }
+        else if (!strcmp(a, "--device")) { NEED(); device = v; }
         else if (!strcmp(a, "--temp")) { NEED(); gp.sampler.temperature = strtof(v, NULL); }
         else if (!strcmp(a, "--top-k")) { NEED(); gp.sampler.top_k = atoi(v); }
         else if (!strcmp(a, "--top-p")) { NEED(); gp.sampler.top_p = strtof(v, NULL); }
@@ -301,6 +329,10 @@ int main(int argc, char **argv)
     if (batch) {
         eo.n_ctx = ctx ? ctx : 4096;
         eo.mem_budget = (size_t)budget_mb << 20;
+        if (pick_device(m, device, 0, chunk_given, &eo)) {
+            model_destroy(&m);
+            return 1;
+        }
         status = run_batch(m, &eo, &gp, chat, system);
         model_destroy(&m);
         return status;
@@ -342,6 +374,7 @@ int main(int argc, char **argv)
     if (want > ENGINE_MAX_CTX) want = ENGINE_MAX_CTX;
     eo.n_ctx = (int)want;
     eo.mem_budget = (size_t)budget_mb << 20;
+    if (pick_device(m, device, perplexity, chunk_given, &eo)) goto out;
     struct EngineMemory mem;
     engine_estimate(m, &eo, &mem);
 
