@@ -8,3 +8,9 @@ ALL_DEPS  := $(filter %.a,$(ALL_LIBS))
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(ALL_DEPS)
 	$(CC) $(LDFLAGS) $< -o $@ $(ALL_LIBS) $(LDLIBS)
+
+# The GPU checks (tests/gpu/run.sh runs them on a machine with a CUDA GPU); built everywhere
+# so they always compile, since the CUDA backend itself is loaded at run time.
+BINS += $(BUILD)/tests/gpu/gpu_check
+$(BUILD)/tests/gpu/gpu_check: $(BUILD)/tests/gpu/gpu_check.o $(LIB_MODEL)
+	$(CC) $(LDFLAGS) $< -o $@ $(MODEL_LIBS) $(LDLIBS)

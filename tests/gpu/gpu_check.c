@@ -1,0 +1,768 @@
+/* The GPU checks (tests/gpu/run.sh runs this on a machine with a CUDA GPU):
+ *   1. every operation of the GPU table against the CPU backend on fresh random inputs, the
+ *      outputs poisoned (NaN) before each run so an unwritten element fails;
+ *   2. the default model end to end: logits and groundedness masses of a GPU context against
+ *      a CPU context over a chunked prompt and decode steps, in its GQA form and its exactly
+ *      equivalent DIFF V2 form (query heads doubled, lambda 0, output projection doubled);
+ *   3. (unless --no-time) a table of speeds: attention TFLOP/s at 4K, 32K and 128K tokens for
+ *      the DIFF V2 shape, GEMM TFLOP/s, time to first token at 32K and 128K, decode tokens/s
+ *      at depth 32K for both forms.
+ * Prints "FAIL ..." for each failed check and exits 1 if any failed. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/backend.h"
+#include "kernels/gpu.h"
+#include "kernels/gpu_plan.h"
+#include "model/engine.h"
+#include "model/engine_gpu.h"
+#include "model/gguf.h"
+#include "model/model.h"
+#include "model/sampler.h"
+
+static int failures;
+static const struct GpuApi *A;
+static struct GpuCtx *C;
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static void check(int ok, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s ", ok ? "ok  " : "FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    fflush(stdout);
+    va_end(ap);
+    if (!ok) failures++;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static float urand(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 40) * (1.0 / 16777216.0)) * 2.f - 1.f;
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+static void *dalloc(size_t n)
+{
+    void *p;
+    char err[256];
+    if (A->alloc(C, n, &p, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        exit(2);
+    }
+    return p;
+}
+
+static void dsync(const char *what)
+{
+    char err[512];
+    if (A->sync(C, err, sizeof err)) {
+        check(0, "%s: %s", what, err);
+        exit(1);
+    }
+}
+
+/* ||a - b|| / ||b|| over n floats; NaN anywhere in a gives NaN. */
+static double rel_err(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i])) return NAN;
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+static void round_bf16(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) x[i] = gpu_bf16_to_f32(gpu_f32_to_bf16(x[i]));
+}
+
+static uint16_t *to_bf16(const float *x, size_t n)
+{
+    uint16_t *h = xmalloc(n * 2);
+    for (size_t i = 0; i < n; i++) h[i] = gpu_f32_to_bf16(x[i]);
+    return h;
+}
+
+static float *bf16_to_f32(const uint16_t *h, size_t n)
+{
+    float *x = xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++) x[i] = gpu_bf16_to_f32(h[i]);
+    return x;
+}
+
+#define POISON_F32 0xffc00000u   /* a NaN */
+#define POISON_BF16 0xffc0u
+
+static void poison_f32(float *d, size_t n)
+{
+    A->fill_u16(C, (uint16_t *)d, POISON_BF16, 2 * n);   /* 0xffc0ffc0: a NaN too */
+}
+
+/* ---- 1. operations ---- */
+
+static void check_gemm(int n, int k, int m, float beta)
+{
+    float *x = xmalloc((size_t)n * k * 4), *w = xmalloc((size_t)m * k * 4);
+    float *y0 = xmalloc((size_t)n * m * 4), *y = xmalloc((size_t)n * m * 4);
+    float *ref = xmalloc((size_t)n * m * 4);
+    for (size_t i = 0; i < (size_t)n * k; i++) x[i] = urand();
+    for (size_t i = 0; i < (size_t)m * k; i++) w[i] = urand() * 0.1f;
+    for (size_t i = 0; i < (size_t)n * m; i++) y0[i] = urand();
+    round_bf16(x, (size_t)n * k);
+    round_bf16(w, (size_t)m * k);
+    for (int r = 0; r < n; r++)
+        for (int c = 0; c < m; c++) {
+            double s = 0;
+            for (int i = 0; i < k; i++) s += (double)x[(size_t)r * k + i] * w[(size_t)c * k + i];
+            ref[(size_t)r * m + c] = (float)(s + beta * y0[(size_t)r * m + c]);
+        }
+    uint16_t *xh = to_bf16(x, (size_t)n * k), *wh = to_bf16(w, (size_t)m * k);
+    uint16_t *dx = dalloc((size_t)n * k * 2), *dw = dalloc((size_t)m * k * 2);
+    float *dy = dalloc((size_t)n * m * 4);
+    A->upload(C, dx, xh, (size_t)n * k * 2);
+    A->upload(C, dw, wh, (size_t)m * k * 2);
+    if (beta != 0.f) A->upload(C, dy, y0, (size_t)n * m * 4);
+    else poison_f32(dy, (size_t)n * m);
+    A->gemm(C, dx, n, k, dw, m, dy, m, beta);
+    A->download(C, y, dy, (size_t)n * m * 4);
+    dsync("gemm");
+    double e = rel_err(y, ref, (size_t)n * m);
+    check(e <= 1e-5, "gemm %dx%dx%d beta %.0f (bf16 in, f32 out): relative error %.2e (<= 1e-5)",
+          n, m, k, beta, e);
+    A->free(C, dx);
+    A->free(C, dw);
+    A->free(C, dy);
+    free(x); free(w); free(y0); free(y); free(ref); free(xh); free(wh);
+}
+
+static void check_rows(void)
+{
+    int n = 77, d = 576, F = 1536, vocab = 1000;
+    float *x = xmalloc((size_t)n * d * 4), *w = xmalloc((size_t)d * 4), *ref = xmalloc((size_t)n * d * 4);
+    for (size_t i = 0; i < (size_t)n * d; i++) x[i] = urand() * 3;
+    for (int i = 0; i < d; i++) w[i] = urand();
+    backend_cpu.rmsnorm(NULL, ref, x, w, n, d, 1e-5f);
+    float *dx = dalloc((size_t)n * d * 4), *dw = dalloc((size_t)d * 4);
+    uint16_t *dy = dalloc((size_t)n * d * 2), *yh = xmalloc((size_t)n * d * 2);
+    A->upload(C, dx, x, (size_t)n * d * 4);
+    A->upload(C, dw, w, (size_t)d * 4);
+    A->fill_u16(C, dy, POISON_BF16, (size_t)n * d);
+    A->rmsnorm(C, dx, d, dw, n, d, 1e-5f, dy);
+    A->download(C, yh, dy, (size_t)n * d * 2);
+    dsync("rmsnorm");
+    float *y = bf16_to_f32(yh, (size_t)n * d);
+    double e = rel_err(y, ref, (size_t)n * d);
+    check(e <= 1e-2, "rmsnorm %dx%d (bf16 out): relative error %.2e (<= 1e-2)", n, d, e);
+    free(y);
+
+    float *gu = xmalloc((size_t)n * 2 * F * 4), *hr = xmalloc((size_t)n * F * 4);
+    for (size_t i = 0; i < (size_t)n * 2 * F; i++) gu[i] = urand() * 4;
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < F; i++) {
+            double g = gu[(size_t)r * 2 * F + i], u = gu[(size_t)r * 2 * F + F + i];
+            hr[(size_t)r * F + i] = (float)(g / (1 + exp(-g)) * u);
+        }
+    float *dgu = dalloc((size_t)n * 2 * F * 4);
+    uint16_t *dh = dalloc((size_t)n * F * 2), *hh = xmalloc((size_t)n * F * 2);
+    A->upload(C, dgu, gu, (size_t)n * 2 * F * 4);
+    A->fill_u16(C, dh, POISON_BF16, (size_t)n * F);
+    A->swiglu(C, dgu, n, F, dh);
+    A->download(C, hh, dh, (size_t)n * F * 2);
+    dsync("swiglu");
+    float *h = bf16_to_f32(hh, (size_t)n * F);
+    e = rel_err(h, hr, (size_t)n * F);
+    check(e <= 1e-2, "swiglu %dx%d (bf16 out): relative error %.2e (<= 1e-2)", n, F, e);
+    free(h);
+
+    float *tab = xmalloc((size_t)vocab * d * 4), *er = xmalloc((size_t)n * d * 4);
+    int32_t tok[77];
+    for (size_t i = 0; i < (size_t)vocab * d; i++) tab[i] = urand();
+    round_bf16(tab, (size_t)vocab * d);
+    for (int i = 0; i < n; i++) {
+        tok[i] = (int32_t)((urand() + 1) * 0.5f * (vocab - 1));
+        memcpy(er + (size_t)i * d, tab + (size_t)tok[i] * d, (size_t)d * 4);
+    }
+    uint16_t *tb = to_bf16(tab, (size_t)vocab * d), *dtab = dalloc((size_t)vocab * d * 2);
+    int32_t *dtok = dalloc(sizeof tok);
+    float *dex = dalloc((size_t)n * d * 4), *ex = xmalloc((size_t)n * d * 4);
+    A->upload(C, dtab, tb, (size_t)vocab * d * 2);
+    A->upload(C, dtok, tok, sizeof tok);
+    poison_f32(dex, (size_t)n * d);
+    A->embed(C, dtab, dtok, n, d, dex);
+    A->download(C, ex, dex, (size_t)n * d * 4);
+    dsync("embed");
+    e = rel_err(ex, er, (size_t)n * d);
+    check(e == 0, "embedding gather %d rows of %d: relative error %.2e (exact)", n, d, e);
+    void *ptrs[] = {dx, dw, dy, dgu, dh, dtab, dtok, dex};
+    for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) A->free(C, ptrs[i]);
+    free(x); free(w); free(ref); free(yh); free(gu); free(hr); free(hh); free(tab); free(er);
+    free(tb); free(ex);
+}
+
+/* RoPE + KV store + attention (prefill chunks, then decode steps) with the groundedness
+ * masses, against the CPU backend (f32 KV cache) on the same rows. */
+static void check_attention(int hd, int n_head, int n_kv, int diff, int n_rot, int layout,
+                            int kernel)
+{
+    int nq_h = diff ? 2 * n_head : n_head, n_ctx = 1100, half = n_rot / 2;
+    int nq = nq_h * hd, nkv = n_kv * hd, no = n_head * hd, nl = diff ? n_head : 0;
+    int stride = nq + 2 * nkv + nl, n_layer = 2, layer = 1;
+    int chunks[][2] = {{0, 333}, {333, 450}, {783, 1}, {784, 1}, {785, 200}, {985, 1}};
+    /* CPU side */
+    size_t khs = backend_cpu.kv_head_stride(n_ctx, hd);
+    float *kc = xmalloc((size_t)n_kv * khs * 4), *vc = xmalloc((size_t)n_kv * khs * 4);
+    size_t ascr = backend_cpu.attention_scratch(512, n_ctx, hd, nq_h, n_kv, 1);
+    size_t mscr = backend_cpu.attention_mass_scratch(n_ctx, hd, nq_h, n_kv, 1);
+    void *as = xmalloc(ascr), *ms = xmalloc(mscr);
+    uint8_t *cls = xmalloc((size_t)n_ctx);
+    int n_marked = 700;
+    for (int i = 0; i < n_ctx; i++) cls[i] = urand() > 0.2f;
+    int heads[64];
+    for (int i = 0; i < nq_h; i++) heads[i] = i;
+    struct ThreadPool *pool;
+    pool_new(1, &pool);
+    /* GPU side: a pool of pages for 2 layers, handed out in a scrambled order */
+    size_t pe = gpu_page_elems(n_layer, n_kv, hd);
+    int n_pages = (n_ctx + GPU_PAGE - 1) / GPU_PAGE;
+    int32_t *pt = xmalloc((size_t)n_pages * 4);
+    for (int i = 0; i < n_pages; i++) pt[i] = (int32_t)((i * 7 + 3) % (n_pages + 5));
+    uint16_t *dpool = dalloc((n_pages + 5) * pe * 2);
+    A->fill_u16(C, dpool, POISON_BF16, (n_pages + 5) * pe);
+    int32_t *dpt = dalloc((size_t)n_pages * 4);
+    uint8_t *dcls = dalloc((size_t)n_ctx);
+    A->upload(C, dpt, pt, (size_t)n_pages * 4);
+    A->upload(C, dcls, cls, (size_t)n_ctx);
+    int maxn = 512;
+    float *dqkv = dalloc((size_t)maxn * stride * 4), *dcos = dalloc((size_t)maxn * half * 4);
+    float *dsin = dalloc((size_t)maxn * half * 4), *dmass = dalloc((size_t)nq_h * 8);
+    uint16_t *dq = dalloc((size_t)(maxn + GPU_QTILE) * nq * 2), *dout = dalloc((size_t)maxn * nq * 2);
+    A->fill_u16(C, dq, 0, (size_t)(maxn + GPU_QTILE) * nq);
+    double worst = 0, worst_mass = 0;
+    for (size_t ci = 0; ci < sizeof chunks / sizeof *chunks; ci++) {
+        int pos0 = chunks[ci][0], n = chunks[ci][1];
+        float *qkv = xmalloc((size_t)n * stride * 4), *cs = xmalloc((size_t)n * half * 4);
+        float *sn = xmalloc((size_t)n * half * 4);
+        for (size_t i = 0; i < (size_t)n * stride; i++) qkv[i] = urand() * 2;
+        for (int t = 0; t < n; t++)
+            for (int i = 0; i < half; i++) {
+                double ph = (pos0 + t) * pow(10000.0, -2.0 * i / n_rot);
+                cs[(size_t)t * half + i] = (float)cos(ph);
+                sn[(size_t)t * half + i] = (float)sin(ph);
+            }
+        /* CPU: split the fused rows, rope + store, attention, masses of the last query */
+        float *q = xmalloc((size_t)n * nq * 4), *k = xmalloc((size_t)n * nkv * 4);
+        float *v = xmalloc((size_t)n * nkv * 4), *lam = xmalloc((size_t)n * (nl ? nl : 1) * 4);
+        for (int t = 0; t < n; t++) {
+            const float *r = qkv + (size_t)t * stride;
+            memcpy(q + (size_t)t * nq, r, (size_t)nq * 4);
+            memcpy(k + (size_t)t * nkv, r + nq, (size_t)nkv * 4);
+            memcpy(v + (size_t)t * nkv, r + nq + nkv, (size_t)nkv * 4);
+            if (nl) memcpy(lam + (size_t)t * nl, r + nq + 2 * nkv, (size_t)nl * 4);
+        }
+        struct RopeStoreArgs rs = {
+            .q = q, .q_stride = (size_t)nq, .k = k, .v = v, .kv_stride = (size_t)nkv, .n_tok = n,
+            .pos0 = pos0, .n_q_head = nq_h, .n_kv_head = n_kv, .head_dim = hd, .n_rot = n_rot,
+            .layout = layout, .cos = cs, .sin = sn, .kcache = kc, .vcache = vc,
+            .kv_type = KV_F32, .kv_head_stride = khs,
+        };
+        backend_cpu.rope_store(pool, &rs);
+        int nout = diff ? no : nq;
+        float *ref = xmalloc((size_t)n * nout * 4);
+        struct AttnArgs aa = {
+            .q = q, .q_stride = (size_t)nq, .out = ref, .out_stride = (size_t)nout, .k = kc,
+            .v = vc, .kv_head_stride = khs, .kv_type = KV_F32, .n_tok = n, .pos0 = pos0,
+            .n_q_head = nq_h, .n_kv_head = n_kv, .head_dim = hd, .scale = 1.f / sqrtf((float)hd),
+            .lambda = diff ? lam : NULL, .lambda_stride = (size_t)(nl ? nl : 1),
+        };
+        backend_cpu.attention(pool, &aa, as);
+        float mref[128];
+        struct MassArgs ma = {
+            .q = q + (size_t)(n - 1) * nq, .k = kc, .kv_head_stride = khs, .kv_type = KV_F32,
+            .n_keys = pos0 + n, .n_q_head = nq_h, .n_kv_head = n_kv, .head_dim = hd,
+            .scale = 1.f / sqrtf((float)hd), .cls = cls, .n_marked = n_marked, .heads = heads,
+            .n_heads = nq_h, .mass = mref,
+        };
+        backend_cpu.attention_mass(pool, &ma, ms);
+        /* GPU */
+        A->upload(C, dqkv, qkv, (size_t)n * stride * 4);
+        A->upload(C, dcos, cs, (size_t)n * half * 4);
+        A->upload(C, dsin, sn, (size_t)n * half * 4);
+        struct GpuRopeArgs gr = {
+            .qkv = dqkv, .qkv_stride = stride, .q_out = dq, .n_tok = n, .pos0 = pos0,
+            .n_q_head = nq_h, .n_kv_head = n_kv, .head_dim = hd, .n_rot = n_rot, .layout = layout,
+            .cos = dcos, .sin = dsin, .pool = dpool, .pages = dpt, .page_elems = pe, .layer = layer,
+        };
+        A->rope_store(C, &gr);
+        A->fill_u16(C, dout, POISON_BF16, (size_t)n * nout);
+        poison_f32(dmass, (size_t)nq_h * 2);
+        struct GpuAttnArgs ga = {
+            .q = dq, .out = dout, .pool = dpool, .pages = dpt, .page_elems = pe, .layer = layer,
+            .n_tok = n, .pos0 = pos0, .n_q_head = nq_h, .n_kv_head = n_kv, .head_dim = hd,
+            .scale = 1.f / sqrtf((float)hd), .lambda = diff ? dqkv + nq + 2 * nkv : NULL,
+            .lambda_stride = stride, .cls = dcls, .n_marked = n_marked, .mass = dmass,
+            .kernel = kernel,
+        };
+        A->attention(C, &ga);
+        uint16_t *oh = xmalloc((size_t)n * nout * 2);
+        float gm[128];
+        A->download(C, oh, dout, (size_t)n * nout * 2);
+        A->download(C, gm, dmass, (size_t)nq_h * 8);
+        dsync("attention");
+        float *o = bf16_to_f32(oh, (size_t)n * nout);
+        double e = rel_err(o, ref, (size_t)n * nout), em = 0, emax = 0, rmax = 0;
+        for (size_t i = 0; i < (size_t)n * nout; i++) {
+            double d = isnan(o[i]) ? INFINITY : fabs(o[i] - ref[i]);
+            emax = d > emax ? d : emax;
+            rmax = fabs(ref[i]) > rmax ? fabs(ref[i]) : rmax;
+        }
+        emax /= rmax > 0 ? rmax : 1;
+        for (int i = 0; i < 2 * nq_h; i++) {
+            double d = isnan(gm[i]) ? 1 : fabs(gm[i] - mref[i]);
+            em = d > em ? d : em;
+        }
+        if (!(e <= worst)) worst = e;
+        if (!(em <= worst_mass)) worst_mass = em;
+        check(e <= 1e-2 && emax <= 2e-2 && em <= 1e-2, "attention (%s%s) %s hd %d, %d/%d heads, "
+              "rope %s: chunk at %d of %d tokens: relative error %.2e (<= 1e-2), worst element "
+              "%.2e of the largest (<= 2e-2), masses max abs error %.1e (<= 1e-2)",
+              n == 1 ? "decode, " : "prefill, ", kernel ? "reference" : "mma",
+              diff ? "DIFF V2" : "GQA", hd, nq_h, n_kv, layout ? "neox" : "adjacent", pos0, n, e,
+              emax, em);
+        free(qkv); free(cs); free(sn); free(q); free(k); free(v); free(lam); free(ref);
+        free(oh); free(o);
+    }
+    void *ptrs[] = {dpool, dpt, dcls, dqkv, dcos, dsin, dmass, dq, dout};
+    for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) A->free(C, ptrs[i]);
+    pool_destroy(&pool);
+    free(kc); free(vc); free(as); free(ms); free(cls); free(pt);
+}
+
+/* ---- 2. the model end to end ---- */
+
+/* The DIFF V2 form of a llama model, sharing its weights where they are unchanged: query head
+ * j becomes heads 2j and 2j+1, lambda logits are 0 (sigmoid 1/2) and the output projection
+ * is doubled, so o_2j - o_2j+1 / 2 = o_j / 2 doubles back to the same layer output. */
+struct DiffForm {
+    struct Model m;
+    struct LayerWeights *layers;
+    float **bufs;
+    int n_bufs;
+};
+
+static struct Weights f32_weights(struct DiffForm *d, int rows, int cols, float **data)
+{
+    *data = calloc((size_t)rows * cols, sizeof(float));
+    if (!*data) exit(2);
+    d->bufs[d->n_bufs++] = *data;
+    return (struct Weights){.type = GGML_TYPE_F32, .layout = WEIGHTS_ROWS, .rows = rows,
+                            .cols = cols, .row_bytes = (size_t)cols * 4, .data = *data};
+}
+
+static void diff_form(const struct Model *src, struct DiffForm *d)
+{
+    const struct ModelConfig *c = &src->cfg;
+    int L = c->n_layer, hd = c->head_dim, dim = c->dim;
+    memset(d, 0, sizeof *d);
+    d->m = *src;
+    d->m.gpu = NULL;
+    d->m.cfg.arch = ARCH_DIFFV2;
+    d->m.cfg.n_q_head = 2 * c->n_head;
+    d->layers = xmalloc((size_t)L * sizeof *d->layers);
+    d->bufs = xmalloc((size_t)L * 3 * sizeof *d->bufs);
+    for (int l = 0; l < L; l++) {
+        const struct LayerWeights *s = &src->layers[l];
+        struct LayerWeights *w = &d->layers[l];
+        *w = *s;
+        float *q, *o, *lam;
+        w->wq = f32_weights(d, 2 * c->n_head * hd, dim, &q);
+        for (int h = 0; h < c->n_head; h++)
+            for (int r = 0; r < hd; r++) {
+                backend_cpu.weights_row(&s->wq, h * hd + r, q + ((size_t)(2 * h) * hd + r) * dim);
+                memcpy(q + ((size_t)(2 * h + 1) * hd + r) * dim, q + ((size_t)(2 * h) * hd + r) * dim,
+                       (size_t)dim * 4);
+            }
+        w->wo = f32_weights(d, dim, c->n_head * hd, &o);
+        for (int r = 0; r < dim; r++) {
+            float *row = o + (size_t)r * c->n_head * hd;
+            backend_cpu.weights_row(&s->wo, r, row);
+            for (int i = 0; i < c->n_head * hd; i++) row[i] *= 2.f;
+        }
+        w->wlambda = f32_weights(d, c->n_head, dim, &lam);
+    }
+    d->m.layers = d->layers;
+}
+
+static void diff_form_free(struct DiffForm *d)
+{
+    model_gpu_free(&d->m);
+    for (int i = 0; i < d->n_bufs; i++) free(d->bufs[i]);
+    free(d->bufs);
+    free(d->layers);
+}
+
+static int argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+static struct Engine *open_ctx(const struct Model *m, int device, int n_ctx, int chunk, int threads)
+{
+    struct EngineOpts o;
+    engine_opts_default(&o);
+    o.n_ctx = n_ctx;
+    o.chunk = chunk;
+    o.device = device;
+    o.n_threads = threads;
+    struct Engine *e;
+    char err[512];
+    if (engine_new(m, &o, &e, err, sizeof err)) {
+        check(0, "engine_new (%s, %d positions): %s", device ? "cuda" : "cpu", n_ctx, err);
+        exit(1);
+    }
+    return e;
+}
+
+/* CPU and GPU contexts side by side: a prompt in uneven chunks, then greedy decode steps
+ * (the CPU's choice fed to both), logits and masses compared at every step. */
+static void check_model(const struct Model *m, const char *form, const int32_t *prompt, int n,
+                        int threads)
+{
+    int vocab = m->cfg.vocab;
+    struct Engine *ec = open_ctx(m, ENGINE_CPU, 2048, 160, threads);
+    struct Engine *eg = open_ctx(m, ENGINE_CUDA, 2048, 160, 1);
+    struct AttnWatch w[ENGINE_MAX_WATCH];
+    int nw = engine_default_watch(m, w, ENGINE_MAX_WATCH);
+    char err[512];
+    uint8_t *cls = xmalloc((size_t)n);
+    for (int i = 0; i < n; i++) cls[i] = i >= 16 && i < n - 24;
+    int rc = engine_watch(ec, w, nw, err, sizeof err) | engine_watch(eg, w, nw, err, sizeof err) |
+             engine_set_spans(ec, cls, (size_t)n, err, sizeof err) |
+             engine_set_spans(eg, cls, (size_t)n, err, sizeof err);
+    rc |= engine_prefill(ec, prompt, (size_t)n, err, sizeof err);
+    if (!rc) rc = engine_prefill(eg, prompt, (size_t)n, err, sizeof err);
+    if (rc) {
+        check(0, "%s: prefill: %s", form, err);
+        free(cls);
+        engine_destroy(&ec);
+        engine_destroy(&eg);
+        return;
+    }
+    double worst = 0, worst_mass = 0;
+    int agree = 0, steps = 8;
+    for (int s = 0; s <= steps; s++) {
+        const float *lc = engine_logits(ec), *lg = engine_logits(eg);
+        double e = rel_err(lg, lc, (size_t)vocab);
+        if (!(e <= worst)) worst = e;
+        int tc = argmax(lc, vocab), tg = argmax(lg, vocab);
+        agree += tc == tg;
+        int nc, ng;
+        const struct AttnMass *mc = engine_attn_mass(ec, &nc), *mg = engine_attn_mass(eg, &ng);
+        for (int i = 0; mc && mg && i < nc && i < ng; i++) {
+            double d = fabs(mc[i].doc - mg[i].doc) + fabs(mc[i].gen - mg[i].gen);
+            if (!(d <= worst_mass)) worst_mass = d;
+        }
+        if (!mc || !mg || nc != ng) worst_mass = INFINITY;
+        if (s == steps) break;
+        if (engine_decode(ec, tc, err, sizeof err) || engine_decode(eg, tc, err, sizeof err)) {
+            check(0, "%s: decode: %s", form, err);
+            break;
+        }
+    }
+    check(worst <= 5e-2, "%s: logits of a GPU context against a CPU context over a %d-token "
+          "prompt (chunks of 160) and %d decode steps: worst relative error %.2e (<= 5e-2: "
+          "bf16 weights and activations through every layer)", form, n, steps, worst);
+    check(agree >= steps, "%s: greedy token agrees at %d of %d positions", form, agree, steps + 1);
+    check(worst_mass <= 2e-2, "%s: groundedness masses (%d watched heads): worst |doc|+|gen| "
+          "difference %.2e (<= 2e-2)", form, nw, worst_mass);
+    free(cls);
+    engine_destroy(&ec);
+    engine_destroy(&eg);
+}
+
+/* ---- 3. speed ---- */
+
+static double median(double *v, int n)
+{
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* One layer's attention over a whole causal sequence of n tokens (DIFF V2 shape of the
+ * model), random bf16 queries and cache; TFLOP/s as 4 * heads * hd * n(n+1)/2 over the median
+ * of several runs. */
+static double time_attention(const struct ModelConfig *c, int n, int diff, int kernel)
+{
+    int hd = c->head_dim, nq_h = diff ? 2 * c->n_head : c->n_head, n_kv = c->n_kv_head;
+    size_t pe = gpu_page_elems(1, n_kv, hd);
+    int pages = (n + GPU_PAGE - 1) / GPU_PAGE;
+    uint16_t *pool = dalloc((size_t)pages * pe * 2), *q = dalloc(((size_t)n + GPU_QTILE) * nq_h * hd * 2);
+    uint16_t *out = dalloc((size_t)n * nq_h * hd * 2);
+    int32_t *pt = xmalloc((size_t)pages * 4), *dpt = dalloc((size_t)pages * 4);
+    float *lam = dalloc((size_t)n * c->n_head * 4);
+    for (int i = 0; i < pages; i++) pt[i] = i;
+    A->upload(C, dpt, pt, (size_t)pages * 4);
+    /* random bits as bf16 with a small exponent: 0x3c00..0x3fff and signs */
+    size_t chunk = 1 << 20;
+    uint16_t *rnd = xmalloc(chunk * 2);
+    for (size_t i = 0; i < chunk; i++)
+        rnd[i] = (uint16_t)(0x3c00 | ((uint16_t)(urand() * 32767) & 0x83ff));
+    size_t pool_n = (size_t)pages * pe, q_n = ((size_t)n + GPU_QTILE) * nq_h * hd;
+    for (size_t i = 0; i < pool_n; i += chunk) A->upload(C, pool + i, rnd, (pool_n - i < chunk ? pool_n - i : chunk) * 2);
+    for (size_t i = 0; i < q_n; i += chunk) A->upload(C, q + i, rnd, (q_n - i < chunk ? q_n - i : chunk) * 2);
+    A->fill_u16(C, (uint16_t *)lam, 0, (size_t)n * c->n_head * 2);
+    struct GpuAttnArgs a = {
+        .q = q, .out = out, .pool = pool, .pages = dpt, .page_elems = pe, .layer = 0, .n_tok = n,
+        .pos0 = 0, .n_q_head = nq_h, .n_kv_head = n_kv, .head_dim = hd,
+        .scale = 1.f / sqrtf((float)hd), .lambda = diff ? lam : NULL, .lambda_stride = c->n_head,
+        .kernel = kernel,
+    };
+    A->attention(C, &a);
+    dsync("attention warm-up");
+    double t[7];
+    int reps = n >= 65536 ? 3 : 7;
+    for (int r = 0; r < reps; r++) {
+        A->timer_start(C);
+        A->attention(C, &a);
+        t[r] = A->timer_stop(C);
+    }
+    dsync("attention timing");
+    double flop = 4.0 * nq_h * hd * ((double)n * (n + 1) / 2);
+    void *ptrs[] = {pool, q, out, dpt, lam};
+    for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) A->free(C, ptrs[i]);
+    free(pt);
+    free(rnd);
+    return flop / median(t, reps) / 1e12;
+}
+
+static double time_gemm(int n, int k, int m)
+{
+    uint16_t *x = dalloc((size_t)n * k * 2), *w = dalloc((size_t)m * k * 2);
+    float *y = dalloc((size_t)n * m * 4);
+    size_t chunk = 1 << 20;
+    uint16_t *rnd = xmalloc(chunk * 2);
+    for (size_t i = 0; i < chunk; i++) rnd[i] = gpu_f32_to_bf16(urand());
+    for (size_t i = 0; i < (size_t)n * k; i += chunk) A->upload(C, x + i, rnd, ((size_t)n * k - i < chunk ? (size_t)n * k - i : chunk) * 2);
+    for (size_t i = 0; i < (size_t)m * k; i += chunk) A->upload(C, w + i, rnd, ((size_t)m * k - i < chunk ? (size_t)m * k - i : chunk) * 2);
+    A->gemm(C, x, n, k, w, m, y, m, 0.f);
+    double t[9];
+    for (int r = 0; r < 9; r++) {
+        A->timer_start(C);
+        A->gemm(C, x, n, k, w, m, y, m, 0.f);
+        t[r] = A->timer_stop(C);
+    }
+    dsync("gemm timing");
+    A->free(C, x);
+    A->free(C, w);
+    A->free(C, y);
+    free(rnd);
+    return 2.0 * n * k * m / median(t, 9) / 1e12;
+}
+
+/* Time to first token of an n-token prompt (random ids), chunks of 8192; then decode
+ * tokens/s over `steps` steps at that depth. */
+static void time_model(const struct Model *m, int n, int steps, double *ttft, double *tps)
+{
+    int n_ctx = n + steps + 8 < ENGINE_MAX_CTX ? n + steps + 8 : ENGINE_MAX_CTX;
+    struct Engine *e = open_ctx(m, ENGINE_CUDA, n_ctx, 8192, 1);
+    int32_t *ids = xmalloc((size_t)n * 4);
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)((urand() + 1) * 0.5f * (m->cfg.vocab - 1));
+    char err[512];
+    /* warm-up: one chunk, then start over */
+    if (engine_prefill(e, ids, 512, err, sizeof err)) goto fail;
+    engine_reset(e);
+    double t0 = now_s();
+    if (engine_prefill(e, ids, (size_t)n, err, sizeof err)) goto fail;
+    *ttft = now_s() - t0;
+    int tok = argmax(engine_logits(e), m->cfg.vocab);
+    t0 = now_s();
+    for (int i = 0; i < steps; i++) {
+        if (engine_decode(e, tok, err, sizeof err)) goto fail;
+        tok = argmax(engine_logits(e), m->cfg.vocab);
+    }
+    *tps = steps / (now_s() - t0);
+    free(ids);
+    engine_destroy(&e);
+    return;
+fail:
+    check(0, "timing %d tokens: %s", n, err);
+    *ttft = *tps = NAN;
+    free(ids);
+    engine_destroy(&e);
+}
+
+int main(int argc, char **argv)
+{
+    const char *model_path = NULL;
+    int do_time = 1, threads = 8;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-time")) do_time = 0;
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else model_path = argv[i];
+    }
+    char err[512];
+    double t0 = now_s();
+    struct Model *m = NULL;
+    struct DiffForm df;
+    int32_t prompt[2048];
+    size_t n = 0, got;
+    if (model_path) {
+        if (model_load(model_path, &m, err, sizeof err)) {
+            printf("FAIL %s\n", err);
+            return 1;
+        }
+        diff_form(m, &df);
+        static const char text[] =
+            "The Normans were the people who in the 10th and 11th centuries gave their name to "
+            "Normandy, a region in France. They were descended from Norse raiders and pirates "
+            "from Denmark, Iceland and Norway who, under their leader Rollo, agreed to swear "
+            "fealty to King Charles III of West Francia. Through generations of assimilation "
+            "and mixing with the native Frankish and Roman-Gaulish populations, their "
+            "descendants would gradually merge with the Carolingian-based cultures of West "
+            "Francia. ";
+        while (n < 600) {
+            tok_encode(m->tok, text, sizeof text - 1, 0, prompt + n, 2048 - n, &got);
+            n += got;
+        }
+        /* the DIFF V2 form on the CPU reproduces the GQA form (exact up to rounding) */
+        struct Engine *a = open_ctx(m, ENGINE_CPU, 1024, 256, threads);
+        struct Engine *b = open_ctx(&df.m, ENGINE_CPU, 1024, 256, threads);
+        engine_prefill(a, prompt, 300, err, sizeof err);
+        engine_prefill(b, prompt, 300, err, sizeof err);
+        double e = rel_err(engine_logits(b), engine_logits(a), (size_t)m->cfg.vocab);
+        check(e <= 1e-4, "DIFF V2 form on the CPU against the GQA form: relative error %.2e "
+              "(<= 1e-4)", e);
+        engine_destroy(&a);
+        engine_destroy(&b);
+    }
+    A = gpu_api_load(err, sizeof err);
+    if (!A) {
+        printf("FAIL %s\n", err);
+        return 1;
+    }
+    int n_dev = A->device_count();
+    if (n_dev < 1) {
+        printf("FAIL no CUDA device is visible\n");
+        return 1;
+    }
+    char info[256];
+    A->device_info(0, info, sizeof info, NULL, NULL);
+    printf("device 0: %s\nbackend: %s\n", info, A->build);
+    if (A->ctx_new(0, &C, err, sizeof err)) {
+        printf("FAIL %s\n", err);
+        return 1;
+    }
+    printf("-- operations against the CPU backend (fresh random inputs, outputs poisoned)\n");
+    check_gemm(300, 576, 1000, 0.f);
+    check_gemm(1, 576, 49152, 0.f);
+    check_gemm(129, 1536, 576, 1.f);
+    check_rows();
+    for (int kernel = 0; kernel < 2; kernel++) {
+        check_attention(64, 9, 3, 0, 64, 1, kernel);
+        check_attention(64, 9, 3, 1, 64, 1, kernel);
+        check_attention(128, 8, 2, 1, 64, 0, kernel);
+        check_attention(128, 4, 4, 0, 128, 1, kernel);
+    }
+    printf("(%.1f s)\n", now_s() - t0);
+
+    if (m) {
+        printf("-- %s end to end\n", model_path);
+        struct GpuModelOpts go = {.device = 0, .kv_tokens = 140000};
+        if (model_gpu_load(m, &go, err, sizeof err) || model_gpu_load(&df.m, &go, err, sizeof err)) {
+            printf("FAIL %s\n", err);
+            return 1;
+        }
+        size_t wb;
+        int pages;
+        model_gpu_info(m, &wb, &pages, NULL);
+        printf("weights on the GPU: %.1f MiB; KV pool %d pages of %d positions\n",
+               wb / 1048576.0, pages, GPU_PAGE);
+        check_model(m, "GQA form", prompt, (int)n, threads);
+        check_model(&df.m, "DIFF V2 form", prompt, (int)n, threads);
+        setenv("DIFFRAG_GPU_ATTENTION", "reference", 1);
+        check_model(m, "GQA form, reference attention kernels", prompt, (int)n, threads);
+        check_model(&df.m, "DIFF V2 form, reference attention kernels", prompt, (int)n, threads);
+        unsetenv("DIFFRAG_GPU_ATTENTION");
+        printf("(%.1f s)\n", now_s() - t0);
+
+        if (do_time) {
+            const struct ModelConfig *c = &m->cfg;
+            printf("-- speed (medians of CUDA-event timings; TTFT and decode by wall clock)\n");
+            double at[2][3], atg[2];
+            int ns[3] = {4096, 32768, 131072};
+            for (int k = 0; k < 2; k++) {
+                for (int i = 0; i < 3; i++) at[k][i] = time_attention(c, ns[i], 1, k);
+                atg[k] = time_attention(c, 32768, 0, k);
+            }
+            double g1 = time_gemm(8192, 576, 3072), g2 = time_gemm(8192, 8192, 8192);
+            double ttft32, ttft128, tps_diff, tps_gqa, ttft32g, dummy;
+            time_model(&df.m, 32768, 64, &ttft32, &tps_diff);
+            time_model(&df.m, 131072, 0, &ttft128, &dummy);
+            time_model(m, 32768, 64, &ttft32g, &tps_gqa);
+            double tps_diff_ref, tps_gqa_ref;
+            setenv("DIFFRAG_GPU_ATTENTION", "reference", 1);
+            time_model(&df.m, 32768, 64, &dummy, &tps_diff_ref);
+            time_model(m, 32768, 64, &dummy, &tps_gqa_ref);
+            unsetenv("DIFFRAG_GPU_ATTENTION");
+            printf("\n| measure | value |\n|---|---|\n");
+            for (int k = 0; k < 2; k++) {
+                for (int i = 0; i < 3; i++)
+                    printf("| prefill attention (%s), DIFF V2 shape (%d query heads / %d KV, hd %d), "
+                           "%dK tokens causal | %.1f TFLOP/s |\n", k ? "wmma" : "mma",
+                           2 * c->n_head, c->n_kv_head, c->head_dim, ns[i] / 1024, at[k][i]);
+                printf("| prefill attention (%s), GQA shape (%d / %d), 32K tokens | %.1f TFLOP/s |\n",
+                       k ? "wmma" : "mma", c->n_head, c->n_kv_head, atg[k]);
+            }
+            printf("| GEMM bf16 8192 x 576 -> 3072 (gate+up of the model) | %.1f TFLOP/s |\n", g1);
+            printf("| GEMM bf16 8192 x 8192 x 8192 | %.1f TFLOP/s |\n", g2);
+            printf("| time to first token, 32K prompt, DIFF V2 form | %.3f s |\n", ttft32);
+            printf("| time to first token, 128K prompt, DIFF V2 form | %.3f s |\n", ttft128);
+            printf("| time to first token, 32K prompt, GQA form | %.3f s |\n", ttft32g);
+            printf("| decode at depth 32K, DIFF V2 form | %.1f tokens/s |\n", tps_diff);
+            printf("| decode at depth 32K, GQA form | %.1f tokens/s |\n", tps_gqa);
+            printf("| decode DIFF V2 / GQA | %.3f |\n", tps_diff / tps_gqa);
+            printf("| decode at depth 32K, reference kernels: DIFF V2 / GQA | %.1f / %.1f tokens/s |\n",
+                   tps_diff_ref, tps_gqa_ref);
+        }
+        diff_form_free(&df);
+        model_destroy(&m);
+    }
+    A->ctx_destroy(C);
+    printf("%s: %d failed checks (%.1f s)\n", failures ? "FAIL" : "PASS", failures, now_s() - t0);
+    return failures ? 1 : 0;
+}
