@@ -736,7 +736,8 @@ static int encode_word(struct Encoder *e, const unsigned char *w, size_t n)
             e->cache_ids = p;
             e->cache_ids_cap = cap;
         }
-        memcpy(e->cache_ids + e->cache_ids_n, e->word, n_ids * sizeof *e->word);
+        if (n_ids) /* a word of no ids leaves the (possibly unallocated) array alone */
+            memcpy(e->cache_ids + e->cache_ids_n, e->word, n_ids * sizeof *e->word);
         *c = (struct CacheEntry){h, (size_t)(w - e->text), (uint32_t)e->cache_ids_n,
                                  (uint8_t)n, (uint8_t)n_ids};
         e->cache_ids_n += n_ids;
