@@ -49,7 +49,8 @@ run: deps all model
 install: install-daemon install-clients
 
 # libFuzzer targets (clang): the GGUF reader, the tokenizer, the BM25 text normaliser, context
-# assembly and the daemon's request decoder. `make fuzz FUZZ_SECONDS=N` runs each for N s.
+# assembly and the daemon's request decoder. `make fuzz FUZZ_SECONDS=N` runs each for N s; an
+# UndefinedBehaviorSanitizer report stops the run like a crash (its input is saved).
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := fuzz_gguf fuzz_tokenizer fuzz_analyzer fuzz_context fuzz_request
 FUZZ_BUILD   := build/fuzz
@@ -69,6 +70,7 @@ fuzz-build:
 fuzz: fuzz-build $(MODEL_FILE)
 	for t in $(FUZZ_TARGETS); do \
 	    mkdir -p $(FUZZ_BUILD)/corpus/$$t; \
+	    UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	    $(FUZZ_BUILD)/$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -print_final_stats=1 \
 	        $(FUZZ_BUILD)/corpus/$$t tests/fuzz/seeds/$$t || exit 1; \
 	done
