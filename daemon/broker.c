@@ -395,7 +395,7 @@ static void reply_query(struct Broker *b, struct Request *r, const struct WireRe
         reply_error(b, r, EC_INTERNAL, "out of memory building the reply");
         return;
     }
-    send_client(b, r, w->buf.data, w->buf.size);
+    /* the metrics first: a client that has its answer finds it counted in /metrics */
     struct QueryObs q = {
         .queue_s = queue_ms / 1e3, .retrieval_s = r->retrieve_ms / 1e3,
         .ttft_s = res->completion_tokens > 0 ? ttft / 1e3 : -1,
@@ -407,6 +407,7 @@ static void reply_query(struct Broker *b, struct Request *r, const struct WireRe
     metrics_query(b->o.metrics, &q);
     const struct GrSummary *gs = &g.sum;
     metrics_grounding(b->o.metrics, gs);
+    send_client(b, r, w->buf.data, w->buf.size);
     char extra[1024], f_score[32], f_lb[32], f_uns[32], f_mlp[32], f_minlp[32];
     snprintf(extra, sizeof extra,
              "finish=%s queue_ms=%.3f retrieve_ms=%.3f prefill_ms=%.3f ttft_ms=%.3f decode_ms=%.3f "
