@@ -150,8 +150,11 @@ static void id_text(const struct Request *r, char *out, size_t cap)
     }
 }
 
-/* The end of a request: metrics, the log line, and the request leaves every list. */
-static void finish(struct Broker *b, struct Request *r, enum ErrCode code, const char *extra)
+/* The end of a request: metrics, the log line, then `reply` (when not NULL) is sent, and the
+ * request leaves every list. Sending last means a client that has its reply finds it counted
+ * in /metrics and written in the log. */
+static void finish_reply(struct Broker *b, struct Request *r, enum ErrCode code, const char *extra,
+                         const void *reply, size_t reply_len)
 {
     double total = now_ms() - r->t_recv;
     metrics_request(b->o.metrics, r->p.op, code, total / 1e3);
@@ -162,10 +165,17 @@ static void finish(struct Broker *b, struct Request *r, enum ErrCode code, const
         dlog_write(level, "op=%s id=%s code=%s total_ms=%.3f%s%s", op_name(r->p.op), id,
                    ec_name(code), total, extra && extra[0] ? " " : "", extra ? extra : "");
     }
+    if (reply)
+        send_client(b, r, reply, reply_len);
     if (r->prev)
         live_unlink(b, r);
     b->gauges_dirty = 1;
     request_free(r);
+}
+
+static void finish(struct Broker *b, struct Request *r, enum ErrCode code, const char *extra)
+{
+    finish_reply(b, r, code, extra, NULL, 0);
 }
 
 static void reply_error(struct Broker *b, struct Request *r, enum ErrCode code, const char *msg)
@@ -395,7 +405,8 @@ static void reply_query(struct Broker *b, struct Request *r, const struct WireRe
         reply_error(b, r, EC_INTERNAL, "out of memory building the reply");
         return;
     }
-    /* the metrics first: a client that has its answer finds it counted in /metrics */
+    /* metrics and the log line before the reply (finish_reply): a client that has its answer
+     * finds it counted and logged */
     struct QueryObs q = {
         .queue_s = queue_ms / 1e3, .retrieval_s = r->retrieve_ms / 1e3,
         .ttft_s = res->completion_tokens > 0 ? ttft / 1e3 : -1,
@@ -407,7 +418,6 @@ static void reply_query(struct Broker *b, struct Request *r, const struct WireRe
     metrics_query(b->o.metrics, &q);
     const struct GrSummary *gs = &g.sum;
     metrics_grounding(b->o.metrics, gs);
-    send_client(b, r, w->buf.data, w->buf.size);
     char extra[1024], f_score[32], f_lb[32], f_uns[32], f_mlp[32], f_minlp[32];
     snprintf(extra, sizeof extra,
              "finish=%s queue_ms=%.3f retrieve_ms=%.3f prefill_ms=%.3f ttft_ms=%.3f decode_ms=%.3f "
@@ -424,7 +434,7 @@ static void reply_query(struct Broker *b, struct Request *r, const struct WireRe
              opt_fmt(f_mlp, sizeof f_mlp, gs->has_ratios, gs->mean_logprob),
              opt_fmt(f_minlp, sizeof f_minlp, gs->has_ratios, gs->min_logprob),
              gs->answer_tokens, gs->flagged_tokens);
-    finish(b, r, EC_OK, extra);
+    finish_reply(b, r, EC_OK, extra, w->buf.data, w->buf.size);
 }
 
 static void reply_store_op(struct Broker *b, struct Request *r)
