@@ -15,7 +15,7 @@ CLI_OBJS       := $(patsubst %.c,$(BUILD)/%.o,$(wildcard clients/cli/*.c))
 # table (.so) and made local in the one relocatable object the archive holds (.a), so the
 # library's internal names never clash with a program's.
 $(CLIENT_OBJS) $(CLIENT_PIC): CFLAGS += -fvisibility=hidden
-$(BUILD)/pic/%.o: %.c
+$(BUILD)/pic/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -fPIC -c $< -o $@
 
@@ -43,7 +43,8 @@ $(BUILD)/tests/test_client_c: $(BUILD)/tests/test_client_c.o $(CLIENT_OBJS)
 	$(CC) $(LDFLAGS) $^ -o $@ $(CLIENT_EXT) $(LDLIBS)
 
 # `make install-clients PREFIX=/usr DESTDIR=...`: the header, both libraries, diffrag.pc and
-# the command line.
+# the command line. Libraries of a sanitizer build need its runtime in every program that links
+# them: diffrag.pc then carries the -fsanitize flags.
 PREFIX       ?= /usr/local
 LIBDIR       ?= $(PREFIX)/lib
 INCLUDEDIR   ?= $(PREFIX)/include
@@ -57,7 +58,7 @@ install-clients: $(LIB_CLIENT) $(SO_CLIENT) $(BUILD)/diffrag
 	ln -sf libdiffrag.so.$(CLIENT_VERSION) $(DESTDIR)$(LIBDIR)/$(CLIENT_SONAME)
 	ln -sf $(CLIENT_SONAME) $(DESTDIR)$(LIBDIR)/libdiffrag.so
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|' \
-	    -e 's|@VERSION@|$(CLIENT_VERSION)|' clients/c/diffrag.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/diffrag.pc
+	    -e 's|@VERSION@|$(CLIENT_VERSION)|' -e 's|@SAN@|$(if $(SAN), $(SAN))|' clients/c/diffrag.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/diffrag.pc
 	chmod 644 $(DESTDIR)$(PKGCONFIGDIR)/diffrag.pc
 	install -m 755 $(BUILD)/diffrag $(DESTDIR)$(PREFIX)/bin/diffrag
 
