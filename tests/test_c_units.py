@@ -11,8 +11,10 @@ BINARIES = sorted(p for p in (BUILD / "tests").glob("test_*") if p.is_file() and
 
 @pytest.mark.parametrize("binary", BINARIES, ids=[b.name for b in BINARIES])
 def test_c_unit(binary):
-    # full scale here, whatever the shell exports (test_valgrind_units.py runs reduced)
-    env = {k: v for k, v in os.environ.items() if k != "DIFFRAG_TEST_SCALE"}
+    # full scale and the default model here, whatever the shell exports (test_valgrind_units.py
+    # runs reduced, test_engine on a tiny model)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DIFFRAG_TEST_SCALE", "DIFFRAG_TEST_MODEL")}
     r = subprocess.run([str(binary)], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=1800)
     print(r.stdout)
