@@ -9,6 +9,19 @@ BUILD = ROOT / os.environ.get("BUILD", "build")
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
+# DIFFRAG_TEST_SCALE=small: the suites that spend minutes in the default model's arithmetic run
+# the same checks over shorter inputs (each says so in its output). .ci/run sets it for the
+# pass against the sanitizer build, where that arithmetic is 10 times slower; `make test` runs
+# everything at full scale.
+TEST_SCALE = os.environ.get("DIFFRAG_TEST_SCALE") or "full"
+if TEST_SCALE not in ("full", "small"):
+    raise SystemExit('DIFFRAG_TEST_SCALE=%s: expected "small" or "full"' % TEST_SCALE)
+SMALL = TEST_SCALE == "small"
+
+
+def pytest_report_header(config):
+    return "diffrag: BUILD=%s, DIFFRAG_TEST_SCALE=%s" % (BUILD, TEST_SCALE)
+
 
 @pytest.fixture(scope="session")
 def root():

@@ -11,6 +11,11 @@ from conftest import BUILD, ROOT
 RUN = BUILD / "diffrag-run"
 
 
+def sanitized():
+    """Whether the diffrag-run under test is built with AddressSanitizer (BUILD=build/asan)."""
+    return b"__asan_init" in RUN.read_bytes()
+
+
 def gen_tiny(path, *args):
     """Write a tiny random model with tools/gen-tiny-model and return its path."""
     subprocess.run([sys.executable, str(ROOT / "tools" / "gen-tiny-model"), str(path), *args],

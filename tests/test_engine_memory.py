@@ -1,6 +1,12 @@
 """Memory: a 32,768-token prefill on a tiny random DIFF V2 model stays within 10% of the
-engine's estimate, and a request over the budget is refused before any allocation of its size."""
-from engine_util import gen_tiny, logfmt, run
+engine's estimate, and a request over the budget is refused before any allocation of its size.
+
+Against the AddressSanitizer build (BUILD=build/asan) both run whole, but the resident set is
+ASan's as much as the engine's (shadow memory, redzones, the quarantine of freed blocks: +28%
+over the estimate here), and ASan reserves terabytes of address space for its shadow, so no
+address-space limit can be set: those two bounds are checked against the uninstrumented build,
+and the sanitized run says so."""
+from engine_util import gen_tiny, logfmt, run, sanitized
 
 import numpy as np
 
@@ -18,6 +24,10 @@ def test_32k_prefill_within_estimate(tmp_path):
     print(f"32768-token prefill: context estimate {est:.2f} MiB, measured resident "
           f"{got:.2f} MiB ({100 * (got - est) / est:+.1f}%); timings "
           f"{logfmt(r.stderr, 'timings')}")
+    if sanitized():
+        print("sanitizer build: the resident set includes ASan's own memory; the 10% bound is "
+              "checked against the uninstrumented build")
+        return
     assert abs(got - est) <= 0.10 * est, f"resident {got} MiB vs estimate {est} MiB"
 
 
@@ -32,6 +42,11 @@ def test_over_budget_refused_before_allocation(default_model):
 
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (5 << 29, 5 << 29))
+
+    if sanitized():
+        print("sanitizer build: ASan needs terabytes of address space for its shadow, so the "
+              "2.5 GiB limit is left to the uninstrumented build")
+        limit = None
 
     r = subprocess.run([str(RUN), "-m", str(default_model), "-p", "hello", "--ctx", "131072",
                         "--budget-mb", "1024", "-n", "1", "--threads", "1"],

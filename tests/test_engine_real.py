@@ -4,6 +4,7 @@ The asserted floors are the figures measured when this test was written, minus 1
 (accuracy) or plus 10% (perplexity); the test prints what it measures each run."""
 import json
 
+from conftest import SMALL
 from engine_util import logfmt, run
 
 # Measured with the default model, greedy decoding (see docs/performance.md).
@@ -38,7 +39,9 @@ def load_squad(squad_dir, n):
 
 
 def test_squad_answers_with_gold_paragraph(default_model, squad_dir):
-    passages, qs = load_squad(squad_dir, 50)
+    # DIFFRAG_TEST_SCALE=small (conftest.py): 10 questions, every answer produced and printed;
+    # too few for the accuracy floor, which the full run (50) checks.
+    passages, qs = load_squad(squad_dir, 10 if SMALL else 50)
     prompts = [PROMPT.format(context=passages[q["gold_passage_id"]]["text"],
                              question=q["question"]) for q in qs]
     r = run(default_model, "--batch", "--chat", "-n", 24, "--ctx", 2048,
@@ -53,6 +56,10 @@ def test_squad_answers_with_gold_paragraph(default_model, squad_dir):
     share = hits / len(qs)
     print(f"SQuAD 2.0 first {len(qs)} answerable questions: {hits}/{len(qs)} = {share:.2f} "
           f"answers contain a gold answer")
+    if SMALL:
+        print("reduced scale (DIFFRAG_TEST_SCALE=small): 10 questions are too few for the "
+              "accuracy floor; the full-scale run checks it")
+        return
     assert share >= SQUAD_SHARE_MEASURED - 0.10
 
 

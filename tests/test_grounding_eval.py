@@ -10,12 +10,14 @@ import re
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, SMALL
 from daemon_util import Daemon
 
 CALIBRATION = ROOT / "deploy" / "grounding" / "SmolLM2-135M-Instruct.Q4_1.grounding"
-HAYSTACKS = 10        # of ~512 tokens, each asked in the four needle conditions
-SQUAD_QUESTIONS = 12  # half unanswerable
+# DIFFRAG_TEST_SCALE=small (conftest.py): 16 cases instead of 52, every reply still checked
+# against the NumPy score; too few for the AUROC bound, which the full run checks.
+HAYSTACKS = 3 if SMALL else 10       # of ~512 tokens, each asked in the four needle conditions
+SQUAD_QUESTIONS = 4 if SMALL else 12  # half unanswerable
 MAX_CONTEXT = 1024
 
 
@@ -99,6 +101,10 @@ def test_held_out_auroc(replies, tool):
     auroc = tool.gf.auroc(labels, scores)
     print("held-out slice: %d answers, %d hallucinated, AUROC %.3f" %
           (len(labels), sum(labels), auroc))
+    if SMALL:
+        print("reduced scale (DIFFRAG_TEST_SCALE=small): %d answers are too few for the AUROC "
+              "bound of 0.70; the full-scale run checks it" % len(labels))
+        return
     assert auroc >= 0.70, auroc
 
 
