@@ -342,6 +342,12 @@ def configure(sock: zmq.Socket, server_key: Union[str, bytes, None],
     sock.curve_secretkey = secret
 
 
+def refusal(event: int) -> bool:
+    """Whether a connection event is a definite refusal (the key or the security mechanism),
+    which retrying cannot mend: the client reports it at once instead of at its timeout."""
+    return event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+
+
 def event_note(event: int, value: int, note: str) -> str:
     """What a monitor event says about the connection, for ConnectionFailed messages."""
     if event == zmq.EVENT_CONNECT_RETRIED:

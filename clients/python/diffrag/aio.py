@@ -53,6 +53,7 @@ class AsyncClient:
         self._waiting: Dict[str, asyncio.Queue] = {}
         self._reader: Optional[asyncio.Task] = None
         self._note = ""
+        self._refused = False
 
     async def close(self) -> None:
         """Stops the reader and closes the socket; calls still waiting get an error."""
@@ -91,6 +92,7 @@ class AsyncClient:
             except zmq.Again:
                 return
             self._note = P.event_note(ev["event"], ev["value"], self._note)
+            self._refused = self._refused or P.refusal(ev["event"])
 
     async def _send(self, msg: Mapping[str, Any]) -> None:
         data = P.pack(msg)
@@ -98,6 +100,8 @@ class AsyncClient:
         while True:
             self._drain_monitor()
             left = deadline - time.monotonic()
+            if self._refused:
+                raise ConnectionFailed("no connection to %s: %s" % (self.endpoint, self._note))
             if left <= 0:
                 raise ConnectionFailed("no connection to %s within %g s%s" % (
                     self.endpoint, self.connect_timeout, ": " + self._note if self._note else ""))

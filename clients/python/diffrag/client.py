@@ -59,6 +59,7 @@ class Client:
         self._inflight: Set[str] = set()
         self._mail: Dict[str, Deque[Dict[str, Any]]] = {}
         self._note = ""
+        self._refused = False
 
     # ---- life ----
 
@@ -92,6 +93,7 @@ class Client:
             except zmq.Again:
                 return
             self._note = P.event_note(ev["event"], ev["value"], self._note)
+            self._refused = self._refused or P.refusal(ev["event"])
 
     def _send(self, msg: Mapping[str, Any]) -> None:
         data = P.pack(msg)
@@ -102,6 +104,8 @@ class Client:
         while True:
             self._drain_monitor()
             left = deadline - time.monotonic()
+            if self._refused:
+                raise ConnectionFailed("no connection to %s: %s" % (self.endpoint, self._note))
             if left <= 0:
                 raise ConnectionFailed("no connection to %s within %g s%s" % (
                     self.endpoint, self.connect_timeout, ": " + self._note if self._note else ""))

@@ -65,8 +65,9 @@ class InternalError(ServerError):
 
 
 class ConnectionFailed(DiffragError, ConnectionError):
-    """No connection within ``connect_timeout``: nothing listens at the endpoint, or the
-    CurveZMQ handshake was refused."""
+    """No connection within ``connect_timeout`` (nothing listens at the endpoint), or the
+    CurveZMQ handshake refused: a refused key or a mismatched security mechanism is raised as
+    soon as ZeroMQ reports it, without waiting for the timeout."""
 
     code = "connect"
 
