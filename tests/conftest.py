@@ -19,6 +19,11 @@ if TEST_SCALE not in ("full", "small"):
 SMALL = TEST_SCALE == "small"
 
 
+def asan_built(program):
+    """Whether a program of the build under test carries AddressSanitizer (BUILD=build/asan)."""
+    return b"__asan_init" in program.read_bytes()
+
+
 def pytest_report_header(config):
     return "diffrag: BUILD=%s, DIFFRAG_TEST_SCALE=%s" % (BUILD, TEST_SCALE)
 

@@ -12,14 +12,14 @@ import urllib.request
 import msgpack
 import zmq
 
-from conftest import BUILD, ROOT
+from conftest import BUILD, ROOT, asan_built
 
 DIFFRAGD = BUILD / "diffragd"
 
 
 def sanitized():
     """Whether the diffragd under test is built with AddressSanitizer (BUILD=build/asan)."""
-    return b"__asan_init" in DIFFRAGD.read_bytes()
+    return asan_built(DIFFRAGD)
 
 
 def free_port():

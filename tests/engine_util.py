@@ -6,14 +6,14 @@ import sys
 
 import numpy as np
 
-from conftest import BUILD, ROOT
+from conftest import BUILD, ROOT, asan_built
 
 RUN = BUILD / "diffrag-run"
 
 
 def sanitized():
     """Whether the diffrag-run under test is built with AddressSanitizer (BUILD=build/asan)."""
-    return b"__asan_init" in RUN.read_bytes()
+    return asan_built(RUN)
 
 
 def gen_tiny(path, *args):
