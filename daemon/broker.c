@@ -173,20 +173,13 @@ static void finish_reply(struct Broker *b, struct Request *r, enum ErrCode code,
     request_free(r);
 }
 
-static void finish(struct Broker *b, struct Request *r, enum ErrCode code, const char *extra)
-{
-    finish_reply(b, r, code, extra, NULL, 0);
-}
-
 static void reply_error(struct Broker *b, struct Request *r, enum ErrCode code, const char *msg)
 {
     mpw_reset(&b->w);
     proto_error(&b->w, r->p.id_raw, r->p.id_len, code, msg);
-    if (!b->w.failed)
-        send_client(b, r, b->w.buf.data, b->w.buf.size);
     char extra[600], q[560];
     snprintf(extra, sizeof extra, "msg=%s", dlog_quote(q, sizeof q, msg, strlen(msg)));
-    finish(b, r, code, extra);
+    finish_reply(b, r, code, extra, b->w.failed ? NULL : b->w.buf.data, b->w.buf.size);
 }
 
 static int id_equal(const uint8_t *a, size_t alen, const uint8_t *c, size_t clen)
@@ -405,8 +398,6 @@ static void reply_query(struct Broker *b, struct Request *r, const struct WireRe
         reply_error(b, r, EC_INTERNAL, "out of memory building the reply");
         return;
     }
-    /* metrics and the log line before the reply (finish_reply): a client that has its answer
-     * finds it counted and logged */
     struct QueryObs q = {
         .queue_s = queue_ms / 1e3, .retrieval_s = r->retrieve_ms / 1e3,
         .ttft_s = res->completion_tokens > 0 ? ttft / 1e3 : -1,
@@ -447,10 +438,9 @@ static void reply_store_op(struct Broker *b, struct Request *r)
         reply_error(b, r, EC_INTERNAL, "out of memory building the reply");
         return;
     }
-    send_client(b, r, w->buf.data, w->buf.size);
     char extra[64];
     snprintf(extra, sizeof extra, "io_ms=%.3f", r->retrieve_ms);
-    finish(b, r, EC_OK, extra);
+    finish_reply(b, r, EC_OK, extra, w->buf.data, w->buf.size);
 }
 
 /* ---- workers ---- */
@@ -845,8 +835,7 @@ static void reply_ping(struct Broker *b, struct Request *r)
     mpw_kv_bool(w, "pong", 1);
     mpw_kv_cstr(w, "version", b->o.version);
     mpw_kv_cstr(w, "model", b->o.model_name);
-    send_client(b, r, w->buf.data, w->buf.size);
-    finish(b, r, EC_OK, NULL);
+    finish_reply(b, r, EC_OK, NULL, w->buf.data, w->buf.size);
 }
 
 static void reply_daemon_stats(struct Broker *b, struct Request *r)
@@ -869,8 +858,7 @@ static void reply_daemon_stats(struct Broker *b, struct Request *r)
     mpw_kv_int(w, "inflight", b->n_live);
     mpw_kv_uint(w, "kv_cache_bytes", kv);
     mpw_kv_bool(w, "draining", b->draining);
-    send_client(b, r, w->buf.data, w->buf.size);
-    finish(b, r, EC_OK, NULL);
+    finish_reply(b, r, EC_OK, NULL, w->buf.data, w->buf.size);
 }
 
 static void handle_cancel(struct Broker *b, struct Request *c)
@@ -905,8 +893,7 @@ static void handle_cancel(struct Broker *b, struct Request *c)
     proto_reply_head(w, 2, c->p.id_raw, c->p.id_len, 1);
     mpw_kv_bool(w, "found", 1);
     mpw_kv_cstr(w, "state", state);
-    send_client(b, c, w->buf.data, w->buf.size);
-    finish(b, c, EC_OK, NULL);
+    finish_reply(b, c, EC_OK, NULL, w->buf.data, w->buf.size);
     if (t->state == RS_PREP_WAIT || t->state == RS_WAIT) {
         if (t->state == RS_PREP_WAIT)
             q_remove(&b->prepq_head, &b->prepq_tail, t);
