@@ -72,7 +72,7 @@ static void engine_opts_from(const struct Config *c, int n_workers, struct Engin
     engine_opts_default(o);
     o->n_ctx = (int)(c->max_context_tokens + c->max_tokens);
     o->chunk = (int)c->prefill_chunk;
-    o->kv_type = strcmp(c->kv_type, "f32") ? KV_F16 : KV_F32;
+    o->kv_type = !strcmp(c->kv_type, "f32") ? KV_F32 : !strcmp(c->kv_type, "q8") ? KV_Q8 : KV_F16;
     o->mem_budget = c->kv_budget_bytes;
     long threads = c->threads;
     if (threads == 0) {

@@ -5,9 +5,14 @@
  * inside the products, so a Q4_1 model costs 5 bits per weight in memory, not 32.
  *
  * KV cache layout (chosen by the backend, sized by kv_head_stride): per layer and KV head a
- * run of kv_head_stride elements holding tiles of KV_TILE positions; in tile T (positions
- * T*KV_TILE ..) the keys are stored transposed, K[d][pos % KV_TILE], so a tile of scores is a
- * plain matrix product, and the values as rows, V[pos % KV_TILE][d]. */
+ * run of kv_head_stride elements holding tiles of KV_TILE positions, kv_tile_elems apart; in
+ * tile T (positions T*KV_TILE ..) the keys are stored transposed, K[d][pos % KV_TILE], so a
+ * tile of scores is a plain matrix product, and the values as rows, V[pos % KV_TILE][d].
+ * Elements are f32, f16 or, for KV_Q8, int8: each position's key (and value) of a head is
+ * scaled by its largest magnitude to -127..127, and the tile's int8 block is followed by
+ * KV_TILE f32 scales, one per position (value = q * scale). KV_Q8 keys pair their dimensions,
+ * K[d/2][pos % KV_TILE][d % 2], so that integer multiply-adds of two dimensions per lane
+ * score 16 (AVX-512) keys at once; head_dim is then even and at most 256. */
 #ifndef DIFFRAG_BACKEND_H
 #define DIFFRAG_BACKEND_H
 
@@ -16,9 +21,16 @@
 
 #include "kernels/threadpool.h"
 
-enum KvType { KV_F32 = 0, KV_F16 = 1 };
+enum KvType { KV_F32 = 0, KV_F16 = 1, KV_Q8 = 2 };
 
 #define KV_TILE 64
+
+/* Bytes of one cache element, and elements of one tile of KV_TILE positions. */
+static inline size_t kv_elem_bytes(enum KvType t) { return t == KV_F32 ? 4 : t == KV_F16 ? 2 : 1; }
+static inline size_t kv_tile_elems(enum KvType t, int head_dim)
+{
+    return (size_t)head_dim * KV_TILE + (t == KV_Q8 ? KV_TILE * sizeof(float) : 0);
+}
 
 /* A weight matrix (rows, cols): row r holds the weights of output r, `cols` inputs wide,
  * encoded as ggml type `type` (GGML_TYPE_* numbers of model/gguf.h: F32, F16, BF16, Q4_0,
@@ -72,7 +84,7 @@ struct AttnArgs {
                                   when lambda != NULL; rows out_stride floats apart */
     size_t out_stride;
     const void *k, *v;         /* this layer's caches, layout above */
-    size_t kv_head_stride;     /* elements per KV head: kv_head_stride(n_ctx, head_dim) */
+    size_t kv_head_stride;     /* elements per KV head: kv_head_stride(n_ctx, head_dim, type) */
     enum KvType kv_type;
     int n_tok, pos0;
     int n_q_head, n_kv_head, head_dim;
@@ -139,8 +151,8 @@ struct Backend {
      * n_ctx positions with `threads` threads. */
     size_t (*attention_scratch)(int n_tok_max, int n_ctx, int head_dim, int n_q_head,
                                 int n_kv_head, int threads);
-    /* Elements of one KV head's cache for n_ctx positions (a multiple of KV_TILE rows). */
-    size_t (*kv_head_stride)(int n_ctx, int head_dim);
+    /* Elements of one KV head's cache for n_ctx positions (whole tiles). */
+    size_t (*kv_head_stride)(int n_ctx, int head_dim, enum KvType type);
     /* The masses of `a`; `scratch` holds attention_mass_scratch(n_ctx, head_dim, n_q_head,
      * n_kv_head, threads) bytes. */
     void (*attention_mass)(struct ThreadPool *pool, const struct MassArgs *a, void *scratch);

@@ -152,9 +152,9 @@ void engine_estimate(const struct Model *m, const struct EngineOpts *o, struct E
 {
     const struct ModelConfig *c = &m->cfg;
     const struct Backend *be = &backend_cpu;
-    size_t el = o->kv_type == KV_F32 ? 4 : 2;
     out->kv_bytes = 2 * (size_t)c->n_layer * c->n_kv_head *
-                    be->kv_head_stride(o->n_ctx, c->head_dim) * el;
+                    be->kv_head_stride(o->n_ctx, c->head_dim, o->kv_type) *
+                    kv_elem_bytes(o->kv_type);
     struct EngineOpts eff = *o;
     if (eff.chunk > eff.n_ctx) eff.chunk = eff.n_ctx;
     if (o->device == ENGINE_CUDA) {
@@ -234,11 +234,18 @@ int engine_new(const struct Model *m, const struct EngineOpts *o, struct Engine 
 {
     *out = NULL;
     if (!m || !o || o->n_ctx < 1 || o->n_ctx > ENGINE_MAX_CTX || o->chunk < 1 ||
-        o->n_threads < 1 || o->n_threads > 256 || (o->kv_type != KV_F16 && o->kv_type != KV_F32) ||
+        o->n_threads < 1 || o->n_threads > 256 || (o->kv_type != KV_F16 && o->kv_type != KV_F32 && o->kv_type != KV_Q8) ||
         (o->device != ENGINE_CPU && o->device != ENGINE_CUDA))
         return fail(err, errlen, ENGINE_EINPUT,
                     "invalid engine options: ctx must be 1..%d, chunk >= 1, threads 1..256",
                     ENGINE_MAX_CTX);
+    if (o->kv_type == KV_Q8 && (m->cfg.head_dim % 2 || m->cfg.head_dim > 256))
+        return fail(err, errlen, ENGINE_EINPUT,
+                    "the int8 KV cache needs an even head dimension of at most 256 (this model: %d)",
+                    m->cfg.head_dim);
+    if (o->device == ENGINE_CUDA && o->kv_type == KV_Q8)
+        return fail(err, errlen, ENGINE_EINPUT,
+                    "the int8 KV cache is the CPU backend's; the CUDA backend keeps bf16");
     struct EngineOpts opts = *o;
     if (opts.chunk > opts.n_ctx) opts.chunk = opts.n_ctx;
     struct EngineMemory mem;
@@ -266,8 +273,8 @@ int engine_new(const struct Model *m, const struct EngineOpts *o, struct Engine 
         *out = e;
         return ENGINE_OK;
     }
-    size_t el = opts.kv_type == KV_F32 ? 4 : 2;
-    e->kv_head_stride = e->be->kv_head_stride(opts.n_ctx, c->head_dim);
+    size_t el = kv_elem_bytes(opts.kv_type);
+    e->kv_head_stride = e->be->kv_head_stride(opts.n_ctx, c->head_dim, opts.kv_type);
     e->layer_kv_elems = (size_t)c->n_kv_head * e->kv_head_stride;
     size_t kv_total = e->layer_kv_elems * c->n_layer * el;
     /* malloc, not calloc-and-touch: pages are committed only as positions are written, so a
@@ -440,7 +447,7 @@ static int forward_chunk(struct Engine *e, const int32_t *tokens, int n, int wan
     struct Scratch *s = &e->s;
     int d = c->dim, hd = c->head_dim, nq = c->n_q_head * hd, nkv = c->n_kv_head * hd;
     int no = c->n_head * hd, F = c->ffn_dim, pos0 = e->n_past;
-    size_t el = e->opts.kv_type == KV_F32 ? 4 : 2;
+    size_t el = kv_elem_bytes(e->opts.kv_type);
     int diff = c->arch == ARCH_DIFFV2;
     double t_start = now_s(), t;
 

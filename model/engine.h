@@ -32,7 +32,7 @@ enum EngineDevice { ENGINE_CPU = 0, ENGINE_CUDA = 1 };
 struct EngineOpts {
     int n_ctx;              /* tokens the KV cache holds (1..ENGINE_MAX_CTX) */
     int chunk;              /* prefill chunk size in tokens (>= 1) */
-    enum KvType kv_type;    /* KV_F16 (default) or KV_F32 */
+    enum KvType kv_type;    /* KV_F16 (default), KV_F32 or KV_Q8 (int8, CPU only) */
     size_t mem_budget;      /* bytes a context may use (KV + activations); 0 = unlimited */
     int n_threads;          /* >= 1 (CPU) */
     enum EngineDevice device; /* ENGINE_CPU (default) or ENGINE_CUDA */

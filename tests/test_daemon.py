@@ -335,7 +335,9 @@ def test_config_file_cli_override_and_errors(tmp_path, models):
                          ("max_queue = 0\n", "max_queue: 0 is outside"),
                          ("max_message_bytes = 12parsecs\n", "not a size"),
                          ("just words\n", "expected `key = value`"),
-                         ("chunk_overlap = 300\n", "must be below chunk_tokens")):
+                         ("chunk_overlap = 300\n", "must be below chunk_tokens"),
+                         ("kv_type = q4\n", "kv_type: \"q4\" is not one of f16, f32, q8"),
+                         ("kv_type = q8\ndevice = cuda\n", "kv_type q8 is for the CPU backend")):
         conf.write_text(text)
         p = run_diffragd("--config", conf, "--check-config")
         assert p.returncode == 2 and needle in p.stderr, (text, p.stderr)

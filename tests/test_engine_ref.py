@@ -46,3 +46,11 @@ def test_logits_match_reference(name, tmp_path):
     # The f16 cache rounds keys and values to 11 significant bits.
     assert err16 <= 5e-3, f"{name} with an f16 KV cache: relative error {err16:.3e}"
     assert np.argmax(got16) == np.argmax(want)
+    # The int8 cache keeps each position's key and value to 1/254 of its largest element.
+    # Chunks of 32 stage its tiles in f32; chunks of 1 (decode) score keys in integers.
+    for chunk in (32, 1):
+        got8 = last_logits(model, tokens, tmp_path, "--chunk", chunk, "--kv", "q8")
+        err8 = rel_err(got8, want)
+        print(f"{name} chunk={chunk} kv=q8: max rel diff {err8:.3e}")
+        assert err8 <= 1.5e-2, f"{name} chunk {chunk} with an int8 KV cache: {err8:.3e}"
+        assert np.argmax(got8) == np.argmax(want)

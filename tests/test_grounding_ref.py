@@ -100,6 +100,12 @@ def test_masses_match_materialised_maps(name, tmp_path):
         assert err16 <= 2e-3, f"{name} n={n} with an f16 cache: {err16:.3e}"
         tol = 2e-3 * (1 + want[:, 6:7]) / (1 - want[:, 6:7])
         assert (np.abs(got16[:, 7:] - want[:, 7:]) <= tol).all(), f"{name} n={n}, f16 cache"
+        got8 = engine_masses(model, tokens, tmp_path, marked, "--chunk", 32, "--kv", "q8")
+        err8 = np.abs(got8[:, 2:7] - want[:, 2:7]).max()
+        print(f"{name} n={n}: int8 cache, worst abs diff {err8:.2e}")
+        # an int8 cache keeps each key to 1/254 of its largest element
+        assert err8 <= 2e-2, f"{name} n={n} with an int8 cache: {err8:.3e}"
+        assert (got8[:, 2] + got8[:, 3] <= 1 + 1e-6).all() and (got8[:, 2:4] >= 0).all()
     print(f"{name}: worst abs diff {worst:.2e}")
 
 

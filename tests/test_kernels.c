@@ -66,7 +66,20 @@ struct AttnCase {
     int ctx_extra;             /* cache and scratch sized for this many more positions */
 };
 
-/* Reference: causal softmax attention in double from the cache's own (possibly f16) values. */
+/* What the cache format says a KV_Q8 head of n values holds (kernels/backend.h): scale =
+ * largest magnitude / 127, q = x * (127 / largest) rounded to nearest even, both in f32;
+ * x_out = q * scale. Written here from the format, not shared with the store. */
+static void q8_reference(float *x, int n)
+{
+    float amax = 0.f;
+    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+    float inv = amax > 0.f ? 127.f / amax : 0.f, scale = amax / 127.f;
+    for (int i = 0; i < n; i++) x[i] = (float)nearbyintf(x[i] * inv) * scale;
+}
+
+static const char *kv_name(enum KvType t) { return t == KV_F32 ? "f32" : t == KV_F16 ? "f16" : "q8"; }
+
+/* Reference: causal softmax attention in double from the cache's own (f16, int8) values. */
 static void attn_reference(const struct AttnCase *c, const float *q, const float *kf,
                            const float *vf, const float *lam, double *out)
 {
@@ -116,7 +129,7 @@ static double attn_case(const struct AttnCase *c)
 {
     int hd = c->head_dim, n_ctx = c->pos0 + c->n_tok, G = c->n_q_head / c->n_kv_head;
     int n_out_head = c->diff ? c->n_q_head / 2 : c->n_q_head;
-    size_t stride = cpu_kv_head_stride(n_ctx + c->ctx_extra, hd), el = c->kv == KV_F32 ? 4 : 2;
+    size_t stride = cpu_kv_head_stride(n_ctx + c->ctx_extra, hd, c->kv), el = kv_elem_bytes(c->kv);
     size_t nq = (size_t)c->n_tok * c->n_q_head * hd, nout = (size_t)c->n_tok * n_out_head * hd;
     float *q = malloc(sizeof(float) * nq);
     float *kf = malloc(sizeof(float) * (size_t)c->n_kv_head * n_ctx * hd);
@@ -136,6 +149,8 @@ static double attn_case(const struct AttnCase *c)
     float no_q[1] = {0}, no_rot[1] = {0};
     for (int pos = 0; pos < n_ctx; pos++) {
         for (int i = 0; i < c->n_kv_head * hd; i++) { krow[i] = frand(); vrow[i] = frand(); }
+        if (c->kv == KV_Q8 && pos % 17 == 3) /* an all-zero head: scale 0 */
+            for (int i = 0; i < hd; i++) krow[i] = vrow[i] = 0.f;
         struct RopeStoreArgs rs = {
             .q = no_q, .q_stride = 0, .k = krow, .v = vrow, .kv_stride = (size_t)c->n_kv_head * hd,
             .n_tok = 1, .pos0 = pos, .n_q_head = 0, .n_kv_head = c->n_kv_head, .head_dim = hd,
@@ -143,6 +158,11 @@ static double attn_case(const struct AttnCase *c)
             .kv_type = c->kv, .kv_head_stride = stride,
         };
         backend_cpu.rope_store(NULL, &rs);
+        if (c->kv == KV_Q8)
+            for (int g = 0; g < c->n_kv_head; g++) {
+                q8_reference(krow + g * hd, hd);
+                q8_reference(vrow + g * hd, hd);
+            }
         for (int g = 0; g < c->n_kv_head; g++)
             for (int d = 0; d < hd; d++) {
                 float kv = krow[g * hd + d], vv = vrow[g * hd + d];
@@ -175,7 +195,7 @@ static double attn_case(const struct AttnCase *c)
             CHECK(err <= 1e-5, "attention %s threads=%d q_heads=%d kv_heads=%d hd=%d n_tok=%d "
                   "pos0=%d kv=%s diff=%d: relative error %.3e", cpu_isa_name((enum CpuIsa)isa),
                   threads, c->n_q_head, c->n_kv_head, hd, c->n_tok, c->pos0,
-                  c->kv == KV_F32 ? "f32" : "f16", c->diff, err);
+                  kv_name(c->kv), c->diff, err);
             if (threads == 1) memcpy(first, got, sizeof(float) * nout);
             else {
                 double td = rel_diff_f(got, first, nout);
@@ -210,6 +230,15 @@ static void test_attention(void)
         {9, 3, 64, 1, 0, KV_F32, 0, 0},      /* the very first token */
         /* 64 segments of 256 keys in a cache sized for a longer context (longer segments) */
         {9, 3, 64, 1, 16383, KV_F16, 0, 64},
+        /* the int8 cache: staged tiles (prefill) and tiles read as stored (decode) */
+        {9, 3, 64, 40, 100, KV_Q8, 0, 0},
+        {18, 3, 64, 37, 70, KV_Q8, 1, 0},
+        {8, 2, 32, 21, 64, KV_Q8, 1, 0},
+        {4, 2, 24, 30, 9, KV_Q8, 0, 0},
+        {9, 3, 64, 1, 700, KV_Q8, 0, 0},
+        {18, 3, 64, 3, 600, KV_Q8, 1, 0},
+        {4, 4, 16, 2, 1030, KV_Q8, 0, 0},
+        {9, 3, 64, 1, 4095, KV_Q8, 0, 64},
     };
     double worst = 0;
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {

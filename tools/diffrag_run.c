@@ -27,7 +27,8 @@ static void usage(FILE *f)
         "      --ctx N           context size in tokens (default: prompt + n, at most 131072)\n"
         "      --chunk N         prefill chunk size (default 512; 8192 on a GPU)\n"
         "      --threads N       threads (default: online cores)\n"
-        "      --kv f16|f32      KV cache type (default f16; the GPU's cache is bf16)\n"
+        "      --kv f16|f32|q8   KV cache type (default f16; q8: int8 with a scale per position\n"
+        "                        and head, CPU only; the GPU's cache is bf16)\n"
         "      --device D        auto (a GPU when one is visible), cpu or cuda (default auto)\n"
         "      --budget-mb N     refuse contexts needing more than N MiB (default: no limit)\n"
         "      --temp T          temperature (default 0: greedy)\n"
@@ -266,7 +267,8 @@ int main(int argc, char **argv)
             NEED();
             if (!strcmp(v, "f16")) eo.kv_type = KV_F16;
             else if (!strcmp(v, "f32")) eo.kv_type = KV_F32;
-            else { fprintf(stderr, "diffrag-run: --kv must be f16 or f32\n"); return 2; }
+            else if (!strcmp(v, "q8")) eo.kv_type = KV_Q8;
+            else { fprintf(stderr, "diffrag-run: --kv must be f16, f32 or q8\n"); return 2; }
         }
         else if (!strcmp(a, "--budget-mb")) { NEED(); budget_mb = atol(v); }
         else if (!strcmp(a, "--device")) { NEED(); device = v; }

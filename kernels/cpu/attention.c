@@ -23,9 +23,9 @@ enum {
 
 static size_t round16(size_t v) { return (v + 15) & ~(size_t)15; }
 
-size_t cpu_kv_head_stride(int n_ctx, int head_dim)
+size_t cpu_kv_head_stride(int n_ctx, int head_dim, enum KvType type)
 {
-    return (size_t)(n_ctx + KV_TILE - 1) / KV_TILE * KV_TILE * (size_t)head_dim;
+    return (size_t)(n_ctx + KV_TILE - 1) / KV_TILE * kv_tile_elems(type, head_dim);
 }
 
 static int block_tokens(int G)
@@ -84,7 +84,7 @@ static void attend_scalar(const struct AttnArgs *a, int g, int t0, int bq, int k
     size_t head = (size_t)g * a->kv_head_stride;
     for (int k0 = kb; k0 < ke; k0 += KV_TILE) {
         int nk = ke - k0 < KV_TILE ? ke - k0 : KV_TILE;
-        size_t base = head + (size_t)k0 * hd;
+        size_t base = head + (size_t)(k0 / KV_TILE) * kv_tile_elems(a->kv_type, hd);
         for (int r = 0; r < R; r++) {
             int nv = a->pos0 + t0 + r / G + 1 - k0;
             nv = nv > nk ? nk : nv;
@@ -93,12 +93,7 @@ static void attend_scalar(const struct AttnArgs *a, int g, int t0, int bq, int k
             float m_tile = -INFINITY;
             for (int j = 0; j < nv; j++) {
                 float s = 0.f;
-                for (int d = 0; d < hd; d++) {
-                    size_t at = base + (size_t)d * KV_TILE + j;
-                    float kv = a->kv_type == KV_F32 ? ((const float *)a->k)[at]
-                                                    : f16_to_f32(((const uint16_t *)a->k)[at]);
-                    s += q[d] * kv;
-                }
+                for (int d = 0; d < hd; d++) s += q[d] * cpu_kv_key(a->k, a->kv_type, base, d, j, hd);
                 S[j] = s;
                 if (s > m_tile) m_tile = s;
             }
@@ -110,12 +105,7 @@ static void attend_scalar(const struct AttnArgs *a, int g, int t0, int bq, int k
             for (int j = 0; j < nv; j++) {
                 float p = exp2f(S[j] - m_new);
                 l += p;
-                size_t at = base + (size_t)j * hd;
-                for (int d = 0; d < hd; d++) {
-                    float vv = a->kv_type == KV_F32 ? ((const float *)a->v)[at + d]
-                                                    : f16_to_f32(((const uint16_t *)a->v)[at + d]);
-                    o[d] += p * vv;
-                }
+                for (int d = 0; d < hd; d++) o[d] += p * cpu_kv_value(a->v, a->kv_type, base, d, j, hd);
             }
             L[r] = l;
             M[r] = m_new;
@@ -274,25 +264,58 @@ void cpu_attention_with(enum CpuIsa isa, struct ThreadPool *pool, const struct A
 
 /* --- KV cache stores (layout in kernels/backend.h) --- */
 
+/* One head's n (<= 256) values into int8 with one scale (largest magnitude / 127; 0 for all
+ * zeros), rounded to nearest even: value d goes to q[d], or for a key (key = 1) to
+ * q[cpu_kv_key_index(KV_Q8, d, 0)] (the caller adds the position's offset). The loops are
+ * plain so that they vectorise: the largest magnitude as the largest of the magnitudes' bit
+ * patterns (which order as the magnitudes do), and the rounding by adding and subtracting
+ * 1.5 * 2^23, exact below 2^22. */
+static void q8_row(const float *x, int n, int8_t *q, int key, float *scale)
+{
+    uint32_t mbits = 0;
+    for (int d = 0; d < n; d++) {
+        uint32_t b;
+        memcpy(&b, x + d, sizeof b);
+        b &= 0x7fffffffu;
+        mbits = b > mbits ? b : mbits;
+    }
+    float amax;
+    memcpy(&amax, &mbits, sizeof amax);
+    float inv = amax > 0.f ? 127.f / amax : 0.f;
+    int8_t t[256];
+    for (int d = 0; d < n; d++) t[d] = (int8_t)(int)((x[d] * inv + 12582912.f) - 12582912.f);
+    if (key)
+        for (int d = 0; d < n; d++) q[cpu_kv_key_index(KV_Q8, d, 0)] = t[d];
+    else
+        memcpy(q, t, (size_t)n);
+    *scale = amax / 127.f;
+}
+
 void cpu_kv_store_rows(const struct RopeStoreArgs *a, int t0, int t1)
 {
     int hd = a->head_dim;
+    size_t tile_el = kv_tile_elems(a->kv_type, hd);
     for (int t = t0; t < t1; t++) {
-        int pos = a->pos0 + t, tile = pos / KV_TILE, col = pos % KV_TILE;
+        int pos = a->pos0 + t, col = pos % KV_TILE;
         for (int g = 0; g < a->n_kv_head; g++) {
-            size_t head = (size_t)g * a->kv_head_stride;
-            size_t kbase = head + (size_t)tile * KV_TILE * hd + col;
-            size_t vbase = head + (size_t)pos * hd;
+            size_t tile = (size_t)g * a->kv_head_stride + (size_t)(pos / KV_TILE) * tile_el;
+            size_t kbase = tile + col, vbase = tile + (size_t)col * hd;
             const float *ks = a->k + (size_t)t * a->kv_stride + (size_t)g * hd;
             const float *vs = a->v + (size_t)t * a->kv_stride + (size_t)g * hd;
             if (a->kv_type == KV_F32) {
                 float *kd = (float *)a->kcache, *vd = (float *)a->vcache;
                 for (int d = 0; d < hd; d++) kd[kbase + (size_t)d * KV_TILE] = ks[d];
                 memcpy(vd + vbase, vs, (size_t)hd * sizeof(float));
-            } else {
+            } else if (a->kv_type == KV_F16) {
                 uint16_t *kd = (uint16_t *)a->kcache, *vd = (uint16_t *)a->vcache;
                 for (int d = 0; d < hd; d++) kd[kbase + (size_t)d * KV_TILE] = f32_to_f16(ks[d]);
                 for (int d = 0; d < hd; d++) vd[vbase + d] = f32_to_f16(vs[d]);
+            } else {
+                int8_t *kd = (int8_t *)a->kcache + tile, *vd = (int8_t *)a->vcache + tile;
+                q8_row(ks, hd, kd + cpu_kv_key_index(KV_Q8, 0, col), 1,
+                       (float *)(void *)(kd + (size_t)hd * KV_TILE) + col);
+                q8_row(vs, hd, vd + (size_t)col * hd, 0,
+                       (float *)(void *)(vd + (size_t)hd * KV_TILE) + col);
             }
         }
     }

@@ -41,10 +41,20 @@ size_t cpu_attention_mass_scratch(int n_ctx, int head_dim, int n_q_head, int n_k
            (size_t)(n_q_head + n_kv_head + 1) * sizeof(int);
 }
 
-static void tile_to_f32(const struct MassArgs *a, size_t at, size_t n, float *dst)
+/* The keys of the tile that starts at element `at` as f32, K[d][j] (hd x KV_TILE). */
+static void tile_to_f32(const struct MassArgs *a, size_t at, float *dst)
 {
+    size_t n = (size_t)a->head_dim * KV_TILE;
     if (a->kv_type == KV_F32) {
         memcpy(dst, (const float *)a->k + at, n * sizeof(float));
+        return;
+    }
+    if (a->kv_type == KV_Q8) {
+        const int8_t *q = (const int8_t *)a->k + at;
+        const float *sc = cpu_kv_q8_scales(q, a->head_dim);
+        for (int d = 0; d < a->head_dim; d++)
+            for (int j = 0; j < KV_TILE; j++)
+                dst[(size_t)d * KV_TILE + j] = (float)q[cpu_kv_key_index(KV_Q8, d, j)] * sc[j];
         return;
     }
     const uint16_t *src = (const uint16_t *)a->k + at;
@@ -96,7 +106,7 @@ static void mass_task(void *ctx, int task, int thread)
     for (int k0 = kb; k0 < ke; k0 += KV_TILE) {
         int nk = ke - k0 < KV_TILE ? ke - k0 : KV_TILE;
         /* keys are stored transposed per tile, K[d][j]; unwritten columns are never read */
-        tile_to_f32(a, head + (size_t)k0 * hd, (size_t)hd * KV_TILE, Kf);
+        tile_to_f32(a, head + (size_t)(k0 / KV_TILE) * kv_tile_elems(a->kv_type, hd), Kf);
         for (int i = 0; i < nh; i++) {
             const float *q = a->q + (size_t)a->heads[job->order[h0 + i]] * hd;
             float *restrict s = ws + (size_t)i * stride + (k0 - kb);

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "kernels/backend.h"
+#include "kernels/f16.h"
 
 enum CpuIsa {
     CPU_ISA_SCALAR = 0, /* portable C */
@@ -39,7 +40,7 @@ void cpu_attention_with(enum CpuIsa isa, struct ThreadPool *pool, const struct A
                         void *scratch);
 size_t cpu_attention_scratch(int n_tok_max, int n_ctx, int head_dim, int n_q_head,
                              int n_kv_head, int threads);
-size_t cpu_kv_head_stride(int n_ctx, int head_dim);
+size_t cpu_kv_head_stride(int n_ctx, int head_dim, enum KvType type);
 void cpu_attention_mass(struct ThreadPool *pool, const struct MassArgs *a, void *scratch);
 size_t cpu_attention_mass_scratch(int n_ctx, int head_dim, int n_q_head, int n_kv_head,
                                   int threads);
@@ -96,5 +97,39 @@ void cpu_attend_avx2(const struct AttnArgs *a, int g, int t0, int bq, int kb, in
                      float *ws, float *O, float *M, float *L);
 /* Rows t0..t1-1 of the chunk's keys and values into the cache (layout in backend.h). */
 void cpu_kv_store_rows(const struct RopeStoreArgs *a, int t0, int t1);
+
+/* The scales of a KV_Q8 tile that starts at `tile` (int8 elements). */
+static inline const float *cpu_kv_q8_scales(const void *tile, int head_dim)
+{
+    return (const float *)(const void *)((const int8_t *)tile + (size_t)head_dim * KV_TILE);
+}
+
+/* Where dimension d of the key at position j of a tile is, in elements from the tile's start. */
+static inline size_t cpu_kv_key_index(enum KvType t, int d, int j)
+{
+    if (t == KV_Q8) return (size_t)(d >> 1) * 2 * KV_TILE + 2 * (size_t)j + (d & 1);
+    return (size_t)d * KV_TILE + j;
+}
+
+/* Element i of the tile that starts at element `tile` of cache c, as f32; j is the element's
+ * position in the tile. */
+static inline float cpu_kv_get(const void *c, enum KvType t, size_t tile, size_t i, int j,
+                               int head_dim)
+{
+    if (t == KV_F32) return ((const float *)c)[tile + i];
+    if (t == KV_F16) return f16_to_f32(((const uint16_t *)c)[tile + i]);
+    const int8_t *q = (const int8_t *)c + tile;
+    return (float)q[i] * cpu_kv_q8_scales(q, head_dim)[j];
+}
+
+/* Dimension d of the key at position j of the tile at `tile`, and the value's. */
+static inline float cpu_kv_key(const void *c, enum KvType t, size_t tile, int d, int j, int head_dim)
+{
+    return cpu_kv_get(c, t, tile, cpu_kv_key_index(t, d, j), j, head_dim);
+}
+static inline float cpu_kv_value(const void *c, enum KvType t, size_t tile, int d, int j, int head_dim)
+{
+    return cpu_kv_get(c, t, tile, (size_t)j * head_dim + d, j, head_dim);
+}
 
 #endif

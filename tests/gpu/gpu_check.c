@@ -237,7 +237,7 @@ static void check_attention(int hd, int n_head, int n_kv, int diff, int n_rot, i
     int stride = nq + 2 * nkv + nl, n_layer = 2, layer = 1;
     int chunks[][2] = {{0, 333}, {333, 450}, {783, 1}, {784, 1}, {785, 200}, {985, 1}};
     /* CPU side */
-    size_t khs = backend_cpu.kv_head_stride(n_ctx, hd);
+    size_t khs = backend_cpu.kv_head_stride(n_ctx, hd, KV_F32);
     float *kc = xmalloc((size_t)n_kv * khs * 4), *vc = xmalloc((size_t)n_kv * khs * 4);
     size_t ascr = backend_cpu.attention_scratch(512, n_ctx, hd, nq_h, n_kv, 1);
     size_t mscr = backend_cpu.attention_mass_scratch(n_ctx, hd, nq_h, n_kv, 1);
