@@ -93,6 +93,9 @@ fuzz: fuzz-build $(MODEL_FILE)
 bench-engine: all $(MODEL_FILE)
 	$(PYTHON) bench/bench_engine.py
 
+bench-llamacpp: all $(MODEL_FILE)
+	$(PYTHON) bench/bench_llamacpp.py
+
 bench-grounding: all $(MODEL_FILE)
 	$(PYTHON) bench/bench_grounding.py
 
@@ -104,6 +107,6 @@ eval-grounding: all $(MODEL_FILE)
 clean:
 	rm -rf build
 
-.PHONY: all deps model test asan run clean bench-engine bench-grounding eval-grounding install fuzz fuzz-build
+.PHONY: all deps model test asan run clean bench-engine bench-llamacpp bench-grounding eval-grounding install fuzz fuzz-build
 .SECONDARY:
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

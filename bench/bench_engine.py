@@ -64,9 +64,10 @@ def tokens(n_max, tmp):
     return ids
 
 
-def engine(model, path, threads, decode=0):
+def engine(model, path, threads, decode=0, kv="f16"):
     r = subprocess.run([BENCH, "engine", "-m", model, "--tokens-file", path, "--threads",
-                        str(threads), "--decode", str(decode)], capture_output=True, text=True)
+                        str(threads), "--decode", str(decode), "--kv", kv],
+                       capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(r.stderr[-2000:])
     return logfmt(r.stdout, "engine")
@@ -121,6 +122,12 @@ def main():
                         r.setdefault("decode_8192", []).append(e["decode_tok_s"])
                 e = engine(model, files[0], a.threads, decode=128)
                 r.setdefault("decode_0", []).append(e["decode_tok_s"])
+                # The same two decodes with the int8 KV cache (--kv q8).
+                e = engine(model, files[8192], a.threads, decode=64, kv="q8")
+                r.setdefault("q8_prefill_8192", []).append(e["prefill_tok_s"])
+                r.setdefault("q8_decode_8192", []).append(e["decode_tok_s"])
+                e = engine(model, files[0], a.threads, decode=128, kv="q8")
+                r.setdefault("q8_decode_0", []).append(e["decode_tok_s"])
         coretype = os.environ.get("OPENBLAS_CORETYPE")
         haswell = None
         if coretype != "Haswell":
@@ -143,10 +150,13 @@ def main():
                   f"{100 * m[f'gflops_{n}'] / fma:6.0f}% {m[f'matmul_gflops_{n}']:9.1f} "
                   f"{100 * m[f'matmul_gflops_{n}'] / sgemm:8.0f}% "
                   f"{m[f'attention_gflops_{n}']:10.1f} {m[f'rss_{n}']:13.1f}")
-    print(f"{'form':7} {'decode tok/s @0':>16} {'@8192':>8} {'ratio':>6}")
+    print(f"{'form':7} {'KV':>3} {'decode tok/s @0':>16} {'@8192':>8} {'ratio':>6} "
+          f"{'prefill tok/s @8192':>20}")
     for name, m in med.items():
-        print(f"{name:7} {m['decode_0']:16.1f} {m['decode_8192']:8.1f} "
-              f"{m['decode_0'] / m['decode_8192']:5.2f}x")
+        for kv, pre in (("f16", ""), ("q8", "q8_")):
+            print(f"{name:7} {kv:>3} {m[pre + 'decode_0']:16.1f} {m[pre + 'decode_8192']:8.1f} "
+                  f"{m[pre + 'decode_0'] / m[pre + 'decode_8192']:5.2f}x "
+                  f"{m[pre + 'prefill_8192']:20.1f}")
     L, D = med["llama"], med["diffv2"]
 
     def verdict(ok):
@@ -162,8 +172,10 @@ def main():
     print(f"  decode@0 >= 85: llama {L['decode_0']:.1f} {verdict(L['decode_0'] >= 85)}, "
           f"diffv2 {D['decode_0']:.1f} {verdict(D['decode_0'] >= 85)}")
     for name, m in (("llama", L), ("diffv2", D)):
-        print(f"  {name} decode@8192 no more than 2x slower: {m['decode_0'] / m['decode_8192']:.2f}x "
-              f"{verdict(m['decode_8192'] * 2 >= m['decode_0'])}")
+        for kv, pre in (("f16", ""), ("q8", "q8_")):
+            print(f"  {name} decode@8192 no more than 2x slower, {kv} KV cache: "
+                  f"{m[pre + 'decode_0'] / m[pre + 'decode_8192']:.2f}x "
+                  f"{verdict(m[pre + 'decode_8192'] * 2 >= m[pre + 'decode_0'])}")
     share = min(m[f"matmul_gflops_{n}"] for m in med.values() for n in sizes) / sgemm
     print(f"  prefill products >= 70% of the in-run sgemm: lowest {100 * share:.0f}% "
           f"{verdict(share >= 0.7)}")

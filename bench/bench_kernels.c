@@ -305,36 +305,47 @@ out:
 
 /* --- attention on random data of the default model's shape --- */
 
-static void run_attention(int threads, int ctx, int n_q_head, int reps)
+static void run_attention(int threads, int ctx, int n_q_head, int reps, enum KvType kv)
 {
     int n_kv = 3, hd = 64, chunk = 512 < ctx ? 512 : ctx;
-    size_t stride = cpu_kv_head_stride(ctx, hd);
-    uint16_t *k = malloc(stride * n_kv * 2), *v = malloc(stride * n_kv * 2);
+    size_t stride = cpu_kv_head_stride(ctx, hd, kv), cache = stride * n_kv * kv_elem_bytes(kv);
+    void *k = malloc(cache), *v = malloc(cache);
     float *q = malloc(sizeof(float) * (size_t)chunk * n_q_head * hd);
     float *out = malloc(sizeof(float) * (size_t)chunk * n_q_head * hd);
+    float *row = malloc(sizeof(float) * 2 * n_kv * hd);
     size_t ss = cpu_attention_scratch(chunk, ctx, hd, n_q_head, n_kv, threads);
     void *scratch = malloc(ss);
     struct ThreadPool *pool = NULL;
-    if (!k || !v || !q || !out || !scratch || pool_new(threads, &pool) != 0) {
+    if (!k || !v || !q || !out || !row || !scratch || pool_new(threads, &pool) != 0) {
         fprintf(stderr, "bench_kernels: out of memory\n");
         goto out;
     }
+    /* Random keys and values stored through the backend, as the engine stores them. */
     unsigned seed = 1;
-    for (size_t i = 0; i < stride * n_kv; i++) {
-        seed = seed * 1103515245u + 12345u;
-        k[i] = f32_to_f16((float)((seed >> 16) & 1023) / 512.f - 1.f);
-        v[i] = f32_to_f16((float)((seed >> 8) & 1023) / 512.f - 1.f);
+    float no_rot[1] = {0};
+    for (int pos = 0; pos < ctx; pos++) {
+        for (int i = 0; i < 2 * n_kv * hd; i++) {
+            seed = seed * 1103515245u + 12345u;
+            row[i] = (float)((seed >> 16) & 1023) / 512.f - 1.f;
+        }
+        struct RopeStoreArgs rs = {
+            .q = no_rot, .k = row, .v = row + n_kv * hd, .kv_stride = (size_t)n_kv * hd,
+            .n_tok = 1, .pos0 = pos, .n_kv_head = n_kv, .head_dim = hd, .cos = no_rot,
+            .sin = no_rot, .kcache = k, .vcache = v, .kv_type = kv, .kv_head_stride = stride,
+        };
+        backend_cpu.rope_store(NULL, &rs);
     }
     for (size_t i = 0; i < (size_t)chunk * n_q_head * hd; i++) q[i] = (float)(i % 97) / 48.f - 1.f;
     struct AttnArgs a = {
         .q = q, .q_stride = (size_t)n_q_head * hd, .out = out,
         .out_stride = (size_t)n_q_head * hd, .k = k, .v = v, .kv_head_stride = stride,
-        .kv_type = KV_F16, .n_tok = chunk, .pos0 = ctx - chunk, .n_q_head = n_q_head,
+        .kv_type = kv, .n_tok = chunk, .pos0 = ctx - chunk, .n_q_head = n_q_head,
         .n_kv_head = n_kv, .head_dim = hd, .scale = 0.125f,
     };
     double flop = 0;
     for (int i = 0; i < chunk; i++) flop += 4.0 * (a.pos0 + i + 1) * hd * n_q_head;
-    printf("attention: threads=%d ctx=%d q_heads=%d chunk=%d", threads, ctx, n_q_head, chunk);
+    printf("attention: threads=%d ctx=%d q_heads=%d chunk=%d kv=%s", threads, ctx, n_q_head, chunk,
+           kv == KV_F32 ? "f32" : kv == KV_F16 ? "f16" : "q8");
     for (int isa = CPU_ISA_COUNT - 1; isa >= 0; isa--) {
         if (!cpu_isa_supported((enum CpuIsa)isa)) continue;
         double t[64];
@@ -357,11 +368,11 @@ static void run_attention(int threads, int ctx, int n_q_head, int reps)
         for (int i = 0; i < 10; i++) cpu_attention_with(cpu_isa_best(), pool, &a, scratch);
         t[r] = (now_s() - t0) / 10;
     }
-    double tm = median(t, nr), bytes = 2.0 * ctx * hd * n_kv * 2;
+    double tm = median(t, nr), bytes = 2.0 * (double)cache * ctx / ((ctx + KV_TILE - 1) / KV_TILE * KV_TILE);
     printf(" decode_us=%.1f decode_gb_s=%.1f\n", tm * 1e6, bytes / tm / 1e9);
 out:
     pool_destroy(&pool);
-    free(k); free(v); free(q); free(out); free(scratch);
+    free(k); free(v); free(q); free(out); free(row); free(scratch);
 }
 
 /* --- the engine --- */
@@ -466,7 +477,7 @@ static void usage(void)
             "       bench_kernels shapes -m MODEL [--threads N] [--n ROWS] [--reps R]\n"
             "       bench_kernels attention [--ctx N] [--q-heads 9|18] [--threads N] [--reps R]\n"
             "       bench_kernels engine -m MODEL --tokens-file F [--threads N] [--chunk C]\n"
-            "                            [--decode N] [--kv f16|f32]\n");
+            "                            [--decode N] [--kv f16|f32|q8]\n");
 }
 
 int main(int argc, char **argv)
@@ -488,7 +499,12 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--clock")) bench_clock = !strcmp(v, "cpu") ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC;
         else if (!strcmp(a, "--q-heads")) q_heads = atoi(v);
         else if (!strcmp(a, "--tokens-file")) tokens = v;
-        else if (!strcmp(a, "--kv")) kv = !strcmp(v, "f32") ? KV_F32 : KV_F16;
+        else if (!strcmp(a, "--kv")) {
+            if (!strcmp(v, "f32")) kv = KV_F32;
+            else if (!strcmp(v, "q8")) kv = KV_Q8;
+            else if (!strcmp(v, "f16")) kv = KV_F16;
+            else { fprintf(stderr, "bench_kernels: --kv must be f16, f32 or q8\n"); return 2; }
+        }
         else { usage(); return 2; }
         i++;
     }
@@ -502,7 +518,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(mode, "attention")) {
-        run_attention(threads, ctx, q_heads, reps);
+        run_attention(threads, ctx, q_heads, reps, kv);
         return 0;
     }
     if (!model_path) { usage(); return 2; }
