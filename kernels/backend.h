@@ -31,6 +31,11 @@ static inline size_t kv_tile_elems(enum KvType t, int head_dim)
 {
     return (size_t)head_dim * KV_TILE + (t == KV_Q8 ? KV_TILE * sizeof(float) : 0);
 }
+/* Elements from a KV head's start to the tile that holds position pos. */
+static inline size_t kv_tile_at(enum KvType t, int head_dim, int pos)
+{
+    return (size_t)(pos / KV_TILE) * kv_tile_elems(t, head_dim);
+}
 
 /* A weight matrix (rows, cols): row r holds the weights of output r, `cols` inputs wide,
  * encoded as ggml type `type` (GGML_TYPE_* numbers of model/gguf.h: F32, F16, BF16, Q4_0,

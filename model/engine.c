@@ -234,7 +234,7 @@ int engine_new(const struct Model *m, const struct EngineOpts *o, struct Engine 
 {
     *out = NULL;
     if (!m || !o || o->n_ctx < 1 || o->n_ctx > ENGINE_MAX_CTX || o->chunk < 1 ||
-        o->n_threads < 1 || o->n_threads > 256 || (o->kv_type != KV_F16 && o->kv_type != KV_F32 && o->kv_type != KV_Q8) ||
+        o->n_threads < 1 || o->n_threads > 256 || (unsigned)o->kv_type > KV_Q8 ||
         (o->device != ENGINE_CPU && o->device != ENGINE_CUDA))
         return fail(err, errlen, ENGINE_EINPUT,
                     "invalid engine options: ctx must be 1..%d, chunk >= 1, threads 1..256",

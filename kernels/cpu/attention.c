@@ -84,7 +84,7 @@ static void attend_scalar(const struct AttnArgs *a, int g, int t0, int bq, int k
     size_t head = (size_t)g * a->kv_head_stride;
     for (int k0 = kb; k0 < ke; k0 += KV_TILE) {
         int nk = ke - k0 < KV_TILE ? ke - k0 : KV_TILE;
-        size_t base = head + (size_t)(k0 / KV_TILE) * kv_tile_elems(a->kv_type, hd);
+        size_t base = head + kv_tile_at(a->kv_type, hd, k0);
         for (int r = 0; r < R; r++) {
             int nv = a->pos0 + t0 + r / G + 1 - k0;
             nv = nv > nk ? nk : nv;
@@ -294,11 +294,10 @@ static void q8_row(const float *x, int n, int8_t *q, int key, float *scale)
 void cpu_kv_store_rows(const struct RopeStoreArgs *a, int t0, int t1)
 {
     int hd = a->head_dim;
-    size_t tile_el = kv_tile_elems(a->kv_type, hd);
     for (int t = t0; t < t1; t++) {
         int pos = a->pos0 + t, col = pos % KV_TILE;
         for (int g = 0; g < a->n_kv_head; g++) {
-            size_t tile = (size_t)g * a->kv_head_stride + (size_t)(pos / KV_TILE) * tile_el;
+            size_t tile = (size_t)g * a->kv_head_stride + kv_tile_at(a->kv_type, hd, pos);
             size_t kbase = tile + col, vbase = tile + (size_t)col * hd;
             const float *ks = a->k + (size_t)t * a->kv_stride + (size_t)g * hd;
             const float *vs = a->v + (size_t)t * a->kv_stride + (size_t)g * hd;

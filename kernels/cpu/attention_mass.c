@@ -50,11 +50,9 @@ static void tile_to_f32(const struct MassArgs *a, size_t at, float *dst)
         return;
     }
     if (a->kv_type == KV_Q8) {
-        const int8_t *q = (const int8_t *)a->k + at;
-        const float *sc = cpu_kv_q8_scales(q, a->head_dim);
         for (int d = 0; d < a->head_dim; d++)
             for (int j = 0; j < KV_TILE; j++)
-                dst[(size_t)d * KV_TILE + j] = (float)q[cpu_kv_key_index(KV_Q8, d, j)] * sc[j];
+                dst[(size_t)d * KV_TILE + j] = cpu_kv_key(a->k, KV_Q8, at, d, j, a->head_dim);
         return;
     }
     const uint16_t *src = (const uint16_t *)a->k + at;
@@ -106,7 +104,7 @@ static void mass_task(void *ctx, int task, int thread)
     for (int k0 = kb; k0 < ke; k0 += KV_TILE) {
         int nk = ke - k0 < KV_TILE ? ke - k0 : KV_TILE;
         /* keys are stored transposed per tile, K[d][j]; unwritten columns are never read */
-        tile_to_f32(a, head + (size_t)(k0 / KV_TILE) * kv_tile_elems(a->kv_type, hd), Kf);
+        tile_to_f32(a, head + kv_tile_at(a->kv_type, hd, k0), Kf);
         for (int i = 0; i < nh; i++) {
             const float *q = a->q + (size_t)a->heads[job->order[h0 + i]] * hd;
             float *restrict s = ws + (size_t)i * stride + (k0 - kb);

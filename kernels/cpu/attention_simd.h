@@ -188,8 +188,8 @@ void ATTEND(const struct AttnArgs *a, int g, int t0, int bq, int kb, int ke, flo
         const float *src = a->q + (size_t)(t0 + r / G) * a->q_stride + (size_t)(g * G + r % G) * hd;
         for (int d = 0; d < hd; d++) Q[(size_t)r * hd + d] = src[d] * qscale;
     }
-    size_t head = (size_t)g * a->kv_head_stride, tile_el = kv_tile_elems(a->kv_type, hd);
-    size_t tile_bytes = tile_el * kv_elem_bytes(a->kv_type);
+    size_t head = (size_t)g * a->kv_head_stride;
+    size_t tile_bytes = kv_tile_elems(a->kv_type, hd) * kv_elem_bytes(a->kv_type);
     /* Stage a tile in f32 when many rows share it; read it as stored when few do. */
     int direct = a->kv_type != KV_F32 && R <= 2 * RB;
     int enc = !direct ? ENC_F32 : a->kv_type == KV_F16 ? ENC_F16 : ENC_Q8;
@@ -211,7 +211,7 @@ void ATTEND(const struct AttnArgs *a, int g, int t0, int bq, int kb, int ke, flo
         }
     for (int k0 = kb; k0 < ke; k0 += TILE) {
         int nk = ke - k0 < TILE ? ke - k0 : TILE;
-        size_t at = head + (size_t)(k0 / TILE) * tile_el;
+        size_t at = head + kv_tile_at(a->kv_type, hd, k0);
         const void *Kt, *Vt;
         const float *ks = NULL, *vs = NULL;
         if (a->kv_type == KV_F32) {
