@@ -61,7 +61,8 @@ struct GpuAttnArgs {
     float *mass;               /* device (n_q_head, 2) */
     /* Kernels: 0 the tensor-core ones with scores in registers (mma.sync; default), 1 the
      * first forms (prefill: WMMA through shared memory; decode: one key at a time per warp),
-     * kept as a cross-check. */
+     * kept as a cross-check, 2 the Hopper prefill kernel (wgmma; decode as 0) and 3 its
+     * pipelined form, which fall back to 0 on a device other than compute capability 9.0. */
     int kernel;
 };
 

@@ -69,6 +69,114 @@ static inline int gpu_attn_plan(int n_tok, int n_q_head, int n_kv_head, int head
     return 0;
 }
 
+/* Prefill attention on Hopper (wgmma, sm_90a only; DIFFRAG_GPU_ATTENTION=wgmma). A warpgroup
+ * computes 64 query rows with warpgroup-wide wgmma instructions: one query head's 64
+ * positions, or for DIFF V2 one pair's 32 positions, arranged so that in each warp's 16 rows
+ * row gid holds the even head and row gid + 8 the odd head of the same position (the
+ * accumulator layout then puts both in the same thread, and the combine needs no exchange).
+ * A block holds `wgs` warpgroups of one KV group at the same positions, so each K/V page it
+ * loads serves wgs * 64 query rows; pages stream through shared-memory stages laid out with
+ * the 128-byte swizzle the wgmma descriptors name: three stages, or four for the pipelined
+ * form, in which the tensor cores compute the next page's scores during this page's softmax. */
+#define GPU_WG_STAGES(pipe) ((pipe) ? 4 : 3)
+
+#if defined(__CUDACC__)
+#define GPU_HD __host__ __device__
+#else
+#define GPU_HD
+#endif
+
+struct GpuWgPlan {
+    int per_wg;                /* query heads a warpgroup computes: 2 for DIFF V2, else 1 */
+    int qt;                    /* query positions a block covers: 64 / per_wg */
+    int wgs;                   /* warpgroups per block */
+    int blocks_x;              /* ceil(n_tok / qt) */
+    int blocks_y;              /* n_kv_head * (group / per_wg) / wgs */
+    size_t smem;               /* dynamic shared memory bytes (with 1 KiB for alignment) */
+    size_t smem_pipe;          /* the same for the pipelined form */
+};
+
+/* The most warpgroups a block takes (the kernel's register cap at one block a multiprocessor). */
+static inline int gpu_wg_max(int head_dim) { return head_dim <= 64 ? 3 : 2; }
+
+static inline size_t gpu_wg_smem(int head_dim, int pipe)
+{
+    return (size_t)GPU_WG_STAGES(pipe) * 2u * GPU_PAGE * head_dim * 2 + 1024;
+}
+
+static inline int gpu_wg_plan(int n_tok, int n_q_head, int n_kv_head, int head_dim, int diff,
+                              struct GpuWgPlan *p)
+{
+    if ((head_dim != 64 && head_dim != 128) || n_kv_head < 1 || n_q_head % n_kv_head ||
+        n_tok < 1)
+        return -1;
+    int group = n_q_head / n_kv_head;
+    if (diff && group % 2) return -1;
+    p->per_wg = diff ? 2 : 1;
+    p->qt = 64 / p->per_wg;
+    int units = group / p->per_wg;
+    p->wgs = 1;
+    for (int w = 1; w <= gpu_wg_max(head_dim); w++)
+        if (units % w == 0) p->wgs = w;
+    p->blocks_x = (n_tok + p->qt - 1) / p->qt;
+    p->blocks_y = n_kv_head * (units / p->wgs);
+    p->smem = gpu_wg_smem(head_dim, 0);
+    p->smem_pipe = gpu_wg_smem(head_dim, 1);
+    return 0;
+}
+
+/* The query row that lane (gid = lane / 4) of `warp` (0-3 in its warpgroup) holds in
+ * accumulator rows gid (upper 0) and gid + 8 (upper 1), for query tile qt: the chunk row
+ * (token index) and the head's offset within the warpgroup's heads. */
+GPU_HD static inline void gpu_wg_row(int per_wg, int qt, int warp, int gid, int upper, int *row,
+                                     int *head_off)
+{
+    if (per_wg == 2) {
+        *row = qt * 32 + warp * 8 + gid;
+        *head_off = upper;
+    } else {
+        *row = qt * 64 + warp * 16 + gid + 8 * upper;
+        *head_off = 0;
+    }
+}
+
+/* The first query head of warpgroup wg of block row by (blockIdx.y), and its KV head. */
+GPU_HD static inline int gpu_wg_head0(int group, int per_wg, int wgs, int by, int wg, int *kv)
+{
+    int subs = group / per_wg / wgs;
+    *kv = by / subs;
+    return *kv * group + ((by % subs) * wgs + wg) * per_wg;
+}
+
+/* Byte offset of element (row, d) of a K or V page in shared memory: 64-dimension halves one
+ * after the other (GPU_PAGE rows of 128 bytes each), and in a row the 16-byte chunk c stored
+ * at c ^ (row % 8): the 128-byte swizzle, given a 1024-byte aligned page. */
+GPU_HD static inline uint32_t gpu_sw128_offset(int row, int d)
+{
+    return (uint32_t)((d / 64) * (GPU_PAGE * 128) + row * 128 + ((((d % 64) / 8) ^ (row & 7)) * 16) +
+                      (d % 8) * 2);
+}
+
+/* A wgmma shared-memory matrix descriptor: start address, leading and stride byte offsets
+ * (all in 16-byte units), 128-byte swizzle. */
+GPU_HD static inline uint64_t gpu_wgmma_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo)
+{
+    return (uint64_t)((saddr & 0x3FFFFu) >> 4) | (uint64_t)((lbo >> 4) & 0x3FFFu) << 16 |
+           (uint64_t)((sbo >> 4) & 0x3FFFu) << 32 | (uint64_t)1 << 62;
+}
+
+/* The descriptors the kernel gives each 16-deep step: keys (S = Q K^T, K-major, depth = head
+ * dimension) and values (O = P V, MN-major, depth = keys), for a page at shared address base. */
+GPU_HD static inline uint64_t gpu_wg_desc_k(uint32_t base, int step)
+{
+    return gpu_wgmma_desc(base + (uint32_t)(step / 4) * (GPU_PAGE * 128) + (uint32_t)(step % 4) * 32,
+                          16, 1024);
+}
+GPU_HD static inline uint64_t gpu_wg_desc_v(uint32_t base, int step)
+{
+    return gpu_wgmma_desc(base + (uint32_t)step * 2048, GPU_PAGE * 128, 1024);
+}
+
 /* Decode attention (one query token, flash-decoding): the keys are cut into `splits` ranges
  * of whole pages, each range one block per KV head; a second kernel merges the ranges. */
 struct GpuDecodePlan {

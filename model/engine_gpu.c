@@ -49,8 +49,7 @@ struct GpuSeq {
     int32_t *tok;
     uint8_t *cls;
     int qkv_stride;
-    int kernel;                           /* GpuAttnArgs.kernel: 1 with
-                                             DIFFRAG_GPU_ATTENTION=reference */
+    int kernel;                           /* GpuAttnArgs.kernel, from DIFFRAG_GPU_ATTENTION */
     double last_s;
 };
 
@@ -270,6 +269,20 @@ int gpu_seq_new(const struct Model *m, int n_ctx, int chunk, struct GpuSeq **out
                 size_t errlen)
 {
     *out = NULL;
+    /* the attention kernels: the default (mma.sync), the Hopper prefill (wgmma, and its
+     * pipelined form), or the first forms kept as a cross-check */
+    const char *ak = getenv("DIFFRAG_GPU_ATTENTION");
+    int kernel = 0;
+    if (ak && *ak && strcmp(ak, "mma")) {
+        if (!strcmp(ak, "reference")) kernel = 1;
+        else if (!strcmp(ak, "wgmma")) kernel = 2;
+        else if (!strcmp(ak, "wgmma-pipe")) kernel = 3;
+        else {
+            snprintf(err, errlen, "DIFFRAG_GPU_ATTENTION=%.64s: expected mma, wgmma, wgmma-pipe or "
+                     "reference", ak);
+            return -1;
+        }
+    }
     struct GpuModel *g = m->gpu;
     if (!g) {
         snprintf(err, errlen, "the model is not on a GPU (model_gpu_load)");
@@ -328,8 +341,7 @@ int gpu_seq_new(const struct Model *m, int n_ctx, int chunk, struct GpuSeq **out
     s->cls = (uint8_t *)(b + off[B_CLS]);
     s->pages = (int32_t *)(b + off[B_PAGES]);
     s->qkv_stride = qkv_cols(c);
-    const char *ak = getenv("DIFFRAG_GPU_ATTENTION");
-    s->kernel = ak && !strcmp(ak, "reference");
+    s->kernel = kernel;
     /* the query rows past a chunk's end are read by whole tiles: keep them finite */
     a->fill_u16(s->ctx, s->q, 0, (off[B_ATT] - off[B_Q]) / 2);
     a->upload(s->ctx, s->pages, s->pages_h, (size_t)need * 4);

@@ -1,5 +1,6 @@
 /* The GPU backend's host-side logic, checked without a GPU: the attention kernels' launch
- * plans, the decode split plan, the KV page pool (also under two threads), the device memory
+ * plans (the Hopper kernel's row mapping and swizzled layout against its wgmma descriptors),
+ * the decode split plan, the KV page pool (also under two threads), the device memory
  * estimate, bf16 conversion, loading the CUDA library (clear errors when it or a GPU is
  * missing) and the device setting. */
 #include <math.h>
@@ -53,6 +54,125 @@ static void test_attn_plan(void)
                               p.warps, p.smem);
                     }
     CHECK(shapes == 2 * 8 * (16 + 8), "every group size planned (%d shapes)", shapes);
+}
+
+/* The Hopper kernel's plan: every (token, query head) of a chunk is computed by exactly one
+ * accumulator row, DIFF V2 pairs share a thread (even head in row gid, odd in gid + 8), and
+ * blocks fit the kernel's register cap and shared memory. */
+static void test_wg_plan(void)
+{
+    struct GpuWgPlan p;
+    CHECK(gpu_wg_plan(8192, 9, 3, 64, 0, &p) == 0 && p.per_wg == 1 && p.qt == 64 && p.wgs == 3 &&
+          p.blocks_x == 128 && p.blocks_y == 3, "GQA 9/3: %d warpgroups, grid %dx%d", p.wgs,
+          p.blocks_x, p.blocks_y);
+    CHECK(gpu_wg_plan(8192, 18, 3, 64, 1, &p) == 0 && p.per_wg == 2 && p.qt == 32 && p.wgs == 3 &&
+          p.blocks_x == 256 && p.blocks_y == 3, "DIFF V2 18/3: %d warpgroups, grid %dx%d", p.wgs,
+          p.blocks_x, p.blocks_y);
+    CHECK(gpu_wg_plan(100, 16, 2, 128, 1, &p) == 0 && p.wgs == 2 && p.blocks_y == 4 &&
+          p.smem <= 227 * 1024, "hd 128 DIFF V2 16/2: %d warpgroups, %zu bytes", p.wgs, p.smem);
+    CHECK(gpu_wg_plan(10, 9, 3, 96, 0, &p) == -1 && gpu_wg_plan(10, 9, 3, 64, 1, &p) == -1 &&
+          gpu_wg_plan(0, 9, 3, 64, 0, &p) == -1 && gpu_wg_plan(5, 10, 3, 64, 0, &p) == -1,
+          "unplanned shapes refused");
+    int shapes[][5] = {{9, 3, 64, 0, 0}, {18, 3, 64, 1, 0}, {16, 2, 128, 1, 0}, {4, 4, 128, 0, 0},
+                       {12, 2, 64, 1, 0}, {8, 1, 64, 0, 0}, {32, 4, 128, 1, 0}};
+    int lens[] = {1, 31, 32, 33, 64, 333, 450};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+        for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+            int nq = shapes[si][0], nkv = shapes[si][1], hd = shapes[si][2], diff = shapes[si][3];
+            int n = lens[li], group = nq / nkv, bad = 0;
+            if (gpu_wg_plan(n, nq, nkv, hd, diff, &p)) {
+                CHECK(0, "no plan for %d/%d hd %d", nq, nkv, hd);
+                continue;
+            }
+            unsigned char *seen = calloc((size_t)n * nq, 1);
+            for (int bx = 0; bx < p.blocks_x; bx++)
+                for (int by = 0; by < p.blocks_y; by++)
+                    for (int wg = 0; wg < p.wgs; wg++) {
+                        int kv, h0 = gpu_wg_head0(group, p.per_wg, p.wgs, by, wg, &kv);
+                        for (int warp = 0; warp < 4; warp++)
+                            for (int gid = 0; gid < 8; gid++) {
+                                int r[2], ho[2];
+                                for (int up = 0; up < 2; up++)
+                                    gpu_wg_row(p.per_wg, bx, warp, gid, up, &r[up], &ho[up]);
+                                if (diff && (r[0] != r[1] || ho[0] != 0 || ho[1] != 1 || h0 % 2))
+                                    bad++;
+                                for (int up = 0; up < 2; up++) {
+                                    int h = h0 + ho[up];
+                                    if (h / group != kv || h >= nq || r[up] >= p.blocks_x * p.qt) bad++;
+                                    else if (r[up] < n) seen[(size_t)r[up] * nq + h]++;
+                                }
+                            }
+                    }
+            for (size_t i = 0; i < (size_t)n * nq; i++) bad += seen[i] != 1;
+            free(seen);
+            CHECK(!bad && p.wgs <= gpu_wg_max(hd) && p.smem <= 227 * 1024,
+                  "%d/%d hd %d diff %d, %d tokens: %d rows missed, repeated or misplaced", nq, nkv,
+                  hd, diff, n, bad);
+        }
+}
+
+/* Applies the 128-byte swizzle the hardware applies to a shared-memory byte address: the
+ * 16-byte chunk bits (4-6) XOR the 128-byte row bits (7-9). */
+static uint32_t sw128(uint32_t addr) { return addr ^ (((addr >> 7) & 7) << 4); }
+
+/* The shared-memory layout the Hopper kernel writes (gpu_sw128_offset) against the addresses
+ * its descriptors name, read with the PTX ISA's canonical layouts for 128-byte swizzle:
+ *   K-major (S = Q K^T, B = keys, 16 deep in head dimensions): element (n, k) at
+ *     start + (n % 8) * 128 + (n / 8) * SBO + k * 2;
+ *   MN-major (O = P V, B = values, 16 deep in keys, N = head dimensions): element (n, k) at
+ *     start + (n % 64) * 2 + (n / 64) * LBO + (k % 8) * 128 + (k / 8) * SBO;
+ * each then swizzled. The fields are decoded from the 64-bit descriptors themselves. */
+static void test_wg_layout(void)
+{
+    uint32_t base = 3 * 1024 + 0x10000;        /* any 1024-byte aligned page */
+    for (int hd = 64; hd <= 128; hd += 64) {
+        int bad = 0, seen_bytes = 0;
+        unsigned char *used = calloc((size_t)GPU_PAGE * hd * 2, 1);
+        for (int row = 0; row < GPU_PAGE; row++) {
+            int banks = 0;
+            for (int d = 0; d < hd; d += 8) {
+                uint32_t off = gpu_sw128_offset(row, d);
+                if (off % 16 || off >= (uint32_t)GPU_PAGE * hd * 2 || used[off]) bad++;
+                else used[off] = 1, seen_bytes++;
+                if (d < 64) banks |= 1 << ((off / 16) % 8);
+                for (int e = 1; e < 8; e++) bad += gpu_sw128_offset(row, d + e) != off + 2 * (uint32_t)e;
+            }
+            bad += banks != 0xff;              /* a row's eight chunks: eight distinct 16-byte banks */
+        }
+        free(used);
+        CHECK(!bad && seen_bytes == GPU_PAGE * hd / 8, "hd %d: the swizzled page is a permutation "
+              "of 16-byte chunks, conflict free along a row (%d faults)", hd, bad);
+
+        int bad_k = 0, bad_v = 0, bad_f = 0;
+        for (int step = 0; step < hd / 16; step++) {
+            uint64_t desc = gpu_wg_desc_k(base, step);
+            uint32_t start = (uint32_t)(desc & 0x3FFF) << 4, sbo = (uint32_t)((desc >> 32) & 0x3FFF) << 4;
+            bad_f += (desc >> 62) != 1 || ((desc >> 49) & 7) != 0 || start % 16;
+            for (int n = 0; n < GPU_PAGE; n++)
+                for (int k = 0; k < 16; k++) {
+                    uint32_t hw = sw128(start + (n % 8) * 128 + (n / 8) * sbo + k * 2);
+                    bad_k += hw != base + gpu_sw128_offset(n, step * 16 + k);
+                }
+        }
+        for (int step = 0; step < GPU_PAGE / 16; step++) {
+            uint64_t desc = gpu_wg_desc_v(base, step);
+            uint32_t start = (uint32_t)(desc & 0x3FFF) << 4;
+            uint32_t lbo = (uint32_t)((desc >> 16) & 0x3FFF) << 4, sbo = (uint32_t)((desc >> 32) & 0x3FFF) << 4;
+            bad_f += (desc >> 62) != 1 || ((desc >> 49) & 7) != 0 || start % 16;
+            for (int n = 0; n < hd; n++)
+                for (int k = 0; k < 16; k++) {
+                    uint32_t hw = sw128(start + (n % 64) * 2 + (n / 64) * lbo + (k % 8) * 128 + (k / 8) * sbo);
+                    bad_v += hw != base + gpu_sw128_offset(step * 16 + k, n);
+                }
+        }
+        CHECK(!bad_k && !bad_v && !bad_f, "hd %d: the wgmma descriptors address what the loader "
+              "wrote (keys %d, values %d, fields %d wrong)", hd, bad_k, bad_v, bad_f);
+    }
+    /* the descriptor's fields where the ISA puts them */
+    uint64_t d = gpu_wgmma_desc(0x12340, 0x2000, 0x400);
+    CHECK((d & 0x3FFF) == (0x12340 >> 4) && ((d >> 16) & 0x3FFF) == 0x200 && ((d >> 32) & 0x3FFF) == 0x40 &&
+          (d >> 62) == 1 && (d & 0x3FFFC000C000C000ull) == 0,
+          "descriptor fields: start, LBO, SBO, 128-byte swizzle (%016llx)", (unsigned long long)d);
 }
 
 static void test_decode_plan(void)
@@ -188,6 +308,12 @@ static void test_loading(void)
     struct Engine *e = NULL;
     int rc = engine_new(m, &o, &e, err, sizeof err);
     CHECK(rc == ENGINE_EDEVICE && !e && strstr(err, "not on a GPU"), "engine_new: %d %s", rc, err);
+    /* the kernel choice is checked before anything else */
+    setenv("DIFFRAG_GPU_ATTENTION", "fast", 1);
+    rc = engine_new(m, &o, &e, err, sizeof err);
+    CHECK(rc != 0 && !e && strstr(err, "DIFFRAG_GPU_ATTENTION=fast: expected mma, wgmma, wgmma-pipe or reference"),
+          "an unknown attention kernel is refused: %d %s", rc, err);
+    unsetenv("DIFFRAG_GPU_ATTENTION");
     o.device = (enum EngineDevice)7;
     CHECK(engine_new(m, &o, &e, err, sizeof err) == ENGINE_EINPUT && !e, "unknown device value");
     struct EngineMemory mem, cpu;
@@ -206,6 +332,8 @@ static void test_loading(void)
 int main(void)
 {
     test_attn_plan();
+    test_wg_plan();
+    test_wg_layout();
     test_decode_plan();
     test_pool();
     test_estimate();

@@ -16,6 +16,7 @@ struct GpuCtx {
     int dev;
     int n_sm;
     size_t smem_optin;         /* the largest dynamic shared memory a block may ask for */
+    int sm90;                  /* compute capability 9.0: the sm_90a (wgmma) kernels run */
     cudaStream_t stream;
     cublasHandle_t blas;
     cudaEvent_t t0, t1;
@@ -33,5 +34,9 @@ static inline void gpu_note(GpuCtx *c, cudaError_t e, const char *what)
 #define GPU_LAUNCHED(c, what) gpu_note((c), cudaGetLastError(), (what))
 
 void cuda_attention(GpuCtx *c, const struct GpuAttnArgs *a);
+/* Launches the Hopper prefill kernel (attention_sm90.cu), in its pipelined form or not: 0, or
+ * -1 when it does not apply (not a 9.0 device, or a shape it has no plan for) and nothing was
+ * launched. */
+int cuda_prefill_wgmma(GpuCtx *c, const struct GpuAttnArgs *a, int pipelined);
 
 #endif

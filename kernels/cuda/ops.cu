@@ -57,6 +57,7 @@ static int ctx_new(int dev, GpuCtx **out, char *err, size_t errlen)
     }
     c->n_sm = p.multiProcessorCount;
     c->smem_optin = p.sharedMemPerBlockOptin;
+    c->sm90 = p.major == 9 && p.minor == 0;
     if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS ||
         cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS) {
         snprintf(err, errlen, "cuBLAS could not be initialised on device %d", dev);

@@ -7,6 +7,8 @@
  *   3. (unless --no-time) a table of speeds: attention TFLOP/s at 4K, 32K and 128K tokens for
  *      the DIFF V2 shape, GEMM TFLOP/s, time to first token at 32K and 128K, decode tokens/s
  *      at depth 32K for both forms.
+ * Attention runs the default (mma.sync) and reference kernels; with --wgmma, the Hopper
+ * prefill kernels instead (both forms), their checks and their own speed rows.
  * Prints "FAIL ..." for each failed check and exits 1 if any failed. */
 #include <math.h>
 #include <stdarg.h>
@@ -227,6 +229,10 @@ static void check_rows(void)
     free(tb); free(ex);
 }
 
+/* GpuAttnArgs.kernel by number (the wgmma forms are the Hopper prefill kernel, plain and
+ * pipelined; their decode is mma's) */
+static const char *const kernel_name[] = {"mma", "reference", "wgmma", "wgmma-pipe"};
+
 /* RoPE + KV store + attention (prefill chunks, then decode steps) with the groundedness
  * masses, against the CPU backend (f32 KV cache) on the same rows. */
 static void check_attention(int hd, int n_head, int n_kv, int diff, int n_rot, int layout,
@@ -353,7 +359,7 @@ static void check_attention(int hd, int n_head, int n_kv, int diff, int n_rot, i
         check(e <= 1e-2 && emax <= 2e-2 && em <= 1e-2, "attention (%s%s) %s hd %d, %d/%d heads, "
               "rope %s: chunk at %d of %d tokens: relative error %.2e (<= 1e-2), worst element "
               "%.2e of the largest (<= 2e-2), masses max abs error %.1e (<= 1e-2)",
-              n == 1 ? "decode, " : "prefill, ", kernel ? "reference" : "mma",
+              n == 1 ? "decode, " : "prefill, ", kernel_name[kernel],
               diff ? "DIFF V2" : "GQA", hd, nq_h, n_kv, layout ? "neox" : "adjacent", pos0, n, e,
               emax, em);
         free(qkv); free(cs); free(sn); free(q); free(k); free(v); free(lam); free(ref);
@@ -669,9 +675,10 @@ static void time_decode_pair(const struct Model *ma, const struct Model *mb, int
 int main(int argc, char **argv)
 {
     const char *model_path = NULL;
-    int do_time = 1, threads = 8;
+    int do_time = 1, threads = 8, wgmma = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-time")) do_time = 0;
+        else if (!strcmp(argv[i], "--wgmma")) wgmma = 1;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else model_path = argv[i];
     }
@@ -723,16 +730,24 @@ int main(int argc, char **argv)
     char info[256];
     A->device_info(0, info, sizeof info, NULL, NULL);
     printf("device 0: %s\nbackend: %s\n", info, A->build);
+    if (!strstr(info, "compute capability 9.0"))
+        printf("not a compute capability 9.0 device: the wgmma rows run the mma kernel\n");
     if (A->ctx_new(0, &C, err, sizeof err)) {
         printf("FAIL %s\n", err);
         return 1;
     }
     printf("-- operations against the CPU backend (fresh random inputs, outputs poisoned)\n");
-    check_gemm(300, 576, 1000, 0.f);
-    check_gemm(1, 576, 49152, 0.f);
-    check_gemm(129, 1536, 576, 1.f);
-    check_rows();
-    for (int kernel = 0; kernel < 2; kernel++) {
+    /* the kernels this run checks: the default and reference ones, or (--wgmma, a process of
+     * its own so that a fault there cannot spoil the others' results) the Hopper prefill
+     * kernels */
+    int k_lo = wgmma ? 2 : 0, k_hi = wgmma ? 4 : 2;
+    if (!wgmma) {
+        check_gemm(300, 576, 1000, 0.f);
+        check_gemm(1, 576, 49152, 0.f);
+        check_gemm(129, 1536, 576, 1.f);
+        check_rows();
+    }
+    for (int kernel = k_lo; kernel < k_hi; kernel++) {
         check_attention(64, 9, 3, 0, 64, 1, kernel);
         check_attention(64, 9, 3, 1, 64, 1, kernel);
         check_attention(128, 8, 2, 1, 64, 0, kernel);
@@ -752,15 +767,42 @@ int main(int argc, char **argv)
         model_gpu_info(m, &wb, &pages, NULL);
         printf("weights on the GPU: %.1f MiB; KV pool %d pages of %d positions\n",
                wb / 1048576.0, pages, GPU_PAGE);
-        check_model(m, "GQA form", prompt, (int)n, threads);
-        check_model(&df.m, "DIFF V2 form", prompt, (int)n, threads);
-        setenv("DIFFRAG_GPU_ATTENTION", "reference", 1);
-        check_model(m, "GQA form, reference attention kernels", prompt, (int)n, threads);
-        check_model(&df.m, "DIFF V2 form, reference attention kernels", prompt, (int)n, threads);
+        for (int k = k_lo; k < k_hi; k++) {
+            char what[64];
+            setenv("DIFFRAG_GPU_ATTENTION", kernel_name[k], 1);
+            snprintf(what, sizeof what, "GQA form, %s attention kernels", kernel_name[k]);
+            check_model(m, what, prompt, (int)n, threads);
+            snprintf(what, sizeof what, "DIFF V2 form, %s attention kernels", kernel_name[k]);
+            check_model(&df.m, what, prompt, (int)n, threads);
+        }
         unsetenv("DIFFRAG_GPU_ATTENTION");
         printf("(%.1f s)\n", now_s() - t0);
 
-        if (do_time) {
+        if (do_time && wgmma) {
+            const struct ModelConfig *c = &m->cfg;
+            printf("-- speed of the Hopper prefill kernels (as below)\n");
+            double at[2][3], atg[2], ttft[2][2], dummy;
+            int ns[3] = {4096, 32768, 131072};
+            for (int k = 2; k < 4; k++) {
+                for (int i = 0; i < 3; i++) at[k - 2][i] = time_attention(c, ns[i], 1, k);
+                atg[k - 2] = time_attention(c, 32768, 0, k);
+                setenv("DIFFRAG_GPU_ATTENTION", kernel_name[k], 1);
+                time_model(&df.m, 32768, 0, &ttft[k - 2][0], &dummy);
+                time_model(&df.m, 131072, 0, &ttft[k - 2][1], &dummy);
+                unsetenv("DIFFRAG_GPU_ATTENTION");
+            }
+            printf("\n| measure | value |\n|---|---|\n");
+            for (int k = 2; k < 4; k++) {
+                for (int i = 0; i < 3; i++)
+                    printf("| prefill attention (%s), DIFF V2 shape (%d query heads / %d KV, hd %d), "
+                           "%dK tokens causal | %.1f TFLOP/s |\n", kernel_name[k],
+                           2 * c->n_head, c->n_kv_head, c->head_dim, ns[i] / 1024, at[k - 2][i]);
+                printf("| prefill attention (%s), GQA shape (%d / %d), 32K tokens | %.1f TFLOP/s |\n",
+                       kernel_name[k], c->n_head, c->n_kv_head, atg[k - 2]);
+                printf("| time to first token, 32K / 128K prompt, DIFF V2 form, %s prefill | %.3f / %.3f s |\n",
+                       kernel_name[k], ttft[k - 2][0], ttft[k - 2][1]);
+            }
+        } else if (do_time) {
             const struct ModelConfig *c = &m->cfg;
             printf("-- speed (medians of CUDA-event timings; TTFT and decode by wall clock)\n");
             double at[2][3], atg[2];
@@ -780,13 +822,14 @@ int main(int argc, char **argv)
             time_decode_pair(&df.m, m, 32768, 128, &tps_diff_ref, &tps_gqa_ref);
             unsetenv("DIFFRAG_GPU_ATTENTION");
             printf("\n| measure | value |\n|---|---|\n");
+            static const char *const timed[] = {"mma", "wmma"};
             for (int k = 0; k < 2; k++) {
                 for (int i = 0; i < 3; i++)
                     printf("| prefill attention (%s), DIFF V2 shape (%d query heads / %d KV, hd %d), "
-                           "%dK tokens causal | %.1f TFLOP/s |\n", k ? "wmma" : "mma",
+                           "%dK tokens causal | %.1f TFLOP/s |\n", timed[k],
                            2 * c->n_head, c->n_kv_head, c->head_dim, ns[i] / 1024, at[k][i]);
                 printf("| prefill attention (%s), GQA shape (%d / %d), 32K tokens | %.1f TFLOP/s |\n",
-                       k ? "wmma" : "mma", c->n_head, c->n_kv_head, atg[k]);
+                       timed[k], c->n_head, c->n_kv_head, atg[k]);
             }
             printf("| GEMM bf16 8192 x 576 -> 3072 (gate+up of the model) | %.1f TFLOP/s |\n", g1);
             printf("| GEMM bf16 8192 x 8192 x 8192 | %.1f TFLOP/s |\n", g2);

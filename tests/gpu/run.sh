@@ -2,7 +2,8 @@
 # The GPU checks in one go (docs/performance.md, "CUDA backend"): builds the CUDA backend and
 # tests/gpu/gpu_check unless GPU_CHECK_DIR names a folder holding both already built, then
 # checks every GPU operation against the CPU backend, the default model end to end (GQA and
-# DIFF V2 forms) against CPU contexts, and prints the speed table. Exit status 1 on any
+# DIFF V2 forms) against CPU contexts, and prints the speed table; then the same checks and
+# speed rows for the Hopper (wgmma) prefill kernels, in a second process. Exit status 1 on any
 # failed check. Needs a CUDA GPU; about 3 minutes on an H200.
 #   tests/gpu/run.sh [MODEL.gguf] [--no-time]
 set -euo pipefail
@@ -31,4 +32,10 @@ ldd "$DIFFRAG_CUDA_LIB" | grep -E "cublas|cudart" || true
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv || true
 args=()
 [ -f "$model" ] && args+=("$model") || echo "no model at $model: operation checks only"
-exec "$dir/gpu_check" "${args[@]}" --threads "$(nproc)" "$@"
+# the Hopper prefill kernels in a process of their own, after the others: a fault in them
+# cannot spoil the results above
+rc=0
+"$dir/gpu_check" "${args[@]}" --threads "$(nproc)" "$@" || rc=1
+echo "-- the Hopper (wgmma) prefill kernels"
+"$dir/gpu_check" "${args[@]}" --threads "$(nproc)" --wgmma "$@" || rc=1
+exit $rc

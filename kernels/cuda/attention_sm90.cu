@@ -1,0 +1,357 @@
+/* Prefill attention for Hopper (sm_90a): flash attention with warpgroup-wide wgmma products.
+ *
+ * A block takes one KV head's group at a tile of query positions (kernels/gpu_plan.h,
+ * gpu_wg_plan): each warpgroup computes 64 query rows, one head's 64 positions or a DIFF V2
+ * pair's 32 positions with the even head in accumulator row gid and the odd head in row
+ * gid + 8 of each warp, so the combine o_2i - sigmoid(lambda_i) o_2i+1 happens in the thread
+ * that holds both. Per K/V page:
+ *   S (64 x 64 keys) = Q K^T: wgmma with Q from registers (loaded once) and the keys from
+ *     shared memory (K-major, 128-byte swizzle);
+ *   online softmax in base 2 on the accumulator fragments, which are already the operand
+ *     layout of P;
+ *   O (64 x head_dim) += P V: wgmma with P from registers and the values from shared memory
+ *     (MN-major: the page's rows are keys, so the transpose flag reads them as stored).
+ * Pages stream through three shared-memory stages with cp.async (zero fill past the last key),
+ * each written at the swizzled offsets the descriptors name (gpu_sw128_offset, gpu_wg_desc_k/v;
+ * tests/test_gpu_plan.c checks the two agree under the PTX canonical layouts).
+ *
+ * Built into the sm_90a machine code only: the compute_90 PTX gets an empty body, and the host
+ * chooses this kernel only on a compute capability 9.0 device. */
+#include <float.h>
+
+#include "kernels/cuda/cuda_common.h"
+
+#define LOG2E 1.4426950408889634f
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DIFFRAG_WGMMA 1
+#endif
+
+#ifdef DIFFRAG_WGMMA
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+
+/* Pins the accumulators in program order around the asynchronous products. */
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&r)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+#define WG_D32 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21," \
+               "%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+#define WG_OUT32(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
+    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),   \
+    "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),            \
+    "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),            \
+    "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+/* D (64 x 64, f32) = [D +] A (64 x 16, bf16 registers) B (16 x 64, shared memory). */
+template <int TNSP_B>
+__device__ __forceinline__ void wg_mma_n64(float (&d)[32], const uint32_t a[4], uint64_t desc,
+                                           int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_D32
+                 ", {%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"
+                 : WG_OUT32(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate),
+                   "n"(TNSP_B));
+}
+
+/* D (64 x 128) += A (64 x 16, registers) B (16 x 128, shared memory, MN-major). */
+__device__ __forceinline__ void wg_mma_n128_t(float (&d)[64], const uint32_t a[4], uint64_t desc)
+{
+    float *lo = d, *hi = d + 32;
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,"
+                 "%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,"
+                 "%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,"
+                 "%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+                 : WG_OUT32(lo), WG_OUT32(hi)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+__device__ __forceinline__ void cp_async16_s(uint32_t dst, const void *src, int bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+
+__device__ __forceinline__ uint32_t pack2_bf16(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+#endif /* DIFFRAG_WGMMA */
+
+template <int HD, int WGS, bool PIPE>
+__global__ void __launch_bounds__(WGS * 128, 1) k_attn_prefill_wgmma(GpuAttnArgs a, int per_wg)
+{
+#ifdef DIFFRAG_WGMMA
+    constexpr int TILE = GPU_PAGE * HD * 2;    /* bytes of one K or V page */
+    constexpr int STAGE = 2 * TILE, KT = HD / 16, DT = HD / 8, NT = GPU_PAGE / 8;
+    constexpr int ST = GPU_WG_STAGES(PIPE);
+    constexpr int NTHREADS = WGS * 128;
+    extern __shared__ unsigned char smem_raw[];
+    uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
+    uint32_t sb = (raw + 1023u) & ~1023u;      /* the swizzle repeats every 1024 bytes */
+
+    int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    int gid = lane >> 2, tig = lane & 3;
+    int group = a.n_q_head / a.n_kv_head;
+    int g;
+    int h0 = gpu_wg_head0(group, per_wg, WGS, blockIdx.y, wg, &g);
+    int qt = gridDim.x - 1 - blockIdx.x;       /* longest tiles first */
+    int QT = 64 / per_wg;
+    int n_keys = a.pos0 + a.n_tok, nq = a.n_q_head * HD;
+    float sl2 = a.scale * LOG2E;
+
+    int row0, row1, ho0, ho1;
+    gpu_wg_row(per_wg, qt, warp, gid, 0, &row0, &ho0);
+    gpu_wg_row(per_wg, qt, warp, gid, 1, &row1, &ho1);
+
+    /* Q as wgmma A fragments, once (rows past the chunk read its last row; never written) */
+    uint32_t qa[KT][4];
+    {
+        const __nv_bfloat16 *q0 = (const __nv_bfloat16 *)a.q + (size_t)min(row0, a.n_tok - 1) * nq +
+                                  (size_t)(h0 + ho0) * HD + tig * 2;
+        const __nv_bfloat16 *q1 = (const __nv_bfloat16 *)a.q + (size_t)min(row1, a.n_tok - 1) * nq +
+                                  (size_t)(h0 + ho1) * HD + tig * 2;
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++) {
+            qa[kk][0] = *(const uint32_t *)(q0 + kk * 16);
+            qa[kk][1] = *(const uint32_t *)(q1 + kk * 16);
+            qa[kk][2] = *(const uint32_t *)(q0 + kk * 16 + 8);
+            qa[kk][3] = *(const uint32_t *)(q1 + kk * 16 + 8);
+        }
+    }
+    int qpos0 = a.pos0 + row0, qpos1 = a.pos0 + row1;
+    int first_q = a.pos0 + qt * QT;
+    int last_q = a.pos0 + min((qt + 1) * QT, a.n_tok) - 1;
+    int n_tiles = last_q / GPU_PAGE + 1;
+
+    auto load = [&](int t) {
+        if (t < n_tiles) {
+            size_t pg = (size_t)a.pages[t] * a.page_elems;
+            const uint4 *gk = (const uint4 *)((const __nv_bfloat16 *)a.pool + pg +
+                                              ((size_t)(a.layer * 2) * a.n_kv_head + g) * GPU_PAGE * HD);
+            const uint4 *gv = (const uint4 *)((const __nv_bfloat16 *)a.pool + pg +
+                                              ((size_t)(a.layer * 2 + 1) * a.n_kv_head + g) * GPU_PAGE * HD);
+            uint32_t st = sb + (uint32_t)(t % ST) * STAGE;
+            for (int i = tid; i < GPU_PAGE * HD / 8; i += NTHREADS) {
+                int row = i / (HD / 8), d = (i % (HD / 8)) * 8;
+                int bytes = t * GPU_PAGE + row < n_keys ? 16 : 0;
+                uint32_t off = gpu_sw128_offset(row, d);
+                cp_async16_s(st + off, gk + i, bytes);
+                cp_async16_s(st + TILE + off, gv + i, bytes);
+            }
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    /* page t's copies have landed in every thread and the stage of page t - 1 is free */
+    auto arrive = [&]() {
+        /* the copies are generic-proxy writes that the tensor cores read next */
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+    };
+    auto stage_k = [&](int t) { return sb + (uint32_t)(t % ST) * STAGE; };
+    /* issues S = Q K^T for page t into sc (asynchronous: the caller commits and waits) */
+    auto scores = [&](int t, float (&sc)[32]) {
+        reg_fence(sc);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++) wg_mma_n64<0>(sc, qa[kk], gpu_wg_desc_k(stage_k(t), kk), kk > 0);
+        wg_commit();
+    };
+
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    float o[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
+
+    /* the online softmax of page t's scores into P (bf16 A fragments) and the rescaled O;
+     * then issues O += P V for page t */
+    auto softmax_pv = [&](int t, float (&sc)[32]) {
+        int k0 = t * GPU_PAGE;
+        int need_mask = k0 + GPU_PAGE - 1 > first_q || k0 + GPU_PAGE > n_keys;
+        /* masked keys are left in the accumulators (nothing but the products writes them, so
+         * the compiler keeps the next page's products in flight) and skipped where read */
+        auto hidden = [&](int j, int e, int qpos) {
+            int key = k0 + j * 8 + tig * 2 + (e & 1);
+            return need_mask && (key > qpos || key >= n_keys);
+        };
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                mx0 = fmaxf(mx0, hidden(j, e, qpos0) ? -INFINITY : sc[4 * j + e]);
+                mx1 = fmaxf(mx1, hidden(j, e, qpos1) ? -INFINITY : sc[4 * j + 2 + e]);
+            }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);
+        float al0 = mn0 == -INFINITY ? 1.f : exp2f(m0 - mn0);
+        float al1 = mn1 == -INFINITY ? 1.f : exp2f(m1 - mn1);
+        float sum0 = 0.f, sum1 = 0.f;
+        uint32_t pa[GPU_PAGE / 16][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            float p0 = mn0 == -INFINITY || hidden(j, 0, qpos0) ? 0.f : exp2f(fmaf(sc[4 * j + 0], sl2, -mn0));
+            float p1 = mn0 == -INFINITY || hidden(j, 1, qpos0) ? 0.f : exp2f(fmaf(sc[4 * j + 1], sl2, -mn0));
+            float p2 = mn1 == -INFINITY || hidden(j, 0, qpos1) ? 0.f : exp2f(fmaf(sc[4 * j + 2], sl2, -mn1));
+            float p3 = mn1 == -INFINITY || hidden(j, 1, qpos1) ? 0.f : exp2f(fmaf(sc[4 * j + 3], sl2, -mn1));
+            sum0 += p0 + p1;
+            sum1 += p2 + p3;
+            /* keys 8j..8j+7 are half of the 16-key step j/2: a0/a1 low, a2/a3 high */
+            pa[j / 2][(j & 1) * 2 + 0] = pack2_bf16(p0, p1);
+            pa[j / 2][(j & 1) * 2 + 1] = pack2_bf16(p2, p3);
+        }
+        sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
+        sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
+        sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
+        sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
+        l0 = l0 * al0 + sum0;
+        l1 = l1 * al1 + sum1;
+        m0 = mn0;
+        m1 = mn1;
+#pragma unroll
+        for (int j = 0; j < DT; j++) {
+            o[4 * j + 0] *= al0;
+            o[4 * j + 1] *= al0;
+            o[4 * j + 2] *= al1;
+            o[4 * j + 3] *= al1;
+        }
+        reg_fence(o);
+        wg_fence();
+        uint32_t sv = stage_k(t) + TILE;
+#pragma unroll
+        for (int kk = 0; kk < GPU_PAGE / 16; kk++) {
+            if constexpr (HD == 64) {
+                wg_mma_n64<1>(o, pa[kk], gpu_wg_desc_v(sv, kk), 1);
+            } else {
+                wg_mma_n128_t(o, pa[kk], gpu_wg_desc_v(sv, kk));
+            }
+        }
+        wg_commit();
+    };
+
+    float sa[32], sn[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) sa[i] = sn[i] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) load(s);
+    if constexpr (!PIPE) {
+        /* per page: wait for it, S, softmax, P V, each product waited for at once */
+        for (int t = 0; t < n_tiles; t++) {
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 2));
+            arrive();
+            load(t + ST - 1);
+            scores(t, sa);
+            wg_wait0();
+            reg_fence(sa);
+            softmax_pv(t, sa);
+            wg_wait0();
+            reg_fence(o);
+        }
+    } else {
+        /* the tensor cores compute page t + 1's scores while this warpgroup runs page t's
+         * softmax: two score tiles in registers, taking turns */
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 2));
+        arrive();
+        scores(0, sa);
+        wg_wait0();
+        reg_fence(sa);
+        auto step = [&](int t, float (&cur)[32], float (&next)[32]) {
+            /* pages up to t + 1 in (ST - 1 + t copies issued before this one) */
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 3));
+            arrive();
+            load(t + ST - 1);
+            if (t + 1 < n_tiles) scores(t + 1, next);
+            softmax_pv(t, cur);
+            wg_wait0();
+            reg_fence(o);
+            reg_fence(next);
+        };
+        int t = 0;
+        for (; t + 1 < n_tiles; t += 2) {
+            step(t, sa, sn);
+            step(t + 1, sn, sa);
+        }
+        if (t < n_tiles) step(t, sa, sn);
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+
+    float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    if (per_wg == 2) {
+        /* row0 == row1: the even head (h0) and the odd head (h0 + 1) of one position */
+        if (row0 < a.n_tok) {
+            float lam = a.lambda[(size_t)row0 * a.lambda_stride + h0 / 2];
+            float sg = 1.f / (1.f + __expf(-lam));
+            __nv_bfloat16 *out = (__nv_bfloat16 *)a.out + (size_t)row0 * (nq / 2) + (size_t)(h0 / 2) * HD + tig * 2;
+#pragma unroll
+            for (int j = 0; j < DT; j++)
+                *(uint32_t *)(out + j * 8) =
+                    pack2_bf16(o[4 * j + 0] * inv0 - sg * (o[4 * j + 2] * inv1),
+                               o[4 * j + 1] * inv0 - sg * (o[4 * j + 3] * inv1));
+        }
+    } else {
+        __nv_bfloat16 *out = (__nv_bfloat16 *)a.out + (size_t)h0 * HD + tig * 2;
+#pragma unroll
+        for (int j = 0; j < DT; j++) {
+            if (row0 < a.n_tok)
+                *(uint32_t *)(out + (size_t)row0 * nq + j * 8) = pack2_bf16(o[4 * j] * inv0, o[4 * j + 1] * inv0);
+            if (row1 < a.n_tok)
+                *(uint32_t *)(out + (size_t)row1 * nq + j * 8) = pack2_bf16(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1);
+        }
+    }
+#else
+    (void)a;
+    (void)per_wg;
+#endif
+}
+
+template <int HD, int WGS, bool PIPE>
+static void launch(GpuCtx *c, const GpuAttnArgs *a, const GpuWgPlan *p)
+{
+    size_t smem = PIPE ? p->smem_pipe : p->smem;
+    gpu_note(c, cudaFuncSetAttribute(k_attn_prefill_wgmma<HD, WGS, PIPE>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+             "wgmma attention shared memory");
+    dim3 grid(p->blocks_x, p->blocks_y);
+    k_attn_prefill_wgmma<HD, WGS, PIPE><<<grid, WGS * 128, smem, c->stream>>>(*a, p->per_wg);
+    GPU_LAUNCHED(c, "prefill attention (wgmma)");
+}
+
+template <bool PIPE>
+static void launch_any(GpuCtx *c, const GpuAttnArgs *a, const GpuWgPlan *p)
+{
+    if (a->head_dim == 64) {
+        if (p->wgs == 3) launch<64, 3, PIPE>(c, a, p);
+        else if (p->wgs == 2) launch<64, 2, PIPE>(c, a, p);
+        else launch<64, 1, PIPE>(c, a, p);
+    } else {
+        if (p->wgs == 2) launch<128, 2, PIPE>(c, a, p);
+        else launch<128, 1, PIPE>(c, a, p);
+    }
+}
+
+int cuda_prefill_wgmma(GpuCtx *c, const GpuAttnArgs *a, int pipelined)
+{
+    GpuWgPlan p;
+    if (!c->sm90 || gpu_wg_plan(a->n_tok, a->n_q_head, a->n_kv_head, a->head_dim,
+                                a->lambda != NULL, &p) ||
+        (pipelined ? p.smem_pipe : p.smem) > c->smem_optin)
+        return -1;
+    if (pipelined) launch_any<true>(c, a, &p);
+    else launch_any<false>(c, a, &p);
+    return 0;
+}
