@@ -278,9 +278,8 @@ def test_llama_to_diffv2_default_model(tmp_path, default_model):
     dst = tmp_path / "smollm2-diffv2.gguf"
     t0 = time.time()
     run_tool("convert-llama-to-diffv2", default_model, dst, in_process=False)
-    elapsed = time.time() - t0
-    print(f"default model converted in {elapsed:.1f} s")
-    assert elapsed < 60
+    # printed for the record; speed is for the benchmarks, not asserted here
+    print(f"default model converted in {time.time() - t0:.1f} s")
     ra, rb = gguf.GGUFReader(str(default_model)), gguf.GGUFReader(str(dst))
     ka = {k: f.contents() for k, f in ra.fields.items() if not k.startswith("tokenizer.")}
     kb = {k: f.contents() for k, f in rb.fields.items() if not k.startswith("tokenizer.")}
