@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #define GPU_PAGE 64
-#define GPU_API_VERSION 1
+#define GPU_API_VERSION 2
 
 struct GpuCtx;
 
@@ -99,6 +99,14 @@ struct GpuApi {
     /* h (n, F) bf16 = silu(gu[:, :F]) * gu[:, F:] for gu (n, 2F) f32. */
     void (*swiglu)(struct GpuCtx *c, const float *gu, int n, int F, uint16_t *h);
 
+    /* The Hopper kernels' building block alone (kernels/cuda/attention_sm90.cu), for the GPU
+     * checks: one warpgroup stages `page` (64 rows of head_dim bf16, a K/V page) in shared
+     * memory as the attention kernel does and multiplies `a` (64 x head_dim bf16, row-major,
+     * in registers) with it: d_k (64 x 64 f32) = a . page^T, as the scores, and d_v
+     * (64 x head_dim f32) = a[:, :64] . page, as P V. All device pointers. 0, or -1 (nothing
+     * launched) on a device other than compute capability 9.0 or another head_dim. */
+    int (*wgmma_probe)(struct GpuCtx *c, int head_dim, const uint16_t *a, const uint16_t *page,
+                       float *d_k, float *d_v);
     /* Device-event timing of everything issued between the two calls, in seconds. */
     void (*timer_start)(struct GpuCtx *c);
     double (*timer_stop)(struct GpuCtx *c);

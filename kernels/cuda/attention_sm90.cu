@@ -319,6 +319,93 @@ __global__ void __launch_bounds__(WGS * 128, 1) k_attn_prefill_wgmma(GpuAttnArgs
 #endif
 }
 
+/* The products of the attention kernel alone, on one page (GpuApi.wgmma_probe): if the GPU
+ * checks fail, this tells the operand layouts and descriptors apart from the rest. */
+template <int HD>
+__global__ void __launch_bounds__(128) k_wgmma_probe(const uint16_t *a, const uint16_t *page,
+                                                     float *dk, float *dv)
+{
+#ifdef DIFFRAG_WGMMA
+    extern __shared__ unsigned char smem_raw[];
+    uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
+    uint32_t sb = (raw + 1023u) & ~1023u;
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
+    for (int i = tid; i < GPU_PAGE * HD / 8; i += 128) {
+        int row = i / (HD / 8), d = (i % (HD / 8)) * 8;
+        *(uint4 *)(smem_raw + (sb - raw) + gpu_sw128_offset(row, d)) = ((const uint4 *)page)[i];
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    int r0 = warp * 16 + gid, r1 = r0 + 8;
+    uint32_t qa[HD / 16][4];
+    const uint16_t *a0 = a + r0 * HD + tig * 2, *a1 = a + r1 * HD + tig * 2;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        qa[kk][0] = *(const uint32_t *)(a0 + kk * 16);
+        qa[kk][1] = *(const uint32_t *)(a1 + kk * 16);
+        qa[kk][2] = *(const uint32_t *)(a0 + kk * 16 + 8);
+        qa[kk][3] = *(const uint32_t *)(a1 + kk * 16 + 8);
+    }
+    float s[32], o[HD / 2];
+#pragma unroll
+    for (int i = 0; i < 32; i++) s[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
+    reg_fence(s);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) wg_mma_n64<0>(s, qa[kk], gpu_wg_desc_k(sb, kk), kk > 0);
+    wg_commit();
+    wg_wait0();
+    reg_fence(s);
+    reg_fence(o);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < GPU_PAGE / 16; kk++) {
+        if constexpr (HD == 64) {
+            wg_mma_n64<1>(o, qa[kk], gpu_wg_desc_v(sb, kk), 1);
+        } else {
+            wg_mma_n128_t(o, qa[kk], gpu_wg_desc_v(sb, kk));
+        }
+    }
+    wg_commit();
+    wg_wait0();
+    reg_fence(o);
+#pragma unroll
+    for (int j = 0; j < GPU_PAGE / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[(e < 2 ? r0 : r1) * GPU_PAGE + j * 8 + tig * 2 + (e & 1)] = s[4 * j + e];
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dv[(e < 2 ? r0 : r1) * HD + j * 8 + tig * 2 + (e & 1)] = o[4 * j + e];
+#else
+    (void)a;
+    (void)page;
+    (void)dk;
+    (void)dv;
+#endif
+}
+
+template <int HD>
+static void probe(GpuCtx *c, const uint16_t *a, const uint16_t *page, float *dk, float *dv)
+{
+    int smem = GPU_PAGE * HD * 2 + 1024;
+    gpu_note(c, cudaFuncSetAttribute(k_wgmma_probe<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+             "wgmma probe shared memory");
+    k_wgmma_probe<HD><<<1, 128, smem, c->stream>>>(a, page, dk, dv);
+    GPU_LAUNCHED(c, "wgmma probe");
+}
+
+int cuda_wgmma_probe(GpuCtx *c, int head_dim, const uint16_t *a, const uint16_t *page, float *d_k,
+                     float *d_v)
+{
+    if (!c->sm90 || (head_dim != 64 && head_dim != 128)) return -1;
+    if (head_dim == 64) probe<64>(c, a, page, d_k, d_v);
+    else probe<128>(c, a, page, d_k, d_v);
+    return 0;
+}
+
 template <int HD, int WGS, bool PIPE>
 static void launch(GpuCtx *c, const GpuAttnArgs *a, const GpuWgPlan *p)
 {

@@ -229,6 +229,65 @@ static void check_rows(void)
     free(tb); free(ex);
 }
 
+/* The Hopper kernels' two products alone (GpuApi.wgmma_probe) against double-precision
+ * products of the same bf16 values: scores a . page^T (keys K-major) and a[:, :64] . page
+ * (values MN-major). The first wrong elements are printed: a layout mistake shows as a
+ * pattern (rows or columns swapped, a half missing). */
+static void check_wgmma_probe(int hd)
+{
+    float *a = xmalloc((size_t)64 * hd * 4), *pg = xmalloc((size_t)GPU_PAGE * hd * 4);
+    for (int i = 0; i < 64 * hd; i++) a[i] = urand();
+    for (int i = 0; i < GPU_PAGE * hd; i++) pg[i] = urand();
+    round_bf16(a, (size_t)64 * hd);
+    round_bf16(pg, (size_t)GPU_PAGE * hd);
+    float *rk = xmalloc((size_t)64 * GPU_PAGE * 4), *rv = xmalloc((size_t)64 * hd * 4);
+    for (int m = 0; m < 64; m++) {
+        for (int n = 0; n < GPU_PAGE; n++) {
+            double acc = 0;
+            for (int d = 0; d < hd; d++) acc += (double)a[m * hd + d] * pg[n * hd + d];
+            rk[m * GPU_PAGE + n] = (float)acc;
+        }
+        for (int n = 0; n < hd; n++) {
+            double acc = 0;
+            for (int k = 0; k < GPU_PAGE; k++) acc += (double)a[m * hd + k] * pg[k * hd + n];
+            rv[m * hd + n] = (float)acc;
+        }
+    }
+    uint16_t *ah = to_bf16(a, (size_t)64 * hd), *ph = to_bf16(pg, (size_t)GPU_PAGE * hd);
+    uint16_t *da = dalloc((size_t)64 * hd * 2), *dp = dalloc((size_t)GPU_PAGE * hd * 2);
+    float *dk = dalloc((size_t)64 * GPU_PAGE * 4), *dv = dalloc((size_t)64 * hd * 4);
+    A->upload(C, da, ah, (size_t)64 * hd * 2);
+    A->upload(C, dp, ph, (size_t)GPU_PAGE * hd * 2);
+    poison_f32(dk, (size_t)64 * GPU_PAGE);
+    poison_f32(dv, (size_t)64 * hd);
+    if (A->wgmma_probe(C, hd, da, dp, dk, dv)) {
+        check(0, "wgmma probe hd %d: not run (not a compute capability 9.0 device)", hd);
+    } else {
+        float *gk = xmalloc((size_t)64 * GPU_PAGE * 4), *gv = xmalloc((size_t)64 * hd * 4);
+        A->download(C, gk, dk, (size_t)64 * GPU_PAGE * 4);
+        A->download(C, gv, dv, (size_t)64 * hd * 4);
+        dsync("wgmma probe");
+        double ek = rel_err(gk, rk, (size_t)64 * GPU_PAGE), ev = rel_err(gv, rv, (size_t)64 * hd);
+        check(ek <= 1e-5 && ev <= 1e-5, "wgmma probe hd %d: scores (keys K-major) relative error "
+              "%.2e, P V (values MN-major) %.2e (<= 1e-5)", hd, ek, ev);
+        for (int which = 0; which < 2; which++) {
+            const float *g = which ? gv : gk, *r = which ? rv : rk;
+            int cols = which ? hd : GPU_PAGE, shown = 0;
+            for (int i = 0; i < 64 * cols && shown < 4; i++)
+                if (!(fabsf(g[i] - r[i]) <= 1e-3f * (1.f + fabsf(r[i])))) {
+                    printf("   %s [%d][%d]: %g, expected %g\n", which ? "P V" : "scores", i / cols,
+                           i % cols, g[i], r[i]);
+                    shown++;
+                }
+        }
+        free(gk);
+        free(gv);
+    }
+    void *ptrs[] = {da, dp, dk, dv};
+    for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) A->free(C, ptrs[i]);
+    free(a); free(pg); free(rk); free(rv); free(ah); free(ph);
+}
+
 /* GpuAttnArgs.kernel by number (the wgmma forms are the Hopper prefill kernel, plain and
  * pipelined; their decode is mma's) */
 static const char *const kernel_name[] = {"mma", "reference", "wgmma", "wgmma-pipe"};
@@ -730,8 +789,11 @@ int main(int argc, char **argv)
     char info[256];
     A->device_info(0, info, sizeof info, NULL, NULL);
     printf("device 0: %s\nbackend: %s\n", info, A->build);
-    if (!strstr(info, "compute capability 9.0"))
-        printf("not a compute capability 9.0 device: the wgmma rows run the mma kernel\n");
+    if (wgmma && !strstr(info, "compute capability 9.0")) {
+        printf("not a compute capability 9.0 device: the Hopper (wgmma) kernels cannot run "
+               "here, nothing of theirs is checked\n");
+        return 0;
+    }
     if (A->ctx_new(0, &C, err, sizeof err)) {
         printf("FAIL %s\n", err);
         return 1;
@@ -741,7 +803,10 @@ int main(int argc, char **argv)
      * its own so that a fault there cannot spoil the others' results) the Hopper prefill
      * kernels */
     int k_lo = wgmma ? 2 : 0, k_hi = wgmma ? 4 : 2;
-    if (!wgmma) {
+    if (wgmma) {
+        check_wgmma_probe(64);
+        check_wgmma_probe(128);
+    } else {
         check_gemm(300, 576, 1000, 0.f);
         check_gemm(1, 576, 49152, 0.f);
         check_gemm(129, 1536, 576, 1.f);
