@@ -81,6 +81,15 @@ __device__ __forceinline__ void cp_async16_s(uint32_t dst, const void *src, int 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
 
+/* 2^x by the special-function unit alone (results under 2^-126 flush to 0, -inf gives 0):
+ * exp2f would add a range test and two multiplies around it for every score. */
+__device__ __forceinline__ float ex2_ftz(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 __device__ __forceinline__ uint32_t pack2_bf16(float lo, float hi)
 {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -198,16 +207,24 @@ __global__ void __launch_bounds__(WGS * 128, 1) k_attn_prefill_wgmma(GpuAttnArgs
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
         float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);
-        float al0 = mn0 == -INFINITY ? 1.f : exp2f(m0 - mn0);
-        float al1 = mn1 == -INFINITY ? 1.f : exp2f(m1 - mn1);
+        float al0 = mn0 == -INFINITY ? 1.f : ex2_ftz(m0 - mn0);
+        float al1 = mn1 == -INFINITY ? 1.f : ex2_ftz(m1 - mn1);
+        /* a row with every key so far masked has every key of this page masked too: any
+         * finite offset serves, and the masked scores become 2^-inf = 0 */
+        float off0 = mn0 == -INFINITY ? 0.f : mn0, off1 = mn1 == -INFINITY ? 0.f : mn1;
         float sum0 = 0.f, sum1 = 0.f;
         uint32_t pa[GPU_PAGE / 16][4];
 #pragma unroll
         for (int j = 0; j < NT; j++) {
-            float p0 = mn0 == -INFINITY || hidden(j, 0, qpos0) ? 0.f : exp2f(fmaf(sc[4 * j + 0], sl2, -mn0));
-            float p1 = mn0 == -INFINITY || hidden(j, 1, qpos0) ? 0.f : exp2f(fmaf(sc[4 * j + 1], sl2, -mn0));
-            float p2 = mn1 == -INFINITY || hidden(j, 0, qpos1) ? 0.f : exp2f(fmaf(sc[4 * j + 2], sl2, -mn1));
-            float p3 = mn1 == -INFINITY || hidden(j, 1, qpos1) ? 0.f : exp2f(fmaf(sc[4 * j + 3], sl2, -mn1));
+            float x0 = fmaf(sc[4 * j + 0], sl2, -off0), x1 = fmaf(sc[4 * j + 1], sl2, -off0);
+            float x2 = fmaf(sc[4 * j + 2], sl2, -off1), x3 = fmaf(sc[4 * j + 3], sl2, -off1);
+            if (need_mask) {
+                if (hidden(j, 0, qpos0)) x0 = -INFINITY;
+                if (hidden(j, 1, qpos0)) x1 = -INFINITY;
+                if (hidden(j, 0, qpos1)) x2 = -INFINITY;
+                if (hidden(j, 1, qpos1)) x3 = -INFINITY;
+            }
+            float p0 = ex2_ftz(x0), p1 = ex2_ftz(x1), p2 = ex2_ftz(x2), p3 = ex2_ftz(x3);
             sum0 += p0 + p1;
             sum1 += p2 + p3;
             /* keys 8j..8j+7 are half of the 16-key step j/2: a0/a1 low, a2/a3 high */
