@@ -33,9 +33,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 args=()
 [ -f "$model" ] && args+=("$model") || echo "no model at $model: operation checks only"
 # the Hopper prefill kernels in a process of their own, after the others: a fault in them
-# cannot spoil the results above
+# cannot spoil the results above (and a hang ends after 5 minutes)
 rc=0
 "$dir/gpu_check" "${args[@]}" --threads "$(nproc)" "$@" || rc=1
 echo "-- the Hopper (wgmma) prefill kernels"
-"$dir/gpu_check" "${args[@]}" --threads "$(nproc)" --wgmma "$@" || rc=1
+timeout 300 "$dir/gpu_check" "${args[@]}" --threads "$(nproc)" --wgmma "$@" || rc=1
 exit $rc
