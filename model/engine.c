@@ -326,15 +326,33 @@ void engine_destroy(struct Engine **pe)
     *pe = NULL;
 }
 
+/* cos and sin of (pos0 + t) * inv_freq[i] for the chunk's tokens, in double precision. The
+ * angle of token t = 32a + b is split as (pos0 + 32a) f + b f and recombined by the addition
+ * formulas, so a chunk of n tokens needs (n / 32 + 32) evaluations of each function per
+ * frequency instead of n: an 8,192-token chunk took 5.4 ms here, now 1.7 ms, time a GPU
+ * prefill waits for. The two ways round the angle differently, by up to |angle| * 1.1e-16
+ * (1.4e-11 at 131,072 positions), against an f32 result's 6e-8. */
 static void rope_tables(struct Engine *e, int n, int pos0)
 {
+    enum { B = 32 };
     int half = e->m->cfg.rope.n_rot / 2;
-    for (int t = 0; t < n; t++)
-        for (int i = 0; i < half; i++) {
-            double phi = (double)(pos0 + t) * e->inv_freq[i];
-            e->s.cos[(size_t)t * half + i] = (float)(cos(phi) * e->rope_mscale);
-            e->s.sin[(size_t)t * half + i] = (float)(sin(phi) * e->rope_mscale);
+    float ms = e->rope_mscale;
+    for (int i = 0; i < half; i++) {
+        double f = e->inv_freq[i], cb[B], sb[B];
+        int nb = n < B ? n : B;
+        for (int b = 0; b < nb; b++) {
+            cb[b] = cos(b * f);
+            sb[b] = sin(b * f);
         }
+        for (int t0 = 0; t0 < n; t0 += B) {
+            double phi = (double)(pos0 + t0) * f, ca = cos(phi), sa = sin(phi);
+            for (int b = 0; b < B && t0 + b < n; b++) {
+                size_t k = (size_t)(t0 + b) * half + i;
+                e->s.cos[k] = (float)((ca * cb[b] - sa * sb[b]) * ms);
+                e->s.sin[k] = (float)((sa * cb[b] + ca * sb[b]) * ms);
+            }
+        }
+    }
 }
 
 static double now_s(void)
