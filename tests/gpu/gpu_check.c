@@ -590,8 +590,10 @@ static double median(double *v, int n)
 
 /* One layer's attention over a whole causal sequence of n tokens (DIFF V2 shape of the
  * model), random bf16 queries and cache; TFLOP/s as 4 * heads * hd * n(n+1)/2 over the median
- * of several runs. */
-static double time_attention(const struct ModelConfig *c, int n, int diff, int kernel)
+ * of several runs. With in_chunks > 0 the sequence runs as the engine's prefill runs it:
+ * chunks of that many tokens, each attending to the cache before it and itself. */
+static double time_attention_chunked(const struct ModelConfig *c, int n, int diff, int kernel,
+                                     int in_chunks)
 {
     int hd = c->head_dim, nq_h = diff ? 2 * c->n_head : c->n_head, n_kv = c->n_kv_head;
     size_t pe = gpu_page_elems(1, n_kv, hd);
@@ -617,15 +619,28 @@ static double time_attention(const struct ModelConfig *c, int n, int diff, int k
         .scale = 1.f / sqrtf((float)hd), .lambda = diff ? lam : NULL, .lambda_stride = c->n_head,
         .kernel = kernel,
     };
-    A->attention(C, &a);
+    int step = in_chunks > 0 ? in_chunks : n;
+    /* the chunks one after the other: chunk rows of q, out and lambda, keys up to its end */
+    #define RUN_ALL()                                                                       \
+        for (int p0 = 0; p0 < n; p0 += step) {                                              \
+            struct GpuAttnArgs ca = a;                                                      \
+            ca.pos0 = p0;                                                                   \
+            ca.n_tok = n - p0 < step ? n - p0 : step;                                       \
+            ca.q = q + (size_t)p0 * nq_h * hd;                                              \
+            ca.out = out + (size_t)p0 * (diff ? nq_h / 2 : nq_h) * hd;                      \
+            ca.lambda = diff ? lam + (size_t)p0 * c->n_head : NULL;                         \
+            A->attention(C, &ca);                                                           \
+        }
+    RUN_ALL();
     dsync("attention warm-up");
     double t[7];
     int reps = n >= 65536 ? 3 : 7;
     for (int r = 0; r < reps; r++) {
         A->timer_start(C);
-        A->attention(C, &a);
+        RUN_ALL();
         t[r] = A->timer_stop(C);
     }
+    #undef RUN_ALL
     dsync("attention timing");
     double flop = 4.0 * nq_h * hd * ((double)n * (n + 1) / 2);
     void *ptrs[] = {pool, q, out, dpt, lam};
@@ -633,6 +648,20 @@ static double time_attention(const struct ModelConfig *c, int n, int diff, int k
     free(pt);
     free(rnd);
     return flop / median(t, reps) / 1e12;
+}
+
+static double time_attention(const struct ModelConfig *c, int n, int diff, int kernel)
+{
+    return time_attention_chunked(c, n, diff, kernel, 0);
+}
+
+/* The row for attention as a 128K prefill runs it: its rate, and what all the model's layers
+ * of it take, the attention's part of the time to first token. */
+static void print_chunked(const struct ModelConfig *c, const char *kernel, double tflops)
+{
+    double flop = 4.0 * 2 * c->n_head * c->head_dim * (131072.0 * 131073.0 / 2);
+    printf("| prefill attention (%s), DIFF V2 shape, 128K tokens in chunks of 8192 | %.1f TFLOP/s; "
+           "%d layers: %.3f s |\n", kernel, tflops, c->n_layer, flop / (tflops * 1e12) * c->n_layer);
 }
 
 static double time_gemm(int n, int k, int m)
@@ -846,11 +875,12 @@ int main(int argc, char **argv)
         if (do_time && wgmma) {
             const struct ModelConfig *c = &m->cfg;
             printf("-- speed of the Hopper prefill kernels (as below)\n");
-            double at[2][3], atg[2], ttft[2][2], dummy;
+            double at[2][3], atg[2], atc[2], ttft[2][2], dummy;
             int ns[3] = {4096, 32768, 131072};
             for (int k = 2; k < 4; k++) {
                 for (int i = 0; i < 3; i++) at[k - 2][i] = time_attention(c, ns[i], 1, k);
                 atg[k - 2] = time_attention(c, 32768, 0, k);
+                atc[k - 2] = time_attention_chunked(c, 131072, 1, k, 8192);
                 setenv("DIFFRAG_GPU_ATTENTION", kernel_name[k], 1);
                 time_model(&df.m, 32768, 0, &ttft[k - 2][0], &dummy);
                 time_model(&df.m, 131072, 0, &ttft[k - 2][1], &dummy);
@@ -864,6 +894,7 @@ int main(int argc, char **argv)
                            2 * c->n_head, c->n_kv_head, c->head_dim, ns[i] / 1024, at[k - 2][i]);
                 printf("| prefill attention (%s), GQA shape (%d / %d), 32K tokens | %.1f TFLOP/s |\n",
                        kernel_name[k], c->n_head, c->n_kv_head, atg[k - 2]);
+                print_chunked(c, kernel_name[k], atc[k - 2]);
                 printf("| time to first token, 32K / 128K prompt, DIFF V2 form, %s prefill | %.3f / %.3f s |\n",
                        kernel_name[k], ttft[k - 2][0], ttft[k - 2][1]);
             }
@@ -876,6 +907,7 @@ int main(int argc, char **argv)
                 for (int i = 0; i < 3; i++) at[k][i] = time_attention(c, ns[i], 1, k);
                 atg[k] = time_attention(c, 32768, 0, k);
             }
+            double atc = time_attention_chunked(c, 131072, 1, 0, 8192);
             double g1 = time_gemm(8192, 576, 3072), g2 = time_gemm(8192, 8192, 8192);
             double ttft32, ttft128, tps_diff, tps_gqa, ttft32g, dummy;
             time_model(&df.m, 32768, 0, &ttft32, &dummy);
@@ -896,6 +928,7 @@ int main(int argc, char **argv)
                 printf("| prefill attention (%s), GQA shape (%d / %d), 32K tokens | %.1f TFLOP/s |\n",
                        timed[k], c->n_head, c->n_kv_head, atg[k]);
             }
+            print_chunked(c, "mma", atc);
             printf("| GEMM bf16 8192 x 576 -> 3072 (gate+up of the model) | %.1f TFLOP/s |\n", g1);
             printf("| GEMM bf16 8192 x 8192 x 8192 | %.1f TFLOP/s |\n", g2);
             printf("| time to first token, 32K prompt, DIFF V2 form | %.3f s |\n", ttft32);
