@@ -1,0 +1,236 @@
+/* The sampler against a plain reference: the whole vocabulary sorted by probability, then
+ * top-k, top-p, min-p and the draw, exactly as the filters are defined (model/sampler.h). The
+ * sampler sorts only what a filter can keep; over random logits with distinct values, every
+ * setting, and 20 draws each, it must choose the very tokens the reference chooses. Also the
+ * per-token signals against double precision, greedy ties, NaN and -inf logits. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/sampler.h"
+
+static int passed, failed;
+#define CHECK(cond, ...) do { if (cond) passed++; else { failed++; \
+    fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); \
+    fprintf(stderr, "\n"); } } while (0)
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static double urand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (double)(rng >> 11) * 0x1.0p-53;
+}
+
+/* ---- the reference: the filters over the fully sorted vocabulary ---- */
+
+struct RefCand { int32_t id; float p; };
+
+static int ref_cmp(const void *a, const void *b)
+{
+    const struct RefCand *x = a, *y = b;
+    return x->p < y->p ? 1 : x->p > y->p ? -1 : 0;
+}
+
+static uint64_t ref_splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* The same arithmetic as the sampler for each probability (expf of the scaled difference to
+ * the maximum, the sum in double over four chains, then p / z rounded to float), so that the
+ * two can be compared token for token. ref_filter sorts and cuts once per set of logits (into
+ * c, returning the count kept, or 0 for greedy with *best set); ref_draw draws from it. */
+static int ref_filter(const struct SamplerParams *sp, const float *logits, int n,
+                      struct RefCand *c, int32_t *best)
+{
+    float mx = -INFINITY;
+    *best = 0;
+    for (int i = 0; i < n; i++) {
+        float x = isnan(logits[i]) ? -INFINITY : logits[i];
+        if (x > mx) mx = x, *best = i;
+    }
+    if (sp->temperature <= 0.f || mx == -INFINITY) return 0;
+    float *e = malloc((size_t)n * sizeof *e);
+    for (int i = 0; i < n; i++) {
+        float x = isnan(logits[i]) ? -INFINITY : logits[i];
+        e[i] = expf((x - mx) * (1.f / sp->temperature));
+    }
+    double a[4] = {0, 0, 0, 0};
+    int i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int j = 0; j < 4; j++) a[j] += e[i + j];
+    for (; i < n; i++) a[0] += e[i];
+    double z = (a[0] + a[1]) + (a[2] + a[3]);
+    for (i = 0; i < n; i++) c[i] = (struct RefCand){i, (float)(e[i] / z)};
+    free(e);
+    qsort(c, (size_t)n, sizeof *c, ref_cmp);
+    int m = n;
+    if (sp->top_k > 0 && sp->top_k < m) m = sp->top_k;
+    if (sp->top_p < 1.f) {
+        double acc = 0;
+        for (i = 0; i < m; i++) {
+            acc += c[i].p;
+            if (acc >= sp->top_p) { m = i + 1; break; }
+        }
+    }
+    if (sp->min_p > 0.f) {
+        float floor_p = sp->min_p * c[0].p;
+        int k = 1;
+        while (k < m && c[k].p >= floor_p) k++;
+        m = k;
+    }
+    return m;
+}
+
+static int32_t ref_draw(uint64_t *state, const struct RefCand *c, int m, int32_t best)
+{
+    if (!m) return best;
+    double total = 0;
+    for (int i = 0; i < m; i++) total += c[i].p;
+    double r = (double)(ref_splitmix64(state) >> 11) * 0x1.0p-53 * total, acc = 0;
+    for (int i = 0; i < m; i++) {
+        acc += c[i].p;
+        if (r < acc) return c[i].id;
+    }
+    return c[m - 1].id;
+}
+
+/* Random logits with distinct values (a permutation of a spread of values plus noise), so
+ * that the sorted order is unique. */
+static void random_logits(float *l, int n, double spread)
+{
+    for (int i = 0; i < n; i++) l[i] = (float)((i + 0.5 * urand()) * spread / n - spread / 2);
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(urand() * (i + 1));
+        float t = l[i];
+        l[i] = l[j];
+        l[j] = t;
+    }
+}
+
+static void test_against_reference(int big)
+{
+    int sizes[] = {1, 2, 7, 50, 1000, 3000, 49152};
+    int n_sizes = big ? 7 : 5;
+    float temps[] = {0.f, 0.3f, 0.7f, 1.f, 2.5f};
+    int top_ks[] = {0, 1, 5, 40, -1};          /* -1: n - 1 */
+    float top_ps[] = {1.f, 0.95f, 0.5f, 1e-4f};
+    float min_ps[] = {0.f, 0.05f, 0.5f};
+    int cases = 0, draws = 0, differ = 0;
+    for (int si = 0; si < n_sizes; si++) {
+        int n = sizes[si];
+        float *l = malloc((size_t)n * sizeof *l);
+        struct RefCand *c = malloc((size_t)n * sizeof *c);
+        for (int ti = 0; ti < 5; ti++)
+            for (int ki = 0; ki < 5; ki++)
+                for (int pi = 0; pi < 4; pi++)
+                    for (int mi = 0; mi < 3; mi++) {
+                        /* the largest vocabulary: a sample of the settings, every filter path */
+                        if (n > 3000 && (ti + ki + pi + mi) % 4) continue;
+                        struct SamplerParams sp = {
+                            .temperature = temps[ti], .top_k = top_ks[ki] < 0 ? n - 1 : top_ks[ki],
+                            .top_p = top_ps[pi], .min_p = min_ps[mi],
+                            .seed = 1000 + (uint64_t)cases,
+                        };
+                        random_logits(l, n, 4 + 20 * urand());
+                        struct Sampler *s;
+                        if (sampler_new(&sp, n, &s)) {
+                            CHECK(0, "sampler_new %d", n);
+                            continue;
+                        }
+                        uint64_t state = sp.seed;
+                        int32_t best;
+                        int m = ref_filter(&sp, l, n, c, &best);
+                        for (int d = 0; d < 20; d++) {
+                            int32_t got = sampler_sample(s, l, NULL);
+                            int32_t want = ref_draw(&state, c, m, best);
+                            if (got != want && differ++ < 5)
+                                fprintf(stderr, "n %d T %g k %d p %g min_p %g draw %d: %d, "
+                                        "reference %d\n", n, sp.temperature, sp.top_k, sp.top_p,
+                                        sp.min_p, d, got, want);
+                            draws++;
+                        }
+                        sampler_destroy(&s);
+                        cases++;
+                    }
+        free(l);
+        free(c);
+    }
+    printf("%d settings, %d draws against the fully sorted reference: %d differ\n", cases, draws,
+           differ);
+    CHECK(differ == 0, "%d settings, %d draws: %d differ from the fully sorted reference", cases,
+          draws, differ);
+}
+
+static void test_signals(void)
+{
+    int n = 5000;
+    float *l = malloc((size_t)n * sizeof *l);
+    random_logits(l, n, 30);
+    l[17] = -INFINITY;
+    l[99] = NAN;
+    struct TokenSignal sig;
+    int32_t tok = 1234;
+    sampler_signal(l, n, tok, &sig);
+    double mx = -INFINITY, z = 0, ez = 0, p[2] = {0, 0};
+    for (int i = 0; i < n; i++)
+        if (!isnan(l[i]) && l[i] > mx) mx = l[i];
+    for (int i = 0; i < n; i++) {
+        if (isnan(l[i]) || l[i] == -INFINITY) continue;
+        double e = exp((double)l[i] - mx);
+        z += e;
+        ez += e * ((double)l[i] - mx);
+        if (e > p[0]) p[1] = p[0], p[0] = e;
+        else if (e > p[1]) p[1] = e;
+    }
+    double lp = l[tok] - mx - log(z), ent = log(z) - ez / z, mg = (p[0] - p[1]) / z;
+    CHECK(fabs(sig.logprob - lp) < 1e-5 && fabs(sig.entropy - ent) < 1e-5 * fmax(1, ent) &&
+          fabs(sig.margin - mg) < 1e-6, "signals %g %g %g against %g %g %g", sig.logprob,
+          sig.entropy, sig.margin, lp, ent, mg);
+    /* a shared maximum: greedy takes the first, the margin is 0 */
+    float t[6] = {0.5f, 2.f, NAN, 2.f, -INFINITY, 1.f};
+    struct SamplerParams sp;
+    sampler_params_default(&sp);
+    struct Sampler *s;
+    sampler_new(&sp, 6, &s);
+    CHECK(sampler_sample(s, t, &sig) == 1 && sig.margin == 0.f, "ties: first index, margin 0");
+    sampler_destroy(&s);
+    /* no finite logit at all: token 0, finite signals */
+    float u[4] = {NAN, -INFINITY, NAN, -INFINITY};
+    sp.temperature = 0.8f;
+    sampler_new(&sp, 4, &s);
+    CHECK(sampler_sample(s, u, &sig) == 0 && isfinite(sig.logprob) && isfinite(sig.entropy) &&
+          isfinite(sig.margin), "no finite logit: token 0, signals %g %g %g", sig.logprob,
+          sig.entropy, sig.margin);
+    sampler_destroy(&s);
+    /* NaN and -inf never drawn */
+    float w[5] = {NAN, 1.f, -INFINITY, 1.5f, NAN};
+    sp.top_k = 0;
+    sp.top_p = 1.f;
+    sp.min_p = 0.f;
+    sp.temperature = 5.f;
+    sampler_new(&sp, 5, &s);
+    int bad = 0;
+    for (int i = 0; i < 200; i++) {
+        int32_t k = sampler_sample(s, w, NULL);
+        bad += k != 1 && k != 3;
+    }
+    CHECK(!bad, "only finite logits are drawn (%d bad of 200)", bad);
+    sampler_destroy(&s);
+    free(l);
+}
+
+int main(void)
+{
+    const char *scale = getenv("DIFFRAG_TEST_SCALE");
+    test_against_reference(!(scale && !strcmp(scale, "small")));
+    test_signals();
+    printf("test_sampler: %d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
