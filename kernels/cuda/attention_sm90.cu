@@ -96,6 +96,36 @@ __device__ __forceinline__ uint32_t pack2_bf16(float lo, float hi)
     return *(uint32_t *)&v;
 }
 
+/* Issues S (64 x 64 keys) = Q K^T: Q as A fragments (64 x HD), the keys page at shared
+ * address k. Asynchronous: the caller waits. */
+template <int HD>
+__device__ __forceinline__ void wg_scores(float (&s)[32], const uint32_t (&qa)[HD / 16][4], uint32_t k)
+{
+    reg_fence(s);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) wg_mma_n64<0>(s, qa[kk], gpu_wg_desc_k(k, kk), kk > 0);
+    wg_commit();
+}
+
+/* Issues O (64 x HD) += P V: P as A fragments (64 x 64 keys), the values page at shared
+ * address v. Asynchronous: the caller waits. */
+template <int HD>
+__device__ __forceinline__ void wg_pv(float (&o)[HD / 2], const uint32_t (*pa)[4], uint32_t v)
+{
+    reg_fence(o);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < GPU_PAGE / 16; kk++) {
+        if constexpr (HD == 64) {
+            wg_mma_n64<1>(o, pa[kk], gpu_wg_desc_v(v, kk), 1);
+        } else {
+            wg_mma_n128_t(o, pa[kk], gpu_wg_desc_v(v, kk));
+        }
+    }
+    wg_commit();
+}
+
 #endif /* DIFFRAG_WGMMA */
 
 template <int HD, int WGS, bool PIPE>
@@ -170,13 +200,7 @@ __global__ void __launch_bounds__(WGS * 128, 1) k_attn_prefill_wgmma(GpuAttnArgs
     };
     auto stage_k = [&](int t) { return sb + (uint32_t)(t % ST) * STAGE; };
     /* issues S = Q K^T for page t into sc (asynchronous: the caller commits and waits) */
-    auto scores = [&](int t, float (&sc)[32]) {
-        reg_fence(sc);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < KT; kk++) wg_mma_n64<0>(sc, qa[kk], gpu_wg_desc_k(stage_k(t), kk), kk > 0);
-        wg_commit();
-    };
+    auto scores = [&](int t, float (&sc)[32]) { wg_scores<HD>(sc, qa, stage_k(t)); };
 
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     float o[HD / 2];
@@ -246,18 +270,7 @@ __global__ void __launch_bounds__(WGS * 128, 1) k_attn_prefill_wgmma(GpuAttnArgs
             o[4 * j + 2] *= al1;
             o[4 * j + 3] *= al1;
         }
-        reg_fence(o);
-        wg_fence();
-        uint32_t sv = stage_k(t) + TILE;
-#pragma unroll
-        for (int kk = 0; kk < GPU_PAGE / 16; kk++) {
-            if constexpr (HD == 64) {
-                wg_mma_n64<1>(o, pa[kk], gpu_wg_desc_v(sv, kk), 1);
-            } else {
-                wg_mma_n128_t(o, pa[kk], gpu_wg_desc_v(sv, kk));
-            }
-        }
-        wg_commit();
+        wg_pv<HD>(o, pa, stage_k(t) + TILE);
     };
 
     float sa[32], sn[32];
@@ -368,24 +381,11 @@ __global__ void __launch_bounds__(128) k_wgmma_probe(const uint16_t *a, const ui
     for (int i = 0; i < 32; i++) s[i] = 0.f;
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
-    reg_fence(s);
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++) wg_mma_n64<0>(s, qa[kk], gpu_wg_desc_k(sb, kk), kk > 0);
-    wg_commit();
+    /* the same calls as the attention kernel's, the page serving as keys and as values */
+    wg_scores<HD>(s, qa, sb);
     wg_wait0();
     reg_fence(s);
-    reg_fence(o);
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < GPU_PAGE / 16; kk++) {
-        if constexpr (HD == 64) {
-            wg_mma_n64<1>(o, qa[kk], gpu_wg_desc_v(sb, kk), 1);
-        } else {
-            wg_mma_n128_t(o, qa[kk], gpu_wg_desc_v(sb, kk));
-        }
-    }
-    wg_commit();
+    wg_pv<HD>(o, qa, sb);
     wg_wait0();
     reg_fence(o);
 #pragma unroll
