@@ -93,10 +93,10 @@ static double sum_d(const float *v, int n)
     return (a[0] + a[1]) + (a[2] + a[3]);
 }
 
-void sampler_signal(const float *logits, int n, int32_t token, struct TokenSignal *sig)
+/* The signals given the largest logit mx and its first index best (argmax). */
+static void signal_at(const float *logits, int n, int32_t token, int32_t best, float mx,
+                      struct TokenSignal *sig)
 {
-    float mx;
-    int32_t best = argmax(logits, n, &mx);
     if (mx == -INFINITY) {
         /* no finite logit: call it uniform (exp(-inf - -inf) cannot say) */
         sig->logprob = (float)-log((double)n);
@@ -124,6 +124,13 @@ void sampler_signal(const float *logits, int n, int32_t token, struct TokenSigna
     sig->logprob = (float)((double)clean(logits[token]) - mx - logz);
     sig->entropy = (float)(logz - ez / z);
     sig->margin = (float)((1.0 - p2) / z);
+}
+
+void sampler_signal(const float *logits, int n, int32_t token, struct TokenSignal *sig)
+{
+    float mx;
+    int32_t best = argmax(logits, n, &mx);
+    signal_at(logits, n, token, best, mx, sig);
 }
 
 static int cand_cmp(const void *a, const void *b)
@@ -218,6 +225,6 @@ int32_t sampler_sample(struct Sampler *s, const float *logits, struct TokenSigna
             if (r < acc) { chosen = s->cand[i].id; break; }
         }
     }
-    if (sig) sampler_signal(logits, n, chosen, sig);
+    if (sig) signal_at(logits, n, chosen, best, mx, sig);
     return chosen;
 }
