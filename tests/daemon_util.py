@@ -128,12 +128,36 @@ class Daemon:
         self.clients = []
 
     def start(self, wait_ready=True, timeout=60.0):
-        self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=self.env)
-        if wait_ready:
-            self.wait_ready(timeout)
+        for attempt in range(3):
+            self.log = open(self.log_path, "wb")
+            self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT,
+                                         env=self.env)
+            if not wait_ready:
+                return self
+            try:
+                self.wait_ready(timeout)
+                return self
+            except AssertionError:
+                # free_port() lets its port go before diffragd binds it, and another socket of
+                # this machine (a client's outgoing one) can take it meanwhile: new ports, again
+                if (attempt == 2 or self.proc.poll() is None
+                        or "Address already in use" not in self.log_text()
+                        or not self._new_ports()):
+                    raise
+                self.log.close()
         return self
+
+    def _new_ports(self):
+        """Fresh ports for the listen endpoints this object chose; False if the caller chose them."""
+        i, j = self.argv.index("--listen") + 1, self.argv.index("--metrics_listen") + 1
+        if (self.argv[i] != self.endpoint
+                or self.argv[j] != "127.0.0.1:%d" % self.metrics_port):
+            return False
+        self.port, self.metrics_port = free_port(), free_port()
+        self.endpoint = "tcp://127.0.0.1:%d" % self.port
+        self.metrics_url = "http://127.0.0.1:%d" % self.metrics_port
+        self.argv[i], self.argv[j] = self.endpoint, "127.0.0.1:%d" % self.metrics_port
+        return True
 
     def wait_ready(self, timeout=60.0):
         end = time.time() + timeout
