@@ -439,6 +439,7 @@ static int run_engine(const struct Model *m, const char *tokens_path, int thread
         t = now_s();
         for (int i = 0; i < n_decode && rc == ENGINE_OK; i++) {
             const float *lg = engine_logits(e);
+            if (!lg) { rc = ENGINE_EDEVICE; break; }
             int best = 0;
             for (int v = 1; v < m->cfg.vocab; v++) if (lg[v] > lg[best]) best = v;
             rc = engine_decode(e, best, err, sizeof err);

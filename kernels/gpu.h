@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #define GPU_PAGE 64
-#define GPU_API_VERSION 2
+#define GPU_API_VERSION 3
 
 struct GpuCtx;
 
@@ -66,6 +66,29 @@ struct GpuAttnArgs {
     int kernel;
 };
 
+/* Sampling's pass over the last logits (kernels/cuda/sample.cu): one block finds the largest
+ * logit, the summaries the per-token signals need, and the candidates a draw can choose, so
+ * that only those leave the device (model/sampler.h, struct SamplePass, says what each is). */
+enum { GPU_SAMPLE_GREEDY = 0, GPU_SAMPLE_TOP_K = 1, GPU_SAMPLE_FLOOR = 2, GPU_SAMPLE_MASS = 3 };
+struct GpuSampleHead {
+    int32_t best, n_cand;
+    float mx, second;
+    double z1, ez1, zt;
+};
+struct GpuCand { int32_t id; float w, logit; };
+struct GpuSampleArgs {
+    const float *logits;       /* (n) f32, device */
+    int n;
+    int mode;                  /* GPU_SAMPLE_*: which candidates, with w_i = exp((x_i - max) *
+                                  inv_temp): the k largest (ties: lower ids), every w >= floor,
+                                  or the fewest largest reaching mass * sum(w) and their ties */
+    float inv_temp, floor, mass;
+    int k;
+    float *work;               /* (n) f32 device scratch (the w) */
+    struct GpuSampleHead *head; /* device: the head, then up to n struct GpuCand right after it
+                                  (in id order) */
+};
+
 struct GpuApi {
     int version;               /* GPU_API_VERSION */
     const char *build;         /* what the library was built with, e.g. "CUDA 13.0, sm_90a + PTX" */
@@ -107,6 +130,7 @@ struct GpuApi {
      * launched) on a device other than compute capability 9.0 or another head_dim. */
     int (*wgmma_probe)(struct GpuCtx *c, int head_dim, const uint16_t *a, const uint16_t *page,
                        float *d_k, float *d_v);
+    void (*sample)(struct GpuCtx *c, const struct GpuSampleArgs *a);
     /* Device-event timing of everything issued between the two calls, in seconds. */
     void (*timer_start)(struct GpuCtx *c);
     double (*timer_stop)(struct GpuCtx *c);

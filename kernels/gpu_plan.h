@@ -212,6 +212,42 @@ static inline int gpu_decode_max_splits(int n_kv_head, int n_sm)
     return (4 * (n_sm > 0 ? n_sm : 1) + n_kv_head - 1) / n_kv_head;
 }
 
+/* Sampling's candidates on the device (kernels/cuda/sample.cu) by radix select: the weights
+ * w are non-negative floats, whose bit patterns order as their values do, so four passes of
+ * GPU_RADIX_BITS bits, from the top, narrow a prefix down to the exact bit pattern at which
+ * a running total from the largest w reaches what is wanted: a count (the top k) or a mass
+ * (top-p). Each pass makes a histogram, over the GPU_RADIX digits at its shift, of the w
+ * that match the prefix so far (a count, or their sum), then descends into one digit. */
+#define GPU_RADIX_BITS 8
+#define GPU_RADIX (1 << GPU_RADIX_BITS)
+/* Vocabularies up to this size: counts kept in floats stay exact. */
+#define GPU_SAMPLE_MAX_N (1 << 24)
+
+/* The digit to descend into: scanning from the largest, the first at which the running total
+ * reaches want, with *above the total of the digits above it (the next pass wants
+ * want - *above). When the total falls short of want (a mass summed in another order), the
+ * smallest non-empty digit, so that the selection keeps everything there is. */
+GPU_HD static inline int gpu_radix_digit(const float *hist, float want, float *above)
+{
+    float acc = 0.f;
+    int last = -1;
+    for (int d = GPU_RADIX - 1; d >= 0; d--) {
+        if (hist[d] == 0.f) continue;
+        if (acc + hist[d] >= want) {
+            *above = acc;
+            return d;
+        }
+        acc += hist[d];
+        last = d;
+    }
+    if (last < 0) {
+        *above = 0.f;
+        return 0;
+    }
+    *above = acc - hist[last];
+    return last;
+}
+
 /* The KV page pool: n_pages pages of page_bytes in one device allocation, handed out to
  * sequences and taken back. Host bookkeeping only; thread safe. */
 struct GpuKvPool {

@@ -63,6 +63,8 @@ struct Engine {
     float *gpu_mass;          /* (n_layer, n_q_head, 2) */
     float *gpu_lam;           /* (n_layer, n_head) */
     uint8_t *gpu_watch;       /* (n_layer) layers with watched heads */
+    struct SampleCand *gpu_cand; /* (vocab) sampling candidates from the device */
+    int logits_on_host;       /* GPU: s.logits holds the last logits (else only the device) */
     char gpu_err[256];        /* the last device error */
 };
 
@@ -139,11 +141,12 @@ static size_t scratch_layout(const struct ModelConfig *c, const struct EngineOpt
     return off;
 }
 
-/* GPU contexts keep on the host only the RoPE tables, the logits and the masses. */
+/* GPU contexts keep on the host only the RoPE tables, the logits (when asked for), the
+ * sampling candidates and the masses. */
 static size_t gpu_host_bytes(const struct ModelConfig *c, const struct EngineOpts *o)
 {
     return (size_t)o->chunk * (c->rope.n_rot / 2) * 2 * sizeof(float) +
-           (size_t)c->vocab * sizeof(float) +
+           (size_t)c->vocab * (sizeof(float) + sizeof(struct SampleCand)) +
            (size_t)c->n_layer * (c->n_q_head * 2 + c->n_head) * sizeof(float) + c->n_layer +
            (size_t)(c->rope.n_rot / 2 + 1) * sizeof(double) + (size_t)o->n_ctx;
 }
@@ -218,8 +221,9 @@ static int gpu_engine_new(struct Engine *e, char *err, size_t errlen)
     e->gpu_mass = calloc((size_t)c->n_layer * c->n_q_head * 2, sizeof(float));
     e->gpu_lam = calloc((size_t)c->n_layer * c->n_head, sizeof(float));
     e->gpu_watch = calloc((size_t)c->n_layer, 1);
+    e->gpu_cand = malloc((size_t)c->vocab * sizeof *e->gpu_cand);
     if (!e->block || !e->inv_freq || !e->cls || !e->wq_off || !e->gpu_mass || !e->gpu_lam ||
-        !e->gpu_watch)
+        !e->gpu_watch || !e->gpu_cand)
         return fail(err, errlen, ENGINE_ENOMEM, "out of memory");
     e->s.cos = e->block;
     e->s.sin = e->s.cos + (size_t)e->opts.chunk * half;
@@ -310,6 +314,7 @@ void engine_destroy(struct Engine **pe)
     free(e->gpu_mass);
     free(e->gpu_lam);
     free(e->gpu_watch);
+    free(e->gpu_cand);
     free(e->kcache);
     free(e->vcache);
     free(e->block);
@@ -434,9 +439,10 @@ static int forward_chunk_gpu(struct Engine *e, const int32_t *tokens, int n, int
     rope_tables(e, n, e->n_past);
     for (int l = 0; l < c->n_layer; l++) e->gpu_watch[l] = e->wq_off[l + 1] > e->wq_off[l];
     int rc = gpu_seq_forward(e->gpu, tokens, n, e->n_past, e->s.cos, e->s.sin, e->gpu_watch,
-                             e->n_marked, want_logits ? e->s.logits : NULL, e->gpu_mass,
-                             e->gpu_lam, e->gpu_err, sizeof e->gpu_err);
+                             e->n_marked, want_logits, e->gpu_mass, e->gpu_lam, e->gpu_err,
+                             sizeof e->gpu_err);
     if (rc) return ENGINE_EDEVICE;
+    if (want_logits) e->logits_on_host = 0;
     for (int l = 0; l < c->n_layer; l++) {
         if (!e->gpu_watch[l]) continue;
         for (int i = e->wq_off[l]; i < e->wq_off[l + 1]; i++) {
@@ -619,7 +625,30 @@ int engine_decode(struct Engine *e, int32_t token, char *err, size_t errlen)
     return engine_prefill(e, &token, 1, err, errlen);
 }
 
-const float *engine_logits(const struct Engine *e) { return e->s.logits; }
+const float *engine_logits(struct Engine *e)
+{
+    if (e->gpu && !e->logits_on_host) {
+        if (gpu_seq_logits(e->gpu, e->s.logits, e->gpu_err, sizeof e->gpu_err)) return NULL;
+        e->logits_on_host = 1;
+    }
+    return e->s.logits;
+}
+
+int engine_sample(struct Engine *e, struct Sampler *s, int32_t *token, struct TokenSignal *sig,
+                  char *err, size_t errlen)
+{
+    if (!e->gpu) {
+        *token = sampler_sample(s, e->s.logits, sig);
+        return ENGINE_OK;
+    }
+    struct SampleKeep k;
+    sampler_keep(s, &k);
+    struct SamplePass p = {.cand = e->gpu_cand};
+    if (gpu_seq_sample(e->gpu, &k, &p, e->gpu_err, sizeof e->gpu_err))
+        return fail(err, errlen, ENGINE_EDEVICE, "sampling: %s", e->gpu_err);
+    *token = sampler_finish(s, &p, sig);
+    return ENGINE_OK;
+}
 int engine_n_past(const struct Engine *e) { return e->n_past; }
 const struct Model *engine_model(const struct Engine *e) { return e->m; }
 const struct EngineOpts *engine_opts(const struct Engine *e) { return &e->opts; }

@@ -11,6 +11,7 @@
 
 #include "kernels/backend.h"
 #include "model/model.h"
+#include "model/sampler.h"
 
 #define ENGINE_MAX_CTX 131072
 
@@ -70,8 +71,15 @@ int engine_decode(struct Engine *e, int32_t token, char *err, size_t errlen);
 int engine_score(struct Engine *e, const int32_t *tokens, size_t n, double *nll_sum,
                  size_t *n_scored, char *err, size_t errlen);
 
-/* Logits (vocab) of the last token evaluated; borrowed, valid until the next call. */
-const float *engine_logits(const struct Engine *e);
+/* Logits (vocab) of the last token evaluated; borrowed, valid until the next call. A GPU
+ * context keeps them on the device until asked: NULL when copying them fails (a device
+ * error). */
+const float *engine_logits(struct Engine *e);
+/* Draws the next token from the last logits (sampler_sample: the token, and *sig when
+ * non-NULL). A GPU context makes the pass over the vocabulary on the device and brings back
+ * only the candidates (model/engine_gpu.h). ENGINE_OK, or ENGINE_EDEVICE with err. */
+int engine_sample(struct Engine *e, struct Sampler *s, int32_t *token, struct TokenSignal *sig,
+                  char *err, size_t errlen);
 int engine_n_past(const struct Engine *e);
 const struct Model *engine_model(const struct Engine *e);
 const struct EngineOpts *engine_opts(const struct Engine *e);

@@ -6,6 +6,7 @@
 #include "model/engine_gpu.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,16 @@
 
 #include "kernels/gpu.h"
 #include "kernels/gpu_plan.h"
+
+/* The device's candidates are copied straight into the sampler's. */
+_Static_assert(sizeof(struct GpuCand) == sizeof(struct SampleCand) &&
+               offsetof(struct GpuCand, id) == offsetof(struct SampleCand, id) &&
+               offsetof(struct GpuCand, w) == offsetof(struct SampleCand, w) &&
+               offsetof(struct GpuCand, logit) == offsetof(struct SampleCand, logit),
+               "struct GpuCand and struct SampleCand differ");
+_Static_assert(GPU_SAMPLE_GREEDY == (int)SAMPLE_GREEDY && GPU_SAMPLE_TOP_K == (int)SAMPLE_TOP_K &&
+               GPU_SAMPLE_FLOOR == (int)SAMPLE_FLOOR && GPU_SAMPLE_MASS == (int)SAMPLE_MASS,
+               "sampling modes differ");
 
 struct GpuLayer {
     float *attn_norm, *ffn_norm;          /* (dim) f32 */
@@ -44,7 +55,8 @@ struct GpuSeq {
     int32_t *pages_h;
     int32_t *pages;                       /* device page table */
     void *block;                          /* every activation, one allocation */
-    float *x, *qkv, *gu, *cos, *sin, *logits, *mass, *lam;
+    float *x, *qkv, *gu, *cos, *sin, *logits, *mass, *lam, *swork;
+    struct GpuSampleHead *shead;          /* the sampling pass's head, then its candidates */
     uint16_t *xb, *q, *att, *h;
     int32_t *tok;
     uint8_t *cls;
@@ -213,7 +225,7 @@ const char *model_gpu_info(const struct Model *m, size_t *weight_bytes, int *pag
 /* The activation block: sizes in bytes, each piece 256-byte aligned. Row counts of the
  * buffers attention reads by whole query tiles (q) are rounded up to GPU_QTILE. */
 enum { B_X, B_QKV, B_GU, B_COS, B_LOGITS, B_MASS, B_LAM, B_XB, B_Q, B_ATT, B_H, B_TOK, B_CLS,
-       B_PAGES, B_N };
+       B_PAGES, B_SWORK, B_SHEAD, B_N };
 
 static void seq_layout(const struct ModelConfig *c, int n_ctx, int chunk, size_t off[B_N + 1])
 {
@@ -235,6 +247,8 @@ static void seq_layout(const struct ModelConfig *c, int n_ctx, int chunk, size_t
         [B_TOK] = n * 4,
         [B_CLS] = (size_t)n_ctx,
         [B_PAGES] = (size_t)(n_ctx + GPU_PAGE - 1) / GPU_PAGE * 4,
+        [B_SWORK] = (size_t)c->vocab * 4,
+        [B_SHEAD] = sizeof(struct GpuSampleHead) + (size_t)c->vocab * sizeof(struct GpuCand),
     };
     off[0] = 0;
     for (int i = 0; i < B_N; i++) off[i + 1] = off[i] + up256(sz[i]);
@@ -340,6 +354,8 @@ int gpu_seq_new(const struct Model *m, int n_ctx, int chunk, struct GpuSeq **out
     s->tok = (int32_t *)(b + off[B_TOK]);
     s->cls = (uint8_t *)(b + off[B_CLS]);
     s->pages = (int32_t *)(b + off[B_PAGES]);
+    s->swork = (float *)(b + off[B_SWORK]);
+    s->shead = (struct GpuSampleHead *)(b + off[B_SHEAD]);
     s->qkv_stride = qkv_cols(c);
     s->kernel = kernel;
     /* the query rows past a chunk's end are read by whole tiles: keep them finite */
@@ -363,7 +379,7 @@ int gpu_seq_set_spans(struct GpuSeq *s, const uint8_t *cls, size_t n, char *err,
 double gpu_seq_last_seconds(const struct GpuSeq *s) { return s->last_s; }
 
 int gpu_seq_forward(struct GpuSeq *s, const int32_t *tokens, int n, int pos0, const float *cos,
-                    const float *sin, const uint8_t *watch, int n_marked, float *logits,
+                    const float *sin, const uint8_t *watch, int n_marked, int want_logits,
                     float *mass, float *lam, char *err, size_t errlen)
 {
     const struct Model *m = s->m;
@@ -411,10 +427,9 @@ int gpu_seq_forward(struct GpuSeq *s, const int32_t *tokens, int n, int pos0, co
         a->swiglu(x, s->gu, n, F, s->h);
         a->gemm(x, s->h, n, F, L->wdown, d, s->x, d, 1.f);
     }
-    if (logits) {
+    if (want_logits) {
         a->rmsnorm(x, s->x + (size_t)(n - 1) * d, d, g->output_norm, 1, d, c->norm_eps, s->xb);
         a->gemm(x, s->xb, 1, d, g->output, c->vocab, s->logits, c->vocab, 0.f);
-        a->download(x, logits, s->logits, (size_t)c->vocab * 4);
     }
     if (mass && watch)
         for (int l = 0; l < c->n_layer; l++)
@@ -423,6 +438,50 @@ int gpu_seq_forward(struct GpuSeq *s, const int32_t *tokens, int n, int pos0, co
                             s->mass + (size_t)l * c->n_q_head * 2, (size_t)c->n_q_head * 8);
     s->last_s = a->timer_stop(x);
     return a->sync(x, err, errlen);
+}
+
+int gpu_seq_logits(struct GpuSeq *s, float *logits, char *err, size_t errlen)
+{
+    s->g->api->download(s->ctx, logits, s->logits, (size_t)s->m->cfg.vocab * 4);
+    return s->g->api->sync(s->ctx, err, errlen);
+}
+
+int gpu_seq_sample(struct GpuSeq *s, const struct SampleKeep *k, struct SamplePass *p, char *err,
+                   size_t errlen)
+{
+    const struct GpuApi *a = s->g->api;
+    int n = s->m->cfg.vocab;
+    struct GpuSampleArgs sa = {
+        .logits = s->logits, .n = n, .mode = (int)k->mode, .inv_temp = k->inv_temp,
+        .floor = k->floor, .mass = k->mass, .k = k->k, .work = s->swork, .head = s->shead,
+    };
+    a->sample(s->ctx, &sa);
+    /* the head, with as many candidates as a top-k draw has (else the first 64), in one round
+     * trip; more candidates (min-p or top-p over a flat distribution) in a second */
+    const struct GpuCand *dc = (const struct GpuCand *)(s->shead + 1);
+    int first = k->mode == SAMPLE_GREEDY ? 0 : k->mode == SAMPLE_TOP_K ? k->k : 64;
+    if (first > n) first = n;
+    struct GpuSampleHead h;
+    a->download(s->ctx, &h, s->shead, sizeof h);
+    if (first) a->download(s->ctx, p->cand, dc, (size_t)first * sizeof *dc);
+    if (a->sync(s->ctx, err, errlen)) return -1;
+    if (h.n_cand < 0 || h.n_cand > n || h.best < 0 || h.best >= n) {
+        snprintf(err, errlen, "sampling pass returned %d candidates, best %d, of %d", h.n_cand,
+                 h.best, n);
+        return -1;
+    }
+    if (h.n_cand > first) {
+        a->download(s->ctx, p->cand + first, dc + first, (size_t)(h.n_cand - first) * sizeof *dc);
+        if (a->sync(s->ctx, err, errlen)) return -1;
+    }
+    p->best = h.best;
+    p->n_cand = h.n_cand;
+    p->mx = h.mx;
+    p->second = h.second;
+    p->z1 = h.z1;
+    p->ez1 = h.ez1;
+    p->zt = h.zt;
+    return 0;
 }
 
 int engine_device_select(struct Model *m, const char *setting, long kv_tokens,

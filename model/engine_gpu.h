@@ -10,6 +10,7 @@
 
 #include "model/engine.h"
 #include "model/model.h"
+#include "model/sampler.h"
 
 struct GpuModelOpts {
     int device;                /* CUDA device index */
@@ -35,13 +36,20 @@ int gpu_seq_new(const struct Model *m, int n_ctx, int chunk, struct GpuSeq **out
 void gpu_seq_free(struct GpuSeq **s);
 int gpu_seq_set_spans(struct GpuSeq *s, const uint8_t *cls, size_t n, char *err, size_t errlen);
 
-/* n tokens at positions pos0..: cos/sin are the host RoPE tables (n, n_rot/2). With logits
- * != NULL the last position's logits (vocab floats) come back; for each layer with
+/* n tokens at positions pos0..: cos/sin are the host RoPE tables (n, n_rot/2). With
+ * want_logits the last position's logits are computed (they stay on the device: see
+ * gpu_seq_logits and gpu_seq_sample); for each layer with
  * watch[l] != 0, mass[l * n_q_head * 2 ..] receives the last position's masses per query head
  * (doc, generated) and lam[l * n_head ..] its DIFF V2 lambda logits. 0, or -1 with err. */
 int gpu_seq_forward(struct GpuSeq *s, const int32_t *tokens, int n, int pos0, const float *cos,
-                    const float *sin, const uint8_t *watch, int n_marked, float *logits,
+                    const float *sin, const uint8_t *watch, int n_marked, int want_logits,
                     float *mass, float *lam, char *err, size_t errlen);
+/* Copies the last logits (vocab floats) to the host. 0, or -1 with err. */
+int gpu_seq_logits(struct GpuSeq *s, float *logits, char *err, size_t errlen);
+/* Sampling's pass over the last logits on the device, for the candidates k asks for: fills
+ * *p (p->cand must hold vocab entries) for sampler_finish. 0, or -1 with err. */
+int gpu_seq_sample(struct GpuSeq *s, const struct SampleKeep *k, struct SamplePass *p, char *err,
+                   size_t errlen);
 /* Seconds the device spent in the last forward (device events). */
 double gpu_seq_last_seconds(const struct GpuSeq *s);
 

@@ -91,7 +91,8 @@ int generate(struct Engine *e, const int32_t *prompt, size_t n_prompt, const str
     r->finish = FINISH_LENGTH;
     for (int i = 0; i < p->max_tokens; i++) {
         struct GenToken gt = {.index = i};
-        gt.id = sampler_sample(smp, engine_logits(e), &gt.sig);
+        rc = engine_sample(e, smp, &gt.id, &gt.sig, err, errlen);
+        if (rc) break;
         gt.mass = engine_attn_mass(e, &gt.n_mass);
         r->n_generated++;
         /* A control token (e.g. <|im_start|>) never belongs in an answer: it ends the turn

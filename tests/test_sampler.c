@@ -2,12 +2,15 @@
  * top-k, top-p, min-p and the draw, exactly as the filters are defined (model/sampler.h). The
  * sampler sorts only what a filter can keep; over random logits with distinct values, every
  * setting, and 20 draws each, it must choose the very tokens the reference chooses. Also the
- * per-token signals against double precision, greedy ties, NaN and -inf logits. */
+ * per-token signals against double precision, greedy ties, NaN and -inf logits. And the GPU's
+ * half of the draw: the pass of kernels/cuda/sample.cu replayed on the host over the same
+ * digit helper, whose candidates sampler_finish must turn into the same tokens. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/gpu_plan.h"
 #include "model/sampler.h"
 
 static int passed, failed;
@@ -226,11 +229,176 @@ static void test_signals(void)
     free(l);
 }
 
+/* ---- the device's pass (kernels/cuda/sample.cu) replayed on the host ----
+ * The kernel's steps in plain C: the sums as EMU_T strided partial sums added in thread order
+ * (another order than the host's four chains), the radix select through gpu_radix_digit with
+ * each histogram summed from the highest id down, then the compaction in id order. */
+#define EMU_T 1024
+
+static float clean_l(float x) { return isnan(x) ? -INFINITY : x; }
+static uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+static void emulate_pass(const float *l, int n, const struct SampleKeep *k, float *w,
+                         struct SampleCand *cand, struct SamplePass *p)
+{
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) mx = fmaxf(mx, clean_l(l[i]));
+    int best = 0;
+    for (int i = 0; i < n && mx > -INFINITY; i++)
+        if (clean_l(l[i]) == mx) { best = i; break; }
+    float second = -INFINITY;
+    double z1 = 0, ez1 = 0, zt = 0;
+    int sampling = k->mode != SAMPLE_GREEDY && mx > -INFINITY;
+    for (int t = 0; t < EMU_T && mx > -INFINITY; t++) {
+        double a = 0, b = 0, c = 0;
+        for (int i = t; i < n; i += EMU_T) {
+            float v = clean_l(l[i]), d = v - mx, e = expf(d);
+            if (i != best) second = fmaxf(second, v);
+            a += e;
+            b += e > 0.f ? (double)e * d : 0.0;
+            if (sampling) {
+                w[i] = expf(d * k->inv_temp);
+                c += w[i];
+            }
+        }
+        z1 += a;
+        ez1 += b;
+        zt += c;
+    }
+    *p = (struct SamplePass){.best = best, .mx = mx, .second = second, .z1 = z1, .ez1 = ez1,
+                             .zt = zt, .cand = cand};
+    if (!sampling) return;
+    uint32_t kv = bits_of(k->floor);
+    float ties = INFINITY;
+    if (k->mode == SAMPLE_TOP_K || k->mode == SAMPLE_MASS) {
+        int count = k->mode == SAMPLE_TOP_K;
+        uint32_t prefix = 0, mask = 0;
+        float want = count ? (float)k->k : k->mass * (float)zt;
+        for (int shift = 32 - GPU_RADIX_BITS; shift >= 0; shift -= GPU_RADIX_BITS) {
+            float hist[GPU_RADIX] = {0}, above;
+            for (int i = n - 1; i >= 0; i--)
+                if ((bits_of(w[i]) & mask) == prefix)
+                    hist[(bits_of(w[i]) >> shift) & (GPU_RADIX - 1)] += count ? 1.f : w[i];
+            int d = gpu_radix_digit(hist, want, &above);
+            want -= above;
+            prefix |= (uint32_t)d << shift;
+            mask |= (uint32_t)(GPU_RADIX - 1) << shift;
+        }
+        kv = prefix;
+        if (count) ties = want;
+    }
+    int n_eq = 0;
+    for (int i = 0; i < n; i++) n_eq += bits_of(w[i]) == kv;
+    int take = (float)n_eq <= ties ? n_eq : (int)ties, m = 0;
+    for (int i = 0; i < n; i++) {
+        uint32_t b = bits_of(w[i]);
+        if (b > kv || (b == kv && take-- > 0))
+            cand[m++] = (struct SampleCand){i, w[i], clean_l(l[i])};
+    }
+    p->n_cand = m;
+}
+
+static void test_device_pass(int big)
+{
+    int sizes[] = {1, 2, 7, 50, 1000, 3000, 49152};
+    int n_sizes = big ? 7 : 6;
+    float temps[] = {0.f, 0.7f, 1.f, 2.5f};
+    int top_ks[] = {0, 1, 40, -1};             /* -1: n - 1 */
+    float top_ps[] = {1.f, 0.95f, 0.5f, 1e-4f};
+    float min_ps[] = {0.f, 0.05f, 0.5f};
+    int cases = 0, draws = 0, differ = 0, sig_bad = 0, count_bad = 0;
+    for (int si = 0; si < n_sizes; si++) {
+        int n = sizes[si];
+        float *l = malloc((size_t)n * sizeof *l), *w = malloc((size_t)n * sizeof *w);
+        struct SampleCand *cand = malloc((size_t)n * sizeof *cand);
+        for (int ti = 0; ti < 4; ti++)
+            for (int ki = 0; ki < 4; ki++)
+                for (int pi = 0; pi < 4; pi++)
+                    for (int mi = 0; mi < 3; mi++) {
+                        if (n > 3000 && (ti + ki + pi + mi) % 4) continue;
+                        struct SamplerParams sp = {
+                            .temperature = temps[ti], .top_k = top_ks[ki] < 0 ? n - 1 : top_ks[ki],
+                            .top_p = top_ps[pi], .min_p = min_ps[mi],
+                            .seed = 7000 + (uint64_t)cases,
+                        };
+                        random_logits(l, n, 4 + 20 * urand());
+                        if (n > 7) l[n / 3] = NAN, l[n / 2] = -INFINITY;
+                        struct Sampler *host, *dev;
+                        if (sampler_new(&sp, n, &host) || sampler_new(&sp, n, &dev)) {
+                            CHECK(0, "sampler_new %d", n);
+                            continue;
+                        }
+                        struct SampleKeep k;
+                        sampler_keep(dev, &k);
+                        for (int d = 0; d < 10; d++) {
+                            struct TokenSignal sh, sd;
+                            struct SamplePass p;
+                            int32_t want = sampler_sample(host, l, &sh);
+                            emulate_pass(l, n, &k, w, cand, &p);
+                            if (k.mode == SAMPLE_TOP_K) count_bad += p.n_cand != k.k;
+                            int32_t got = sampler_finish(dev, &p, &sd);
+                            if (got != want && differ++ < 5)
+                                fprintf(stderr, "device pass: n %d T %g k %d p %g min_p %g draw %d:"
+                                        " %d, host %d\n", n, sp.temperature, sp.top_k, sp.top_p,
+                                        sp.min_p, d, got, want);
+                            sig_bad += fabsf(sd.logprob - sh.logprob) > 1e-5f ||
+                                       fabsf(sd.entropy - sh.entropy) > 1e-5f ||
+                                       fabsf(sd.margin - sh.margin) > 1e-6f;
+                            draws++;
+                        }
+                        sampler_destroy(&host);
+                        sampler_destroy(&dev);
+                        cases++;
+                    }
+        free(l);
+        free(w);
+        free(cand);
+    }
+    printf("%d settings, %d draws from the replayed device pass: %d differ from the host's\n",
+           cases, draws, differ);
+    CHECK(differ == 0 && sig_bad == 0 && count_bad == 0, "device pass: %d of %d draws differ, "
+          "%d signals off, %d top-k counts off", differ, draws, sig_bad, count_bad);
+
+    /* ties at the top-k boundary: the lower ids, as the host's heap keeps them */
+    int n = 1000;
+    float *l = malloc((size_t)n * sizeof *l), *w = malloc((size_t)n * sizeof *w);
+    struct SampleCand *cand = malloc((size_t)n * sizeof *cand);
+    for (int i = 0; i < n; i++) l[i] = i % 7 == 3 ? 2.f : (float)(i % 11) * 0.1f;
+    l[500] = 3.f;
+    struct SamplerParams sp = {.temperature = 1.f, .top_k = 40, .top_p = 1.f, .min_p = 0.f};
+    struct Sampler *s;
+    sampler_new(&sp, n, &s);
+    struct SampleKeep k;
+    sampler_keep(s, &k);
+    struct SamplePass p;
+    emulate_pass(l, n, &k, w, cand, &p);
+    int ok = p.n_cand == 40 && cand[0].id == 3 && cand[38].id == 3 + 7 * 38 &&
+             cand[39].id == 500;
+    for (int i = 0; i < 39 && ok; i++) ok = cand[i].id == 3 + 7 * i;
+    CHECK(ok, "top-k ties: %d candidates, first %d, 39th %d, last %d", p.n_cand, cand[0].id,
+          cand[38].id, cand[39].id);
+    /* the largest always stays, even with min_p above 1 */
+    sp = (struct SamplerParams){.temperature = 1.f, .top_k = 0, .top_p = 1.f, .min_p = 3.f};
+    struct Sampler *s2;
+    sampler_new(&sp, n, &s2);
+    sampler_keep(s2, &k);
+    emulate_pass(l, n, &k, w, cand, &p);
+    CHECK(p.n_cand == 1 && cand[0].id == 500 && sampler_finish(s2, &p, NULL) == 500 &&
+          sampler_sample(s2, l, NULL) == 500, "min_p 3: the largest alone (%d candidates)",
+          p.n_cand);
+    sampler_destroy(&s);
+    sampler_destroy(&s2);
+    free(l);
+    free(w);
+    free(cand);
+}
+
 int main(void)
 {
     const char *scale = getenv("DIFFRAG_TEST_SCALE");
     test_against_reference(!(scale && !strcmp(scale, "small")));
     test_signals();
+    test_device_pass(!(scale && !strcmp(scale, "small")));
     printf("test_sampler: %d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

@@ -452,8 +452,14 @@ int main(int argc, char **argv)
         prefill_s = now_s() - t0;
         if (rc) { fprintf(stderr, "diffrag-run: %s\n", err); goto out; }
         if (dump) {
+            const float *lg = engine_logits(e);
+            if (!lg) {
+                fprintf(stderr, "diffrag-run: the logits could not be read from the device\n");
+                rc = ENGINE_EDEVICE;
+                goto out;
+            }
             FILE *f = fopen(dump, "wb");
-            if (!f || fwrite(engine_logits(e), sizeof(float), (size_t)m->cfg.vocab, f) != (size_t)m->cfg.vocab) {
+            if (!f || fwrite(lg, sizeof(float), (size_t)m->cfg.vocab, f) != (size_t)m->cfg.vocab) {
                 fprintf(stderr, "diffrag-run: cannot write %s\n", dump);
                 if (f) fclose(f);
                 goto out;

@@ -38,6 +38,8 @@ void cuda_attention(GpuCtx *c, const struct GpuAttnArgs *a);
  * -1 when it does not apply (not a 9.0 device, or a shape it has no plan for) and nothing was
  * launched. */
 int cuda_prefill_wgmma(GpuCtx *c, const struct GpuAttnArgs *a, int pipelined);
+/* Sampling's pass over the logits (sample.cu). */
+void cuda_sample(GpuCtx *c, const struct GpuSampleArgs *a);
 int cuda_wgmma_probe(GpuCtx *c, int head_dim, const uint16_t *a, const uint16_t *page, float *d_k,
                      float *d_v);
 

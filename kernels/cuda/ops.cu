@@ -268,7 +268,7 @@ static const GpuApi api = {
     "CUDA " STR(__CUDACC_VER_MAJOR__) "." STR(__CUDACC_VER_MINOR__) ", " DIFFRAG_CUDA_ARCHS,
     device_count, device_info, ctx_new, ctx_destroy, sync, alloc, dfree, upload, download,
     fill_u16, embed, rmsnorm, gemm, rope_store, attention, swiglu, cuda_wgmma_probe,
-    timer_start, timer_stop,
+    cuda_sample, timer_start, timer_stop,
 };
 
 extern "C" __attribute__((visibility("default"))) const GpuApi *diffrag_gpu_api(void)

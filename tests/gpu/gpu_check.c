@@ -6,7 +6,7 @@
  *      equivalent DIFF V2 form (query heads doubled, lambda 0, output projection doubled);
  *   3. (unless --no-time) a table of speeds: attention TFLOP/s at 4K, 32K and 128K tokens for
  *      the DIFF V2 shape, GEMM TFLOP/s, time to first token at 32K and 128K, decode tokens/s
- *      at depth 32K for both forms.
+ *      at depth 32K for both forms, and a sampled token's cost on the device and on the host.
  * Attention runs the default (mma.sync) and reference kernels; with --wgmma, the Hopper
  * prefill kernels instead (both forms), their checks and their own speed rows.
  * Prints "FAIL ..." for each failed check and exits 1 if any failed. */
@@ -227,6 +227,71 @@ static void check_rows(void)
     for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) A->free(C, ptrs[i]);
     free(x); free(w); free(ref); free(yh); free(gu); free(hr); free(hh); free(tab); free(er);
     free(tb); free(ex);
+}
+
+/* Sampling's pass (GpuApi.sample) against the host's sampler: random logits with NaN and
+ * -inf among them, every way of keeping candidates, the head poisoned before each run; the
+ * device's candidates through sampler_finish must draw the very tokens sampler_sample draws
+ * from the same logits with the same seed, with the same signals. */
+static void check_sample(int n)
+{
+    float *l = xmalloc((size_t)n * 4);
+    for (int i = 0; i < n; i++) l[i] = 6.f * urand() + 1e-4f * (float)i / n;
+    l[n / 3] = NAN;
+    l[n / 2] = -INFINITY;
+    float *dl = dalloc((size_t)n * 4), *dw = dalloc((size_t)n * 4);
+    struct GpuSampleHead *dh = dalloc(sizeof *dh + (size_t)n * sizeof(struct GpuCand));
+    A->upload(C, dl, l, (size_t)n * 4);
+    struct SampleCand *cand = xmalloc((size_t)n * sizeof *cand);
+    static const struct SamplerParams set[] = {
+        {0.f, 40, 0.95f, 0.05f, 1}, {0.8f, 40, 0.95f, 0.05f, 2}, {1.f, 1, 1.f, 0.f, 3},
+        {0.7f, 0, 0.9f, 0.05f, 4}, {1.3f, 0, 0.9f, 0.f, 5}, {1.f, 0, 1.f, 0.f, 6},
+        {2.f, 1000, 0.99f, 0.f, 7},
+    };
+    for (size_t si = 0; si < sizeof set / sizeof *set; si++) {
+        struct Sampler *host, *dev;
+        if (sampler_new(&set[si], n, &host) || sampler_new(&set[si], n, &dev)) exit(2);
+        struct SampleKeep k;
+        sampler_keep(dev, &k);
+        int differ = 0, sig_bad = 0, head_bad = 0, draws = 20;
+        for (int d = 0; d < draws; d++) {
+            A->fill_u16(C, (uint16_t *)dh, POISON_BF16,
+                        (sizeof *dh + (size_t)n * sizeof(struct GpuCand)) / 2);
+            struct GpuSampleArgs sa = {
+                .logits = dl, .n = n, .mode = (int)k.mode, .inv_temp = k.inv_temp,
+                .floor = k.floor, .mass = k.mass, .k = k.k, .work = dw, .head = dh,
+            };
+            A->sample(C, &sa);
+            struct GpuSampleHead h;
+            A->download(C, &h, dh, sizeof h);
+            dsync("sample");
+            if (h.n_cand < 0 || h.n_cand > n || h.best < 0 || h.best >= n) {
+                head_bad++;
+                continue;
+            }
+            A->download(C, cand, dh + 1, (size_t)h.n_cand * sizeof *cand);
+            dsync("sample candidates");
+            struct SamplePass p = {h.best, h.mx, h.second, h.z1, h.ez1, h.zt, cand, h.n_cand};
+            struct TokenSignal sd, sh;
+            int32_t got = sampler_finish(dev, &p, &sd), want = sampler_sample(host, l, &sh);
+            if (k.mode == SAMPLE_TOP_K) head_bad += h.n_cand != k.k;
+            differ += got != want;
+            sig_bad += !(fabsf(sd.logprob - sh.logprob) <= 1e-4f) ||
+                       !(fabsf(sd.entropy - sh.entropy) <= 1e-4f) ||
+                       !(fabsf(sd.margin - sh.margin) <= 1e-5f);
+        }
+        check(!differ && !sig_bad && !head_bad, "sample (%d logits, T %.1f top-k %d top-p %.2f "
+              "min-p %.2f): %d of %d draws differ from the host's, %d signals off, %d bad heads",
+              n, set[si].temperature, set[si].top_k, set[si].top_p, set[si].min_p, differ,
+              draws, sig_bad, head_bad);
+        sampler_destroy(&host);
+        sampler_destroy(&dev);
+    }
+    A->free(C, dl);
+    A->free(C, dw);
+    A->free(C, dh);
+    free(cand);
+    free(l);
 }
 
 /* The Hopper kernels' two products alone (GpuApi.wgmma_probe) against double-precision
@@ -543,10 +608,30 @@ static void check_model(const struct Model *m, const char *form, const int32_t *
         engine_destroy(&eg);
         return;
     }
-    double worst = 0, worst_mass = 0;
-    int agree = 0, steps = 8;
+    double worst = 0, worst_mass = 0, worst_sig = 0;
+    int agree = 0, steps = 8, dev_greedy = 0;
+    struct SamplerParams gp;
+    sampler_params_default(&gp);
+    struct Sampler *greedy;
+    if (sampler_new(&gp, vocab, &greedy)) exit(2);
     for (int s = 0; s <= steps; s++) {
+        /* the device's sampling pass first, on logits that never left the device */
+        int32_t td = -1;
+        struct TokenSignal sd, sh;
+        if (engine_sample(eg, greedy, &td, &sd, err, sizeof err)) {
+            check(0, "%s: engine_sample: %s", form, err);
+            break;
+        }
         const float *lc = engine_logits(ec), *lg = engine_logits(eg);
+        if (!lg) {
+            check(0, "%s: the GPU context's logits could not be read", form);
+            break;
+        }
+        sampler_signal(lg, vocab, td, &sh);
+        dev_greedy += td == argmax(lg, vocab);
+        double ds = fabs(sd.logprob - sh.logprob) + fabs(sd.entropy - sh.entropy) +
+                    fabs(sd.margin - sh.margin);
+        if (!(ds <= worst_sig)) worst_sig = ds;
         double e = rel_err(lg, lc, (size_t)vocab);
         if (!(e <= worst)) worst = e;
         int tc = argmax(lc, vocab), tg = argmax(lg, vocab);
@@ -570,6 +655,11 @@ static void check_model(const struct Model *m, const char *form, const int32_t *
     check(agree >= steps, "%s: greedy token agrees at %d of %d positions", form, agree, steps + 1);
     check(worst_mass <= 2e-2, "%s: groundedness masses (%d watched heads): worst |doc|+|gen| "
           "difference %.2e (<= 2e-2)", form, nw, worst_mass);
+    check(dev_greedy == steps + 1 && worst_sig <= 1e-4, "%s: greedy sampling on the device picks "
+          "the largest of the same logits at %d of %d positions; signals against the host's "
+          "over them: worst summed difference %.2e (<= 1e-4)", form, dev_greedy, steps + 1,
+          worst_sig);
+    sampler_destroy(&greedy);
     free(cls);
     engine_destroy(&ec);
     engine_destroy(&eg);
@@ -720,6 +810,52 @@ fail:
     engine_destroy(&e);
 }
 
+/* One sampled token with its signals after a decode step's logits (the default settings at
+ * temperature 0.8: top-k 40, top-p 0.95, min-p 0.05): the pass on the device (engine_sample)
+ * against the logits copied back and sampled on the host, interleaved, medians in ms. */
+static void time_sampling(const struct Model *m, int steps, double *dev_ms, double *host_ms)
+{
+    struct Engine *e = open_ctx(m, ENGINE_CUDA, 64 + steps + 8, 256, 1);
+    int32_t ids[64];
+    for (int i = 0; i < 64; i++) ids[i] = (int32_t)((urand() + 1) * 0.5f * (m->cfg.vocab - 1));
+    char err[512];
+    struct SamplerParams sp;
+    sampler_params_default(&sp);
+    sp.temperature = 0.8f;
+    struct Sampler *sd, *sh;
+    double *td = xmalloc((size_t)steps * sizeof *td), *th = xmalloc((size_t)steps * sizeof *th);
+    if (sampler_new(&sp, m->cfg.vocab, &sd) || sampler_new(&sp, m->cfg.vocab, &sh)) exit(2);
+    int rc = engine_prefill(e, ids, 64, err, sizeof err);
+    for (int i = 0; i < steps && !rc; i++) {
+        struct TokenSignal sig;
+        int32_t tok;
+        double t0 = now_s();
+        rc = engine_sample(e, sd, &tok, &sig, err, sizeof err);
+        double t1 = now_s();
+        const float *lg = engine_logits(e);   /* the step's logits still on the device: copied */
+        if (!lg) {
+            snprintf(err, sizeof err, "the logits could not be read");
+            rc = -1;
+            break;
+        }
+        sampler_sample(sh, lg, &sig);
+        th[i] = now_s() - t1;
+        td[i] = t1 - t0;
+        if (!rc) rc = engine_decode(e, tok, err, sizeof err);
+    }
+    if (rc) {
+        check(0, "sampling timing: %s", err);
+        exit(1);
+    }
+    *dev_ms = median(td, steps) * 1e3;
+    *host_ms = median(th, steps) * 1e3;
+    free(td);
+    free(th);
+    sampler_destroy(&sd);
+    sampler_destroy(&sh);
+    engine_destroy(&e);
+}
+
 /* Decode tokens/s of two models at the same depth, their steps interleaved so both see the
  * same machine: 1 / the median step time over `steps` steps each. */
 static void time_decode_pair(const struct Model *ma, const struct Model *mb, int depth, int steps,
@@ -840,6 +976,8 @@ int main(int argc, char **argv)
         check_gemm(1, 576, 49152, 0.f);
         check_gemm(129, 1536, 576, 1.f);
         check_rows();
+        check_sample(49152);
+        check_sample(1000);
     }
     for (int kernel = k_lo; kernel < k_hi; kernel++) {
         check_attention(64, 9, 3, 0, 64, 1, kernel);
@@ -918,6 +1056,8 @@ int main(int argc, char **argv)
             setenv("DIFFRAG_GPU_ATTENTION", "reference", 1);
             time_decode_pair(&df.m, m, 32768, 128, &tps_diff_ref, &tps_gqa_ref);
             unsetenv("DIFFRAG_GPU_ATTENTION");
+            double smp_dev, smp_host;
+            time_sampling(m, 200, &smp_dev, &smp_host);
             printf("\n| measure | value |\n|---|---|\n");
             static const char *const timed[] = {"mma", "wmma"};
             for (int k = 0; k < 2; k++) {
@@ -940,6 +1080,9 @@ int main(int argc, char **argv)
             printf("| decode DIFF V2 / GQA | %.3f |\n", tps_diff / tps_gqa);
             printf("| decode at depth 32K, reference kernels: DIFF V2 / GQA | %.1f / %.1f tokens/s |\n",
                    tps_diff_ref, tps_gqa_ref);
+            printf("| a sampled token with its signals (T 0.8, top-k 40): pass on the device / logits "
+                   "copied and sampled on the host (median of 200) | %.3f / %.3f ms |\n", smp_dev,
+                   smp_host);
         }
         diff_form_free(&df);
         model_destroy(&m);
