@@ -109,11 +109,20 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) k_sample(GpuSampleArgs a)
             for (int shift = 32 - GPU_RADIX_BITS; shift >= 0; shift -= GPU_RADIX_BITS) {
                 for (int d = t; d < GPU_RADIX; d += SAMPLE_THREADS) hist[d] = 0.f;
                 __syncthreads();
-                for (int i = t; i < n; i += SAMPLE_THREADS) {
-                    float w = a.work[i];
-                    uint32_t b = __float_as_uint(w);
-                    if ((b & mask) == prefix)
-                        atomicAdd(&hist[(b >> shift) & (GPU_RADIX - 1)], count ? 1.f : w);
+                /* whole warps each step: a count is added once per digit a warp holds (the
+                 * weights crowd into a few exponents, and lanes adding to one address queue) */
+                for (int base = 0; base < n; base += SAMPLE_THREADS) {
+                    int i = base + t;
+                    uint32_t b = i < n ? __float_as_uint(a.work[i]) : 0u;
+                    int in = i < n && (b & mask) == prefix;
+                    int key = in ? (int)((b >> shift) & (GPU_RADIX - 1)) : -1;
+                    if (count) {
+                        unsigned peers = __match_any_sync(0xffffffffu, key);
+                        if (in && __ffs(peers) - 1 == (t & 31))
+                            atomicAdd(&hist[key], (float)__popc(peers));
+                    } else if (in) {
+                        atomicAdd(&hist[key], __uint_as_float(b));
+                    }
                 }
                 __syncthreads();
                 if (t == 0) {
