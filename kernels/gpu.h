@@ -106,6 +106,8 @@ struct GpuApi {
     void (*free)(struct GpuCtx *c, void *p);
     void (*upload)(struct GpuCtx *c, void *dst, const void *src, size_t bytes);
     void (*download)(struct GpuCtx *c, void *dst, const void *src, size_t bytes);
+    /* Device to device. */
+    void (*copy)(struct GpuCtx *c, void *dst, const void *src, size_t bytes);
     void (*fill_u16)(struct GpuCtx *c, uint16_t *p, uint16_t v, size_t n);
 
     /* x (n, d) f32 = table[tokens[i]] (bf16 rows). */

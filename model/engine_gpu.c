@@ -418,9 +418,11 @@ int gpu_seq_forward(struct GpuSeq *s, const int32_t *tokens, int n, int pos0, co
             .kernel = s->kernel,
         };
         a->attention(x, &at);
+        /* the next layer's product overwrites these lambdas: keep the last position's on the
+         * device (a copy the host need not wait for, as it would for a copy to the host) */
         if (watched && diff && lam)
-            a->download(x, lam + (size_t)l * c->n_head, lam_col + (size_t)(n - 1) * s->qkv_stride,
-                        (size_t)c->n_head * 4);
+            a->copy(x, s->lam + (size_t)l * c->n_head, lam_col + (size_t)(n - 1) * s->qkv_stride,
+                    (size_t)c->n_head * 4);
         a->gemm(x, s->att, n, no, L->wo, d, s->x, d, 1.f);
         a->rmsnorm(x, s->x, d, L->ffn_norm, n, d, c->norm_eps, s->xb);
         a->gemm(x, s->xb, n, d, L->wgu, 2 * F, s->gu, 2 * F, 0.f);
@@ -431,11 +433,12 @@ int gpu_seq_forward(struct GpuSeq *s, const int32_t *tokens, int n, int pos0, co
         a->rmsnorm(x, s->x + (size_t)(n - 1) * d, d, g->output_norm, 1, d, c->norm_eps, s->xb);
         a->gemm(x, s->xb, 1, d, g->output, c->vocab, s->logits, c->vocab, 0.f);
     }
-    if (mass && watch)
-        for (int l = 0; l < c->n_layer; l++)
-            if (watch[l])
-                a->download(x, mass + (size_t)l * c->n_q_head * 2,
-                            s->mass + (size_t)l * c->n_q_head * 2, (size_t)c->n_q_head * 8);
+    /* the watched layers' masses and lambdas in one copy each, after the last layer (the
+     * other layers' entries come along unread) */
+    int any = 0;
+    for (int l = 0; watch && l < c->n_layer; l++) any |= watch[l];
+    if (mass && any) a->download(x, mass, s->mass, (size_t)c->n_layer * c->n_q_head * 8);
+    if (lam && any && diff) a->download(x, lam, s->lam, (size_t)c->n_layer * c->n_head * 4);
     s->last_s = a->timer_stop(x);
     return a->sync(x, err, errlen);
 }

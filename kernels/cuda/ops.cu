@@ -119,6 +119,11 @@ static void download(GpuCtx *c, void *dst, const void *src, size_t n)
     gpu_note(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, c->stream), "download");
 }
 
+static void copy(GpuCtx *c, void *dst, const void *src, size_t n)
+{
+    gpu_note(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, c->stream), "copy");
+}
+
 __global__ void k_fill_u16(uint16_t *p, uint16_t v, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
@@ -267,7 +272,7 @@ static const GpuApi api = {
     GPU_API_VERSION,
     "CUDA " STR(__CUDACC_VER_MAJOR__) "." STR(__CUDACC_VER_MINOR__) ", " DIFFRAG_CUDA_ARCHS,
     device_count, device_info, ctx_new, ctx_destroy, sync, alloc, dfree, upload, download,
-    fill_u16, embed, rmsnorm, gemm, rope_store, attention, swiglu, cuda_wgmma_probe,
+    copy, fill_u16, embed, rmsnorm, gemm, rope_store, attention, swiglu, cuda_wgmma_probe,
     cuda_sample, timer_start, timer_stop,
 };
 
