@@ -6,7 +6,10 @@
  *            (microkernels per instruction set, OpenBLAS inside the pool), against sgemm on
  *            the same shape with f32 weights; and the one-token products' memory bandwidth;
  *   engine   a prefill of the tokens in a file (and optionally greedy decode steps), with the
- *            engine's own split of time and work between products and attention.
+ *            engine's own split of time and work between products and attention;
+ *   sampler  the host's share of one sampled token with its signals: the whole sampler on a CPU
+ *            context's logits, against the draw alone from a pass's candidates (what a GPU
+ *            context's host does after the device's pass), the two interleaved.
  * Prints logfmt lines; figures are medians of --reps runs. */
 #include <cblas.h>
 #include <math.h>
@@ -22,6 +25,7 @@
 #include "kernels/f16.h"
 #include "model/engine.h"
 #include "model/gguf.h"
+#include "model/sampler.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -471,12 +475,61 @@ static int run_engine(const struct Model *m, const char *tokens_path, int thread
     return 0;
 }
 
+/* --- sampling: the host's share of a token --- */
+
+static void run_sampler(int n, int reps)
+{
+    static const struct { const char *name; struct SamplerParams p; } set[] = {
+        {"greedy", {0.f, 40, 0.95f, 0.05f, 1}},
+        {"T0.8_topk40_topp0.95_minp0.05", {0.8f, 40, 0.95f, 0.05f, 2}},
+        {"T0.8_minp0.05", {0.8f, 0, 1.f, 0.05f, 3}},
+    };
+    float *l = malloc((size_t)n * sizeof *l);
+    struct SampleCand *saved = malloc((size_t)n * sizeof *saved);
+    double *tf = malloc((size_t)reps * sizeof *tf), *td = malloc((size_t)reps * sizeof *td);
+    if (!l || !saved || !tf || !td) exit(1);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        l[i] = (float)((double)(x >> 11) * 0x1.0p-53 * 24.0 - 12.0);
+    }
+    for (size_t si = 0; si < sizeof set / sizeof *set; si++) {
+        struct Sampler *a, *b;
+        if (sampler_new(&set[si].p, n, &a) || sampler_new(&set[si].p, n, &b)) exit(1);
+        struct SamplePass pass;
+        sampler_pass(b, l, 1, &pass);
+        memcpy(saved, pass.cand, (size_t)pass.n_cand * sizeof *saved);
+        volatile int32_t sink = 0;
+        for (int r = 0; r < reps; r++) {
+            struct TokenSignal sig;
+            double t0 = now_s();
+            sink += sampler_sample(a, l, &sig);
+            double t1 = now_s();
+            memcpy(pass.cand, saved, (size_t)pass.n_cand * sizeof *saved);
+            double t2 = now_s();
+            sink += sampler_finish(b, &pass, &sig);
+            td[r] = now_s() - t2;
+            tf[r] = t1 - t0;
+        }
+        printf("bench=sampler setting=%s n_vocab=%d candidates=%d host_pass_and_draw_ms=%.4f "
+               "draw_alone_ms=%.4f reps=%d\n", set[si].name, n, pass.n_cand,
+               median(tf, reps) * 1e3, median(td, reps) * 1e3, reps);
+        sampler_destroy(&a);
+        sampler_destroy(&b);
+    }
+    free(l);
+    free(saved);
+    free(tf);
+    free(td);
+}
+
 static void usage(void)
 {
     fprintf(stderr,
             "usage: bench_kernels peaks [--threads N] [--reps R]\n"
             "       bench_kernels shapes -m MODEL [--threads N] [--n ROWS] [--reps R]\n"
             "       bench_kernels attention [--ctx N] [--q-heads 9|18] [--threads N] [--reps R]\n"
+            "       bench_kernels sampler [--n VOCAB] [--reps R]\n"
             "       bench_kernels engine -m MODEL --tokens-file F [--threads N] [--chunk C]\n"
             "                            [--decode N] [--kv f16|f32|q8]\n");
 }
@@ -520,6 +573,10 @@ int main(int argc, char **argv)
     }
     if (!strcmp(mode, "attention")) {
         run_attention(threads, ctx, q_heads, reps, kv);
+        return 0;
+    }
+    if (!strcmp(mode, "sampler")) {
+        run_sampler(n, reps);
         return 0;
     }
     if (!model_path) { usage(); return 2; }

@@ -245,12 +245,12 @@ int32_t sampler_finish(struct Sampler *s, struct SamplePass *p, struct TokenSign
     return chosen;
 }
 
-int32_t sampler_sample(struct Sampler *s, const float *logits, struct TokenSignal *sig)
+void sampler_pass(struct Sampler *s, const float *logits, int with_signals, struct SamplePass *out)
 {
     int n = s->n_vocab;
     struct SamplePass p = {.cand = s->cand};
     p.best = argmax(logits, n, &p.mx);
-    if (sig && p.mx > -INFINITY) signal_sums(logits, n, &p);
+    if (with_signals && p.mx > -INFINITY) signal_sums(logits, n, &p);
     struct SampleKeep k;
     sampler_keep(s, &k);
     if (k.mode != SAMPLE_GREEDY && p.mx > -INFINITY) {
@@ -272,5 +272,12 @@ int32_t sampler_sample(struct Sampler *s, const float *logits, struct TokenSigna
         for (int i = 0; i < m; i++) s->cand[i].logit = clean(logits[s->cand[i].id]);
         p.n_cand = m;
     }
+    *out = p;
+}
+
+int32_t sampler_sample(struct Sampler *s, const float *logits, struct TokenSignal *sig)
+{
+    struct SamplePass p;
+    sampler_pass(s, logits, sig != NULL, &p);
     return sampler_finish(s, &p, sig);
 }

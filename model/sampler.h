@@ -69,6 +69,9 @@ struct SamplePass {
     struct SampleCand *cand; /* what sampler_keep asked for, in any order (sorted in place) */
     int n_cand;
 };
+/* The pass on the host, as sampler_sample makes it (the signals' sums only with
+ * with_signals): *p borrows the sampler's candidate array, valid until its next call. */
+void sampler_pass(struct Sampler *s, const float *logits, int with_signals, struct SamplePass *p);
 /* The draw from a pass: the token, and *sig when non-NULL (then z1, ez1 and second must be
  * filled). Never fails; with no candidate (or mx = -inf) it returns best. */
 int32_t sampler_finish(struct Sampler *s, struct SamplePass *p, struct TokenSignal *sig);

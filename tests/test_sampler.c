@@ -298,6 +298,25 @@ static void emulate_pass(const float *l, int n, const struct SampleKeep *k, floa
     p->n_cand = m;
 }
 
+static int id_cmp(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Whether two candidate lists hold the same ids. */
+static int same_ids(const struct SampleCand *a, int na, const struct SampleCand *b, int nb)
+{
+    if (na != nb) return 0;
+    int32_t *x = malloc(((size_t)na + 1) * 2 * sizeof *x), *y = x + na + 1;
+    for (int i = 0; i < na; i++) x[i] = a[i].id, y[i] = b[i].id;
+    qsort(x, (size_t)na, sizeof *x, id_cmp);
+    qsort(y, (size_t)na, sizeof *y, id_cmp);
+    int same = !memcmp(x, y, (size_t)na * sizeof *x);
+    free(x);
+    return same;
+}
+
 static void test_device_pass(int big)
 {
     int sizes[] = {1, 2, 7, 50, 1000, 3000, 49152};
@@ -306,7 +325,7 @@ static void test_device_pass(int big)
     int top_ks[] = {0, 1, 40, -1};             /* -1: n - 1 */
     float top_ps[] = {1.f, 0.95f, 0.5f, 1e-4f};
     float min_ps[] = {0.f, 0.05f, 0.5f};
-    int cases = 0, draws = 0, differ = 0, sig_bad = 0, count_bad = 0;
+    int cases = 0, draws = 0, differ = 0, sig_bad = 0, count_bad = 0, set_bad = 0;
     for (int si = 0; si < n_sizes; si++) {
         int n = sizes[si];
         float *l = malloc((size_t)n * sizeof *l), *w = malloc((size_t)n * sizeof *w);
@@ -323,13 +342,21 @@ static void test_device_pass(int big)
                         };
                         random_logits(l, n, 4 + 20 * urand());
                         if (n > 7) l[n / 3] = NAN, l[n / 2] = -INFINITY;
-                        struct Sampler *host, *dev;
-                        if (sampler_new(&sp, n, &host) || sampler_new(&sp, n, &dev)) {
+                        struct Sampler *host, *dev, *aux;
+                        if (sampler_new(&sp, n, &host) || sampler_new(&sp, n, &dev) ||
+                            sampler_new(&sp, n, &aux)) {
                             CHECK(0, "sampler_new %d", n);
                             continue;
                         }
                         struct SampleKeep k;
                         sampler_keep(dev, &k);
+                        /* top-k and min-p: the very candidates the host's pass keeps */
+                        if (k.mode == SAMPLE_TOP_K || k.mode == SAMPLE_FLOOR) {
+                            struct SamplePass p, hp;
+                            emulate_pass(l, n, &k, w, cand, &p);
+                            sampler_pass(aux, l, 1, &hp);
+                            set_bad += !same_ids(p.cand, p.n_cand, hp.cand, hp.n_cand);
+                        }
                         for (int d = 0; d < 10; d++) {
                             struct TokenSignal sh, sd;
                             struct SamplePass p;
@@ -348,6 +375,7 @@ static void test_device_pass(int big)
                         }
                         sampler_destroy(&host);
                         sampler_destroy(&dev);
+                        sampler_destroy(&aux);
                         cases++;
                     }
         free(l);
@@ -356,8 +384,9 @@ static void test_device_pass(int big)
     }
     printf("%d settings, %d draws from the replayed device pass: %d differ from the host's\n",
            cases, draws, differ);
-    CHECK(differ == 0 && sig_bad == 0 && count_bad == 0, "device pass: %d of %d draws differ, "
-          "%d signals off, %d top-k counts off", differ, draws, sig_bad, count_bad);
+    CHECK(differ == 0 && sig_bad == 0 && count_bad == 0 && set_bad == 0, "device pass: %d of %d "
+          "draws differ, %d signals off, %d top-k counts off, %d candidate sets differ from the "
+          "host pass's", differ, draws, sig_bad, count_bad, set_bad);
 
     /* ties at the top-k boundary: the lower ids, as the host's heap keeps them */
     int n = 1000;
