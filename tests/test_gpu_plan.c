@@ -329,8 +329,28 @@ static void test_loading(void)
     model_destroy(&m);
 }
 
+/* The sampling kernel's radix-select step (its use over whole vocabularies is checked in
+ * tests/test_sampler.c): the digit where the running total from the top reaches what is
+ * wanted, and the shortfall and empty cases. */
+static void test_radix_digit(void)
+{
+    float h[GPU_RADIX] = {0}, above = -1.f;
+    CHECK(gpu_radix_digit(h, 1.f, &above) == 0 && above == 0.f, "empty histogram: digit 0");
+    h[200] = 3.f;
+    h[100] = 5.f;
+    h[7] = 2.f;
+    CHECK(gpu_radix_digit(h, 1.f, &above) == 200 && above == 0.f, "want 1: the top digit");
+    CHECK(gpu_radix_digit(h, 3.f, &above) == 200 && above == 0.f, "want 3: reached exactly");
+    CHECK(gpu_radix_digit(h, 4.f, &above) == 100 && above == 3.f, "want 4: the next, 3 above");
+    CHECK(gpu_radix_digit(h, 8.f, &above) == 100 && above == 3.f, "want 8: reached exactly");
+    CHECK(gpu_radix_digit(h, 9.f, &above) == 7 && above == 8.f, "want 9: the last digit");
+    CHECK(gpu_radix_digit(h, 11.f, &above) == 7 && above == 8.f,
+          "want more than there is: the smallest non-empty digit, everything above it");
+}
+
 int main(void)
 {
+    test_radix_digit();
     test_attn_plan();
     test_wg_plan();
     test_wg_layout();
