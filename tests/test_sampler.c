@@ -117,51 +117,58 @@ static void random_logits(float *l, int n, double spread)
     }
 }
 
+/* The settings both comparisons walk: every combination of the values below; over the largest
+ * vocabulary a quarter of them, covering every filter path. Fills *sp for combination i at
+ * vocabulary n and returns 1, or 0 for one left out. */
+#define N_SETTINGS (5 * 5 * 4 * 3)
+static int setting(int i, int n, uint64_t seed, struct SamplerParams *sp)
+{
+    static const float temps[] = {0.f, 0.3f, 0.7f, 1.f, 2.5f};
+    static const int top_ks[] = {0, 1, 5, 40, -1};          /* -1: n - 1 */
+    static const float top_ps[] = {1.f, 0.95f, 0.5f, 1e-4f};
+    static const float min_ps[] = {0.f, 0.05f, 0.5f};
+    int ti = i / 60, ki = i / 12 % 5, pi = i / 3 % 4, mi = i % 3;
+    if (n > 3000 && (ti + ki + pi + mi) % 4) return 0;
+    *sp = (struct SamplerParams){
+        .temperature = temps[ti], .top_k = top_ks[ki] < 0 ? n - 1 : top_ks[ki],
+        .top_p = top_ps[pi], .min_p = min_ps[mi], .seed = seed,
+    };
+    return 1;
+}
+
 static void test_against_reference(int big)
 {
     int sizes[] = {1, 2, 7, 50, 1000, 3000, 49152};
     int n_sizes = big ? 7 : 5;
-    float temps[] = {0.f, 0.3f, 0.7f, 1.f, 2.5f};
-    int top_ks[] = {0, 1, 5, 40, -1};          /* -1: n - 1 */
-    float top_ps[] = {1.f, 0.95f, 0.5f, 1e-4f};
-    float min_ps[] = {0.f, 0.05f, 0.5f};
     int cases = 0, draws = 0, differ = 0;
     for (int si = 0; si < n_sizes; si++) {
         int n = sizes[si];
         float *l = malloc((size_t)n * sizeof *l);
         struct RefCand *c = malloc((size_t)n * sizeof *c);
-        for (int ti = 0; ti < 5; ti++)
-            for (int ki = 0; ki < 5; ki++)
-                for (int pi = 0; pi < 4; pi++)
-                    for (int mi = 0; mi < 3; mi++) {
-                        /* the largest vocabulary: a sample of the settings, every filter path */
-                        if (n > 3000 && (ti + ki + pi + mi) % 4) continue;
-                        struct SamplerParams sp = {
-                            .temperature = temps[ti], .top_k = top_ks[ki] < 0 ? n - 1 : top_ks[ki],
-                            .top_p = top_ps[pi], .min_p = min_ps[mi],
-                            .seed = 1000 + (uint64_t)cases,
-                        };
-                        random_logits(l, n, 4 + 20 * urand());
-                        struct Sampler *s;
-                        if (sampler_new(&sp, n, &s)) {
-                            CHECK(0, "sampler_new %d", n);
-                            continue;
-                        }
-                        uint64_t state = sp.seed;
-                        int32_t best;
-                        int m = ref_filter(&sp, l, n, c, &best);
-                        for (int d = 0; d < 20; d++) {
-                            int32_t got = sampler_sample(s, l, NULL);
-                            int32_t want = ref_draw(&state, c, m, best);
-                            if (got != want && differ++ < 5)
-                                fprintf(stderr, "n %d T %g k %d p %g min_p %g draw %d: %d, "
-                                        "reference %d\n", n, sp.temperature, sp.top_k, sp.top_p,
-                                        sp.min_p, d, got, want);
-                            draws++;
-                        }
-                        sampler_destroy(&s);
-                        cases++;
-                    }
+        for (int i = 0; i < N_SETTINGS; i++) {
+            struct SamplerParams sp;
+            if (!setting(i, n, 1000 + (uint64_t)cases, &sp)) continue;
+            random_logits(l, n, 4 + 20 * urand());
+            struct Sampler *s;
+            if (sampler_new(&sp, n, &s)) {
+                CHECK(0, "sampler_new %d", n);
+                continue;
+            }
+            uint64_t state = sp.seed;
+            int32_t best;
+            int m = ref_filter(&sp, l, n, c, &best);
+            for (int d = 0; d < 20; d++) {
+                int32_t got = sampler_sample(s, l, NULL);
+                int32_t want = ref_draw(&state, c, m, best);
+                if (got != want && differ++ < 5)
+                    fprintf(stderr, "n %d T %g k %d p %g min_p %g draw %d: %d, "
+                            "reference %d\n", n, sp.temperature, sp.top_k, sp.top_p,
+                            sp.min_p, d, got, want);
+                draws++;
+            }
+            sampler_destroy(&s);
+            cases++;
+        }
         free(l);
         free(c);
     }
@@ -321,63 +328,52 @@ static void test_device_pass(int big)
 {
     int sizes[] = {1, 2, 7, 50, 1000, 3000, 49152};
     int n_sizes = big ? 7 : 6;
-    float temps[] = {0.f, 0.7f, 1.f, 2.5f};
-    int top_ks[] = {0, 1, 40, -1};             /* -1: n - 1 */
-    float top_ps[] = {1.f, 0.95f, 0.5f, 1e-4f};
-    float min_ps[] = {0.f, 0.05f, 0.5f};
     int cases = 0, draws = 0, differ = 0, sig_bad = 0, count_bad = 0, set_bad = 0;
     for (int si = 0; si < n_sizes; si++) {
         int n = sizes[si];
         float *l = malloc((size_t)n * sizeof *l), *w = malloc((size_t)n * sizeof *w);
         struct SampleCand *cand = malloc((size_t)n * sizeof *cand);
-        for (int ti = 0; ti < 4; ti++)
-            for (int ki = 0; ki < 4; ki++)
-                for (int pi = 0; pi < 4; pi++)
-                    for (int mi = 0; mi < 3; mi++) {
-                        if (n > 3000 && (ti + ki + pi + mi) % 4) continue;
-                        struct SamplerParams sp = {
-                            .temperature = temps[ti], .top_k = top_ks[ki] < 0 ? n - 1 : top_ks[ki],
-                            .top_p = top_ps[pi], .min_p = min_ps[mi],
-                            .seed = 7000 + (uint64_t)cases,
-                        };
-                        random_logits(l, n, 4 + 20 * urand());
-                        if (n > 7) l[n / 3] = NAN, l[n / 2] = -INFINITY;
-                        struct Sampler *host, *dev, *aux;
-                        if (sampler_new(&sp, n, &host) || sampler_new(&sp, n, &dev) ||
-                            sampler_new(&sp, n, &aux)) {
-                            CHECK(0, "sampler_new %d", n);
-                            continue;
-                        }
-                        struct SampleKeep k;
-                        sampler_keep(dev, &k);
-                        /* top-k and min-p: the very candidates the host's pass keeps */
-                        if (k.mode == SAMPLE_TOP_K || k.mode == SAMPLE_FLOOR) {
-                            struct SamplePass p, hp;
-                            emulate_pass(l, n, &k, w, cand, &p);
-                            sampler_pass(aux, l, 1, &hp);
-                            set_bad += !same_ids(p.cand, p.n_cand, hp.cand, hp.n_cand);
-                        }
-                        for (int d = 0; d < 10; d++) {
-                            struct TokenSignal sh, sd;
-                            struct SamplePass p;
-                            int32_t want = sampler_sample(host, l, &sh);
-                            emulate_pass(l, n, &k, w, cand, &p);
-                            if (k.mode == SAMPLE_TOP_K) count_bad += p.n_cand != k.k;
-                            int32_t got = sampler_finish(dev, &p, &sd);
-                            if (got != want && differ++ < 5)
-                                fprintf(stderr, "device pass: n %d T %g k %d p %g min_p %g draw %d:"
-                                        " %d, host %d\n", n, sp.temperature, sp.top_k, sp.top_p,
-                                        sp.min_p, d, got, want);
-                            sig_bad += fabsf(sd.logprob - sh.logprob) > 1e-5f ||
-                                       fabsf(sd.entropy - sh.entropy) > 1e-5f ||
-                                       fabsf(sd.margin - sh.margin) > 1e-6f;
-                            draws++;
-                        }
-                        sampler_destroy(&host);
-                        sampler_destroy(&dev);
-                        sampler_destroy(&aux);
-                        cases++;
-                    }
+        for (int i = 0; i < N_SETTINGS; i++) {
+            struct SamplerParams sp;
+            if (!setting(i, n, 7000 + (uint64_t)cases, &sp)) continue;
+            random_logits(l, n, 4 + 20 * urand());
+            if (n > 7) l[n / 3] = NAN, l[n / 2] = -INFINITY;
+            struct Sampler *host, *dev, *aux;
+            if (sampler_new(&sp, n, &host) || sampler_new(&sp, n, &dev) ||
+                sampler_new(&sp, n, &aux)) {
+                CHECK(0, "sampler_new %d", n);
+                continue;
+            }
+            struct SampleKeep k;
+            sampler_keep(dev, &k);
+            /* top-k and min-p: the very candidates the host's pass keeps */
+            if (k.mode == SAMPLE_TOP_K || k.mode == SAMPLE_FLOOR) {
+                struct SamplePass p, hp;
+                emulate_pass(l, n, &k, w, cand, &p);
+                sampler_pass(aux, l, 1, &hp);
+                set_bad += !same_ids(p.cand, p.n_cand, hp.cand, hp.n_cand);
+            }
+            for (int d = 0; d < 5; d++) {
+                struct TokenSignal sh, sd;
+                struct SamplePass p;
+                int32_t want = sampler_sample(host, l, &sh);
+                emulate_pass(l, n, &k, w, cand, &p);
+                if (k.mode == SAMPLE_TOP_K) count_bad += p.n_cand != k.k;
+                int32_t got = sampler_finish(dev, &p, &sd);
+                if (got != want && differ++ < 5)
+                    fprintf(stderr, "device pass: n %d T %g k %d p %g min_p %g draw %d:"
+                            " %d, host %d\n", n, sp.temperature, sp.top_k, sp.top_p,
+                            sp.min_p, d, got, want);
+                sig_bad += fabsf(sd.logprob - sh.logprob) > 1e-5f ||
+                           fabsf(sd.entropy - sh.entropy) > 1e-5f ||
+                           fabsf(sd.margin - sh.margin) > 1e-6f;
+                draws++;
+            }
+            sampler_destroy(&host);
+            sampler_destroy(&dev);
+            sampler_destroy(&aux);
+            cases++;
+        }
         free(l);
         free(w);
         free(cand);
