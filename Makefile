@@ -50,7 +50,7 @@ $(MODEL_FILE): tools/fetch-model.sh
 	sh tools/fetch-model.sh
 
 test: all $(MODEL_FILE)
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q --durations=15 tests
 
 # Everything built with AddressSanitizer + UndefinedBehaviorSanitizer in build/asan (flags
 # above; -O2, as -O1 made the engine's products 3 times slower still); `BUILD=build/asan make
