@@ -14,3 +14,11 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(ALL_DEPS)
 BINS += $(BUILD)/tests/gpu/gpu_check
 $(BUILD)/tests/gpu/gpu_check: $(BUILD)/tests/gpu/gpu_check.o $(LIB_MODEL)
 	$(CC) $(LDFLAGS) $< -o $@ $(MODEL_LIBS) $(LDLIBS)
+
+# The GPU table carried out on the host (tests/gpu/host_gpu.c), loaded in place of the CUDA
+# backend so that `make test` drives the engine's GPU contexts and the GPU checks without a GPU
+# (tests/test_gpu_host.py).
+BINS += $(BUILD)/tests/libdiffrag_hostgpu.so
+$(BUILD)/tests/libdiffrag_hostgpu.so: tests/gpu/host_gpu.c kernels/gpu.h kernels/gpu_plan.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -shared $< -o $@ $(LDFLAGS) -lopenblas $(LDLIBS)
