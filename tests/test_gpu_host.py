@@ -32,3 +32,53 @@ def test_gpu_checks_against_the_host_emulation(default_model):
         e2e = [o for o in oks if o.startswith(form + ", ")]
         assert len(e2e) == 4, (form, e2e)
         assert any("greedy sampling on the device" in o for o in e2e), e2e
+
+
+def test_daemon_on_the_host_emulation(tmp_path):
+    """diffragd with `device cuda` on the emulated GPU, a tiny random DIFF V2 model of head
+    dimension 64 (whose lambdas are not 0), beside the same model on the CPU: the daemon puts
+    the model and a KV pool for its workers on the device, answers greedy and sampled queries
+    through the device's sampling pass, and returns groundedness signals whose distribution
+    figures for the first token agree with the CPU's."""
+    import math
+
+    from daemon_util import Daemon, gen_model, query
+
+    model = gen_model(tmp_path / "tiny-diffv2-hd64.gguf", "--arch", "diffv2", "--layers", 2,
+                      "--dim", 128, "--heads", 2, "--kv-heads", 1, "--head-dim", 64,
+                      "--ffn", 256, "--vocab", 512, "--seed", 11, "--untied")
+    docs = [{"id": "rhine", "text": "The Rhine flows 1,230 km from the Swiss Alps to the North "
+             "Sea. Cologne and Basel lie on its banks."},
+            {"id": "paris", "text": "Paris is the capital of France; the Seine crosses it."}]
+    lib = (BUILD / "tests" / "libdiffrag_hostgpu.so").resolve()
+    env = {"DIFFRAG_CUDA_LIB": str(lib), "OPENBLAS_NUM_THREADS": "1"}
+    replies = {}
+    for device in ("cuda", "cpu"):
+        (tmp_path / device).mkdir()
+        with Daemon(tmp_path / device, model, workers=2, device=device, env=env) as d:
+            if device == "cuda":
+                log = d.log_text()
+                assert "host emulation of the GPU table" in log, log[-2000:]
+                assert 'backend="cuda"' in d.metrics()
+            c = d.client()
+            for name, kw in (("greedy", {"temperature": 0}),
+                             ("sampled", {"temperature": 0.8, "seed": 5})):
+                _, r = c.call(query("How long is the Rhine?", docs, max_tokens=16,
+                                    include=["token_signals"], **kw), timeout=120)
+                assert r["ok"], r
+                replies[device, name] = r
+            assert d.stop() == 0, d.log_text()[-2000:]
+    for name in ("greedy", "sampled"):
+        g, c = replies["cuda", name], replies["cpu", name]
+        ts, tc = g["token_signals"], c["token_signals"]
+        n = len(ts["text"])
+        assert n >= 1 and "".join(ts["text"]) == g["answer"]
+        for k in ("logprob", "entropy", "margin", "doc_mass", "gen_mass", "diff_doc_mass"):
+            assert all(math.isfinite(v) for v in ts[k]), (k, ts[k])
+        # DIFF V2 with lambdas that are not 0: the differential mass is not the mass
+        assert any(abs(a - b) > 1e-4 for a, b in zip(ts["diff_doc_mass"], ts["doc_mass"])), ts
+        # the first token's distribution comes from the same prompt on both (bf16 on the device)
+        assert abs(ts["entropy"][0] - tc["entropy"][0]) < 0.05, (ts["entropy"][0], tc["entropy"][0])
+        for k in ("doc_mass", "diff_doc_mass"):
+            assert abs(ts[k][0] - tc[k][0]) < 0.03, (k, ts[k][0], tc[k][0])
+        print(name, "cuda (emulated):", repr(g["answer"]), "cpu:", repr(c["answer"]))
