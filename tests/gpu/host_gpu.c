@@ -264,8 +264,27 @@ static int wgmma_probe(struct GpuCtx *c, int head_dim, const uint16_t *a, const 
 static float clean(float x) { return isnan(x) ? -INFINITY : x; }
 static uint32_t bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
-/* Sampling's pass as kernels/cuda/sample.cu makes it, in one thread: the same radix select
- * through gpu_radix_digit, the candidates in id order. */
+/* A sum over the kernel's 1024 threads in its order: each warp's 32 partial sums by a
+ * butterfly, then the warps' results one after the other. */
+#define SAMPLE_THREADS 1024
+static double block_sum(const double *part)
+{
+    double r = 0;
+    for (int w = 0; w < SAMPLE_THREADS / 32; w++) {
+        double v[32], nv[32];
+        memcpy(v, part + w * 32, sizeof v);
+        for (int o = 16; o; o >>= 1) {
+            for (int l = 0; l < 32; l++) nv[l] = v[l] + v[l ^ o];
+            memcpy(v, nv, sizeof v);
+        }
+        r = w ? r + v[0] : v[0];
+    }
+    return r;
+}
+
+/* Sampling's pass as kernels/cuda/sample.cu makes it, its threads taken one after the other:
+ * the sums in its order, the same radix select through gpu_radix_digit, the candidates in id
+ * order. tests/test_sampler.c draws from these candidates against the host sampler. */
 static void sample(struct GpuCtx *c, const struct GpuSampleArgs *a)
 {
     int n = a->n;
@@ -280,17 +299,27 @@ static void sample(struct GpuCtx *c, const struct GpuSampleArgs *a)
     for (int i = 0; i < n && mx > -INFINITY; i++)
         if (clean(x[i]) == mx) { best = i; break; }
     int sampling = a->mode != GPU_SAMPLE_GREEDY && mx > -INFINITY;
-    double z1 = 0, ez1 = 0, zt = 0;
-    for (int i = 0; i < n && mx > -INFINITY; i++) {
-        float v = clean(x[i]), d = v - mx, e = expf(d);
-        if (i != best) second = fmaxf(second, v);
-        z1 += e;
-        ez1 += e > 0.f ? (double)e * d : 0.0;
-        if (sampling) {
-            a->work[i] = expf(d * a->inv_temp);
-            zt += a->work[i];
+    double *p1 = malloc(3 * SAMPLE_THREADS * sizeof *p1), *pe = p1 + SAMPLE_THREADS,
+           *pt = pe + SAMPLE_THREADS;
+    if (!p1) {
+        note(c, "sample: out of host memory");
+        return;
+    }
+    for (int t = 0; t < SAMPLE_THREADS; t++) {
+        p1[t] = pe[t] = pt[t] = 0;
+        for (int i = t; i < n && mx > -INFINITY; i += SAMPLE_THREADS) {
+            float v = clean(x[i]), d = v - mx, e = expf(d);
+            if (i != best) second = fmaxf(second, v);
+            p1[t] += e;
+            pe[t] += e > 0.f ? (double)e * d : 0.0;
+            if (sampling) {
+                a->work[i] = expf(d * a->inv_temp);
+                pt[t] += a->work[i];
+            }
         }
     }
+    double z1 = block_sum(p1), ez1 = block_sum(pe), zt = block_sum(pt);
+    free(p1);
     struct GpuCand *cand = (struct GpuCand *)(a->head + 1);
     int m = 0;
     if (sampling) {
