@@ -86,7 +86,8 @@ struct GpuSampleArgs {
     int k;
     float *work;               /* (n) f32 device scratch (the w) */
     struct GpuSampleHead *head; /* device: the head, then up to n struct GpuCand right after it
-                                  (in id order) */
+                                  (those above the boundary in id order, then the
+                                  boundary's ties in id order) */
 };
 
 struct GpuApi {

@@ -283,7 +283,7 @@ static double block_sum(const double *part)
 }
 
 /* Sampling's pass as kernels/cuda/sample.cu makes it, its threads taken one after the other:
- * the sums in its order, the same radix select through gpu_radix_digit, the candidates in id
+ * the sums in its order, the same radix select through gpu_radix_digit, the candidates in its
  * order. tests/test_sampler.c draws from these candidates against the host sampler. */
 static void sample(struct GpuCtx *c, const struct GpuSampleArgs *a)
 {
