@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #define GPU_PAGE 64
-#define GPU_API_VERSION 3
+#define GPU_API_VERSION 4
 
 struct GpuCtx;
 
@@ -48,6 +48,7 @@ struct GpuAttnArgs {
     const void *pool;
     const int32_t *pages;
     size_t page_elems;
+    int pool_pages;            /* pages in the pool (the bounds of the TMA kernels' tensor map) */
     int layer;
     int n_tok, pos0, n_q_head, n_kv_head, head_dim;
     float scale;
@@ -62,7 +63,8 @@ struct GpuAttnArgs {
     /* Kernels: 0 the tensor-core ones with scores in registers (mma.sync; default), 1 the
      * first forms (prefill: WMMA through shared memory; decode: one key at a time per warp),
      * kept as a cross-check, 2 the Hopper prefill kernel (wgmma; decode as 0) and 3 its
-     * pipelined form, which fall back to 0 on a device other than compute capability 9.0. */
+     * pipelined form, 4 and 5 the same two fed by TMA from a producer warp (warp-specialised),
+     * which fall back to 0 on a device other than compute capability 9.0. */
     int kernel;
 };
 

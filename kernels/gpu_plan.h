@@ -104,8 +104,9 @@ static inline size_t gpu_wg_smem(int head_dim, int pipe)
     return (size_t)GPU_WG_STAGES(pipe) * 2u * GPU_PAGE * head_dim * 2 + 1024;
 }
 
-static inline int gpu_wg_plan(int n_tok, int n_q_head, int n_kv_head, int head_dim, int diff,
-                              struct GpuWgPlan *p)
+/* The launch shape with at most max_wgs warpgroups a block (the shared part of the plans). */
+static inline int gpu_wg_shape(int n_tok, int n_q_head, int n_kv_head, int head_dim, int diff,
+                               int max_wgs, struct GpuWgPlan *p)
 {
     if ((head_dim != 64 && head_dim != 128) || n_kv_head < 1 || n_q_head % n_kv_head ||
         n_tok < 1)
@@ -116,12 +117,83 @@ static inline int gpu_wg_plan(int n_tok, int n_q_head, int n_kv_head, int head_d
     p->qt = 64 / p->per_wg;
     int units = group / p->per_wg;
     p->wgs = 1;
-    for (int w = 1; w <= gpu_wg_max(head_dim); w++)
+    for (int w = 1; w <= max_wgs; w++)
         if (units % w == 0) p->wgs = w;
     p->blocks_x = (n_tok + p->qt - 1) / p->qt;
     p->blocks_y = n_kv_head * (units / p->wgs);
+    return 0;
+}
+
+static inline int gpu_wg_plan(int n_tok, int n_q_head, int n_kv_head, int head_dim, int diff,
+                              struct GpuWgPlan *p)
+{
+    if (gpu_wg_shape(n_tok, n_q_head, n_kv_head, head_dim, diff, gpu_wg_max(head_dim), p))
+        return -1;
     p->smem = gpu_wg_smem(head_dim, 0);
     p->smem_pipe = gpu_wg_smem(head_dim, 1);
+    return 0;
+}
+
+/* The same kernel fed by the tensor memory accelerator (DIFFRAG_GPU_ATTENTION=wgmma-tma and
+ * wgmma-tma-pipe): the block's wgs consumer warpgroups are followed by a producer warpgroup
+ * of which one thread issues the TMA copies of each K/V page into GPU_TMA_STAGES stages of
+ * the same swizzled layout (a box of GPU_PAGE rows by 64 dimensions is one 128-byte-swizzled
+ * atom), so the consumers neither compute addresses nor wait for each other. Each stage has
+ * a "full" barrier (complete when the copies' bytes have landed) and an "empty" one (one
+ * arrival per consumer warp once its products have read the page). The producer gives up
+ * registers with setmaxnreg and the consumers take them: with T threads and B blocks a
+ * multiprocessor, every thread starts with min(255, 65536 / (T B)) registers (rounded down
+ * to 8), and 128 * producer + wgs * 128 * consumer must not exceed what the block started
+ * with (tests/test_gpu_plan.c). */
+#define GPU_TMA_STAGES 4
+#define GPU_TMA_THREADS(wgs) (((wgs) + 1) * 128)
+#define GPU_TMA_MIN_BLOCKS(wgs) ((wgs) == 1 ? 2 : 1)
+#define GPU_TMA_REGS_PRODUCER 24
+#define GPU_TMA_REGS_CONSUMER(wgs) ((wgs) == 1 ? 232 : (wgs) == 2 ? 240 : 160)
+
+/* At most three consumers (160 registers each) for head_dim 64 unpipelined (which needs
+ * about 125), else two (240: the pipelined form keeps two score tiles). */
+static inline int gpu_tma_max_wgs(int head_dim, int pipe) { return head_dim <= 64 && !pipe ? 3 : 2; }
+
+/* The stages, then the 2 * GPU_TMA_STAGES barriers (8 bytes each), plus 1 KiB for alignment. */
+static inline size_t gpu_tma_smem(int head_dim)
+{
+    return (size_t)GPU_TMA_STAGES * 2u * GPU_PAGE * head_dim * 2 + 2u * GPU_TMA_STAGES * 8 + 1024;
+}
+
+static inline int gpu_tma_plan(int n_tok, int n_q_head, int n_kv_head, int head_dim, int diff,
+                               int pipe, struct GpuWgPlan *p)
+{
+    if (gpu_wg_shape(n_tok, n_q_head, n_kv_head, head_dim, diff, gpu_tma_max_wgs(head_dim, pipe), p))
+        return -1;
+    p->smem = p->smem_pipe = gpu_tma_smem(head_dim);
+    return 0;
+}
+
+/* The TMA kernels' view of the page pool: a matrix of head_dim-wide bf16 rows, copied in
+ * boxes of 64 dimensions by GPU_PAGE rows (the 128-byte swizzle allows boxes 128 bytes wide;
+ * head_dim 128 takes two, into the two halves gpu_sw128_offset lays out). */
+struct GpuTmaGeom {
+    uint64_t dims[2];          /* elements of a row (head_dim), rows */
+    uint64_t row_bytes;        /* the stride of dimension 1 */
+    uint32_t box[2];           /* 64, GPU_PAGE */
+    int boxes;                 /* per page: head_dim / 64 */
+};
+
+/* 0, or -1 when the pool cannot be seen so (another head_dim, or rows beyond a 32-bit
+ * coordinate). */
+static inline int gpu_tma_geom(int pool_pages, size_t page_elems, int head_dim, struct GpuTmaGeom *g)
+{
+    if ((head_dim != 64 && head_dim != 128) || pool_pages < 1 || page_elems % (size_t)head_dim)
+        return -1;
+    uint64_t rows = (uint64_t)pool_pages * (page_elems / (size_t)head_dim);
+    if (rows > 0x7fffffffu) return -1;
+    g->dims[0] = (uint64_t)head_dim;
+    g->dims[1] = rows;
+    g->row_bytes = (uint64_t)head_dim * 2;
+    g->box[0] = 64;
+    g->box[1] = GPU_PAGE;
+    g->boxes = head_dim / 64;
     return 0;
 }
 
@@ -175,6 +247,15 @@ GPU_HD static inline uint64_t gpu_wg_desc_k(uint32_t base, int step)
 GPU_HD static inline uint64_t gpu_wg_desc_v(uint32_t base, int step)
 {
     return gpu_wgmma_desc(base + (uint32_t)step * 2048, GPU_PAGE * 128, 1024);
+}
+
+/* The first row, in the TMA kernels' view of the pool (struct GpuTmaGeom), of the GPU_PAGE
+ * rows of KV head g, kind c (0 keys, 1 values) and layer l in page p. */
+GPU_HD static inline int64_t gpu_kv_row(int32_t p, size_t page_elems, int layer, int kind,
+                                        int n_kv_head, int g, int head_dim)
+{
+    return (int64_t)p * (int64_t)(page_elems / (size_t)head_dim) +
+           ((int64_t)(layer * 2 + kind) * n_kv_head + g) * GPU_PAGE;
 }
 
 /* Decode attention (one query token, flash-decoding): the keys are cut into `splits` ranges

@@ -283,17 +283,19 @@ int gpu_seq_new(const struct Model *m, int n_ctx, int chunk, struct GpuSeq **out
                 size_t errlen)
 {
     *out = NULL;
-    /* the attention kernels: the default (mma.sync), the Hopper prefill (wgmma, and its
-     * pipelined form), or the first forms kept as a cross-check */
+    /* the attention kernels: the default (mma.sync), the Hopper prefill (wgmma, its
+     * pipelined form, and both fed by TMA), or the first forms kept as a cross-check */
+    static const char *const kernels[] = {"mma", "reference", "wgmma", "wgmma-pipe", "wgmma-tma",
+                                          "wgmma-tma-pipe"};
     const char *ak = getenv("DIFFRAG_GPU_ATTENTION");
     int kernel = 0;
-    if (ak && *ak && strcmp(ak, "mma")) {
-        if (!strcmp(ak, "reference")) kernel = 1;
-        else if (!strcmp(ak, "wgmma")) kernel = 2;
-        else if (!strcmp(ak, "wgmma-pipe")) kernel = 3;
-        else {
-            snprintf(err, errlen, "DIFFRAG_GPU_ATTENTION=%.64s: expected mma, wgmma, wgmma-pipe or "
-                     "reference", ak);
+    if (ak && *ak) {
+        kernel = -1;
+        for (int k = 0; k < (int)(sizeof kernels / sizeof *kernels); k++)
+            if (!strcmp(ak, kernels[k])) kernel = k;
+        if (kernel < 0) {
+            snprintf(err, errlen, "DIFFRAG_GPU_ATTENTION=%.64s: expected mma, wgmma, wgmma-pipe, "
+                     "wgmma-tma, wgmma-tma-pipe or reference", ak);
             return -1;
         }
     }
@@ -410,8 +412,8 @@ int gpu_seq_forward(struct GpuSeq *s, const int32_t *tokens, int n, int pos0, co
         int watched = watch && watch[l];
         struct GpuAttnArgs at = {
             .q = s->q, .out = s->att, .pool = g->pool_mem, .pages = s->pages,
-            .page_elems = g->page_elems, .layer = l, .n_tok = n, .pos0 = pos0,
-            .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
+            .page_elems = g->page_elems, .pool_pages = g->pool.n_pages, .layer = l, .n_tok = n,
+            .pos0 = pos0, .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
             .scale = 1.f / sqrtf((float)hd), .lambda = lam_col, .lambda_stride = s->qkv_stride,
             .cls = s->cls, .n_marked = n_marked,
             .mass = watched ? s->mass + (size_t)l * c->n_q_head * 2 : NULL,

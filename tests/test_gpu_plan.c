@@ -1,5 +1,6 @@
 /* The GPU backend's host-side logic, checked without a GPU: the attention kernels' launch
- * plans (the Hopper kernel's row mapping and swizzled layout against its wgmma descriptors),
+ * plans (the Hopper kernel's row mapping and swizzled layout against its wgmma descriptors; its
+ * TMA form's register split, stages and tensor-map view of the pool),
  * the decode split plan, the KV page pool (also under two threads), the device memory
  * estimate, bf16 conversion, loading the CUDA library (clear errors when it or a GPU is
  * missing) and the device setting. */
@@ -175,6 +176,94 @@ static void test_wg_layout(void)
           "descriptor fields: start, LBO, SBO, 128-byte swizzle (%016llx)", (unsigned long long)d);
 }
 
+/* The TMA form: what setmaxnreg may move between the producer and the consumers, the stages'
+ * shared memory, the launch shapes, and the tensor map's view of the pool: each box, copied
+ * with the 128-byte swizzle (the same address XOR as above, given a 1024-byte aligned
+ * destination), puts every element of a page where gpu_sw128_offset says and takes it from
+ * where kernels/gpu.h says the page holds it. */
+static void test_tma_plan(void)
+{
+    for (int wgs = 1; wgs <= 3; wgs++) {
+        int threads = GPU_TMA_THREADS(wgs), blocks = GPU_TMA_MIN_BLOCKS(wgs);
+        int entry = 65536 / (threads * blocks);
+        entry = (entry > 255 ? 255 : entry) & ~7;
+        int dec = GPU_TMA_REGS_PRODUCER, inc = GPU_TMA_REGS_CONSUMER(wgs);
+        CHECK(dec % 8 == 0 && inc % 8 == 0 && dec >= 24 && inc <= 256 && dec <= entry && inc >= entry &&
+              128 * dec + wgs * 128 * inc <= entry * threads && threads * blocks <= 2048,
+              "%d consumer warpgroups: %d threads start with %d registers; producer %d, consumers %d",
+              wgs, threads, entry, dec, inc);
+        /* head_dim 64 fits the blocks the register split assumes; 128 (four 32 KiB stages) one */
+        for (int hd = 64; hd <= 128; hd += 64)
+            CHECK(gpu_tma_smem(hd) * (hd == 64 ? blocks : 1) <= 227 * 1024 &&
+                  gpu_tma_smem(hd) >= (size_t)GPU_TMA_STAGES * 4 * GPU_PAGE * hd + 2 * GPU_TMA_STAGES * 8 + 1023,
+                  "hd %d: %d blocks of %zu bytes of shared memory", hd, blocks, gpu_tma_smem(hd));
+    }
+    struct GpuWgPlan p;
+    CHECK(gpu_tma_plan(8192, 18, 3, 64, 1, 0, &p) == 0 && p.wgs == 3 && p.blocks_x == 256 &&
+          p.blocks_y == 3 && p.smem == gpu_tma_smem(64), "DIFF V2 18/3: %d consumer warpgroups", p.wgs);
+    CHECK(gpu_tma_plan(8192, 18, 3, 64, 1, 1, &p) == 0 && p.wgs == 1 && p.blocks_y == 9,
+          "DIFF V2 18/3 pipelined: %d consumer warpgroup (240 registers do not fit three)", p.wgs);
+    CHECK(gpu_tma_plan(100, 16, 2, 128, 1, 0, &p) == 0 && p.wgs == 2 && p.blocks_y == 4 &&
+          gpu_tma_plan(0, 9, 3, 64, 0, 0, &p) == -1 && gpu_tma_plan(9, 9, 3, 96, 0, 1, &p) == -1,
+          "hd 128 DIFF V2 16/2: %d warpgroups; unplanned shapes refused", p.wgs);
+    int shapes = 0, over = 0;
+    for (int hd = 64; hd <= 128; hd += 64)
+        for (int pipe = 0; pipe < 2; pipe++)
+            for (int kv = 1; kv <= 4; kv++)
+                for (int g = 1; g <= 16; g++)
+                    for (int diff = 0; diff < 2; diff++) {
+                        struct GpuWgPlan w;
+                        if (gpu_tma_plan(1000, kv * g, kv, hd, diff, pipe, &p)) continue;
+                        shapes++;
+                        /* the same shape as the cp.async form's, short of the warpgroup cap */
+                        gpu_wg_shape(1000, kv * g, kv, hd, diff, p.wgs, &w);
+                        over += p.wgs > gpu_tma_max_wgs(hd, pipe) || w.wgs != p.wgs ||
+                                p.blocks_y * p.wgs * p.per_wg != kv * g || w.blocks_x != p.blocks_x;
+                    }
+    CHECK(shapes == 2 * 2 * 4 * (16 + 8) && !over, "%d TMA plans, %d off their cap or shape",
+          shapes, over);
+
+    struct GpuTmaGeom g;
+    CHECK(gpu_tma_geom(10, gpu_page_elems(2, 3, 64), 96, &g) == -1 &&
+          gpu_tma_geom(0, gpu_page_elems(2, 3, 64), 64, &g) == -1 &&
+          gpu_tma_geom(1 << 24, gpu_page_elems(80, 8, 128), 128, &g) == -1 &&
+          gpu_tma_geom(1 << 16, gpu_page_elems(30, 3, 64), 64, &g) == 0,
+          "tensor map: other head dimensions, an empty pool and rows past 2^31 refused");
+    uint32_t base = 5 * 1024 + 0x20000;
+    for (int hd = 64; hd <= 128; hd += 64) {
+        int n_layer = 3, n_kv = 2, pool_pages = 9, bad = 0;
+        size_t pe = gpu_page_elems(n_layer, n_kv, hd);
+        if (gpu_tma_geom(pool_pages, pe, hd, &g)) {
+            CHECK(0, "hd %d: no tensor map", hd);
+            continue;
+        }
+        bad += g.dims[0] != (uint64_t)hd || g.dims[1] * g.dims[0] != pool_pages * pe ||
+               g.row_bytes != (uint64_t)hd * 2 || g.box[0] * 2 != 128 || g.box[1] != GPU_PAGE ||
+               g.boxes * g.box[0] != (uint32_t)hd;
+        /* the bytes one stage's copies deliver (the full barrier's count): a K and a V page */
+        bad += 2u * g.boxes * g.box[0] * g.box[1] * 2 != 2u * GPU_PAGE * hd * 2;
+        for (int32_t pg = 0; pg < pool_pages; pg += 4)
+            for (int l = 0; l < n_layer; l++)
+                for (int kind = 0; kind < 2; kind++)
+                    for (int kvh = 0; kvh < n_kv; kvh++) {
+                        int64_t row0 = gpu_kv_row(pg, pe, l, kind, n_kv, kvh, hd);
+                        bad += row0 < 0 || (uint64_t)row0 + GPU_PAGE > g.dims[1];
+                        for (int b = 0; b < g.boxes; b++)
+                            for (uint32_t r = 0; r < g.box[1]; r++)
+                                for (uint32_t j = 0; j < g.box[0]; j += 3) {
+                                    uint64_t src = ((uint64_t)row0 + r) * g.dims[0] + b * g.box[0] + j;
+                                    uint64_t page = (uint64_t)pg * pe +
+                                                    ((uint64_t)(l * 2 + kind) * n_kv + kvh) * GPU_PAGE * hd +
+                                                    r * hd + b * 64 + j;
+                                    uint32_t dst = base + b * (GPU_PAGE * 128);
+                                    uint32_t hw = sw128(dst + r * 128 + j * 2);
+                                    bad += src != page || hw != base + gpu_sw128_offset((int)r, b * 64 + (int)j);
+                                }
+                    }
+        CHECK(!bad, "hd %d: the TMA boxes copy each page where the kernel reads it (%d faults)", hd, bad);
+    }
+}
+
 static void test_decode_plan(void)
 {
     for (int n = 1; n <= 131072; n = n * 3 + 7) {
@@ -311,7 +400,8 @@ static void test_loading(void)
     /* the kernel choice is checked before anything else */
     setenv("DIFFRAG_GPU_ATTENTION", "fast", 1);
     rc = engine_new(m, &o, &e, err, sizeof err);
-    CHECK(rc != 0 && !e && strstr(err, "DIFFRAG_GPU_ATTENTION=fast: expected mma, wgmma, wgmma-pipe or reference"),
+    CHECK(rc != 0 && !e && strstr(err, "DIFFRAG_GPU_ATTENTION=fast: expected mma, wgmma, wgmma-pipe, "
+                                           "wgmma-tma, wgmma-tma-pipe or reference"),
           "an unknown attention kernel is refused: %d %s", rc, err);
     unsetenv("DIFFRAG_GPU_ATTENTION");
     o.device = (enum EngineDevice)7;
@@ -354,6 +444,7 @@ int main(void)
     test_attn_plan();
     test_wg_plan();
     test_wg_layout();
+    test_tma_plan();
     test_decode_plan();
     test_pool();
     test_estimate();

@@ -780,7 +780,9 @@ static void decode(GpuCtx *c, const GpuAttnArgs *a)
 template <int HD, int MAXT>
 static void prefill(GpuCtx *c, const GpuAttnArgs *a)
 {
-    if ((a->kernel == 2 || a->kernel == 3) && cuda_prefill_wgmma(c, a, a->kernel == 3) == 0) return;
+    if (a->kernel >= 2 && a->kernel <= 5 &&
+        cuda_prefill_wgmma(c, a, a->kernel == 3 || a->kernel == 5, a->kernel >= 4) == 0)
+        return;
     GpuAttnPlan p;
     if (gpu_attn_plan(a->n_tok, a->n_q_head, a->n_kv_head, HD, a->lambda != NULL, &p) ||
         p.warps * 32 > MAXT || p.smem > c->smem_optin) {

@@ -11,13 +11,23 @@
  *     layout of P;
  *   O (64 x head_dim) += P V: wgmma with P from registers and the values from shared memory
  *     (MN-major: the page's rows are keys, so the transpose flag reads them as stored).
- * Pages stream through three shared-memory stages with cp.async (zero fill past the last key),
- * each written at the swizzled offsets the descriptors name (gpu_sw128_offset, gpu_wg_desc_k/v;
- * tests/test_gpu_plan.c checks the two agree under the PTX canonical layouts).
+ * Pages stream through shared-memory stages at the swizzled offsets the descriptors name
+ * (gpu_sw128_offset, gpu_wg_desc_k/v; tests/test_gpu_plan.c checks the two agree under the PTX
+ * canonical layouts), in one of two ways:
+ *   cp.async by every thread of the block (zero fill past the last key), a block-wide barrier
+ *     a page;
+ *   TMA (the TMA forms): a producer warpgroup after the consumers, one thread of which issues
+ *     the tensor copies of each page into GPU_TMA_STAGES stages, each with a "full" mbarrier
+ *     (the copies' bytes) and an "empty" one (one arrival per consumer warp once its products
+ *     have read the page); the consumers zero the values past the last key themselves, and
+ *     no barrier spans the block, so one warpgroup's softmax overlaps another's products.
  *
  * Built into the sm_90a machine code only: the compute_90 PTX gets an empty body, and the host
  * chooses this kernel only on a compute capability 9.0 device. */
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <float.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda_common.h"
 
@@ -81,6 +91,40 @@ __device__ __forceinline__ void cp_async16_s(uint32_t dst, const void *src, int 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
 
+/* mbarriers (shared memory, 8 bytes each) and the TMA copies that complete them */
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* one arrival that also announces the bytes the phase's copies will deliver */
+__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+/* until the phase of the given parity has completed */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
+{
+    asm volatile("{\n.reg .pred done;\nWAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+/* box (x, y) of the tensor map into shared memory at dst, completing bar */
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, int x, int y,
+                                            uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(x), "r"(y), "r"(bar)
+                 : "memory");
+}
+
 /* 2^x by the special-function unit alone (results under 2^-126 flush to 0, -inf gives 0):
  * exp2f would add a range test and two multiplies around it for every score. */
 __device__ __forceinline__ float ex2_ftz(float x)
@@ -128,17 +172,19 @@ __device__ __forceinline__ void wg_pv(float (&o)[HD / 2], const uint32_t (*pa)[4
 
 #endif /* DIFFRAG_WGMMA */
 
-template <int HD, int WGS, bool PIPE>
-__global__ void __launch_bounds__(WGS * 128, 1) k_attn_prefill_wgmma(GpuAttnArgs a, int per_wg)
+template <int HD, int WGS, bool PIPE, bool TMA>
+__global__ void __launch_bounds__(TMA ? GPU_TMA_THREADS(WGS) : WGS * 128, TMA ? GPU_TMA_MIN_BLOCKS(WGS) : 1)
+k_attn_prefill_wgmma(const __grid_constant__ CUtensorMap kv_map, GpuAttnArgs a, int per_wg)
 {
 #ifdef DIFFRAG_WGMMA
     constexpr int TILE = GPU_PAGE * HD * 2;    /* bytes of one K or V page */
     constexpr int STAGE = 2 * TILE, KT = HD / 16, DT = HD / 8, NT = GPU_PAGE / 8;
-    constexpr int ST = GPU_WG_STAGES(PIPE);
-    constexpr int NTHREADS = WGS * 128;
+    constexpr int ST = TMA ? GPU_TMA_STAGES : GPU_WG_STAGES(PIPE);
+    constexpr int NTHREADS = WGS * 128;        /* the consumers: every thread without TMA */
     extern __shared__ unsigned char smem_raw[];
     uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
     uint32_t sb = (raw + 1023u) & ~1023u;      /* the swizzle repeats every 1024 bytes */
+    uint32_t bar_full = sb + ST * STAGE, bar_empty = bar_full + ST * 8;   /* TMA only */
 
     int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     int gid = lane >> 2, tig = lane & 3;
@@ -149,11 +195,47 @@ __global__ void __launch_bounds__(WGS * 128, 1) k_attn_prefill_wgmma(GpuAttnArgs
     int QT = 64 / per_wg;
     int n_keys = a.pos0 + a.n_tok, nq = a.n_q_head * HD;
     float sl2 = a.scale * LOG2E;
+    int first_q = a.pos0 + qt * QT;
+    int last_q = a.pos0 + min((qt + 1) * QT, a.n_tok) - 1;
+    int n_tiles = last_q / GPU_PAGE + 1;
+
+    if constexpr (TMA) {
+        if (tid == 0) {
+            for (int s = 0; s < ST; s++) {
+                mbar_init(bar_full + 8 * s, 1);
+                mbar_init(bar_empty + 8 * s, WGS * 4);
+            }
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        __syncthreads();
+        if (wg == WGS) {
+            /* the producer: one thread streams the pages, each stage refilled once its
+             * consumers have released it */
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(GPU_TMA_REGS_PRODUCER));
+            if (tid == NTHREADS) {
+                for (int t = 0; t < n_tiles; t++) {
+                    int s = t % ST;
+                    if (t >= ST) mbar_wait(bar_empty + 8 * s, (t / ST + 1) & 1);
+                    int32_t pg = __ldg(a.pages + t);
+                    int rk = (int)gpu_kv_row(pg, a.page_elems, a.layer, 0, a.n_kv_head, g, HD);
+                    int rv = (int)gpu_kv_row(pg, a.page_elems, a.layer, 1, a.n_kv_head, g, HD);
+                    uint32_t st = sb + (uint32_t)s * STAGE, full = bar_full + 8 * s;
+                    mbar_expect(full, STAGE);
+#pragma unroll
+                    for (int b = 0; b < HD / 64; b++) {
+                        tma_load_2d(st + b * (GPU_PAGE * 128), &kv_map, b * 64, rk, full);
+                        tma_load_2d(st + TILE + b * (GPU_PAGE * 128), &kv_map, b * 64, rv, full);
+                    }
+                }
+            }
+            return;
+        }
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(GPU_TMA_REGS_CONSUMER(WGS)));
+    }
 
     int row0, row1, ho0, ho1;
     gpu_wg_row(per_wg, qt, warp, gid, 0, &row0, &ho0);
     gpu_wg_row(per_wg, qt, warp, gid, 1, &row1, &ho1);
-
     /* Q as wgmma A fragments, once (rows past the chunk read its last row; never written) */
     uint32_t qa[KT][4];
     {
@@ -170,17 +252,14 @@ __global__ void __launch_bounds__(WGS * 128, 1) k_attn_prefill_wgmma(GpuAttnArgs
         }
     }
     int qpos0 = a.pos0 + row0, qpos1 = a.pos0 + row1;
-    int first_q = a.pos0 + qt * QT;
-    int last_q = a.pos0 + min((qt + 1) * QT, a.n_tok) - 1;
-    int n_tiles = last_q / GPU_PAGE + 1;
 
     auto load = [&](int t) {
         if (t < n_tiles) {
-            size_t pg = (size_t)a.pages[t] * a.page_elems;
-            const uint4 *gk = (const uint4 *)((const __nv_bfloat16 *)a.pool + pg +
-                                              ((size_t)(a.layer * 2) * a.n_kv_head + g) * GPU_PAGE * HD);
-            const uint4 *gv = (const uint4 *)((const __nv_bfloat16 *)a.pool + pg +
-                                              ((size_t)(a.layer * 2 + 1) * a.n_kv_head + g) * GPU_PAGE * HD);
+            const __nv_bfloat16 *pool = (const __nv_bfloat16 *)a.pool;
+            const uint4 *gk = (const uint4 *)(pool + (size_t)gpu_kv_row(a.pages[t], a.page_elems, a.layer, 0,
+                                                                       a.n_kv_head, g, HD) * HD);
+            const uint4 *gv = (const uint4 *)(pool + (size_t)gpu_kv_row(a.pages[t], a.page_elems, a.layer, 1,
+                                                                       a.n_kv_head, g, HD) * HD);
             uint32_t st = sb + (uint32_t)(t % ST) * STAGE;
             for (int i = tid; i < GPU_PAGE * HD / 8; i += NTHREADS) {
                 int row = i / (HD / 8), d = (i % (HD / 8)) * 8;
@@ -199,6 +278,28 @@ __global__ void __launch_bounds__(WGS * 128, 1) k_attn_prefill_wgmma(GpuAttnArgs
         __syncthreads();
     };
     auto stage_k = [&](int t) { return sb + (uint32_t)(t % ST) * STAGE; };
+    /* TMA: page t has landed. The copies take whole pages, so the values past the last key
+     * (never written, or another sequence's) are zeroed here as cp.async's zero fill does:
+     * a key of weight 0 then adds exactly 0 */
+    auto wait_full = [&](int t) {
+        mbar_wait(bar_full + 8 * (t % ST), (t / ST) & 1);
+        int valid = n_keys - t * GPU_PAGE;
+        if (valid < GPU_PAGE) {
+            uint32_t v = stage_k(t) + TILE;
+            for (int b = 0; b < HD / 64; b++)
+                for (int i = valid * 8 + tid; i < GPU_PAGE * 8; i += NTHREADS)
+                    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(
+                                     v + b * (GPU_PAGE * 128) + i * 16),
+                                 "r"(0)
+                                 : "memory");
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            asm volatile("bar.sync 1, %0;\n" ::"n"(NTHREADS) : "memory");
+        }
+    };
+    /* TMA: this warp's products have read page t */
+    auto release = [&](int t) {
+        if (lane == 0) mbar_arrive(bar_empty + 8 * (t % ST));
+    };
     /* issues S = Q K^T for page t into sc (asynchronous: the caller commits and waits) */
     auto scores = [&](int t, float (&sc)[32]) { wg_scores<HD>(sc, qa, stage_k(t)); };
 
@@ -277,39 +378,59 @@ __global__ void __launch_bounds__(WGS * 128, 1) k_attn_prefill_wgmma(GpuAttnArgs
 #pragma unroll
     for (int i = 0; i < 32; i++) sa[i] = sn[i] = 0.f;
 
+    if constexpr (!TMA) {
 #pragma unroll
-    for (int s = 0; s < ST - 1; s++) load(s);
-    if constexpr (!PIPE) {
-        /* per page: wait for it, S, softmax, P V, each product waited for at once */
-        for (int t = 0; t < n_tiles; t++) {
+        for (int s = 0; s < ST - 1; s++) load(s);
+    }
+    /* page t is in its stage, and (cp.async) the next copy is issued */
+    auto ready = [&](int t) {
+        if constexpr (TMA) {
+            wait_full(t);
+        } else {
             asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 2));
             arrive();
             load(t + ST - 1);
+        }
+    };
+    if constexpr (!PIPE) {
+        /* per page: wait for it, S, softmax, P V, each product waited for at once */
+        for (int t = 0; t < n_tiles; t++) {
+            ready(t);
             scores(t, sa);
             wg_wait0();
             reg_fence(sa);
             softmax_pv(t, sa);
             wg_wait0();
             reg_fence(o);
+            if constexpr (TMA) release(t);
         }
     } else {
         /* the tensor cores compute page t + 1's scores while this warpgroup runs page t's
          * softmax: two score tiles in registers, taking turns */
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 2));
-        arrive();
+        if constexpr (TMA) {
+            wait_full(0);
+        } else {
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 2));
+            arrive();
+        }
         scores(0, sa);
         wg_wait0();
         reg_fence(sa);
         auto step = [&](int t, float (&cur)[32], float (&next)[32]) {
-            /* pages up to t + 1 in (ST - 1 + t copies issued before this one) */
-            asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 3));
-            arrive();
-            load(t + ST - 1);
+            /* cp.async: pages up to t + 1 in (ST - 1 + t copies issued before this one) */
+            if constexpr (TMA) {
+                if (t + 1 < n_tiles) wait_full(t + 1);
+            } else {
+                asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 3));
+                arrive();
+                load(t + ST - 1);
+            }
             if (t + 1 < n_tiles) scores(t + 1, next);
             softmax_pv(t, cur);
             wg_wait0();
             reg_fence(o);
             reg_fence(next);
+            if constexpr (TMA) release(t);
         };
         int t = 0;
         for (; t + 1 < n_tiles; t += 2) {
@@ -318,7 +439,7 @@ __global__ void __launch_bounds__(WGS * 128, 1) k_attn_prefill_wgmma(GpuAttnArgs
         }
         if (t < n_tiles) step(t, sa, sn);
     }
-    asm volatile("cp.async.wait_group 0;\n" ::);
+    if constexpr (!TMA) asm volatile("cp.async.wait_group 0;\n" ::);
 
     float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
     if (per_wg == 2) {
@@ -423,39 +544,95 @@ int cuda_wgmma_probe(GpuCtx *c, int head_dim, const uint16_t *a, const uint16_t 
     return 0;
 }
 
-template <int HD, int WGS, bool PIPE>
-static void launch(GpuCtx *c, const GpuAttnArgs *a, const GpuWgPlan *p)
+template <int HD, int WGS, bool PIPE, bool TMA>
+static void launch(GpuCtx *c, const GpuAttnArgs *a, const GpuWgPlan *p, const CUtensorMap *map)
 {
     size_t smem = PIPE ? p->smem_pipe : p->smem;
-    gpu_note(c, cudaFuncSetAttribute(k_attn_prefill_wgmma<HD, WGS, PIPE>,
+    gpu_note(c, cudaFuncSetAttribute(k_attn_prefill_wgmma<HD, WGS, PIPE, TMA>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
              "wgmma attention shared memory");
     dim3 grid(p->blocks_x, p->blocks_y);
-    k_attn_prefill_wgmma<HD, WGS, PIPE><<<grid, WGS * 128, smem, c->stream>>>(*a, p->per_wg);
-    GPU_LAUNCHED(c, "prefill attention (wgmma)");
+    int threads = TMA ? GPU_TMA_THREADS(WGS) : WGS * 128;
+    k_attn_prefill_wgmma<HD, WGS, PIPE, TMA><<<grid, threads, smem, c->stream>>>(*map, *a, p->per_wg);
+    GPU_LAUNCHED(c, TMA ? "prefill attention (wgmma, TMA)" : "prefill attention (wgmma)");
 }
 
-template <bool PIPE>
-static void launch_any(GpuCtx *c, const GpuAttnArgs *a, const GpuWgPlan *p)
+/* the plans' warpgroup counts: up to gpu_wg_max, or gpu_tma_max_wgs with TMA */
+template <bool PIPE, bool TMA>
+static void launch_any(GpuCtx *c, const GpuAttnArgs *a, const GpuWgPlan *p, const CUtensorMap *map)
 {
     if (a->head_dim == 64) {
-        if (p->wgs == 3) launch<64, 3, PIPE>(c, a, p);
-        else if (p->wgs == 2) launch<64, 2, PIPE>(c, a, p);
-        else launch<64, 1, PIPE>(c, a, p);
+        if constexpr (!(TMA && PIPE)) {
+            if (p->wgs == 3) return launch<64, 3, PIPE, TMA>(c, a, p, map);
+        }
+        if (p->wgs == 2) launch<64, 2, PIPE, TMA>(c, a, p, map);
+        else launch<64, 1, PIPE, TMA>(c, a, p, map);
     } else {
-        if (p->wgs == 2) launch<128, 2, PIPE>(c, a, p);
-        else launch<128, 1, PIPE>(c, a, p);
+        if (p->wgs == 2) launch<128, 2, PIPE, TMA>(c, a, p, map);
+        else launch<128, 1, PIPE, TMA>(c, a, p, map);
     }
 }
 
-int cuda_prefill_wgmma(GpuCtx *c, const GpuAttnArgs *a, int pipelined)
+/* The tensor map of the pool (struct GpuTmaGeom) through the driver's encoder, which the
+ * runtime hands out (no link to the driver library): 0; -1 when the pool cannot be seen so
+ * (nothing noted: the caller falls back); 1 on a failure, noted for gpu_sync. */
+static int tma_map(GpuCtx *c, const GpuAttnArgs *a, CUtensorMap *map)
+{
+    GpuTmaGeom g;
+    if (a->pool_pages < 1) {
+        gpu_note(c, cudaErrorInvalidValue, "TMA attention: the pool's size (pool_pages) is not set");
+        return 1;
+    }
+    if (gpu_tma_geom(a->pool_pages, a->page_elems, a->head_dim, &g)) return -1;
+    if (!c->tma_looked) {
+        c->tma_looked = 1;
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                             &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            c->tma_encode = fn;
+    }
+    if (!c->tma_encode) {
+        if (!c->err[0])
+            snprintf(c->err, sizeof c->err, "TMA attention: the driver has no cuTensorMapEncodeTiled");
+        return 1;
+    }
+    cuuint64_t dims[2] = {g.dims[0], g.dims[1]}, strides[1] = {g.row_bytes};
+    cuuint32_t box[2] = {g.box[0], g.box[1]}, elem[2] = {1, 1};
+    CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)c->tma_encode)(
+        map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)a->pool, dims, strides, box, elem,
+        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        if (!c->err[0])
+            snprintf(c->err, sizeof c->err, "TMA attention: cuTensorMapEncodeTiled failed (CUresult %d) "
+                     "for %llu rows of %d", (int)r, (unsigned long long)g.dims[1], a->head_dim);
+        return 1;
+    }
+    return 0;
+}
+
+int cuda_prefill_wgmma(GpuCtx *c, const GpuAttnArgs *a, int pipelined, int tma)
 {
     GpuWgPlan p;
-    if (!c->sm90 || gpu_wg_plan(a->n_tok, a->n_q_head, a->n_kv_head, a->head_dim,
-                                a->lambda != NULL, &p) ||
+    int diff = a->lambda != NULL;
+    if (!c->sm90 ||
+        (tma ? gpu_tma_plan(a->n_tok, a->n_q_head, a->n_kv_head, a->head_dim, diff, pipelined, &p)
+             : gpu_wg_plan(a->n_tok, a->n_q_head, a->n_kv_head, a->head_dim, diff, &p)) ||
         (pipelined ? p.smem_pipe : p.smem) > c->smem_optin)
         return -1;
-    if (pipelined) launch_any<true>(c, a, &p);
-    else launch_any<false>(c, a, &p);
+    CUtensorMap map;
+    memset(&map, 0, sizeof map);
+    if (tma) {
+        int r = tma_map(c, a, &map);
+        if (r) return r < 0 ? -1 : 0;       /* an error noted counts as handled */
+        if (pipelined) launch_any<true, true>(c, a, &p, &map);
+        else launch_any<false, true>(c, a, &p, &map);
+    } else if (pipelined) {
+        launch_any<true, false>(c, a, &p, &map);
+    } else {
+        launch_any<false, false>(c, a, &p, &map);
+    }
     return 0;
 }

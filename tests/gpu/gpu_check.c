@@ -8,7 +8,8 @@
  *      the DIFF V2 shape, GEMM TFLOP/s, time to first token at 32K and 128K, decode tokens/s
  *      at depth 32K for both forms, and a sampled token's cost on the device and on the host.
  * Attention runs the default (mma.sync) and reference kernels; with --wgmma, the Hopper
- * prefill kernels instead (both forms), their checks and their own speed rows. --quick: the
+ * prefill kernels loading with cp.async instead (both forms), with --tma the two fed by TMA,
+ * each pair with its checks and its own speed rows. --quick: the
  * default kernels only, a prompt of about 200 tokens, no speed table (for the host emulation of the GPU
  * table, tests/gpu/host_gpu.c, under `make test`).
  * Prints "FAIL ..." for each failed check and exits 1 if any failed. */
@@ -356,8 +357,9 @@ static void check_wgmma_probe(int hd)
 }
 
 /* GpuAttnArgs.kernel by number (the wgmma forms are the Hopper prefill kernel, plain and
- * pipelined; their decode is mma's) */
-static const char *const kernel_name[] = {"mma", "reference", "wgmma", "wgmma-pipe"};
+ * pipelined, loading with cp.async or fed by TMA; their decode is mma's) */
+static const char *const kernel_name[] = {"mma", "reference", "wgmma", "wgmma-pipe", "wgmma-tma",
+                                          "wgmma-tma-pipe"};
 
 /* RoPE + KV store + attention (prefill chunks, then decode steps) with the groundedness
  * masses, against the CPU backend (f32 KV cache) on the same rows. */
@@ -456,8 +458,9 @@ static void check_attention(int hd, int n_head, int n_kv, int diff, int n_rot, i
         A->fill_u16(C, dout, POISON_BF16, (size_t)n * nout);
         poison_f32(dmass, (size_t)nq_h * 2);
         struct GpuAttnArgs ga = {
-            .q = dq, .out = dout, .pool = dpool, .pages = dpt, .page_elems = pe, .layer = layer,
-            .n_tok = n, .pos0 = pos0, .n_q_head = nq_h, .n_kv_head = n_kv, .head_dim = hd,
+            .q = dq, .out = dout, .pool = dpool, .pages = dpt, .page_elems = pe,
+            .pool_pages = n_pages + 5, .layer = layer, .n_tok = n, .pos0 = pos0, .n_q_head = nq_h,
+            .n_kv_head = n_kv, .head_dim = hd,
             .scale = 1.f / sqrtf((float)hd), .lambda = diff ? dqkv + nq + 2 * nkv : NULL,
             .lambda_stride = stride, .cls = dcls, .n_marked = n_marked, .mass = dmass,
             .kernel = kernel,
@@ -709,7 +712,8 @@ static double time_attention_chunked(const struct ModelConfig *c, int n, int dif
     for (size_t i = 0; i < q_n; i += chunk) A->upload(C, q + i, rnd, (q_n - i < chunk ? q_n - i : chunk) * 2);
     A->fill_u16(C, (uint16_t *)lam, 0, (size_t)n * c->n_head * 2);
     struct GpuAttnArgs a = {
-        .q = q, .out = out, .pool = pool, .pages = dpt, .page_elems = pe, .layer = 0, .n_tok = n,
+        .q = q, .out = out, .pool = pool, .pages = dpt, .page_elems = pe, .pool_pages = pages,
+        .layer = 0, .n_tok = n,
         .pos0 = 0, .n_q_head = nq_h, .n_kv_head = n_kv, .head_dim = hd,
         .scale = 1.f / sqrtf((float)hd), .lambda = diff ? lam : NULL, .lambda_stride = c->n_head,
         .kernel = kernel,
@@ -918,11 +922,12 @@ static void time_decode_pair(const struct Model *ma, const struct Model *mb, con
 int main(int argc, char **argv)
 {
     const char *model_path = NULL;
-    int do_time = 1, threads = 8, wgmma = 0, quick = 0;
+    int do_time = 1, threads = 8, wgmma = 0, quick = 0, tma = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-time")) do_time = 0;
         else if (!strcmp(argv[i], "--quick")) quick = 1, do_time = 0;
         else if (!strcmp(argv[i], "--wgmma")) wgmma = 1;
+        else if (!strcmp(argv[i], "--tma")) wgmma = tma = 1;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else model_path = argv[i];
     }
@@ -988,10 +993,10 @@ int main(int argc, char **argv)
         return 1;
     }
     printf("-- operations against the CPU backend (fresh random inputs, outputs poisoned)\n");
-    /* the kernels this run checks: the default and reference ones, or (--wgmma, a process of
-     * its own so that a fault there cannot spoil the others' results) the Hopper prefill
-     * kernels */
-    int k_lo = wgmma ? 2 : 0, k_hi = wgmma ? 4 : quick ? 1 : 2;
+    /* the kernels this run checks: the default and reference ones, or (--wgmma, --tma: each a
+     * process of its own so that a fault there cannot spoil the others' results) a pair of
+     * Hopper prefill kernels */
+    int k_lo = tma ? 4 : wgmma ? 2 : 0, k_hi = wgmma ? k_lo + 2 : quick ? 1 : 2;
     if (wgmma) {
         check_wgmma_probe(64);
         check_wgmma_probe(128);
@@ -1039,26 +1044,26 @@ int main(int argc, char **argv)
             printf("-- speed of the Hopper prefill kernels (as below)\n");
             double at[2][3], atg[2], atc[2], ttft[2][2], dummy;
             int ns[3] = {4096, 32768, 131072};
-            for (int k = 2; k < 4; k++) {
-                for (int i = 0; i < 3; i++) at[k - 2][i] = time_attention(c, ns[i], 1, k);
-                atg[k - 2] = time_attention(c, 32768, 0, k);
-                atc[k - 2] = time_attention_chunked(c, 131072, 1, k, 8192);
+            for (int k = k_lo; k < k_hi; k++) {
+                for (int i = 0; i < 3; i++) at[k - k_lo][i] = time_attention(c, ns[i], 1, k);
+                atg[k - k_lo] = time_attention(c, 32768, 0, k);
+                atc[k - k_lo] = time_attention_chunked(c, 131072, 1, k, 8192);
                 setenv("DIFFRAG_GPU_ATTENTION", kernel_name[k], 1);
-                time_model(&df.m, 32768, 0, &ttft[k - 2][0], &dummy);
-                time_model(&df.m, 131072, 0, &ttft[k - 2][1], &dummy);
+                time_model(&df.m, 32768, 0, &ttft[k - k_lo][0], &dummy);
+                time_model(&df.m, 131072, 0, &ttft[k - k_lo][1], &dummy);
                 unsetenv("DIFFRAG_GPU_ATTENTION");
             }
             printf("\n| measure | value |\n|---|---|\n");
-            for (int k = 2; k < 4; k++) {
+            for (int k = k_lo; k < k_hi; k++) {
                 for (int i = 0; i < 3; i++)
                     printf("| prefill attention (%s), DIFF V2 shape (%d query heads / %d KV, hd %d), "
                            "%dK tokens causal | %.1f TFLOP/s |\n", kernel_name[k],
-                           2 * c->n_head, c->n_kv_head, c->head_dim, ns[i] / 1024, at[k - 2][i]);
+                           2 * c->n_head, c->n_kv_head, c->head_dim, ns[i] / 1024, at[k - k_lo][i]);
                 printf("| prefill attention (%s), GQA shape (%d / %d), 32K tokens | %.1f TFLOP/s |\n",
-                       kernel_name[k], c->n_head, c->n_kv_head, atg[k - 2]);
-                print_chunked(c, kernel_name[k], atc[k - 2]);
+                       kernel_name[k], c->n_head, c->n_kv_head, atg[k - k_lo]);
+                print_chunked(c, kernel_name[k], atc[k - k_lo]);
                 printf("| time to first token, 32K / 128K prompt, DIFF V2 form, %s prefill | %.3f / %.3f s |\n",
-                       kernel_name[k], ttft[k - 2][0], ttft[k - 2][1]);
+                       kernel_name[k], ttft[k - k_lo][0], ttft[k - k_lo][1]);
             }
         } else if (do_time) {
             const struct ModelConfig *c = &m->cfg;

@@ -3,8 +3,9 @@
 # tests/gpu/gpu_check unless GPU_CHECK_DIR names a folder holding both already built, then
 # checks every GPU operation against the CPU backend, the default model end to end (GQA and
 # DIFF V2 forms) against CPU contexts, and prints the speed table; then the same checks and
-# speed rows for the Hopper (wgmma) prefill kernels, in a second process. Exit status 1 on any
-# failed check. Needs a CUDA GPU; about 3 minutes on an H200.
+# speed rows for the Hopper (wgmma) prefill kernels, loading with cp.async in a second process
+# and fed by TMA in a third. Exit status 1 on any failed check. Needs a CUDA GPU; about 3
+# minutes on an H200.
 #   tests/gpu/run.sh [MODEL.gguf] [--no-time]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,10 +33,12 @@ ldd "$DIFFRAG_CUDA_LIB" | grep -E "cublas|cudart" || true
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv || true
 args=()
 [ -f "$model" ] && args+=("$model") || echo "no model at $model: operation checks only"
-# the Hopper prefill kernels in a process of their own, after the others: a fault in them
-# cannot spoil the results above (and a hang ends after 5 minutes)
+# the Hopper prefill kernels in processes of their own, after the others: a fault in them
+# cannot spoil the results above (and a hang ends after 150 s)
 rc=0
 "$dir/gpu_check" "${args[@]}" --threads "$(nproc)" "$@" || rc=1
-echo "-- the Hopper (wgmma) prefill kernels"
-timeout 300 "$dir/gpu_check" "${args[@]}" --threads "$(nproc)" --wgmma "$@" || rc=1
+echo "-- the Hopper (wgmma) prefill kernels, cp.async"
+timeout 150 "$dir/gpu_check" "${args[@]}" --threads "$(nproc)" --wgmma "$@" || rc=1
+echo "-- the Hopper (wgmma) prefill kernels, TMA and a producer warp"
+timeout 150 "$dir/gpu_check" "${args[@]}" --threads "$(nproc)" --tma "$@" || rc=1
 exit $rc
