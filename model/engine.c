@@ -456,6 +456,7 @@ static int forward_chunk_gpu(struct Engine *e, const int32_t *tokens, int n, int
         e->stats.attention_flop += 4.0 * (e->n_past + i + 1) * c->head_dim * c->n_q_head * c->n_layer;
     e->n_past += n;
     e->mass_valid = e->n_watch > 0;
+    e->stats.device_s += gpu_seq_last_seconds(e->gpu);
     e->stats.total_s += now_s() - t_start;
     e->stats.tokens += n;
     return ENGINE_OK;

@@ -96,6 +96,10 @@ struct EngineStats {
     double matmul_s, matmul_flop;
     double attention_s, attention_flop;
     double total_s;           /* forward passes, everything included */
+    double device_s;          /* GPU contexts: the span between events recorded on the stream
+                                 before and after each forward pass's work (the kernels and any
+                                 idle gaps between their launches); total_s - device_s is host
+                                 time outside it (the RoPE tables, the final wait) */
     long tokens;              /* positions evaluated */
 };
 void engine_stats(const struct Engine *e, struct EngineStats *out);

@@ -11,7 +11,8 @@
  * prefill kernels loading with cp.async instead (both forms), with --tma the two fed by TMA,
  * each pair with its checks and its own speed rows. --quick: the
  * default kernels only, a prompt of about 200 tokens, no speed table (for the host emulation of the GPU
- * table, tests/gpu/host_gpu.c, under `make test`).
+ * table, tests/gpu/host_gpu.c, under `make test`). --ops MODEL: only the time of each operation
+ * outside attention on one 8192-token chunk of the model's DIFF V2 form.
  * Prints "FAIL ..." for each failed check and exits 1 if any failed. */
 #include <math.h>
 #include <stdarg.h>
@@ -613,6 +614,12 @@ static void check_model(const struct Model *m, const char *form, const int32_t *
         engine_destroy(&eg);
         return;
     }
+    /* the device's span of the prefill is inside its wall time (and the CPU context has none) */
+    struct EngineStats sg, sc;
+    engine_stats(eg, &sg);
+    engine_stats(ec, &sc);
+    check(sg.device_s > 0 && sg.device_s <= sg.total_s && sc.device_s == 0,
+          "%s: prefill time %.3f s, the device's span of it %.3f s", form, sg.total_s, sg.device_s);
     double worst = 0, worst_mass = 0, worst_sig = 0;
     int agree = 0, steps = 8, dev_greedy = 0;
     struct SamplerParams gp;
@@ -787,9 +794,79 @@ static double time_gemm(int n, int k, int m)
     return 2.0 * n * k * m / median(t, 9) / 1e12;
 }
 
-/* Time to first token of an n-token prompt (random ids), chunks of 8192; then decode
- * tokens/s over `steps` steps at that depth. */
-static void time_model(const struct Model *m, int n, int steps, double *ttft, double *tps)
+/* What the prefill of one 8192-token chunk spends outside attention, operation by operation,
+ * each timed alone (CUDA events, median of 5) at the model's shapes on random data: per layer,
+ * in ms. The sum over the layers and chunks of a 128K prompt, set against the time to first
+ * token less its attention, tells kernel time from launch gaps and host time. */
+enum { OP_NORM, OP_QKV, OP_ROPE, OP_WO, OP_GU, OP_SWIGLU, OP_DOWN, N_OPS };
+static const char *const op_name[N_OPS] = {"RMSNorm x2", "q|k|v(|lambda) product", "RoPE + KV store",
+                                           "output product", "gate|up product", "SwiGLU",
+                                           "down product"};
+
+static void time_ops(const struct ModelConfig *c, int n, double ms[N_OPS])
+{
+    int d = c->dim, hd = c->head_dim, F = c->ffn_dim, diff = c->arch == ARCH_DIFFV2;
+    int nq = c->n_q_head * hd, nkv = c->n_kv_head * hd, no = c->n_head * hd;
+    int cols = nq + 2 * nkv + (diff ? c->n_head : 0), half = c->rope.n_rot / 2;
+    size_t pe = gpu_page_elems(1, c->n_kv_head, hd);
+    int pages = (n + GPU_PAGE - 1) / GPU_PAGE;
+    float *x = dalloc((size_t)n * d * 4), *qkv = dalloc((size_t)n * cols * 4);
+    float *gu = dalloc((size_t)n * 2 * F * 4), *nw = dalloc((size_t)d * 4);
+    float *cs = dalloc((size_t)n * half * 4), *sn = dalloc((size_t)n * half * 4);
+    int big = F > no ? F : no;
+    big = big > d ? big : d;
+    uint16_t *xb = dalloc((size_t)n * big * 2), *q = dalloc((size_t)n * nq * 2);
+    uint16_t *w = dalloc((size_t)(cols > 2 * F ? cols : 2 * F) * big * 2);
+    uint16_t *pool = dalloc((size_t)pages * pe * 2);
+    int32_t *pt = xmalloc((size_t)pages * 4), *dpt = dalloc((size_t)pages * 4);
+    for (int i = 0; i < pages; i++) pt[i] = i;
+    A->upload(C, dpt, pt, (size_t)pages * 4);
+    /* small finite values everywhere (bf16 1/256 and f32 0.5): the rates do not depend on them */
+    A->fill_u16(C, xb, 0x3b80, (size_t)n * big);
+    A->fill_u16(C, w, 0x3b80, (size_t)(cols > 2 * F ? cols : 2 * F) * big);
+    A->fill_u16(C, (uint16_t *)x, 0x3f00, (size_t)n * d * 2);
+    A->fill_u16(C, (uint16_t *)qkv, 0x3f00, (size_t)n * cols * 2);
+    A->fill_u16(C, (uint16_t *)gu, 0x3f00, (size_t)n * 2 * F * 2);
+    A->fill_u16(C, (uint16_t *)nw, 0x3f00, (size_t)d * 2);
+    A->fill_u16(C, (uint16_t *)cs, 0x3f00, (size_t)n * half * 2);
+    A->fill_u16(C, (uint16_t *)sn, 0x3f00, (size_t)n * half * 2);
+    struct GpuRopeArgs rs = {
+        .qkv = qkv, .qkv_stride = cols, .q_out = q, .n_tok = n, .pos0 = 0, .n_q_head = c->n_q_head,
+        .n_kv_head = c->n_kv_head, .head_dim = hd, .n_rot = c->rope.n_rot, .layout = c->rope.layout,
+        .cos = cs, .sin = sn, .pool = pool, .pages = dpt, .page_elems = pe, .layer = 0,
+    };
+    for (int op = 0; op < N_OPS; op++) {
+        double t[6];
+        for (int r = 0; r < 6; r++) {
+            A->timer_start(C);
+            switch (op) {
+            case OP_NORM:
+                A->rmsnorm(C, x, d, nw, n, d, 1e-5f, xb);
+                A->rmsnorm(C, x, d, nw, n, d, 1e-5f, xb);
+                break;
+            case OP_QKV: A->gemm(C, xb, n, d, w, cols, qkv, cols, 0.f); break;
+            case OP_ROPE: A->rope_store(C, &rs); break;
+            case OP_WO: A->gemm(C, xb, n, no, w, d, x, d, 1.f); break;
+            case OP_GU: A->gemm(C, xb, n, d, w, 2 * F, gu, 2 * F, 0.f); break;
+            case OP_SWIGLU: A->swiglu(C, gu, n, F, xb); break;
+            default: A->gemm(C, xb, n, F, w, d, x, d, 1.f); break;
+            }
+            t[r] = A->timer_stop(C);
+        }
+        /* the first run is a warm-up */
+        ms[op] = median(t + 1, 5) * 1e3;
+    }
+    dsync("operation timing");
+    void *ptrs[] = {x, qkv, gu, nw, cs, sn, xb, q, w, pool, dpt};
+    for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) A->free(C, ptrs[i]);
+    free(pt);
+}
+
+/* Time to first token of an n-token prompt (random ids), chunks of 8192, with the device's
+ * span of it (struct EngineStats.device_s); then decode tokens/s over `steps` steps at that
+ * depth. */
+static void time_model_dev(const struct Model *m, int n, int steps, double *ttft, double *dev,
+                           double *tps)
 {
     int n_ctx = n + steps + 8 < ENGINE_MAX_CTX ? n + steps + 8 : ENGINE_MAX_CTX;
     struct Engine *e = open_ctx(m, ENGINE_CUDA, n_ctx, 8192, 1);
@@ -799,9 +876,13 @@ static void time_model(const struct Model *m, int n, int steps, double *ttft, do
     /* warm-up: one chunk, then start over */
     if (engine_prefill(e, ids, 512, err, sizeof err)) goto fail;
     engine_reset(e);
+    engine_stats_reset(e);
     double t0 = now_s();
     if (engine_prefill(e, ids, (size_t)n, err, sizeof err)) goto fail;
     *ttft = now_s() - t0;
+    struct EngineStats st;
+    engine_stats(e, &st);
+    if (dev) *dev = st.device_s;
     int tok = argmax(engine_logits(e), m->cfg.vocab);
     t0 = now_s();
     for (int i = 0; i < steps; i++) {
@@ -815,8 +896,14 @@ static void time_model(const struct Model *m, int n, int steps, double *ttft, do
 fail:
     check(0, "timing %d tokens: %s", n, err);
     *ttft = *tps = NAN;
+    if (dev) *dev = NAN;
     free(ids);
     engine_destroy(&e);
+}
+
+static void time_model(const struct Model *m, int n, int steps, double *ttft, double *tps)
+{
+    time_model_dev(m, n, steps, ttft, NULL, tps);
 }
 
 /* One sampled token with its signals after a decode step's logits (the default settings at
@@ -922,12 +1009,13 @@ static void time_decode_pair(const struct Model *ma, const struct Model *mb, con
 int main(int argc, char **argv)
 {
     const char *model_path = NULL;
-    int do_time = 1, threads = 8, wgmma = 0, quick = 0, tma = 0;
+    int do_time = 1, threads = 8, wgmma = 0, quick = 0, tma = 0, ops_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-time")) do_time = 0;
         else if (!strcmp(argv[i], "--quick")) quick = 1, do_time = 0;
         else if (!strcmp(argv[i], "--wgmma")) wgmma = 1;
         else if (!strcmp(argv[i], "--tma")) wgmma = tma = 1;
+        else if (!strcmp(argv[i], "--ops")) ops_only = 1;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else model_path = argv[i];
     }
@@ -991,6 +1079,20 @@ int main(int argc, char **argv)
     if (A->ctx_new(0, &C, err, sizeof err)) {
         printf("FAIL %s\n", err);
         return 1;
+    }
+    if (ops_only) {
+        /* --ops MODEL: only the operation times of one 8192-token chunk of its DIFF V2 form */
+        if (!m) {
+            printf("FAIL --ops needs a model\n");
+            return 1;
+        }
+        double ops[N_OPS];
+        time_ops(&df.m.cfg, 8192, ops);
+        for (int i = 0; i < N_OPS; i++) printf("%-24s %8.3f ms\n", op_name[i], ops[i]);
+        A->ctx_destroy(C);
+        diff_form_free(&df);
+        model_destroy(&m);
+        return failures ? 1 : 0;
     }
     printf("-- operations against the CPU backend (fresh random inputs, outputs poisoned)\n");
     /* the kernels this run checks: the default and reference ones, or (--wgmma, --tma: each a
@@ -1078,8 +1180,11 @@ int main(int argc, char **argv)
             double g1 = time_gemm(8192, 576, 3072), g2 = time_gemm(8192, 8192, 8192);
             double ttft32, ttft128, tps_diff, tps_gqa, ttft32g, dummy;
             time_model(&df.m, 32768, 0, &ttft32, &dummy);
-            time_model(&df.m, 131072, 0, &ttft128, &dummy);
+            double dev128, ops[N_OPS], ops_s = 0;
+            time_model_dev(&df.m, 131072, 0, &ttft128, &dev128, &dummy);
             time_model(m, 32768, 0, &ttft32g, &dummy);
+            time_ops(&df.m.cfg, 8192, ops);
+            for (int i = 0; i < N_OPS; i++) ops_s += ops[i] * 1e-3 * c->n_layer * 16;
             time_decode_pair(&df.m, m, NULL, 32768, 256, &tps_diff, &tps_gqa);
             double tps_plain, tps_watched;
             const int watch_b[2] = {0, 1};
@@ -1106,6 +1211,19 @@ int main(int argc, char **argv)
             printf("| time to first token, 32K prompt, DIFF V2 form | %.3f s |\n", ttft32);
             printf("| time to first token, 128K prompt, DIFF V2 form | %.3f s |\n", ttft128);
             printf("| time to first token, 32K prompt, GQA form | %.3f s |\n", ttft32g);
+            printf("| time to first token, 128K prompt, DIFF V2 form: the device's span of it (events "
+                   "around each chunk) | %.3f s |\n", dev128);
+            printf("| one 8192-token chunk outside attention, a layer, each operation alone:");
+            for (int i = 0; i < N_OPS; i++) printf("%s %s", i ? "," : "", op_name[i]);
+            printf(" |");
+            for (int i = 0; i < N_OPS; i++) printf("%s %.3f", i ? " /" : "", ops[i]);
+            printf(" ms |\n");
+            double att_s = 4.0 * 2 * c->n_head * c->head_dim * (131072.0 * 131073.0 / 2) /
+                           (atc * 1e12) * c->n_layer;
+            printf("| time to first token, 128K, DIFF V2 form, split: attention (chunked rate above) / "
+                   "the other operations (those times x %d layers x 16 chunks) / launch gaps and the "
+                   "rest inside the device's span / host outside it | %.3f / %.3f / %.3f / %.3f s |\n",
+                   c->n_layer, att_s, ops_s, dev128 - att_s - ops_s, ttft128 - dev128);
             printf("| decode at depth 32K, DIFF V2 form (median of 256 steps, interleaved with GQA's) "
                    "| %.1f tokens/s |\n", tps_diff);
             printf("| decode at depth 32K, GQA form | %.1f tokens/s |\n", tps_gqa);
