@@ -4,7 +4,8 @@ loaded in place of the CUDA backend through DIFFRAG_CUDA_LIB). That drives every
 the kernels as a GPU run does: the engine's GPU contexts (model/engine_gpu.c: the paged KV
 cache, the activation block, logits left on the device, sampling's pass and its candidates,
 the masses and lambdas copied after the last layer) against CPU contexts of the default model,
-and the GPU checks' own logic. The CUDA kernels themselves are checked only on a GPU."""
+and the GPU checks' own logic, the code of their speed table included (at sizes divided by 1024).
+The CUDA kernels themselves are checked only on a GPU."""
 import os
 import re
 import subprocess
@@ -17,7 +18,9 @@ def test_gpu_checks_against_the_host_emulation(default_model):
     check = BUILD / "tests" / "gpu" / "gpu_check"
     assert lib.exists() and check.exists(), "run make first"
     env = dict(os.environ, DIFFRAG_CUDA_LIB=str(lib.resolve()), OPENBLAS_NUM_THREADS="1")
-    r = subprocess.run([str(check), "--quick", "--threads", "2", str(default_model)], env=env,
+    # --dry-time: the quick checks, then the speed table's code with every size divided by
+    # 1024 (its figures mean nothing here; it runs so that a GPU run does not meet its faults)
+    r = subprocess.run([str(check), "--dry-time", "--threads", "2", str(default_model)], env=env,
                        capture_output=True, text=True, timeout=3600)
     out = r.stdout + r.stderr
     print(out[-3000:])
@@ -33,6 +36,9 @@ def test_gpu_checks_against_the_host_emulation(default_model):
         assert len(e2e) == 5, (form, e2e)
         assert any("greedy sampling on the device" in o for o in e2e), e2e
         assert any("the device's span of it" in o for o in e2e), e2e
+    rows = re.findall(r"^\| (.*) \| (.*) \|$", out, re.M)
+    assert len(rows) >= 25 and any(r[0].startswith("time to first token, 128K, DIFF V2 form, split")
+                                   for r in rows), out[-3000:]
 
 
 def test_daemon_on_the_host_emulation(tmp_path):

@@ -12,7 +12,8 @@
  * each pair with its checks and its own speed rows. --quick: the
  * default kernels only, a prompt of about 200 tokens, no speed table (for the host emulation of the GPU
  * table, tests/gpu/host_gpu.c, under `make test`). --ops MODEL: only the time of each operation
- * outside attention on one 8192-token chunk of the model's DIFF V2 form.
+ * outside attention on one 8192-token chunk of the model's DIFF V2 form. --dry-time: the speed
+ * table's code with every size divided by 1024 (for the host emulation; the figures mean nothing).
  * Prints "FAIL ..." for each failed check and exits 1 if any failed. */
 #include <math.h>
 #include <stdarg.h>
@@ -31,6 +32,9 @@
 #include "model/sampler.h"
 
 static int failures;
+/* --dry-time: every size and step count of the speed table divided by this, to run its code
+ * on the host emulation (tests/test_gpu_host.py); its figures then mean nothing */
+static int shrink = 1;
 static const struct GpuApi *A;
 static struct GpuCtx *C;
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -696,12 +700,14 @@ static double median(double *v, int n)
 /* One layer's attention over a whole causal sequence of n tokens (DIFF V2 shape of the
  * model), random bf16 queries and cache; TFLOP/s as 4 * heads * hd * n(n+1)/2 over the median
  * of several runs. With in_chunks > 0 the sequence runs as the engine's prefill runs it:
- * chunks of that many tokens, each attending to the cache before it and itself. */
-static double time_attention_chunked(const struct ModelConfig *c, int n, int diff, int kernel,
-                                     int in_chunks)
+ * chunks of that many tokens, each attending to the cache before it and itself. The pages
+ * hold `layers` layers (the middle one attended), 1 or the model's: with the model's, a
+ * layer's pages are as far apart as in the engine's pool. */
+static double time_attention_layout(const struct ModelConfig *c, int n, int diff, int kernel,
+                                    int in_chunks, int layers)
 {
     int hd = c->head_dim, nq_h = diff ? 2 * c->n_head : c->n_head, n_kv = c->n_kv_head;
-    size_t pe = gpu_page_elems(1, n_kv, hd);
+    size_t pe = gpu_page_elems(layers, n_kv, hd);
     int pages = (n + GPU_PAGE - 1) / GPU_PAGE;
     uint16_t *pool = dalloc((size_t)pages * pe * 2), *q = dalloc(((size_t)n + GPU_QTILE) * nq_h * hd * 2);
     uint16_t *out = dalloc((size_t)n * nq_h * hd * 2);
@@ -720,7 +726,7 @@ static double time_attention_chunked(const struct ModelConfig *c, int n, int dif
     A->fill_u16(C, (uint16_t *)lam, 0, (size_t)n * c->n_head * 2);
     struct GpuAttnArgs a = {
         .q = q, .out = out, .pool = pool, .pages = dpt, .page_elems = pe, .pool_pages = pages,
-        .layer = 0, .n_tok = n,
+        .layer = layers / 2, .n_tok = n,
         .pos0 = 0, .n_q_head = nq_h, .n_kv_head = n_kv, .head_dim = hd,
         .scale = 1.f / sqrtf((float)hd), .lambda = diff ? lam : NULL, .lambda_stride = c->n_head,
         .kernel = kernel,
@@ -754,6 +760,12 @@ static double time_attention_chunked(const struct ModelConfig *c, int n, int dif
     free(pt);
     free(rnd);
     return flop / median(t, reps) / 1e12;
+}
+
+static double time_attention_chunked(const struct ModelConfig *c, int n, int diff, int kernel,
+                                     int in_chunks)
+{
+    return time_attention_layout(c, n, diff, kernel, in_chunks, 1);
 }
 
 static double time_attention(const struct ModelConfig *c, int n, int diff, int kernel)
@@ -874,7 +886,7 @@ static void time_model_dev(const struct Model *m, int n, int steps, double *ttft
     for (int i = 0; i < n; i++) ids[i] = (int32_t)((urand() + 1) * 0.5f * (m->cfg.vocab - 1));
     char err[512];
     /* warm-up: one chunk, then start over */
-    if (engine_prefill(e, ids, 512, err, sizeof err)) goto fail;
+    if (engine_prefill(e, ids, n < 512 ? (size_t)n : 512, err, sizeof err)) goto fail;
     engine_reset(e);
     engine_stats_reset(e);
     double t0 = now_s();
@@ -1008,6 +1020,9 @@ static void time_decode_pair(const struct Model *ma, const struct Model *mb, con
 
 int main(int argc, char **argv)
 {
+    /* a line at a time: if a kernel hangs and run.sh's timeout stops this process, the output
+     * so far still says where */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     const char *model_path = NULL;
     int do_time = 1, threads = 8, wgmma = 0, quick = 0, tma = 0, ops_only = 0;
     for (int i = 1; i < argc; i++) {
@@ -1016,9 +1031,11 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--wgmma")) wgmma = 1;
         else if (!strcmp(argv[i], "--tma")) wgmma = tma = 1;
         else if (!strcmp(argv[i], "--ops")) ops_only = 1;
+        else if (!strcmp(argv[i], "--dry-time")) shrink = 1024;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else model_path = argv[i];
     }
+    if (shrink > 1) quick = 1, do_time = 1;     /* the quick checks, then the shrunken table */
     char err[512];
     double t0 = now_s();
     struct Model *m = NULL;
@@ -1147,6 +1164,7 @@ int main(int argc, char **argv)
             double at[2][3], atg[2], atc[2], ttft[2][2], dummy;
             int ns[3] = {4096, 32768, 131072};
             for (int k = k_lo; k < k_hi; k++) {
+                printf("timing %s\n", kernel_name[k]);
                 for (int i = 0; i < 3; i++) at[k - k_lo][i] = time_attention(c, ns[i], 1, k);
                 atg[k - k_lo] = time_attention(c, 32768, 0, k);
                 atc[k - k_lo] = time_attention_chunked(c, 131072, 1, k, 8192);
@@ -1170,31 +1188,35 @@ int main(int argc, char **argv)
         } else if (do_time) {
             const struct ModelConfig *c = &m->cfg;
             printf("-- speed (medians of CUDA-event timings; TTFT and decode by wall clock)\n");
+            if (shrink > 1)
+                printf("(--dry-time: every size divided by %d, the figures mean nothing)\n", shrink);
             double at[2][3], atg[2];
-            int ns[3] = {4096, 32768, 131072};
+            const int K4 = 4096 / shrink, K8 = 8192 / shrink, K32 = 32768 / shrink, K128 = 131072 / shrink;
+            int ns[3] = {K4, K32, K128};
             for (int k = 0; k < 2; k++) {
                 for (int i = 0; i < 3; i++) at[k][i] = time_attention(c, ns[i], 1, k);
-                atg[k] = time_attention(c, 32768, 0, k);
+                atg[k] = time_attention(c, K32, 0, k);
             }
-            double atc = time_attention_chunked(c, 131072, 1, 0, 8192);
-            double g1 = time_gemm(8192, 576, 3072), g2 = time_gemm(8192, 8192, 8192);
+            double atc = time_attention_chunked(c, K128, 1, 0, K8);
+            double atc_l = time_attention_layout(c, K128, 1, 0, K8, c->n_layer);
+            double g1 = time_gemm(K8, 576, 3072), g2 = time_gemm(K8, K8, K8);
             double ttft32, ttft128, tps_diff, tps_gqa, ttft32g, dummy;
-            time_model(&df.m, 32768, 0, &ttft32, &dummy);
+            time_model(&df.m, K32, 0, &ttft32, &dummy);
             double dev128, ops[N_OPS], ops_s = 0;
-            time_model_dev(&df.m, 131072, 0, &ttft128, &dev128, &dummy);
-            time_model(m, 32768, 0, &ttft32g, &dummy);
-            time_ops(&df.m.cfg, 8192, ops);
+            time_model_dev(&df.m, K128, 0, &ttft128, &dev128, &dummy);
+            time_model(m, K32, 0, &ttft32g, &dummy);
+            time_ops(&df.m.cfg, K8, ops);
             for (int i = 0; i < N_OPS; i++) ops_s += ops[i] * 1e-3 * c->n_layer * 16;
-            time_decode_pair(&df.m, m, NULL, 32768, 256, &tps_diff, &tps_gqa);
+            time_decode_pair(&df.m, m, NULL, K32, (shrink > 1 ? 2 : 256), &tps_diff, &tps_gqa);
             double tps_plain, tps_watched;
             const int watch_b[2] = {0, 1};
-            time_decode_pair(&df.m, &df.m, watch_b, 32768, 128, &tps_plain, &tps_watched);
+            time_decode_pair(&df.m, &df.m, watch_b, K32, (shrink > 1 ? 2 : 128), &tps_plain, &tps_watched);
             double tps_diff_ref, tps_gqa_ref;
             setenv("DIFFRAG_GPU_ATTENTION", "reference", 1);
-            time_decode_pair(&df.m, m, NULL, 32768, 128, &tps_diff_ref, &tps_gqa_ref);
+            time_decode_pair(&df.m, m, NULL, K32, (shrink > 1 ? 2 : 128), &tps_diff_ref, &tps_gqa_ref);
             unsetenv("DIFFRAG_GPU_ATTENTION");
             double smp_dev, smp_host;
-            time_sampling(m, 200, &smp_dev, &smp_host);
+            time_sampling(m, (shrink > 1 ? 2 : 200), &smp_dev, &smp_host);
             printf("\n| measure | value |\n|---|---|\n");
             static const char *const timed[] = {"mma", "wmma"};
             for (int k = 0; k < 2; k++) {
@@ -1206,6 +1228,9 @@ int main(int argc, char **argv)
                        timed[k], c->n_head, c->n_kv_head, atg[k]);
             }
             print_chunked(c, "mma", atc);
+            printf("| the same in the engine's pool layout (pages of %d layers, so a layer's pages "
+                   "%.2f MiB apart) | %.1f TFLOP/s |\n", c->n_layer,
+                   gpu_page_elems(c->n_layer, c->n_kv_head, c->head_dim) * 2 / 1048576.0, atc_l);
             printf("| GEMM bf16 8192 x 576 -> 3072 (gate+up of the model) | %.1f TFLOP/s |\n", g1);
             printf("| GEMM bf16 8192 x 8192 x 8192 | %.1f TFLOP/s |\n", g2);
             printf("| time to first token, 32K prompt, DIFF V2 form | %.3f s |\n", ttft32);
@@ -1219,8 +1244,9 @@ int main(int argc, char **argv)
             for (int i = 0; i < N_OPS; i++) printf("%s %.3f", i ? " /" : "", ops[i]);
             printf(" ms |\n");
             double att_s = 4.0 * 2 * c->n_head * c->head_dim * (131072.0 * 131073.0 / 2) /
-                           (atc * 1e12) * c->n_layer;
-            printf("| time to first token, 128K, DIFF V2 form, split: attention (chunked rate above) / "
+                           (atc_l * 1e12) * c->n_layer;
+            printf("| time to first token, 128K, DIFF V2 form, split: attention (the engine's layout, "
+                   "above) / "
                    "the other operations (those times x %d layers x 16 chunks) / launch gaps and the "
                    "rest inside the device's span / host outside it | %.3f / %.3f / %.3f / %.3f s |\n",
                    c->n_layer, att_s, ops_s, dev128 - att_s - ops_s, ttft128 - dev128);
