@@ -41,7 +41,7 @@ struct ThreadPool {
     _Atomic(pool_task_fn) fn;
     _Atomic(void *) ctx;
     atomic_int n_tasks;
-    atomic_ullong ticket;              /* generation << 32 | next task index */
+    atomic_ullong ticket;              /* generation << 32 | tasks not yet claimed */
     atomic_int done;                   /* tasks of the current job finished */
 };
 
@@ -54,21 +54,33 @@ static long long now_ns(void)
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* Claims and runs tasks of job `gen` until none are left. */
+/* Claims and runs tasks of job `gen` until none are left. A claim takes one from the count of
+ * unclaimed tasks in the ticket, tagged with the job's generation, so it needs nothing but the
+ * ticket. The job's fields are read only after a claim has succeeded: the job cannot finish
+ * (and the caller cannot set up the next one) before the claimed task is done, so they are
+ * this job's. (Read before the claim, they could already be the next job's while the ticket
+ * still showed this one: a worker running late ran a task of the new job under the old ticket,
+ * so a task ran twice and `done` counted one too many.) */
 static void pool_drain(struct ThreadPool *p, unsigned gen, int thread)
 {
-    pool_task_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
-    void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
-    unsigned long long n = (unsigned long long)atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
-    unsigned long long t = atomic_load_explicit(&p->ticket, memory_order_acquire);
+    pool_task_fn fn = NULL;
+    void *ctx = NULL;
+    unsigned long long n = 0;
+    unsigned long long t = atomic_load_explicit(&p->ticket, memory_order_relaxed);
     for (;;) {
-        if ((unsigned)(t >> 32) != gen || (t & 0xffffffffULL) >= n) return;
-        if (!atomic_compare_exchange_weak_explicit(&p->ticket, &t, t + 1, memory_order_acquire,
-                                                   memory_order_acquire))
+        if ((unsigned)(t >> 32) != gen || (t & 0xffffffffULL) == 0) return;
+        if (!atomic_compare_exchange_weak_explicit(&p->ticket, &t, t - 1, memory_order_acquire,
+                                                   memory_order_relaxed))
             continue;
-        fn(ctx, (int)(t & 0xffffffffULL), thread);
+        if (!fn) {
+            fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+            ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
+            n = (unsigned long long)atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
+        }
+        /* tasks in their order: the first claim takes task 0 */
+        fn(ctx, (int)(n - (t & 0xffffffffULL)), thread);
         atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
-        t = atomic_load_explicit(&p->ticket, memory_order_acquire);
+        t = atomic_load_explicit(&p->ticket, memory_order_relaxed);
     }
 }
 
@@ -183,7 +195,8 @@ void pool_run(struct ThreadPool *p, int n_tasks, pool_task_fn fn, void *ctx)
     atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
     atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_relaxed);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->ticket, (unsigned long long)gen << 32, memory_order_release);
+    atomic_store_explicit(&p->ticket, (unsigned long long)gen << 32 | (unsigned)n_tasks,
+                          memory_order_release);
     /* seq_cst publish, then the sleeper count: a worker that registered as a sleeper before
      * re-checking the generation is either seen here or sees the new generation itself. */
     atomic_store(&p->generation, gen);
