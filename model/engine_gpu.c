@@ -279,20 +279,21 @@ void gpu_seq_free(struct GpuSeq **ps)
     *ps = NULL;
 }
 
+const char *const gpu_attention_kernels[GPU_ATTENTION_KERNELS] = {
+    "mma", "reference", "wgmma", "wgmma-pipe", "wgmma-tma", "wgmma-tma-pipe"};
+
 int gpu_seq_new(const struct Model *m, int n_ctx, int chunk, struct GpuSeq **out, char *err,
                 size_t errlen)
 {
     *out = NULL;
     /* the attention kernels: the default (mma.sync), the Hopper prefill (wgmma, its
      * pipelined form, and both fed by TMA), or the first forms kept as a cross-check */
-    static const char *const kernels[] = {"mma", "reference", "wgmma", "wgmma-pipe", "wgmma-tma",
-                                          "wgmma-tma-pipe"};
     const char *ak = getenv("DIFFRAG_GPU_ATTENTION");
     int kernel = 0;
     if (ak && *ak) {
         kernel = -1;
-        for (int k = 0; k < (int)(sizeof kernels / sizeof *kernels); k++)
-            if (!strcmp(ak, kernels[k])) kernel = k;
+        for (int k = 0; k < GPU_ATTENTION_KERNELS; k++)
+            if (!strcmp(ak, gpu_attention_kernels[k])) kernel = k;
         if (kernel < 0) {
             snprintf(err, errlen, "DIFFRAG_GPU_ATTENTION=%.64s: expected mma, wgmma, wgmma-pipe, "
                      "wgmma-tma, wgmma-tma-pipe or reference", ak);

@@ -31,6 +31,10 @@ void gpu_seq_estimate(const struct ModelConfig *c, int n_ctx, int chunk, size_t 
 
 struct GpuSeq;
 /* 0, -1 (err) on a device failure, -2 (err) when the pool lacks the pages. */
+/* The attention kernels DIFFRAG_GPU_ATTENTION names, by their GpuAttnArgs.kernel number. */
+#define GPU_ATTENTION_KERNELS 6
+extern const char *const gpu_attention_kernels[GPU_ATTENTION_KERNELS];
+
 int gpu_seq_new(const struct Model *m, int n_ctx, int chunk, struct GpuSeq **out, char *err,
                 size_t errlen);
 void gpu_seq_free(struct GpuSeq **s);

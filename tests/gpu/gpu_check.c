@@ -361,10 +361,6 @@ static void check_wgmma_probe(int hd)
     free(a); free(pg); free(rk); free(rv); free(ah); free(ph);
 }
 
-/* GpuAttnArgs.kernel by number (the wgmma forms are the Hopper prefill kernel, plain and
- * pipelined, loading with cp.async or fed by TMA; their decode is mma's) */
-static const char *const kernel_name[] = {"mma", "reference", "wgmma", "wgmma-pipe", "wgmma-tma",
-                                          "wgmma-tma-pipe"};
 
 /* RoPE + KV store + attention (prefill chunks, then decode steps) with the groundedness
  * masses, against the CPU backend (f32 KV cache) on the same rows. */
@@ -493,7 +489,7 @@ static void check_attention(int hd, int n_head, int n_kv, int diff, int n_rot, i
         check(e <= 1e-2 && emax <= 2e-2 && em <= 1e-2, "attention (%s%s) %s hd %d, %d/%d heads, "
               "rope %s: chunk at %d of %d tokens: relative error %.2e (<= 1e-2), worst element "
               "%.2e of the largest (<= 2e-2), masses max abs error %.1e (<= 1e-2)",
-              n == 1 ? "decode, " : "prefill, ", kernel_name[kernel],
+              n == 1 ? "decode, " : "prefill, ", gpu_attention_kernels[kernel],
               diff ? "DIFF V2" : "GQA", hd, nq_h, n_kv, layout ? "neox" : "adjacent", pos0, n, e,
               emax, em);
         free(qkv); free(cs); free(sn); free(q); free(k); free(v); free(lam); free(ref);
@@ -828,14 +824,15 @@ static void time_ops(const struct ModelConfig *c, int n, double ms[N_OPS])
     int big = F > no ? F : no;
     big = big > d ? big : d;
     uint16_t *xb = dalloc((size_t)n * big * 2), *q = dalloc((size_t)n * nq * 2);
-    uint16_t *w = dalloc((size_t)(cols > 2 * F ? cols : 2 * F) * big * 2);
+    int w_rows = cols > 2 * F ? cols : 2 * F;   /* the largest product's outputs */
+    uint16_t *w = dalloc((size_t)w_rows * big * 2);
     uint16_t *pool = dalloc((size_t)pages * pe * 2);
     int32_t *pt = xmalloc((size_t)pages * 4), *dpt = dalloc((size_t)pages * 4);
     for (int i = 0; i < pages; i++) pt[i] = i;
     A->upload(C, dpt, pt, (size_t)pages * 4);
     /* small finite values everywhere (bf16 1/256 and f32 0.5): the rates do not depend on them */
     A->fill_u16(C, xb, 0x3b80, (size_t)n * big);
-    A->fill_u16(C, w, 0x3b80, (size_t)(cols > 2 * F ? cols : 2 * F) * big);
+    A->fill_u16(C, w, 0x3b80, (size_t)w_rows * big);
     A->fill_u16(C, (uint16_t *)x, 0x3f00, (size_t)n * d * 2);
     A->fill_u16(C, (uint16_t *)qkv, 0x3f00, (size_t)n * cols * 2);
     A->fill_u16(C, (uint16_t *)gu, 0x3f00, (size_t)n * 2 * F * 2);
@@ -1149,10 +1146,10 @@ int main(int argc, char **argv)
                wb / 1048576.0, pages, GPU_PAGE);
         for (int k = k_lo; k < k_hi; k++) {
             char what[64];
-            setenv("DIFFRAG_GPU_ATTENTION", kernel_name[k], 1);
-            snprintf(what, sizeof what, "GQA form, %s attention kernels", kernel_name[k]);
+            setenv("DIFFRAG_GPU_ATTENTION", gpu_attention_kernels[k], 1);
+            snprintf(what, sizeof what, "GQA form, %s attention kernels", gpu_attention_kernels[k]);
             check_model(m, what, prompt, (int)n, threads);
-            snprintf(what, sizeof what, "DIFF V2 form, %s attention kernels", kernel_name[k]);
+            snprintf(what, sizeof what, "DIFF V2 form, %s attention kernels", gpu_attention_kernels[k]);
             check_model(&df.m, what, prompt, (int)n, threads);
         }
         unsetenv("DIFFRAG_GPU_ATTENTION");
@@ -1164,11 +1161,11 @@ int main(int argc, char **argv)
             double at[2][3], atg[2], atc[2], ttft[2][2], dummy;
             int ns[3] = {4096, 32768, 131072};
             for (int k = k_lo; k < k_hi; k++) {
-                printf("timing %s\n", kernel_name[k]);
+                printf("timing %s\n", gpu_attention_kernels[k]);
                 for (int i = 0; i < 3; i++) at[k - k_lo][i] = time_attention(c, ns[i], 1, k);
                 atg[k - k_lo] = time_attention(c, 32768, 0, k);
                 atc[k - k_lo] = time_attention_chunked(c, 131072, 1, k, 8192);
-                setenv("DIFFRAG_GPU_ATTENTION", kernel_name[k], 1);
+                setenv("DIFFRAG_GPU_ATTENTION", gpu_attention_kernels[k], 1);
                 time_model(&df.m, 32768, 0, &ttft[k - k_lo][0], &dummy);
                 time_model(&df.m, 131072, 0, &ttft[k - k_lo][1], &dummy);
                 unsetenv("DIFFRAG_GPU_ATTENTION");
@@ -1177,13 +1174,13 @@ int main(int argc, char **argv)
             for (int k = k_lo; k < k_hi; k++) {
                 for (int i = 0; i < 3; i++)
                     printf("| prefill attention (%s), DIFF V2 shape (%d query heads / %d KV, hd %d), "
-                           "%dK tokens causal | %.1f TFLOP/s |\n", kernel_name[k],
+                           "%dK tokens causal | %.1f TFLOP/s |\n", gpu_attention_kernels[k],
                            2 * c->n_head, c->n_kv_head, c->head_dim, ns[i] / 1024, at[k - k_lo][i]);
                 printf("| prefill attention (%s), GQA shape (%d / %d), 32K tokens | %.1f TFLOP/s |\n",
-                       kernel_name[k], c->n_head, c->n_kv_head, atg[k - k_lo]);
-                print_chunked(c, kernel_name[k], atc[k - k_lo]);
+                       gpu_attention_kernels[k], c->n_head, c->n_kv_head, atg[k - k_lo]);
+                print_chunked(c, gpu_attention_kernels[k], atc[k - k_lo]);
                 printf("| time to first token, 32K / 128K prompt, DIFF V2 form, %s prefill | %.3f / %.3f s |\n",
-                       kernel_name[k], ttft[k - k_lo][0], ttft[k - k_lo][1]);
+                       gpu_attention_kernels[k], ttft[k - k_lo][0], ttft[k - k_lo][1]);
             }
         } else if (do_time) {
             const struct ModelConfig *c = &m->cfg;
