@@ -17,7 +17,9 @@ LDFLAGS  := $(SAN) $(EXTRA_LDFLAGS)
 LDLIBS   := -lm -lpthread
 PYTHON   ?= python3
 
+# The small model the fast tests use, and the default model `make run` serves (32K context).
 MODEL_FILE := models/SmolLM2-135M-Instruct.Q4_1.gguf
+QWEN_FILE  := models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf
 
 all:
 
@@ -45,11 +47,13 @@ $(BUILD)/%.o: %.c $(FLAGS_STAMP)
 deps:
 	sh tools/install-deps.sh
 
-model: $(MODEL_FILE)
+model: $(MODEL_FILE) $(QWEN_FILE)
 $(MODEL_FILE): tools/fetch-model.sh
-	sh tools/fetch-model.sh
+	sh tools/fetch-model.sh smollm2
+$(QWEN_FILE): tools/fetch-model.sh
+	sh tools/fetch-model.sh qwen
 
-test: all $(MODEL_FILE)
+test: all $(MODEL_FILE) $(QWEN_FILE)
 	$(PYTHON) -m pytest -q --durations=15 tests
 
 # Everything built with AddressSanitizer + UndefinedBehaviorSanitizer in build/asan (flags
