@@ -574,12 +574,24 @@ int engine_prefill(struct Engine *e, const int32_t *tokens, size_t n, char *err,
     return ENGINE_OK;
 }
 
-int engine_score(struct Engine *e, const int32_t *tokens, size_t n, double *nll_sum,
-                 size_t *n_scored, char *err, size_t errlen)
+/* The first index of the largest logit (NaN never wins); 0 when all are -inf or NaN. */
+static int32_t logits_argmax(const float *lg, int n)
+{
+    int32_t best = 0;
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (lg[i] > mx) { mx = lg[i]; best = i; }
+    return best;
+}
+
+/* engine_score and engine_score_positions: the logits of every position, ROWS rows at a time
+ * through the LM head, each scored against the next token. Optional outputs may be NULL. */
+static int score_tokens(struct Engine *e, const int32_t *tokens, size_t n, float *nll,
+                        int32_t *top, double *nll_sum, size_t *n_scored, char *err, size_t errlen)
 {
     enum { ROWS = 64 };
-    *nll_sum = 0;
-    *n_scored = 0;
+    if (nll_sum) *nll_sum = 0;
+    if (n_scored) *n_scored = 0;
     if (!e || !tokens || n < 2) return fail(err, errlen, ENGINE_EINPUT, "need at least 2 tokens");
     if (e->gpu)
         return fail(err, errlen, ENGINE_EINPUT, "scoring runs on CPU contexts only (it needs "
@@ -610,15 +622,30 @@ int engine_score(struct Engine *e, const int32_t *tokens, size_t n, double *nll_
             for (int r = 0; r < nr; r++) {
                 size_t pos = i + (size_t)r0 + r;
                 if (pos + 1 >= n) break;
+                const float *row = lg + (size_t)r * c->vocab;
                 struct TokenSignal sig;
-                sampler_signal(lg + (size_t)r * c->vocab, c->vocab, tokens[pos + 1], &sig);
-                *nll_sum -= sig.logprob;
-                (*n_scored)++;
+                sampler_signal(row, c->vocab, tokens[pos + 1], &sig);
+                if (nll) nll[pos] = -sig.logprob;
+                if (top) top[pos] = logits_argmax(row, c->vocab);
+                if (nll_sum) *nll_sum -= sig.logprob;
+                if (n_scored) (*n_scored)++;
             }
         }
     }
     free(lg);
     return rc;
+}
+
+int engine_score(struct Engine *e, const int32_t *tokens, size_t n, double *nll_sum,
+                 size_t *n_scored, char *err, size_t errlen)
+{
+    return score_tokens(e, tokens, n, NULL, NULL, nll_sum, n_scored, err, errlen);
+}
+
+int engine_score_positions(struct Engine *e, const int32_t *tokens, size_t n, float *nll,
+                           int32_t *top, char *err, size_t errlen)
+{
+    return score_tokens(e, tokens, n, nll, top, NULL, NULL, err, errlen);
 }
 
 int engine_decode(struct Engine *e, int32_t token, char *err, size_t errlen)

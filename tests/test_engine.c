@@ -125,6 +125,7 @@ int main(void)
     struct GenParams gp = {.max_tokens = 40};
     sampler_params_default(&gp.sampler);
     struct GenResult res;
+    struct TokenSignal sig_tmp;
     struct CancelAt ca = {.e = e, .after_tokens = 5};
     int32_t prompt[4] = {504 % V, 3458 % V, 282 % V, 4649 % V};
     rc = generate(e, prompt, 4, &gp, cancel_cb, &ca, &res, err, sizeof err);
@@ -189,6 +190,49 @@ int main(void)
     generate(e, prompt, 4, &gt, NULL, NULL, &res, err, sizeof err);
     CHECK(!strcmp(res.text, first), "top-k 1 equals greedy");
     free(res.text);
+
+    /* Per-position scores: each position's NLL and argmax equal those of the logits a
+     * token-by-token decode leaves (its chunks of 16 cross boundaries), and their sum is
+     * engine_score's. */
+    enum { NS = 40 };
+    float nll[NS - 1];
+    int32_t top[NS - 1];
+    engine_reset(e);
+    rc = engine_score_positions(e, toks, NS, nll, top, err, sizeof err);
+    CHECK(rc == ENGINE_OK && engine_n_past(e) == NS, "score_positions: %s", err);
+    double nll_sum = 0, max_nll_diff = 0, pos_sum = 0;
+    size_t n_scored = 0;
+    engine_reset(e);
+    CHECK(engine_score(e, toks, NS, &nll_sum, &n_scored, err, sizeof err) == ENGINE_OK &&
+          n_scored == NS - 1, "engine_score: %s", err);
+    engine_reset(e);
+    int top_ok = 1;
+    for (int i = 0; i < NS - 1; i++) {
+        pos_sum += nll[i];
+        CHECK(engine_decode(e, toks[i], err, sizeof err) == ENGINE_OK, "decode %d: %s", i, err);
+        const float *lg = engine_logits(e);
+        sampler_signal(lg, V, toks[i + 1], &sig_tmp);
+        /* relative: a chunk's products and a single row's round differently */
+        double dn = fabs(nll[i] + sig_tmp.logprob) / (1 + fabs(sig_tmp.logprob));
+        if (dn > max_nll_diff) max_nll_diff = dn;
+        int best = 0;
+        for (int j = 1; j < V; j++) if (lg[j] > lg[best]) best = j;
+        /* a different argmax only where the two logits tie within rounding */
+        if (top[i] < 0 || top[i] >= V || (top[i] != best && fabsf(lg[top[i]] - lg[best]) > 1e-3f))
+            top_ok = 0;
+    }
+    printf("score_positions: max |nll - decode nll| / (1 + nll) %.2e, sum %.6f vs engine_score %.6f\n",
+           max_nll_diff, pos_sum, nll_sum);
+    CHECK(max_nll_diff < 5e-4, "per-position NLL matches decode (max relative diff %g)", max_nll_diff);
+    CHECK(top_ok, "per-position argmax matches decode");
+    CHECK(fabs(pos_sum - nll_sum) < 1e-3 * (1 + nll_sum), "sum %f vs engine_score %f", pos_sum,
+          nll_sum);
+    float nll_only[NS - 1];
+    engine_reset(e);
+    CHECK(engine_score_positions(e, toks, NS, nll_only, NULL, err, sizeof err) == ENGINE_OK &&
+          !memcmp(nll_only, nll, sizeof nll), "NULL top: same NLLs, deterministic");
+    CHECK(engine_score_positions(e, toks, 1, nll, top, err, sizeof err) == ENGINE_EINPUT,
+          "one token refused");
 
     float logits[5] = {1.f, 3.f, 2.f, -INFINITY, 0.f};
     struct TokenSignal sig;
