@@ -86,6 +86,9 @@ size_t ggml_type_block_elems(uint32_t type)
     case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1:
     case GGML_TYPE_Q8_0:
         return 32;
+    case GGML_TYPE_Q2_K: case GGML_TYPE_Q3_K: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K:
+    case GGML_TYPE_Q6_K:
+        return 256;
     default:
         return 0;
     }
@@ -102,6 +105,11 @@ size_t ggml_type_block_bytes(uint32_t type)
     case GGML_TYPE_Q5_0: return 22;
     case GGML_TYPE_Q5_1: return 24;
     case GGML_TYPE_Q8_0: return 34;
+    case GGML_TYPE_Q2_K: return 84;
+    case GGML_TYPE_Q3_K: return 110;
+    case GGML_TYPE_Q4_K: return 144;
+    case GGML_TYPE_Q5_K: return 176;
+    case GGML_TYPE_Q6_K: return 210;
     default: return 0;
     }
 }

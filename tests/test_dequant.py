@@ -4,7 +4,10 @@
 kernels/cpu/dequant.c; it is compared with gguf.quants.dequantize (bit-exact expected, at most
 1e-6 absolute allowed) for tensors of the default model (Q8_0 embedding, Q4_1 weights, F32 norms)
 and for F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and F32 tensors written here with
-gguf.GGUFWriter. `test_gguf --list FILE` (keys, values and tensor layout as the C reader sees
+gguf.GGUFWriter. The K-quants (Q2_K .. Q6_K) are checked the same way on random valid blocks
+(the gguf package cannot quantise them): random bytes with the f16 scale fields set to finite
+values; and against blocks quantised and dequantised by ggml's own C code, recorded under
+tests/data/ by tests/data/gen-kquant-blocks.sh. `test_gguf --list FILE` (keys, values and tensor layout as the C reader sees
 them) is compared with gguf.GGUFReader on the same files.
 """
 import subprocess
@@ -174,6 +177,60 @@ def test_written_tensors(tool, tmp_path, alignment):
         assert mismatched == 0, f"{name}: {mismatched} values differ in the last bits"
         types.add(qt)
     assert types == {Q.F32, Q.F16, Q.BF16, *QUANT_TYPES}
+    check_listing(tool, path)
+
+
+# ---- K-quants ------------------------------------------------------------------------------
+
+# ggml type: (block bytes, offsets of the f16 scale fields, (low, high) magnitude of d / dmin)
+K_TYPES = {
+    Q.Q2_K: (84, {80: (1e-4, 0.5), 82: (1e-4, 0.5)}),
+    Q.Q3_K: (110, {108: (1e-4, 0.5)}),
+    Q.Q4_K: (144, {0: (1e-4, 0.5), 2: (1e-4, 0.5)}),
+    Q.Q5_K: (176, {0: (1e-4, 0.5), 2: (1e-4, 0.5)}),
+    Q.Q6_K: (210, {208: (1e-4, 0.5)}),
+}
+
+
+def random_k_blocks(rng, qt, n_blocks):
+    """Random bytes everywhere (every quant and packed scale pattern), with the f16 scale fields
+    replaced by finite values of either sign, some zero, some subnormal."""
+    size, fields = K_TYPES[qt]
+    raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
+    for off, (lo, hi) in fields.items():
+        mag = np.exp(rng.uniform(np.log(lo), np.log(hi), n_blocks))
+        val = (mag * rng.choice([-1.0, 1.0], n_blocks)).astype(np.float16)
+        val[0] = 0.0
+        val[1] = np.float16(3e-6)  # subnormal half
+        val[2] = np.float16(65504.0) if off in (0, 80, 108, 208) else val[2]
+        raw[:, off:off + 2] = val.view(np.uint8).reshape(n_blocks, 2)
+    return raw
+
+
+def test_k_quants_random_blocks(tool, tmp_path):
+    rng = np.random.default_rng(20251201)
+    path = tmp_path / "kquants.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    expected = {}
+    for qt in K_TYPES:
+        # 2-D (rows of several super-blocks) and 3-D; 96 blocks of each type.
+        for name, shape in ((f"{qt.name.lower()}.weight", (12, 2048)),
+                            (f"{qt.name.lower()}_3d.weight", (2, 3, 4096))):
+            n_blocks = int(np.prod(shape)) // 256
+            raw = random_k_blocks(rng, qt, n_blocks).reshape(*shape[:-1], -1)
+            w.add_tensor(name, raw, raw_dtype=qt)
+            expected[name] = (qt, dequantize(raw, qt))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    reader = gguf.GGUFReader(path)
+    for name, (qt, want) in expected.items():
+        assert reader_tensor(reader, name).tensor_type == qt
+        got = c_dequant(tool, path, name, tmp_path)
+        assert np.isfinite(want).all(), f"{name}: the reference has non-finite values"
+        mismatched = compare(f"{name} ({qt.name})", got, want)
+        assert mismatched == 0, f"{name}: {mismatched} values differ in the last bits"
     check_listing(tool, path)
 
 

@@ -794,7 +794,9 @@ static void test_malformed(void)
         expect_patched(&b, L.t_ndims[t], 4, 5, EF, "5 dimensions", "n_dims 5");
         expect_patched(&b, L.t_ndims[t], 4, 0xffffffffu, EF, "dimensions", "n_dims max");
         expect_patched(&b, L.t_ne[t], 8, 0, EF, "ne[0] = 0", "ne[0] = 0");
-        expect_patched(&b, L.t_type[t], 4, 12, EU, "type 12 (Q4_K)", "tensor type Q4_K");
+        expect_patched(&b, L.t_type[t], 4, 16, EU, "type 16 (IQ2_XXS)", "tensor type IQ2_XXS");
+        /* A K-quant is known, but these rows are shorter than its 256-element super-block. */
+        expect_patched(&b, L.t_type[t], 4, 12, EF, "Q4_K block size 256", "tensor type Q4_K");
         expect_patched(&b, L.t_type[t], 4, 4, EU, "type 4", "tensor type 4 (removed)");
         expect_patched(&b, L.t_type[t], 4, 0xdeadbeefu, EU, "type 3735928559", "tensor type huge");
         expect_patched(&b, L.t_offset[t], 8, L.t_rel[t] + 1, EF, "not a multiple of the alignment",
@@ -1052,7 +1054,9 @@ static void test_dequant_api(void)
     float out[64];
     for (int i = 0; i < 64; i++)
         out[i] = 42.0f;
-    CHECK(dequant_row(12, block, out, 32) == DEQUANT_ETYPE && out[0] == 42.0f, "Q4_K rejected");
+    CHECK(dequant_row(16, block, out, 32) == DEQUANT_ETYPE && out[0] == 42.0f, "IQ2_XXS rejected");
+    CHECK(dequant_row(12, block, out, 32) == DEQUANT_ELENGTH && out[0] == 42.0f,
+          "Q4_K length 32 rejected");
     CHECK(dequant_row(4, block, out, 32) == DEQUANT_ETYPE, "type 4 rejected");
     CHECK(dequant_row(GGML_TYPE_Q8_0, block, out, 33) == DEQUANT_ELENGTH && out[0] == 42.0f,
           "Q8_0 length 33 rejected");

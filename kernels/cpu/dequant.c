@@ -1,4 +1,5 @@
-/* CPU dequantisation of ggml rows (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) to f32.
+/* CPU dequantisation of ggml rows (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and the
+ * K-quants through dequant_k.c) to f32.
  * Blocks are read with memcpy because quantised blocks (18, 20, 22, 34 bytes) leave the scales
  * unaligned. Affine types compute d*q and then add m as separate statements, so no compiler
  * fuses them into an FMA and the result matches the reference decoder bit for bit. */
@@ -6,6 +7,7 @@
 
 #include <string.h>
 
+#include "kernels/cpu/kquant.h"
 #include "kernels/f16.h"
 
 #define QK 32 /* elements per block of every quantised type here */
@@ -114,6 +116,7 @@ int dequant_block_elems(uint32_t ggml_type)
     switch (ggml_type) {
     case DQ_F32: case DQ_F16: case DQ_BF16: return 1;
     case DQ_Q4_0: case DQ_Q4_1: case DQ_Q5_0: case DQ_Q5_1: case DQ_Q8_0: return QK;
+    case DQ_Q2_K: case DQ_Q3_K: case DQ_Q4_K: case DQ_Q5_K: case DQ_Q6_K: return QK_K;
     default: return 0;
     }
 }
@@ -128,6 +131,11 @@ int dequant_block_bytes(uint32_t ggml_type)
     case DQ_Q5_0: return 22;
     case DQ_Q5_1: return 24;
     case DQ_Q8_0: return 34;
+    case DQ_Q2_K: return 84;
+    case DQ_Q3_K: return 110;
+    case DQ_Q4_K: return 144;
+    case DQ_Q5_K: return 176;
+    case DQ_Q6_K: return 210;
     default: return 0;
     }
 }
@@ -147,6 +155,11 @@ int dequant_row(uint32_t ggml_type, const void *src, float *dst, size_t n_elems)
         return DEQUANT_OK;
     case 2: case 3: case 6: case 7: case 8:
         break;
+    case DQ_Q2_K: case DQ_Q3_K: case DQ_Q4_K: case DQ_Q5_K: case DQ_Q6_K:
+        if (n_elems % QK_K != 0)
+            return DEQUANT_ELENGTH;
+        kquant_decode(ggml_type, s, dst, n_elems / QK_K);
+        return DEQUANT_OK;
     default:
         return DEQUANT_ETYPE;
     }
