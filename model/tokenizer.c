@@ -1,6 +1,6 @@
-/* Byte-level BPE tokenizer over a GGUF vocabulary: loading tokenizer.ggml.*, the GPT-2
- * pre-tokenizer regex written out by hand over code points, merges by rank with a heap, special
- * tokens, ChatML formatting and the streaming detokeniser. */
+/* Byte-level BPE tokenizer over a GGUF vocabulary: loading tokenizer.ggml.*, the GPT-2 and
+ * Qwen2 pre-tokenizer regexes written out by hand over code points, merges by rank with a heap,
+ * special tokens, ChatML formatting and the streaming detokeniser. */
 #include "model/tokenizer.h"
 
 #include <stdarg.h>
@@ -10,7 +10,7 @@
 
 #include "model/unicode.h"
 
-enum PreTokenizer { PRE_GPT2, PRE_DIGITS_GPT2 };
+enum PreTokenizer { PRE_GPT2, PRE_DIGITS_GPT2, PRE_QWEN2 };
 
 enum TokenType {  /* tokenizer.ggml.token_type values (llama.cpp's numbering) */
     TT_UNDEFINED = 0, TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER_DEFINED = 4,
@@ -179,6 +179,10 @@ static int pre_from_name(struct GgufString name, enum PreTokenizer *pre)
 {
     static const char *gpt2[] = {"gpt2", "gpt-2", "default"};
     static const char *digits[] = {"smollm", "starcoder", "refact", "command-r", "codeshell"};
+    /* llama.cpp's names for Qwen2's regex (LLAMA_VOCAB_PRE_TYPE_QWEN2). */
+    static const char *qwen2[] = {"qwen2", "deepseek-r1-qwen"};
+    for (size_t i = 0; i < sizeof qwen2 / sizeof qwen2[0]; i++)
+        if (str_eq(name, qwen2[i])) { *pre = PRE_QWEN2; return 1; }
     for (size_t i = 0; i < sizeof gpt2 / sizeof gpt2[0]; i++)
         if (str_eq(name, gpt2[i])) { *pre = PRE_GPT2; return 1; }
     for (size_t i = 0; i < sizeof digits / sizeof digits[0]; i++)
@@ -448,7 +452,8 @@ int tok_load_gguf(const struct GgufFile *g, struct Tokenizer **out, char *err, s
     if (gguf_get_str(g, "tokenizer.ggml.pre", &pre_name) == GGUF_OK &&
         !pre_from_name(pre_name, &pre)) {
         set_err(err, errlen, "%s: pre-tokenizer \"%.*s\" is not supported (supported: gpt2, "
-                "gpt-2, default, smollm, starcoder, refact, command-r, codeshell)", path,
+                "gpt-2, default, smollm, starcoder, refact, command-r, codeshell, qwen2, "
+                "deepseek-r1-qwen)", path,
                 (int)(pre_name.len > 64 ? 64 : pre_name.len), pre_name.ptr);
         return TOK_EUNSUPPORTED;
     }
@@ -834,8 +839,73 @@ static int pretokenize(struct Encoder *e, const unsigned char *s, size_t len, in
     return TOK_OK;
 }
 
+/* Length of a contraction (?i:'s|'t|'re|'ve|'m|'ll|'d) at s[0] == '\'', or 0. Case-insensitive
+ * as Oniguruma folds it, which also lets U+017F LATIN SMALL LETTER LONG S stand for 's'. */
+static size_t contraction_qwen2(const unsigned char *s, size_t len)
+{
+    if (len < 2) return 0;
+    unsigned a = s[1] | 0x20u, b = len > 2 ? s[2] | 0x20u : 0;
+    if (s[1] >= 0x80) return len > 2 && s[1] == 0xC5 && s[2] == 0xBF ? 3 : 0; /* 'ſ */
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+    if (((a == 'r' || a == 'v') && b == 'e') || (a == 'l' && b == 'l')) return 3;
+    return 0;
+}
+
+/* Qwen2's pre-tokenizer regex (its tokenizer.json; tokenizer.ggml.pre "qwen2")
+ *   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*
+ *   |\s*[\r\n]+|\s+(?!\S)|\s+
+ * matched by hand, leftmost alternative first: a letter run may take one leading character that
+ * is neither a letter, a digit, CR nor LF; every digit stands alone; a punctuation run takes
+ * the line breaks after it; a whitespace run that holds line breaks ends after its last one.
+ * Ill-formed bytes are pieces of their own and end the text around them for the lookahead, as
+ * in pretokenize. */
+static int pretokenize_qwen2(struct Encoder *e, const unsigned char *s, size_t len)
+{
+    size_t pos = 0;
+    while (pos < len) {
+        size_t k, k2 = 0, end;
+        int c = class_at(s + pos, len - pos, &k);
+        if (c == CLS_INVALID || c == UNICODE_NUMBER) {
+            end = pos + k;
+        } else if (s[pos] == '\'' && (end = contraction_qwen2(s + pos, len - pos)) > 0) {
+            end += pos;
+        } else {
+            int c2 = pos + k < len ? class_at(s + pos + k, len - pos - k, &k2) : -1;
+            int line_break = s[pos] == '\r' || s[pos] == '\n';
+            if (c == UNICODE_LETTER || (c2 == UNICODE_LETTER && !line_break)) {
+                end = c == UNICODE_LETTER ? pos + k : pos + k + k2;
+                while (end < len && class_at(s + end, len - end, &k2) == UNICODE_LETTER) end += k2;
+            } else if (c == UNICODE_OTHER || (s[pos] == ' ' && c2 == UNICODE_OTHER)) {
+                end = c == UNICODE_OTHER ? pos + k : pos + 1 + k2;
+                while (end < len && class_at(s + end, len - end, &k2) == UNICODE_OTHER) end += k2;
+                while (end < len && (s[end] == '\r' || s[end] == '\n')) end++;
+            } else {
+                /* Whitespace: up to its last line break if it has one (\s*[\r\n]+), else all
+                 * of it, less its last character when text follows (\s+(?!\S), \s+). */
+                size_t last = pos, after_break = 0;
+                int next = -1;
+                end = pos;
+                while (end < len) {
+                    next = class_at(s + end, len - end, &k2);
+                    if (next != UNICODE_SPACE) break;
+                    last = end;
+                    end += k2;
+                    if (s[last] == '\r' || s[last] == '\n') after_break = end;
+                }
+                if (after_break) end = after_break;
+                else if (end < len && next != CLS_INVALID && last > pos) end = last;
+            }
+        }
+        int rc = encode_word(e, s + pos, end - pos);
+        if (rc) return rc;
+        pos = end;
+    }
+    return TOK_OK;
+}
+
 static int encode_text(struct Encoder *e, const unsigned char *s, size_t len)
 {
+    if (e->t->pre == PRE_QWEN2) return pretokenize_qwen2(e, s, len);
     return pretokenize(e, s, len, e->t->pre == PRE_DIGITS_GPT2);
 }
 
