@@ -22,3 +22,9 @@ BINS += $(BUILD)/tests/libdiffrag_hostgpu.so
 $(BUILD)/tests/libdiffrag_hostgpu.so: tests/gpu/host_gpu.c kernels/gpu.h kernels/gpu_plan.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -fPIC -shared $< -o $@ $(LDFLAGS) -lopenblas $(LDLIBS)
+
+# The engine's per-position scores of a token file (tests/test_qwen_oracle.py compares them with
+# llama.cpp's record); not a unit test, so not named test_*.
+BINS += $(BUILD)/tests/score_positions
+$(BUILD)/tests/score_positions: $(BUILD)/tests/score_positions.o $(LIB_MODEL)
+	$(CC) $(LDFLAGS) $< -o $@ $(MODEL_LIBS) $(LDLIBS)

@@ -1,0 +1,130 @@
+"""The engine against llama.cpp on the Qwen model (Qwen2.5-Coder-0.5B-Instruct, Q4_K_M).
+
+tests/data/qwen-oracle.json is llama.cpp's own evaluation of a fixed 4,096-token text from the
+SQuAD 2.0 passages (written by bench/llama_oracle.py; tests never build llama.cpp): the token
+ids, and per position the top token and the NLL of the next token. The engine scores the same
+ids in one context (build/tests/score_positions, engine_score_positions) and must give a
+perplexity within 1% of llama.cpp's and the same top token at >= 98% of the positions. Exact
+agreement is not expected: llama.cpp quantises the activations to 8 bits for its quantised dot
+products where the engine keeps them in f32, which moves near-tied logits.
+
+Under DIFFRAG_TEST_SCALE=small (the sanitizer pass) the same bars hold on a 512-token prefix."""
+import hashlib
+import json
+import math
+import subprocess
+
+import pytest
+
+from conftest import BUILD, ROOT, SMALL
+
+QWEN = ROOT / "models" / "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
+RECORD = ROOT / "tests" / "data" / "qwen-oracle.json"
+SCORE = BUILD / "tests" / "score_positions"
+RUN = BUILD / "diffrag-run"
+PPL_REL = 0.01      # |ours / llama.cpp - 1|
+TOP_AGREE = 0.98    # share of positions with the same argmax
+SMALL_TOKENS = 512
+
+
+@pytest.fixture(scope="module")
+def record():
+    return json.loads(RECORD.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def qwen(record):
+    if not QWEN.exists():
+        pytest.fail(f"Qwen model missing: run `make model` ({QWEN})")
+    h = hashlib.sha256()
+    with open(QWEN, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    assert h.hexdigest() == record["model_sha256"], \
+        f"{QWEN.name} is not the file the record was made with"
+    return QWEN
+
+
+def test_record_is_consistent(record):
+    """The record's own figures agree with each other (a damaged record fails here)."""
+    n = record["n_tokens"]
+    assert n == 4096 and len(record["tokens"]) == n and len(record["top"]) == n
+    assert len(record["nll"]) == n - 1 and len(record["margin"]) == n
+    assert all(0 <= t < record["n_vocab"] for t in record["tokens"] + record["top"])
+    mean = sum(record["nll"]) / (n - 1)
+    assert abs(mean - record["mean_nll"]) < 1e-4
+    assert abs(math.exp(mean) / record["perplexity"] - 1) < 1e-4
+    assert all(v >= 0 for v in record["nll"]) and all(v >= 0 for v in record["margin"])
+    # Where llama.cpp's top token is the next token, p >= 1 / n_vocab.
+    hits = [p for p in range(n - 1) if record["top"][p] == record["tokens"][p + 1]]
+    assert hits and all(record["nll"][p] <= math.log(record["n_vocab"]) for p in hits)
+
+
+def test_tokenizer_matches_llama_cpp(record, qwen, squad_dir):
+    """Our tokenizer turns the record's text into llama.cpp's ids."""
+    t = record["text"]
+    texts, ids = [], []
+    with open(squad_dir / "passages.jsonl", encoding="utf-8") as f:
+        for line in f:
+            p = json.loads(line)
+            texts.append(p["text"])
+            ids.append(p["id"])
+            if len(texts) == t["passages"]:
+                break
+    text = "\n\n".join(texts)
+    assert (ids[0], ids[-1]) == (t["first_passage"], t["last_passage"])
+    assert hashlib.sha256(text.encode("utf-8")).hexdigest() == t["sha256"], \
+        "the shared passages differ from the record's text"
+    # --ctx 1: diffrag-run prints the ids and stops before any evaluation.
+    r = subprocess.run([str(RUN), "-m", str(qwen), "-n", "0", "--ctx", "1", "--print-tokens",
+                        "-p", "-"], input=text.encode("utf-8"), capture_output=True, timeout=300)
+    lines = [l for l in r.stderr.decode(errors="replace").splitlines() if l.startswith("tokens:")]
+    assert lines, r.stderr.decode(errors="replace")[-2000:]
+    ours = [int(x) for x in lines[0].split()[1:]]
+    theirs = record["tokens"]
+    print(f"text: {len(text)} chars; ours {len(ours)} tokens, llama.cpp {t['text_tokens']}")
+    first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+    if first is not None:
+        print(f"first difference at token {first}: ours {ours[first:first + 8]}, "
+              f"llama.cpp {theirs[first:first + 8]}")
+    assert first is None and len(ours) == t["text_tokens"]
+
+
+def test_engine_matches_llama_cpp(record, qwen, tmp_path):
+    n = SMALL_TOKENS if SMALL else record["n_tokens"]
+    if SMALL:
+        print(f"reduced scale (DIFFRAG_TEST_SCALE=small): the first {n} of "
+              f"{record['n_tokens']} tokens, the same bars")
+    tokens = record["tokens"][:n]
+    path = tmp_path / "tokens.txt"
+    path.write_text(",".join(map(str, tokens)))
+    r = subprocess.run([str(SCORE), "-m", str(qwen), "--tokens-file", str(path),
+                        "--threads", "2"], capture_output=True, text=True, timeout=3600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [l.split() for l in r.stdout.splitlines()[1:]]
+    assert len(rows) == n - 1 and [int(x[0]) for x in rows] == list(range(n - 1))
+    nll = [float(x[1]) for x in rows]
+    top = [int(x[2]) for x in rows]
+    ref_nll, ref_top, margin = record["nll"][:n - 1], record["top"][:n - 1], record["margin"]
+    assert all(math.isfinite(v) and v >= 0 for v in nll)
+
+    ours = math.exp(sum(nll) / (n - 1))
+    theirs = math.exp(sum(ref_nll) / (n - 1))
+    differ = [p for p in range(n - 1) if top[p] != ref_top[p]]
+    agree = 1 - len(differ) / (n - 1)
+    diffs = sorted(range(n - 1), key=lambda p: -abs(nll[p] - ref_nll[p]))
+    mean_abs = sum(abs(a - b) for a, b in zip(nll, ref_nll)) / (n - 1)
+    print(f"{n} tokens: perplexity ours {ours:.4f}, llama.cpp {theirs:.4f} "
+          f"(ratio {ours / theirs:.5f}); top token agrees at {n - 1 - len(differ)}/{n - 1} "
+          f"= {100 * agree:.2f}% of positions; mean |nll - llama.cpp's| {mean_abs:.4f}")
+    print("largest NLL differences (position, next token, ours, llama.cpp):")
+    for p in diffs[:8]:
+        print(f"  {p:5d} {tokens[p + 1]:7d} {nll[p]:9.4f} {ref_nll[p]:9.4f}")
+    if differ:
+        print("top token differs (position, ours, llama.cpp, llama.cpp's gap to its second "
+              "logit):")
+        for p in differ[:20]:
+            print(f"  {p:5d} {top[p]:7d} {ref_top[p]:7d} {margin[p]:8.4f}")
+    assert abs(ours / theirs - 1) <= PPL_REL, \
+        f"perplexity {ours:.4f} vs llama.cpp {theirs:.4f}: more than {100 * PPL_REL:.0f}% apart"
+    assert agree >= TOP_AGREE, f"top token agrees at {100 * agree:.2f}% < {100 * TOP_AGREE:.0f}%"
