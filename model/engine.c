@@ -1,11 +1,12 @@
 /* The forward pass over one sequence context: embedding, per layer RMSNorm -> attention (GQA
- * or DIFF V2) -> residual -> RMSNorm -> SwiGLU -> residual, final norm and LM head for the
- * last position only. Chunked: activation memory is bounded by the chunk, not the context.
+ * or DIFF V2; q, k and v biases where the model has them) -> residual -> RMSNorm -> SwiGLU
+ * -> residual, final norm and LM head for the last position only. Chunked: activation memory is bounded by the chunk, not the context.
  * Each step is one backend call over the whole chunk, with the elementwise work fused into
  * the products (q/k/v/lambda in one job, residual adds as accumulating products, SwiGLU in
  * the gate/up job) so the chunk's activations are swept as few times as possible. */
 #include "model/engine.h"
 #include "model/engine_gpu.h"
+#include "model/model_ctx.h"
 #include "model/sampler.h"
 
 #include <math.h>
@@ -261,6 +262,7 @@ int engine_new(const struct Model *m, const struct EngineOpts *o, struct Engine 
                     opts.n_ctx, mem.context_bytes, mem.context_bytes / 1048576.0,
                     mem.kv_bytes / 1048576.0, mem.scratch_bytes / 1048576.0, opts.mem_budget,
                     opts.mem_budget / 1048576.0);
+    if (model_ctx_check(&m->cfg, opts.n_ctx, err, errlen)) return ENGINE_ECTX;
 
     struct Engine *e = calloc(1, sizeof *e);
     if (!e) return fail(err, errlen, ENGINE_ENOMEM, "out of memory");
@@ -462,6 +464,17 @@ static int forward_chunk_gpu(struct Engine *e, const int32_t *tokens, int n, int
     return ENGINE_OK;
 }
 
+/* rows[t][0..len) += bias for the chunk's n rows (qwen2's q, k and v); nothing when NULL. A
+ * pass over the chunk's q, k and v, small beside the product that wrote them. */
+static void add_bias(float *rows, size_t len, int n, const float *bias)
+{
+    if (!bias) return;
+    for (int t = 0; t < n; t++) {
+        float *r = rows + (size_t)t * len;
+        for (size_t i = 0; i < len; i++) r[i] += bias[i];
+    }
+}
+
 /* One chunk of n tokens at positions n_past..n_past+n-1; logits of the last one if asked. */
 static int forward_chunk(struct Engine *e, const int32_t *tokens, int n, int want_logits)
 {
@@ -493,6 +506,9 @@ static int forward_chunk(struct Engine *e, const int32_t *tokens, int n, int wan
                     {&w->wv, s->v, (size_t)nkv, 0}, {&w->wlambda, s->lam, (size_t)c->n_head, 0}},
         };
         run_matmul(e, &qkv);
+        add_bias(s->q, (size_t)nq, n, w->bq);
+        add_bias(s->k, (size_t)nkv, n, w->bk);
+        add_bias(s->v, (size_t)nkv, n, w->bv);
         struct RopeStoreArgs rs = {
             .q = s->q, .q_stride = (size_t)nq, .k = s->k, .v = s->v, .kv_stride = (size_t)nkv,
             .n_tok = n, .pos0 = pos0, .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head,

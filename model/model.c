@@ -1,4 +1,4 @@
-/* Model loading: reads the hyper-parameters of a llama or diffv2 GGUF (docs/model-format.md),
+/* Model loading: reads the hyper-parameters of a llama, qwen2 or diffv2 GGUF (docs/model-format.md),
  * checks every tensor's shape and type against them, and copies the weight matrices in their
  * file encoding (norm vectors decoded to f32) into one arena. */
 #include "model/model.h"
@@ -24,7 +24,15 @@ static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
     return code;
 }
 
-const char *model_arch_name(enum ModelArch a) { return a == ARCH_DIFFV2 ? "diffv2" : "llama"; }
+const char *model_arch_name(enum ModelArch a)
+{
+    switch (a) {
+    case ARCH_LLAMA: return "llama";
+    case ARCH_DIFFV2: return "diffv2";
+    case ARCH_QWEN2: return "qwen2";
+    }
+    return "unknown";
+}
 
 /* Reads "{arch}.suffix" as u32; `def` < 0 means required. */
 static int key_u32(const struct GgufFile *g, const char *arch, const char *suffix, long def,
@@ -73,9 +81,10 @@ static int read_config(const struct GgufFile *g, struct ModelConfig *c, char *er
     char arch[32];
     if (a.len == 5 && !memcmp(a.ptr, "llama", 5)) c->arch = ARCH_LLAMA;
     else if (a.len == 6 && !memcmp(a.ptr, "diffv2", 6)) c->arch = ARCH_DIFFV2;
+    else if (a.len == 5 && !memcmp(a.ptr, "qwen2", 5)) c->arch = ARCH_QWEN2;
     else
         return fail(err, errlen, MODEL_EUNSUPPORTED,
-                    "%s: architecture '%.*s' is not supported (llama, diffv2)", gguf_path(g),
+                    "%s: architecture '%.*s' is not supported (llama, qwen2, diffv2)", gguf_path(g),
                     (int)(a.len > 64 ? 64 : a.len), a.ptr);
     snprintf(arch, sizeof arch, "%s", model_arch_name(c->arch));
 
@@ -108,10 +117,13 @@ static int read_config(const struct GgufFile *g, struct ModelConfig *c, char *er
                     gguf_path(g), r->n_rot, r->base);
     char key[160];
     snprintf(key, sizeof key, "%s.rope.layout", arch);
-    r->layout = ROPE_ADJACENT;
+    /* llama.cpp's converter permutes llama's q and k rows so that rotated pairs are adjacent;
+     * qwen2's rows stay in the trained order, which rotates the two halves of a head. */
+    r->layout = c->arch == ARCH_QWEN2 ? ROPE_NEOX : ROPE_ADJACENT;
     if (gguf_has_key(g, key)) {
         if (key_str_eq(g, key, "neox")) r->layout = ROPE_NEOX;
-        else if (!key_str_eq(g, key, "adjacent"))
+        else if (key_str_eq(g, key, "adjacent")) r->layout = ROPE_ADJACENT;
+        else
             return fail(err, errlen, MODEL_EUNSUPPORTED, "%s: %s must be adjacent or neox",
                         gguf_path(g), key);
     }
@@ -213,7 +225,7 @@ int model_load(const char *path, struct Model **out, char *err, size_t errlen)
     c->vocab = (int)emb->ne[1];
     int tied = gguf_find_tensor(g, "output.weight") == NULL;
     m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
-    size_t max_specs = 3 + 10 * (size_t)c->n_layer;
+    size_t max_specs = 3 + 13 * (size_t)c->n_layer;
     specs = calloc(max_specs, sizeof *specs);
     if (!m->layers || !specs) { rc = fail(err, errlen, MODEL_ENOMEM, "out of memory"); goto err; }
 
@@ -244,6 +256,25 @@ int model_load(const char *path, struct Model **out, char *err, size_t errlen)
         LAYER("ffn_down", F, d, &w->w_down, NULL);
         if (c->arch == ARCH_DIFFV2) { LAYER("attn_lambda", d, c->n_head, &w->wlambda, NULL); }
 #undef LAYER
+        /* Optional biases of the q, k and v products (qwen2 has them; so may a llama or a
+         * diffv2 file). A bias the engine does not apply is refused, never ignored. */
+        static const char *const unsupported[] = {"attn_output", "ffn_gate", "ffn_up",
+                                                  "ffn_down", "attn_lambda"};
+        for (size_t u = 0; u < sizeof unsupported / sizeof *unsupported; u++) {
+            snprintf(n, sizeof n, "blk.%d.%s.bias", l, unsupported[u]);
+            if (gguf_find_tensor(g, n)) {
+                rc = fail(err, errlen, MODEL_EUNSUPPORTED, "%s: tensor %s: a bias on %s is "
+                          "not supported (only attn_q, attn_k and attn_v take one)", path, n,
+                          unsupported[u]);
+                goto err;
+            }
+        }
+        struct { const char *name; int64_t len; float **vec; } bias[3] = {
+            {"attn_q", nq, &w->bq}, {"attn_k", nkv, &w->bk}, {"attn_v", nkv, &w->bv}};
+        for (int b = 0; b < 3; b++) {
+            snprintf(n, sizeof n, "blk.%d.%s.bias", l, bias[b].name);
+            if (gguf_find_tensor(g, n)) SPEC(n, bias[b].len, 0, NULL, bias[b].vec);
+        }
     }
 #undef SPEC
     size_t total = 0;

@@ -11,14 +11,15 @@
 #include "kernels/backend.h"
 #include "model/tokenizer.h"
 
-enum ModelArch { ARCH_LLAMA = 0, ARCH_DIFFV2 = 1 };
+enum ModelArch { ARCH_LLAMA = 0, ARCH_DIFFV2 = 1, ARCH_QWEN2 = 2 };
 enum RopeLayout { ROPE_ADJACENT = 0, ROPE_NEOX = 1 };
 enum RopeScaling { ROPE_SCALING_NONE = 0, ROPE_SCALING_LINEAR = 1, ROPE_SCALING_YARN = 2 };
 
 struct RopeConfig {
     float base;
     int n_rot;                 /* rotated dimensions per head (even, <= head_dim) */
-    enum RopeLayout layout;
+    enum RopeLayout layout;    /* {arch}.rope.layout, else adjacent (llama, diffv2) or neox
+                                  (qwen2: its GGUF rows are not permuted for adjacent pairs) */
     enum RopeScaling scaling;
     float factor;              /* s */
     int orig_ctx;              /* YaRN n_orig */
@@ -30,8 +31,8 @@ struct ModelConfig {
     enum ModelArch arch;
     int n_layer;
     int dim;                   /* d */
-    int n_head;                /* output heads h (llama: = n_q_head) */
-    int n_q_head;              /* query heads: h (llama) or 2h (diffv2) */
+    int n_head;                /* output heads h (llama, qwen2: = n_q_head) */
+    int n_q_head;              /* query heads: h (llama, qwen2) or 2h (diffv2) */
     int n_kv_head;             /* h_kv */
     int head_dim;              /* hd */
     int ffn_dim;
@@ -46,6 +47,9 @@ struct LayerWeights {
     struct Weights wq;         /* (n_q_head*head_dim, dim) */
     struct Weights wk;         /* (n_kv_head*head_dim, dim) */
     struct Weights wv;         /* (n_kv_head*head_dim, dim) */
+    float *bq;                 /* (n_q_head*head_dim) added to q before RoPE, or NULL */
+    float *bk;                 /* (n_kv_head*head_dim) added to k before RoPE, or NULL */
+    float *bv;                 /* (n_kv_head*head_dim) added to v, or NULL */
     struct Weights wo;         /* (dim, n_head*head_dim) */
     struct Weights wlambda;    /* (n_head, dim); diffv2 only, else data == NULL */
     float *ffn_norm;           /* (dim) */

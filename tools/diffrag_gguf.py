@@ -19,6 +19,17 @@ HEADER_KEYS = ("GGUF.version", "GGUF.tensor_count", "GGUF.kv_count")
 SCALE_TYPES = (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0)
 MIN_TYPES = (QT.Q4_1, QT.Q5_1)
 
+# K-quant super-blocks (256 values): byte offsets of the f16 super-block scale d and of the f16
+# min dmin (None where the type has none). Every value is d * (6- or 4-bit scale) * q, minus
+# dmin * (sub-block min) where there is one, so doubling d and dmin doubles it exactly.
+K_SCALE_OFFSETS = {
+    QT.Q2_K: (80, 82),     # scales[16] qs[64] d dmin
+    QT.Q3_K: (108, None),  # hmask[32] qs[64] scales[12] d
+    QT.Q4_K: (0, 2),       # d dmin scales[12] qs[128]
+    QT.Q5_K: (0, 2),       # d dmin scales[12] qh[32] qs[128]
+    QT.Q6_K: (208, None),  # ql[128] qh[64] scales[16] (int8) d
+}
+
 
 class ToolError(Exception):
     """A user-facing failure: bad input file, inconsistent shapes, unsupported type."""
@@ -77,8 +88,8 @@ def metadata_fields(reader):
 
 def double_tensor(data, ttype):
     """Return a new array holding the tensor whose dequantised values are exactly twice those of
-    data (a GGUFReader tensor's data, any of F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0). Raises
-    ToolError if a value would overflow its storage type (never re-quantises)."""
+    data (a GGUFReader tensor's data, any of F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q2_K..Q6_K).
+    Raises ToolError if a value would overflow its storage type (never re-quantises)."""
     ttype = QT(ttype)
     with np.errstate(over="ignore", invalid="ignore"):
         return _double_tensor(data, ttype)
@@ -104,10 +115,13 @@ def _double_tensor(data, ttype):
         # The product has at most 8 significant bits, so truncating to bf16 is exact.
         out16 = (f.view(np.uint32) >> 16).astype(np.uint16)
         return out16.view(np.uint8).reshape(np.shape(data))
-    if ttype in SCALE_TYPES:
+    if ttype in SCALE_TYPES or ttype in K_SCALE_OFFSETS:
         _, type_size = gguf.GGML_QUANT_SIZES[ttype]
         blocks = np.array(data, dtype=np.uint8, copy=True).reshape(-1, type_size)
-        offsets = (0, 2) if ttype in MIN_TYPES else (0,)
+        if ttype in K_SCALE_OFFSETS:
+            offsets = tuple(o for o in K_SCALE_OFFSETS[ttype] if o is not None)
+        else:
+            offsets = (0, 2) if ttype in MIN_TYPES else (0,)
         for off in offsets:
             half = np.ascontiguousarray(blocks[:, off:off + 2]).view(np.float16)
             doubled = half * np.float16(2)
@@ -116,7 +130,7 @@ def _double_tensor(data, ttype):
             blocks[:, off:off + 2] = doubled.view(np.uint8)
         return blocks.reshape(np.shape(data))
     raise ToolError(f"cannot scale a {ttype.name} tensor exactly (supported: F32, F16, BF16, "
-                    "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)")
+                    "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)")
 
 
 def dequantize(tensor):

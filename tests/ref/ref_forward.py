@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Float64 NumPy reference forward pass for diffrag's llama and diffv2 GGUF models, written from
-the equations in docs/model-format.md: full causal attention materialised per head, GQA, both
-RoPE layouts, none/linear/yarn scaling, partial rotary dimensions. Meant for small models.
+"""Float64 NumPy reference forward pass for diffrag's llama, qwen2 and diffv2 GGUF models, written
+from the equations in docs/model-format.md: full causal attention materialised per head, GQA,
+q/k/v biases, both RoPE layouts, none/linear/yarn scaling, partial rotary dimensions. Meant for
+small models.
 
     from ref.ref_forward import load, logits
     model = load("tiny.gguf"); out = logits(model, [1, 2, 3])   # [3, vocab] float64
@@ -18,12 +19,12 @@ import gguf
 
 @dataclass
 class Model:
-    arch: str                   # "llama" or "diffv2"
+    arch: str                   # "llama", "qwen2" or "diffv2"
     n_layer: int
     d: int                      # model width
     ffn: int
-    n_head: int                 # llama: query heads; diffv2: output heads h
-    n_q: int                    # query heads: n_head (llama) or 2 * n_head (diffv2)
+    n_head: int                 # llama, qwen2: query heads; diffv2: output heads h
+    n_q: int                    # query heads: n_head (llama, qwen2) or 2 * n_head (diffv2)
     n_kv: int
     hd: int
     eps: float
@@ -52,7 +53,7 @@ def load(path):
     architecture or inconsistent shapes."""
     r = path if isinstance(path, gguf.GGUFReader) else gguf.GGUFReader(str(path))
     arch = _get(r, "general.architecture")
-    if arch not in ("llama", "diffv2"):
+    if arch not in ("llama", "qwen2", "diffv2"):
         raise ValueError(f"{path}: unsupported architecture {arch!r}")
     w = {}
     for t in r.tensors:
@@ -79,7 +80,8 @@ def load(path):
         eps=float(hp("attention.layer_norm_rms_epsilon")),
         rope_base=float(hp("rope.freq_base", 10000.0)),
         rot=int(hp("rope.dimension_count", hd)),
-        rope_layout=hp("rope.layout", "adjacent"),
+        # qwen2's GGUF keeps q and k rows in the trained order (halves rotated together)
+        rope_layout=hp("rope.layout", "neox" if arch == "qwen2" else "adjacent"),
         scaling=scaling, factor=factor,
         orig_ctx=int(hp("rope.scaling.original_context_length", 0)),
         attn_factor=float(hp("rope.scaling.attn_factor", 0.1 * math.log(factor) + 1.0)),
@@ -102,12 +104,22 @@ def load(path):
               "ffn_down.weight": (d, m.ffn), "attn_norm.weight": (d,), "ffn_norm.weight": (d,)}
     if arch == "diffv2":
         expect["attn_lambda.weight"] = (n_head, d)
+    optional = {"attn_q.bias": (n_q * hd,), "attn_k.bias": (n_kv * hd,),
+                "attn_v.bias": (n_kv * hd,)}
     for n in range(m.n_layer):
         for name, shape in expect.items():
             t = w.get(f"blk.{n}.{name}")
             if t is None or t.shape != shape:
                 raise ValueError(f"{path}: blk.{n}.{name}: expected numpy shape {shape}, "
                                  f"got {None if t is None else t.shape}")
+        for name, shape in optional.items():
+            t = w.get(f"blk.{n}.{name}")
+            if t is not None and t.shape != shape:
+                raise ValueError(f"{path}: blk.{n}.{name}: expected numpy shape {shape}, "
+                                 f"got {t.shape}")
+        for name in ("attn_output.bias", "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"):
+            if f"blk.{n}.{name}" in w:
+                raise ValueError(f"{path}: blk.{n}.{name}: unsupported bias")
     return m
 
 
@@ -180,9 +192,13 @@ def hidden(m, tokens, start_pos=0, maps=None):
     for layer in range(m.n_layer):
         p = f"blk.{layer}."
         a = rmsnorm(x, m.w[p + "attn_norm.weight"], m.eps)
-        q = (a @ m.w[p + "attn_q.weight"].T).reshape(n, m.n_q, m.hd)
-        k = (a @ m.w[p + "attn_k.weight"].T).reshape(n, m.n_kv, m.hd)
-        v = (a @ m.w[p + "attn_v.weight"].T).reshape(n, m.n_kv, m.hd)
+        zero = np.zeros(1)
+        q = (a @ m.w[p + "attn_q.weight"].T + m.w.get(p + "attn_q.bias", zero)
+             ).reshape(n, m.n_q, m.hd)
+        k = (a @ m.w[p + "attn_k.weight"].T + m.w.get(p + "attn_k.bias", zero)
+             ).reshape(n, m.n_kv, m.hd)
+        v = (a @ m.w[p + "attn_v.weight"].T + m.w.get(p + "attn_v.bias", zero)
+             ).reshape(n, m.n_kv, m.hd)
         q = apply_rope(m, q, pos)
         k = apply_rope(m, k, pos)
         o = np.empty((n, m.n_q, m.hd))
