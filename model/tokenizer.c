@@ -21,7 +21,7 @@ enum ChatKind { CHAT_NONE_IN_FILE, CHAT_CHATML, CHAT_OTHER };
 
 struct MergeSlot { uint64_t key; uint32_t rank; int32_t id; }; /* key = left << 32 | right */
 
-struct Special { int32_t id; uint32_t len; const char *text; };
+struct Special { int32_t id; uint32_t len; const char *text; int control; };
 
 struct Tokenizer {
     int32_t n_vocab;
@@ -36,7 +36,9 @@ struct Tokenizer {
 
     struct Special *specials; /* control and user-defined tokens, longest text first */
     size_t n_specials;
-    uint8_t special_first[256]; /* does some special text start with this byte? */
+    /* Does some special text start with this byte? SPECIAL_ANY: a control or user-defined
+     * one, SPECIAL_USER: a user-defined one (matched even without TOK_PARSE_SPECIAL). */
+    uint8_t special_first[256];
 
     enum PreTokenizer pre;
     int32_t bos, eos;
@@ -50,6 +52,8 @@ struct Tokenizer {
 };
 
 #define MERGE_EMPTY UINT64_MAX
+
+enum { SPECIAL_ANY = 1, SPECIAL_USER = 2 };
 
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -344,6 +348,10 @@ static int load_vocab(struct Tokenizer *t, const struct GgufFile *g, struct Gguf
         size_t len;
         if (ty == TT_NORMAL || ty == TT_UNDEFINED) {
             len = unmap_bytes(keys[i].ptr, keys[i].len, cp_to_byte, dst);
+        } else if (ty == TT_UNUSED) {
+            /* Padding rows past the real vocabulary (Qwen2: "[PAD151665]".."[PAD151935]"):
+             * no text stands for them, as the model's own tokenizer knows no such ids. */
+            len = 0;
         } else {
             memcpy(dst, keys[i].ptr, keys[i].len);
             len = keys[i].len;
@@ -363,7 +371,9 @@ static int load_vocab(struct Tokenizer *t, const struct GgufFile *g, struct Gguf
             s->id = i;
             s->len = (uint32_t)keys[i].len;
             s->text = t->pieces + t->piece_off[i];
-            t->special_first[(unsigned char)s->text[0]] = 1;
+            s->control = t->type[i] == TT_CONTROL;
+            t->special_first[(unsigned char)s->text[0]] |=
+                s->control ? SPECIAL_ANY : SPECIAL_ANY | SPECIAL_USER;
         }
     }
     qsort(t->specials, t->n_specials, sizeof *t->specials, special_cmp);
@@ -919,16 +929,21 @@ int tok_encode(const struct Tokenizer *t, const char *text, size_t len, unsigned
     if (len >= CACHE_MIN_TEXT) e.cache = calloc(CACHE_SLOTS, sizeof *e.cache); /* NULL: none */
     int rc = TOK_OK;
     if ((flags & TOK_ADD_BOS) && t->add_bos && t->bos >= 0) emit_id(&e, t->bos);
-    if (!(flags & TOK_PARSE_SPECIAL) || t->n_specials == 0) {
+    /* Control tokens are recognised only when asked; user-defined ones (Qwen2's <tool_call>)
+     * always, as Hugging Face's added vocabulary and llama.cpp both do. */
+    int parse_control = (flags & TOK_PARSE_SPECIAL) != 0;
+    uint8_t want_first = parse_control ? SPECIAL_ANY : SPECIAL_USER;
+    if (t->n_specials == 0) {
         if (len > 0) rc = encode_text(&e, s, len);
     } else {
         size_t seg = 0;
         for (size_t p = 0; p < len && rc == TOK_OK;) {
             const struct Special *hit = NULL;
-            if (t->special_first[s[p]]) {
+            if (t->special_first[s[p]] & want_first) {
                 for (size_t i = 0; i < t->n_specials; i++) {
                     const struct Special *sp = &t->specials[i];
-                    if (sp->len <= len - p && memcmp(s + p, sp->text, sp->len) == 0) {
+                    if ((parse_control || !sp->control) && sp->len <= len - p &&
+                        memcmp(s + p, sp->text, sp->len) == 0) {
                         hit = sp;
                         break;
                     }

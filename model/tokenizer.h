@@ -30,8 +30,12 @@ struct Tokenizer;
 
 /* Build the tokenizer from the tokenizer.ggml.* keys of g. Supported: model "gpt2" (byte-level
  * BPE) with pre-tokenizer "gpt2"/"gpt-2"/"default" (or no tokenizer.ggml.pre), or one of
- * "smollm", "starcoder", "refact", "command-r", "codeshell" (each digit split off first).
- * Everything needed is copied: g may be closed afterwards.
+ * "smollm", "starcoder", "refact", "command-r", "codeshell" (each digit split off first), or
+ * "qwen2"/"deepseek-r1-qwen" (Qwen2's regex: single digits, a letter run may take one leading
+ * punctuation or space character, case-insensitive contractions, line breaks kept with the
+ * punctuation or whitespace before them). Qwen2's own tokenizer NFC-normalises text first; this
+ * one does not (llama.cpp neither), so ids match it for NFC text and decoding always gives
+ * the text back. Everything needed is copied: g may be closed afterwards.
  * Returns TOK_OK with *out set; TOK_EUNSUPPORTED (another tokenizer model or pre-tokenizer),
  * TOK_EFORMAT (missing or inconsistent vocabulary, merges or ids) or TOK_ENOMEM, with *out =
  * NULL and a message in err. */
@@ -51,9 +55,11 @@ int tok_is_special(const struct Tokenizer *t, int32_t id); /* control token (typ
  * becomes its own byte token. A byte the vocabulary has no token for (SmolLM2 lacks 21, e.g.
  * U+0004 and 0xFF) is dropped, as Hugging Face's BPE without an unknown token does, so
  * decoding gives the text back exactly only when every byte has a token.
- * TOK_ADD_BOS adds BOS only when tokenizer.ggml.add_bos_token is true; with TOK_PARSE_SPECIAL
- * the texts of control and user-defined tokens are matched (longest first) and emitted as
- * their ids, otherwise they are ordinary text.
+ * TOK_ADD_BOS adds BOS only when tokenizer.ggml.add_bos_token is true. The texts of
+ * user-defined tokens (type 4, e.g. Qwen2's <tool_call>) are always matched and emitted as
+ * their ids, as Hugging Face does for added tokens that are not special; with
+ * TOK_PARSE_SPECIAL the texts of control tokens (<|im_end|>...) are matched too (longest text
+ * first at each position), otherwise they are ordinary text.
  * Writes at most `cap` ids; *n_out receives the full count, so a first call with cap = 0
  * sizes the buffer. Returns TOK_OK (even when truncated: compare *n_out with cap),
  * TOK_EINPUT (NULL text with len > 0) or TOK_ENOMEM. Allocates scratch per call, so
@@ -62,7 +68,8 @@ int tok_encode(const struct Tokenizer *t, const char *text, size_t len, unsigned
                int32_t *ids, size_t cap, size_t *n_out);
 
 /* The raw bytes a token stands for (byte-level mapping undone). Special tokens give their
- * text. Borrowed: valid while the tokenizer lives. NULL for an id out of range. */
+ * text; unused ones (type 5, padding rows such as Qwen2's "[PAD151665]") give "" (len 0).
+ * Borrowed: valid while the tokenizer lives. NULL for an id out of range. */
 const char *tok_piece(const struct Tokenizer *t, int32_t id, size_t *len);
 
 /* Decode ids to bytes (concatenated pieces, no NUL added). Same sizing convention as
@@ -74,9 +81,10 @@ int tok_decode(const struct Tokenizer *t, const int32_t *ids, size_t n, char *ou
  * that opens the assistant's turn. Only ChatML is implemented:
  *   <|im_start|>ROLE\nCONTENT<|im_end|>\n ... [<|im_start|>assistant\n]
  * When the file's template carries a literal default system message (SmolLM2: "You are a
- * helpful AI assistant named SmolLM, trained by Hugging Face"), it is inserted first if the
- * first message is not a system message, as the template does; no messages give "" (plus the
- * assistant prompt if asked).
+ * helpful AI assistant named SmolLM, trained by Hugging Face"; Qwen2.5: "You are Qwen, created
+ * by Alibaba Cloud. You are a helpful assistant."), it is inserted first if the first message
+ * is not a system message, as the template does; no messages give "" (plus the assistant
+ * prompt if asked), where Qwen2.5's template itself fails.
  * Writes a NUL-terminated string into out (cap bytes); *n_out receives the full length
  * excluding the NUL, so a first call with cap = 0 sizes the buffer (cap >= *n_out + 1 fits).
  * Returns TOK_OK when the file names a ChatML template or none at all; TOK_EUNSUPPORTED when

@@ -222,15 +222,16 @@ static void test_mini_vocab(void)
         CHECK(n == 1 && ids[0] == 0, "empty text + BOS: n=%zu", n);
         n = encode(t, "ab", 2, 0, ids, 64);
         CHECK(n == 1 && ids[0] == ab, "no flag, no BOS: n=%zu", n);
-        /* Specials: control and user-defined matched, longest first, only when asked. */
+        /* Specials, longest first: control ones only when asked, user-defined ones always. */
         const char *txt = "a<tool>b<tool>!</s><|im_end|> b<s";
         n = encode(t, txt, strlen(txt), TOK_PARSE_SPECIAL, ids, 64);
         int32_t want_sp[] = {NSP + 'a', 3, NSP + 'b', 4, 1, 2, sp_b, NSP + '<', NSP + 's'};
         CHECK(ids_equal(ids, n, want_sp, 9), "special parse n=%zu", n);
         n = encode(t, txt, strlen(txt), 0, ids, 64);
-        int has_special = 0;
-        for (size_t i = 0; i < n && i < 64; i++) has_special |= ids[i] < NSP;
-        CHECK(!has_special && n > 9, "specials as text: n=%zu", n);
+        int has_control = 0;
+        for (size_t i = 0; i < n && i < 64; i++) has_control |= ids[i] < 3;
+        CHECK(!has_control && n > 9 && n <= 64 && ids[0] == NSP + 'a' && ids[1] == 3 &&
+              ids[2] == NSP + 'b' && ids[3] == 4, "control tokens as text: n=%zu", n);
         CHECK(tok_is_end(t, 1) && tok_is_end(t, 2) && !tok_is_end(t, 0) && !tok_is_end(t, 3),
               "end ids");
         CHECK(tok_is_special(t, 0) && !tok_is_special(t, 3) && !tok_is_special(t, ab), "special");
