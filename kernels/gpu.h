@@ -20,15 +20,17 @@
 #include <stdint.h>
 
 #define GPU_PAGE 64
-#define GPU_API_VERSION 4
+#define GPU_API_VERSION 5
 
 struct GpuCtx;
 
-/* RoPE on q and k (f32, read from the fused q|k|v|lambda projection rows), then q as bf16
- * into q_out and k, v as bf16 into the sequence's pages at positions pos0.. */
+/* The biases added to q, k and v (when bias != NULL), RoPE on q and k (f32, read from the
+ * fused q|k|v|lambda projection rows), then q as bf16 into q_out and k, v as bf16 into the
+ * sequence's pages at positions pos0.. */
 struct GpuRopeArgs {
     const float *qkv;          /* (n_tok, qkv_stride): q at col 0, k at nq, v at nq + nkv */
     int qkv_stride;
+    const float *bias;         /* (nq + 2 nkv) f32, device: q|k|v biases (qwen2), or NULL */
     uint16_t *q_out;           /* (n_tok, n_q_head*head_dim) bf16 */
     int n_tok, pos0, n_q_head, n_kv_head, head_dim;
     int n_rot, layout;         /* as struct RopeStoreArgs */

@@ -28,6 +28,7 @@ _Static_assert(GPU_SAMPLE_GREEDY == (int)SAMPLE_GREEDY && GPU_SAMPLE_TOP_K == (i
 struct GpuLayer {
     float *attn_norm, *ffn_norm;          /* (dim) f32 */
     uint16_t *wqkvl;                      /* (nq + 2 nkv + n_head_lambda, dim) */
+    float *bqkv;                          /* (nq + 2 nkv) f32 q|k|v biases, or NULL (none) */
     uint16_t *wo;                         /* (dim, n_head * hd) */
     uint16_t *wgu;                        /* (2 ffn, dim): gate rows, then up rows */
     uint16_t *wdown;                      /* (dim, ffn) */
@@ -114,6 +115,26 @@ static int upload_f32(struct GpuModel *g, const float *v, int n, float **out, ch
     return g->api->sync(g->ctx, err, errlen);
 }
 
+/* A layer's q, k and v biases as one vector in the fused product's column order (zeros for
+ * a part without one); *out stays NULL when the layer has none. */
+static int upload_bias(struct GpuModel *g, const struct ModelConfig *c,
+                       const struct LayerWeights *w, float **out, char *err, size_t errlen)
+{
+    if (!w->bq && !w->bk && !w->bv) return 0;
+    int nq = c->n_q_head * c->head_dim, nkv = c->n_kv_head * c->head_dim;
+    float *host = calloc((size_t)(nq + 2 * nkv), sizeof *host);
+    if (!host) {
+        snprintf(err, errlen, "out of host memory converting weights");
+        return -1;
+    }
+    if (w->bq) memcpy(host, w->bq, (size_t)nq * sizeof *host);
+    if (w->bk) memcpy(host + nq, w->bk, (size_t)nkv * sizeof *host);
+    if (w->bv) memcpy(host + nq + nkv, w->bv, (size_t)nkv * sizeof *host);
+    int rc = upload_f32(g, host, nq + 2 * nkv, out, err, errlen);
+    free(host);
+    return rc;
+}
+
 void model_gpu_free(struct Model *m)
 {
     struct GpuModel *g = m->gpu;
@@ -126,6 +147,7 @@ void model_gpu_free(struct Model *m)
                 a->free(g->ctx, L->attn_norm);
                 a->free(g->ctx, L->ffn_norm);
                 a->free(g->ctx, L->wqkvl);
+                a->free(g->ctx, L->bqkv);
                 a->free(g->ctx, L->wo);
                 a->free(g->ctx, L->wgu);
                 a->free(g->ctx, L->wdown);
@@ -190,7 +212,8 @@ int model_gpu_load(struct Model *m, const struct GpuModelOpts *o, char *err, siz
         const struct Weights *qkv[4] = {&w->wq, &w->wk, &w->wv, &w->wlambda};
         const struct Weights *gu[2] = {&w->w_gate, &w->w_up};
         const struct Weights *wo[1] = {&w->wo}, *wd[1] = {&w->w_down};
-        if (upload_f32(g, w->attn_norm, c->dim, &L->attn_norm, err, errlen) ||
+        if (upload_bias(g, c, w, &L->bqkv, err, errlen) ||
+            upload_f32(g, w->attn_norm, c->dim, &L->attn_norm, err, errlen) ||
             upload_f32(g, w->ffn_norm, c->dim, &L->ffn_norm, err, errlen) ||
             upload_stack(g, qkv, c->arch == ARCH_DIFFV2 ? 4 : 3, &L->wqkvl, err, errlen) ||
             upload_stack(g, wo, 1, &L->wo, err, errlen) ||
@@ -403,7 +426,8 @@ int gpu_seq_forward(struct GpuSeq *s, const int32_t *tokens, int n, int pos0, co
         a->rmsnorm(x, s->x, d, L->attn_norm, n, d, c->norm_eps, s->xb);
         a->gemm(x, s->xb, n, d, L->wqkvl, s->qkv_stride, s->qkv, s->qkv_stride, 0.f);
         struct GpuRopeArgs rs = {
-            .qkv = s->qkv, .qkv_stride = s->qkv_stride, .q_out = s->q, .n_tok = n, .pos0 = pos0,
+            .qkv = s->qkv, .qkv_stride = s->qkv_stride, .bias = L->bqkv, .q_out = s->q,
+            .n_tok = n, .pos0 = pos0,
             .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
             .n_rot = c->rope.n_rot, .layout = c->rope.layout, .cos = s->cos, .sin = s->sin,
             .pool = g->pool_mem, .pages = s->pages, .page_elems = g->page_elems, .layer = l,

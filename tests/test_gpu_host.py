@@ -89,3 +89,37 @@ def test_daemon_on_the_host_emulation(tmp_path):
         for k in ("doc_mass", "diff_doc_mass"):
             assert abs(ts[k][0] - tc[k][0]) < 0.03, (k, ts[k][0], tc[k][0])
         print(name, "cuda (emulated):", repr(g["answer"]), "cpu:", repr(c["answer"]))
+
+
+def test_qwen2_biases_on_the_host_emulation(tmp_path):
+    """A tiny qwen2 model (q, k and v biases, neox RoPE, head dimension 64) through the GPU
+    table, the biases uploaded and added before RoPE (GpuRopeArgs.bias), against the CPU
+    context: last logits within bf16's error (2e-2 relative, the same top token), while the
+    same model without its biases is far from them."""
+    import numpy as np
+
+    from engine_util import gen_tiny, last_logits, rel_err
+    from ref.ref_forward import load, logits
+
+    model = gen_tiny(tmp_path / "tiny-qwen2-hd64.gguf", "--arch", "qwen2", "--layers", "2",
+                     "--dim", "128", "--heads", "2", "--kv-heads", "1", "--head-dim", "64",
+                     "--ffn", "256", "--seed", "3", "--untied")
+    tokens = np.random.default_rng(5).integers(0, 512, size=150).tolist()
+    lib = (BUILD / "tests" / "libdiffrag_hostgpu.so").resolve()
+    os.environ["DIFFRAG_CUDA_LIB"] = str(lib)
+    try:
+        gpu = last_logits(model, tokens, tmp_path, "--device", "cuda", "--chunk", 16,
+                          name="gpu.bin")
+    finally:
+        del os.environ["DIFFRAG_CUDA_LIB"]
+    cpu = last_logits(model, tokens, tmp_path, "--device", "cpu", "--kv", "f32", name="cpu.bin")
+    err = rel_err(gpu, cpu)
+    ref = load(model)
+    for name in [k for k in ref.w if k.endswith(".bias")]:
+        del ref.w[name]
+    unbiased = logits(ref, tokens)[-1]
+    err_unbiased = rel_err(gpu, unbiased)
+    print(f"emulated GPU vs CPU: max rel diff {err:.3e}; vs the model without biases "
+          f"{err_unbiased:.3e}")
+    assert err <= 2e-2 and np.argmax(gpu) == np.argmax(cpu), err
+    assert err_unbiased > 10 * err, (err, err_unbiased)

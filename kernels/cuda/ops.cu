@@ -195,26 +195,33 @@ static void gemm(GpuCtx *c, const uint16_t *x, int n, int k, const uint16_t *w, 
 
 /* One block per token: every element of its q and k heads rotated (each thread reads the
  * pair it needs), q to bf16, k and v into the token's page row. */
+/* One block per token: column e of its q|k|v row plus its bias (when there is one), rotated
+ * with its pair (x[d] and x[d + half] in the neox layout, x[2i] and x[2i + 1] in the
+ * adjacent one; each thread reads both of its pair, biased), then stored as bf16. */
+__device__ __forceinline__ float qkv_at(const float *row, const float *bias, int j)
+{
+    return bias ? row[j] + bias[j] : row[j];
+}
+
 __global__ void k_rope_store(GpuRopeArgs a)
 {
     int t = blockIdx.x, pos = a.pos0 + t, hd = a.head_dim, half = a.n_rot / 2;
-    const float *row = a.qkv + (size_t)t * a.qkv_stride;
+    const float *row = a.qkv + (size_t)t * a.qkv_stride, *b = a.bias;
     const float *cs = a.cos + (size_t)t * half, *sn = a.sin + (size_t)t * half;
     int nq = a.n_q_head * hd, nkv = a.n_kv_head * hd;
     __nv_bfloat16 *page = (__nv_bfloat16 *)a.pool + (size_t)a.pages[pos / GPU_PAGE] * a.page_elems;
     int prow = pos % GPU_PAGE;
     for (int e = threadIdx.x; e < nq + 2 * nkv; e += blockDim.x) {
-        float v = row[e];
-        int d = e % hd;
+        float v = qkv_at(row, b, e);
+        int d = e % hd, h0 = e - d;
         if (e < nq + nkv && d < a.n_rot) {
-            const float *x = row + (e - d);
             if (a.layout) {
-                if (d < half) v = x[d] * cs[d] - x[d + half] * sn[d];
-                else v = x[d - half] * sn[d - half] + x[d] * cs[d - half];
+                if (d < half) v = v * cs[d] - qkv_at(row, b, h0 + d + half) * sn[d];
+                else v = qkv_at(row, b, h0 + d - half) * sn[d - half] + v * cs[d - half];
             } else {
                 int i = d / 2;
-                if (d % 2 == 0) v = x[d] * cs[i] - x[d + 1] * sn[i];
-                else v = x[d - 1] * sn[i] + x[d] * cs[i];
+                if (d % 2 == 0) v = v * cs[i] - qkv_at(row, b, e + 1) * sn[i];
+                else v = qkv_at(row, b, e - 1) * sn[i] + v * cs[i];
             }
         }
         if (e < nq) {

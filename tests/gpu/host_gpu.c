@@ -154,11 +154,17 @@ static void rope_store(struct GpuCtx *c, const struct GpuRopeArgs *a)
     int hd = a->head_dim, half = a->n_rot / 2, nq = a->n_q_head * hd;
     float *rot = malloc((size_t)hd * sizeof *rot);
     if (!rot) return;
+    float *biased = malloc((size_t)hd * sizeof *biased);
+    if (!biased) { free(rot); return; }
     for (int t = 0; t < a->n_tok; t++) {
         const float *row = a->qkv + (size_t)t * a->qkv_stride;
         const float *cs = a->cos + (size_t)t * half, *sn = a->sin + (size_t)t * half;
         for (int h = 0; h < a->n_q_head + 2 * a->n_kv_head; h++) {
             const float *x = row + (size_t)h * hd;
+            if (a->bias) {
+                for (int d = 0; d < hd; d++) biased[d] = x[d] + a->bias[(size_t)h * hd + d];
+                x = biased;
+            }
             int rotate = h < a->n_q_head + a->n_kv_head;
             for (int d = 0; d < hd; d++) {
                 float v = x[d];
@@ -185,6 +191,7 @@ static void rope_store(struct GpuCtx *c, const struct GpuRopeArgs *a)
             }
         }
     }
+    free(biased);
     free(rot);
 }
 
