@@ -1,12 +1,17 @@
 """The C tokenizer against Hugging Face `tokenizers` built from the same GGUF vocabulary and merges.
 
-The reference is tokenizers.models.BPE(vocab, merges) with SmolLM2's pre-tokenizer
-(Digits(individual_digits=True), then ByteLevel with the GPT-2 regex) and the ByteLevel
-decoder. Documents go to build/tests/test_tokenizer in one batch each way (length-prefixed
-records in, one line of ids per record out). Checked per document: identical ids, decode(encode)
-giving the text back, and the streaming detokeniser giving the same bytes; separately special
-tokens, the plain GPT-2 pre-tokenizer (a small GGUF written with tokenizer keys only) and the chat
-template rendered by jinja2.
+The reference is tokenizers.models.BPE(vocab, merges) with the file's pre-tokenizer and the
+ByteLevel decoder: for SmolLM2, Digits(individual_digits=True) then ByteLevel with the GPT-2
+regex; for Qwen2.5-Coder, Split with Qwen2's regex (behaviour "isolated") then ByteLevel without
+a regex, as Qwen2's tokenizer.json has it (less its NFC normaliser, which the C tokenizer does
+not apply: text already in NFC gives the same ids either way). Control tokens are the
+reference's special added tokens, user-defined ones its plain added tokens; without
+TOK_PARSE_SPECIAL the reference runs with encode_special_tokens. Documents go to
+build/tests/test_tokenizer in one batch each way (length-prefixed records in, one line of ids
+per record out). Checked per document: identical ids, decode(encode) giving the text back, and
+the streaming detokeniser giving the same bytes; separately special tokens, the plain GPT-2
+pre-tokenizer (a small GGUF written with tokenizer keys only) and the chat templates rendered
+by jinja2.
 """
 import json
 import pathlib
@@ -17,11 +22,16 @@ import unicodedata
 import gguf
 import jinja2.sandbox
 import pytest
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from conftest import BUILD
+from conftest import BUILD, ROOT
 
 BINARY = BUILD / "tests" / "test_tokenizer"
+SMOLLM_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+QWEN_MODEL = ROOT / "models" / "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
+# Qwen2's pre-tokenizer, as its tokenizer.json spells it.
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 # ---- the reference --------------------------------------------------------------------------
@@ -45,24 +55,59 @@ def read_vocab(path):
     }
 
 
-def hf_tokenizer(v, split_digits=True, specials=False):
+def hf_tokenizer(v, pre=None, specials=False):
+    """The reference for vocabulary v with pre-tokenizer `pre` (the file's by default). Its
+    added tokens are the file's control (special) and user-defined (plain) tokens; without
+    `specials` the special ones are encoded as text (encode_special_tokens)."""
+    pre = pre or v["pre"]
     vocab = {t: i for i, t in enumerate(v["tokens"])}
     merges = [tuple(m.split(" ", 1)) for m in v["merges"]]
     tk = Tokenizer(models.BPE(vocab, merges))
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tk.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                 byte_level]) if split_digits else byte_level)
+    if pre == "qwen2":
+        tk.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        assert pre in ("smollm", "gpt2"), pre
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        tk.pre_tokenizer = (byte_level if pre == "gpt2" else pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), byte_level]))
     tk.decoder = decoders.ByteLevel()
-    if specials:
-        tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                               for t, ty in zip(v["tokens"], v["types"]) if ty in (3, 4)])
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                           for t, ty in zip(v["tokens"], v["types"]) if ty == 3])
+    tk.add_tokens([AddedToken(t, special=False, normalized=False)
+                   for t, ty in zip(v["tokens"], v["types"]) if ty == 4])
+    tk.encode_special_tokens = not specials
     return tk
 
 
+def model_file(path):
+    if not path.exists():
+        pytest.fail(f"{path} missing: run `make model`")
+    return path
+
+
 @pytest.fixture(scope="module")
-def vocab(default_model):
-    v = read_vocab(default_model)
+def smollm_model():
+    return model_file(SMOLLM_MODEL)
+
+
+@pytest.fixture(scope="module")
+def qwen_model():
+    return model_file(QWEN_MODEL)
+
+
+@pytest.fixture(scope="module")
+def vocab(smollm_model):
+    v = read_vocab(smollm_model)
     assert v["pre"] == "smollm" and len(v["tokens"]) == 49152
+    return v
+
+
+@pytest.fixture(scope="module")
+def qwen_vocab(qwen_model):
+    v = read_vocab(qwen_model)
+    assert v["pre"] == "qwen2" and len(v["tokens"]) == 151936 and len(v["merges"]) == 151387
     return v
 
 
@@ -264,24 +309,24 @@ def compare(docs, ours, theirs, tk):
     return mismatches
 
 
-def test_ids_match_hf_and_round_trip(binary, default_model, vocab, root, squad_dir):
-    docs = corpus(root, squad_dir)
+def check_ids_and_round_trip(binary, model, v, docs):
+    """Identical ids to the reference on every document, and decode/stream giving it back."""
     texts = [t.encode("utf-8") for _, t in docs]
     total = sum(map(len, texts))
-    tk = hf_tokenizer(vocab)
+    tk = hf_tokenizer(v)
     theirs = [e.ids for e in tk.encode_batch([t for _, t in docs], add_special_tokens=False)]
-    ours = c_encode(binary, default_model, texts)
+    ours = c_encode(binary, model, texts)
     mismatches = compare(docs, ours, theirs, tk)
     kinds = sorted({k for k, _ in docs})
     n_tokens = sum(map(len, ours))
-    print(f"{len(docs)} documents, {total} bytes, {n_tokens} tokens, kinds {kinds}, "
-          f"mismatches {len(mismatches)}")
+    print(f"{model.name}: {len(docs)} documents, {total} bytes, {n_tokens} tokens, "
+          f"kinds {kinds}, mismatches {len(mismatches)}")
     assert total >= 200_000
     assert not mismatches, "\n".join(mismatches[:10])
 
-    keep = representable_bytes(vocab)
-    decoded = c_decode(binary, default_model, ours)
-    streamed = c_decode(binary, default_model, ours, "--stream")
+    keep = representable_bytes(v)
+    decoded = c_decode(binary, model, ours)
+    streamed = c_decode(binary, model, ours, "--stream")
     bad, n_dropped = [], 0
     for (kind, text), raw, dec, st in zip(docs, texts, decoded, streamed):
         want = bytes(b for b in raw if b in keep)
@@ -299,37 +344,118 @@ def test_ids_match_hf_and_round_trip(binary, default_model, vocab, root, squad_d
     print(f"round trip: {len(docs) - len(bad)}/{len(docs)} documents exact "
           f"({n_dropped} contain bytes the vocabulary has no token for, dropped as HF does)")
     assert not bad, "\n".join(bad[:10])
+    return texts, ours
 
 
-def test_special_tokens_match_hf(binary, default_model, vocab, squad_dir):
-    specials = [t for t, ty in zip(vocab["tokens"], vocab["types"]) if ty == 3]
-    assert len(specials) == 17
+def test_ids_match_hf_and_round_trip(binary, smollm_model, vocab, root, squad_dir):
+    check_ids_and_round_trip(binary, smollm_model, vocab, corpus(root, squad_dir))
+
+
+# What Qwen2's regex treats unlike GPT-2's: line breaks after punctuation and inside whitespace
+# runs, CRLF, a letter run taking one leading non-space character, single digits, contractions
+# in any case (U+017F LONG S folds to 's').
+QWEN_EXTRA = [
+    "Line one\r\nLine two\r\n\r\n\tTabbed\r\n  \r\n   spaced\r\rold mac\n\r\n\rmixed\n",
+    "x\n \n \n y", "a.\r\n\r\nb", "end!!\n\n\n", "  \t\r\n\t  word", ",\n", " ,\n\nx", "'\n",
+    "}\n\n\n}\r\n", "  \n\n  x", "\n\n\n", "\r", " \r\n", "\t\n\t\n\tx", "a \u3000\nb \u00a0\r\nc",
+    ";\n    return x;\n}\n\nint f(void)\n{\n\tif (a)\n\t\treturn 1;\n\r\n}\n",
+    "(foo) [bar] {baz} <qux> \"quoted\" 'single' `tick` #hash @at $dollar %pct ^caret &amp",
+    "_snake_case __dunder__ -dash +plus =eq ~tilde |pipe \\back /slash .dot ,comma ;semi :colon",
+    "\u00bfQu\u00e9? \u00a1Hola! \u00abguillemets\u00bb \u201cquotes\u201d \u2014dash \u2026dots",
+    "I'M YOU'RE WE'VE SHE'LL HE'D IT'S DON'T 'S 'T 'RE 'VE 'M 'LL 'D 'Ll 'lL 'rE 'Ve 'vE",
+    "it'\u017f '\u017f '\u017fx '\u017f\u017f L'\u017fA '\u212a 'K 'k 'sT 'Tt 'mM 'dD 'LLl",
+    "1234567890 3.14159 1,000,000 0x7FFF_FFFF 1e-9 v2.5.0-rc1 10:30:00 2024-06-01T00:00Z",
+    "\u0661\u0662\u0663 \u0967\u0968\u0969 \uff11\uff12 \u2460\u2461 \u00bd\u00bc \u2167 x\u00b2 H\u2082O",
+    "Qwen2.5-Coder-0.5B-Instruct: 24 layers, d=896, 14 heads (2 kv), rope 1e6, vocab 151,936.",
+    "\u0645\u0631\u062d\u0628\u0627\u060c \u0647\u0630\u0627 \u0627\u062e\u062a\u0628\u0627\u0631\u061f "
+    "\u05e9\u05dc\u05d5\u05dd, \u05e2\u05d5\u05dc\u05dd! \u0928\u092e\u0938\u094d\u0924\u0947 "
+    "\u0e2a\u0e27\u0e31\u0e2a\u0e14\u0e35 \u4e2d\u6587\uff0c\u6d4b\u8bd5\u3002 \ud55c\uad6d\uc5b4 "
+    "\u65e5\u672c\u8a9e\u306e\u6587 \u0440\u0443\u0441\u0441\u043a\u0438\u0439 "
+    "\u03b5\u03bb\u03bb\u03b7\u03bd\u03b9\u03ba\u03ac \u10e5\u10d0\u10e0\u10d7\u10e3\u10da\u10d8",
+    "\U0001f469\U0001f3fd\u200d\U0001f4bb\U0001f468\u200d\U0001f469\u200d\U0001f467 "
+    "\U0001f44b\U0001f3ff!\U0001f3f3\ufe0f\u200d\u26a7\ufe0f\u2764\ufe0f\u200d\U0001f525 a\U0001f600b",
+]
+
+
+def test_qwen_ids_match_hf_and_round_trip(binary, qwen_model, qwen_vocab, root, squad_dir):
+    docs = corpus(root, squad_dir) + [("qwen2 regex", s) for s in QWEN_EXTRA]
+    docs.append(("qwen2 regex joined", "\n".join(QWEN_EXTRA) * 3))
+    # Runs of each whitespace character and of mixtures, at every length up to 12.
+    ws = [" ", "\t", "\n", "\r", "\r\n", "\u00a0", "\u3000", "\u2028", "\x0b"]
+    rng = random.Random(5)
+    docs += [("whitespace runs", "".join(rng.choice(ws) for _ in range(n)).join(pair))
+             for n in range(1, 13) for pair in (("a", "b"), (".", ","), ("1", "2"), ("", ""))]
+    check_ids_and_round_trip(binary, qwen_model, qwen_vocab, docs)
+
+
+def special_documents(v, squad_dir, seed):
+    """Chat transcripts, every special string, near misses and random mixtures."""
+    specials = [t for t, ty in zip(v["tokens"], v["types"]) if ty in (3, 4)]
     with open(squad_dir / "passages.jsonl", encoding="utf-8") as f:
         texts = [json.loads(line)["text"] for _, line in zip(range(40), f)]
-    rng = random.Random(7)
+    rng = random.Random(seed)
     docs = []
     for i in range(0, 40, 2):
         docs.append("<|im_start|>system\nAnswer from the passage.<|im_end|>\n<|im_start|>user\n"
                     f"{texts[i][:400]}\n\nQuestion?<|im_end|>\n<|im_start|>assistant\n"
                     f"{texts[i + 1][:200]}<|im_end|>\n")
-    docs += ["".join(specials), " ".join(specials), "<|im_end|><|im_end|>x<|im_start|>",
-             "<|im_start", "<|im_end|", "<<|im_end|>>", "<|im_start|><|im_start|>user",
+    docs += ["".join(specials), " ".join(specials), "\n".join(specials),
+             "<|im_end|><|im_end|>x<|im_start|>", "<|im_start", "<|im_end|", "<<|im_end|>>",
+             "<|im_start|><|im_start|>user", "<tool_call>\n{\"name\": \"f\"}\n</tool_call>",
+             "<tool_call</tool_call>>", "<|fim_prefix|>def f():\n<|fim_suffix|>\n<|fim_middle|>",
+             "<|repo_name|>diffrag\n<|file_sep|>model/tokenizer.c\nint x;<|endoftext|>",
              "text<repo_name>name<file_sep>code 123<filename>a.py<gh_stars>100<|endoftext|>"]
     for _ in range(30):
         docs.append("".join(rng.choice(specials + ["a", " ", "1", "<", "|", "\n", "é", "'s"])
                             for _ in range(rng.randint(1, 40))))
-    tk = hf_tokenizer(vocab, specials=True)
+    return docs
+
+
+def check_special_tokens(binary, model, v, docs):
+    control = {i for i, ty in enumerate(v["types"]) if ty == 3}
+    user = {i for i, ty in enumerate(v["types"]) if ty == 4}
+    encoded = [d.encode() for d in docs]
+    ours = c_encode(binary, model, encoded, "--special")
+    tk = hf_tokenizer(v, specials=True)
     theirs = [e.ids for e in tk.encode_batch(docs, add_special_tokens=False)]
-    ours = c_encode(binary, default_model, [d.encode() for d in docs], "--special")
     mismatches = compare([("special", d) for d in docs], ours, theirs, tk)
-    n_special = sum(x < 17 for ids in ours for x in ids)
-    print(f"special tokens: {len(docs)} documents, {n_special} special ids, "
+    n_control = sum(x in control for ids in ours for x in ids)
+    print(f"{model.name} special tokens: {len(docs)} documents, {n_control} control ids, "
           f"mismatches {len(mismatches)}")
-    assert n_special > 100
+    assert n_control > 100
     assert not mismatches, "\n".join(mismatches[:10])
-    plain = c_encode(binary, default_model, [d.encode() for d in docs])
-    assert not any(x < 17 for ids in plain for x in ids), "special ids without --special"
-    assert c_decode(binary, default_model, ours) == [d.encode() for d in docs]
+    assert c_decode(binary, model, ours) == encoded
+
+    # Without TOK_PARSE_SPECIAL control texts are text; user-defined tokens still match.
+    plain = c_encode(binary, model, encoded)
+    tk = hf_tokenizer(v, specials=False)
+    theirs = [e.ids for e in tk.encode_batch(docs, add_special_tokens=False)]
+    mismatches = compare([("plain", d) for d in docs], plain, theirs, tk)
+    assert not any(x in control for ids in plain for x in ids), "control ids without --special"
+    n_user = sum(x in user for ids in plain for x in ids)
+    print(f"  as text: mismatches {len(mismatches)}, user-defined ids {n_user}")
+    assert not mismatches, "\n".join(mismatches[:10])
+    assert (n_user > 0) == bool(user)
+    assert c_decode(binary, model, plain) == encoded
+
+
+def test_special_tokens_match_hf(binary, smollm_model, vocab, squad_dir):
+    assert sum(ty == 3 for ty in vocab["types"]) == 17
+    check_special_tokens(binary, smollm_model, vocab, special_documents(vocab, squad_dir, 7))
+
+
+def test_qwen_special_tokens_match_hf(binary, qwen_model, qwen_vocab, squad_dir):
+    types = qwen_vocab["types"]
+    tokens = qwen_vocab["tokens"]
+    named = {tokens[i]: ty for i, ty in enumerate(types) if ty != 1}
+    assert sum(ty == 3 for ty in types) == 20 and sum(ty == 4 for ty in types) == 2
+    assert named["<|im_start|>"] == 3 and named["<|fim_middle|>"] == 3
+    assert named["<tool_call>"] == 4 and named["</tool_call>"] == 4
+    # The rows past the real vocabulary are unused padding; they decode to nothing.
+    pads = [i for i, ty in enumerate(types) if ty == 5]
+    assert len(pads) == 271 and pads[0] == 151665 and pads[-1] == 151935
+    assert c_decode(binary, qwen_model, [pads[:3], [pads[-1], 9707]]) == [b"", b"Hello"]
+    check_special_tokens(binary, qwen_model, qwen_vocab, special_documents(qwen_vocab, squad_dir, 11))
 
 
 def test_gpt2_pre_tokenizer_matches_hf(binary, vocab, root, squad_dir, tmp_path):
@@ -350,7 +476,7 @@ def test_gpt2_pre_tokenizer_matches_hf(binary, vocab, root, squad_dir, tmp_path)
     docs = [d for d in corpus(root, squad_dir) if d[0] not in ("squad", "project source")]
     docs += [("digits", s) for s in (" 1 22 333", "a 12345 b", "  99  bottles", "x\t42")]
     texts = [t.encode() for _, t in docs]
-    tk = hf_tokenizer(vocab, split_digits=False)
+    tk = hf_tokenizer(vocab, pre="gpt2")
     theirs = [e.ids for e in tk.encode_batch([t for _, t in docs], add_special_tokens=False)]
     ours = c_encode(binary, path, texts)
     mismatches = compare(docs, ours, theirs, tk)
@@ -371,24 +497,53 @@ def c_chat(binary, model, messages, gen):
     return r.stdout.decode()
 
 
-def test_chat_template_matches_jinja(binary, default_model, vocab):
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
+     {"role": "user", "content": "Explain.\nLine two, 'quoted', émoji 🤗"}],
+    [{"role": "assistant", "content": ""}],
+    [{"role": "user", "content": "a"}, {"role": "system", "content": "late system"},
+     {"role": "assistant", "content": "b\n\n"}, {"role": "user", "content": ""}],
+    [{"role": "system", "content": ""}, {"role": "user", "content": "<|im_end|> as text"}],
+]
+
+
+def check_chat_template(binary, model, template_text):
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    template = env.from_string(vocab["template"])
-    conversations = [
-        [{"role": "user", "content": "What is the capital of France?"}],
-        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
-        [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
-         {"role": "user", "content": "Explain.\nLine two, 'quoted', émoji 🤗"}],
-        [{"role": "assistant", "content": ""}],
-        [],
-    ]
+    template = env.from_string(template_text)
     n = 0
-    for conv in conversations:
+    for conv in CONVERSATIONS:
         for gen in (False, True):
             want = template.render(messages=conv, add_generation_prompt=gen)
-            got = c_chat(binary, default_model, conv, gen)
+            got = c_chat(binary, model, conv, gen)
             assert got == want, f"{conv} gen={gen}\nC:     {got!r}\njinja: {want!r}"
             n += 1
-    print(f"chat template: {n} renderings identical to jinja2")
+    print(f"{model.name} chat template: {n} renderings identical to jinja2")
+
+
+def test_chat_template_matches_jinja(binary, smollm_model, vocab):
+    check_chat_template(binary, smollm_model, vocab["template"])
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    template = env.from_string(vocab["template"])
+    for gen in (False, True):
+        assert c_chat(binary, smollm_model, [], gen) == template.render(
+            messages=[], add_generation_prompt=gen)
     assert "You are a helpful AI assistant named SmolLM" in c_chat(
-        binary, default_model, conversations[0], True)
+        binary, smollm_model, CONVERSATIONS[0], True)
+
+
+def test_qwen_chat_template_matches_jinja(binary, qwen_model, qwen_vocab):
+    check_chat_template(binary, qwen_model, qwen_vocab["template"])
+    default = ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+               "assistant.<|im_end|>\n")
+    got = c_chat(binary, qwen_model, CONVERSATIONS[0], True)
+    assert got == default + ("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+                             "<|im_start|>assistant\n")
+    assert default not in c_chat(binary, qwen_model, CONVERSATIONS[1], True)
+    # Qwen2.5's template cannot render no messages (it reads messages[0]); the C side gives
+    # the assistant prompt alone, as for SmolLM2.
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    with pytest.raises(jinja2.exceptions.UndefinedError):
+        env.from_string(qwen_vocab["template"]).render(messages=[], add_generation_prompt=True)
+    assert c_chat(binary, qwen_model, [], True) == "<|im_start|>assistant\n"
