@@ -7,6 +7,11 @@
  *            the same shape with f32 weights; and the one-token products' memory bandwidth;
  *   engine   a prefill of the tokens in a file (and optionally greedy decode steps), with the
  *            engine's own split of time and work between products and attention;
+ *   synth    products on random weights of given types and shapes, no model needed: by
+ *            default one layer of Qwen2.5-0.5B as its Q4_K_M file stores it (Q5_0 attention
+ *            and gate/up, Q8_0 or Q5_0 values, Q4_K or Q6_K down, the Q8_0 output matrix),
+ *            one token per instruction-set path and a prefill chunk, with the whole model's
+ *            one-token product time extrapolated from the per-layer figures;
  *   sampler  the host's share of one sampled token with its signals: the whole sampler on a CPU
  *            context's logits, against the draw alone from a pass's candidates (what a GPU
  *            context's host does after the device's pass), the two interleaved.
@@ -16,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -307,6 +313,161 @@ out:
     free(scratch);
 }
 
+/* --- products on synthetic weights --- */
+
+static unsigned long long synth_rng = 0x2545f4914f6cdd1dULL;
+
+static unsigned synth_rnd(void)
+{
+    synth_rng = synth_rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (unsigned)(synth_rng >> 33);
+}
+
+/* Random bytes with every f16 field of the block a small positive scale (where the fields sit
+ * depends on the type; kernels/dequant.h). */
+static void synth_blocks(uint32_t type, uint8_t *p, size_t n_blocks)
+{
+    int bb = dequant_block_bytes(type);
+    int at[2] = {-1, -1};
+    switch (type) {
+    case DQ_Q4_1: case DQ_Q5_1: case DQ_Q4_K: case DQ_Q5_K: at[0] = 0; at[1] = 2; break;
+    case DQ_Q2_K: at[0] = 80; at[1] = 82; break;
+    case DQ_Q3_K: at[0] = 108; break;
+    case DQ_Q6_K: at[0] = 208; break;
+    default: at[0] = 0; break;
+    }
+    for (size_t b = 0; b < n_blocks; b++, p += bb) {
+        for (int i = 0; i < bb; i++) p[i] = (uint8_t)synth_rnd();
+        if (type == DQ_F32 || type == DQ_F16 || type == DQ_BF16) {
+            uint16_t h = type == DQ_BF16 ? f32_to_bf16(0.01f) : f32_to_f16(0.01f);
+            if (type == DQ_F32) { float f = 0.01f; memcpy(p, &f, 4); }
+            else memcpy(p, &h, 2);
+            continue;
+        }
+        for (int f = 0; f < 2; f++)
+            if (at[f] >= 0) {
+                uint16_t h = f32_to_f16(0.001f + 0.001f * (float)(synth_rnd() % 100) / 100.f);
+                memcpy(p + at[f], &h, 2);
+            }
+    }
+}
+
+struct SynthMat { struct Weights w; void *data; };
+
+static int synth_mat(struct SynthMat *s, uint32_t type, int rows, int cols)
+{
+    size_t n_blocks = (size_t)rows * cols / dequant_block_elems(type);
+    uint8_t *src = malloc(n_blocks * dequant_block_bytes(type));
+    size_t bytes = cpu_weights_bytes(type, rows, cols);
+    s->data = bytes ? aligned_alloc(64, (bytes + 63) & ~(size_t)63) : NULL;
+    if (!src || !s->data) { free(src); free(s->data); s->data = NULL; return -1; }
+    synth_blocks(type, src, n_blocks);
+    cpu_weights_pack(type, rows, cols, src, s->data, &s->w);
+    free(src);
+    return 0;
+}
+
+static uint32_t type_by_name(const char *name)
+{
+    for (uint32_t t = 0; t < 40; t++)
+        if (dequant_block_elems(t) && !strcasecmp(ggml_type_name(t), name)) return t;
+    return UINT32_MAX;
+}
+
+/* One product (or a gate/up SwiGLU pair) of a synthetic layer. */
+struct SynthProduct {
+    const char *name;
+    uint32_t type;
+    int k, m, pair;      /* pair: gate and up as one SwiGLU product */
+    double per_model;    /* how many of these one forward pass runs */
+};
+
+static void run_synth(int threads, int n, int reps, const char *only_type, int only_k, int only_m)
+{
+    /* Qwen2.5-Coder-0.5B-Instruct Q4_K_M: 24 layers, d 896, 14 q / 2 kv heads of 64, ffn 4864;
+     * v is Q8_0 in 12 layers and Q5_0 in the others, down Q6_K in 12 and Q4_K in 12. */
+    struct SynthProduct qwen[] = {
+        {"q", DQ_Q5_0, 896, 896, 0, 24}, {"k", DQ_Q5_0, 896, 128, 0, 24},
+        {"v_q8", DQ_Q8_0, 896, 128, 0, 12}, {"v_q5", DQ_Q5_0, 896, 128, 0, 12},
+        {"o", DQ_Q5_0, 896, 896, 0, 24}, {"gate_up", DQ_Q5_0, 896, 4864, 1, 24},
+        {"down_q4k", DQ_Q4_K, 4864, 896, 0, 12}, {"down_q6k", DQ_Q6_K, 4864, 896, 0, 12},
+        {"output", DQ_Q8_0, 896, 151936, 0, 1},
+    };
+    struct SynthProduct one = {"product", 0, only_k, only_m, 0, 1};
+    struct SynthProduct *set = qwen;
+    int n_set = (int)(sizeof qwen / sizeof *qwen);
+    if (only_type) {
+        one.type = type_by_name(only_type);
+        if (one.type == UINT32_MAX || !cpu_weights_bytes(one.type, only_m, only_k)) {
+            fprintf(stderr, "bench_kernels: type %s with k=%d m=%d is not handled\n", only_type,
+                    only_k, only_m);
+            return;
+        }
+        set = &one;
+        n_set = 1;
+    }
+    int kmax = 4864;
+    for (int i = 0; i < n_set; i++) kmax = set[i].k > kmax ? set[i].k : kmax;
+    size_t ymax = (size_t)n * 151936;
+    float *x = malloc(sizeof(float) * (size_t)n * kmax), *y = malloc(sizeof(float) * ymax);
+    void *scratch = malloc(cpu_matmul_scratch(n, kmax, threads));
+    struct ThreadPool *pool = NULL;
+    if (!x || !y || !scratch || pool_new(threads, &pool) != 0) {
+        fprintf(stderr, "bench_kernels: out of memory\n");
+        goto out;
+    }
+    for (size_t i = 0; i < (size_t)n * kmax; i++) x[i] = (float)((i * 7919) % 1000) / 1000.f - 0.5f;
+    double model_s[CPU_ISA_COUNT] = {0}, model_prefill_s = 0;
+    for (int i = 0; i < n_set; i++) {
+        const struct SynthProduct *p = &set[i];
+        struct SynthMat a = {0}, b = {0};
+        if (synth_mat(&a, p->type, p->m, p->k) || (p->pair && synth_mat(&b, p->type, p->m, p->k))) {
+            fprintf(stderr, "bench_kernels: out of memory\n");
+            free(a.data);
+            goto out;
+        }
+        struct MatmulArgs args = {.x = x, .x_stride = (size_t)p->k, .n = 1, .k = p->k,
+                                  .n_out = p->pair ? 2 : 1, .swiglu = p->pair,
+                                  .out = {{&a.w, y, (size_t)p->m, 0}, {&b.w, NULL, 0, 0}}};
+        double bytes = (double)a.w.row_bytes * p->m * (p->pair ? 2 : 1);
+        double flop1 = 2.0 * p->k * p->m * (p->pair ? 2 : 1);
+        printf("synth: name=%s type=%s k=%d m=%d threads=%d", p->name, ggml_type_name(p->type),
+               p->k, p->m, threads);
+        for (int isa = CPU_ISA_COUNT - 1; isa >= 0; isa--) {
+            if (!cpu_isa_supported((enum CpuIsa)isa)) continue;
+            double t = time_matmul((enum CpuIsa)isa, CPU_GEMM_NATIVE, pool, &args, scratch, reps);
+            printf(" decode_%s_us=%.1f decode_%s_gb_s=%.1f", cpu_isa_name((enum CpuIsa)isa),
+                   t * 1e6, cpu_isa_name((enum CpuIsa)isa), bytes / t / 1e9);
+            model_s[isa] += t * p->per_model;
+        }
+        if (n > 1) {
+            args.n = n;
+            double t = time_matmul(cpu_isa_best(), cpu_gemm_default(), pool, &args, scratch, reps);
+            printf(" prefill_n=%d prefill_gflops=%.1f", n, flop1 * n / t / 1e9);
+            model_prefill_s += t * p->per_model;
+        }
+        printf("\n");
+        free(a.data);
+        free(b.data);
+    }
+    if (!only_type) {
+        printf("synth_model: threads=%d", threads);
+        for (int isa = CPU_ISA_COUNT - 1; isa >= 0; isa--)
+            if (cpu_isa_supported((enum CpuIsa)isa) && model_s[isa] > 0)
+                printf(" products_%s_ms_per_token=%.2f products_%s_tokens_s=%.1f",
+                       cpu_isa_name((enum CpuIsa)isa), model_s[isa] * 1e3,
+                       cpu_isa_name((enum CpuIsa)isa), 1.0 / model_s[isa]);
+        if (n > 1)
+            printf(" prefill_n=%d products_prefill_tokens_s=%.1f", n, n / model_prefill_s);
+        printf("\n");
+    }
+out:
+    pool_destroy(&pool);
+    free(x);
+    free(y);
+    free(scratch);
+}
+
 /* --- attention on random data of the default model's shape --- */
 
 static void run_attention(int threads, int ctx, int n_q_head, int reps, enum KvType kv)
@@ -530,6 +691,7 @@ static void usage(void)
             "       bench_kernels shapes -m MODEL [--threads N] [--n ROWS] [--reps R]\n"
             "       bench_kernels attention [--ctx N] [--q-heads 9|18] [--threads N] [--reps R]\n"
             "       bench_kernels sampler [--n VOCAB] [--reps R]\n"
+            "       bench_kernels synth [--type T --k K --m M] [--n ROWS] [--threads N] [--reps R]\n"
             "       bench_kernels engine -m MODEL --tokens-file F [--threads N] [--chunk C]\n"
             "                            [--decode N] [--kv f16|f32|q8]\n");
 }
@@ -537,7 +699,8 @@ static void usage(void)
 int main(int argc, char **argv)
 {
     if (argc < 2) { usage(); return 2; }
-    const char *mode = argv[1], *model_path = NULL, *tokens = NULL;
+    const char *mode = argv[1], *model_path = NULL, *tokens = NULL, *synth_type = NULL;
+    int synth_k = 0, synth_m = 0;
     int threads = 2, reps = 5, n = 512, chunk = 512, n_decode = 0, ctx = 2048, q_heads = 9;
     enum KvType kv = KV_F16;
     for (int i = 2; i < argc; i++) {
@@ -553,6 +716,9 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--clock")) bench_clock = !strcmp(v, "cpu") ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC;
         else if (!strcmp(a, "--q-heads")) q_heads = atoi(v);
         else if (!strcmp(a, "--tokens-file")) tokens = v;
+        else if (!strcmp(a, "--type")) synth_type = v;
+        else if (!strcmp(a, "--k")) synth_k = atoi(v);
+        else if (!strcmp(a, "--m")) synth_m = atoi(v);
         else if (!strcmp(a, "--kv")) {
             if (!strcmp(v, "f32")) kv = KV_F32;
             else if (!strcmp(v, "q8")) kv = KV_Q8;
@@ -573,6 +739,11 @@ int main(int argc, char **argv)
     }
     if (!strcmp(mode, "attention")) {
         run_attention(threads, ctx, q_heads, reps, kv);
+        return 0;
+    }
+    if (!strcmp(mode, "synth")) {
+        if (synth_type && (synth_k < 1 || synth_m < 1)) { usage(); return 2; }
+        run_synth(threads, n, reps, synth_type, synth_k, synth_m);
         return 0;
     }
     if (!strcmp(mode, "sampler")) {

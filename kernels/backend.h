@@ -39,16 +39,18 @@ static inline size_t kv_tile_at(enum KvType t, int head_dim, int pos)
 
 /* A weight matrix (rows, cols): row r holds the weights of output r, `cols` inputs wide,
  * encoded as ggml type `type` (GGML_TYPE_* numbers of model/gguf.h: F32, F16, BF16, Q4_0,
- * Q4_1, Q5_0, Q5_1, Q8_0; see kernels/dequant.h for the block layouts), in one of two
- * layouts:
- *   WEIGHTS_ROWS  the file's: row after row, row_bytes apart;
- *   WEIGHTS_X16   (Q4_0, Q4_1, Q8_0) rows interleaved by groups of 16, so that one vector
- *                 holds the same input of 16 outputs: for group G (rows 16G..16G+15, the last
- *                 group padded with zero rows) and block b (columns 32b..32b+31) a tile at
+ * Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K; see kernels/dequant.h for the block layouts), in one of
+ * two layouts:
+ *   WEIGHTS_ROWS  the file's: row after row, row_bytes apart (F32, F16, BF16, K-quants);
+ *   WEIGHTS_X16   (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) rows interleaved by groups of 16, so that one
+ *                 vector holds the same input of 16 outputs: for group G (rows 16G..16G+15, the
+ *                 last group padded with zero rows) and block b (columns 32b..32b+31) a tile at
  *                 (G * cols/32 + b) * 16 * block_bytes holds the 16 rows' f16 scales d[16],
- *                 then (Q4_1) the f16 offsets m[16], then the quants: Q4_0/Q4_1 16 x 16
- *                 bytes, byte 16i + j = byte i of row j's block (columns i and i + 16 as low and
- *                 high nibble); Q8_0 32 x 16 bytes, byte 16c + j = row j's column c.
+ *                 then (Q4_1, Q5_1) the f16 offsets m[16], then (Q5_0, Q5_1) the fifth bits
+ *                 as u16 hmask[32], bit j of hmask[c] = row j's fifth bit of column c, then the
+ *                 quants: Q4/Q5 16 x 16 bytes, byte 16i + j = byte i of row j's qs (columns i
+ *                 and i + 16 as low and high nibble); Q8_0 32 x 16 bytes, byte 16c + j = row
+ *                 j's column c.
  * Either way every weight decodes to exactly the value the file's block gives. */
 enum WeightsLayout { WEIGHTS_ROWS = 0, WEIGHTS_X16 = 1 };
 

@@ -5,7 +5,9 @@
  *   - matrix products for every weight type and layout, one token and many, plain,
  *     accumulating and SwiGLU, through the microkernels and through OpenBLAS;
  *   - the thread count (1..4) changes no result by more than 1e-5 relative;
- *   - the interleaved weight layout decodes to exactly the file's values;
+ *   - the interleaved weight layout decodes to exactly the file's values, and every path's
+ *     vector decoding (prefill panels of X16 tiles, K-quant rows) gives exactly the portable
+ *     decoder's values;
  *   - the thread pool runs every task of every job exactly once.
  * Prints the largest difference of each group. */
 #include <math.h>
@@ -267,20 +269,34 @@ static void *random_blocks(uint32_t type, int rows, int cols, size_t *row_bytes)
             for (int i = 0; i < bb; i++) blk[i] = (uint8_t)rnd();
             uint16_t d = f32_to_f16(0.01f + 0.05f * (float)(rnd() % 1000) / 1000.f);
             uint16_t m = f32_to_f16(-0.2f * (float)(rnd() % 1000) / 1000.f);
-            memcpy(blk, &d, 2);
-            if (type == DQ_Q4_1 || type == DQ_Q5_1) memcpy(blk + 2, &m, 2);
+            /* K-quants: d relative to sub-block scales up to 63, dmin likewise. */
+            uint16_t dk = f32_to_f16(0.0005f + 0.002f * (float)(rnd() % 1000) / 1000.f);
+            uint16_t mk = f32_to_f16(0.0005f + 0.002f * (float)(rnd() % 1000) / 1000.f);
+            switch (type) {
+            case DQ_Q4_1: case DQ_Q5_1: memcpy(blk, &d, 2); memcpy(blk + 2, &m, 2); break;
+            case DQ_Q2_K: memcpy(blk + 80, &dk, 2); memcpy(blk + 82, &mk, 2); break;
+            case DQ_Q3_K: memcpy(blk + 108, &dk, 2); break;
+            case DQ_Q4_K: case DQ_Q5_K: memcpy(blk, &dk, 2); memcpy(blk + 2, &mk, 2); break;
+            case DQ_Q6_K: memcpy(blk + 208, &dk, 2); break;
+            default: memcpy(blk, &d, 2); break;
+            }
         }
     return p;
 }
 
-static const uint32_t TYPES[] = {DQ_F32, DQ_F16, DQ_BF16, DQ_Q4_0, DQ_Q4_1, DQ_Q5_0, DQ_Q5_1, DQ_Q8_0};
-static const char *const TYPE_NAMES[] = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"};
+static const uint32_t TYPES[] = {DQ_F32, DQ_F16, DQ_BF16, DQ_Q4_0, DQ_Q4_1, DQ_Q5_0, DQ_Q5_1,
+                                 DQ_Q8_0, DQ_Q2_K, DQ_Q3_K, DQ_Q4_K, DQ_Q5_K, DQ_Q6_K};
+static const char *const TYPE_NAMES[] = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+                                         "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"};
+enum { N_TYPES = sizeof TYPES / sizeof *TYPES };
+
+static int is_k(uint32_t type) { return dequant_block_elems(type) == 256; }
 
 static void test_weights_layout(void)
 {
     int bad = 0, checked = 0;
-    for (size_t ti = 0; ti < sizeof TYPES / sizeof *TYPES; ti++) {
-        int rows = 37, cols = 96;
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        int rows = 37, cols = is_k(TYPES[ti]) ? 512 : 96;
         size_t rb;
         void *src = random_blocks(TYPES[ti], rows, cols, &rb);
         size_t bytes = cpu_weights_bytes(TYPES[ti], rows, cols);
@@ -288,18 +304,76 @@ static void test_weights_layout(void)
         struct Weights w;
         cpu_weights_pack(TYPES[ti], rows, cols, src, dst, &w);
         CHECK((w.layout == WEIGHTS_X16) == cpu_weights_x16(TYPES[ti]), "%s layout", TYPE_NAMES[ti]);
-        float got[96], want[96];
+        float got[512], want[512];
         for (int r = 0; r < rows; r++) {
             cpu_weights_row(&w, r, got);
             dequant_row(TYPES[ti], (const uint8_t *)src + (size_t)r * rb, want, (size_t)cols);
             checked++;
-            if (memcmp(got, want, sizeof got)) bad++;
+            if (memcmp(got, want, sizeof(float) * cols)) bad++;
         }
         free(src);
         free(dst);
     }
     CHECK(bad == 0, "%d of %d rows decode differently from the file's blocks", bad, checked);
-    printf("weights: %d rows of 8 types decode bit-exactly in the backend's layout\n", checked);
+    printf("weights: %d rows of %d types decode bit-exactly in the backend's layout\n", checked,
+           (int)N_TYPES);
+}
+
+/* Bit patterns equal, or both NaN. */
+static int same_values(const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], 4) && !(isnan(a[i]) && isnan(b[i]))) return 0;
+    return 1;
+}
+
+/* Every path's decoding for the prefill products against the portable decoder, bit for bit:
+ * rows of each type (K-quants through their vector decoders) and panels of X16 tiles. */
+static void test_vector_decode(void)
+{
+    int checked = 0;
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        uint32_t type = TYPES[ti];
+        int rows = 45, cols = is_k(type) ? 1280 : 160;
+        size_t rb;
+        void *src = random_blocks(type, rows, cols, &rb);
+        void *dst = aligned_alloc(64, (cpu_weights_bytes(type, rows, cols) + 63) & ~(size_t)63);
+        struct Weights w;
+        cpu_weights_pack(type, rows, cols, src, dst, &w);
+        float *want = malloc(sizeof(float) * (size_t)rows * cols);
+        float *got = malloc(sizeof(float) * (size_t)rows * cols);
+        float *pw = malloc(sizeof(float) * (size_t)cols * 32), *pg = malloc(sizeof(float) * (size_t)cols * 32);
+        cpu_decode_rows(&w, 0, rows, want);
+        for (int isa = 0; isa < CPU_ISA_COUNT; isa++) {
+            if (!cpu_isa_supported((enum CpuIsa)isa)) continue;
+            memset(got, 0xff, sizeof(float) * (size_t)rows * cols);
+            cpu_decode_rows_with((enum CpuIsa)isa, &w, 3, rows - 3, got + (size_t)3 * cols);
+            CHECK(same_values(got + (size_t)3 * cols, want + (size_t)3 * cols,
+                              (size_t)(rows - 3) * cols),
+                  "%s: %s row decoding differs from the portable decoder", TYPE_NAMES[ti],
+                  cpu_isa_name((enum CpuIsa)isa));
+            checked++;
+            if (w.layout == WEIGHTS_X16 && isa == CPU_ISA_AVX512)
+                for (int r0 = 0; r0 < rows; r0 += 32) { /* the last panel is part padding */
+                    cpu_panel_x16(&w, r0, 32, pw);
+                    cpu_panel_x16_avx512(&w, r0, 32, pg);
+                    CHECK(same_values(pg, pw, (size_t)cols * 32), "%s: avx512 panel at row %d "
+                          "differs from the portable one", TYPE_NAMES[ti], r0);
+                    int bad = 0;
+                    for (int c = 0; c < cols; c++)
+                        for (int j = 0; j < 32; j++) {
+                            float p = pw[(size_t)c * 32 + j];
+                            if (r0 + j >= rows) bad += p != 0.f; /* padding: zero of either sign */
+                            else bad += memcmp(&p, &want[(size_t)(r0 + j) * cols + c], 4) != 0;
+                        }
+                    CHECK(bad == 0, "%s: %d panel values differ from the rows", TYPE_NAMES[ti], bad);
+                    checked++;
+                }
+        }
+        free(src); free(dst); free(want); free(got); free(pw); free(pg);
+    }
+    printf("decode: %d row sets and panels of %d types on every path equal the portable decoder "
+           "bit for bit\n", checked, (int)N_TYPES);
 }
 
 /* One product configuration through every path: y = x.w^T (plain / accumulate) or SwiGLU. */
@@ -374,16 +448,18 @@ static void test_matmul(void)
     double worst = 0;
     int cases = 0;
     const int shapes[][3] = {{1, 96, 40}, {2, 64, 33}, {13, 160, 70}, {77, 96, 48}, {30, 1600, 20}};
-    for (size_t ti = 0; ti < sizeof TYPES / sizeof *TYPES; ti++)
+    /* K-quants: rows of 1 to 7 super-blocks. */
+    const int k_shapes[][3] = {{1, 256, 40}, {2, 512, 33}, {13, 768, 70}, {77, 256, 48}, {30, 1792, 20}};
+    for (size_t ti = 0; ti < N_TYPES; ti++)
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
             for (int mode = 0; mode < 3; mode++) {
-                double e = matmul_case(TYPES[ti], shapes[si][0], shapes[si][1], shapes[si][2],
-                                       mode, TYPE_NAMES[ti]);
+                const int *sh = is_k(TYPES[ti]) ? k_shapes[si] : shapes[si];
+                double e = matmul_case(TYPES[ti], sh[0], sh[1], sh[2], mode, TYPE_NAMES[ti]);
                 if (e > worst) worst = e;
                 cases++;
             }
-    printf("matmul: %d cases (8 types, 1-77 rows, plain/accumulate/SwiGLU) on every path: max "
-           "relative error %.3e\n", cases, worst);
+    printf("matmul: %d cases (%d types, 1-77 rows, plain/accumulate/SwiGLU) on every path: max "
+           "relative error %.3e\n", cases, (int)N_TYPES, worst);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -436,6 +512,7 @@ int main(void)
     if (small) printf("reduced scale (DIFFRAG_TEST_SCALE=small): 2,000 pool jobs per thread count\n");
     test_pool(small ? 2000 : 100000);
     test_weights_layout();
+    test_vector_decode();
     test_matmul();
     test_attention();
     printf("%d passed, %d failed\n", passed, failed);

@@ -49,12 +49,23 @@ size_t cpu_attention_mass_scratch(int n_ctx, int head_dim, int n_q_head, int n_k
 
 /* Weights (weights.c): which types are interleaved, bytes, packing, decoding. */
 int cpu_weights_x16(uint32_t type);
+/* Bytes of an X16 tile before its 16 x 16 (or, Q8_0, 32 x 16) quant bytes. */
+int cpu_x16_header(uint32_t type);
 size_t cpu_weights_bytes(uint32_t type, int rows, int cols);
 void cpu_weights_pack(uint32_t type, int rows, int cols, const void *src, void *dst,
                       struct Weights *out);
 void cpu_weights_row(const struct Weights *w, int r, float *dst);
-/* Rows r0..r0+nr-1 of w decoded into dst (nr, cols). */
+/* Rows r0..r0+nr-1 of w decoded into dst (nr, cols); _with uses the path's vector decoders
+ * where it has them (the values are the same on every path). */
 void cpu_decode_rows(const struct Weights *w, int r0, int nr, float *dst);
+void cpu_decode_rows_with(enum CpuIsa isa, const struct Weights *w, int r0, int nr, float *dst);
+/* K-quant rows (row layout, nb super-blocks): the product with x (xsum: x's 32-element block
+ * sums), and the exact decoding, per path. */
+float cpu_dot_k_avx512(uint32_t type, const uint8_t *row, const float *x, const float *xsum,
+                       int nb);
+float cpu_dot_k_avx2(uint32_t type, const uint8_t *row, const float *x, const float *xsum, int nb);
+void cpu_decode_k_avx512(uint32_t type, const uint8_t *src, float *dst, int nb);
+void cpu_decode_k_avx2(uint32_t type, const uint8_t *src, float *dst, int nb);
 /* Rows r0..r0+width-1 (r0 a multiple of 16, width 16 or 32) of an X16 matrix decoded into a
  * k-major panel: panel[c * width + j] = w[r0 + j][c]; rows past the matrix give zeros. */
 void cpu_panel_x16(const struct Weights *w, int r0, int width, float *panel);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/kquant.h"
 #include "kernels/cpu/vexp.h"
 #include "kernels/dequant.h"
 
@@ -94,7 +95,7 @@ static void gemm_one(const struct GemmJob *job, const struct Weights *w, int c0,
     if (job->gemm == CPU_GEMM_NATIVE && job->isa == CPU_ISA_AVX512) {
         if (x16) cpu_panel_x16_avx512(w, c0, TASK_COLS, panel);
         else {
-            cpu_decode_rows(w, c0, mb, rows);
+            cpu_decode_rows_with(job->isa, w, c0, mb, rows);
             cpu_pack_panel_avx512(rows, mb, k, panel);
         }
         b.m_blk = mb;
@@ -106,7 +107,7 @@ static void gemm_one(const struct GemmJob *job, const struct Weights *w, int c0,
             int nb = mb - j < 16 ? mb - j : 16;
             if (x16) cpu_panel_x16(w, c0 + j, 16, panel);
             else {
-                cpu_decode_rows(w, c0 + j, nb, rows);
+                cpu_decode_rows_with(job->isa, w, c0 + j, nb, rows);
                 cpu_pack_panel_avx2(rows, nb, k, panel);
             }
             b.m_blk = nb;
@@ -174,6 +175,14 @@ static void matvec_rows(const struct GemmJob *job, const struct Weights *w, int 
     }
     if (job->isa == CPU_ISA_AVX512 && cpu_matvec_avx512_handles(w->type)) {
         cpu_matvec_avx512(w, r0, r1, x, job->xsum, y);
+        return;
+    }
+    if (kquant_is_k(w->type) && job->isa != CPU_ISA_SCALAR) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+        for (int r = r0; r < r1; r++, row += w->row_bytes)
+            y[r - r0] = job->isa == CPU_ISA_AVX512
+                            ? cpu_dot_k_avx512(w->type, row, x, job->xsum, w->cols / QK_K)
+                            : cpu_dot_k_avx2(w->type, row, x, job->xsum, w->cols / QK_K);
         return;
     }
     int k = w->cols;

@@ -36,6 +36,20 @@ static inline void kquant_scale_min(int s, const uint8_t *q, uint8_t *sc, uint8_
     }
 }
 
+/* Q4_K / Q5_K: all 8 scales and mins at once, four at a time in 32-bit words (the same
+ * values as kquant_scale_min). */
+static inline void kquant_scales_mins(const uint8_t *q, uint8_t sc[8], uint8_t mn[8])
+{
+    uint32_t w[3], s[2], m[2];
+    memcpy(w, q, 12);
+    s[0] = w[0] & 0x3f3f3f3fu;
+    s[1] = (w[2] & 0x0f0f0f0fu) | ((w[0] >> 6) & 0x03030303u) << 4;
+    m[0] = w[1] & 0x3f3f3f3fu;
+    m[1] = ((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 6) & 0x03030303u) << 4;
+    memcpy(sc, s, 8);
+    memcpy(mn, m, 8);
+}
+
 /* Q3_K: the 16 signed sub-block scales (6-bit value - 32) from the 12 packed bytes. */
 static inline void kquant_q3_scales(const uint8_t *q, int8_t out[16])
 {

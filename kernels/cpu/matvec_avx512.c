@@ -1,6 +1,7 @@
 /* AVX-512 products of weights with one f32 input (the decode step's), dequantising in
  * registers: each weight byte is read once and never written back as f32. Interleaved (X16)
- * matrices give 16 outputs per vector with no horizontal sums; affine formats use
+ * matrices give 16 outputs per vector with no horizontal sums (the fifth bits of Q5_0/Q5_1
+ * are per-column row masks, added with masked adds); affine and offset formats use
  * sum((q*d + m) x) = d*sum(q x) + m*sum(x) with the block sums of x computed once per
  * product. Also the exact decoding of X16 tiles into the prefill products' panels. */
 #include "kernels/cpu/cpu.h"
@@ -153,6 +154,23 @@ static inline __m512 x16_nibbles(const uint8_t *q, const float *xb)
     return _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
 }
 
+/* sum over the block of fifth-bit * x for the 16 rows: hm[c] masks the rows whose column c
+ * has its fifth bit set (the bit's weight, 16, is applied by the caller). */
+static inline __m512 x16_fifth_bits(const uint8_t *hm, const float *xb)
+{
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(),
+           s3 = _mm512_setzero_ps();
+    uint16_t k[32];
+    memcpy(k, hm, sizeof k);
+    for (int c = 0; c < 32; c += 4) {
+        s0 = _mm512_mask_add_ps(s0, (__mmask16)k[c], s0, _mm512_set1_ps(xb[c]));
+        s1 = _mm512_mask_add_ps(s1, (__mmask16)k[c + 1], s1, _mm512_set1_ps(xb[c + 1]));
+        s2 = _mm512_mask_add_ps(s2, (__mmask16)k[c + 2], s2, _mm512_set1_ps(xb[c + 2]));
+        s3 = _mm512_mask_add_ps(s3, (__mmask16)k[c + 3], s3, _mm512_set1_ps(xb[c + 3]));
+    }
+    return _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
+}
+
 static inline __m512 x16_bytes(const uint8_t *q, const float *xb)
 {
     __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(),
@@ -191,6 +209,21 @@ void cpu_matvec_x16_avx512(const struct Weights *w, int g0, int g1, const float 
                 acc = _mm512_fmadd_ps(half16(t), s, acc);
                 break;
             }
+            case DQ_Q5_0: {
+                /* sum((nibble + 16 hbit - 16) x) */
+                __m512 s = _mm512_fmadd_ps(x16_fifth_bits(t + 32, xb), _mm512_set1_ps(16.f),
+                                           x16_nibbles(t + 96, xb));
+                s = _mm512_sub_ps(s, _mm512_set1_ps(16.f * xsum[b]));
+                acc = _mm512_fmadd_ps(half16(t), s, acc);
+                break;
+            }
+            case DQ_Q5_1: {
+                __m512 s = _mm512_fmadd_ps(x16_fifth_bits(t + 64, xb), _mm512_set1_ps(16.f),
+                                           x16_nibbles(t + 128, xb));
+                acc = _mm512_fmadd_ps(half16(t), s, acc);
+                macc = _mm512_fmadd_ps(half16(t + 32), _mm512_set1_ps(xsum[b]), macc);
+                break;
+            }
             default:
                 acc = _mm512_fmadd_ps(half16(t), x16_bytes(t + 32, xb), acc);
                 break;
@@ -225,19 +258,27 @@ void cpu_panel_x16_avx512(const struct Weights *w, int r0, int width, float *pan
                 }
                 continue;
             }
-            int q4_1 = w->type == DQ_Q4_1;
-            __m512 m = q4_1 ? half16(t + 32) : _mm512_setzero_ps();
-            const uint8_t *q = t + (q4_1 ? 64 : 32);
+            int affine = w->type == DQ_Q4_1 || w->type == DQ_Q5_1;
+            int five = w->type == DQ_Q5_0 || w->type == DQ_Q5_1;
+            int bias = w->type == DQ_Q4_0 ? 8 : w->type == DQ_Q5_0 ? 16 : 0;
+            __m512 m = affine ? half16(t + 32) : _mm512_setzero_ps();
+            const uint8_t *q = t + cpu_x16_header(w->type);
+            uint16_t hm[32] = {0};
+            if (five) memcpy(hm, q - 64, sizeof hm);
             for (int i = 0; i < 16; i++) {
                 __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * i)));
                 __m512i lo = _mm512_and_si512(v, lo_mask), hi = _mm512_srli_epi32(v, 4);
-                if (!q4_1) {
-                    lo = _mm512_sub_epi32(lo, _mm512_set1_epi32(8));
-                    hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(8));
+                if (five) {
+                    lo = _mm512_mask_add_epi32(lo, (__mmask16)hm[i], lo, _mm512_set1_epi32(16));
+                    hi = _mm512_mask_add_epi32(hi, (__mmask16)hm[i + 16], hi, _mm512_set1_epi32(16));
+                }
+                if (bias) {
+                    lo = _mm512_sub_epi32(lo, _mm512_set1_epi32(bias));
+                    hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(bias));
                 }
                 __m512 wl = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d);
                 __m512 wh = _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d);
-                if (q4_1) {
+                if (affine) {
                     wl = _mm512_add_ps(wl, m);
                     wh = _mm512_add_ps(wh, m);
                 }

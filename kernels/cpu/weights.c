@@ -1,21 +1,33 @@
-/* Weight matrices as the CPU backend keeps them: Q4_0, Q4_1 and Q8_0 interleaved by groups of
- * 16 rows (layout in kernels/backend.h) so that the products read 16 outputs' weights as one
+/* Weight matrices as the CPU backend keeps them: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 interleaved
+ * by groups of 16 rows (layout in kernels/backend.h) so that the products read 16 outputs' weights as one
  * vector, other types in the file's row layout. Also the portable decoders of either layout:
  * one row (embedding lookups), a panel of rows for the prefill products, and the portable
  * one-token dot products, all giving exactly the values of the file's blocks. */
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/kquant.h"
 #include "kernels/dequant.h"
 #include "kernels/f16.h"
 
 int cpu_weights_x16(uint32_t type)
 {
-    return type == DQ_Q4_0 || type == DQ_Q4_1 || type == DQ_Q8_0;
+    return type == DQ_Q4_0 || type == DQ_Q4_1 || type == DQ_Q5_0 || type == DQ_Q5_1 ||
+           type == DQ_Q8_0;
 }
 
-/* Bytes before the quants in an X16 tile: the scales (and offsets). */
-static int x16_header(uint32_t type) { return type == DQ_Q4_1 ? 64 : 32; }
+int cpu_x16_header(uint32_t type)
+{
+    switch (type) {
+    case DQ_Q4_1: return 64;   /* d[16] m[16] */
+    case DQ_Q5_0: return 96;   /* d[16] hmask[32] */
+    case DQ_Q5_1: return 128;  /* d[16] m[16] hmask[32] */
+    default: return 32;        /* d[16] */
+    }
+}
+
+static int has_offset(uint32_t type) { return type == DQ_Q4_1 || type == DQ_Q5_1; }
+static int five_bit(uint32_t type) { return type == DQ_Q5_0 || type == DQ_Q5_1; }
 
 size_t cpu_weights_bytes(uint32_t type, int rows, int cols)
 {
@@ -37,19 +49,29 @@ void cpu_weights_pack(uint32_t type, int rows, int cols, const void *src, void *
         return;
     }
     out->layout = WEIGHTS_X16;
-    int nb = cols / 32, groups = (rows + 15) / 16, hdr = x16_header(type);
-    int qoff = type == DQ_Q4_1 ? 4 : 2; /* quants' offset inside a file block */
+    int nb = cols / 32, groups = (rows + 15) / 16, hdr = cpu_x16_header(type);
+    int moff = has_offset(type) ? 2 : 0;              /* past the f16 offset m */
+    int qoff = 2 + moff + (five_bit(type) ? 4 : 0);   /* quants inside a file block */
     uint8_t zero[34] = {0};
     for (int g = 0; g < groups; g++)
         for (int b = 0; b < nb; b++) {
             uint8_t *tile = (uint8_t *)dst + ((size_t)g * nb + b) * 16 * bb;
+            if (five_bit(type)) memset(tile + hdr - 64, 0, 64);
             for (int j = 0; j < 16; j++) {
                 int r = 16 * g + j;
                 const uint8_t *blk = r < rows ? (const uint8_t *)src + (size_t)r * row_bytes +
                                                     (size_t)b * bb
                                               : zero;
                 memcpy(tile + 2 * j, blk, 2);
-                if (type == DQ_Q4_1) memcpy(tile + 32 + 2 * j, blk + 2, 2);
+                if (moff) memcpy(tile + 32 + 2 * j, blk + 2, 2);
+                if (five_bit(type)) {
+                    /* Column c's fifth bits of the 16 rows as one u16 mask, bit j for row j. */
+                    uint32_t qh = (uint32_t)blk[2 + moff] | (uint32_t)blk[3 + moff] << 8 |
+                                  (uint32_t)blk[4 + moff] << 16 | (uint32_t)blk[5 + moff] << 24;
+                    uint8_t *hm = tile + hdr - 64;
+                    for (int c = 0; c < 32; c++)
+                        if ((qh >> c) & 1u) hm[2 * c + j / 8] |= (uint8_t)(1u << (j % 8));
+                }
                 int nq = type == DQ_Q8_0 ? 32 : 16;
                 for (int i = 0; i < nq; i++) tile[hdr + 16 * i + j] = blk[qoff + i];
             }
@@ -70,9 +92,26 @@ static void x16_tile(uint32_t type, const uint8_t *tile, float *out, size_t ld)
     float d[16], m[16];
     for (int j = 0; j < 16; j++) {
         d[j] = half_at(tile + 2 * j);
-        m[j] = type == DQ_Q4_1 ? half_at(tile + 32 + 2 * j) : 0.f;
+        m[j] = has_offset(type) ? half_at(tile + 32 + 2 * j) : 0.f;
     }
-    const uint8_t *q = tile + x16_header(type);
+    const uint8_t *q = tile + cpu_x16_header(type);
+    if (five_bit(type)) {
+        const uint8_t *hm = q - 64;
+        for (int i = 0; i < 16; i++)
+            for (int j = 0; j < 16; j++) {
+                int lo = (q[16 * i + j] & 0x0f) | ((hm[2 * i + j / 8] >> (j % 8)) & 1) << 4;
+                int hi = (q[16 * i + j] >> 4) | ((hm[2 * (i + 16) + j / 8] >> (j % 8)) & 1) << 4;
+                if (type == DQ_Q5_0) {
+                    out[(size_t)i * ld + j] = (float)(lo - 16) * d[j];
+                    out[(size_t)(i + 16) * ld + j] = (float)(hi - 16) * d[j];
+                } else {
+                    float wl = (float)lo * d[j], wh = (float)hi * d[j];
+                    out[(size_t)i * ld + j] = wl + m[j];
+                    out[(size_t)(i + 16) * ld + j] = wh + m[j];
+                }
+            }
+        return;
+    }
     if (type == DQ_Q8_0) {
         for (int c = 0; c < 32; c++)
             for (int j = 0; j < 16; j++)
@@ -117,6 +156,20 @@ void cpu_weights_row(const struct Weights *w, int r, float *dst)
 void cpu_decode_rows(const struct Weights *w, int r0, int nr, float *dst)
 {
     for (int r = 0; r < nr; r++) cpu_weights_row(w, r0 + r, dst + (size_t)r * w->cols);
+}
+
+void cpu_decode_rows_with(enum CpuIsa isa, const struct Weights *w, int r0, int nr, float *dst)
+{
+    if (w->layout == WEIGHTS_ROWS && kquant_is_k(w->type) && isa != CPU_ISA_SCALAR) {
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *row = (const uint8_t *)w->data + (size_t)(r0 + r) * w->row_bytes;
+            float *out = dst + (size_t)r * w->cols;
+            if (isa == CPU_ISA_AVX512) cpu_decode_k_avx512(w->type, row, out, w->cols / QK_K);
+            else cpu_decode_k_avx2(w->type, row, out, w->cols / QK_K);
+        }
+        return;
+    }
+    cpu_decode_rows(w, r0, nr, dst);
 }
 
 void cpu_panel_x16(const struct Weights *w, int r0, int width, float *panel)
