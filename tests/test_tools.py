@@ -271,7 +271,7 @@ def test_double_tensor_overflow_is_an_error():
     with pytest.raises(dg.ToolError):
         dg.double_tensor(big, QT.F16)
     with pytest.raises(dg.ToolError):
-        dg.double_tensor(np.zeros((1, 144), np.uint8), QT.Q4_K)
+        dg.double_tensor(np.zeros((1, 18), np.uint8), QT.IQ4_NL)  # no scale to double
 
 
 def test_llama_to_diffv2_default_model(tmp_path, default_model):
