@@ -32,7 +32,7 @@ def test_32k_prefill_within_estimate(tmp_path):
 
 
 def test_over_budget_refused_before_allocation(default_model):
-    # The 131,072-token context of the default model needs a 3 GiB f16 KV cache. Under a 2.5 GiB
+    # A 131,072-token context of the default model needs a 3 GiB f16 KV cache. Under a 2.5 GiB
     # address-space limit an attempt to allocate it would fail as "cannot allocate"; the budget
     # check must refuse it first, naming both figures.
     import resource
@@ -48,8 +48,16 @@ def test_over_budget_refused_before_allocation(default_model):
               "2.5 GiB limit is left to the uninstrumented build")
         limit = None
 
+    # 131,072 tokens are past the model's own 8,192: refused as such unless a RoPE override
+    # (YaRN x16 here) extends it on purpose
     r = subprocess.run([str(RUN), "-m", str(default_model), "-p", "hello", "--ctx", "131072",
                         "--budget-mb", "1024", "-n", "1", "--threads", "1"],
+                       capture_output=True, preexec_fn=limit, timeout=300)
+    err = r.stderr.decode()
+    assert r.returncode == 1 and "131072-token context is longer than the 8192 tokens" in err, err
+    r = subprocess.run([str(RUN), "-m", str(default_model), "-p", "hello", "--ctx", "131072",
+                        "--budget-mb", "1024", "-n", "1", "--threads", "1",
+                        "--rope-scaling", "yarn", "--rope-factor", "16"],
                        capture_output=True, preexec_fn=limit, timeout=300)
     err = r.stderr.decode()
     print(err)

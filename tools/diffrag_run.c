@@ -14,6 +14,7 @@
 #include "model/engine.h"
 #include "model/engine_gpu.h"
 #include "model/generate.h"
+#include "model/model_ctx.h"
 
 static void usage(FILE *f)
 {
@@ -24,7 +25,14 @@ static void usage(FILE *f)
         "  -n, --n-predict N     tokens to generate (default 64)\n"
         "      --chat            wrap the prompt in the model's chat template\n"
         "      --system TEXT     system message for --chat\n"
-        "      --ctx N           context size in tokens (default: prompt + n, at most 131072)\n"
+        "      --ctx N           context size in tokens (default: prompt + n); at most the\n"
+        "                        model's usable context: its context_length, or what its RoPE\n"
+        "                        scaling extends it to (the file's, or --rope-scaling's)\n"
+        "      --rope-scaling S  none, linear or yarn: override the file's RoPE scaling to run\n"
+        "                        past the training context on purpose\n"
+        "      --rope-factor F   scaling factor (> 1; e.g. 4: yarn x4 of 32768 = 131072)\n"
+        "      --rope-orig-ctx N original context the factor multiplies (default: the file's\n"
+        "                        context_length)\n"
         "      --chunk N         prefill chunk size (default 512; 8192 on a GPU)\n"
         "      --threads N       threads (default: online cores)\n"
         "      --kv f16|f32|q8   KV cache type (default f16; q8: int8 with a scale per position\n"
@@ -242,6 +250,9 @@ int main(int argc, char **argv)
     long budget_mb = 0;
     const char *device = "auto";
     int chunk_given = 0;
+    const char *rope_scaling = NULL;
+    float rope_factor = 0.f;
+    long rope_orig_ctx = 0;
     struct EngineOpts eo;
     engine_opts_default(&eo);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -261,6 +272,22 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--chat")) chat = 1;
         else if (!strcmp(a, "--system")) { NEED(); system = v; }
         else if (!strcmp(a, "--ctx")) { NEED(); ctx = atoi(v); }
+        else if (!strcmp(a, "--rope-scaling")) { NEED(); rope_scaling = v; }
+        else if (!strcmp(a, "--rope-factor")) {
+            NEED();
+            char *end;
+            rope_factor = strtof(v, &end);
+            if (end == v || *end) { fprintf(stderr, "diffrag-run: --rope-factor takes a number\n"); return 2; }
+        }
+        else if (!strcmp(a, "--rope-orig-ctx")) {
+            NEED();
+            char *end;
+            rope_orig_ctx = strtol(v, &end, 10);
+            if (end == v || *end || rope_orig_ctx < 1 || rope_orig_ctx > ENGINE_MAX_CTX) {
+                fprintf(stderr, "diffrag-run: --rope-orig-ctx takes 1..%d\n", ENGINE_MAX_CTX);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--chunk")) { NEED(); eo.chunk = atoi(v); chunk_given = 1; }
         else if (!strcmp(a, "--threads")) { NEED(); eo.n_threads = atoi(v); }
         else if (!strcmp(a, "--kv")) {
@@ -310,6 +337,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "diffrag-run: -n, --chunk, --threads, --ctx and --budget-mb must be positive\n");
         return 2;
     }
+    if (!rope_scaling && (rope_factor != 0.f || rope_orig_ctx)) {
+        fprintf(stderr, "diffrag-run: --rope-factor and --rope-orig-ctx need --rope-scaling\n");
+        return 2;
+    }
     gp.max_tokens = n_predict;
     gp.stop = stop;
     gp.n_stop = n_stop;
@@ -328,8 +359,19 @@ int main(int argc, char **argv)
         return 1;
     }
     t_load = now_s() - t_load;
+    if (model_rope_override(m, rope_scaling, rope_factor, (int)rope_orig_ctx, err, sizeof err)) {
+        fprintf(stderr, "diffrag-run: %s\n", err);
+        model_destroy(&m);
+        return 2;
+    }
+    int usable = model_usable_ctx(m);
+    if (ctx && model_ctx_check(&m->cfg, ctx, err, sizeof err)) {
+        fprintf(stderr, "diffrag-run: --ctx: %s\n", err);
+        model_destroy(&m);
+        return 1;
+    }
     if (batch) {
-        eo.n_ctx = ctx ? ctx : 4096;
+        eo.n_ctx = ctx ? ctx : usable < 4096 ? usable : 4096;
         eo.mem_budget = (size_t)budget_mb << 20;
         if (pick_device(m, device, 0, chunk_given, &eo)) {
             model_destroy(&m);
@@ -373,7 +415,11 @@ int main(int argc, char **argv)
     }
 
     long want = ctx ? ctx : (long)n_ids + n_predict;
-    if (want > ENGINE_MAX_CTX) want = ENGINE_MAX_CTX;
+    if (!ctx && model_ctx_check(&m->cfg, want, err, sizeof err)) {
+        fprintf(stderr, "diffrag-run: the prompt (%zu tokens) plus -n %d: %s\n", n_ids, n_predict,
+                err);
+        goto out;
+    }
     eo.n_ctx = (int)want;
     eo.mem_budget = (size_t)budget_mb << 20;
     if (pick_device(m, device, perplexity, chunk_given, &eo)) goto out;
