@@ -28,8 +28,16 @@ struct Key {
 #define F(field) offsetof(struct Config, field), sizeof(((struct Config *)0)->field)
 
 static const struct Key keys[] = {
-    { "model", K_STR, F(model), "models/SmolLM2-135M-Instruct.Q4_1.gguf", 0, 0, 0,
-      "GGUF model file (llama or DIFF V2); one read-only copy serves every worker" },
+    { "model", K_STR, F(model), "models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf", 0, 0, 0,
+      "GGUF model file (llama, qwen2 or DIFF V2); one read-only copy serves every worker" },
+    { "rope_scaling", K_STR, F(rope_scaling), "", 0, 0, 0,
+      "override the model file's RoPE scaling: none, linear or yarn (with rope_factor), to serve "
+      "past its training context on purpose; empty: as the file says" },
+    { "rope_factor", K_DOUBLE, F(rope_factor), "0", 0, 64, 0,
+      "the RoPE scaling factor of rope_scaling linear or yarn (above 1; e.g. 4: yarn x4 of "
+      "32768 = 131072 tokens); 0: unset" },
+    { "rope_orig_ctx", K_LONG, F(rope_orig_ctx), "0", 0, 131072, 0,
+      "the original context rope_factor multiplies; 0: the file's context_length" },
     { "data_dir", K_STR, F(data_dir), "var", 0, 0, 0,
       "directory of the LMDB document store (created if missing)" },
     { "listen", K_STR, F(listen), "tcp://127.0.0.1:7400", 0, 0, 0,
@@ -69,8 +77,10 @@ static const struct Key keys[] = {
       "documents (or ids) per request, inline or ingested" },
     { "max_question_bytes", K_SIZE, F(max_question_bytes), "4096", 1, 1048576, 1,
       "longest question in bytes" },
-    { "max_context_tokens", K_LONG, F(max_context_tokens), "4096", 64, 131072, 1,
-      "cap (and default) of a query's prompt budget in tokens: frame, documents, question" },
+    { "max_context_tokens", K_LONG, F(max_context_tokens), "0", 0, 131072, 1,
+      "cap (and default) of a query's prompt budget in tokens: frame, documents, question; 0 "
+      "(auto): the model's usable context minus max_tokens, lowered to what kv_budget_bytes "
+      "allows. Startup fails when max_context_tokens + max_tokens exceeds the model's context" },
     { "max_tokens", K_LONG, F(max_tokens), "1024", 1, 131072, 1,
       "cap of a query's max_tokens (tokens generated)" },
     { "default_max_tokens", K_LONG, F(default_max_tokens), "256", 1, 131072, 1,
@@ -472,6 +482,35 @@ int config_validate(const struct Config *c, char *err, size_t errlen)
                  c->chunk_overlap, c->chunk_tokens);
         return -1;
     }
+    if (c->max_context_tokens > 0 && c->max_context_tokens < 64) {
+        snprintf(err, errlen, "max_context_tokens: %ld is below 64 (0 chooses it from the model)",
+                 c->max_context_tokens);
+        return -1;
+    }
+    if (strcmp(c->rope_scaling, "") && strcmp(c->rope_scaling, "none") &&
+        strcmp(c->rope_scaling, "linear") && strcmp(c->rope_scaling, "yarn")) {
+        snprintf(err, errlen, "rope_scaling: \"%s\" is not none, linear or yarn (or empty: the "
+                 "file's)", c->rope_scaling);
+        return -1;
+    }
+    if ((!strcmp(c->rope_scaling, "") || !strcmp(c->rope_scaling, "none")) &&
+        (c->rope_factor != 0 || c->rope_orig_ctx != 0)) {
+        snprintf(err, errlen, "rope_factor and rope_orig_ctx need rope_scaling linear or yarn");
+        return -1;
+    }
+    if ((!strcmp(c->rope_scaling, "linear") || !strcmp(c->rope_scaling, "yarn")) &&
+        !(c->rope_factor > 1)) {
+        snprintf(err, errlen, "rope_scaling %s needs rope_factor above 1 (got %g)", c->rope_scaling,
+                 c->rope_factor);
+        return -1;
+    }
+    if (c->model_ctx > 0 && config_max_context(c) + c->max_tokens > c->model_ctx) {
+        snprintf(err, errlen, "max_context_tokens %ld%s + max_tokens %ld = %ld exceeds the %ld-token "
+                 "context of the model; lower them, or extend the context with rope_scaling and "
+                 "rope_factor", config_max_context(c), c->max_context_tokens ? "" : " (auto)",
+                 c->max_tokens, config_max_context(c) + c->max_tokens, c->model_ctx);
+        return -1;
+    }
     if (c->max_context_tokens + c->max_tokens > 131072) {
         snprintf(err, errlen, "max_context_tokens + max_tokens (%ld) exceeds 131072",
                  c->max_context_tokens + c->max_tokens);
@@ -505,6 +544,11 @@ int config_validate(const struct Config *c, char *err, size_t errlen)
         }
     }
     return 0;
+}
+
+long config_max_context(const struct Config *c)
+{
+    return c->max_context_tokens ? c->max_context_tokens : c->ctx_auto;
 }
 
 static void print_value(const struct Config *c, const struct Key *k, FILE *f)

@@ -41,6 +41,12 @@ struct Config {
     char grounding_calibration[CONFIG_STR_MAX];  /* a file, "auto" or "none" */
     char grounding_threshold[32];                /* "" : the calibration's own */
     char grounding_heads[8192];                  /* "auto" or L:H,L:H,... */
+    char rope_scaling[16];                       /* "": the file's; none, linear, yarn */
+    double rope_factor;                          /* 0: unset */
+    long rope_orig_ctx;                          /* 0: the file's context_length */
+    /* Not keys: set at startup once the model is known (0 before), kept across reloads. */
+    long model_ctx;                              /* the served model's usable context */
+    long ctx_auto;                               /* max_context_tokens when it is 0 (auto) */
 };
 
 /* What the command line asked besides keys. */
@@ -66,7 +72,11 @@ int config_load_file(struct Config *c, const char *path, int must_exist, int *lo
 int config_from_args(struct Config *c, struct ConfigCli *cli, int argc, char **argv, char *err,
                      size_t errlen);
 
-/* Checks relations between keys (defaults within caps, endpoints well-formed, ...). */
+/* The prompt budget cap in force: max_context_tokens, or ctx_auto when it is 0 (auto). */
+long config_max_context(const struct Config *c);
+
+/* Checks relations between keys (defaults within caps, endpoints well-formed, ...); once
+ * model_ctx is set, also that max_context_tokens + max_tokens fits the model's context. */
 int config_validate(const struct Config *c, char *err, size_t errlen);
 
 /* `key = value` for every key; with_help puts each key's meaning above it as a comment. */

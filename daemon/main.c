@@ -27,6 +27,7 @@
 #include "model/engine_gpu.h"
 #include "model/gguf.h"
 #include "model/model.h"
+#include "model/model_ctx.h"
 #include "model/tokenizer.h"
 #include "retriever/store.h"
 #include "retriever/tokcount.h"
@@ -70,7 +71,7 @@ static void block_signals(int block)
 static void engine_opts_from(const struct Config *c, int n_workers, struct EngineOpts *o)
 {
     engine_opts_default(o);
-    o->n_ctx = (int)(c->max_context_tokens + c->max_tokens);
+    o->n_ctx = (int)(config_max_context(c) + c->max_tokens);
     o->chunk = (int)c->prefill_chunk;
     o->kv_type = !strcmp(c->kv_type, "f32") ? KV_F32 : !strcmp(c->kv_type, "q8") ? KV_Q8 : KV_F16;
     o->mem_budget = c->kv_budget_bytes;
@@ -82,6 +83,87 @@ static void engine_opts_from(const struct Config *c, int n_workers, struct Engin
             threads = 1;
     }
     o->n_threads = (int)threads;
+}
+
+/* ---- the context: max_context_tokens against the model's usable context ---- */
+
+/* Whether engine_device_select's auto would try a GPU (its first test: a visible driver). */
+static int gpu_visible(void)
+{
+    return access("/proc/driver/nvidia/version", R_OK) == 0 || access("/dev/nvidia0", F_OK) == 0;
+}
+
+/* The longest context (1..usable) whose estimate on `dev` fits kv_budget_bytes; 0: none. */
+static long budget_ctx_on(const struct Model *m, const struct Config *c, int n_workers,
+                          enum EngineDevice dev, long usable)
+{
+    struct EngineOpts o;
+    engine_opts_from(c, n_workers, &o);
+    o.device = dev;
+    o.chunk = c->prefill_chunk ? (int)c->prefill_chunk : dev == ENGINE_CUDA ? 8192 : 512;
+    long lo = 0, hi = usable;
+    while (lo < hi) {
+        long mid = lo + (hi - lo + 1) / 2;
+        struct EngineMemory mem;
+        o.n_ctx = (int)mid;
+        engine_estimate(m, &o, &mem);
+        if (mem.context_bytes <= c->kv_budget_bytes) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Resolves max_context_tokens for the model: sets c->model_ctx (the usable context) and
+ * c->ctx_auto (usable minus max_tokens, lowered to what kv_budget_bytes allows a worker's
+ * context when m is known), checks an explicit value, and logs one line saying what was chosen
+ * and why. 0, or -1 after logging why the daemon cannot start. */
+static int resolve_context(struct Config *c, const struct ModelConfig *mc, const struct Model *m,
+                           int n_workers)
+{
+    char why[192], err[512], budget[96] = "none", over[96] = "";
+    long usable = model_ctx_usable(mc), n_ctx = usable;
+    model_ctx_describe(mc, why, sizeof why);
+    if (c->rope_scaling[0]) {
+        if (strcmp(c->rope_scaling, "none"))
+            snprintf(over, sizeof over, "%s x%g of %ld", c->rope_scaling, c->rope_factor,
+                     c->rope_orig_ctx ? c->rope_orig_ctx : (long)mc->rope.orig_ctx);
+        else
+            snprintf(over, sizeof over, "none: the file's scaling off");
+    }
+    if (m && c->kv_budget_bytes && n_workers > 0) {
+        int cuda = !strcmp(c->device, "cuda"), cpu = !strcmp(c->device, "cpu");
+        long fit = cuda ? budget_ctx_on(m, c, n_workers, ENGINE_CUDA, usable)
+                        : budget_ctx_on(m, c, n_workers, ENGINE_CPU, usable);
+        if (!cuda && !cpu && gpu_visible()) {
+            long g = budget_ctx_on(m, c, n_workers, ENGINE_CUDA, usable);
+            if (g < fit) fit = g;
+        }
+        snprintf(budget, sizeof budget, "%ld", fit);
+        if (fit < n_ctx) n_ctx = fit;
+    }
+    c->model_ctx = usable;
+    c->ctx_auto = n_ctx - c->max_tokens;
+    const char *chose = !c->max_context_tokens
+        ? (n_ctx < usable ? "auto: what kv_budget_bytes holds minus max_tokens"
+                          : "auto: the model's context minus max_tokens")
+        : "as configured";
+    if (!c->max_context_tokens && c->ctx_auto < 64) {
+        dlog(LL_ERROR, "msg=\"no room for a prompt\" model_ctx=%ld source=\"%s\" budget_ctx=%s "
+             "max_tokens=%ld error=\"a context of %ld tokens leaves %ld for the prompt after "
+             "max_tokens; at least 64 are needed: lower max_tokens or raise kv_budget_bytes\"",
+             usable, why, budget, c->max_tokens, n_ctx, c->ctx_auto);
+        return -1;
+    }
+    if (config_validate(c, err, sizeof err)) {
+        dlog(LL_ERROR, "msg=\"the context does not fit the model\" model_ctx=%ld source=\"%s\" "
+             "rope_override=\"%s\" error=\"%s\"", usable, why, over, err);
+        return -1;
+    }
+    dlog(LL_INFO, "msg=\"context\" model_ctx=%ld source=\"%s\" rope_override=\"%s\" "
+         "budget_ctx=%s max_context_tokens=%ld max_tokens=%ld n_ctx=%ld chose=\"%s\"", usable,
+         why, over, budget, config_max_context(c), c->max_tokens,
+         config_max_context(c) + c->max_tokens, chose);
+    return 0;
 }
 
 /* ---- groundedness: the calibration for the loaded model and the watched heads ---- */
@@ -317,6 +399,23 @@ static int check_config(const struct Config *c, int worker_mode)
         return 1;
     }
     gguf_close(&g);
+    struct ModelConfig mc;
+    if (model_ctx_read(c->model, &mc, err, sizeof err) ||
+        model_ctx_override(&mc, c->rope_scaling, (float)c->rope_factor, (int)c->rope_orig_ctx, err,
+                           sizeof err)) {
+        fprintf(stderr, "diffragd: model: %s\n", err);
+        return 1;
+    }
+    long usable = model_ctx_usable(&mc);
+    if (c->max_context_tokens && c->max_context_tokens + c->max_tokens > usable) {
+        char why[192];
+        model_ctx_describe(&mc, why, sizeof why);
+        fprintf(stderr, "diffragd: max_context_tokens %ld + max_tokens %ld = %ld exceeds the "
+                "%ld-token context of the model (%s); lower them, or extend the context with "
+                "rope_scaling and rope_factor\n", c->max_context_tokens, c->max_tokens,
+                c->max_context_tokens + c->max_tokens, usable, why);
+        return 1;
+    }
     if (!worker_mode && is_explicit_calibration(c)) {
         struct GrCalibration *cal = malloc(sizeof *cal);
         if (!cal || gr_calibration_load(c->grounding_calibration, cal, err, sizeof err)) {
@@ -380,7 +479,7 @@ static int start_workers(void *zctx, struct Model *m, const struct Config *c, in
 
 static int run_worker_mode(struct Config *c)
 {
-    char err[1024];
+    char err[1024] = "";
     struct Model *m = NULL;
     int n = c->workers > 0 ? (int)c->workers : 1;
     struct Worker **workers = calloc((size_t)n, sizeof *workers);
@@ -391,6 +490,14 @@ static int run_worker_mode(struct Config *c)
         return 1;
     }
     dlog(LL_INFO, "msg=\"model loaded\" model=\"%s\" load_s=%.2f", m->name, (zu_now_ms() - t0) / 1e3);
+    if (model_rope_override(m, c->rope_scaling, (float)c->rope_factor, (int)c->rope_orig_ctx, err,
+                            sizeof err) || resolve_context(c, &m->cfg, m, n)) {
+        if (err[0])
+            dlog(LL_ERROR, "msg=\"bad RoPE override\" error=\"%s\"", err);
+        model_destroy(&m);
+        free(workers);
+        return 1;
+    }
     /* CurveZMQ toward the broker: its public key, and this worker's own key pair */
     char server[CURVE_KEY_Z85_LEN + 1], public_key[CURVE_KEY_Z85_LEN + 1], secret[CURVE_KEY_Z85_LEN + 1];
     const char *curve[3] = { server, public_key, secret };
@@ -480,6 +587,25 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         snprintf(model_name, sizeof model_name, "%.127s", base ? base + 1 : c->model);
     }
     dlog(LL_INFO, "msg=\"model loaded\" model=\"%s\" load_s=%.2f", model_name, (zu_now_ms() - t0) / 1e3);
+    if (m && model_rope_override(m, c->rope_scaling, (float)c->rope_factor, (int)c->rope_orig_ctx,
+                                 err, sizeof err)) {
+        dlog(LL_ERROR, "msg=\"bad RoPE override\" error=\"%s\"", err);
+        goto out;
+    }
+    if (m && resolve_context(c, &m->cfg, m, n_workers))
+        goto out;
+    if (!m) {
+        /* remote workers only: they check their own memory budget; here the model's context */
+        struct ModelConfig mc;
+        if (model_ctx_read(c->model, &mc, err, sizeof err) ||
+            model_ctx_override(&mc, c->rope_scaling, (float)c->rope_factor, (int)c->rope_orig_ctx,
+                               err, sizeof err)) {
+            dlog(LL_ERROR, "msg=\"cannot read the model's context\" error=\"%s\"", err);
+            goto out;
+        }
+        if (resolve_context(c, &mc, NULL, 0))
+            goto out;
+    }
     if (setup_grounding(c, m, ground))
         goto out;
     struct StoreOptions so;

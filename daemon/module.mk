@@ -58,7 +58,7 @@ install-daemon: $(BUILD)/diffragd
 	for f in deploy/grounding/*.grounding; do \
 	    if [ -f "$$f" ]; then install -m 644 "$$f" $(DESTDIR)$(DAEMON_SHARE)/grounding/ || exit 1; fi; \
 	done
-	if [ "$(INSTALL_MODEL)" = yes ] && [ -f $(MODEL_FILE) ]; then \
-	    install -m 644 $(MODEL_FILE) $(DESTDIR)$(DAEMON_SHARE)/models/; fi
+	if [ "$(INSTALL_MODEL)" = yes ] && [ -f $(QWEN_FILE) ]; then \
+	    install -m 644 $(QWEN_FILE) $(DESTDIR)$(DAEMON_SHARE)/models/; fi
 
 .PHONY: bench-daemon install-daemon soak

@@ -365,8 +365,19 @@ static int decode_fields(struct Dec *d)
             FAIL(d, EC_BAD_REQUEST, "query needs docs (inline documents) or a collection");
         if (p->n_ids && p->collection.len == 0)
             FAIL(d, EC_BAD_REQUEST, "ids filters a collection: give the collection too");
+        if (d->val[K_MAX_CONTEXT] && cfg->model_ctx > 0) {
+            /* past the model's own context: say so, not just "over the daemon's cap" */
+            struct MpCursor c;
+            struct MpObj o;
+            read_at(d, K_MAX_CONTEXT, &c, &o);
+            if (o.type == MP_UINT && o.v.u > (uint64_t)cfg->model_ctx)
+                FAIL(d, EC_TOO_LARGE, "max_context_tokens is %llu, longer than the %ld-token "
+                     "context of the model this daemon serves (its limit for a prompt is %ld, "
+                     "leaving room for max_tokens %ld)", (unsigned long long)o.v.u,
+                     cfg->model_ctx, config_max_context(cfg), cfg->max_tokens);
+        }
         if (get_int(d, K_TOP_K, 1, 1000000, cfg->max_top_k, &p->top_k) ||
-            get_int(d, K_MAX_CONTEXT, 64, 1L << 30, cfg->max_context_tokens, &p->max_context_tokens) ||
+            get_int(d, K_MAX_CONTEXT, 64, 1L << 30, config_max_context(cfg), &p->max_context_tokens) ||
             get_int(d, K_MAX_TOKENS, 1, 1L << 30, cfg->max_tokens, &p->max_tokens) ||
             get_double(d, K_TEMPERATURE, 0, 0, 10, &p->temperature) ||
             get_double(d, K_TOP_P, 0, 1, 1, &p->top_p) ||
@@ -442,7 +453,7 @@ int proto_decode(const void *buf, size_t len, const struct Config *cfg, struct R
     memset(p, 0, sizeof *p);
     p->op = OP_NONE;
     p->top_k = cfg->top_k < cfg->max_top_k ? cfg->top_k : cfg->max_top_k;
-    p->max_context_tokens = cfg->max_context_tokens;
+    p->max_context_tokens = config_max_context(cfg);
     p->max_tokens = cfg->default_max_tokens < cfg->max_tokens ? cfg->default_max_tokens
                                                               : cfg->max_tokens;
     p->top_p = 1;

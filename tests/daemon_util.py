@@ -29,11 +29,16 @@ def free_port():
 
 
 def gen_model(path, *args):
-    """A tiny random llama (tools/gen-tiny-model); cached by path."""
+    """A tiny random llama (tools/gen-tiny-model); cached by path. Its context_length is 8192
+    unless args give --ctx: diffragd serves no more than a model's context (max_context_tokens
+    0 chooses it minus max_tokens), and gen-tiny-model writes 2048 by default."""
     path = pathlib.Path(path)
+    args = [str(a) for a in args]
+    if "--ctx" not in args:
+        args += ["--ctx", "8192"]
     if not path.exists():
         subprocess.run([sys.executable, str(ROOT / "tools" / "gen-tiny-model"), str(path),
-                        "--arch", "llama", *map(str, args)],
+                        "--arch", "llama", *args],
                        check=True, capture_output=True, text=True)
     return path
 
@@ -47,7 +52,7 @@ def slow_model(dirpath):
     """Several milliseconds per decode step on one thread (prefill a few hundred tokens per
     second): long enough to cancel, drain or kill a worker mid-generation."""
     return gen_model(pathlib.Path(dirpath) / "tiny-slow.gguf", "--layers", 12, "--dim", 512,
-                     "--heads", 8, "--ffn", 2048, "--vocab", 512, "--ctx", 4096, "--seed", 3,
+                     "--heads", 8, "--ffn", 2048, "--vocab", 512, "--ctx", 8192, "--seed", 3,
                      "--dtype", "q8_0")
 
 

@@ -354,9 +354,17 @@ def test_config_file_cli_override_and_errors(tmp_path, models):
 
 
 def test_budget_refusal_at_startup(tmp_path, models):
-    d = Daemon(tmp_path, models[0], workers=1, kv_budget_bytes="64KiB")
+    # an explicit context the budget cannot hold: the worker's engine refuses it
+    d = Daemon(tmp_path, models[0], workers=1, kv_budget_bytes="64KiB", max_context_tokens=2048)
     d.start(wait_ready=False)
     rc = d.proc.wait(30)
     log = d.log_text()
     d.stop()
     assert rc == 1 and "cannot start a worker" in log and "budget" in log, log[-1500:]
+    # the automatic one shrinks to the budget, and gives up when no prompt would fit
+    d = Daemon(tmp_path, models[0], workers=1, kv_budget_bytes="64KiB")
+    d.start(wait_ready=False)
+    rc = d.proc.wait(30)
+    log = d.log_text()
+    d.stop()
+    assert rc == 1 and 'msg="no room for a prompt"' in log and "kv_budget_bytes" in log, log[-1500:]

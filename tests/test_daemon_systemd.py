@@ -193,6 +193,9 @@ def test_install_and_systemd_analyze_verify(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     # the installed configuration passes --check-config once it names a model that exists
     conf = etc / "diffrag" / "diffragd.conf"
+    # it serves the default model from the share directory install-daemon copies it to
+    assert ("model = %s/share/diffrag/models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf\n" % prefix
+            in conf.read_text())
     p = subprocess.run([str(prefix / "bin" / "diffragd"), "--config", str(conf), "--check-config",
                         "--model", str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")],
                        capture_output=True, text=True, timeout=60)
