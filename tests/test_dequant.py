@@ -234,6 +234,34 @@ def test_k_quants_random_blocks(tool, tmp_path):
     check_listing(tool, path)
 
 
+def test_k_quants_ggml_blocks(tool, root, tmp_path):
+    """Blocks made by ggml's quantize_row_q*_K_ref, decoded as ggml's dequantize_row_q*_K
+    decoded them (recorded by tests/data/gen-kquant-blocks.sh)."""
+    data = root / "tests" / "data"
+    path = tmp_path / "ggml_kquants.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    expected = {}
+    for qt, (size, _) in K_TYPES.items():
+        stem = data / f"kquant-{qt.name.lower()}"
+        raw = np.fromfile(f"{stem}.blocks", dtype=np.uint8)
+        want = np.fromfile(f"{stem}.f32", dtype="<f4")
+        assert raw.size % size == 0 and want.size == raw.size // size * 256, stem
+        raw = raw.reshape(2, -1)  # two rows of super-blocks
+        w.add_tensor(f"{qt.name.lower()}.weight", raw, raw_dtype=qt)
+        expected[f"{qt.name.lower()}.weight"] = (qt, want)
+        # The gguf package's port agrees with ggml on these too.
+        assert np.array_equal(dequantize(raw, qt).reshape(-1).view(np.uint32), want.view(np.uint32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    for name, (qt, want) in expected.items():
+        got = c_dequant(tool, path, name, tmp_path)
+        assert np.count_nonzero(want) > want.size // 2, f"{name}: the recorded values are mostly zero"
+        mismatched = compare(f"{name} ({qt.name}, ggml's blocks and values)", got, want)
+        assert mismatched == 0, f"{name}: {mismatched} values differ from ggml's in the last bits"
+
+
 # ---- the reader's view of keys and tensors -------------------------------------------------
 
 def run_list(tool, path):
