@@ -2,11 +2,18 @@
 docs/model-format.md) on tiny random models of the three architectures: group sizes 1 and > 1,
 both RoPE layouts, linear and YaRN scaling, partial rotary dimensions, q/k/v biases (qwen2,
 and a diffv2 that carries them), every K-quant type, chunked prefill."""
+import sys
+
+import gguf
 import numpy as np
 import pytest
 
-from engine_util import gen_tiny, last_logits, rel_err
+from conftest import ROOT
+from engine_util import gen_tiny, last_logits, rel_err, run
 from ref.ref_forward import load, logits
+
+sys.path.insert(0, str(ROOT / "tools"))
+import diffrag_gguf as dg  # noqa: E402
 
 CASES = {
     # name: gen-tiny-model arguments
@@ -74,3 +81,49 @@ def test_logits_match_reference(name, tmp_path):
         print(f"{name} chunk={chunk} kv=q8: max rel diff {err8:.3e}")
         assert err8 <= 1.5e-2, f"{name} chunk {chunk} with an int8 KV cache: {err8:.3e}"
         assert np.argmax(got8) == np.argmax(want)
+
+
+def _with_tensors(src, dst, extra):
+    """A copy of GGUF src with the (name, f32 array) tensors of extra added."""
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), dg.field_value(r, "general.architecture"))
+    for f in dg.metadata_fields(r):
+        if f.name != "general.architecture":
+            dg.copy_field(w, f)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    for name, arr in extra:
+        w.add_tensor(name, np.asarray(arr, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+@pytest.mark.parametrize("case", ["output-bias", "short-q-bias", "k-bias-only"])
+def test_bias_tensors_checked(case, tmp_path):
+    """A bias the engine does not apply is refused, one of the wrong length is an error, and a
+    lone k bias is applied as the reference applies it."""
+    src = gen_tiny(tmp_path / "llama.gguf", "--arch", "llama", "--heads", "4", "--kv-heads", "2")
+    rng = np.random.default_rng(3)
+    tokens = rng.integers(0, 512, size=20).tolist()
+    if case == "output-bias":
+        bad = _with_tensors(src, tmp_path / "bad.gguf", [("blk.1.attn_output.bias", np.ones(64))])
+        r = run(bad, "-n", 0, tokens=tokens, check=False)
+        msg = r.stderr.decode(errors="replace")
+        assert r.returncode != 0 and "blk.1.attn_output.bias" in msg and "not supported" in msg, msg
+    elif case == "short-q-bias":
+        bad = _with_tensors(src, tmp_path / "bad.gguf", [("blk.0.attn_q.bias", np.ones(63))])
+        r = run(bad, "-n", 0, tokens=tokens, check=False)
+        msg = r.stderr.decode(errors="replace")
+        assert r.returncode != 0 and "blk.0.attn_q.bias" in msg and "shape" in msg, msg
+    else:
+        model = _with_tensors(src, tmp_path / "kbias.gguf",
+                              [("blk.0.attn_k.bias", rng.standard_normal(32))])
+        want = logits(load(model), tokens)[-1]
+        got = last_logits(model, tokens, tmp_path, "--kv", "f32")
+        err = rel_err(got, want)
+        print(f"llama with a k bias in layer 0: max rel diff {err:.3e}")
+        assert err <= 1e-4
+        assert rel_err(want, logits(load(src), tokens)[-1]) > 1e-3  # the bias matters
