@@ -1,6 +1,8 @@
-/* Tokenizer tests. With no arguments: unit tests over small vocabularies built in memory and
- * over the default model (BOS, special tokens, chat format, streaming, invalid UTF-8, long
- * words). With arguments it is the C side of tests/test_tokenizer.py (see usage()). */
+/* Tokenizer tests. With no arguments: unit tests over small vocabularies built in memory, over
+ * SmolLM2's (BOS, special tokens, chat format, streaming, invalid UTF-8, long words) and over
+ * Qwen2.5-Coder's (its pre-tokenizer on known pieces and random input, specials, default system
+ * message, load and encoding speed printed). With arguments it is the C side of
+ * tests/test_tokenizer.py (see usage()). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +14,7 @@
 #include "model/unicode.h"
 
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define QWEN_MODEL "models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
 
 static int failures;
 
@@ -387,7 +390,7 @@ static void test_model_basics(const struct Tokenizer *t)
     CHECK(p && pl == 1 && p[0] == '!', "piece 17");
 }
 
-static void test_invalid_utf8(const struct Tokenizer *t)
+static void test_invalid_utf8_generic(const struct Tokenizer *t)
 {
     /* Stray continuation, truncated sequences, a surrogate, past U+10FFFF, an overlong form
      * (0xE0 0x80 0xAF): all bytes the vocabulary has tokens for. */
@@ -409,7 +412,14 @@ static void test_invalid_utf8(const struct Tokenizer *t)
     }
     CHECK(n_single == 17, "%d ill-formed bytes as byte tokens, want 17", n_single);
     printf("invalid UTF-8: %zu bytes -> %zu tokens, round trip ok\n", len, n);
+}
 
+static void test_invalid_utf8(const struct Tokenizer *t)
+{
+    test_invalid_utf8_generic(t);
+    int32_t ids[128];
+    char dec[128];
+    size_t n, dn;
     /* SmolLM2 has no token for 0xFF, 0xC0 or U+0004: they are dropped. */
     static const char d[] = "ok\xff\xc0ok!\x04!";
     n = encode(t, d, sizeof d - 1, 0, ids, 128);
@@ -639,6 +649,211 @@ static void test_unicode(void)
     printf("unicode tables: %s\n", unicode_tables_version());
 }
 
+/* ---- Qwen2.5-Coder ----------------------------------------------------------------------- */
+
+/* The pieces text splits into under Qwen2's regex, each checked as the decoded text of the
+ * tokens between boundaries: encoding each expected piece alone must give exactly the ids the
+ * whole text gives at that place (the pieces are encoded independently by BPE). */
+static void check_pieces(const struct Tokenizer *t, const char *text, const char *const *pieces,
+                         size_t n_pieces)
+{
+    int32_t whole[256], one[256], joined[256];
+    size_t n = encode(t, text, strlen(text), 0, whole, 256), nj = 0;
+    for (size_t i = 0; i < n_pieces && nj < 256; i++) {
+        size_t k = encode(t, pieces[i], strlen(pieces[i]), 0, one, 256);
+        for (size_t j = 0; j < k && nj < 256; j++) joined[nj++] = one[j];
+    }
+    CHECK(ids_equal(whole, n, joined, nj), "pieces of \"%s\": %zu ids, pieces give %zu", text,
+          n, nj);
+}
+
+static void test_qwen_pre_tokenizer(const struct Tokenizer *t)
+{
+    /* Token counts that only Qwen2's splitting gives: "\n\n" after text is one token, a
+     * digit run is one token per digit, ".\n\n" keeps its line breaks. */
+    int32_t ids[64];
+    size_t n = encode(t, "Hello world", 11, 0, ids, 64);
+    CHECK(n == 2 && ids[0] == 9707 && ids[1] == 1879, "Hello world: n=%zu %d %d", n, ids[0],
+          ids[1]);
+    n = encode(t, "2024", 4, 0, ids, 64);
+    CHECK(n == 4, "digits one by one: n=%zu", n);
+    static const char *const p1[] = {"foo", ".\n\n", "bar"};
+    check_pieces(t, "foo.\n\nbar", p1, 3);
+    static const char *const p2[] = {"a", " ", " b", "\n\n", " ", " c", "\r\n\r\n", " d"};
+    check_pieces(t, "a  b\n\n  c\r\n\r\n d", p2, 8);
+    static const char *const p3[] = {"(foo", ")", " ", "1", "2", "3", " x", "1"};
+    check_pieces(t, "(foo) 123 x1", p3, 8);
+    static const char *const p4[] = {" IT", "'S", " We", "'Re", " it", "'\xc5\xbf", " '", "ll"};
+    check_pieces(t, " IT'S We'Re it'\xc5\xbf 'll", p4, 8);
+    static const char *const p5[] = {"\t", "\tfoo", "  ", "\xe3\x80\x80" "bar", " \n", " x"};
+    check_pieces(t, "\t\tfoo  \xe3\x80\x80" "bar \n x", p5, 6);
+    static const char *const p6[] = {"  \n\n", " ", " x", " !!\n\n", "abc", " \t\n"};
+    check_pieces(t, "  \n\n  x !!\n\nabc \t\n", p6, 6);
+    /* An ill-formed byte stands alone and ends the whitespace before it like the text's end. */
+    static const char *const p7[] = {"x", "  ", "\xff", " y"};
+    check_pieces(t, "x  \xff y", p7, 4);
+}
+
+static void test_qwen_basics(const struct Tokenizer *t)
+{
+    CHECK(tok_n_vocab(t) == 151936, "n_vocab %d", tok_n_vocab(t));
+    CHECK(tok_bos(t) == 151643 && tok_eos(t) == 151645, "bos %d eos %d", tok_bos(t), tok_eos(t));
+    CHECK(tok_is_end(t, 151645) && tok_is_end(t, 151643) && !tok_is_end(t, 151644) &&
+          !tok_is_end(t, 151657) && !tok_is_end(t, 9707), "end tokens: <|im_end|>, <|endoftext|>");
+    CHECK(tok_is_special(t, 151644) && tok_is_special(t, 151664) && !tok_is_special(t, 151657) &&
+          !tok_is_special(t, 151665) && !tok_is_special(t, 100), "control tokens");
+    size_t pl = 99;
+    const char *p = tok_piece(t, 151665, &pl);
+    CHECK(p && pl == 0, "padding token 151665 decodes to nothing (%zu bytes)", pl);
+    p = tok_piece(t, 151659, &pl);
+    CHECK(p && pl == 14 && memcmp(p, "<|fim_prefix|>", 14) == 0, "fim piece");
+
+    /* Every byte has a token: any bytes at all come back exactly. */
+    for (unsigned b = 0; b < 256; b++) {
+        unsigned char c = (unsigned char)b;
+        int32_t id[2];
+        size_t k = encode(t, (const char *)&c, 1, 0, id, 2);
+        CHECK(k == 1, "byte 0x%02X gives %zu tokens", b, k);
+    }
+
+    /* <tool_call> is user-defined: one token with or without TOK_PARSE_SPECIAL; <|im_end|>
+     * only with it. No BOS (add_bos_token is false). */
+    const char *s = "<tool_call>{}</tool_call><|im_end|>";
+    int32_t ids[64];
+    size_t n = encode(t, s, strlen(s), TOK_ADD_BOS, ids, 64);
+    CHECK(n > 4 && ids[0] == 151657 && ids[n - 1] != 151645, "plain: n=%zu first %d", n, ids[0]);
+    int found = 0;
+    for (size_t i = 0; i < n && i < 64; i++) found += ids[i] == 151658;
+    CHECK(found == 1, "</tool_call> matched without TOK_PARSE_SPECIAL");
+    n = encode(t, s, strlen(s), TOK_PARSE_SPECIAL, ids, 64);
+    CHECK(n == 4 && ids[0] == 151657 && ids[2] == 151658 && ids[3] == 151645,
+          "parsed: n=%zu", n);
+
+    /* The default system message, as the template writes it. */
+    struct ChatMessage m = {CHAT_USER, "Hi", 2};
+    char out[512];
+    size_t on;
+    int rc = tok_chat_format(t, &m, 1, 1, out, sizeof out, &on);
+    const char *want = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a "
+                       "helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                       "<|im_start|>assistant\n";
+    CHECK(rc == TOK_OK && strcmp(out, want) == 0, "chat rc=%d:\n%s", rc, out);
+}
+
+/* Random text built from the characters the regex tells apart (letters of several scripts,
+ * digits, apostrophes and contraction letters, punctuation, every kind of whitespace, CR, LF,
+ * emoji, ill-formed bytes, special texts), with and without TOK_PARSE_SPECIAL: at most one
+ * token per byte, and decoding gives the text back byte for byte. */
+static void test_qwen_random_text(const struct Tokenizer *t)
+{
+    static const char *const atoms[] = {
+        "a", "Z", "s", "S", "t", "re", "VE", "m", "ll", "D", "'", "'", "\xc5\xbf", "1", "42",
+        "\xd9\xa3", " ", " ", "  ", "\t", "\n", "\r", "\r\n", "\xc2\xa0", "\xe3\x80\x80", "\x0b",
+        ".", ",", "!", "(", "}", "<", "|", "\xe2\x80\x94", "\xe4\xb8\xad", "\xd0\xb6",
+        "\xd7\xa9", "\xe0\xa4\x95", "\xe0\xa4\xbf", "\xf0\x9f\x98\x80", "\xe2\x80\x8d",
+        "\xf0\x9f\x8f\xbd", "\xcc\x81", "\xff", "\x80", "\xe2\x82", "\xed\xa0\x80", "<|im_end|>",
+        "<tool_call>",
+    };
+    size_t n_atoms = sizeof atoms / sizeof atoms[0];
+    uint64_t state = 0x2545F4914F6CDD1Dull;
+    char text[1024], dec[1024];
+    int32_t ids[1024];
+    int bad = 0;
+    size_t total = 0;
+    for (int iter = 0; iter < 3000; iter++) {
+        size_t len = 0;
+        size_t n_parts = 1 + (size_t)(iter % 120);
+        for (size_t i = 0; i < n_parts; i++) {
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            const char *a = atoms[(state >> 33) % n_atoms];
+            size_t k = strlen(a);
+            if (len + k > 900) break;
+            memcpy(text + len, a, k);
+            len += k;
+        }
+        total += len;
+        unsigned flags = iter % 2 ? TOK_PARSE_SPECIAL : 0;
+        size_t n = encode(t, text, len, flags, ids, 1024), dn = 0;
+        if (n > len || tok_decode(t, ids, n, dec, sizeof dec, &dn) != TOK_OK || dn != len ||
+            memcmp(dec, text, len) != 0)
+            bad++;
+    }
+    CHECK(bad == 0, "%d of 3000 random texts did not round trip", bad);
+    printf("qwen2 random text: 3000 texts, %zu bytes, round trip ok\n", total);
+}
+
+/* A document of at least 32K tokens (prose, code, several scripts): encoding speed printed,
+ * the text checked to come back. */
+static void test_qwen_long_document(const struct Tokenizer *t)
+{
+    static const char *const parts[] = {
+        "The Normans were the people who in the 10th and 11th centuries gave their name to "
+        "Normandy, a region in France. They're descended from Norse raiders (\"Vikings\").\n\n",
+        "static int f(const char *s, size_t n)\n{\n\tfor (size_t i = 0; i < n; i++)\n\t\tif "
+        "(s[i] == '\\n') return (int)i;\r\n    return -1;\n}\n",
+        "\xe5\x8c\x97\xe4\xba\xac\xe6\x98\xaf\xe4\xb8\xad\xe5\x9b\xbd\xe7\x9a\x84\xe9\xa6\x96"
+        "\xe9\x83\xbd\xef\xbc\x8c\xe4\xba\xba\xe5\x8f\xa3\xe7\xba\xa6 2189 \xe4\xb8\x87\xe3\x80"
+        "\x82 \xd0\x9c\xd0\xbe\xd1\x81\xd0\xba\xd0\xb2\xd0\xb0 \xe2\x80\x94 \xd1\x81\xd1\x82"
+        "\xd0\xbe\xd0\xbb\xd0\xb8\xd1\x86\xd0\xb0. \xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd\n",
+    };
+    size_t cap = 400000, len = 0;
+    char *text = malloc(cap), *dec = malloc(cap);
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!text || !dec || !ids) { CHECK(0, "out of memory"); goto done; }
+    size_t n = 0;
+    for (int i = 0; n < 32768; i++) {
+        const char *p = parts[i % 3];
+        size_t k = strlen(p);
+        if (len + k + 16 > cap) break;
+        memcpy(text + len, p, k);
+        len += k;
+        len += (size_t)snprintf(text + len, 16, "%d ", i); /* so that no two copies match */
+        if (i % 64 == 63) n = encode(t, text, len, 0, NULL, 0);
+    }
+    double best = 1e9;
+    for (int r = 0; r < 3; r++) {
+        double t0 = now_s();
+        n = encode(t, text, len, 0, ids, cap);
+        double dt = now_s() - t0;
+        if (dt < best) best = dt;
+    }
+    size_t dn = 0;
+    CHECK(n >= 32768 && n <= cap && tok_decode(t, ids, n, dec, cap, &dn) == TOK_OK &&
+          dn == len && memcmp(dec, text, len) == 0, "long document round trip (%zu tokens)", n);
+    printf("qwen2 long document: %zu bytes -> %zu tokens in %.1f ms (%.2f M tokens/s)\n", len,
+           n, best * 1e3, (double)n / best / 1e6);
+done:
+    free(text);
+    free(dec);
+    free(ids);
+}
+
+static void test_qwen(void)
+{
+    char err[512];
+    struct GgufFile *g = NULL;
+    struct Tokenizer *t = NULL;
+    if (gguf_open(QWEN_MODEL, &g, err, sizeof err) != GGUF_OK) {
+        CHECK(0, "%s (run `make model`)", err);
+        return;
+    }
+    double t0 = now_s();
+    int rc = tok_load_gguf(g, &t, err, sizeof err);
+    double dt = now_s() - t0;
+    gguf_close(&g);
+    CHECK(rc == TOK_OK, "load %s: %s", QWEN_MODEL, err);
+    if (rc != TOK_OK) return;
+    printf("qwen2: loaded %d tokens in %.1f ms\n", tok_n_vocab(t), dt * 1e3);
+    test_qwen_basics(t);
+    test_qwen_pre_tokenizer(t);
+    test_invalid_utf8_generic(t);
+    test_random_bytes(t);
+    test_qwen_random_text(t);
+    test_long_words(t);
+    test_qwen_long_document(t);
+    tok_destroy(&t);
+}
+
 /* ---- command-line modes for tests/test_tokenizer.py ---------------------------------------- */
 
 static void usage(void)
@@ -646,6 +861,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: test_tokenizer                      run the unit tests\n"
             "       test_tokenizer --encode MODEL [--special] [--bos] < text   ids on one line\n"
+            "       test_tokenizer --encode-time MODEL < text   load and best encoding times\n"
             "       test_tokenizer --decode MODEL < ids                       bytes\n"
             "       test_tokenizer --encode-batch MODEL [--special] < records  one id line each\n"
             "       test_tokenizer --decode-batch MODEL [--stream] < id lines  records\n"
@@ -742,12 +958,14 @@ static int run_cli(int argc, char **argv)
     char err[512];
     struct GgufFile *g = NULL;
     struct Tokenizer *t = NULL;
+    double t0 = now_s();
     if (gguf_open(path, &g, err, sizeof err) != GGUF_OK ||
         tok_load_gguf(g, &t, err, sizeof err) != TOK_OK) {
         fprintf(stderr, "%s\n", err);
         gguf_close(&g);
         return 1;
     }
+    double load_s = now_s() - t0;
     size_t len;
     char *in = read_all(stdin, &len);
     char *end = in + len;
@@ -755,6 +973,21 @@ static int run_cli(int argc, char **argv)
     struct Buf out = {0};
     if (!strcmp(mode, "--encode")) {
         rc = print_ids(t, in, len, flags);
+    } else if (!strcmp(mode, "--encode-time")) {
+        /* Load time, then the fastest of 5 encodings of the whole input. */
+        size_t n = 0;
+        rc = tok_encode(t, in, len, flags, NULL, 0, &n) != TOK_OK;
+        int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+        double best = 1e9;
+        for (int r = 0; r < 5 && ids && !rc; r++) {
+            double t1 = now_s();
+            rc = tok_encode(t, in, len, flags, ids, n, &n) != TOK_OK;
+            double dt = now_s() - t1;
+            if (dt < best) best = dt;
+        }
+        rc |= !ids;
+        if (!rc) printf("load_s %.6f tokens %zu encode_s %.6f\n", load_s, n, best);
+        free(ids);
     } else if (!strcmp(mode, "--decode")) {
         size_t n;
         int32_t *ids = parse_ids(in, end, &n);
@@ -845,6 +1078,7 @@ int main(int argc, char **argv)
         test_long_words(t);
     }
     tok_destroy(&t);
+    test_qwen();
     if (failures) {
         fprintf(stderr, "%d check(s) failed\n", failures);
         return 1;

@@ -388,6 +388,31 @@ def test_qwen_ids_match_hf_and_round_trip(binary, qwen_model, qwen_vocab, root, 
     check_ids_and_round_trip(binary, qwen_model, qwen_vocab, docs)
 
 
+def test_qwen_long_document(binary, qwen_model, qwen_vocab, squad_dir, root):
+    """A document of over 32K tokens (prose and this project's C sources, as the daemon's
+    prompts hold): the ids of the reference, and the C side's load and encoding times."""
+    with open(squad_dir / "passages.jsonl", encoding="utf-8") as f:
+        passages = [json.loads(line) for line in f]
+    sources = sorted((root / "model").glob("*.c"))
+    parts = [p["title"] + "\n\n" + p["text"] for p in passages[1::3][:400]]
+    parts += [p.read_text(encoding="utf-8", errors="replace")[:8000] for p in sources]
+    text = "\n\n".join(parts)
+    tk = hf_tokenizer(qwen_vocab)
+    theirs = tk.encode(text, add_special_tokens=False).ids
+    assert len(theirs) >= 32768, len(theirs)
+    ours = c_encode(binary, qwen_model, [text.encode()])[0]
+    assert ours == theirs, f"first difference at token {first_difference(ours, theirs)}"
+    r = subprocess.run([str(binary), "--encode-time", str(qwen_model)], input=text.encode(),
+                       capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    f = r.stdout.split()
+    assert f[0] == b"load_s" and f[2] == b"tokens" and int(f[3]) == len(theirs)
+    load_s, encode_s = float(f[1]), float(f[5])
+    print(f"qwen2 document: {len(text.encode())} bytes, {len(theirs)} tokens; tokenizer load "
+          f"{load_s * 1e3:.1f} ms, encoding {encode_s * 1e3:.1f} ms "
+          f"({len(theirs) / encode_s / 1e6:.2f} M tokens/s)")
+
+
 def special_documents(v, squad_dir, seed):
     """Chat transcripts, every special string, near misses and random mixtures."""
     specials = [t for t, ty in zip(v["tokens"], v["types"]) if ty in (3, 4)]
