@@ -1,8 +1,8 @@
 """Runs the README's "Using diffrag" section in order, as a new user would, on a fresh data
 directory, and checks what each command prints. `make run` is what it runs once everything is
 built: tools/run-daemon.sh (ingest docs/, then diffragd with the default model), here with a
-temporary DIFFRAG_DATA_DIR, free ports and short answers (--default-max-tokens, --top-k) so
-that the test stays quick. The other ```sh blocks run from the repository root in bash, with
+temporary DIFFRAG_DATA_DIR, the small model SmolLM2-135M (DIFFRAG_MODEL), free ports and short
+answers (--default-max-tokens, --top-k) so that the test stays quick. The other ```sh blocks run from the repository root in bash, with
 DIFFRAG_ENDPOINT naming the daemon and the documented addresses replaced by the test's, and
 with `python3` from a fresh virtual environment (so `pip install` installs there, offline).
 Every command of the section must have a check here."""
@@ -128,7 +128,10 @@ def test_readme_quickstart(tmp_path, default_model):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages",
                     str(venv)], check=True)
+    # `make run` serves the default model (Qwen2.5-Coder-0.5B); SmolLM2-135M keeps this quick
+    # (tools/run-daemon.sh ingests with the tokenizer of the model it serves: DIFFRAG_MODEL)
     env = dict(os.environ, DIFFRAG_ENDPOINT=ep, DIFFRAG_DATA_DIR=str(tmp_path / "var"),
+               DIFFRAG_MODEL=str(default_model),
                PATH="%s:%s" % (venv / "bin", os.environ["PATH"]), PIP_NO_INDEX="1",
                PYTHONPATH="", PIP_DISABLE_PIP_VERSION_CHECK="1")
     log = open(tmp_path / "run.log", "wb")

@@ -17,7 +17,7 @@
 #include "retriever/store.h"
 #include "retriever/tokcount.h"
 
-#define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define DEFAULT_MODEL "models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"  /* diffragd's default */
 
 static void usage(FILE *f)
 {
@@ -33,7 +33,8 @@ static void usage(FILE *f)
         "      --overlap N       overlap in tokens (default 32)\n"
         "      --no-stem         no Snowball stemming      --stopwords  drop English stop words\n"
         "      --no-title        do not index titles with each chunk\n"
-        "      --model FILE      tokenizer for chunk sizes (default " DEFAULT_MODEL ")\n"
+        "      --model FILE      tokenizer for chunk sizes: the model diffragd serves\n"
+        "                        (default " DEFAULT_MODEL ")\n"
         "      --approx-tokens   count tokens with a built-in approximation (no model file)\n"
         "      --batch-docs N    documents per transaction (default 10000)\n"
         "      --batch-bytes N   text bytes per transaction (default 4 MiB)\n"
