@@ -75,6 +75,8 @@ void cpu_panel_x16_avx512(const struct Weights *w, int r0, int width, float *pan
 void cpu_matvec_x16_portable(const struct Weights *w, int g0, int g1, const float *x, float *y);
 void cpu_matvec_x16_avx512(const struct Weights *w, int g0, int g1, const float *x,
                            const float *xsum, float *y);
+void cpu_matvec_x16_avx2(const struct Weights *w, int g0, int g1, const float *x,
+                         const float *xsum, float *y);
 /* One-token products of a row-layout matrix: y[r - r0] = row r . x. */
 void cpu_matvec_avx512(const struct Weights *w, int r0, int r1, const float *x,
                        const float *xsum, float *y);

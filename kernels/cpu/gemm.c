@@ -169,6 +169,7 @@ static void matvec_rows(const struct GemmJob *job, const struct Weights *w, int 
         int g0 = r0 / 16, g1 = (r1 + 15) / 16;
         float *tmp = ws + round_up((size_t)w->cols, ALIGN_FLOATS);
         if (job->isa == CPU_ISA_AVX512) cpu_matvec_x16_avx512(w, g0, g1, x, job->xsum, tmp);
+        else if (job->isa == CPU_ISA_AVX2) cpu_matvec_x16_avx2(w, g0, g1, x, job->xsum, tmp);
         else cpu_matvec_x16_portable(w, g0, g1, x, tmp);
         memcpy(y, tmp, (size_t)(r1 - r0) * sizeof(float));
         return;

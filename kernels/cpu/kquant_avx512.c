@@ -37,11 +37,20 @@ float cpu_dot_k_avx512(uint32_t type, const uint8_t *row, const float *x, const 
         _mm_prefetch((const char *)(row + 4 * bb + 64), _MM_HINT_T0);
         _mm_prefetch((const char *)(row + 4 * bb + 128), _MM_HINT_T0);
         kq_unpack(type, row, &kb);
-        for (int s = 0; s < 16; s++) {
-            __m512 xv = _mm512_loadu_ps(x + 16 * s);
-            __m512 t = _mm512_mul_ps(chunk_q(kb.q + 16 * s), xv);
-            acc[s & 3] = _mm512_fmadd_ps(_mm512_set1_ps(kb.dl[s]), t, acc[s & 3]);
-            if (mins == KMINS_16) macc = _mm512_fmadd_ps(_mm512_set1_ps(kb.ml[s]), xv, macc);
+        if (mins == KMINS_32) {
+            /* one factor per 32 elements: two chunks per multiply by the factor */
+            for (int s = 0; s < 16; s += 2) {
+                __m512 t = _mm512_mul_ps(chunk_q(kb.q + 16 * s), _mm512_loadu_ps(x + 16 * s));
+                t = _mm512_fmadd_ps(chunk_q(kb.q + 16 * s + 16), _mm512_loadu_ps(x + 16 * s + 16), t);
+                acc[(s >> 1) & 3] = _mm512_fmadd_ps(_mm512_set1_ps(kb.dl[s]), t, acc[(s >> 1) & 3]);
+            }
+        } else {
+            for (int s = 0; s < 16; s++) {
+                __m512 xv = _mm512_loadu_ps(x + 16 * s);
+                __m512 t = _mm512_mul_ps(chunk_q(kb.q + 16 * s), xv);
+                acc[s & 3] = _mm512_fmadd_ps(_mm512_set1_ps(kb.dl[s]), t, acc[s & 3]);
+                if (mins == KMINS_16) macc = _mm512_fmadd_ps(_mm512_set1_ps(kb.ml[s]), xv, macc);
+            }
         }
         if (mins == KMINS_32)
             mv = _mm256_fmadd_ps(_mm256_loadu_ps(kb.m32), _mm256_loadu_ps(xsum + 8 * b), mv);
