@@ -413,6 +413,42 @@ def test_qwen_long_document(binary, qwen_model, qwen_vocab, squad_dir, root):
           f"({len(theirs) / encode_s / 1e6:.2f} M tokens/s)")
 
 
+def split_before_inner_spaces(data):
+    """Cut bytes before every space whose previous byte is ASCII other than whitespace and whose
+    next byte is not ASCII whitespace: where the retriever's token-count cache
+    (retriever/tokcount_model.c) encodes words apart."""
+    ws = b" \t\n\r\f\v"
+    cuts = [i for i in range(1, len(data) - 1)
+            if data[i] == 0x20 and data[i - 1] < 0x80 and data[i - 1] not in ws
+            and data[i + 1] not in ws]
+    return [data[a:b] for a, b in zip([0] + cuts, cuts + [len(data)])]
+
+
+@pytest.mark.parametrize("which", ["smollm", "qwen"])
+def test_words_encode_apart(binary, which, root, squad_dir):
+    """Encoding the pieces between those cuts one by one gives the same ids as the whole text,
+    for both pre-tokenizers (the retriever's counts are exact only if so)."""
+    model = model_file(SMOLLM_MODEL if which == "smollm" else QWEN_MODEL)
+    docs = [t for k, t in corpus(root, squad_dir)
+            if k in ("squad", "project source", "scripts", "emoji", "whitespace", "digits",
+                     "contractions", "code", "random")]
+    docs += QWEN_EXTRA
+    whole = c_encode(binary, model, [d.encode() for d in docs])
+    pieces = [split_before_inner_spaces(d.encode()) for d in docs]
+    flat = c_encode(binary, model, [w for ws in pieces for w in ws])
+    bad, i, n_words = [], 0, 0
+    for d, ws, ids in zip(docs, pieces, whole):
+        joined = [x for w in flat[i:i + len(ws)] for x in w]
+        i += len(ws)
+        n_words += len(ws)
+        if joined != ids:
+            bad.append(repr(d[:60]))
+    print(f"{model.name}: {len(docs)} documents, {n_words} words encoded apart, "
+          f"{len(bad)} differ")
+    assert n_words > 10_000
+    assert not bad, "\n".join(bad[:10])
+
+
 def special_documents(v, squad_dir, seed):
     """Chat transcripts, every special string, near misses and random mixtures."""
     specials = [t for t, ty in zip(v["tokens"], v["types"]) if ty in (3, 4)]
