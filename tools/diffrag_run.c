@@ -20,7 +20,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
         "usage: diffrag-run -m MODEL (-p PROMPT | --tokens IDS | --tokens-file FILE) [options]\n"
-        "  -m, --model FILE      GGUF model (llama or diffv2)\n"
+        "  -m, --model FILE      GGUF model (llama, qwen2 or diffv2)\n"
         "  -p, --prompt TEXT     prompt text ('-' reads stdin)\n"
         "  -n, --n-predict N     tokens to generate (default 64)\n"
         "      --chat            wrap the prompt in the model's chat template\n"
