@@ -5,6 +5,7 @@ diffragd chooses max_context_tokens from the model and says so in one start-up l
 asking for more than the model's context gets a clear `too_large`. Tiny models written with a
 small context_length (gen-tiny-model --ctx) keep it quick."""
 import re
+import signal
 import subprocess
 import time
 
@@ -83,6 +84,13 @@ def test_override_equals_the_files_own_yarn_keys(tmp_path):
     assert r.returncode == 1 and "yarn x4 of 256 (context_length 256)" in r.stderr.decode()
 
 
+def wait_log(d, text, timeout=10.0):
+    deadline = time.time() + timeout
+    while text not in d.log_text():
+        assert time.time() < deadline, d.log_text()[-2000:]
+        time.sleep(0.05)
+
+
 def context_line(log):
     m = re.search(r'^.*msg="context" .*$', log, re.M)
     assert m, log[-2000:]
@@ -96,8 +104,11 @@ def daemon_model(tmp_path_factory):
 
 
 def test_daemon_chooses_the_context_and_refuses_past_it(tmp_path, daemon_model):
-    with Daemon(tmp_path, daemon_model, workers=1, max_tokens=256, default_max_tokens=4,
-                max_context_tokens=0) as d:
+    conf = tmp_path / "d.conf"
+    conf.write_text("max_queue = 16\nmax_tokens = 256\n")   # (the command line would win)
+    d = Daemon(tmp_path, daemon_model, workers=1, default_max_tokens=4, max_context_tokens=0)
+    d.argv[d.argv.index("/dev/null")] = str(conf)
+    with d:
         line = context_line(d.log_text())
         print(line)
         assert line["model_ctx"] == "1024" and line["source"] == '"context_length 1024"'
@@ -119,6 +130,19 @@ def test_daemon_chooses_the_context_and_refuses_past_it(tmp_path, daemon_model):
         _, r = c.call(query("How long is the Rhine?", docs, max_context_tokens=900))
         assert not r["ok"] and r["error"]["code"] == "too_large", r
         assert r["error"]["message"] == "max_context_tokens is 900; the limit is 768", r
+        # SIGHUP keeps the context chosen at start-up, and refuses a max_tokens it cannot hold
+        conf.write_text("max_queue = 8\nmax_tokens = 256\n")
+        d.send_signal(signal.SIGHUP)
+        wait_log(d, 'msg="configuration reloaded"')
+        _, r = c.call(query("How long is the Rhine?", docs, max_context_tokens=900))
+        assert r["error"]["message"] == "max_context_tokens is 900; the limit is 768", r
+        conf.write_text("max_queue = 8\nmax_tokens = 512\n")
+        d.send_signal(signal.SIGHUP)
+        wait_log(d, 'msg="reload failed')
+        assert ("max_context_tokens 768 (auto) + max_tokens 512 = 1280 exceeds the 1024-token "
+                "context of the model" in d.log_text()), d.log_text()[-2000:]
+        _, r = c.call(query("How long is the Rhine?", docs, max_context_tokens=768))
+        assert r["ok"], r
 
 
 def test_daemon_override_budget_and_refusals(tmp_path, daemon_model):
