@@ -3,7 +3,9 @@ architectures in every weight type the CPU backend handles (Q4_0, Q4_1, Q8_0 in 
 interleaved layout, Q5_0, Q5_1, BF16 in rows) against the float64 NumPy reference, which
 dequantises the file exactly (1e-4 relative, as test_engine_ref); prefill in one chunk and
 token by token (the one-token kernels); and one model through every instruction-set path the
-machine supports (DIFFRAG_CPU_ISA) and both prefill product engines (DIFFRAG_GEMM)."""
+machine supports (DIFFRAG_CPU_ISA) and both prefill product engines (DIFFRAG_GEMM). The
+K-quants (Q2_K .. Q6_K, row layout, 256-wide super-blocks) and Q5_0 (interleaved) run through
+every path too, prefill and one token at a time."""
 import os
 import re
 import subprocess
@@ -66,3 +68,22 @@ def test_every_path_matches_reference(tmp_path):
                 err = rel_err(got, want)
                 print(f"{isa}/{gemm} chunk={chunk}: max rel diff {err:.3e}")
                 assert err <= 1e-4, f"{isa}/{gemm} chunk {chunk}: relative error {err:.3e}"
+
+
+K_DTYPES = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q5_0"]
+
+
+@pytest.mark.parametrize("dtype", K_DTYPES)
+def test_k_quant_model_every_path(dtype, tmp_path):
+    model = gen_tiny(tmp_path / "m.gguf", "--arch", "qwen2", "--dtype", dtype, "--dim", "256",
+                     "--ffn", "512", "--heads", "4", "--kv-heads", "2", "--untied", "--seed", "11")
+    ref = load(model)
+    tokens = np.random.default_rng(4).integers(0, ref.vocab, size=24).tolist()
+    want = logits(ref, tokens)[-1]
+    for isa in supported_paths():
+        for chunk in (24, 1):
+            got = c_logits(model, tokens, tmp_path, "--chunk", chunk, "--threads", 2,
+                           env={"DIFFRAG_CPU_ISA": isa, "DIFFRAG_GEMM": "native"})
+            err = rel_err(got, want)
+            print(f"{dtype} {isa} chunk={chunk}: max rel diff {err:.3e}")
+            assert err <= 1e-4, f"{dtype} {isa} chunk {chunk}: relative error {err:.3e}"

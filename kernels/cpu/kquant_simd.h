@@ -13,7 +13,7 @@
 #include "kernels/dequant.h"
 
 struct KBlock {
-    int8_t q[QK_K];
+    _Alignas(64) int8_t q[QK_K];
     float dl[16];      /* factor of each 16-element chunk */
     float ml[16];      /* subtracted from each element of the chunk (0 without mins) */
     float m32[8];      /* Q4_K, Q5_K: the min of each 32-element sub-block (= ml[2s]) */
