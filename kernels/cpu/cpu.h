@@ -70,6 +70,7 @@ void cpu_decode_k_avx2(uint32_t type, const uint8_t *src, float *dst, int nb);
  * k-major panel: panel[c * width + j] = w[r0 + j][c]; rows past the matrix give zeros. */
 void cpu_panel_x16(const struct Weights *w, int r0, int width, float *panel);
 void cpu_panel_x16_avx512(const struct Weights *w, int r0, int width, float *panel);
+void cpu_panel_x16_avx2(const struct Weights *w, int r0, int width, float *panel);
 /* One-token products of an X16 matrix: groups g0..g1-1, y[16 * (g - g0) + j] = row 16g+j . x.
  * `xsum` (cols/32) holds the sums of x over each 32-element block. */
 void cpu_matvec_x16_portable(const struct Weights *w, int g0, int g1, const float *x, float *y);

@@ -105,7 +105,7 @@ static void gemm_one(const struct GemmJob *job, const struct Weights *w, int c0,
     if (job->gemm == CPU_GEMM_NATIVE && job->isa == CPU_ISA_AVX2) {
         for (int j = 0; j < mb; j += 16) {
             int nb = mb - j < 16 ? mb - j : 16;
-            if (x16) cpu_panel_x16(w, c0 + j, 16, panel);
+            if (x16) cpu_panel_x16_avx2(w, c0 + j, 16, panel);
             else {
                 cpu_decode_rows_with(job->isa, w, c0 + j, nb, rows);
                 cpu_pack_panel_avx2(rows, nb, k, panel);
