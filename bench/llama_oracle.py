@@ -11,6 +11,11 @@ plain attention (no flash attention), batches of 512; bench/llama_oracle.c recor
 the top token, the NLL of the next token and the gap between the two best logits, and the
 perplexity. Tests never build llama.cpp: they read the record.
 
+llama.cpp's quantised dot products round the activations to 8 bits (Q8_0 / Q8_K blocks) first,
+which moves near-tied logits; so the record also holds, under "f32_weights", llama.cpp's
+evaluation of the same weights dequantised to F32 (bench/dequant_gguf.py: the same values,
+no activation rounding), the reference for an engine that keeps its activations in f32.
+
 usage: python3 bench/llama_oracle.py [--model M] [--tokens 4096] [--threads 2] [--out PATH]"""
 import argparse
 import hashlib
@@ -77,17 +82,28 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=pathlib.Path, default=OUT)
     ap.add_argument("--llama-dir", type=pathlib.Path, default=ROOT / "build" / "llama.cpp")
+    ap.add_argument("--no-f32", action="store_true", help="skip the F32-weights evaluation")
     a = ap.parse_args()
     exe, version, sdist_sha = build_oracle(a.llama_dir)
     text, passage_ids = squad_text(6 * a.tokens)
     with tempfile.TemporaryDirectory() as tmp:
         path = pathlib.Path(tmp) / "text.txt"
         path.write_text(text, encoding="utf-8")
-        r = subprocess.run([str(exe), str(a.model), str(path), str(a.tokens), str(a.threads)],
-                           capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"llama_oracle: exit {r.returncode}\n{r.stderr[-2000:]}")
-    res = json.loads(r.stdout)
+
+        def oracle(model):
+            r = subprocess.run([str(exe), str(model), str(path), str(a.tokens), str(a.threads)],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                sys.exit(f"llama_oracle: exit {r.returncode}\n{r.stderr[-2000:]}")
+            return json.loads(r.stdout)
+        res = oracle(a.model)
+        if not a.no_f32:
+            f32 = pathlib.Path(tmp) / "f32.gguf"
+            subprocess.run([sys.executable, str(ROOT / "bench" / "dequant_gguf.py"), str(a.model),
+                            str(f32)], check=True)
+            ref = oracle(f32)
+            if ref["tokens"] != res["tokens"]:
+                sys.exit("llama_oracle: the F32 copy tokenises the text differently")
     head = {
         "made_by": "python3 bench/llama_oracle.py (bench/llama_oracle.c)",
         "llama_cpp": f"llama.cpp as vendored by llama-cpp-python {version} (PyPI sdist"
@@ -113,9 +129,16 @@ def main():
     lines = [f"{json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}" for k, v in head.items()]
     lines += [f"{json.dumps(k)}: {json.dumps(res[k], separators=(',', ':'))}"
               for k in ("tokens", "top", "nll", "margin")]
+    if not a.no_f32:
+        f32 = {"made_by": "llama.cpp on the same weights dequantised to F32 by "
+                          "bench/dequant_gguf.py, the same settings",
+               "mean_nll": ref["mean_nll"], "perplexity": ref["perplexity"],
+               "top": ref["top"], "nll": ref["nll"], "margin": ref["margin"]}
+        lines.append(f'"f32_weights": {json.dumps(f32, separators=(",", ":"))}')
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text("{\n" + ",\n".join(lines) + "\n}\n", encoding="utf-8")
-    print(f"llama_oracle: {a.out}: {res['n_tokens']} tokens, perplexity {res['perplexity']:.4f}")
+    print(f"llama_oracle: {a.out}: {res['n_tokens']} tokens, perplexity {res['perplexity']:.4f}"
+          + ("" if a.no_f32 else f", with F32 weights {ref['perplexity']:.4f}"))
 
 
 if __name__ == "__main__":

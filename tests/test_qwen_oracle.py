@@ -2,11 +2,16 @@
 
 tests/data/qwen-oracle.json is llama.cpp's own evaluation of a fixed 4,096-token text from the
 SQuAD 2.0 passages (written by bench/llama_oracle.py; tests never build llama.cpp): the token
-ids, and per position the top token and the NLL of the next token. The engine scores the same
-ids in one context (build/tests/score_positions, engine_score_positions) and must give a
-perplexity within 1% of llama.cpp's and the same top token at >= 98% of the positions. Exact
-agreement is not expected: llama.cpp quantises the activations to 8 bits for its quantised dot
-products where the engine keeps them in f32, which moves near-tied logits.
+ids, and per position the top token and the NLL of the next token; twice: the model file as
+stored, and the same weights dequantised to F32 ("f32_weights"). The engine scores the same ids
+in one context (build/tests/score_positions, engine_score_positions).
+
+llama.cpp's quantised dot products round the activations to 8 bits; the engine keeps them in
+f32. So against llama.cpp on the F32 weights the engine must agree closely (perplexity within
+0.2%, top token equal at >= 99.5% of positions; measured: 0.001% and 99.95%), and against
+llama.cpp's quantised path: perplexity within 1%, top token equal at >= 98% of positions or, where
+llama.cpp's two evaluations agree with each other at less than that, no more than one point below
+their agreement (measured: both 97.83%, the disagreements all near-ties).
 
 Under DIFFRAG_TEST_SCALE=small (the sanitizer pass) the same bars hold on a 512-token prefix."""
 import hashlib
@@ -22,8 +27,10 @@ QWEN = ROOT / "models" / "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
 RECORD = ROOT / "tests" / "data" / "qwen-oracle.json"
 SCORE = BUILD / "tests" / "score_positions"
 RUN = BUILD / "diffrag-run"
-PPL_REL = 0.01      # |ours / llama.cpp - 1|
-TOP_AGREE = 0.98    # share of positions with the same argmax
+PPL_REL = 0.01          # |ours / llama.cpp - 1|
+TOP_AGREE = 0.98        # share of positions with the same argmax
+F32_PPL_REL = 0.002     # the same against llama.cpp on the weights in F32
+F32_TOP_AGREE = 0.995
 SMALL_TOKENS = 512
 
 
@@ -55,6 +62,9 @@ def test_record_is_consistent(record):
     assert abs(mean - record["mean_nll"]) < 1e-4
     assert abs(math.exp(mean) / record["perplexity"] - 1) < 1e-4
     assert all(v >= 0 for v in record["nll"]) and all(v >= 0 for v in record["margin"])
+    f32 = record["f32_weights"]
+    assert len(f32["top"]) == n and len(f32["nll"]) == n - 1 and len(f32["margin"]) == n
+    assert abs(math.exp(sum(f32["nll"]) / (n - 1)) / f32["perplexity"] - 1) < 1e-4
     # Where llama.cpp's top token is the next token, p >= 1 / n_vocab.
     hits = [p for p in range(n - 1) if record["top"][p] == record["tokens"][p + 1]]
     assert hits and all(record["nll"][p] <= math.log(record["n_vocab"]) for p in hits)
@@ -90,6 +100,27 @@ def test_tokenizer_matches_llama_cpp(record, qwen, squad_dir):
     assert first is None and len(ours) == t["text_tokens"]
 
 
+def compare(name, tokens, nll, top, ref_nll, ref_top, margin):
+    """Prints and returns (perplexity ratio ours / reference, share of equal top tokens)."""
+    n = len(nll)
+    ours, theirs = math.exp(sum(nll) / n), math.exp(sum(ref_nll) / n)
+    differ = [p for p in range(n) if top[p] != ref_top[p]]
+    agree = 1 - len(differ) / n
+    mean_abs = sum(abs(a - b) for a, b in zip(nll, ref_nll)) / n
+    print(f"against {name}: perplexity ours {ours:.4f}, {theirs:.4f} (ratio {ours / theirs:.5f}); "
+          f"top token equal at {n - len(differ)}/{n} = {100 * agree:.2f}% of positions; "
+          f"mean |nll difference| {mean_abs:.5f}")
+    print("  largest NLL differences (position, next token, ours, reference):")
+    for p in sorted(range(n), key=lambda p: -abs(nll[p] - ref_nll[p]))[:5]:
+        print(f"    {p:5d} {tokens[p + 1]:7d} {nll[p]:9.4f} {ref_nll[p]:9.4f}")
+    if differ:
+        print(f"  top token differs (position, ours, reference, reference's gap to its second "
+              f"logit; {len(differ)} positions, the first 12):")
+        for p in differ[:12]:
+            print(f"    {p:5d} {top[p]:7d} {ref_top[p]:7d} {margin[p]:8.4f}")
+    return ours / theirs, agree
+
+
 def test_engine_matches_llama_cpp(record, qwen, tmp_path):
     n = SMALL_TOKENS if SMALL else record["n_tokens"]
     if SMALL:
@@ -105,26 +136,22 @@ def test_engine_matches_llama_cpp(record, qwen, tmp_path):
     assert len(rows) == n - 1 and [int(x[0]) for x in rows] == list(range(n - 1))
     nll = [float(x[1]) for x in rows]
     top = [int(x[2]) for x in rows]
-    ref_nll, ref_top, margin = record["nll"][:n - 1], record["top"][:n - 1], record["margin"]
     assert all(math.isfinite(v) and v >= 0 for v in nll)
 
-    ours = math.exp(sum(nll) / (n - 1))
-    theirs = math.exp(sum(ref_nll) / (n - 1))
-    differ = [p for p in range(n - 1) if top[p] != ref_top[p]]
-    agree = 1 - len(differ) / (n - 1)
-    diffs = sorted(range(n - 1), key=lambda p: -abs(nll[p] - ref_nll[p]))
-    mean_abs = sum(abs(a - b) for a, b in zip(nll, ref_nll)) / (n - 1)
-    print(f"{n} tokens: perplexity ours {ours:.4f}, llama.cpp {theirs:.4f} "
-          f"(ratio {ours / theirs:.5f}); top token agrees at {n - 1 - len(differ)}/{n - 1} "
-          f"= {100 * agree:.2f}% of positions; mean |nll - llama.cpp's| {mean_abs:.4f}")
-    print("largest NLL differences (position, next token, ours, llama.cpp):")
-    for p in diffs[:8]:
-        print(f"  {p:5d} {tokens[p + 1]:7d} {nll[p]:9.4f} {ref_nll[p]:9.4f}")
-    if differ:
-        print("top token differs (position, ours, llama.cpp, llama.cpp's gap to its second "
-              "logit):")
-        for p in differ[:20]:
-            print(f"  {p:5d} {top[p]:7d} {ref_top[p]:7d} {margin[p]:8.4f}")
-    assert abs(ours / theirs - 1) <= PPL_REL, \
-        f"perplexity {ours:.4f} vs llama.cpp {theirs:.4f}: more than {100 * PPL_REL:.0f}% apart"
-    assert agree >= TOP_AGREE, f"top token agrees at {100 * agree:.2f}% < {100 * TOP_AGREE:.0f}%"
+    f32 = record["f32_weights"]
+    q_ratio, q_agree = compare("llama.cpp, Q4_K_M as stored", tokens, nll, top,
+                               record["nll"][:n - 1], record["top"][:n - 1], record["margin"])
+    f_ratio, f_agree = compare("llama.cpp, the same weights in F32", tokens, nll, top,
+                               f32["nll"][:n - 1], f32["top"][:n - 1], f32["margin"])
+    self_agree = sum(a == b for a, b in zip(record["top"][:n - 1], f32["top"][:n - 1])) / (n - 1)
+    print(f"llama.cpp's two evaluations agree with each other at {100 * self_agree:.2f}% of "
+          f"positions (its quantised products round the activations to 8 bits)")
+    # The engine keeps its activations in f32: against llama.cpp's F32 evaluation of the very
+    # same weights the bars hold with room to spare.
+    assert abs(f_ratio - 1) <= F32_PPL_REL, f"perplexity ratio {f_ratio:.5f} to llama.cpp (F32)"
+    assert f_agree >= F32_TOP_AGREE, f"top token equal at {100 * f_agree:.2f}% (F32)"
+    # Against llama.cpp's own quantised path: the perplexity bar, and the engine no further from
+    # it than llama.cpp's F32 evaluation is (less one point), or >= 98%.
+    assert abs(q_ratio - 1) <= PPL_REL, f"perplexity ratio {q_ratio:.5f} to llama.cpp: over 1%"
+    assert q_agree >= min(TOP_AGREE, self_agree - 0.01), \
+        f"top token equal at {100 * q_agree:.2f}% of positions"
