@@ -108,6 +108,13 @@ bench-grounding: all $(MODEL_FILE)
 eval-grounding: all $(MODEL_FILE)
 	$(PYTHON) tools/grounding-eval.py all --command "make eval-grounding"
 
+# Needle in a haystack with the Qwen model through diffragd at 4K, 8K, 16K and 32K tokens, five
+# depths each (docs/evaluation.md; an hour or more on two cores). EVAL_ARGS=--yarn adds 64K and
+# 128K with YaRN (factor 4 over 32,768).
+eval-longctx: all $(QWEN_FILE)
+	BUILD=$(BUILD) $(PYTHON) tools/eval-longctx.py $(EVAL_ARGS)
+.PHONY: eval-longctx
+
 clean:
 	rm -rf build
 
