@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""`make bench-engine`: the engine's speed on the CPU for the default model, in its llama form
-and in its DIFF V2 conversion, against two ceilings measured in the same run on the same
-threads (an AVX-512 FMA loop, the physical limit, and a large OpenBLAS sgemm).
+"""`make bench-engine`: the engine's speed on the CPU for the small model, in its llama form
+and in its DIFF V2 conversion (or, with --model qwen, for Qwen2.5-Coder-0.5B-Instruct Q4_K_M
+in its qwen2 form only), against two ceilings measured in the same run on the same threads (an
+AVX-512 FMA loop, the physical limit, and a large OpenBLAS sgemm).
 
 Prints, per form: prefill tokens/s at 512, 2,048, 8,192 and 32,768 tokens (the last a single
 run), decode tokens/s at depth 0 and 8,192, peak resident memory, and the achieved GFLOP/s of
 the prefill (matrix products + attention, counted from the model's shape) with the share of
-each ceiling; then the issue's targets with llama.cpp's figures. Figures are medians of
---reps runs, the forms interleaved so both see the same machine state. Writes nothing.
+each ceiling; then, for the small model, the issue's targets with llama.cpp's figures (for
+the Qwen model, bench/bench_llamacpp.py --models qwen measures llama.cpp in the same run).
+Figures are medians of --reps runs, the forms interleaved so both see the same machine state.
+Writes nothing.
 Method and latest figures: docs/performance.md."""
 import argparse
 import json
@@ -24,6 +27,7 @@ BUILD = ROOT / os.environ.get("BUILD", "build")
 RUN = BUILD / "diffrag-run"
 BENCH = BUILD / "bench_kernels"
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+QWEN = ROOT / "models" / "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
 SQUAD = ROOT.parent / "shared" / "data" / "squad2" / "passages.jsonl"
 
 # llama-bench on the default model's shape, 2 threads, f16 KV cache (issue 7).
@@ -43,8 +47,8 @@ def logfmt(text, prefix):
     raise RuntimeError(f"no '{prefix}:' line in:\n{text[-2000:]}")
 
 
-def tokens(n_max, tmp):
-    """Token files of real text (SQuAD passages through the model's tokenizer)."""
+def tokens(n_max, tmp, model=MODEL):
+    """Token ids of real text (SQuAD passages through the model's tokenizer)."""
     text, total = [], 0
     with open(SQUAD, encoding="utf-8") as f:
         for line in f:
@@ -53,7 +57,7 @@ def tokens(n_max, tmp):
             if total > 6 * n_max:
                 break
     # --ctx 1 makes diffrag-run stop after printing the ids, before any evaluation.
-    r = subprocess.run([RUN, "-m", MODEL, "-n", "0", "--ctx", "1", "--print-tokens", "-p", "-"],
+    r = subprocess.run([RUN, "-m", model, "-n", "0", "--ctx", "1", "--print-tokens", "-p", "-"],
                        input="\n\n".join(text), capture_output=True, text=True)
     line = [l for l in r.stderr.splitlines() if l.startswith("tokens:")]
     if not line:
@@ -84,22 +88,29 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="one run each, no 32,768-token prefill")
+    ap.add_argument("--model", choices=("smollm", "qwen"), default="smollm",
+                    help="smollm: the small model, llama and DIFF V2 forms; qwen: "
+                    "Qwen2.5-Coder-0.5B-Instruct (qwen2 form only)")
     a = ap.parse_args()
+    qwen = a.model == "qwen"
     reps = 1 if a.quick else a.reps
     sizes = (512, 2048, 8192) + (() if a.quick else (32768,))
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
-        diff = tmp / "diffv2.gguf"
-        subprocess.run([sys.executable, ROOT / "tools" / "convert-llama-to-diffv2", MODEL, diff],
-                       check=True, capture_output=True)
-        ids = tokens(max(sizes), tmp)
+        if qwen:
+            forms = (("qwen2", QWEN),)
+        else:
+            diff = tmp / "diffv2.gguf"
+            subprocess.run([sys.executable, ROOT / "tools" / "convert-llama-to-diffv2", MODEL,
+                            diff], check=True, capture_output=True)
+            forms = (("llama", MODEL), ("diffv2", diff))
+        ids = tokens(max(sizes), tmp, forms[0][1])
         files = {}
         for n in sizes:
             files[n] = tmp / f"p{n}.tokens"
             files[n].write_text(",".join(ids[:n]))
         files[0] = tmp / "p0.tokens"
         files[0].write_text(",".join(ids[:1]))
-        forms = (("llama", MODEL), ("diffv2", diff))
 
         ceil = {"fma": [], "sgemm": []}
         res = {name: {} for name, _ in forms}
@@ -136,7 +147,7 @@ def main():
 
     med = {name: {k: statistics.median(v) for k, v in r.items()} for name, r in res.items()}
     fma, sgemm = statistics.median(ceil["fma"]), statistics.median(ceil["sgemm"])
-    print(f"engine benchmark: default model, {a.threads} threads, median of {reps} run(s) "
+    print(f"engine benchmark: {forms[0][1].name}, {a.threads} threads, median of {reps} run(s) "
           f"(32,768 tokens: one run)")
     print(f"ceilings in this run: AVX-512 FMA loop {fma:.1f} GFLOP/s; OpenBLAS sgemm 2048^3 "
           f"{sgemm:.1f} GFLOP/s (OPENBLAS_CORETYPE={coretype or 'unset'})"
@@ -157,6 +168,11 @@ def main():
             print(f"{name:7} {kv:>3} {m[pre + 'decode_0']:16.1f} {m[pre + 'decode_8192']:8.1f} "
                   f"{m[pre + 'decode_0'] / m[pre + 'decode_8192']:5.2f}x "
                   f"{m[pre + 'prefill_8192']:20.1f}")
+    share = min(m[f"matmul_gflops_{n}"] for m in med.values() for n in sizes) / sgemm
+    if qwen:
+        print(f"prefill products: lowest {100 * share:.0f}% of the in-run sgemm; llama.cpp on "
+              f"this model: bench/bench_llamacpp.py --models qwen")
+        return
     L, D = med["llama"], med["diffv2"]
 
     def verdict(ok):
@@ -176,7 +192,6 @@ def main():
             print(f"  {name} decode@8192 no more than 2x slower, {kv} KV cache: "
                   f"{m[pre + 'decode_0'] / m[pre + 'decode_8192']:.2f}x "
                   f"{verdict(m[pre + 'decode_8192'] * 2 >= m[pre + 'decode_0'])}")
-    share = min(m[f"matmul_gflops_{n}"] for m in med.values() for n in sizes) / sgemm
     print(f"  prefill products >= 70% of the in-run sgemm: lowest {100 * share:.0f}% "
           f"{verdict(share >= 0.7)}")
 
