@@ -22,9 +22,86 @@ static inline __m512 chunk_q(const int8_t *q)
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)q)));
 }
 
+/* Q4_K without the unpacking buffer: nibbles straight from the loaded bytes to floats through
+ * a 16-entry table (vpermps reads only an index's low 4 bits), one factor per 32 values. */
+static float dot_q4k(const uint8_t *row, const float *x, const float *xsum, int nb)
+{
+    const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps()};
+    __m256 mv = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++, row += 144, x += QK_K) {
+        uint8_t sc[8], mn[8];
+        kquant_scales_mins(row + 4, sc, mn);
+        float dl[8];
+        _mm256_storeu_ps(dl, kq_scale8_u(sc, kquant_half(row)));
+        mv = _mm256_fmadd_ps(kq_scale8_u(mn, kquant_half(row + 2)), _mm256_loadu_ps(xsum + 8 * b), mv);
+        const uint8_t *qs = row + 16;
+        for (int c = 0; c < 4; c++) {
+            __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(qs + 32 * c)));
+            __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(qs + 32 * c + 16)));
+            const float *xc = x + 64 * c;
+            __m512 lo = _mm512_mul_ps(_mm512_permutexvar_ps(v0, table), _mm512_loadu_ps(xc));
+            lo = _mm512_fmadd_ps(_mm512_permutexvar_ps(v1, table), _mm512_loadu_ps(xc + 16), lo);
+            __m512 hi = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), table),
+                                      _mm512_loadu_ps(xc + 32));
+            hi = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), table),
+                                 _mm512_loadu_ps(xc + 48), hi);
+            acc[(2 * c) & 3] = _mm512_fmadd_ps(_mm512_set1_ps(dl[2 * c]), lo, acc[(2 * c) & 3]);
+            acc[(2 * c + 1) & 3] = _mm512_fmadd_ps(_mm512_set1_ps(dl[2 * c + 1]), hi, acc[(2 * c + 1) & 3]);
+        }
+    }
+    __m512 a = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    return _mm512_reduce_add_ps(a) - kq_hsum8(mv);
+}
+
+/* Q6_K without the unpacking buffer: q - 32 = table1[low 4 bits] + table2[2 high bits], where
+ * table2 (16 * h - 32) is indexed by the qh byte shifted so the two bits are lowest (vpermps
+ * reads only the index's low 4 bits: table2 repeats every 4 entries, so the bits above do not
+ * matter). */
+static float dot_q6k(const uint8_t *row, const float *x, int nb)
+{
+    const __m512 t1 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 t2 = _mm512_setr_ps(-32, -16, 0, 16, -32, -16, 0, 16, -32, -16, 0, 16, -32, -16, 0, 16);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps()};
+    for (int b = 0; b < nb; b++, row += 210, x += QK_K) {
+        float dl[16];
+        float d = kquant_half(row + 208);
+        _mm256_storeu_ps(dl, kq_scale8_s(row + 192, d));
+        _mm256_storeu_ps(dl + 8, kq_scale8_s(row + 200, d));
+        for (int h = 0; h < 2; h++)
+            for (int l0 = 0; l0 < 32; l0 += 16) {
+                const uint8_t *ql = row + 64 * h + l0, *qh = row + 128 + 32 * h + l0;
+                __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)ql));
+                __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(ql + 32)));
+                __m512i hb = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)qh));
+                __m512 q[4] = {
+                    _mm512_add_ps(_mm512_permutexvar_ps(a, t1), _mm512_permutexvar_ps(hb, t2)),
+                    _mm512_add_ps(_mm512_permutexvar_ps(c, t1),
+                                  _mm512_permutexvar_ps(_mm512_srli_epi32(hb, 2), t2)),
+                    _mm512_add_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(a, 4), t1),
+                                  _mm512_permutexvar_ps(_mm512_srli_epi32(hb, 4), t2)),
+                    _mm512_add_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), t1),
+                                  _mm512_permutexvar_ps(_mm512_srli_epi32(hb, 6), t2)),
+                };
+                const float *xh = x + 128 * h + l0;
+                for (int i = 0; i < 4; i++) {
+                    /* values 128h + 32i + l0 .. +15: chunk 8h + 2i + l0/16 */
+                    __m512 t = _mm512_mul_ps(q[i], _mm512_loadu_ps(xh + 32 * i));
+                    acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(dl[8 * h + 2 * i + l0 / 16]), t, acc[i]);
+                }
+            }
+    }
+    __m512 a = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    return _mm512_reduce_add_ps(a);
+}
+
 float cpu_dot_k_avx512(uint32_t type, const uint8_t *row, const float *x, const float *xsum,
                        int nb)
 {
+    if (type == DQ_Q4_K) return dot_q4k(row, x, xsum, nb);
+    if (type == DQ_Q6_K) return dot_q6k(row, x, nb);
     int bb = dequant_block_bytes(type);
     enum KMins mins = kq_mins(type);
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
@@ -81,9 +158,86 @@ void cpu_decode_k_avx512(uint32_t type, const uint8_t *src, float *dst, int nb)
 #endif
 
 #else
+/* Q4_K without the unpacking buffer: nibbles straight from the loaded bytes to floats through
+ * a 16-entry table (vpermps reads only an index's low 4 bits), one factor per 32 values. */
+static float dot_q4k(const uint8_t *row, const float *x, const float *xsum, int nb)
+{
+    const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps()};
+    __m256 mv = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++, row += 144, x += QK_K) {
+        uint8_t sc[8], mn[8];
+        kquant_scales_mins(row + 4, sc, mn);
+        float dl[8];
+        _mm256_storeu_ps(dl, kq_scale8_u(sc, kquant_half(row)));
+        mv = _mm256_fmadd_ps(kq_scale8_u(mn, kquant_half(row + 2)), _mm256_loadu_ps(xsum + 8 * b), mv);
+        const uint8_t *qs = row + 16;
+        for (int c = 0; c < 4; c++) {
+            __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(qs + 32 * c)));
+            __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(qs + 32 * c + 16)));
+            const float *xc = x + 64 * c;
+            __m512 lo = _mm512_mul_ps(_mm512_permutexvar_ps(v0, table), _mm512_loadu_ps(xc));
+            lo = _mm512_fmadd_ps(_mm512_permutexvar_ps(v1, table), _mm512_loadu_ps(xc + 16), lo);
+            __m512 hi = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), table),
+                                      _mm512_loadu_ps(xc + 32));
+            hi = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), table),
+                                 _mm512_loadu_ps(xc + 48), hi);
+            acc[(2 * c) & 3] = _mm512_fmadd_ps(_mm512_set1_ps(dl[2 * c]), lo, acc[(2 * c) & 3]);
+            acc[(2 * c + 1) & 3] = _mm512_fmadd_ps(_mm512_set1_ps(dl[2 * c + 1]), hi, acc[(2 * c + 1) & 3]);
+        }
+    }
+    __m512 a = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    return _mm512_reduce_add_ps(a) - kq_hsum8(mv);
+}
+
+/* Q6_K without the unpacking buffer: q - 32 = table1[low 4 bits] + table2[2 high bits], where
+ * table2 (16 * h - 32) is indexed by the qh byte shifted so the two bits are lowest (vpermps
+ * reads only the index's low 4 bits: table2 repeats every 4 entries, so the bits above do not
+ * matter). */
+static float dot_q6k(const uint8_t *row, const float *x, int nb)
+{
+    const __m512 t1 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 t2 = _mm512_setr_ps(-32, -16, 0, 16, -32, -16, 0, 16, -32, -16, 0, 16, -32, -16, 0, 16);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps()};
+    for (int b = 0; b < nb; b++, row += 210, x += QK_K) {
+        float dl[16];
+        float d = kquant_half(row + 208);
+        _mm256_storeu_ps(dl, kq_scale8_s(row + 192, d));
+        _mm256_storeu_ps(dl + 8, kq_scale8_s(row + 200, d));
+        for (int h = 0; h < 2; h++)
+            for (int l0 = 0; l0 < 32; l0 += 16) {
+                const uint8_t *ql = row + 64 * h + l0, *qh = row + 128 + 32 * h + l0;
+                __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)ql));
+                __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(ql + 32)));
+                __m512i hb = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)qh));
+                __m512 q[4] = {
+                    _mm512_add_ps(_mm512_permutexvar_ps(a, t1), _mm512_permutexvar_ps(hb, t2)),
+                    _mm512_add_ps(_mm512_permutexvar_ps(c, t1),
+                                  _mm512_permutexvar_ps(_mm512_srli_epi32(hb, 2), t2)),
+                    _mm512_add_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(a, 4), t1),
+                                  _mm512_permutexvar_ps(_mm512_srli_epi32(hb, 4), t2)),
+                    _mm512_add_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), t1),
+                                  _mm512_permutexvar_ps(_mm512_srli_epi32(hb, 6), t2)),
+                };
+                const float *xh = x + 128 * h + l0;
+                for (int i = 0; i < 4; i++) {
+                    /* values 128h + 32i + l0 .. +15: chunk 8h + 2i + l0/16 */
+                    __m512 t = _mm512_mul_ps(q[i], _mm512_loadu_ps(xh + 32 * i));
+                    acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(dl[8 * h + 2 * i + l0 / 16]), t, acc[i]);
+                }
+            }
+    }
+    __m512 a = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    return _mm512_reduce_add_ps(a);
+}
+
 float cpu_dot_k_avx512(uint32_t type, const uint8_t *row, const float *x, const float *xsum,
                        int nb)
 {
+    if (type == DQ_Q4_K) return dot_q4k(row, x, xsum, nb);
+    if (type == DQ_Q6_K) return dot_q6k(row, x, nb);
     (void)type; (void)row; (void)x; (void)xsum; (void)nb;
     return 0.f;
 }
