@@ -77,6 +77,25 @@ static void block_scalar(const float *x, size_t xs, int n, int k, const float *r
     }
 }
 
+/* K-quant rows c0..c0+mb-1 into a k-major panel NR floats wide, one super-block column at a
+ * time so the decoded rows (mb x 256 floats) stay in L1 on their way to the panel. */
+static void panel_k(enum CpuIsa isa, const struct Weights *w, int c0, int mb, float *rows,
+                    float *panel)
+{
+    int nr = isa == CPU_ISA_AVX512 ? 32 : 16, bb = dequant_block_bytes(w->type);
+    const uint8_t *base = (const uint8_t *)w->data + (size_t)c0 * w->row_bytes;
+    for (int b = 0; b < w->cols / QK_K; b++) {
+        for (int j = 0; j < mb; j++) {
+            const uint8_t *blk = base + (size_t)j * w->row_bytes + (size_t)b * bb;
+            if (isa == CPU_ISA_AVX512) cpu_decode_k_avx512(w->type, blk, rows + (size_t)j * QK_K, 1);
+            else cpu_decode_k_avx2(w->type, blk, rows + (size_t)j * QK_K, 1);
+        }
+        float *dst = panel + (size_t)b * QK_K * nr;
+        if (isa == CPU_ISA_AVX512) cpu_pack_panel_avx512(rows, mb, QK_K, dst);
+        else cpu_pack_panel_avx2(rows, mb, QK_K, dst);
+    }
+}
+
 /* One product's block of mb outputs starting at output c0 for rows i0..i0+n-1, written to
  * y (rows ys apart, row i0 first). */
 static void gemm_one(const struct GemmJob *job, const struct Weights *w, int c0, int mb, int i0,
@@ -94,6 +113,7 @@ static void gemm_one(const struct GemmJob *job, const struct Weights *w, int c0,
     int x16 = w->layout == WEIGHTS_X16;
     if (job->gemm == CPU_GEMM_NATIVE && job->isa == CPU_ISA_AVX512) {
         if (x16) cpu_panel_x16_avx512(w, c0, TASK_COLS, panel);
+        else if (kquant_is_k(w->type)) panel_k(job->isa, w, c0, mb, rows, panel);
         else {
             cpu_decode_rows_with(job->isa, w, c0, mb, rows);
             cpu_pack_panel_avx512(rows, mb, k, panel);
@@ -106,6 +126,7 @@ static void gemm_one(const struct GemmJob *job, const struct Weights *w, int c0,
         for (int j = 0; j < mb; j += 16) {
             int nb = mb - j < 16 ? mb - j : 16;
             if (x16) cpu_panel_x16_avx2(w, c0 + j, 16, panel);
+            else if (kquant_is_k(w->type)) panel_k(job->isa, w, c0 + j, nb, rows, panel);
             else {
                 cpu_decode_rows_with(job->isa, w, c0 + j, nb, rows);
                 cpu_pack_panel_avx2(rows, nb, k, panel);
