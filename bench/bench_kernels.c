@@ -585,7 +585,8 @@ static int run_engine(const struct Model *m, const char *tokens_path, int thread
     o.n_threads = threads;
     o.chunk = chunk;
     o.kv_type = kv;
-    o.n_ctx = (int)n + n_decode + 1;
+    o.n_ctx = (int)n + n_decode; /* the prompt, then one token per decode step: a prompt of
+                                    the model's whole context (32,768 for Qwen2.5) fits */
     struct Engine *e = NULL;
     if (engine_new(m, &o, &e, err, sizeof err) != ENGINE_OK) {
         fprintf(stderr, "bench_kernels: %s\n", err);
