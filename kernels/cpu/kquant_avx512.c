@@ -55,6 +55,52 @@ static float dot_q4k(const uint8_t *row, const float *x, const float *xsum, int 
     return _mm512_reduce_add_ps(a) - kq_hsum8(mv);
 }
 
+/* Bit s of each lane moved to bit 4, other bits cleared (b4 = 0x10 in each lane). */
+static inline __m512i bit4(__m512i h, int s, __m512i b4)
+{
+    return _mm512_and_si512(s <= 4 ? _mm512_slli_epi32(h, 4 - s) : _mm512_srli_epi32(h, s - 4), b4);
+}
+
+/* Q5_K likewise: the fifth bit (bit s of qh[l] for sub-block s) becomes bit 4 of the index into
+ * a 32-entry table (vpermt2ps reads the index's low 5 bits). */
+static float dot_q5k(const uint8_t *row, const float *x, const float *xsum, int nb)
+{
+    const __m512 t_lo = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 t_hi = _mm512_add_ps(t_lo, _mm512_set1_ps(16.f));
+    const __m512i m4 = _mm512_set1_epi32(0x0f), b4 = _mm512_set1_epi32(0x10);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps()};
+    __m256 mv = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++, row += 176, x += QK_K) {
+        uint8_t sc[8], mn[8];
+        kquant_scales_mins(row + 4, sc, mn);
+        float dl[8];
+        _mm256_storeu_ps(dl, kq_scale8_u(sc, kquant_half(row)));
+        mv = _mm256_fmadd_ps(kq_scale8_u(mn, kquant_half(row + 2)), _mm256_loadu_ps(xsum + 8 * b), mv);
+        const uint8_t *qh = row + 16, *qs = row + 48;
+        __m512i h0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)qh));
+        __m512i h1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(qh + 16)));
+        for (int c = 0; c < 4; c++) {
+            __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(qs + 32 * c)));
+            __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(qs + 32 * c + 16)));
+            /* sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles), fifth bits at bit 4 */
+            __m512i l0 = _mm512_or_si512(_mm512_and_si512(v0, m4), bit4(h0, 2 * c, b4));
+            __m512i l1 = _mm512_or_si512(_mm512_and_si512(v1, m4), bit4(h1, 2 * c, b4));
+            __m512i u0 = _mm512_or_si512(_mm512_srli_epi32(v0, 4), bit4(h0, 2 * c + 1, b4));
+            __m512i u1 = _mm512_or_si512(_mm512_srli_epi32(v1, 4), bit4(h1, 2 * c + 1, b4));
+            const float *xc = x + 64 * c;
+            __m512 lo = _mm512_mul_ps(_mm512_permutex2var_ps(t_lo, l0, t_hi), _mm512_loadu_ps(xc));
+            lo = _mm512_fmadd_ps(_mm512_permutex2var_ps(t_lo, l1, t_hi), _mm512_loadu_ps(xc + 16), lo);
+            __m512 hi = _mm512_mul_ps(_mm512_permutex2var_ps(t_lo, u0, t_hi), _mm512_loadu_ps(xc + 32));
+            hi = _mm512_fmadd_ps(_mm512_permutex2var_ps(t_lo, u1, t_hi), _mm512_loadu_ps(xc + 48), hi);
+            acc[(2 * c) & 3] = _mm512_fmadd_ps(_mm512_set1_ps(dl[2 * c]), lo, acc[(2 * c) & 3]);
+            acc[(2 * c + 1) & 3] = _mm512_fmadd_ps(_mm512_set1_ps(dl[2 * c + 1]), hi, acc[(2 * c + 1) & 3]);
+        }
+    }
+    __m512 a = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    return _mm512_reduce_add_ps(a) - kq_hsum8(mv);
+}
+
 /* Q6_K without the unpacking buffer: q - 32 = table1[low 4 bits] + table2[2 high bits], where
  * table2 (16 * h - 32) is indexed by the qh byte shifted so the two bits are lowest (vpermps
  * reads only the index's low 4 bits: table2 repeats every 4 entries, so the bits above do not
@@ -102,6 +148,7 @@ float cpu_dot_k_avx512(uint32_t type, const uint8_t *row, const float *x, const 
 {
     if (type == DQ_Q4_K) return dot_q4k(row, x, xsum, nb);
     if (type == DQ_Q6_K) return dot_q6k(row, x, nb);
+    if (type == DQ_Q5_K) return dot_q5k(row, x, xsum, nb);
     int bb = dequant_block_bytes(type);
     enum KMins mins = kq_mins(type);
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
@@ -191,6 +238,58 @@ static float dot_q4k(const uint8_t *row, const float *x, const float *xsum, int 
     return _mm512_reduce_add_ps(a) - kq_hsum8(mv);
 }
 
+/* Bit s of each lane moved to bit 4, other bits cleared (b4 = 0x10 in each lane). */
+static inline __m512i bit4(__m512i h, int s, __m512i b4)
+{
+    return _mm512_and_si512(s <= 4 ? _mm512_slli_epi32(h, 4 - s) : _mm512_srli_epi32(h, s - 4), b4);
+}
+
+/* Q5_K likewise: the fifth bit (bit s of qh[l] for sub-block s) becomes bit 4 of the index into
+ * a 32-entry table (vpermt2ps reads the index's low 5 bits). */
+static float dot_q5k(const uint8_t *row, const float *x, const float *xsum, int nb)
+{
+    const __m512 t_lo = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 t_hi = _mm512_add_ps(t_lo, _mm512_set1_ps(16.f));
+    const __m512i m4 = _mm512_set1_epi32(0x0f), b4 = _mm512_set1_epi32(0x10);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps()};
+    __m256 mv = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++, row += 176, x += QK_K) {
+        uint8_t sc[8], mn[8];
+        kquant_scales_mins(row + 4, sc, mn);
+        float dl[8];
+        _mm256_storeu_ps(dl, kq_scale8_u(sc, kquant_half(row)));
+        mv = _mm256_fmadd_ps(kq_scale8_u(mn, kquant_half(row + 2)), _mm256_loadu_ps(xsum + 8 * b), mv);
+        const uint8_t *qh = row + 16, *qs = row + 48;
+        __m512i h0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)qh));
+        __m512i h1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(qh + 16)));
+        for (int c = 0; c < 4; c++) {
+            __m512i v0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(qs + 32 * c)));
+            __m512i v1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(qs + 32 * c + 16)));
+            /* sub-blocks 2c (low nibbles) and 2c + 1 (high): their bits moved to bit 4 */
+            __m512i hl0 = _mm512_and_si512(c ? _mm512_srli_epi32(h0, 2 * c - 4 + 4 - 4) : h0, b4);
+            (void)hl0;
+            __m512i l0 = _mm512_or_si512(_mm512_and_si512(v0, m4),
+                                         _mm512_and_si512(_mm512_sllv_epi32(_mm512_srli_epi32(h0, 2 * c), _mm512_set1_epi32(4)), b4));
+            __m512i l1 = _mm512_or_si512(_mm512_and_si512(v1, m4),
+                                         _mm512_and_si512(_mm512_sllv_epi32(_mm512_srli_epi32(h1, 2 * c), _mm512_set1_epi32(4)), b4));
+            __m512i u0 = _mm512_or_si512(_mm512_srli_epi32(v0, 4),
+                                         _mm512_and_si512(_mm512_sllv_epi32(_mm512_srli_epi32(h0, 2 * c + 1), _mm512_set1_epi32(4)), b4));
+            __m512i u1 = _mm512_or_si512(_mm512_srli_epi32(v1, 4),
+                                         _mm512_and_si512(_mm512_sllv_epi32(_mm512_srli_epi32(h1, 2 * c + 1), _mm512_set1_epi32(4)), b4));
+            const float *xc = x + 64 * c;
+            __m512 lo = _mm512_mul_ps(_mm512_permutex2var_ps(t_lo, l0, t_hi), _mm512_loadu_ps(xc));
+            lo = _mm512_fmadd_ps(_mm512_permutex2var_ps(t_lo, l1, t_hi), _mm512_loadu_ps(xc + 16), lo);
+            __m512 hi = _mm512_mul_ps(_mm512_permutex2var_ps(t_lo, u0, t_hi), _mm512_loadu_ps(xc + 32));
+            hi = _mm512_fmadd_ps(_mm512_permutex2var_ps(t_lo, u1, t_hi), _mm512_loadu_ps(xc + 48), hi);
+            acc[(2 * c) & 3] = _mm512_fmadd_ps(_mm512_set1_ps(dl[2 * c]), lo, acc[(2 * c) & 3]);
+            acc[(2 * c + 1) & 3] = _mm512_fmadd_ps(_mm512_set1_ps(dl[2 * c + 1]), hi, acc[(2 * c + 1) & 3]);
+        }
+    }
+    __m512 a = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    return _mm512_reduce_add_ps(a) - kq_hsum8(mv);
+}
+
 /* Q6_K without the unpacking buffer: q - 32 = table1[low 4 bits] + table2[2 high bits], where
  * table2 (16 * h - 32) is indexed by the qh byte shifted so the two bits are lowest (vpermps
  * reads only the index's low 4 bits: table2 repeats every 4 entries, so the bits above do not
@@ -238,6 +337,7 @@ float cpu_dot_k_avx512(uint32_t type, const uint8_t *row, const float *x, const 
 {
     if (type == DQ_Q4_K) return dot_q4k(row, x, xsum, nb);
     if (type == DQ_Q6_K) return dot_q6k(row, x, nb);
+    if (type == DQ_Q5_K) return dot_q5k(row, x, xsum, nb);
     (void)type; (void)row; (void)x; (void)xsum; (void)nb;
     return 0.f;
 }
