@@ -23,7 +23,8 @@ N = 8 if SMALL else 50
 
 
 def load_tool():
-    spec = importlib.util.spec_from_file_location("eval_answers", ROOT / "tools" / "eval-answers.py")
+    spec = importlib.util.spec_from_file_location("eval_answers",
+                                                  ROOT / "tools" / "eval-answers.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -20,7 +20,8 @@ BAR = 0.9
 
 
 def load_tool():
-    spec = importlib.util.spec_from_file_location("eval_longctx", ROOT / "tools" / "eval-longctx.py")
+    spec = importlib.util.spec_from_file_location("eval_longctx",
+                                                  ROOT / "tools" / "eval-longctx.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

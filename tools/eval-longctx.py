@@ -72,7 +72,8 @@ def prompt_parts():
     for tok in re.finditer(r'"((?:[^"\\]|\\.)*)"|PROMPT_REFUSAL', body):
         head += refusal if tok.group(1) is None else \
             tok.group(1).encode().decode("unicode_escape")
-    m = re.fullmatch(r"<\|im_start\|>system\n(.*)<\|im_end\|>\n<\|im_start\|>user\n(.*)", head, re.S)
+    m = re.fullmatch(r"<\|im_start\|>system\n(.*)<\|im_end\|>\n<\|im_start\|>user\n(.*)", head,
+                     re.S)
     if not m:
         raise ec.EvalError("retriever/prompt.c: HEAD is not a ChatML system turn + user head")
     sep = re.search(r'prompt_doc_separator\(void\)\s*{\s*return\s*"([^"]*)"', src).group(1)
@@ -117,7 +118,7 @@ class Haystacks:
     """Passages split into sentences with their token counts (counted once)."""
 
     def __init__(self, passages, tok_count):
-        self.passages = [p for p in passages.values()]
+        self.passages = list(passages.values())
         self.tok_count = tok_count
         self.cache = {}
         text = " ".join(p["text"] for p in self.passages).lower()
@@ -270,10 +271,11 @@ def ask_run(model, case, threads, rope, timeout):
     m = re.search(r"prompt_tokens=(\d+) prefill_tok_s=([0-9.]+)", err)
     answer = p.stdout.decode(errors="replace")
     n = int(m.group(1)) if m else 0
+    rate = float(m.group(2)) if m else 0.0
     return {"id": case["id"], "size": case["size"], "depth": case["depth"],
             "actual_depth": case["actual_depth"], "value": case["value"], "answer": answer,
             "hit": found(answer, case["value"]), "prompt_tokens": n, "context_tokens": None,
-            "prefill_ms": round(1000 * n / float(m.group(2)), 1) if m and float(m.group(2)) else None,
+            "prefill_ms": round(1000 * n / rate, 1) if rate else None,
             "wall_s": round(wall, 2), "via": "diffrag-run"}
 
 
@@ -325,7 +327,7 @@ def run(model, sizes, depths, per_depth, threads, rope, squad_dir, workdir, time
             for c in by_daemon:
                 r = ask_daemon(a, c, timeout)
                 results.append(r)
-                log(json.dumps({k: v for k, v in r.items()}))
+                log(json.dumps(r))
     for c in by_run:
         r = ask_run(model, c, threads, rope, timeout)
         results.append(r)
@@ -338,8 +340,8 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(ec.QWEN_MODEL))
     ap.add_argument("--sizes", default=None,
-                    help="windows (prompt + answer) in tokens, comma-separated (default: %s; with --yarn "
-                    "also %s)" % (",".join(map(str, DEFAULT_SIZES)),
+                    help="windows (prompt + answer) in tokens, comma-separated (default: %s; "
+                    "with --yarn also %s)" % (",".join(map(str, DEFAULT_SIZES)),
                                   ",".join(map(str, YARN_SIZES))))
     ap.add_argument("--depths", default=",".join(map(str, DEFAULT_DEPTHS)),
                     help="needle depths 0..1 (default: %(default)s)")
