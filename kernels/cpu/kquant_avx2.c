@@ -102,74 +102,9 @@ void cpu_decode_k_avx2(uint32_t type, const uint8_t *src, float *dst, int nb)
 #endif
 
 #else
-static inline __m256i bytes8(const uint8_t *p)
-{
-    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
-}
-
-/* Q4_K straight from the loaded bytes (as kquant_avx512.c; the unpacking buffer's stores and
- * reloads cost more than the unpacking). Q6_K assembled the same way in 8-lane integer
- * operations measured slower than through the buffer, so it keeps the shared path. */
-static float dot_q4k(const uint8_t *row, const float *x, const float *xsum, int nb)
-{
-    const __m256i m4 = _mm256_set1_epi32(0x0f);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), mv = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++, row += 144, x += QK_K) {
-        uint8_t sc[8], mn[8];
-        kquant_scales_mins(row + 4, sc, mn);
-        float dl[8];
-        _mm256_storeu_ps(dl, kq_scale8_u(sc, kquant_half(row)));
-        mv = _mm256_fmadd_ps(kq_scale8_u(mn, kquant_half(row + 2)), _mm256_loadu_ps(xsum + 8 * b), mv);
-        const uint8_t *qs = row + 16;
-        for (int c = 0; c < 4; c++) {
-            __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-            for (int g = 0; g < 4; g++) {
-                __m256i v = bytes8(qs + 32 * c + 8 * g);
-                const float *xc = x + 64 * c + 8 * g;
-                lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m4)), _mm256_loadu_ps(xc), lo);
-                hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), _mm256_loadu_ps(xc + 32), hi);
-            }
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(dl[2 * c]), lo, acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(dl[2 * c + 1]), hi, acc1);
-        }
-    }
-    return kq_hsum8(_mm256_add_ps(acc0, acc1)) - kq_hsum8(mv);
-}
-
-static float dot_q6k(const uint8_t *row, const float *x, int nb)
-{
-    const __m256i m4 = _mm256_set1_epi32(0x0f), m30 = _mm256_set1_epi32(0x30);
-    const __m256i bias = _mm256_set1_epi32(32);
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int b = 0; b < nb; b++, row += 210, x += QK_K) {
-        float dl[16];
-        float d = kquant_half(row + 208);
-        _mm256_storeu_ps(dl, kq_scale8_s(row + 192, d));
-        _mm256_storeu_ps(dl + 8, kq_scale8_s(row + 200, d));
-        for (int h = 0; h < 2; h++)
-            for (int l0 = 0; l0 < 32; l0 += 8) {
-                const uint8_t *ql = row + 64 * h + l0, *qh = row + 128 + 32 * h + l0;
-                __m256i a = bytes8(ql), c = bytes8(ql + 32), hb = bytes8(qh);
-                __m256i q[4] = {
-                    _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi32(hb, 4), m30)),
-                    _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_and_si256(_mm256_slli_epi32(hb, 2), m30)),
-                    _mm256_or_si256(_mm256_srli_epi32(a, 4), _mm256_and_si256(hb, m30)),
-                    _mm256_or_si256(_mm256_srli_epi32(c, 4), _mm256_and_si256(_mm256_srli_epi32(hb, 2), m30)),
-                };
-                const float *xh = x + 128 * h + l0;
-                for (int i = 0; i < 4; i++) {
-                    __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(q[i], bias));
-                    __m256 t = _mm256_mul_ps(v, _mm256_loadu_ps(xh + 32 * i));
-                    acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(dl[8 * h + 2 * i + l0 / 16]), t, acc[i]);
-                }
-            }
-    }
-    return kq_hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-}
-
+/* Not an x86-64 build: cpu_isa_supported never reports AVX2, so these are never called. */
 float cpu_dot_k_avx2(uint32_t type, const uint8_t *row, const float *x, const float *xsum, int nb)
 {
-    if (type == DQ_Q4_K) return dot_q4k(row, x, xsum, nb);
     (void)type; (void)row; (void)x; (void)xsum; (void)nb;
     return 0.f;
 }
