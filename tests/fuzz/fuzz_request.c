@@ -30,6 +30,12 @@ static void configure(void)
     for (size_t i = 0; i < sizeof tight / sizeof tight[0]; i++)
         if (config_set(&cfg_tight, tight[i][0], tight[i][1], err, sizeof err))
             abort();   /* a table bug in this harness, not an input */
+    /* What diffragd resolves at start-up from the model: its usable context, and the automatic
+     * max_context_tokens (that context less max_tokens) of the default configuration. */
+    cfg_default.model_ctx = 32768;
+    cfg_default.ctx_auto = cfg_default.model_ctx - cfg_default.max_tokens;
+    cfg_tight.model_ctx = 32768;
+    cfg_tight.ctx_auto = cfg_tight.model_ctx - cfg_tight.max_tokens;
     configured = 1;
 }
 
@@ -71,7 +77,7 @@ static void check_accepted(const struct RequestParams *p, const struct Config *c
             abort();
         if (p->top_k < 1 || p->top_k > c->max_top_k || p->max_tokens < 1 ||
             p->max_tokens > c->max_tokens || p->max_context_tokens < 64 ||
-            p->max_context_tokens > c->max_context_tokens)
+            p->max_context_tokens > config_max_context(c))
             abort();
         if (!(p->temperature >= 0 && p->temperature <= 10) || !(p->top_p > 0 && p->top_p <= 1))
             abort();
