@@ -154,19 +154,27 @@ static inline __m512 x16_nibbles(const uint8_t *q, const float *xb)
     return _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
 }
 
+/* The little-endian 16-bit row mask of column c. */
+static inline __mmask16 mask_at(const uint8_t *hm, int c)
+{
+    uint16_t m;
+    memcpy(&m, hm + 2 * c, sizeof m);
+    return (__mmask16)m;
+}
+
 /* sum over the block of fifth-bit * x for the 16 rows: hm[c] masks the rows whose column c
  * has its fifth bit set (the bit's weight, 16, is applied by the caller). */
 static inline __m512 x16_fifth_bits(const uint8_t *hm, const float *xb)
 {
     __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(),
            s3 = _mm512_setzero_ps();
-    uint16_t k[32];
-    memcpy(k, hm, sizeof k);
+    /* The masks are read one at a time: a 64-byte local copy let the compiler store it with an
+     * aligned vector move, which faults where a sanitizer's fake stack aligns frames to 32. */
     for (int c = 0; c < 32; c += 4) {
-        s0 = _mm512_mask_add_ps(s0, (__mmask16)k[c], s0, _mm512_set1_ps(xb[c]));
-        s1 = _mm512_mask_add_ps(s1, (__mmask16)k[c + 1], s1, _mm512_set1_ps(xb[c + 1]));
-        s2 = _mm512_mask_add_ps(s2, (__mmask16)k[c + 2], s2, _mm512_set1_ps(xb[c + 2]));
-        s3 = _mm512_mask_add_ps(s3, (__mmask16)k[c + 3], s3, _mm512_set1_ps(xb[c + 3]));
+        s0 = _mm512_mask_add_ps(s0, mask_at(hm, c), s0, _mm512_set1_ps(xb[c]));
+        s1 = _mm512_mask_add_ps(s1, mask_at(hm, c + 1), s1, _mm512_set1_ps(xb[c + 1]));
+        s2 = _mm512_mask_add_ps(s2, mask_at(hm, c + 2), s2, _mm512_set1_ps(xb[c + 2]));
+        s3 = _mm512_mask_add_ps(s3, mask_at(hm, c + 3), s3, _mm512_set1_ps(xb[c + 3]));
     }
     return _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
 }
