@@ -40,7 +40,7 @@ def results(tmp_path_factory, squad_dir):
     d = Daemon(tmp_path_factory.mktemp("answers"), QWEN, workers=1, threads=2,
                heartbeat_liveness=10)
     with d:
-        with tool.ec.Asker(d.endpoint) as asker:
+        with tool.ec.Asker(d.endpoint, d.proc) as asker:
             out = tool.ask_all(asker, answerable + unanswerable, passages, timeout=600)
         assert d.stop() == 0
     for r in out:

@@ -40,7 +40,7 @@ def results(tmp_path_factory, squad_dir):
                heartbeat_liveness=10)
     out = []
     with d:
-        with tool.ec.Asker(d.endpoint) as asker:
+        with tool.ec.Asker(d.endpoint, d.proc) as asker:
             for c in cases:
                 # raises unless the haystack was placed whole, as one document
                 out.append(tool.ask_daemon(asker, c, timeout=1800))

@@ -98,7 +98,7 @@ def main():
         with tempfile.TemporaryDirectory(prefix="eval-answers-") as work, \
                 ec.LocalDaemon(work, args.model, threads=args.threads,
                                grounding_calibration="none") as d, \
-                ec.Asker(d.endpoint) as asker:
+                ec.Asker(d.endpoint, d.proc) as asker:
             results = ask_all(asker, answerable + unanswerable, passages, args.timeout, log)
     except ec.EvalError as e:
         print("eval-answers: %s" % e, file=sys.stderr)

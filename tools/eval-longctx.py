@@ -323,7 +323,7 @@ def run(model, sizes, depths, per_depth, threads, rope, squad_dir, workdir, time
                 "chunk_tokens": CHUNK_MAX, "chunk_overlap": 0, "max_top_k": 1,
                 "grounding_calibration": "none"}
         keys.update(rope)
-        with ec.LocalDaemon(workdir, model, **keys) as d, ec.Asker(d.endpoint) as a:
+        with ec.LocalDaemon(workdir, model, **keys) as d, ec.Asker(d.endpoint, d.proc) as a:
             for c in by_daemon:
                 r = ask_daemon(a, c, timeout)
                 results.append(r)

@@ -125,8 +125,11 @@ class LocalDaemon:
 class Asker:
     """A DEALER socket to one endpoint: ask(msg) sends a request and returns its final reply."""
 
-    def __init__(self, endpoint):
+    def __init__(self, endpoint, proc=None):
+        """proc: the daemon's subprocess.Popen, when known; a daemon that exits while a reply
+        is awaited fails the request at once instead of at its timeout."""
         import zmq
+        self.proc = proc
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -138,8 +141,13 @@ class Asker:
         end = time.time() + timeout
         while True:
             left = end - time.time()
-            if left <= 0 or not self.sock.poll(int(left * 1000)):
+            if left <= 0:
                 raise EvalError("no reply to %r within %.0f s" % (msg.get("id"), timeout))
+            if not self.sock.poll(int(min(left, 1.0) * 1000)):
+                if self.proc is not None and self.proc.poll() is not None:
+                    raise EvalError("diffragd exited (status %d) before replying to %r"
+                                    % (self.proc.returncode, msg.get("id")))
+                continue
             r = msgpack.unpackb(self.sock.recv_multipart()[-1], raw=False)
             if r.get("id") == msg.get("id") and "ok" in r:
                 return r
