@@ -41,6 +41,7 @@ struct Buf { char *p; size_t n, cap; };
 
 static void buf_put(struct Buf *b, const void *s, size_t n)
 {
+    if (n == 0) return;   /* nothing to copy (and b->p may still be NULL) */
     if (b->n + n > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->n + n) cap *= 2;
@@ -997,7 +998,7 @@ static int run_cli(int argc, char **argv)
         size_t n;
         int32_t *ids = parse_ids(in, end, &n);
         rc = !ids || decode_ids(t, ids, n, stream, &out);
-        fwrite(out.p, 1, out.n, stdout);
+        if (out.n) fwrite(out.p, 1, out.n, stdout);
         free(ids);
     } else if (!strcmp(mode, "--encode-batch")) {
         for (char *p = in; p < end && !rc;) {
@@ -1016,7 +1017,7 @@ static int run_cli(int argc, char **argv)
             out.n = 0;
             rc = !ids || decode_ids(t, ids, n, stream, &out);
             printf("%zu\n", out.n);
-            fwrite(out.p, 1, out.n, stdout);
+            if (out.n) fwrite(out.p, 1, out.n, stdout);   /* out.p is NULL until a first put */
             free(ids);
             p = nl + 1;
         }
