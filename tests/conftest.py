@@ -1,4 +1,5 @@
 """Shared pytest fixtures: paths to the build, the default model and the shared data."""
+import importlib.util
 import os
 import pathlib
 
@@ -17,6 +18,16 @@ TEST_SCALE = os.environ.get("DIFFRAG_TEST_SCALE") or "full"
 if TEST_SCALE not in ("full", "small"):
     raise SystemExit('DIFFRAG_TEST_SCALE=%s: expected "small" or "full"' % TEST_SCALE)
 SMALL = TEST_SCALE == "small"
+
+
+def load_tool(filename):
+    """A program of tools/ (its file name has dashes, so it cannot be imported by name) as a
+    module, for the tests that drive its functions."""
+    name = filename.removesuffix(".py").replace("-", "_")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / filename)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def asan_built(program):

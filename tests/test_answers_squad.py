@@ -6,11 +6,10 @@ model declines with the refusal the prompt prescribes. The answer bar is the mea
 (docs/evaluation.md) less 0.10. The measured decline share (0.06) less 0.10 would be no bar at
 all: the test asks instead that the model still declines some unanswerable question (at least
 one of 50) and declines almost no answerable one (at most 0.10)."""
-import importlib.util
 
 import pytest
 
-from conftest import ROOT, SMALL
+from conftest import ROOT, SMALL, load_tool
 from daemon_util import Daemon
 
 QWEN = ROOT / "models" / "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
@@ -22,19 +21,11 @@ MEASURED_DECLINED = 0.06   # 3 of the first 50 unanswerable ones
 N = 8 if SMALL else 50
 
 
-def load_tool():
-    spec = importlib.util.spec_from_file_location("eval_answers",
-                                                  ROOT / "tools" / "eval-answers.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory, squad_dir):
     if not QWEN.exists():
         pytest.fail(f"Qwen model missing: run `make model` ({QWEN})")
-    tool = load_tool()
+    tool = load_tool("eval-answers.py")
     passages, questions = tool.ec.load_squad(squad_dir)
     answerable, unanswerable = tool.pick(questions, N)
     d = Daemon(tmp_path_factory.mktemp("answers"), QWEN, workers=1, threads=2,

@@ -3,11 +3,10 @@ at its smallest size): a synthetic fact at five depths of a 4K-token window of S
 paragraphs (dev, CC BY-SA 4.0), two haystacks per depth, each sent as one inline document that
 the daemon places whole; recall (answers that contain the fact's value) must reach 0.9.
 `make eval-longctx` runs 4K to 32K (docs/evaluation.md)."""
-import importlib.util
 
 import pytest
 
-from conftest import ROOT, SMALL
+from conftest import ROOT, SMALL, load_tool
 from daemon_util import Daemon
 
 QWEN = ROOT / "models" / "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
@@ -19,19 +18,11 @@ PER_DEPTH = 1 if SMALL else 2
 BAR = 0.9
 
 
-def load_tool():
-    spec = importlib.util.spec_from_file_location("eval_longctx",
-                                                  ROOT / "tools" / "eval-longctx.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory, squad_dir):
     if not QWEN.exists():
         pytest.fail(f"Qwen model missing: run `make model` ({QWEN})")
-    tool = load_tool()
+    tool = load_tool("eval-longctx.py")
     passages, _ = tool.ec.load_squad(squad_dir)
     cases = tool.cases(passages, tool.tokenizer(QWEN), [SIZE], DEPTHS, PER_DEPTH)
     d = Daemon(tmp_path_factory.mktemp("longctx"), QWEN, workers=1, threads=2,
@@ -53,7 +44,7 @@ def results(tmp_path_factory, squad_dir):
 
 
 def test_haystack_fills_the_window(results):
-    tool = load_tool()
+    tool = load_tool("eval-longctx.py")
     for r in results:
         # the whole haystack was placed: most of the window is document tokens
         assert r["context_tokens"] >= SIZE - tool.reserve(SIZE) - 64, r
