@@ -269,6 +269,11 @@ static void run_shapes(const struct Model *m, int threads, int n, int reps)
             printf(" native_%s_gflops=%.1f", cpu_isa_name((enum CpuIsa)isa), flop / t / 1e9);
             if (t < best) best = t;
         }
+        if (cpu_q8_vnni()) {
+            double tq = time_matmul(CPU_ISA_AVX512, CPU_GEMM_Q8, pool, a, scratch, reps);
+            printf(" q8_avx512_gflops=%.1f", flop / tq / 1e9);
+            if (tq < best) best = tq;
+        }
         double tb = time_matmul(cpu_isa_best(), CPU_GEMM_OPENBLAS, pool, a, scratch, reps);
         printf(" openblas_in_pool_gflops=%.1f", flop / tb / 1e9);
         if (tb < best) best = tb;
@@ -303,7 +308,10 @@ static void run_shapes(const struct Model *m, int threads, int n, int reps)
     }
     printf("shapes: threads=%d n=%d default_path=%s/%s best_gflops=%.1f sgemm_f32_gflops=%.1f\n",
            threads, n, cpu_isa_name(cpu_isa_best()),
-           cpu_gemm_default() == CPU_GEMM_NATIVE ? "native" : "openblas", tot_flop / tot_best / 1e9,
+           cpu_gemm_default() == CPU_GEMM_NATIVE ? "native"
+           : cpu_gemm_default() == CPU_GEMM_Q8  ? "q8"
+                                                : "openblas",
+           tot_flop / tot_best / 1e9,
            tot_blas > 0 ? tot_flop / tot_blas / 1e9 : 0.0);
 
 out:

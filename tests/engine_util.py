@@ -1,4 +1,5 @@
 """Helpers for the engine tests: tiny model generation and running diffrag-run."""
+import os
 import pathlib
 import re
 import subprocess
@@ -23,27 +24,34 @@ def gen_tiny(path, *args):
     return pathlib.Path(path)
 
 
-def run(model, *args, tokens=None, timeout=900, check=True, stdin=None):
+def run(model, *args, tokens=None, timeout=900, check=True, stdin=None, env=None):
     """Run diffrag-run; returns the CompletedProcess (stdout as bytes)."""
     cmd = [str(RUN), "-m", str(model), *map(str, args)]
     if tokens is not None:
         cmd += ["--tokens", ",".join(map(str, tokens))]
-    r = subprocess.run(cmd, capture_output=True, timeout=timeout, input=stdin)
+    r = subprocess.run(cmd, capture_output=True, timeout=timeout, input=stdin,
+                       env=dict(os.environ, **(env or {})))
     if check and r.returncode != 0:
         raise AssertionError(f"{' '.join(cmd[:8])} ... exited {r.returncode}: "
                              f"{r.stderr.decode(errors='replace')[-2000:]}")
     return r
 
 
-def last_logits(model, tokens, tmp_path, *args, name="logits.bin"):
+# The prefill products the reference comparisons use: f32 (DIFFRAG_GEMM=native), which stay
+# within f32 rounding of exact products; the int8 products (the default with AVX-512 VNNI)
+# round the activations to 8 bits first and are checked on their own (test_kernels).
+F32_PRODUCTS = {"DIFFRAG_GEMM": "native"}
+
+
+def last_logits(model, tokens, tmp_path, *args, name="logits.bin", env=F32_PRODUCTS):
     """Last-position logits of the C engine, float32 array."""
     out = tmp_path / name
     if len(tokens) > 200:
         tf = tmp_path / (name + ".tokens")
         tf.write_text(",".join(map(str, tokens)))
-        run(model, "--tokens-file", tf, "--dump-logits", out, "-n", 0, *args)
+        run(model, "--tokens-file", tf, "--dump-logits", out, "-n", 0, *args, env=env)
     else:
-        run(model, "--dump-logits", out, "-n", 0, *args, tokens=tokens)
+        run(model, "--dump-logits", out, "-n", 0, *args, tokens=tokens, env=env)
     return np.fromfile(out, dtype="<f4")
 
 

@@ -17,7 +17,10 @@ def test_gpu_checks_against_the_host_emulation(default_model):
     lib = BUILD / "tests" / "libdiffrag_hostgpu.so"
     check = BUILD / "tests" / "gpu" / "gpu_check"
     assert lib.exists() and check.exists(), "run make first"
-    env = dict(os.environ, DIFFRAG_CUDA_LIB=str(lib.resolve()), OPENBLAS_NUM_THREADS="1")
+    # The CPU contexts the checks compare with use f32 prefill products (the emulated device's
+    # are bf16 with f32 accumulation, not the host's int8 ones).
+    env = dict(os.environ, DIFFRAG_CUDA_LIB=str(lib.resolve()), OPENBLAS_NUM_THREADS="1",
+               DIFFRAG_GEMM="native")
     # --dry-time: the quick checks, then the speed table's code with every size divided by
     # 1024 (its figures mean nothing here; it runs so that a GPU run does not meet its faults)
     r = subprocess.run([str(check), "--dry-time", "--threads", "2", str(default_model)], env=env,

@@ -378,6 +378,146 @@ static void test_vector_decode(void)
            "bit for bit\n", checked, (int)N_TYPES);
 }
 
+static int q8_cases;
+
+/* An input row as GGML's CPU backend rounds it before a quantised product, written from
+ * GGML's definitions (x86 quantize_row_q8_0; quantize_row_q8_K_ref): out = q * d. */
+static void ggml_round_row(enum Q8Act act, const float *x, int k, float *out)
+{
+    int block = act == Q8_ACT_32 ? 32 : 256;
+    for (int c0 = 0; c0 < k; c0 += block) {
+        float amax = 0.f, max = 0.f;
+        for (int c = c0; c < c0 + block; c++)
+            if (fabsf(x[c]) > amax) { amax = fabsf(x[c]); max = x[c]; }
+        if (act == Q8_ACT_32) {
+            float d = f16_to_f32(f32_to_f16(amax / 127.f)), id = amax ? 127.f / amax : 0.f;
+            for (int c = c0; c < c0 + block; c++) out[c] = nearbyintf(x[c] * id) * d;
+            continue;
+        }
+        if (!amax) {
+            for (int c = c0; c < c0 + block; c++) out[c] = 0.f;
+            continue;
+        }
+        float is = -127.f / max;
+        for (int c = c0; c < c0 + block; c++) out[c] = fminf(127.f, nearbyintf(is * x[c])) * (1.f / is);
+    }
+}
+
+/* The int8 pieces on their own: the AVX-512 rounding, panels and microkernel against the
+ * portable ones, bit for bit, and the panels against the decoded weights. */
+static void test_q8(void)
+{
+    if (!cpu_q8_vnni()) {
+        printf("q8: this processor has no AVX-512 VNNI; only the portable int8 pieces are "
+               "checked (through matmul)\n");
+        return;
+    }
+    int checked = 0;
+    /* Rounding: rows with zero blocks, ties and one large element. */
+    for (int act = 0; act < Q8_ACT_COUNT; act++)
+        for (int g = 16; g <= 32; g += 16) {
+            if (act == Q8_ACT_32 && g == 16) continue;
+            int k = 1024, n = 5;
+            float *x = malloc(sizeof(float) * (size_t)n * k);
+            for (int i = 0; i < n * k; i++) x[i] = frand() * (i % 7 ? 1.f : 9.f);
+            for (int c = 256; c < 512; c++) x[c] = 0.f;            /* a zero block */
+            for (int c = 512; c < 544; c++) x[c] = (float)(c % 5) - 2.f; /* ties */
+            x[1024 + 77] = -40.f;
+            struct Q8Rows r[2];
+            void *mem[2][4];
+            for (int v = 0; v < 2; v++) {
+                mem[v][0] = calloc((size_t)n * k, 1);
+                for (int j = 1; j < 4; j++) mem[v][j] = calloc((size_t)n * (k / g), 4);
+                r[v] = (struct Q8Rows){.q = mem[v][0], .q_stride = (size_t)k, .d = mem[v][1],
+                                       .nx = mem[v][2], .dx = mem[v][3], .s_stride = (size_t)(k / g),
+                                       .g = g};
+            }
+            float *back = malloc(sizeof(float) * (size_t)k);
+            int bad = 0, off = 0;
+            for (int i = 0; i < n; i++) {
+                cpu_q8_quantize_row((enum Q8Act)act, x + (size_t)i * k, k, &r[0], i);
+                cpu_q8_quantize_row_avx512((enum Q8Act)act, x + (size_t)i * k, k, &r[1], i);
+                ggml_round_row((enum Q8Act)act, x + (size_t)i * k, k, back);
+                for (int c = 0; c < k; c++) {
+                    float got = (float)r[1].q[(size_t)i * k + c] * r[1].d[(size_t)i * (k / g) + c / g];
+                    if (got != back[c]) off++;
+                }
+            }
+            bad += memcmp(r[0].q, r[1].q, (size_t)n * k) != 0;
+            for (int j = 1; j < 4; j++) bad += memcmp(mem[0][j], mem[1][j], (size_t)n * (k / g) * 4) != 0;
+            CHECK(bad == 0, "q8 rounding act=%d g=%d: AVX-512 differs from portable in %d arrays",
+                  act, g, bad);
+            CHECK(off == 0, "q8 rounding act=%d g=%d: %d values differ from GGML's", act, g, off);
+            checked++;
+            for (int v = 0; v < 2; v++) for (int j = 0; j < 4; j++) free(mem[v][j]);
+            free(x); free(back);
+        }
+    /* Panels and microkernel per type. */
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        struct Q8Type t;
+        if (!cpu_q8_type(TYPES[ti], &t)) continue;
+        int k = is_k(TYPES[ti]) ? 768 : 160, m = 45, n = 13;
+        size_t rb;
+        void *src = random_blocks(TYPES[ti], m, k, &rb);
+        size_t bytes = cpu_weights_bytes(TYPES[ti], m, k);
+        void *wd = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        struct Weights w;
+        cpu_weights_pack(TYPES[ti], m, k, src, wd, &w);
+        size_t pb = (cpu_q8_panel_bytes(k, t.g) + 63) & ~(size_t)63;
+        uint8_t *p0 = aligned_alloc(64, pb), *p1 = aligned_alloc(64, pb);
+        uint8_t *work = aligned_alloc(64, (cpu_q8_panel_work(k) + 63) & ~(size_t)63);
+        float *wf = malloc(sizeof(float) * (size_t)k);
+        int bad = 0, wrong = 0;
+        for (int r0 = 0; r0 < m; r0 += 32) {
+            int mb = m - r0 < 32 ? m - r0 : 32;
+            memset(p0, 0xa5, pb);
+            memset(p1, 0x5a, pb);
+            cpu_q8_panel(&w, r0, mb, p0, work);
+            cpu_q8_panel_avx512(&w, r0, mb, p1, work);
+            bad += memcmp(p0, p1, cpu_q8_panel_bytes(k, t.g)) != 0;
+            /* a * (u - 2^shift) or a * u + off gives the decoded weight exactly. */
+            size_t sbs = (size_t)t.g * 32 + 256;
+            for (int j = 0; j < mb; j++) {
+                dequant_row(TYPES[ti], (const uint8_t *)src + (size_t)(r0 + j) * rb, wf, (size_t)k);
+                for (int c = 0; c < k; c++) {
+                    const uint8_t *ps = p1 + (size_t)(c / t.g) * sbs;
+                    const float *fa = (const float *)(const void *)(ps + (size_t)t.g * 32);
+                    int u = ps[(c % t.g / 4) * 128 + (j / 16) * 64 + 4 * (j % 16) + c % 4];
+                    float v = t.shift >= 0 ? fa[j] * (float)(u - (1 << t.shift))
+                                           : fa[j] * (float)u + fa[32 + j];
+                    if (v != wf[c]) wrong++;
+                }
+            }
+            /* The microkernel on n rows against the portable one. */
+            float *x = malloc(sizeof(float) * (size_t)n * k);
+            for (int i = 0; i < n * k; i++) x[i] = frand();
+            struct Q8Rows qr = {.q = malloc((size_t)n * k), .q_stride = (size_t)k,
+                                .d = malloc(4 * (size_t)n * (k / t.g)), .nx = malloc(4 * (size_t)n * (k / t.g)),
+                                .dx = malloc(4 * (size_t)n * (k / t.g)), .s_stride = (size_t)(k / t.g), .g = t.g};
+            for (int i = 0; i < n; i++) cpu_q8_quantize_row(t.act, x + (size_t)i * k, k, &qr, i);
+            float *y0 = malloc(sizeof(float) * (size_t)n * 40), *y1 = malloc(sizeof(float) * (size_t)n * 40);
+            for (int acc = 0; acc < 2; acc++) {
+                for (int i = 0; i < n * 40; i++) y0[i] = y1[i] = frand();
+                struct Q8Block qb = {.x = &qr, .i0 = 2, .n = n - 2, .k = k, .panel = p1, .m_blk = mb,
+                                     .shift = t.shift, .y = y0, .y_stride = 40, .accumulate = acc};
+                cpu_q8_gemm_block(&qb);
+                qb.y = y1;
+                cpu_q8_gemm_block_avx512(&qb);
+                bad += memcmp(y0, y1, sizeof(float) * (size_t)n * 40) != 0;
+            }
+            free(x); free(qr.q); free(qr.d); free(qr.nx); free(qr.dx); free(y0); free(y1);
+        }
+        CHECK(bad == 0, "q8 %s: %d panels or products differ between AVX-512 and portable",
+              TYPE_NAMES[ti], bad);
+        CHECK(wrong == 0, "q8 %s: %d panel values differ from the decoded weights", TYPE_NAMES[ti],
+              wrong);
+        checked++;
+        free(src); free(wd); free(p0); free(p1); free(work); free(wf);
+    }
+    printf("q8: %d roundings and types: AVX-512 rounding, panels and products equal the portable "
+           "ones bit for bit; panels give the decoded weights exactly\n", checked);
+}
+
 /* One product configuration through every path: y = x.w^T (plain / accumulate) or SwiGLU. */
 static double matmul_case(uint32_t type, int n, int k, int m, int mode, const char *tname)
 {
@@ -398,18 +538,27 @@ static double matmul_case(uint32_t type, int n, int k, int m, int mode, const ch
     float *x = malloc(sizeof(float) * (size_t)n * xs), *y0 = malloc(sizeof(float) * (size_t)n * ys);
     float *y = malloc(sizeof(float) * (size_t)n * ys), *first = malloc(sizeof(float) * (size_t)n * ys);
     double *want = malloc(sizeof(double) * (size_t)n * ys);
+    double *want_q8 = malloc(sizeof(double) * (size_t)n * ys);
+    float *xr = malloc(sizeof(float) * (size_t)n * k);
     for (size_t i = 0; i < (size_t)n * xs; i++) x[i] = frand();
+    struct Q8Type qt;
+    int q8 = cpu_q8_type(type, &qt);
+    for (int i = 0; i < n; i++)
+        ggml_round_row(q8 ? qt.act : Q8_ACT_32, x + (size_t)i * xs, k, xr + (size_t)i * k);
     for (size_t i = 0; i < (size_t)n * ys; i++) y0[i] = frand();
     for (int i = 0; i < n; i++)
         for (int j = 0; j < (int)ys; j++) {
             size_t at = (size_t)i * ys + j;
-            if (j >= m) { want[at] = y0[at]; continue; }
-            double s = 0, s2 = 0;
+            if (j >= m) { want[at] = want_q8[at] = y0[at]; continue; }
+            double s = 0, s2 = 0, r = 0, r2 = 0;
             for (int kk = 0; kk < k; kk++) {
                 s += (double)x[(size_t)i * xs + kk] * wf[(size_t)j * k + kk];
                 s2 += (double)x[(size_t)i * xs + kk] * wf2[(size_t)j * k + kk];
+                r += (double)xr[(size_t)i * k + kk] * wf[(size_t)j * k + kk];
+                r2 += (double)xr[(size_t)i * k + kk] * wf2[(size_t)j * k + kk];
             }
             want[at] = mode == 0 ? s : mode == 1 ? y0[at] + s : s / (1.0 + exp(-s)) * s2;
+            want_q8[at] = mode == 0 ? r : mode == 1 ? y0[at] + r : r / (1.0 + exp(-r)) * r2;
         }
     struct MatmulArgs a = {
         .x = x, .x_stride = xs, .n = n, .k = k, .n_out = mode == 2 ? 2 : 1, .swiglu = mode == 2,
@@ -418,18 +567,23 @@ static double matmul_case(uint32_t type, int n, int k, int m, int mode, const ch
     double worst = 0;
     for (int isa = 0; isa < CPU_ISA_COUNT; isa++) {
         if (!cpu_isa_supported((enum CpuIsa)isa)) continue;
-        for (int gemm = 0; gemm < 2; gemm++)
+        for (int gemm = 0; gemm < 3; gemm++)
             for (int threads = 1; threads <= 4; threads += (threads == 1 ? 1 : 2)) {
+                /* int8 products: on AVX-512 VNNI for more than one row of the types that have
+                 * them, against the inputs rounded as GGML rounds them; else as native. */
+                int int8 = gemm == CPU_GEMM_Q8 && q8 && n > 1 && isa == CPU_ISA_AVX512 &&
+                           cpu_q8_vnni();
+                if (gemm == CPU_GEMM_Q8 && int8) q8_cases++;
                 struct ThreadPool *pool = NULL;
                 CHECK(pool_new(threads, &pool) == 0, "pool_new");
                 void *scratch = malloc(cpu_matmul_scratch(n, k, threads));
                 memcpy(y, y0, sizeof(float) * (size_t)n * ys);
                 cpu_matmul_with((enum CpuIsa)isa, (enum CpuGemm)gemm, pool, &a, scratch);
-                double err = rel_diff(y, want, (size_t)n * ys);
+                double err = rel_diff(y, int8 ? want_q8 : want, (size_t)n * ys);
                 if (err > worst) worst = err;
                 CHECK(err <= 1e-5, "matmul %s %s/%s threads=%d n=%d k=%d m=%d mode=%d: relative "
                       "error %.3e", tname, cpu_isa_name((enum CpuIsa)isa),
-                      gemm ? "openblas" : "native", threads, n, k, m, mode, err);
+                      gemm == 2 ? "q8" : gemm ? "openblas" : "native", threads, n, k, m, mode, err);
                 if (threads == 1) memcpy(first, y, sizeof(float) * (size_t)n * ys);
                 else {
                     double td = rel_diff_f(y, first, (size_t)n * ys);
@@ -441,7 +595,7 @@ static double matmul_case(uint32_t type, int n, int k, int m, int mode, const ch
             }
     }
     free(src); free(src2); free(wd); free(wd2); free(wf); free(wf2);
-    free(x); free(y0); free(y); free(first); free(want);
+    free(x); free(y0); free(y); free(first); free(want); free(want_q8); free(xr);
     return worst;
 }
 
@@ -462,6 +616,10 @@ static void test_matmul(void)
             }
     printf("matmul: %d cases (%d types, 1-77 rows, plain/accumulate/SwiGLU) on every path: max "
            "relative error %.3e\n", cases, (int)N_TYPES, worst);
+    if (cpu_q8_vnni())
+        printf("matmul: %d int8 (q8) runs checked against GGML-rounded inputs\n", q8_cases);
+    else
+        printf("matmul: this processor has no AVX-512 VNNI; the int8 products ran as native\n");
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -515,6 +673,7 @@ int main(void)
     test_pool(small ? 2000 : 100000);
     test_weights_layout();
     test_vector_decode();
+    test_q8();
     test_matmul();
     test_attention();
     printf("%d passed, %d failed\n", passed, failed);

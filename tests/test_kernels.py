@@ -14,18 +14,18 @@ import numpy as np
 import pytest
 
 from conftest import BUILD
-from engine_util import RUN, gen_tiny, rel_err
+from engine_util import F32_PRODUCTS, RUN, gen_tiny, rel_err
 from ref.ref_forward import load, logits
 
 DTYPES = ["q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "bf16"]
 
 
-def c_logits(model, tokens, tmp_path, *args, env=None):
+def c_logits(model, tokens, tmp_path, *args, env=F32_PRODUCTS):
     out = tmp_path / "logits.bin"
     cmd = [str(RUN), "-m", str(model), "--dump-logits", str(out), "-n", "0", "--kv", "f32",
            "--tokens", ",".join(map(str, tokens)), *map(str, args)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, **(env or {})))
+                       env=dict(os.environ, **env))
     assert r.returncode == 0, r.stderr[-2000:]
     return np.fromfile(out, dtype="<f4")
 
@@ -68,6 +68,37 @@ def test_every_path_matches_reference(tmp_path):
                 err = rel_err(got, want)
                 print(f"{isa}/{gemm} chunk={chunk}: max rel diff {err:.3e}")
                 assert err <= 1e-4, f"{isa}/{gemm} chunk {chunk}: relative error {err:.3e}"
+
+
+@pytest.mark.parametrize("dtype", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k",
+                                   "q5_k", "q6_k"])
+def test_int8_products_end_to_end(dtype, tmp_path):
+    """The int8 prefill products (AVX-512 VNNI) in a whole model: against the exact reference
+    within the activations' 8-bit rounding (their kernels are checked exactly in
+    test_kernels.c), the same top token, and exactly what DIFFRAG_GEMM=q8 asks for where the
+    processor has them, the f32 products where it has not."""
+    k_type = dtype.endswith("_k")
+    shape = (["--dim", "256", "--ffn", "512", "--untied"] if k_type else
+             ["--dim", "64", "--ffn", "96"])
+    model = gen_tiny(tmp_path / "m.gguf", "--arch", "qwen2", "--dtype", dtype, "--heads", "4",
+                     "--kv-heads", "2", *shape, "--seed", "13")
+    ref = load(model)
+    tokens = np.random.default_rng(6).integers(0, ref.vocab, size=48).tolist()
+    want = logits(ref, tokens)[-1]
+    vnni = "int8 (q8) runs checked" in subprocess.run(
+        [str(BUILD / "tests" / "test_kernels")], capture_output=True, text=True,
+        timeout=600).stdout
+    got = c_logits(model, tokens, tmp_path, "--chunk", 48, "--threads", 2,
+                   env={"DIFFRAG_GEMM": "q8"})
+    f32 = c_logits(model, tokens, tmp_path, "--chunk", 48, "--threads", 2)
+    err, err32 = rel_err(got, want), rel_err(f32, want)
+    print(f"{dtype}: int8 products {err:.3e}, f32 products {err32:.3e} (AVX-512 VNNI: {vnni})")
+    assert np.argmax(got) == np.argmax(want)
+    if not vnni:
+        assert np.array_equal(got, f32)
+        return
+    # 8-bit activations: about 1/254 of each block's largest value per element.
+    assert 1e-5 < err <= 3e-2, f"{dtype}: int8 products off the reference by {err:.3e}"
 
 
 K_DTYPES = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q5_0"]

@@ -6,17 +6,26 @@ ids, and per position the top token and the NLL of the next token; twice: the mo
 stored, and the same weights dequantised to F32 ("f32_weights"). The engine scores the same ids
 in one context (build/tests/score_positions, engine_score_positions).
 
-llama.cpp's quantised dot products round the activations to 8 bits; the engine keeps them in
-f32. So against llama.cpp on the F32 weights the engine must agree closely (perplexity within
-0.2%, top token equal at >= 99.5% of positions; measured: 0.001% and 99.95%), and against
-llama.cpp's quantised path: perplexity within 1%, top token equal at >= 98% of positions or, where
-llama.cpp's two evaluations agree with each other at less than that, no more than one point below
-their agreement (measured: both 97.83%, the disagreements all near-ties).
+llama.cpp's quantised dot products round the activations to 8 bits (GGML's Q8_0 and Q8_K), and so
+do the engine's int8 prefill products (the default where the processor has AVX-512 VNNI); its
+f32 products (DIFFRAG_GEMM=native) keep them in f32. Both are scored:
+- f32 products against llama.cpp on the F32 weights: perplexity within 0.2%, top token equal at
+  >= 99.5% of positions (measured: 0.001% and 99.95%);
+- the default products against llama.cpp's quantised path: perplexity within 1%; top token
+  equal at >= 98% of positions or, where llama.cpp's two evaluations agree with each other at
+  less than that, no more than one point below their agreement; and at >= 99% of the positions
+  where llama.cpp's two best logits are at least 0.1 apart (measured with int8 products: 0.05%,
+  97.53% and 99.50%). Rounding activations to 8 bits makes the top token of near-ties depend on
+  every earlier rounding: the engine's int8 path with an f16 and with an f32 KV cache agree with
+  each other at 97.6% of positions, llama.cpp's two paths at 97.8%.
 
-Under DIFFRAG_TEST_SCALE=small (the sanitizer pass) the same bars hold on a 256-token prefix."""
+Under DIFFRAG_TEST_SCALE=small (the sanitizer pass) a 256-token prefix is scored with the same
+bars, except that the default products' top token may be three points below llama.cpp's own
+agreement and 98% on the decided positions (a few of 255 positions are whole points)."""
 import hashlib
 import json
 import math
+import os
 import subprocess
 
 import pytest
@@ -31,6 +40,8 @@ PPL_REL = 0.01          # |ours / llama.cpp - 1|
 TOP_AGREE = 0.98        # share of positions with the same argmax
 F32_PPL_REL = 0.002     # the same against llama.cpp on the weights in F32
 F32_TOP_AGREE = 0.995
+DECIDED_MARGIN = 0.1    # llama.cpp's gap between its two best logits
+DECIDED_AGREE = 0.99
 SMALL_TOKENS = 256
 
 
@@ -121,6 +132,23 @@ def compare(name, tokens, nll, top, ref_nll, ref_top, margin):
     return ours / theirs, agree
 
 
+def score(qwen, path, n, gemm):
+    """(nll, top) per position from score_positions with DIFFRAG_GEMM=gemm (None: default)."""
+    env = dict(os.environ)
+    env.pop("DIFFRAG_GEMM", None)
+    if gemm:
+        env["DIFFRAG_GEMM"] = gemm
+    r = subprocess.run([str(SCORE), "-m", str(qwen), "--tokens-file", str(path),
+                        "--threads", "2"], capture_output=True, text=True, timeout=3600, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [l.split() for l in r.stdout.splitlines()[1:]]
+    assert len(rows) == n - 1 and [int(x[0]) for x in rows] == list(range(n - 1))
+    nll = [float(x[1]) for x in rows]
+    top = [int(x[2]) for x in rows]
+    assert all(math.isfinite(v) and v >= 0 for v in nll)
+    return nll, top
+
+
 def test_engine_matches_llama_cpp(record, qwen, tmp_path):
     n = SMALL_TOKENS if SMALL else record["n_tokens"]
     if SMALL:
@@ -129,29 +157,32 @@ def test_engine_matches_llama_cpp(record, qwen, tmp_path):
     tokens = record["tokens"][:n]
     path = tmp_path / "tokens.txt"
     path.write_text(",".join(map(str, tokens)))
-    r = subprocess.run([str(SCORE), "-m", str(qwen), "--tokens-file", str(path),
-                        "--threads", "2"], capture_output=True, text=True, timeout=3600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    rows = [l.split() for l in r.stdout.splitlines()[1:]]
-    assert len(rows) == n - 1 and [int(x[0]) for x in rows] == list(range(n - 1))
-    nll = [float(x[1]) for x in rows]
-    top = [int(x[2]) for x in rows]
-    assert all(math.isfinite(v) and v >= 0 for v in nll)
-
     f32 = record["f32_weights"]
-    q_ratio, q_agree = compare("llama.cpp, Q4_K_M as stored", tokens, nll, top,
-                               record["nll"][:n - 1], record["top"][:n - 1], record["margin"])
-    f_ratio, f_agree = compare("llama.cpp, the same weights in F32", tokens, nll, top,
-                               f32["nll"][:n - 1], f32["top"][:n - 1], f32["margin"])
     self_agree = sum(a == b for a, b in zip(record["top"][:n - 1], f32["top"][:n - 1])) / (n - 1)
     print(f"llama.cpp's two evaluations agree with each other at {100 * self_agree:.2f}% of "
           f"positions (its quantised products round the activations to 8 bits)")
-    # The engine keeps its activations in f32: against llama.cpp's F32 evaluation of the very
-    # same weights the bars hold with room to spare.
+
+    # f32 products: against llama.cpp's F32 evaluation of the very same weights.
+    nll, top = score(qwen, path, n, "native")
+    print("the engine's f32 products (DIFFRAG_GEMM=native):")
+    f_ratio, f_agree = compare("llama.cpp, the same weights in F32", tokens, nll, top,
+                               f32["nll"][:n - 1], f32["top"][:n - 1], f32["margin"])
     assert abs(f_ratio - 1) <= F32_PPL_REL, f"perplexity ratio {f_ratio:.5f} to llama.cpp (F32)"
     assert f_agree >= F32_TOP_AGREE, f"top token equal at {100 * f_agree:.2f}% (F32)"
-    # Against llama.cpp's own quantised path: the perplexity bar, and the engine no further from
-    # it than llama.cpp's F32 evaluation is (less one point), or >= 98%.
+
+    # The default products (int8 where the processor has AVX-512 VNNI) against llama.cpp's
+    # quantised path.
+    nll, top = score(qwen, path, n, None)
+    print("the engine's default products:")
+    q_ratio, q_agree = compare("llama.cpp, Q4_K_M as stored", tokens, nll, top,
+                               record["nll"][:n - 1], record["top"][:n - 1], record["margin"])
+    decided = [p for p in range(n - 1) if record["margin"][p] >= DECIDED_MARGIN]
+    d_agree = sum(top[p] == record["top"][p] for p in decided) / len(decided)
+    print(f"  where llama.cpp's two best logits are >= {DECIDED_MARGIN} apart ({len(decided)} "
+          f"positions): top token equal at {100 * d_agree:.2f}%")
     assert abs(q_ratio - 1) <= PPL_REL, f"perplexity ratio {q_ratio:.5f} to llama.cpp: over 1%"
-    assert q_agree >= min(TOP_AGREE, self_agree - 0.01), \
+    slack = 0.03 if SMALL else 0.01
+    assert q_agree >= min(TOP_AGREE, self_agree - slack), \
         f"top token equal at {100 * q_agree:.2f}% of positions"
+    assert d_agree >= (0.98 if SMALL else DECIDED_AGREE), \
+        f"top token equal at {100 * d_agree:.2f}% of the decided positions"

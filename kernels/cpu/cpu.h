@@ -23,11 +23,13 @@ int cpu_isa_supported(enum CpuIsa isa);
  * (scalar, avx2, avx512) when it is supported; decided once per process. */
 enum CpuIsa cpu_isa_best(void);
 
-/* How prefill products are computed: this backend's microkernels, or OpenBLAS sgemm on
- * decoded weight panels (single-threaded inside the pool's tasks, so the two never compete
- * for cores). The default is the microkernels where a vector path exists and OpenBLAS on the
- * portable path; DIFFRAG_GEMM=native|openblas overrides. */
-enum CpuGemm { CPU_GEMM_NATIVE = 0, CPU_GEMM_OPENBLAS = 1 };
+/* How prefill products are computed: this backend's f32 microkernels on decoded weights
+ * (native), OpenBLAS sgemm on decoded weight panels (single-threaded inside the pool's tasks,
+ * so the two never compete for cores), or int8 products of quantised weights with inputs
+ * rounded to 8 bits as GGML rounds them (q8; other weight types as native). The default is q8
+ * where the processor has AVX-512 VNNI, else native where a vector path exists, else
+ * OpenBLAS; DIFFRAG_GEMM=native|openblas|q8 overrides (q8 only where supported). */
+enum CpuGemm { CPU_GEMM_NATIVE = 0, CPU_GEMM_OPENBLAS = 1, CPU_GEMM_Q8 = 2 };
 enum CpuGemm cpu_gemm_default(void);
 
 /* Matrix products with an explicit path (the table's matmul uses the defaults). */
@@ -103,6 +105,77 @@ void cpu_silu_mul_avx512(float *g, const float *u, int n);
 /* rows (nr, k) row-major, nr <= NR, into a panel (k, NR) with zero columns past nr. */
 void cpu_pack_panel_avx512(const float *rows, int nr, int k, float *panel);
 void cpu_pack_panel_avx2(const float *rows, int nr, int k, float *panel);
+
+/* --- int8 prefill products (gemm_q8.c, gemm_q8_avx512.c) ---
+ * With CPU_GEMM_Q8, products of quantised weights with more than one input row run on 8-bit
+ * integers, as GGML's CPU backend computes them: each input row is rounded to 8 bits per
+ * element (GGML's Q8_0 blocks of 32 for Q4_0..Q8_0 weights, Q8_K super-blocks of 256 for the
+ * K-quants, with GGML's scales and rounding), the weights are decoded to their integer quants
+ * with one factor and offset per sub-block of g elements, and each sub-block's integer dot
+ * product is scaled in f32. */
+enum Q8Act { Q8_ACT_32 = 0, Q8_ACT_K = 1, Q8_ACT_COUNT };
+
+/* How weights of `type` enter the int8 products; 0 when they do not. Weight element c of a
+ * sub-block is a * u[c] + off (u unsigned 8-bit); symmetric types have off = -a * 2^shift
+ * (folded into the integer sum), the others shift = -1 and their own offset per sub-block. */
+struct Q8Type {
+    enum Q8Act act;
+    int g;       /* sub-block: 16 or 32 elements */
+    int shift;
+};
+int cpu_q8_type(uint32_t type, struct Q8Type *t);
+
+/* Rounded input rows: q (n, k) int8, rows q_stride bytes apart; per row and sub-block of g
+ * elements (rows s_stride elements apart) the scale d, minus the sum of the sub-block's
+ * integers (nx) and d times that sum (dx). */
+struct Q8Rows {
+    int8_t *q;
+    size_t q_stride;
+    float *d;
+    int32_t *nx;
+    float *dx;
+    size_t s_stride;
+    int g;
+};
+/* Row i of x (k elements) into row i of r, rounded as `act` rounds; r->g is 32 for Q8_ACT_32
+ * and 16 or 32 for Q8_ACT_K. The portable form is GGML's reference arithmetic; the AVX-512
+ * form gives the same integers and scales. */
+void cpu_q8_quantize_row(enum Q8Act act, const float *x, int k, const struct Q8Rows *r, int i);
+void cpu_q8_quantize_row_avx512(enum Q8Act act, const float *x, int k, const struct Q8Rows *r,
+                                int i);
+
+/* The int8 panel of 32 outputs r0..r0+31 (rows from r0 + mb on give zeros): per sub-block s
+ * of g inputs, g/4 steps of two 64-byte vectors (outputs 0-15, 16-31; output j's four bytes
+ * at 4j are inputs 4t..4t+3 of the step), then the 32 factors a and the 32 offsets (f32). */
+size_t cpu_q8_panel_bytes(int k, int g);
+/* Bytes of the work area the panel builders need for rows of k elements. */
+size_t cpu_q8_panel_work(int k);
+void cpu_q8_panel(const struct Weights *w, int r0, int mb, uint8_t *panel, uint8_t *work);
+void cpu_q8_panel_avx512(const struct Weights *w, int r0, int mb, uint8_t *panel,
+                         uint8_t *work);
+/* Row r of w (r >= w->rows: zeros) as unsigned quants u[w->cols] with a factor a and offset
+ * off per sub-block, in element order (the portable decoding both panel builders share). */
+void cpu_q8_decode_row(const struct Weights *w, int r, uint8_t *u, float *a, float *off);
+
+/* y[i][j] (= or +=) sum over sub-blocks s of d_is * a_sj * S_isj + dx_is * off_sj, S the
+ * integer dot product (symmetric types: sum of u * q minus 2^shift times the sum of q), for
+ * the n rows of x from row i0 and the m_blk outputs of the panel; the f32 steps are one
+ * product then fused multiply-adds in the same order on every path, so paths agree exactly. */
+struct Q8Block {
+    const struct Q8Rows *x;
+    int i0, n, k;
+    const uint8_t *panel;
+    int m_blk, shift;
+    float *y;
+    size_t y_stride;
+    int accumulate;
+};
+void cpu_q8_gemm_block(const struct Q8Block *b);
+void cpu_q8_gemm_block_avx512(const struct Q8Block *b);
+/* Whether this processor runs the AVX-512 int8 products (AVX-512 VNNI). */
+int cpu_q8_vnni(void);
+/* x16 tile (group, block) of an X16 matrix. */
+const uint8_t *cpu_x16_tile(const struct Weights *w, int group, int block);
 
 /* The attention inner loop per path (attention.c documents the contract). */
 void cpu_attend_avx512(const struct AttnArgs *a, int g, int t0, int bq, int kb, int ke,

@@ -23,20 +23,45 @@ enum {
 
 static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-/* Per-thread scratch, in floats: decoded rows (TASK_COLS, k), the packed panel (k,
- * TASK_COLS), the up-projection tile of a SwiGLU task (n, TASK_COLS), and one-token outputs.
- * The block sums of x for one-token products follow the per-thread areas. */
+/* Per-thread scratch, in floats: decoded rows (TASK_COLS, k) and the packed panel (k,
+ * TASK_COLS), or an int8 panel and its builder's work area, whichever is larger; the
+ * up-projection tile of a SwiGLU task (n, TASK_COLS), and one-token outputs. The block sums of
+ * x for one-token products, then the int8 input rows, follow the per-thread areas. */
+static size_t panel_floats(int k_max)
+{
+    size_t k = (size_t)(k_max > 0 ? k_max : 1);
+    size_t f32 = 2 * round_up((size_t)TASK_COLS * k, ALIGN_FLOATS);
+    size_t q8 = (round_up(cpu_q8_panel_bytes((int)k, 16), 64) + cpu_q8_panel_work((int)k) + 64) /
+                sizeof(float);
+    return f32 > q8 ? f32 : round_up(q8, ALIGN_FLOATS);
+}
+
 static size_t per_thread_floats(int n_max, int k_max)
 {
-    size_t k = (size_t)(k_max > 0 ? k_max : 1), n = (size_t)(n_max > 0 ? n_max : 1);
-    return 2 * round_up((size_t)TASK_COLS * k, ALIGN_FLOATS) +
-           round_up(n * TASK_COLS, ALIGN_FLOATS) + 4 * 256;
+    size_t n = (size_t)(n_max > 0 ? n_max : 1);
+    return panel_floats(k_max) + round_up(n * TASK_COLS, ALIGN_FLOATS) + 4 * 256;
+}
+
+/* The int8 input rows: Q8_0 blocks (sub-blocks of 32), Q8_K (its integers once, sums per 32
+ * and per 16), each array 64-byte aligned. */
+enum { Q8_VIEWS = 3 };
+static const enum Q8Act VIEW_ACT[Q8_VIEWS] = {Q8_ACT_32, Q8_ACT_K, Q8_ACT_K};
+static const int VIEW_G[Q8_VIEWS] = {32, 32, 16};
+
+static size_t q8_rows_bytes(int n_max, int k_max)
+{
+    size_t n = (size_t)(n_max > 0 ? n_max : 1), k = (size_t)(k_max > 0 ? k_max : 1);
+    size_t bytes = 2 * round_up(n * round_up(k, 64), 64);
+    for (int v = 0; v < Q8_VIEWS; v++)
+        bytes += 3 * round_up(n * (k / (size_t)VIEW_G[v] + 1) * 4, 64);
+    return bytes;
 }
 
 size_t cpu_matmul_scratch(int n_max, int k_max, int threads)
 {
     return (per_thread_floats(n_max, k_max) * (size_t)threads +
-            round_up((size_t)(k_max > 0 ? k_max : 1), 32) / 32 + ALIGN_FLOATS) * sizeof(float) + 64;
+            round_up((size_t)(k_max > 0 ? k_max : 1), 32) / 32 + ALIGN_FLOATS) * sizeof(float) +
+           q8_rows_bytes(n_max, k_max) + 128;
 }
 
 struct GemmJob {
@@ -49,6 +74,9 @@ struct GemmJob {
     float *scratch;
     size_t per_thread;
     const float *xsum;         /* one token: per-32-block sums of x */
+    int q8;                    /* int8 products for the weight types that have them */
+    struct Q8Rows q8x[Q8_VIEWS];
+    int q8_need[Q8_VIEWS];
 };
 
 /* silu(g) * u over n elements. */
@@ -96,6 +124,14 @@ static void panel_k(enum CpuIsa isa, const struct Weights *w, int c0, int mb, fl
     }
 }
 
+/* Which int8 view of the input a weight type multiplies: -1 for none. */
+static int q8_view(uint32_t type)
+{
+    struct Q8Type t = {Q8_ACT_32, 32, -1};
+    if (!cpu_q8_type(type, &t)) return -1;
+    return t.act == Q8_ACT_32 ? 0 : t.g == 32 ? 1 : 2;
+}
+
 /* One product's block of mb outputs starting at output c0 for rows i0..i0+n-1, written to
  * y (rows ys apart, row i0 first). */
 static void gemm_one(const struct GemmJob *job, const struct Weights *w, int c0, int mb, int i0,
@@ -103,6 +139,20 @@ static void gemm_one(const struct GemmJob *job, const struct Weights *w, int c0,
 {
     const struct MatmulArgs *a = job->a;
     int k = a->k;
+    int view = job->q8 ? q8_view(w->type) : -1;
+    if (view >= 0) {
+        struct Q8Type t;
+        cpu_q8_type(w->type, &t);
+        uint8_t *panel = (uint8_t *)ws;
+        uint8_t *work = panel + round_up(cpu_q8_panel_bytes(k, t.g), 64);
+        cpu_q8_panel_avx512(w, c0, mb, panel, work);
+        struct Q8Block qb = {
+            .x = &job->q8x[view], .i0 = i0, .n = n, .k = k, .panel = panel, .m_blk = mb,
+            .shift = t.shift, .y = y, .y_stride = ys, .accumulate = acc,
+        };
+        cpu_q8_gemm_block_avx512(&qb);
+        return;
+    }
     const float *x = a->x + (size_t)i0 * a->x_stride;
     float *rows = ws;
     float *panel = ws + round_up((size_t)TASK_COLS * k, ALIGN_FLOATS);
@@ -111,7 +161,7 @@ static void gemm_one(const struct GemmJob *job, const struct Weights *w, int c0,
         .y_stride = ys, .accumulate = acc,
     };
     int x16 = w->layout == WEIGHTS_X16;
-    if (job->gemm == CPU_GEMM_NATIVE && job->isa == CPU_ISA_AVX512) {
+    if (job->gemm != CPU_GEMM_OPENBLAS && job->isa == CPU_ISA_AVX512) {
         if (x16) cpu_panel_x16_avx512(w, c0, TASK_COLS, panel);
         else if (kquant_is_k(w->type)) panel_k(job->isa, w, c0, mb, rows, panel);
         else {
@@ -122,7 +172,7 @@ static void gemm_one(const struct GemmJob *job, const struct Weights *w, int c0,
         cpu_gemm_block_avx512(&b);
         return;
     }
-    if (job->gemm == CPU_GEMM_NATIVE && job->isa == CPU_ISA_AVX2) {
+    if (job->gemm != CPU_GEMM_OPENBLAS && job->isa == CPU_ISA_AVX2) {
         for (int j = 0; j < mb; j += 16) {
             int nb = mb - j < 16 ? mb - j : 16;
             if (x16) cpu_panel_x16_avx2(w, c0 + j, 16, panel);
@@ -172,7 +222,7 @@ static void gemm_task(void *ctx, int task, int thread)
     }
     /* Gate into the output, up into this thread's tile, then combine in place while both
      * are still in cache. */
-    float *up = ws + 2 * round_up((size_t)TASK_COLS * a->k, ALIGN_FLOATS);
+    float *up = ws + panel_floats(a->k);
     gemm_one(job, a->out[0].w, c0, mb, i0, n, y, out->y_stride, 0, ws);
     gemm_one(job, a->out[1].w, c0, mb, i0, n, up, TASK_COLS, 0, ws);
     for (int i = 0; i < n; i++)
@@ -238,6 +288,69 @@ static void matvec_task(void *ctx, int task, int thread)
         out->y[r] = out->accumulate ? out->y[r] + tmp[r - r0] : tmp[r - r0];
 }
 
+/* Task t rounds input rows t*per .. into the int8 views the job needs (the Q8_K sums per 32
+ * from those per 16). */
+struct QuantJob {
+    struct GemmJob *job;
+    int per;
+};
+
+static void quant_task(void *ctx, int task, int thread)
+{
+    (void)thread;
+    const struct QuantJob *qj = ctx;
+    struct GemmJob *job = qj->job;
+    const struct MatmulArgs *a = job->a;
+    int i1 = (task + 1) * qj->per < a->n ? (task + 1) * qj->per : a->n;
+    for (int i = task * qj->per; i < i1; i++) {
+        const float *x = a->x + (size_t)i * a->x_stride;
+        if (job->q8_need[0]) cpu_q8_quantize_row_avx512(Q8_ACT_32, x, a->k, &job->q8x[0], i);
+        if (!job->q8_need[1] && !job->q8_need[2]) continue;
+        const struct Q8Rows *v16 = &job->q8x[2], *v32 = &job->q8x[1];
+        if (!job->q8_need[2]) {
+            cpu_q8_quantize_row_avx512(Q8_ACT_K, x, a->k, v32, i);
+            continue;
+        }
+        cpu_q8_quantize_row_avx512(Q8_ACT_K, x, a->k, v16, i);
+        if (!job->q8_need[1]) continue;
+        for (int s = 0; s < a->k / 32; s++) {
+            size_t at = (size_t)i * v32->s_stride + s, f = (size_t)i * v16->s_stride + 2 * s;
+            int32_t sum = -(v16->nx[f] + v16->nx[f + 1]);
+            v32->d[at] = v16->d[f];
+            v32->nx[at] = -sum;
+            v32->dx[at] = v16->d[f] * (float)sum;
+        }
+    }
+}
+
+/* Sets up the int8 views of a job's input after the scratch's other areas and fills them. */
+static void q8_prepare(struct GemmJob *job, struct ThreadPool *pool, uint8_t *area)
+{
+    const struct MatmulArgs *a = job->a;
+    int n_prod = a->swiglu ? 2 : a->n_out;
+    for (int o = 0; o < n_prod; o++) {
+        int v = q8_view(a->out[o].w->type);
+        if (v >= 0) job->q8_need[v] = 1;
+    }
+    size_t n = (size_t)a->n, k = (size_t)a->k, qs = round_up(k, 64);
+    int8_t *q32 = (int8_t *)area, *qk = (int8_t *)(area + round_up(n * qs, 64));
+    uint8_t *p = area + 2 * round_up(n * qs, 64);
+    for (int v = 0; v < Q8_VIEWS; v++) {
+        struct Q8Rows *r = &job->q8x[v];
+        size_t ss = k / (size_t)VIEW_G[v] + 1, arr = round_up(n * ss * 4, 64);
+        *r = (struct Q8Rows){.q = v == 0 ? q32 : qk, .q_stride = qs, .s_stride = ss,
+                             .g = VIEW_G[v]};
+        r->d = (float *)(void *)p;
+        r->nx = (int32_t *)(void *)(p + arr);
+        r->dx = (float *)(void *)(p + 2 * arr);
+        p += 3 * arr;
+        (void)VIEW_ACT;
+    }
+    int threads = pool_threads(pool);
+    struct QuantJob qj = {.job = job, .per = (a->n + 4 * threads - 1) / (4 * threads)};
+    pool_run(pool, (a->n + qj.per - 1) / qj.per, quant_task, &qj);
+}
+
 void cpu_matmul_with(enum CpuIsa isa, enum CpuGemm gemm, struct ThreadPool *pool,
                      const struct MatmulArgs *a, void *scratch)
 {
@@ -274,13 +387,21 @@ void cpu_matmul_with(enum CpuIsa isa, enum CpuGemm gemm, struct ThreadPool *pool
     }
     job.row_block = a->n;
     job.n_row_blocks = 1;
+    job.q8 = !single && gemm == CPU_GEMM_Q8 && isa == CPU_ISA_AVX512 && cpu_q8_vnni();
+    if (job.q8) {
+        uint8_t *area = (uint8_t *)(base + job.per_thread * (size_t)threads +
+                                    round_up((size_t)a->k, 32) / 32 + ALIGN_FLOATS);
+        q8_prepare(&job, pool, (uint8_t *)(((uintptr_t)area + 63) & ~(uintptr_t)63));
+    }
     if (!single) {
-        /* Row blocks of whole microkernel tiles (14 rows) that fit the cache budget. */
-        int fit = (int)(ROW_BLOCK_BYTES / ((size_t)a->k * sizeof(float)));
-        fit = fit < 14 ? 14 : fit / 14 * 14;
+        /* Row blocks of whole microkernel tiles (14 rows f32, 6 int8) whose inputs fit the
+         * cache budget. */
+        int unit = job.q8 ? 6 : 14;
+        int fit = (int)(ROW_BLOCK_BYTES / ((size_t)a->k * (job.q8 ? 1 : sizeof(float))));
+        fit = fit < unit ? unit : fit / unit * unit;
         job.n_row_blocks = (a->n + fit - 1) / fit;
         job.row_block = (a->n + job.n_row_blocks - 1) / job.n_row_blocks;
-        job.row_block = (job.row_block + 13) / 14 * 14;
+        job.row_block = (job.row_block + unit - 1) / unit * unit;
         job.n_row_blocks = (a->n + job.row_block - 1) / job.row_block;
     }
     if (gemm == CPU_GEMM_OPENBLAS && !single) openblas_set_num_threads(1);

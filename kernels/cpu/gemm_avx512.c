@@ -14,36 +14,16 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 #endif
 
+#include "kernels/cpu/transpose_avx512.h"
+
 enum { MR = 14, NR = 32 };
 
 /* Transposes a 16 x 16 block: rows src[i*ss .. +16] become columns of dst (rows ds apart). */
 static inline void transpose16(const float *src, size_t ss, float *dst, size_t ds)
 {
-    __m512 r[16], t[16];
+    __m512 r[16];
     for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * ss);
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
-        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
-    }
-    /* r[4q + c] now holds, in each 128-bit lane L, column c of rows 4L'.. of group q. */
-    for (int q = 0; q < 4; q++)
-        for (int c = 0; c < 4; c++) t[4 * q + c] = r[4 * q + c];
-    for (int c = 0; c < 4; c++) {
-        __m512 a = _mm512_shuffle_f32x4(t[c], t[4 + c], 0x44);      /* lanes 0,1 | 0,1 */
-        __m512 b = _mm512_shuffle_f32x4(t[c], t[4 + c], 0xee);      /* lanes 2,3 | 2,3 */
-        __m512 e = _mm512_shuffle_f32x4(t[8 + c], t[12 + c], 0x44);
-        __m512 f = _mm512_shuffle_f32x4(t[8 + c], t[12 + c], 0xee);
-        r[c] = _mm512_shuffle_f32x4(a, e, 0x88);                    /* lane 0 of each */
-        r[4 + c] = _mm512_shuffle_f32x4(a, e, 0xdd);                /* lane 1 */
-        r[8 + c] = _mm512_shuffle_f32x4(b, f, 0x88);                /* lane 2 */
-        r[12 + c] = _mm512_shuffle_f32x4(b, f, 0xdd);               /* lane 3 */
-    }
+    avx512_transpose16(r);
     for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + i * ds, r[i]);
 }
 

@@ -33,6 +33,16 @@ int cpu_isa_supported(enum CpuIsa isa)
     }
 }
 
+int cpu_q8_vnni(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return cpu_isa_supported(CPU_ISA_AVX512) && __builtin_cpu_supports("avx512vnni");
+#else
+    return 0;
+#endif
+}
+
 static enum CpuIsa best_isa;
 static enum CpuGemm default_gemm;
 static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
@@ -51,9 +61,13 @@ static void choose(void)
      * (bench_kernels shapes; docs/performance.md); without either, OpenBLAS's kernels for the
      * machine beat the portable loops by far. */
     default_gemm = best_isa == CPU_ISA_SCALAR ? CPU_GEMM_OPENBLAS : CPU_GEMM_NATIVE;
+    /* The int8 products where the AVX-512 path and VNNI are there (docs/performance.md). */
+    int q8 = best_isa == CPU_ISA_AVX512 && cpu_q8_vnni();
+    if (q8) default_gemm = CPU_GEMM_Q8;
     const char *g = getenv("DIFFRAG_GEMM");
     if (g && !strcmp(g, "native")) default_gemm = CPU_GEMM_NATIVE;
     if (g && !strcmp(g, "openblas")) default_gemm = CPU_GEMM_OPENBLAS;
+    if (g && !strcmp(g, "q8") && q8) default_gemm = CPU_GEMM_Q8;
 }
 
 enum CpuIsa cpu_isa_best(void)

@@ -133,7 +133,7 @@ static void x16_tile(uint32_t type, const uint8_t *tile, float *out, size_t ld)
         }
 }
 
-static const uint8_t *x16_tile_at(const struct Weights *w, int group, int block)
+const uint8_t *cpu_x16_tile(const struct Weights *w, int group, int block)
 {
     size_t tile_bytes = 16 * (size_t)dequant_block_bytes(w->type);
     return (const uint8_t *)w->data + ((size_t)group * (w->cols / 32) + block) * tile_bytes;
@@ -148,7 +148,7 @@ void cpu_weights_row(const struct Weights *w, int r, float *dst)
     }
     float tile[32 * 16];
     for (int b = 0; b < w->cols / 32; b++) {
-        x16_tile(w->type, x16_tile_at(w, r / 16, b), tile, 16);
+        x16_tile(w->type, cpu_x16_tile(w, r / 16, b), tile, 16);
         for (int c = 0; c < 32; c++) dst[32 * b + c] = tile[16 * c + r % 16];
     }
 }
@@ -182,7 +182,7 @@ void cpu_panel_x16(const struct Weights *w, int r0, int width, float *panel)
             continue;
         }
         for (int b = 0; b < k / 32; b++)
-            x16_tile(w->type, x16_tile_at(w, g, b), panel + (size_t)32 * b * width + 16 * h,
+            x16_tile(w->type, cpu_x16_tile(w, g, b), panel + (size_t)32 * b * width + 16 * h,
                      (size_t)width);
     }
 }
@@ -193,7 +193,7 @@ void cpu_matvec_x16_portable(const struct Weights *w, int g0, int g1, const floa
     for (int g = g0; g < g1; g++) {
         float acc[16] = {0};
         for (int b = 0; b < w->cols / 32; b++) {
-            x16_tile(w->type, x16_tile_at(w, g, b), tile, 16);
+            x16_tile(w->type, cpu_x16_tile(w, g, b), tile, 16);
             for (int c = 0; c < 32; c++)
                 for (int j = 0; j < 16; j++) acc[j] += tile[16 * c + j] * x[32 * b + c];
         }
