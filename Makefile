@@ -15,7 +15,11 @@ CFLAGS   := -std=c11 $(OPT) $(ARCH) -g -Wall -Wextra -Werror -D_GNU_SOURCE -MMD 
             -fno-strict-aliasing $(SAN) $(EXTRA_CFLAGS)
 LDFLAGS  := $(SAN) $(EXTRA_LDFLAGS)
 LDLIBS   := -lm -lpthread
-PYTHON   ?= python3
+# The tools and tests run in the project's virtual environment (.venv, git-ignored; `make venv`
+# makes it from the python3 on PATH with the pinned packages of tests/requirements.txt).
+VENV     := .venv
+PYTHON   ?= $(VENV)/bin/python3
+VENV_PATH := PATH="$(abspath $(VENV))/bin:$$PATH"
 
 # The small model the fast tests use, and the default model `make run` serves (32K context).
 MODEL_FILE := models/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -47,14 +51,18 @@ $(BUILD)/%.o: %.c $(FLAGS_STAMP)
 deps:
 	sh tools/install-deps.sh
 
+venv: $(VENV)/.requirements
+$(VENV)/.requirements: tests/requirements.txt tools/make-venv.sh
+	sh tools/make-venv.sh $(VENV)
+
 model: $(MODEL_FILE) $(QWEN_FILE)
 $(MODEL_FILE): tools/fetch-model.sh
 	sh tools/fetch-model.sh smollm2
 $(QWEN_FILE): tools/fetch-model.sh
 	sh tools/fetch-model.sh qwen
 
-test: all $(MODEL_FILE) $(QWEN_FILE)
-	$(PYTHON) -m pytest -q --durations=15 tests
+test: all $(MODEL_FILE) $(QWEN_FILE) venv
+	$(VENV_PATH) $(PYTHON) -m pytest -q --durations=15 tests
 
 # Everything built with AddressSanitizer + UndefinedBehaviorSanitizer in build/asan (flags
 # above; -O2, as -O1 made the engine's products 3 times slower still); `BUILD=build/asan make
@@ -94,38 +102,38 @@ fuzz: fuzz-build $(MODEL_FILE)
 	        $(FUZZ_BUILD)/corpus/$$t tests/fuzz/seeds/$$t || exit 1; \
 	done
 
-bench-engine: all $(MODEL_FILE)
-	$(PYTHON) bench/bench_engine.py
+bench-engine: all $(MODEL_FILE) venv
+	$(VENV_PATH) $(PYTHON) bench/bench_engine.py
 
-bench-llamacpp: all $(MODEL_FILE)
-	$(PYTHON) bench/bench_llamacpp.py
+bench-llamacpp: all $(MODEL_FILE) venv
+	$(VENV_PATH) $(PYTHON) bench/bench_llamacpp.py
 
 # The Qwen model beside llama.cpp, the two interleaved: prefill at 512 to 8,192 tokens and decode
 # at depth 0 and 8,192 (medians of 3 below 8,192 tokens, one run from there), then 32,768 tokens
 # once against llama.cpp's flash attention (its faster setting at length); the ratios against
 # the targets (prefill 2.5x, decode 1.0x). About an hour on 2 cores.
-bench-qwen: all $(QWEN_FILE)
-	$(PYTHON) bench/bench_llamacpp.py --models qwen --sizes 512,2048,8192 --once-from 8192 --kv f16
-	$(PYTHON) bench/bench_llamacpp.py --models qwen --sizes 32768 --no-decode --fa 1 --reps 1
+bench-qwen: all $(QWEN_FILE) venv
+	$(VENV_PATH) $(PYTHON) bench/bench_llamacpp.py --models qwen --sizes 512,2048,8192 --once-from 8192 --kv f16
+	$(VENV_PATH) $(PYTHON) bench/bench_llamacpp.py --models qwen --sizes 32768 --no-decode --fa 1 --reps 1
 
-bench-grounding: all $(MODEL_FILE)
-	$(PYTHON) bench/bench_grounding.py
+bench-grounding: all $(MODEL_FILE) venv
+	$(VENV_PATH) $(PYTHON) bench/bench_grounding.py
 
 # The groundedness detector's calibration and held-out evaluation (about 40 minutes on two
 # cores): writes deploy/grounding/*.grounding, docs/grounding-eval.md, docs/grounding-roc.png.
-eval-grounding: all $(MODEL_FILE)
-	$(PYTHON) tools/grounding-eval.py all --command "make eval-grounding"
+eval-grounding: all $(MODEL_FILE) venv
+	$(VENV_PATH) $(PYTHON) tools/grounding-eval.py all --command "make eval-grounding"
 
 # Needle in a haystack with the Qwen model through diffragd at 4K, 8K, 16K and 32K tokens, five
 # depths each (docs/evaluation.md; an hour or more on two cores). EVAL_ARGS=--yarn adds 64K and
 # 128K with YaRN (factor 4 over 32,768).
-eval-longctx: all $(QWEN_FILE)
-	BUILD=$(BUILD) $(PYTHON) tools/eval-longctx.py $(EVAL_ARGS)
+eval-longctx: all $(QWEN_FILE) venv
+	BUILD=$(BUILD) $(VENV_PATH) $(PYTHON) tools/eval-longctx.py $(EVAL_ARGS)
 .PHONY: eval-longctx
 
 clean:
 	rm -rf build
 
-.PHONY: all deps model test asan run clean bench-engine bench-llamacpp bench-qwen bench-grounding eval-grounding install fuzz fuzz-build
+.PHONY: all deps venv model test asan run clean bench-engine bench-llamacpp bench-qwen bench-grounding eval-grounding install fuzz fuzz-build
 .SECONDARY:
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -18,16 +18,16 @@ $(BUILD)/tests/test_daemon_units $(BUILD)/tests/test_grounding_units: $(BUILD)/t
         $(BUILD)/tests/%.o $(LIB_DAEMON) $(LIB_RETRIEVER) $(LIB_MODEL)
 	$(CC) $(LDFLAGS) $< -o $@ $(DAEMON_LIBS) $(RETRIEVER_LIBS) $(MODEL_LIBS) $(LDLIBS)
 
-bench-daemon: $(BUILD)/diffragd
-	$(PYTHON) bench/bench_daemon.py
+bench-daemon: $(BUILD)/diffragd venv
+	$(VENV_PATH) $(PYTHON) bench/bench_daemon.py
 
 # `make soak`: 64 clients for SOAK_SECONDS (after a 30 s warm-up) against a tiny model; fails on
 # a lost, duplicated or misdirected reply, a broken queue bound, counts that differ from
 # /metrics, or resident memory growing more than 5% (bench/soak.py). BUILD=build/asan soaks the
 # sanitized daemon.
 SOAK_SECONDS ?= 120
-soak: $(BUILD)/diffragd
-	BUILD=$(BUILD) $(PYTHON) bench/soak.py --seconds $(SOAK_SECONDS) --clients 64 \
+soak: $(BUILD)/diffragd venv
+	BUILD=$(BUILD) $(VENV_PATH) $(PYTHON) bench/soak.py --seconds $(SOAK_SECONDS) --clients 64 \
 	    --json $(BUILD)/soak.json
 
 # `make install-daemon PREFIX=/usr DESTDIR=...`: the binary, the configuration (kept when one

@@ -4,7 +4,8 @@ built: tools/run-daemon.sh (ingest docs/, then diffragd with the default model),
 temporary DIFFRAG_DATA_DIR, the small model SmolLM2-135M (DIFFRAG_MODEL), free ports and short
 answers (--default-max-tokens, --top-k) so that the test stays quick. The other ```sh blocks run from the repository root in bash, with
 DIFFRAG_ENDPOINT naming the daemon and the documented addresses replaced by the test's, and
-with `python3` from a fresh virtual environment (so `pip install` installs there, offline).
+with the project's `.venv/bin/python3` replaced by a fresh virtual environment's (so `pip install`
+installs there, offline).
 Every command of the section must have a check here."""
 import os
 import re
@@ -98,11 +99,14 @@ CHECKS = [
      lambda out, c: out.startswith("examples/sample-paragraph.txt ") and out.count("\n") == 1),
     (r"build/diffrag stats$", 0,
      lambda out, c: "diffragd:        0.1.0" in out and "workers:         1 idle" in out),
-    (r"python3 -m pip install clients/python$", 0,
+    (r"make venv$", 0,
+     lambda out, c: (ROOT / ".venv" / ".requirements").read_text() ==
+     (ROOT / "tests" / "requirements.txt").read_text()),
+    (r"\.venv/bin/python3 -m pip install clients/python$", 0,
      lambda out, c: any(c["venv"].glob("lib/python*/site-packages/diffrag/client.py"))),
-    (r"python3 - <<'EOF'\nimport diffrag\n", 1,
+    (r"\.venv/bin/python3 - <<'EOF'\nimport diffrag\n", 1,
      lambda out, c: "\nsources: [(1, 'docs/protocol.md')" in out),
-    (r"python3 examples/ask_folder.py tcp://127.0.0.1:7400 examples ", 1,
+    (r"\.venv/bin/python3 examples/ask_folder.py tcp://127.0.0.1:7400 examples ", 1,
      lambda out, c: out.startswith("stored 1 documents") and
      "[1] sample-paragraph.txt" in out.split("sources:")[1]),
     (r"curl -s http://127.0.0.1:9400/metrics \| grep ", 0,
@@ -153,6 +157,9 @@ def test_readme_quickstart(tmp_path, default_model):
         for cmd, (asks, chk) in zip(commands[1:], checks):
             run = cmd.replace("tcp://127.0.0.1:7400", ep).replace("127.0.0.1:9400",
                                                                   "127.0.0.1:%d" % mport)
+            # the project's .venv (which `make venv` keeps) stands for this test's own
+            # environment, so that the client package installs there, offline
+            run = run.replace(".venv/bin/python3", str(venv / "bin" / "python3"))
             t0 = time.time()
             r = subprocess.run(["bash", "-c", "set -o pipefail\n" + run], cwd=ROOT, env=env,
                                capture_output=True, text=True, timeout=300)

@@ -16,6 +16,6 @@ BIN="${BUILD:-build}"
 cat <<'MSG'
 diffragd: starting; ask it about diffrag from another terminal, e.g.
   build/diffrag ask "How do I cancel a query?"
-  python3 -c 'import zmq, msgpack; s = zmq.Context().socket(zmq.DEALER); s.connect("tcp://127.0.0.1:7400"); s.send(msgpack.packb({"v": 1, "op": "query", "collection": "docs", "question": "How do I cancel a query?"})); r = msgpack.unpackb(s.recv()); print(r["answer"]); print([c["doc_id"] for c in r["citations"]])'
+  make venv && .venv/bin/python3 -c 'import zmq, msgpack; s = zmq.Context().socket(zmq.DEALER); s.connect("tcp://127.0.0.1:7400"); s.send(msgpack.packb({"v": 1, "op": "query", "collection": "docs", "question": "How do I cancel a query?"})); r = msgpack.unpackb(s.recv()); print(r["answer"]); print([c["doc_id"] for c in r["citations"]])'
 MSG
 exec "$BIN/diffragd" --config /dev/null --data-dir "$DATA_DIR" --model "$MODEL" "$@"
