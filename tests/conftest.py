@@ -30,6 +30,22 @@ def load_tool(filename):
     return mod
 
 
+def offline_venv(path):
+    """A fresh virtual environment at `path` that sees this interpreter's packages (pip, pyzmq,
+    msgpack...) through a .pth file, whichever interpreter runs the tests (the project's .venv,
+    whose base python3 may be Debian's without them, or any other): `pip install` of the
+    in-tree client package then needs nothing from an index. Returns its python."""
+    import site
+    import subprocess
+    import sys
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    py = pathlib.Path(path) / "bin" / "python"
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    (pathlib.Path(purelib) / "_tests_parent.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    return py
+
+
 def asan_built(program):
     """Whether a program of the build under test carries AddressSanitizer (BUILD=build/asan)."""
     return b"__asan_init" in program.read_bytes()

@@ -16,7 +16,7 @@ import pytest
 import zmq
 import zmq.auth.thread
 
-from conftest import ROOT
+from conftest import ROOT, offline_venv
 from daemon_util import Daemon, fast_model, free_port
 
 sys.path.insert(0, str(ROOT / "clients" / "python"))
@@ -401,11 +401,10 @@ def test_curve(tmp_path):
 
 def test_pip_install_offline(tmp_path, daemon):
     """`pip install clients/python` as a user would, into a fresh virtual environment that
-    sees the system's pyzmq and msgpack: the in-tree build backend needs nothing from an
+    sees the test interpreter's pyzmq and msgpack: the in-tree build backend needs nothing from an
     index, so no network is used."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages",
-                    str(venv)], check=True)
+    offline_venv(venv)
     py = venv / "bin" / "python"
     env = dict(os.environ, PIP_NO_INDEX="1", PYTHONPATH="")
     r = subprocess.run([str(py), "-m", "pip", "install", "--disable-pip-version-check",

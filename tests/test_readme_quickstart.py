@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from conftest import ROOT
+from conftest import ROOT, offline_venv
 from daemon_util import free_port, http_get
 
 SECTION = "## Using diffrag"
@@ -130,8 +130,7 @@ def test_readme_quickstart(tmp_path, default_model):
     port, mport = free_port(), free_port()
     ep = "tcp://127.0.0.1:%d" % port
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages",
-                    str(venv)], check=True)
+    offline_venv(venv)
     # `make run` serves the default model (Qwen2.5-Coder-0.5B); SmolLM2-135M keeps this quick
     # (tools/run-daemon.sh ingests with the tokenizer of the model it serves: DIFFRAG_MODEL)
     env = dict(os.environ, DIFFRAG_ENDPOINT=ep, DIFFRAG_DATA_DIR=str(tmp_path / "var"),
