@@ -42,10 +42,9 @@ static size_t per_thread_floats(int n_max, int k_max)
     return panel_floats(k_max) + round_up(n * TASK_COLS, ALIGN_FLOATS) + 4 * 256;
 }
 
-/* The int8 input rows: Q8_0 blocks (sub-blocks of 32), Q8_K (its integers once, sums per 32
- * and per 16), each array 64-byte aligned. */
+/* The int8 input rows in three views: Q8_0 blocks (sub-blocks of 32), then Q8_K (its integers
+ * once) with sums per 32 and per 16; each array 64-byte aligned. */
 enum { Q8_VIEWS = 3 };
-static const enum Q8Act VIEW_ACT[Q8_VIEWS] = {Q8_ACT_32, Q8_ACT_K, Q8_ACT_K};
 static const int VIEW_G[Q8_VIEWS] = {32, 32, 16};
 
 static size_t q8_rows_bytes(int n_max, int k_max)
@@ -344,7 +343,6 @@ static void q8_prepare(struct GemmJob *job, struct ThreadPool *pool, uint8_t *ar
         r->nx = (int32_t *)(void *)(p + arr);
         r->dx = (float *)(void *)(p + 2 * arr);
         p += 3 * arr;
-        (void)VIEW_ACT;
     }
     int threads = pool_threads(pool);
     struct QuantJob qj = {.job = job, .per = (a->n + 4 * threads - 1) / (4 * threads)};
