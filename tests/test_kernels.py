@@ -6,6 +6,7 @@ token by token (the one-token kernels); and one model through every instruction-
 machine supports (DIFFRAG_CPU_ISA) and both prefill product engines (DIFFRAG_GEMM). The
 K-quants (Q2_K .. Q6_K, row layout, 256-wide super-blocks) and Q5_0 (interleaved) run through
 every path too, prefill and one token at a time."""
+import functools
 import os
 import re
 import subprocess
@@ -30,11 +31,18 @@ def c_logits(model, tokens, tmp_path, *args, env=F32_PRODUCTS):
     return np.fromfile(out, dtype="<f4")
 
 
-def supported_paths():
+@functools.lru_cache(maxsize=None)
+def kernel_report():
+    """What build/tests/test_kernels prints about this machine (run once per session)."""
     r = subprocess.run([str(BUILD / "tests" / "test_kernels")], capture_output=True, text=True,
                        timeout=600)
-    m = re.search(r"paths supported here: ([a-z0-9 ]+) \(", r.stdout)
-    assert m, r.stdout[-2000:]
+    return r.stdout
+
+
+def supported_paths():
+    out = kernel_report()
+    m = re.search(r"paths supported here: ([a-z0-9 ]+) \(", out)
+    assert m, out[-2000:]
     return m.group(1).split()
 
 
@@ -85,9 +93,7 @@ def test_int8_products_end_to_end(dtype, tmp_path):
     ref = load(model)
     tokens = np.random.default_rng(6).integers(0, ref.vocab, size=48).tolist()
     want = logits(ref, tokens)[-1]
-    vnni = "int8 (q8) runs checked" in subprocess.run(
-        [str(BUILD / "tests" / "test_kernels")], capture_output=True, text=True,
-        timeout=600).stdout
+    vnni = "int8 (q8) runs checked" in kernel_report()
     got = c_logits(model, tokens, tmp_path, "--chunk", 48, "--threads", 2,
                    env={"DIFFRAG_GEMM": "q8"})
     f32 = c_logits(model, tokens, tmp_path, "--chunk", 48, "--threads", 2)
