@@ -30,7 +30,7 @@ all:
 # Each module.mk appends to these.
 BINS        :=
 TEST_BINS   :=
-include kernels/module.mk model/module.mk
+include text/module.mk kernels/module.mk model/module.mk
 include $(wildcard retriever/module.mk daemon/module.mk clients/module.mk)
 include tests/module.mk
 
@@ -82,18 +82,20 @@ FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := fuzz_gguf fuzz_tokenizer fuzz_analyzer fuzz_context fuzz_request
 FUZZ_BUILD   := build/fuzz
 FUZZ_SAN     := -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer
-# The parsers under fuzz need no kernels: link only what they use.
-FUZZ_OBJS    := model/gguf model/tokenizer model/unicode $(basename $(wildcard retriever/*.c))
-# fuzz_request also links the daemon's decoder, msgpack reader/writer, configuration table and
-# the grounding parsers the configuration checks with.
-FUZZ_DAEMON_OBJS := daemon/proto daemon/mp daemon/wire daemon/config daemon/log daemon/grounding
-FUZZ_LINK_fuzz_request := $(patsubst %,$(FUZZ_BUILD)/%.o,$(FUZZ_DAEMON_OBJS)) -lmsgpackc
+# The parsers under fuzz need no kernels: link only what they use (the text layer whole).
+FUZZ_OBJS    := model/gguf model/tokenizer model/tokenizer_encode $(basename $(wildcard text/*.c)) \
+                $(basename $(wildcard retriever/*.c))
+# fuzz_request also links the daemon's decoder and op table (with the I/O stages it names),
+# msgpack reader/writer, configuration table and the grounding parsers the configuration
+# checks with.
+FUZZ_DAEMON_OBJS := daemon/proto daemon/ops daemon/stages daemon/mp daemon/wire daemon/config daemon/log daemon/grounding
+FUZZ_LINK_fuzz_request := $(patsubst %,$(FUZZ_BUILD)/%.o,$(FUZZ_DAEMON_OBJS)) -lmsgpackc -lcrypto
 fuzz-build:
 	$(MAKE) BUILD=$(FUZZ_BUILD) CC=clang OPT=-O1 SAN="$(FUZZ_SAN)" \
 	    $(patsubst %,$(FUZZ_BUILD)/%.o,$(FUZZ_OBJS) $(FUZZ_DAEMON_OBJS) $(addprefix tests/fuzz/,$(FUZZ_TARGETS)))
 	$(foreach t,$(FUZZ_TARGETS),clang -fsanitize=fuzzer,address,undefined $(FUZZ_BUILD)/tests/fuzz/$(t).o \
 	    -o $(FUZZ_BUILD)/$(t) $(patsubst %,$(FUZZ_BUILD)/%.o,$(FUZZ_OBJS)) $(FUZZ_LINK_$(t)) \
-	    -llmdb -lstemmer -lm -lpthread &&) true
+	    -llmdb -lstemmer -ljansson -lm -lpthread &&) true
 fuzz: fuzz-build $(MODEL_FILE)
 	for t in $(FUZZ_TARGETS); do \
 	    mkdir -p $(FUZZ_BUILD)/corpus/$$t; \

@@ -18,10 +18,11 @@
 #include "model/tokenizer.h"
 #include "retriever/bm25.h"
 #include "retriever/chunker.h"
-#include "retriever/json.h"
+#include "text/json.h"
 #include "retriever/status.h"
 #include "retriever/store.h"
-#include "retriever/tokcount.h"
+#include "model/tokcount_model.h"
+#include "text/tokcount.h"
 
 #define BATCH_BYTES (4u << 20) /* text per transaction, both engines (the CLI's default too) */
 #define WARMUP 30 /* untimed queries first, on each engine */

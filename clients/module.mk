@@ -3,13 +3,15 @@
 # They speak only the wire protocol and need libzmq and msgpack-c, nothing else of diffrag.
 CLIENT_VERSION := 0.1.0
 CLIENT_SONAME  := libdiffrag.so.0
-CLIENT_SRCS    := $(wildcard clients/c/*.c)
+CLIENT_SRCS    := $(wildcard clients/c/*.c) $(TEXT_SRCS)
 CLIENT_OBJS    := $(patsubst %.c,$(BUILD)/%.o,$(CLIENT_SRCS))
 CLIENT_PIC     := $(patsubst %.c,$(BUILD)/pic/%.o,$(CLIENT_SRCS))
-CLIENT_EXT     := -lzmq -lmsgpackc
+CLIENT_EXT     := -lzmq -lmsgpackc -ljansson
 LIB_CLIENT     := $(BUILD)/libdiffrag.a
 SO_CLIENT      := $(BUILD)/libdiffrag.so
 CLI_OBJS       := $(patsubst %.c,$(BUILD)/%.o,$(wildcard clients/cli/*.c))
+# Documents from local files: shared by `diffrag ingest` and `diffrag-store ingest`.
+DOCSRC_OBJS    := $(patsubst %.c,$(BUILD)/%.o,$(wildcard clients/ingest/*.c))
 
 # Only the diffrag_* API leaves the libraries: the rest is hidden from the dynamic symbol
 # table (.so) and made local in the one relocatable object the archive holds (.a), so the
@@ -29,7 +31,7 @@ $(LIB_CLIENT): $(CLIENT_OBJS)
 
 # The command line and the tests use the objects themselves (the JSON helpers are internal).
 BINS += $(BUILD)/diffrag $(SO_CLIENT) $(LIB_CLIENT) $(BUILD)/examples/ask_folder
-$(BUILD)/diffrag: $(CLI_OBJS) $(CLIENT_OBJS)
+$(BUILD)/diffrag: $(CLI_OBJS) $(DOCSRC_OBJS) $(CLIENT_OBJS)
 	$(CC) $(LDFLAGS) $^ -o $@ $(CLIENT_EXT) $(LDLIBS)
 
 # The example is written as a user's program would be: #include <diffrag.h>, -ldiffrag.

@@ -1,6 +1,6 @@
-/* The groundedness figures of docs/groundedness.md: word splitting and the documents' word
- * set, lexical support, windows, features, the logistic score and the request summary, and
- * the strict calibration file parser. */
+/* The groundedness figures of docs/groundedness.md: content words and lexical support (over
+ * text/words.h's splitter and word set), windows, features, the logistic score and the request
+ * summary, and the strict calibration file parser. */
 #include "daemon/grounding.h"
 
 #include <ctype.h>
@@ -10,10 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <openssl/evp.h>
 
 #include "retriever/prompt.h"
-#include "retriever/text.h"
-#include "retriever/unicode_tables.h"
+#include "text/words.h"
 
 static const char *const feature_names[GR_N_FEATURES] = {
     "mean_logprob", "min_logprob", "mean_entropy", "mean_margin", "lookback", "diff_doc_mass",
@@ -25,7 +25,7 @@ const char *gr_feature_name(int f)
     return f >= 0 && f < GR_N_FEATURES ? feature_names[f] : NULL;
 }
 
-/* ---- words ---- */
+/* ---- content words ---- */
 
 /* Function words that carry no fact of their own. */
 static const char *const stop_words[] = {
@@ -48,228 +48,15 @@ static int is_stop_word(const char *w, size_t len)
     return 0;
 }
 
-int gr_is_content(const struct GrWord *w)
+int gr_is_content(const struct Word *w)
 {
     return w->digit || w->capital || !is_stop_word(w->lower, w->lower_len);
-}
-
-/* The word being collected: lowercased bytes (apostrophes included until the flush). */
-struct WordAcc {
-    char buf[4 * GR_MAX_WORD + 8];
-    size_t len;
-    int overflow;
-    struct GrWord w;
-    int open;
-};
-
-static void acc_push(struct WordAcc *a, const char *b, size_t n)
-{
-    if (a->len + n > sizeof a->buf) {
-        a->overflow = 1;    /* past any term length kept: the rest is cut anyway */
-        return;
-    }
-    memcpy(a->buf + a->len, b, n);
-    a->len += n;
-}
-
-static int acc_flush(struct WordAcc *a, gr_word_fn fn, void *ctx)
-{
-    if (!a->open)
-        return 0;
-    a->open = 0;
-    char *w = a->buf;
-    size_t n = a->len;
-    a->len = 0;
-    if (!a->overflow && n >= 2 && w[n - 1] == 's' && w[n - 2] == '\'')
-        n -= 2;
-    a->overflow = 0;
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (w[i] != '\'')
-            w[k++] = w[i];
-    n = utf8_cut(w, k, GR_MAX_WORD);
-    if (n == 0)
-        return 0;
-    memcpy(a->w.lower, w, n);
-    a->w.lower_len = n;
-    return fn(ctx, &a->w);
-}
-
-/* A word character at byte i (its code point cp, adv bytes) joins the word. */
-static void acc_char(struct WordAcc *a, size_t i, size_t adv, uint32_t cp)
-{
-    uint32_t lo = uni_lower(cp);
-    if (!a->open) {
-        a->open = 1;
-        a->len = 0;
-        a->overflow = 0;
-        a->w.start = i;
-        a->w.capital = lo != cp;
-        a->w.digit = 0;
-    }
-    if (cp >= '0' && cp <= '9')
-        a->w.digit = 1;
-    char enc[4];
-    acc_push(a, enc, utf8_encode(lo, enc));
-    a->w.end = i + adv;
-}
-
-static int is_apostrophe(int32_t cp) { return cp == '\'' || cp == 0x2019; }
-
-static int ascii_word(unsigned char c)
-{
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
-}
-
-int gr_words(const char *text, size_t len, gr_word_fn fn, void *ctx)
-{
-    const unsigned char *u = (const unsigned char *)text;
-    struct WordAcc a;
-    int rc;
-    a.open = 0;
-    a.len = 0;
-    a.overflow = 0;
-    for (size_t i = 0; i < len;) {
-        size_t adv = 1;
-        int32_t cp;
-        int cls;
-        if (u[i] < 0x80) {
-            cp = u[i];
-            cls = ascii_word(u[i]) ? UNI_WORD : UNI_SEP;
-        } else {
-            cp = utf8_decode(u + i, len - i, &adv);
-            cls = cp < 0 ? UNI_SEP : uni_class((uint32_t)cp);
-        }
-        if (cls == UNI_WORD) {
-            acc_char(&a, i, adv, (uint32_t)cp);
-        } else if (is_apostrophe(cp) && a.open && i + adv < len) {
-            /* kept only between two word characters ("don't", "Norman's") */
-            size_t adv2 = 1;
-            int32_t next = u[i + adv] < 0x80 ? (ascii_word(u[i + adv]) ? u[i + adv] : -1)
-                                             : utf8_decode(u + i + adv, len - i - adv, &adv2);
-            if (next >= 0 && (next < 0x80 || uni_class((uint32_t)next) == UNI_WORD))
-                acc_push(&a, "'", 1);
-            else if ((rc = acc_flush(&a, fn, ctx)))
-                return rc;
-        } else {
-            if ((rc = acc_flush(&a, fn, ctx)))
-                return rc;
-            if (cls == UNI_IDEO) {
-                acc_char(&a, i, adv, (uint32_t)cp);
-                if ((rc = acc_flush(&a, fn, ctx)))
-                    return rc;
-            }
-        }
-        i += adv;
-    }
-    return acc_flush(&a, fn, ctx);
-}
-
-/* ---- the documents' word set: 64-bit hashes of lowercased words, open addressing ---- */
-
-struct GrWordSet {
-    uint64_t *slots;    /* 0: empty */
-    size_t cap, n;      /* cap a power of two, n <= cap / 2 */
-};
-
-static uint64_t word_hash(const char *s, size_t len)
-{
-    uint64_t h = 1469598103934665603ull;   /* FNV-1a, then a final mix */
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-    return h ? h : 1;
-}
-
-int gr_wordset_new(struct GrWordSet **out)
-{
-    struct GrWordSet *ws = calloc(1, sizeof *ws);
-    *out = NULL;
-    if (!ws)
-        return -1;
-    ws->cap = 256;
-    ws->slots = calloc(ws->cap, sizeof *ws->slots);
-    if (!ws->slots) {
-        free(ws);
-        return -1;
-    }
-    *out = ws;
-    return 0;
-}
-
-void gr_wordset_destroy(struct GrWordSet **pws)
-{
-    struct GrWordSet *ws = pws ? *pws : NULL;
-    if (!ws)
-        return;
-    free(ws->slots);
-    free(ws);
-    *pws = NULL;
-}
-
-static void slot_put(uint64_t *slots, size_t cap, uint64_t h, size_t *n)
-{
-    for (size_t i = h & (cap - 1);; i = (i + 1) & (cap - 1)) {
-        if (slots[i] == h)
-            return;
-        if (slots[i] == 0) {
-            slots[i] = h;
-            (*n)++;
-            return;
-        }
-    }
-}
-
-static int wordset_put(struct GrWordSet *ws, uint64_t h)
-{
-    if (ws->n + 1 > ws->cap / 2) {
-        size_t cap = ws->cap * 2, n = 0;
-        uint64_t *s = calloc(cap, sizeof *s);
-        if (!s)
-            return -1;
-        for (size_t i = 0; i < ws->cap; i++)
-            if (ws->slots[i])
-                slot_put(s, cap, ws->slots[i], &n);
-        free(ws->slots);
-        ws->slots = s;
-        ws->cap = cap;
-    }
-    slot_put(ws->slots, ws->cap, h, &ws->n);
-    return 0;
-}
-
-static int add_word(void *ctx, const struct GrWord *w)
-{
-    return wordset_put(ctx, word_hash(w->lower, w->lower_len));
-}
-
-int gr_wordset_add_text(struct GrWordSet *ws, const char *text, size_t len)
-{
-    return gr_words(text, len, add_word, ws) ? -1 : 0;
-}
-
-int gr_wordset_has(const struct GrWordSet *ws, const char *lower, size_t len)
-{
-    uint64_t h = word_hash(lower, len);
-    for (size_t i = h & (ws->cap - 1);; i = (i + 1) & (ws->cap - 1)) {
-        if (ws->slots[i] == h)
-            return 1;
-        if (ws->slots[i] == 0)
-            return 0;
-    }
-}
-
-size_t gr_wordset_size(const struct GrWordSet *ws)
-{
-    return ws->n;
 }
 
 /* ---- lexical support ---- */
 
 struct LexCtx {
-    const struct GrWordSet *docs;
+    const struct WordSet *docs;
     const char *text;
     size_t len;
     const uint32_t *text_end;
@@ -281,7 +68,7 @@ static int citation_char(char ch) { return (ch >= '0' && ch <= '9') || ch == ','
 
 /* The number of a citation marker: inside brackets that hold only numbers, commas and spaces
  * ("[2]", "[1, 3]"). The prompt asks for these; they are not claims about the documents. */
-static int in_citation(const struct LexCtx *c, const struct GrWord *w)
+static int in_citation(const struct LexCtx *c, const struct Word *w)
 {
     for (size_t i = w->start; i < w->end; i++)
         if (c->text[i] < '0' || c->text[i] > '9')
@@ -294,10 +81,10 @@ static int in_citation(const struct LexCtx *c, const struct GrWord *w)
     return a > 0 && c->text[a - 1] == '[' && b < c->len && c->text[b] == ']';
 }
 
-static int lex_word(void *ctx, const struct GrWord *w)
+static int lex_word(void *ctx, const struct Word *w)
 {
     struct LexCtx *c = ctx;
-    if (!gr_is_content(w) || in_citation(c, w) || (c->docs && gr_wordset_has(c->docs, w->lower, w->lower_len)))
+    if (!gr_is_content(w) || in_citation(c, w) || (c->docs && words_set_has(c->docs, w->lower, w->lower_len)))
         return 0;
     /* tokens [ts, te) with ts < w->end and w->start < te; words come in text order */
     while (c->tok < c->n && c->text_end[c->tok] <= w->start)
@@ -312,13 +99,13 @@ static int lex_word(void *ctx, const struct GrWord *w)
     return 0;
 }
 
-void gr_lexical(const struct GrWordSet *docs, const char *answer, size_t len,
+void gr_lexical(const struct WordSet *docs, const char *answer, size_t len,
                 const uint32_t *text_end, size_t n, uint8_t *unsupported)
 {
     struct LexCtx c = { .docs = docs, .text = answer, .len = len, .text_end = text_end, .n = n,
                         .unsupported = unsupported };
     memset(unsupported, 0, n);
-    gr_words(answer, len, lex_word, &c);
+    words_split(answer, len, lex_word, &c);
 }
 
 /* ---- windows, features, score ---- */
@@ -766,6 +553,49 @@ int gr_calibration_load(const char *path, struct GrCalibration *out, char *err, 
     }
     free(buf);
     return rc;
+}
+
+int gr_file_sha256(const char *path, uint8_t digest[32], char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    enum { PIECE = 1 << 20 };
+    uint8_t *buf = malloc(PIECE);
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    int rc = -1;
+    if (!buf || !md || !EVP_DigestInit_ex(md, EVP_sha256(), NULL)) {
+        snprintf(err, errlen, "%s: cannot set up SHA-256 (out of memory)", path);
+        goto out;
+    }
+    size_t n;
+    int ok = 1;
+    while (ok && (n = fread(buf, 1, PIECE, f)) > 0)
+        ok = EVP_DigestUpdate(md, buf, n);
+    unsigned int dlen = 0;
+    if (ferror(f))
+        snprintf(err, errlen, "%s: read error", path);
+    else if (!ok || !EVP_DigestFinal_ex(md, digest, &dlen) || dlen != 32)
+        snprintf(err, errlen, "%s: SHA-256 failed", path);
+    else
+        rc = 0;
+out:
+    EVP_MD_CTX_free(md);
+    free(buf);
+    fclose(f);
+    return rc;
+}
+
+void gr_sha256_hex(const uint8_t digest[32], char out[65])
+{
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 0; i < 32; i++) {
+        out[2 * i] = hex[digest[i] >> 4];
+        out[2 * i + 1] = hex[digest[i] & 15];
+    }
+    out[64] = 0;
 }
 
 int gr_parse_heads(const char *s, struct GrHead *out, int cap, int *n, char *err, size_t errlen)

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "text/words.h"
+
 /* ---- calibration ---- */
 
 enum GrFeature {
@@ -44,6 +46,12 @@ int gr_calibration_parse(const char *text, size_t len, const char *origin,
  * the file and errno when it cannot be read. */
 int gr_calibration_load(const char *path, struct GrCalibration *out, char *err, size_t errlen);
 
+/* The SHA-256 of a whole file (a calibration is bound to the model file's digest), read in
+ * pieces through libcrypto. 0, or -1 with err naming the file and errno. */
+int gr_file_sha256(const char *path, uint8_t digest[32], char *err, size_t errlen);
+/* 64 lowercase hex digits and a NUL into out (65 bytes). */
+void gr_sha256_hex(const uint8_t digest[32], char out[65]);
+
 /* "auto" is not a list: parses LAYER:HEAD pairs separated by commas (spaces allowed), at
  * most cap, distinct, at least one. 0, or -1 with err. */
 int gr_parse_heads(const char *s, struct GrHead *out, int cap, int *n, char *err, size_t errlen);
@@ -62,37 +70,15 @@ struct GrSignals {
 
 /* ---- words and lexical support ---- */
 
-#define GR_MAX_WORD 64   /* longer words are cut at a character boundary (= the index's) */
-
-struct GrWord {
-    size_t start, end;           /* bytes of the word in the text */
-    char lower[GR_MAX_WORD];     /* lowercased, apostrophes and a final 's dropped */
-    size_t lower_len;            /* >= 1 */
-    int capital;                 /* the first character is an upper-case letter */
-    int digit;                   /* it contains an ASCII digit */
-};
-/* Called per word in text order; non-zero stops the walk and is returned by gr_words. */
-typedef int (*gr_word_fn)(void *ctx, const struct GrWord *w);
-/* Splits text as the retriever's analyzer does (Unicode word characters, an apostrophe kept
- * only between two of them, each ideograph a word of its own; bytes that are not UTF-8
- * separate words). */
-int gr_words(const char *text, size_t len, gr_word_fn fn, void *ctx);
+/* Words come from text/words.h (the analyzer's splitting, lowercased). */
 
 /* A content word: not a stop word, or has a digit, or starts with a capital letter. */
-int gr_is_content(const struct GrWord *w);
-
-struct GrWordSet;
-int gr_wordset_new(struct GrWordSet **out);      /* 0 or -1 (out of memory) */
-void gr_wordset_destroy(struct GrWordSet **ws);
-/* Adds the (lowercased) words of text. 0 or -1 (out of memory). */
-int gr_wordset_add_text(struct GrWordSet *ws, const char *text, size_t len);
-int gr_wordset_has(const struct GrWordSet *ws, const char *lower, size_t len);
-size_t gr_wordset_size(const struct GrWordSet *ws);
+int gr_is_content(const struct Word *w);
 
 /* unsupported[i] = 1 when token i's bytes overlap a content word of the answer whose
  * lowercased form is not in docs (NULL: no documents, every content word unsupported).
  * text_end must be non-decreasing and at most len. */
-void gr_lexical(const struct GrWordSet *docs, const char *answer, size_t len,
+void gr_lexical(const struct WordSet *docs, const char *answer, size_t len,
                 const uint32_t *text_end, size_t n, uint8_t *unsupported);
 
 /* ---- windows, features, score ---- */

@@ -20,7 +20,6 @@
 #include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "daemon/prep.h"
-#include "daemon/sha256.h"
 #include "daemon/worker.h"
 #include "daemon/zap.h"
 #include "daemon/zutil.h"
@@ -30,7 +29,8 @@
 #include "model/model_ctx.h"
 #include "model/tokenizer.h"
 #include "retriever/store.h"
-#include "retriever/tokcount.h"
+#include "model/tokcount_model.h"
+#include "text/tokcount.h"
 
 #define DIFFRAGD_VERSION "0.1.0"
 
@@ -258,11 +258,11 @@ static int setup_grounding(const struct Config *c, const struct Model *m, struct
         uint8_t sha[32];
         char hex[65];
         double t0 = zu_now_ms();
-        if (sha256_file(c->model, sha, err, sizeof err)) {
+        if (gr_file_sha256(c->model, sha, err, sizeof err)) {
             dlog(LL_ERROR, "msg=\"cannot hash the model\" error=\"%s\"", err);
             return -1;
         }
-        sha256_hex(sha, hex);
+        gr_sha256_hex(sha, hex);
         dlog(LL_DEBUG, "msg=\"model hashed\" sha256=%s hash_ms=%.0f", hex, zu_now_ms() - t0);
         if (is_explicit_calibration(c)) {
             if (gr_calibration_load(c->grounding_calibration, &g->cal, err, sizeof err)) {
@@ -271,7 +271,7 @@ static int setup_grounding(const struct Config *c, const struct Model *m, struct
             }
             if (memcmp(g->cal.model_sha256, sha, 32)) {
                 char want[65];
-                sha256_hex(g->cal.model_sha256, want);
+                gr_sha256_hex(g->cal.model_sha256, want);
                 dlog(LL_WARN, "msg=\"grounding calibration is for another model; answers get "
                      "signals but no score\" calibration=\"%s\" calibration_sha256=%s "
                      "model_sha256=%s", c->grounding_calibration, want, hex);

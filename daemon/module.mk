@@ -1,9 +1,10 @@
 # daemon/: diffragd (sockets, protocol, broker, workers, configuration, metrics) and its
-# installation. Needs libzmq, msgpack-c, libmicrohttpd and libsystemd (tools/install-deps.sh).
+# installation. Needs libzmq, msgpack-c, libmicrohttpd, libsystemd and libcrypto (OpenSSL)
+# (tools/install-deps.sh).
 DAEMON_SRCS := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 DAEMON_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(DAEMON_SRCS))
 LIB_DAEMON  := $(BUILD)/libdiffrag_daemon.a
-DAEMON_LIBS := $(LIB_DAEMON) -lzmq -lmsgpackc -lmicrohttpd -lsystemd
+DAEMON_LIBS := $(LIB_DAEMON) -lzmq -lmsgpackc -lmicrohttpd -lsystemd -lcrypto
 
 $(LIB_DAEMON): $(DAEMON_OBJS)
 	@mkdir -p $(dir $@)
@@ -39,7 +40,7 @@ SYSCONFDIR    ?= /etc
 UNITDIR       ?= $(PREFIX)/lib/systemd/system
 INSTALL_MODEL ?= yes
 DAEMON_SHARE  := $(PREFIX)/share/diffrag
-install-daemon: $(BUILD)/diffragd
+install-daemon: $(BUILD)/diffragd $(CUDA_LIB)
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(SYSCONFDIR)/diffrag $(DESTDIR)$(UNITDIR) \
 	    $(DESTDIR)$(PREFIX)/share/doc/diffrag $(DESTDIR)$(DAEMON_SHARE)/models \
 	    $(DESTDIR)$(DAEMON_SHARE)/grounding
@@ -60,5 +61,7 @@ install-daemon: $(BUILD)/diffragd
 	done
 	if [ "$(INSTALL_MODEL)" = yes ] && [ -f $(QWEN_FILE) ]; then \
 	    install -m 644 $(QWEN_FILE) $(DESTDIR)$(DAEMON_SHARE)/models/; fi
+	$(if $(CUDA_LIB),install -d $(DESTDIR)$(PREFIX)/lib && \
+	    install -m 755 $(CUDA_LIB) $(DESTDIR)$(PREFIX)/lib/libdiffrag_cuda.so)
 
 .PHONY: bench-daemon install-daemon soak

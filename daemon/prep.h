@@ -1,7 +1,8 @@
 /* The I/O threads: everything a request needs that could stall the socket loop, namely
  * retrieval (BM25 over a stored collection or the inline documents), context assembly, and
- * the store operations (ingest, delete, get, list, collection stats). The broker hands a
- * struct Request to an idle thread over inproc and gets it back when the stage is done.
+ * the store operations (ingest, delete, drop, get, list, collection stats): the stage the op
+ * table (ops.c) names, run from stages.c. The broker hands a struct Request to an idle thread
+ * over inproc and gets it back when the stage is done.
  *
  *   thread -> broker: "R" (ready, once) | the Request pointer (stage done)
  *   broker -> thread: the Request pointer (run it) | an empty frame (exit) */
@@ -12,7 +13,7 @@
 
 #include "daemon/request.h"
 #include "retriever/store.h"
-#include "retriever/tokcount.h"
+#include "text/tokcount.h"
 
 struct PrepShared {
     struct Store *store;          /* shared by the threads (LMDB: many readers, one writer) */
@@ -29,8 +30,9 @@ int prep_start(void *zctx, const char *endpoint, int n, const struct PrepShared 
 /* Joins the threads (the broker has sent each an empty frame) and frees the pool. */
 void prep_join(struct PrepPool **p);
 
-/* Runs r's stage on the calling thread: for a query, r->ctx (or r->code and r->message);
- * for store operations, r->reply/r->reply_fields (or the error). */
+/* Runs r's stage (its op table row's handler) on the calling thread: for a query, r->ctx
+ * (or r->code and r->message); for store operations, r->reply/r->reply_fields (or the
+ * error). An op without one is a bad_request. */
 void prep_run(const struct PrepShared *sh, struct Request *r);
 
 #endif

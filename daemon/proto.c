@@ -1,6 +1,7 @@
 /* Decoding and validation of client requests, and the error reply. A request is checked whole
  * (msgpack well-formed, nesting bounded) before any field is read, every field's type and
- * range is checked, and every count is compared with its limit before an array is sized. */
+ * range is checked, and every count is compared with its limit before an array is sized.
+ * The op's row in the op table (ops.c) names which of the per-op decoders below runs. */
 #include "daemon/proto.h"
 
 #include <math.h>
@@ -8,18 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "retriever/text.h"
+#include "daemon/ops.h"
+#include "text/utf8.h"
 
-static const char *const op_names[OP_COUNT] = { "ping", "query", "ingest", "delete", "get",
-                                                "list", "stats", "cancel", "none" };
 static const char *const ec_names[EC_COUNT] = { "ok", "bad_request", "too_large", "overloaded",
                                                 "not_found", "deadline_exceeded", "cancelled",
                                                 "shutting_down", "unsupported_version", "internal" };
-
-const char *op_name(enum Op op)
-{
-    return (unsigned)op < OP_COUNT ? op_names[op] : "none";
-}
 
 const char *ec_name(enum ErrCode c)
 {
@@ -35,7 +30,7 @@ static const char *const key_names[K_COUNT] = {
     "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "deadline_ms", "target",
     "doc_id", "after", "limit", "include" };
 
-struct Dec {
+struct ProtoDec {
     const uint8_t *end;
     const uint8_t *val[K_COUNT];   /* where each key's value starts; NULL: absent */
     const struct Config *cfg;
@@ -47,7 +42,7 @@ struct Dec {
 
 #define FAIL(d, c, ...) do { *(d)->code = (c); snprintf((d)->err, (d)->errlen, __VA_ARGS__); return -1; } while (0)
 
-static int read_at(struct Dec *d, enum Key k, struct MpCursor *c, struct MpObj *o)
+static int read_at(struct ProtoDec *d, enum Key k, struct MpCursor *c, struct MpObj *o)
 {
     c->p = d->val[k];
     c->end = d->end;
@@ -59,7 +54,7 @@ static int utf8_ok(const char *s, size_t len)
     return utf8_valid(s, len, NULL);
 }
 
-static int check_str(struct Dec *d, const char *what, const struct MpObj *o, size_t min, size_t max,
+static int check_str(struct ProtoDec *d, const char *what, const struct MpObj *o, size_t min, size_t max,
                      enum ErrCode too_long, struct Slice *out)
 {
     if (o->type != MP_STR)
@@ -75,7 +70,7 @@ static int check_str(struct Dec *d, const char *what, const struct MpObj *o, siz
     return 0;
 }
 
-static int get_str(struct Dec *d, enum Key k, size_t min, size_t max, enum ErrCode too_long,
+static int get_str(struct ProtoDec *d, enum Key k, size_t min, size_t max, enum ErrCode too_long,
                    struct Slice *out)
 {
     struct MpCursor c;
@@ -88,7 +83,7 @@ static int get_str(struct Dec *d, enum Key k, size_t min, size_t max, enum ErrCo
 
 /* An integer field: below min is a bad_request, above cap (the configured limit; < 0: none)
  * too_large, above max_bad (outside the field's meaning) a bad_request. */
-static int get_int(struct Dec *d, enum Key k, long min, long max_bad, long cap, long *out)
+static int get_int(struct ProtoDec *d, enum Key k, long min, long max_bad, long cap, long *out)
 {
     struct MpCursor c;
     struct MpObj o;
@@ -112,7 +107,7 @@ static int get_int(struct Dec *d, enum Key k, long min, long max_bad, long cap, 
     return 0;
 }
 
-static int get_double(struct Dec *d, enum Key k, double lo, int lo_open, double hi, double *out)
+static int get_double(struct ProtoDec *d, enum Key k, double lo, int lo_open, double hi, double *out)
 {
     struct MpCursor c;
     struct MpObj o;
@@ -131,7 +126,7 @@ static int get_double(struct Dec *d, enum Key k, double lo, int lo_open, double 
     return 0;
 }
 
-static int get_bool(struct Dec *d, enum Key k, int *out)
+static int get_bool(struct ProtoDec *d, enum Key k, int *out)
 {
     struct MpCursor c;
     struct MpObj o;
@@ -144,7 +139,7 @@ static int get_bool(struct Dec *d, enum Key k, int *out)
     return 0;
 }
 
-static int check_collection(struct Dec *d)
+static int check_collection(struct ProtoDec *d)
 {
     struct Slice *s = &d->p->collection;
     if (get_str(d, K_COLLECTION, 1, INDEX_MAX_COLLECTION_BYTES, EC_BAD_REQUEST, s))
@@ -157,7 +152,7 @@ static int check_collection(struct Dec *d)
     return 0;
 }
 
-static int decode_ids(struct Dec *d)
+static int decode_ids(struct ProtoDec *d)
 {
     struct MpCursor c;
     struct MpObj o;
@@ -188,7 +183,7 @@ static int decode_ids(struct Dec *d)
     return 0;
 }
 
-static int decode_stop(struct Dec *d)
+static int decode_stop(struct ProtoDec *d)
 {
     struct MpCursor c;
     struct MpObj o;
@@ -227,7 +222,7 @@ static int decode_stop(struct Dec *d)
 }
 
 /* "include": optional parts of a query's reply, by name. */
-static int decode_include(struct Dec *d)
+static int decode_include(struct ProtoDec *d)
 {
     struct MpCursor c;
     struct MpObj o;
@@ -258,7 +253,7 @@ static int decode_include(struct Dec *d)
     return 0;
 }
 
-static int decode_docs(struct Dec *d, int need_ids)
+static int decode_docs(struct ProtoDec *d, int need_ids)
 {
     struct MpCursor c;
     struct MpObj o;
@@ -347,104 +342,128 @@ static int decode_docs(struct Dec *d, int need_ids)
     return 0;
 }
 
-static int decode_fields(struct Dec *d)
+int proto_decode_ping(struct ProtoDec *d)
+{
+    (void)d;
+    return 0;
+}
+
+int proto_decode_query(struct ProtoDec *d)
 {
     struct RequestParams *p = d->p;
     const struct Config *cfg = d->cfg;
-    switch (p->op) {
-    case OP_PING:
-        return 0;
-    case OP_QUERY:
-        if (!d->val[K_QUESTION])
-            FAIL(d, EC_BAD_REQUEST, "query needs a question");
-        if (get_str(d, K_QUESTION, 1, cfg->max_question_bytes, EC_TOO_LARGE, &p->question) ||
-            check_collection(d) || decode_ids(d) || decode_stop(d) || decode_docs(d, 0) ||
-            decode_include(d))
-            return -1;
-        if (p->n_docs == 0 && p->collection.len == 0)
-            FAIL(d, EC_BAD_REQUEST, "query needs docs (inline documents) or a collection");
-        if (p->n_ids && p->collection.len == 0)
-            FAIL(d, EC_BAD_REQUEST, "ids filters a collection: give the collection too");
-        if (d->val[K_MAX_CONTEXT] && cfg->model_ctx > 0) {
-            /* past the model's own context: say so, not just "over the daemon's cap" */
-            struct MpCursor c;
-            struct MpObj o;
-            read_at(d, K_MAX_CONTEXT, &c, &o);
-            if (o.type == MP_UINT && o.v.u > (uint64_t)cfg->model_ctx)
-                FAIL(d, EC_TOO_LARGE, "max_context_tokens is %llu, longer than the %ld-token "
-                     "context of the model this daemon serves (its limit for a prompt is %ld, "
-                     "leaving room for max_tokens %ld)", (unsigned long long)o.v.u,
-                     cfg->model_ctx, config_max_context(cfg), cfg->max_tokens);
-        }
-        if (get_int(d, K_TOP_K, 1, 1000000, cfg->max_top_k, &p->top_k) ||
-            get_int(d, K_MAX_CONTEXT, 64, 1L << 30, config_max_context(cfg), &p->max_context_tokens) ||
-            get_int(d, K_MAX_TOKENS, 1, 1L << 30, cfg->max_tokens, &p->max_tokens) ||
-            get_double(d, K_TEMPERATURE, 0, 0, 10, &p->temperature) ||
-            get_double(d, K_TOP_P, 0, 1, 1, &p->top_p) ||
-            get_bool(d, K_STREAM, &p->stream) ||
-            get_int(d, K_DEADLINE, 1, PROTO_MAX_DEADLINE_MS, -1, &p->deadline_ms))
-            return -1;
-        if (d->val[K_SEED]) {
-            struct MpCursor c;
-            struct MpObj o;
-            read_at(d, K_SEED, &c, &o);
-            if (o.type != MP_UINT)
-                FAIL(d, EC_BAD_REQUEST, "seed must be a non-negative integer");
-            p->seed = o.v.u;
-        }
-        return 0;
-    case OP_INGEST:
-        if (!d->val[K_COLLECTION] || !d->val[K_DOCS])
-            FAIL(d, EC_BAD_REQUEST, "ingest needs a collection and docs");
-        if (check_collection(d) || decode_docs(d, 1))
-            return -1;
-        if (p->n_docs == 0)
-            FAIL(d, EC_BAD_REQUEST, "docs is empty");
-        return 0;
-    case OP_DELETE:
-        if (!d->val[K_COLLECTION] || !d->val[K_IDS])
-            FAIL(d, EC_BAD_REQUEST, "delete needs a collection and ids");
-        if (check_collection(d) || decode_ids(d))
-            return -1;
-        if (p->n_ids == 0)
-            FAIL(d, EC_BAD_REQUEST, "ids is empty");
-        return 0;
-    case OP_GET:
-        if (!d->val[K_COLLECTION] || !d->val[K_DOC_ID])
-            FAIL(d, EC_BAD_REQUEST, "get needs a collection and a doc_id");
-        return check_collection(d) ||
-               get_str(d, K_DOC_ID, 1, INDEX_MAX_ID_BYTES, EC_BAD_REQUEST, &p->doc_id) ? -1 : 0;
-    case OP_LIST:
-        if (check_collection(d) ||
-            get_str(d, K_AFTER, 0, INDEX_MAX_ID_BYTES, EC_BAD_REQUEST, &p->after) ||
-            get_int(d, K_LIMIT, 1, 1L << 30, PROTO_MAX_LIST_LIMIT, &p->limit))
-            return -1;
-        if (p->after.len && !p->collection.len)
-            FAIL(d, EC_BAD_REQUEST, "after pages through a collection: give the collection too");
-        return 0;
-    case OP_STATS:
-        return check_collection(d);
-    case OP_CANCEL: {
-        if (!d->val[K_TARGET])
-            FAIL(d, EC_BAD_REQUEST, "cancel needs a target (the id of the request to stop)");
+    if (!d->val[K_QUESTION])
+        FAIL(d, EC_BAD_REQUEST, "query needs a question");
+    if (get_str(d, K_QUESTION, 1, cfg->max_question_bytes, EC_TOO_LARGE, &p->question) ||
+        check_collection(d) || decode_ids(d) || decode_stop(d) || decode_docs(d, 0) ||
+        decode_include(d))
+        return -1;
+    if (p->n_docs == 0 && p->collection.len == 0)
+        FAIL(d, EC_BAD_REQUEST, "query needs docs (inline documents) or a collection");
+    if (p->n_ids && p->collection.len == 0)
+        FAIL(d, EC_BAD_REQUEST, "ids filters a collection: give the collection too");
+    if (d->val[K_MAX_CONTEXT] && cfg->model_ctx > 0) {
+        /* past the model's own context: say so, not just "over the daemon's cap" */
         struct MpCursor c;
         struct MpObj o;
-        read_at(d, K_TARGET, &c, &o);
-        if (o.type == MP_STR) {
-            struct Slice s;
-            if (check_str(d, "target", &o, 0, PROTO_MAX_ID_BYTES, EC_BAD_REQUEST, &s))
-                return -1;
-        } else if (o.type != MP_UINT && o.type != MP_INT) {
-            FAIL(d, EC_BAD_REQUEST, "target must be a string or an integer, not %s",
-                 mp_type_name(o.type));
-        }
-        p->target_raw = d->val[K_TARGET];
-        p->target_len = (size_t)(c.p - d->val[K_TARGET]);
-        return 0;
+        read_at(d, K_MAX_CONTEXT, &c, &o);
+        if (o.type == MP_UINT && o.v.u > (uint64_t)cfg->model_ctx)
+            FAIL(d, EC_TOO_LARGE, "max_context_tokens is %llu, longer than the %ld-token "
+                 "context of the model this daemon serves (its limit for a prompt is %ld, "
+                 "leaving room for max_tokens %ld)", (unsigned long long)o.v.u,
+                 cfg->model_ctx, config_max_context(cfg), cfg->max_tokens);
     }
-    default:
-        FAIL(d, EC_BAD_REQUEST, "unknown op");
+    if (get_int(d, K_TOP_K, 1, 1000000, cfg->max_top_k, &p->top_k) ||
+        get_int(d, K_MAX_CONTEXT, 64, 1L << 30, config_max_context(cfg), &p->max_context_tokens) ||
+        get_int(d, K_MAX_TOKENS, 1, 1L << 30, cfg->max_tokens, &p->max_tokens) ||
+        get_double(d, K_TEMPERATURE, 0, 0, 10, &p->temperature) ||
+        get_double(d, K_TOP_P, 0, 1, 1, &p->top_p) ||
+        get_bool(d, K_STREAM, &p->stream) ||
+        get_int(d, K_DEADLINE, 1, PROTO_MAX_DEADLINE_MS, -1, &p->deadline_ms))
+        return -1;
+    if (d->val[K_SEED]) {
+        struct MpCursor c;
+        struct MpObj o;
+        read_at(d, K_SEED, &c, &o);
+        if (o.type != MP_UINT)
+            FAIL(d, EC_BAD_REQUEST, "seed must be a non-negative integer");
+        p->seed = o.v.u;
     }
+    return 0;
+}
+
+int proto_decode_ingest(struct ProtoDec *d)
+{
+    if (!d->val[K_COLLECTION] || !d->val[K_DOCS])
+        FAIL(d, EC_BAD_REQUEST, "ingest needs a collection and docs");
+    if (check_collection(d) || decode_docs(d, 1))
+        return -1;
+    if (d->p->n_docs == 0)
+        FAIL(d, EC_BAD_REQUEST, "docs is empty");
+    return 0;
+}
+
+int proto_decode_delete(struct ProtoDec *d)
+{
+    if (!d->val[K_COLLECTION] || !d->val[K_IDS])
+        FAIL(d, EC_BAD_REQUEST, "delete needs a collection and ids");
+    if (check_collection(d) || decode_ids(d))
+        return -1;
+    if (d->p->n_ids == 0)
+        FAIL(d, EC_BAD_REQUEST, "ids is empty");
+    return 0;
+}
+
+int proto_decode_drop(struct ProtoDec *d)
+{
+    if (!d->val[K_COLLECTION])
+        FAIL(d, EC_BAD_REQUEST, "drop needs a collection");
+    return check_collection(d);
+}
+
+int proto_decode_get(struct ProtoDec *d)
+{
+    if (!d->val[K_COLLECTION] || !d->val[K_DOC_ID])
+        FAIL(d, EC_BAD_REQUEST, "get needs a collection and a doc_id");
+    return check_collection(d) ||
+           get_str(d, K_DOC_ID, 1, INDEX_MAX_ID_BYTES, EC_BAD_REQUEST, &d->p->doc_id) ? -1 : 0;
+}
+
+int proto_decode_list(struct ProtoDec *d)
+{
+    struct RequestParams *p = d->p;
+    if (check_collection(d) ||
+        get_str(d, K_AFTER, 0, INDEX_MAX_ID_BYTES, EC_BAD_REQUEST, &p->after) ||
+        get_int(d, K_LIMIT, 1, 1L << 30, PROTO_MAX_LIST_LIMIT, &p->limit))
+        return -1;
+    if (p->after.len && !p->collection.len)
+        FAIL(d, EC_BAD_REQUEST, "after pages through a collection: give the collection too");
+    return 0;
+}
+
+int proto_decode_stats(struct ProtoDec *d)
+{
+    return check_collection(d);
+}
+
+int proto_decode_cancel(struct ProtoDec *d)
+{
+    if (!d->val[K_TARGET])
+        FAIL(d, EC_BAD_REQUEST, "cancel needs a target (the id of the request to stop)");
+    struct MpCursor c;
+    struct MpObj o;
+    read_at(d, K_TARGET, &c, &o);
+    if (o.type == MP_STR) {
+        struct Slice s;
+        if (check_str(d, "target", &o, 0, PROTO_MAX_ID_BYTES, EC_BAD_REQUEST, &s))
+            return -1;
+    } else if (o.type != MP_UINT && o.type != MP_INT) {
+        FAIL(d, EC_BAD_REQUEST, "target must be a string or an integer, not %s",
+             mp_type_name(o.type));
+    }
+    d->p->target_raw = d->val[K_TARGET];
+    d->p->target_len = (size_t)(c.p - d->val[K_TARGET]);
+    return 0;
 }
 
 int proto_decode(const void *buf, size_t len, const struct Config *cfg, struct RequestParams *p,
@@ -458,7 +477,7 @@ int proto_decode(const void *buf, size_t len, const struct Config *cfg, struct R
                                                               : cfg->max_tokens;
     p->top_p = 1;
     p->limit = 100;
-    struct Dec d = { .end = (const uint8_t *)buf + len, .cfg = cfg, .p = p, .code = code,
+    struct ProtoDec d = { .end = (const uint8_t *)buf + len, .cfg = cfg, .p = p, .code = code,
                      .err = err, .errlen = errlen };
     *code = EC_OK;
     if (len == 0)
@@ -546,9 +565,7 @@ int proto_decode(const void *buf, size_t len, const struct Config *cfg, struct R
         read_at(&d, K_OP, &oc, &o);
         if (o.type != MP_STR)
             FAIL(&d, EC_BAD_REQUEST, "op must be a string, not %s", mp_type_name(o.type));
-        for (int i = 0; i < OP_NONE; i++)
-            if (strlen(op_names[i]) == o.len && !memcmp(op_names[i], o.s, o.len))
-                p->op = (enum Op)i;
+        p->op = ops_find(o.s, o.len);
         if (p->op == OP_NONE) {
             char shown[40];
             size_t n = o.len < 32 ? o.len : 32;
@@ -559,7 +576,7 @@ int proto_decode(const void *buf, size_t len, const struct Config *cfg, struct R
             FAIL(&d, EC_BAD_REQUEST, "unknown op \"%s\"", shown);
         }
     }
-    return decode_fields(&d);
+    return ops_get(p->op)->decode(&d);
 }
 
 void proto_params_free(struct RequestParams *p)

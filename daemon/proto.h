@@ -19,9 +19,10 @@
 #define PROTO_MAX_DEADLINE_MS 86400000L
 #define PROTO_MAX_INCLUDE 8               /* entries of a query's "include" */
 
-enum Op { OP_PING, OP_QUERY, OP_INGEST, OP_DELETE, OP_GET, OP_LIST, OP_STATS, OP_CANCEL, OP_NONE,
-          OP_COUNT };
-const char *op_name(enum Op op);
+/* The ops; daemon/ops.c holds each one's row (name, decoder, stage, handler). */
+enum Op { OP_PING, OP_QUERY, OP_INGEST, OP_DELETE, OP_DROP, OP_GET, OP_LIST, OP_STATS, OP_CANCEL,
+          OP_NONE, OP_COUNT };
+const char *op_name(enum Op op);   /* "ping", ...; "none" for OP_NONE (daemon/ops.c) */
 
 enum ErrCode { EC_OK, EC_BAD_REQUEST, EC_TOO_LARGE, EC_OVERLOADED, EC_NOT_FOUND,
                EC_DEADLINE_EXCEEDED, EC_CANCELLED, EC_SHUTTING_DOWN, EC_UNSUPPORTED_VERSION,
@@ -38,7 +39,7 @@ struct RequestParams {
     struct Slice question;
     struct StoreDoc *docs; size_t n_docs;       /* query: inline; ingest: to store */
     char (*auto_ids)[16];                       /* ids given to inline docs without one */
-    struct Slice collection;                    /* len 0: none */
+    struct Slice collection;                    /* len 0: none; drop: the one to remove */
     struct Slice *ids; size_t n_ids;            /* query filter, delete list */
     struct Slice doc_id;                        /* get */
     struct Slice after; long limit;             /* list */

@@ -42,7 +42,7 @@ struct Request {
     /* filled by the I/O thread */
     double retrieve_ms;
     struct Context *ctx;              /* query: the assembled prompt */
-    struct GrWordSet *doc_words;      /* query: the placed chunks' words (lexical support) */
+    struct WordSet *doc_words;        /* query: the placed chunks' words (lexical support) */
     struct MpWriter reply;            /* store operations: the reply body after id/ok */
     size_t reply_fields;              /* entries in `reply` (a map body) */
     enum ErrCode code;

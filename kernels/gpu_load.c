@@ -66,6 +66,10 @@ static const struct GpuApi *load(char *why, size_t len)
                     snprintf(path, sizeof path, "%s/../%s", exe, GPU_LIB);
                     if (access(path, R_OK) == 0) h = try_open(path, why, len);
                 }
+                if (!h) { /* where `make install` puts it: PREFIX/bin/diffragd, PREFIX/lib */
+                    snprintf(path, sizeof path, "%s/../lib/%s", exe, GPU_LIB);
+                    if (access(path, R_OK) == 0) h = try_open(path, why, len);
+                }
             }
         }
         if (!h) h = try_open(GPU_LIB, why, len);

@@ -14,6 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "text/hash.h"
+
 #define GGUF_DEFAULT_ALIGNMENT 32u
 #define GGUF_MAX_DIMS 4u
 /* Smallest possible encodings, used to bound counts by the bytes left before allocating:
@@ -32,12 +34,6 @@ struct GgufKv {
     uint64_t *str_off;             /* arrays of strings: offset from val of each length prefix */
 };
 
-/* Open addressing; a slot holds entry index + 1, 0 when empty. */
-struct HashIndex {
-    size_t *slots;
-    size_t mask;
-};
-
 struct GgufFile {
     char *path;
     const uint8_t *base;
@@ -48,8 +44,8 @@ struct GgufFile {
     uint64_t n_kv;
     struct GgufTensor *tensors;
     uint64_t n_tensors;
-    struct HashIndex kv_index;
-    struct HashIndex tensor_index;
+    struct HashTable kv_index;     /* hash_bytes of each key -> its index in kvs */
+    struct HashTable tensor_index; /* hash_bytes of each tensor name -> its index in tensors */
     uint64_t alignment;
 };
 
@@ -254,24 +250,9 @@ static int read_str(struct Parser *p, const uint8_t **s, size_t *len, const char
 
 /* ---- hash indexes -------------------------------------------------------------------------- */
 
-static uint64_t hash_bytes(const uint8_t *s, size_t n)
+static int index_init(struct HashTable *ix, uint64_t n)
 {
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= s[i];
-        h *= 1099511628211ull;
-    }
-    return h;
-}
-
-static int index_init(struct HashIndex *ix, uint64_t n)
-{
-    size_t cap = 16;
-    while (cap / 2 < n)
-        cap <<= 1;
-    ix->slots = calloc(cap, sizeof *ix->slots);
-    ix->mask = cap - 1;
-    return ix->slots ? GGUF_OK : GGUF_ENOMEM;
+    return n <= SIZE_MAX && hash_init(ix, (size_t)n) == 0 ? GGUF_OK : GGUF_ENOMEM;
 }
 
 static void kv_key(const struct GgufFile *g, size_t i, const uint8_t **k, size_t *len)
@@ -288,30 +269,40 @@ static void tensor_key(const struct GgufFile *g, size_t i, const uint8_t **k, si
 
 typedef void (*KeyOf)(const struct GgufFile *g, size_t i, const uint8_t **k, size_t *len);
 
-/* Returns the slot holding `k`, or the empty slot where it would go. */
-static size_t index_probe(const struct HashIndex *ix, const struct GgufFile *g, KeyOf key_of,
+/* The index of the entry whose key is k[0..len), or -1. */
+static int64_t index_find(const struct HashTable *ix, const struct GgufFile *g, KeyOf key_of,
                           const uint8_t *k, size_t len)
 {
-    size_t s = (size_t)hash_bytes(k, len) & ix->mask;
-    for (;; s = (s + 1) & ix->mask) {
-        size_t e = ix->slots[s];
-        if (e == 0)
-            return s;
+    uint64_t h = hash_bytes(k, len);
+    size_t pos;
+    for (struct HashSlot *s = hash_find(ix, h, &pos); s; s = hash_next(ix, h, &pos)) {
         const uint8_t *ek;
         size_t elen;
-        key_of(g, e - 1, &ek, &elen);
+        key_of(g, (size_t)s->value, &ek, &elen);
         if (elen == len && memcmp(ek, k, len) == 0)
-            return s;
+            return (int64_t)s->value;
     }
+    return -1;
+}
+
+/* Indexes entry i under its key: GGUF_OK, GGUF_EFORMAT when another entry has that key, or
+ * GGUF_ENOMEM. */
+static int index_add(struct HashTable *ix, const struct GgufFile *g, KeyOf key_of, size_t i)
+{
+    const uint8_t *k;
+    size_t len;
+    key_of(g, i, &k, &len);
+    if (index_find(ix, g, key_of, k, len) >= 0)
+        return GGUF_EFORMAT;
+    return hash_insert(ix, hash_bytes(k, len), i) ? GGUF_OK : GGUF_ENOMEM;
 }
 
 static const struct GgufKv *find_kv(const struct GgufFile *g, const char *key)
 {
     if (!g || !key || !g->kv_index.slots)
         return NULL;
-    size_t s = index_probe(&g->kv_index, g, kv_key, (const uint8_t *)key, strlen(key));
-    size_t e = g->kv_index.slots[s];
-    return e ? &g->kvs[e - 1] : NULL;
+    int64_t e = index_find(&g->kv_index, g, kv_key, (const uint8_t *)key, strlen(key));
+    return e >= 0 ? &g->kvs[e] : NULL;
 }
 
 /* ---- metadata ------------------------------------------------------------------------------ */
@@ -405,10 +396,10 @@ static int parse_kvs(struct Parser *p)
         kv->type = (enum GgufValueType)type;
         if ((rc = parse_value(p, kv, key.s)))
             return rc;
-        size_t s = index_probe(&g->kv_index, g, kv_key, kv->key, kv->key_len);
-        if (g->kv_index.slots[s])
-            return fail(p, GGUF_EFORMAT, "duplicate key '%s'", key.s);
-        g->kv_index.slots[s] = (size_t)i + 1;
+        if ((rc = index_add(&g->kv_index, g, kv_key, (size_t)i)) == GGUF_EFORMAT)
+            return fail(p, rc, "duplicate key '%s'", key.s);
+        if (rc)
+            return fail(p, rc, "no memory for the key index");
     }
     return GGUF_OK;
 }
@@ -472,10 +463,10 @@ static int parse_tensor_info(struct Parser *p, uint64_t i)
     if ((rc = read_u64(p, &t->offset, "tensor offset")))
         return rc;
 
-    size_t s = index_probe(&g->tensor_index, g, tensor_key, (const uint8_t *)t->name, name_len);
-    if (g->tensor_index.slots[s])
-        return fail(p, GGUF_EFORMAT, "duplicate tensor name '%s'", nm.s);
-    g->tensor_index.slots[s] = (size_t)i + 1;
+    if ((rc = index_add(&g->tensor_index, g, tensor_key, (size_t)i)) == GGUF_EFORMAT)
+        return fail(p, rc, "duplicate tensor name '%s'", nm.s);
+    if (rc)
+        return fail(p, rc, "no memory for the tensor index");
     return GGUF_OK;
 }
 
@@ -662,8 +653,8 @@ void gguf_close(struct GgufFile **gp)
     for (uint64_t i = 0; g->tensors && i < g->n_tensors; i++)
         free((void *)g->tensors[i].name);
     free(g->tensors);
-    free(g->kv_index.slots);
-    free(g->tensor_index.slots);
+    hash_free(&g->kv_index);
+    hash_free(&g->tensor_index);
     if (g->mapped)
         munmap((void *)g->base, g->size);
     free(g->path);
@@ -859,7 +850,6 @@ const struct GgufTensor *gguf_find_tensor(const struct GgufFile *g, const char *
 {
     if (!g || !name || !g->tensor_index.slots)
         return NULL;
-    size_t s = index_probe(&g->tensor_index, g, tensor_key, (const uint8_t *)name, strlen(name));
-    size_t e = g->tensor_index.slots[s];
-    return e ? &g->tensors[e - 1] : NULL;
+    int64_t e = index_find(&g->tensor_index, g, tensor_key, (const uint8_t *)name, strlen(name));
+    return e >= 0 ? &g->tensors[e] : NULL;
 }

@@ -1,6 +1,6 @@
-/* Byte-level BPE tokenizer over a GGUF vocabulary: loading tokenizer.ggml.*, the GPT-2 and
- * Qwen2 pre-tokenizer regexes written out by hand over code points, merges by rank with a heap,
- * special tokens, ChatML formatting and the streaming detokeniser. */
+/* Byte-level BPE tokenizer over a GGUF vocabulary: loading tokenizer.ggml.* (tokens, types,
+ * merges, special tokens), decoding, ChatML formatting and the streaming detokeniser. Encoding
+ * (the pre-tokenizers and BPE) is in tokenizer_encode.c. */
 #include "model/tokenizer.h"
 
 #include <stdarg.h>
@@ -8,52 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/unicode.h"
-
-enum PreTokenizer { PRE_GPT2, PRE_DIGITS_GPT2, PRE_QWEN2 };
-
-enum TokenType {  /* tokenizer.ggml.token_type values (llama.cpp's numbering) */
-    TT_UNDEFINED = 0, TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER_DEFINED = 4,
-    TT_UNUSED = 5, TT_BYTE = 6,
-};
-
-enum ChatKind { CHAT_NONE_IN_FILE, CHAT_CHATML, CHAT_OTHER };
-
-struct MergeSlot { uint64_t key; uint32_t rank; int32_t id; }; /* key = left << 32 | right */
-
-struct Special { int32_t id; uint32_t len; const char *text; int control; };
-
-struct Tokenizer {
-    int32_t n_vocab;
-    char *pieces;           /* every token's bytes back to back, each NUL-terminated */
-    uint64_t *piece_off;    /* (n_vocab + 1) offsets into pieces; length = next - this - 1 */
-    uint8_t *type;          /* (n_vocab) enum TokenType */
-    size_t max_piece;
-    int32_t byte_id[256];   /* token of each single byte; -1 when the vocabulary has none */
-
-    struct MergeSlot *merges; /* open addressing, merge_mask + 1 slots */
-    uint64_t merge_mask;
-
-    struct Special *specials; /* control and user-defined tokens, longest text first */
-    size_t n_specials;
-    /* Does some special text start with this byte? SPECIAL_ANY: a control or user-defined
-     * one, SPECIAL_USER: a user-defined one (matched even without TOK_PARSE_SPECIAL). */
-    uint8_t special_first[256];
-
-    enum PreTokenizer pre;
-    int32_t bos, eos;
-    int add_bos;
-    int32_t end_ids[8];
-    size_t n_end;
-
-    enum ChatKind chat;
-    char *chat_default_system; /* NULL when the template inserts none */
-    size_t chat_default_system_len;
-};
-
-#define MERGE_EMPTY UINT64_MAX
-
-enum { SPECIAL_ANY = 1, SPECIAL_USER = 2 };
+#include "model/tokenizer_internal.h"
+#include "text/hash.h"
+#include "text/utf8.h"
 
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -101,32 +58,18 @@ static void byte_map_build(uint32_t byte_to_cp[256], int16_t cp_to_byte[324])
 /* ---- load-time string -> id map -------------------------------------------------------- */
 
 /* Loading resolves 151K tokens and 3 x 151K merge halves through this map; its cost is cache
- * misses, so each slot carries a tag of the hash (a key is read only when the tag matches) and
- * the loops prefetch the slots they will probe a few dozen steps ahead. */
-struct StrSlot { int32_t id; uint32_t tag; }; /* id -1: empty */
-struct StrMap { const struct GgufString *keys; struct StrSlot *slots; uint64_t mask; };
-
-static uint64_t hash_bytes(const char *p, size_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) { h ^= (unsigned char)p[i]; h *= 1099511628211ull; }
-    return h ^ (h >> 29);
-}
-
-static void strmap_prefetch(const struct StrMap *m, uint64_t h)
-{
-    __builtin_prefetch(&m->slots[h & m->mask]);
-}
+ * misses, so the loops prefetch the slots they will probe a few dozen steps ahead, and a key's
+ * bytes are read only when the slot's full 64-bit hash matches. */
+struct StrMap { const struct GgufString *keys; struct HashTable table; }; /* hash -> token id */
 
 static int32_t strmap_get_hashed(const struct StrMap *m, const char *p, size_t n, uint64_t h)
 {
-    uint32_t tag = (uint32_t)(h >> 32);
-    for (uint64_t i = h & m->mask;; i = (i + 1) & m->mask) {
-        struct StrSlot s = m->slots[i];
-        if (s.id < 0) return -1;
-        if (s.tag == tag && m->keys[s.id].len == n && memcmp(m->keys[s.id].ptr, p, n) == 0)
-            return s.id;
+    size_t pos;
+    for (struct HashSlot *s = hash_find(&m->table, h, &pos); s; s = hash_next(&m->table, h, &pos)) {
+        const struct GgufString *k = &m->keys[s->value];
+        if (k->len == n && memcmp(k->ptr, p, n) == 0) return (int32_t)s->value;
     }
+    return -1;
 }
 
 static int32_t strmap_get(const struct StrMap *m, const char *p, size_t n)
@@ -134,59 +77,32 @@ static int32_t strmap_get(const struct StrMap *m, const char *p, size_t n)
     return strmap_get_hashed(m, p, n, hash_bytes(p, n));
 }
 
-/* A later duplicate replaces an earlier one, as a Python dict built from the list would. */
+/* A later duplicate replaces an earlier one, as a Python dict built from the list would. The
+ * map is sized for every token up front, so this never allocates. */
 static void strmap_put(struct StrMap *m, int32_t id, uint64_t h)
 {
     const struct GgufString *k = &m->keys[id];
-    uint32_t tag = (uint32_t)(h >> 32);
-    for (uint64_t i = h & m->mask;; i = (i + 1) & m->mask) {
-        struct StrSlot *s = &m->slots[i];
-        if (s->id < 0 || (s->tag == tag && m->keys[s->id].len == k->len &&
-                          memcmp(m->keys[s->id].ptr, k->ptr, k->len) == 0)) {
-            s->id = id;
-            s->tag = tag;
+    size_t pos;
+    for (struct HashSlot *s = hash_find(&m->table, h, &pos); s; s = hash_next(&m->table, h, &pos)) {
+        if (m->keys[s->value].len == k->len && memcmp(m->keys[s->value].ptr, k->ptr, k->len) == 0) {
+            s->value = (uint64_t)id;
             return;
         }
     }
+    hash_insert(&m->table, h, (uint64_t)id);
 }
 
 /* ---- merges ---------------------------------------------------------------------------- */
 
-static uint64_t merge_hash(uint64_t key)
-{
-    key ^= key >> 31;
-    key *= 0x9E3779B97F4A7C15ull;
-    return key ^ (key >> 29);
-}
-
-static const struct MergeSlot *merge_get(const struct Tokenizer *t, int32_t a, int32_t b)
-{
-    uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
-    for (uint64_t i = merge_hash(key) & t->merge_mask;; i = (i + 1) & t->merge_mask) {
-        const struct MergeSlot *s = &t->merges[i];
-        if (s->key == key) return s;
-        if (s->key == MERGE_EMPTY) return NULL;
-    }
-}
-
+/* A later duplicate of a pair replaces the earlier one. The table is sized for every merge up
+ * front, so this never allocates. */
 static void merge_put(struct Tokenizer *t, uint64_t key, uint32_t rank, int32_t id)
 {
-    for (uint64_t i = merge_hash(key) & t->merge_mask;; i = (i + 1) & t->merge_mask) {
-        struct MergeSlot *s = &t->merges[i];
-        if (s->key == key || s->key == MERGE_EMPTY) {
-            s->key = key;
-            s->rank = rank;
-            s->id = id;
-            return;
-        }
-    }
-}
-
-static uint64_t pow2_at_least(uint64_t n)
-{
-    uint64_t p = 16;
-    while (p < n) p <<= 1;
-    return p;
+    uint64_t h = hash_u64(key), value = (uint64_t)rank << 32 | (uint32_t)id;
+    size_t pos;
+    struct HashSlot *s = hash_find(&t->merges, h, &pos);
+    if (s) s->value = value;
+    else hash_insert(&t->merges, h, value);
 }
 
 /* ---- loading --------------------------------------------------------------------------- */
@@ -218,8 +134,8 @@ static size_t unmap_bytes(const char *s, size_t n, const int16_t cp_to_byte[324]
     size_t o = 0;
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        size_t k = unicode_decode_utf8((const unsigned char *)s + i, n - i, &cp);
-        if (cp == UNICODE_INVALID || cp >= 324 || cp_to_byte[cp] < 0) {
+        size_t k = utf8_decode((const unsigned char *)s + i, n - i, &cp);
+        if (cp == UTF8_INVALID || cp >= 324 || cp_to_byte[cp] < 0) {
             memcpy(out, s, n);
             return n;
         }
@@ -428,10 +344,7 @@ static int load_merges(struct Tokenizer *t, const struct GgufFile *g, const stru
         set_err(err, errlen, "%s: %llu merges is too many", path, (unsigned long long)n_merges);
         return TOK_EFORMAT;
     }
-    t->merge_mask = pow2_at_least(n_merges * 2) - 1;
-    t->merges = malloc((t->merge_mask + 1) * sizeof *t->merges);
-    if (!t->merges) return TOK_ENOMEM;
-    for (uint64_t i = 0; i <= t->merge_mask; i++) t->merges[i].key = MERGE_EMPTY;
+    if (hash_init(&t->merges, (size_t)n_merges)) return TOK_ENOMEM;
 
     struct MergeLine line[MERGE_BATCH];
     char *joined = NULL;
@@ -463,8 +376,8 @@ static int load_merges(struct Tokenizer *t, const struct GgufFile *g, const stru
             l->lb = m.len - l->la - 1;
             l->ha = hash_bytes(l->left, l->la);
             l->hb = hash_bytes(l->right, l->lb);
-            strmap_prefetch(map, l->ha);
-            strmap_prefetch(map, l->hb);
+            hash_prefetch(&map->table, l->ha);
+            hash_prefetch(&map->table, l->hb);
         }
         for (size_t j = 0; j < n && rc == TOK_OK; j++) {
             struct MergeLine *l = &line[j];
@@ -493,9 +406,9 @@ static int load_merges(struct Tokenizer *t, const struct GgufFile *g, const stru
                 break;
             }
             prev = ab;
-            l->key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+            l->key = merge_key(a, b);
             l->joined = ab;
-            __builtin_prefetch(&t->merges[merge_hash(l->key) & t->merge_mask], 1);
+            hash_prefetch(&t->merges, hash_u64(l->key));
         }
         for (size_t j = 0; j < n && rc == TOK_OK; j++)
             merge_put(t, line[j].key, (uint32_t)(r0 + j), line[j].joined);
@@ -545,10 +458,7 @@ int tok_load_gguf(const struct GgufFile *g, struct Tokenizer **out, char *err, s
     t->pre = pre;
     keys = calloc(n_tokens, sizeof *keys);
     map.keys = keys;
-    map.mask = pow2_at_least(n_tokens * 2) - 1;
-    map.slots = malloc((map.mask + 1) * sizeof *map.slots);
-    if (!keys || !map.slots) goto err;
-    for (uint64_t i = 0; i <= map.mask; i++) map.slots[i] = (struct StrSlot){-1, 0};
+    if (!keys || hash_init(&map.table, (size_t)n_tokens)) goto err;
 
     uint32_t byte_to_cp[256];
     int16_t cp_to_byte[324];
@@ -558,7 +468,7 @@ int tok_load_gguf(const struct GgufFile *g, struct Tokenizer **out, char *err, s
     if (!hashes) { rc = TOK_ENOMEM; goto err; }
     for (int32_t i = 0; i < t->n_vocab; i++) {
         hashes[i] = hash_bytes(keys[i].ptr, keys[i].len);
-        if (i >= 32) strmap_prefetch(&map, hashes[i]);
+        if (i >= 32) hash_prefetch(&map.table, hashes[i]);
         if (i >= 32) strmap_put(&map, i - 32, hashes[i - 32]);
     }
     for (int32_t i = t->n_vocab > 32 ? t->n_vocab - 32 : 0; i < t->n_vocab; i++)
@@ -568,7 +478,7 @@ int tok_load_gguf(const struct GgufFile *g, struct Tokenizer **out, char *err, s
      * what makes it a byte-level vocabulary at all. */
     for (unsigned b = 0; b < 256; b++) {
         char u[4];
-        size_t k = unicode_encode_utf8(byte_to_cp[b], u);
+        size_t k = utf8_encode(byte_to_cp[b], u);
         t->byte_id[b] = strmap_get(&map, u, k);
         if (t->byte_id[b] < 0 && ((b >= 0x20 && b <= 0x7E) || b == '\n')) {
             set_err(err, errlen, "%s: vocabulary has no token for byte 0x%02X: not byte-level",
@@ -595,14 +505,14 @@ int tok_load_gguf(const struct GgufFile *g, struct Tokenizer **out, char *err, s
         add_end_id(t, strmap_get(&map, end_texts[i], strlen(end_texts[i])));
 
     if ((rc = load_chat(t, g)) != TOK_OK) goto err;
-    free(map.slots);
+    hash_free(&map.table);
     free(hashes);
     free(keys);
     *out = t;
     return TOK_OK;
 err:
     if (rc == TOK_ENOMEM) set_err(err, errlen, "%s: out of memory loading the tokenizer", path);
-    free(map.slots);
+    hash_free(&map.table);
     free(hashes);
     free(keys);
     tok_destroy(&t);
@@ -616,7 +526,7 @@ void tok_destroy(struct Tokenizer **pt)
     free(t->pieces);
     free(t->piece_off);
     free(t->type);
-    free(t->merges);
+    hash_free(&t->merges);
     free(t->specials);
     free(t->chat_default_system);
     free(t);
@@ -648,393 +558,6 @@ const char *tok_piece(const struct Tokenizer *t, int32_t id, size_t *len)
     }
     if (len) *len = (size_t)(t->piece_off[id + 1] - t->piece_off[id] - 1);
     return t->pieces + t->piece_off[id];
-}
-
-/* ---- encoding -------------------------------------------------------------------------- */
-
-struct Symbol { int32_t id; int32_t prev, next; uint32_t len; }; /* len 0: merged away */
-struct HeapItem { uint32_t rank; uint32_t pos; int32_t id; };
-
-/* Words repeat, so a long text keeps the BPE result of each short word it has seen. An entry
- * points back at the word's first occurrence in the caller's text instead of copying it. */
-#define CACHE_MIN_TEXT 4096   /* shorter texts are not worth the table */
-#define CACHE_MAX_WORD 32     /* bytes; longer words are rare and go straight to BPE */
-#define CACHE_SLOTS 16384
-#define CACHE_MAX_ENTRIES (CACHE_SLOTS * 3 / 4)
-
-struct CacheEntry { uint64_t hash; size_t pos; uint32_t ids_off; uint8_t n_bytes, n_ids; };
-
-struct Encoder {
-    const struct Tokenizer *t;
-    const unsigned char *text; /* start of the caller's text: cache entries are offsets in it */
-    int32_t *ids;
-    size_t cap, n;
-    struct Symbol *sym;
-    size_t sym_cap;
-    struct HeapItem *heap;
-    size_t heap_n;             /* heap holds 3 * sym_cap items */
-    int32_t *word;             /* ids of the word being encoded (sym_cap entries) */
-    struct CacheEntry *cache;  /* CACHE_SLOTS entries, n_bytes 0 = empty; NULL: no cache */
-    size_t cache_n;
-    int32_t *cache_ids;
-    size_t cache_ids_n, cache_ids_cap;
-};
-
-static void emit_id(struct Encoder *e, int32_t id)
-{
-    if (e->n < e->cap) e->ids[e->n] = id;
-    e->n++;
-}
-
-/* Lowest rank first; among equal ranks the leftmost pair. */
-static int heap_less(const struct HeapItem *a, const struct HeapItem *b)
-{
-    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
-}
-
-static void heap_push(struct Encoder *e, struct HeapItem it)
-{
-    size_t i = e->heap_n++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!heap_less(&it, &e->heap[p])) break;
-        e->heap[i] = e->heap[p];
-        i = p;
-    }
-    e->heap[i] = it;
-}
-
-static struct HeapItem heap_pop(struct Encoder *e)
-{
-    struct HeapItem top = e->heap[0], last = e->heap[--e->heap_n];
-    size_t i = 0, n = e->heap_n;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && heap_less(&e->heap[c + 1], &e->heap[c])) c++;
-        if (!heap_less(&e->heap[c], &last)) break;
-        e->heap[i] = e->heap[c];
-        i = c;
-    }
-    if (n > 0) e->heap[i] = last;
-    return top;
-}
-
-static void push_pair(struct Encoder *e, int32_t left)
-{
-    int32_t right = e->sym[left].next;
-    if (right < 0) return;
-    const struct MergeSlot *m = merge_get(e->t, e->sym[left].id, e->sym[right].id);
-    if (m) heap_push(e, (struct HeapItem){m->rank, (uint32_t)left, m->id});
-}
-
-/* One pre-token (n >= 2) into e->word, its token count in *n_ids: start from single bytes
- * and repeatedly merge the lowest-ranked adjacent pair. Stale heap entries (a side already
- * merged into something else) are recognised by checking that the pair still merges into the
- * recorded token. O(n log n) in the word's length. A byte with no token in the vocabulary is
- * dropped and its neighbours may merge across the gap, as a BPE model without an unknown
- * token does. */
-static int bpe_word(struct Encoder *e, const unsigned char *w, size_t n, size_t *n_ids)
-{
-    const struct Tokenizer *t = e->t;
-    *n_ids = 0;
-    if (n > INT32_MAX / 4) return TOK_ENOMEM;
-    if (n > e->sym_cap) {
-        size_t cap = n < 64 ? 64 : n;
-        struct Symbol *s = realloc(e->sym, cap * sizeof *s);
-        if (!s) return TOK_ENOMEM;
-        e->sym = s;
-        int32_t *word = realloc(e->word, cap * sizeof *word);
-        if (!word) return TOK_ENOMEM;
-        e->word = word;
-        /* Each merge pushes at most two pairs after the initial n - 1. */
-        struct HeapItem *h = realloc(e->heap, 3 * cap * sizeof *h);
-        if (!h) return TOK_ENOMEM;
-        e->heap = h;
-        e->sym_cap = cap;
-    }
-    size_t n_sym = 0;
-    for (size_t i = 0; i < n; i++) {
-        int32_t id = t->byte_id[w[i]];
-        if (id >= 0) {
-            e->sym[n_sym] = (struct Symbol){id, (int32_t)n_sym - 1, (int32_t)n_sym + 1, 1};
-            n_sym++;
-        }
-    }
-    if (n_sym == 0) return TOK_OK;
-    e->sym[n_sym - 1].next = -1;
-    e->heap_n = 0;
-    for (size_t i = 0; i + 1 < n_sym; i++) push_pair(e, (int32_t)i);
-    while (e->heap_n > 0) {
-        struct HeapItem top = heap_pop(e);
-        struct Symbol *l = &e->sym[top.pos];
-        if (l->len == 0 || l->next < 0) continue;
-        struct Symbol *r = &e->sym[l->next];
-        const struct MergeSlot *m = merge_get(t, l->id, r->id);
-        if (!m || m->id != top.id) continue;
-        l->id = top.id;
-        l->len += r->len;
-        r->len = 0;
-        l->next = r->next;
-        if (l->next >= 0) e->sym[l->next].prev = (int32_t)top.pos;
-        if (l->prev >= 0) push_pair(e, l->prev);
-        push_pair(e, (int32_t)top.pos);
-    }
-    for (int32_t i = 0; i >= 0; i = e->sym[i].next) e->word[(*n_ids)++] = e->sym[i].id;
-    return TOK_OK;
-}
-
-static struct CacheEntry *cache_find(struct Encoder *e, const unsigned char *w, size_t n,
-                                     uint64_t h)
-{
-    for (size_t i = h & (CACHE_SLOTS - 1);; i = (i + 1) & (CACHE_SLOTS - 1)) {
-        struct CacheEntry *c = &e->cache[i];
-        if (c->n_bytes == 0) return c;
-        if (c->hash == h && c->n_bytes == n && memcmp(e->text + c->pos, w, n) == 0) return c;
-    }
-}
-
-static int encode_word(struct Encoder *e, const unsigned char *w, size_t n)
-{
-    if (n == 1) {
-        if (e->t->byte_id[w[0]] >= 0) emit_id(e, e->t->byte_id[w[0]]);
-        return TOK_OK;
-    }
-    struct CacheEntry *c = NULL;
-    uint64_t h = 0;
-    if (e->cache && n <= CACHE_MAX_WORD) {
-        h = hash_bytes((const char *)w, n);
-        c = cache_find(e, w, n, h);
-        if (c->n_bytes != 0) {
-            for (size_t i = 0; i < c->n_ids; i++) emit_id(e, e->cache_ids[c->ids_off + i]);
-            return TOK_OK;
-        }
-    }
-    size_t n_ids;
-    int rc = bpe_word(e, w, n, &n_ids);
-    if (rc) return rc;
-    for (size_t i = 0; i < n_ids; i++) emit_id(e, e->word[i]);
-    if (c && e->cache_n < CACHE_MAX_ENTRIES && e->cache_ids_n + n_ids <= UINT32_MAX) {
-        if (e->cache_ids_n + n_ids > e->cache_ids_cap) {
-            size_t cap = e->cache_ids_cap ? 2 * e->cache_ids_cap : 4096;
-            int32_t *p = realloc(e->cache_ids, cap * sizeof *p);
-            if (!p) return TOK_OK; /* the cache only saves time: carry on without growing it */
-            e->cache_ids = p;
-            e->cache_ids_cap = cap;
-        }
-        if (n_ids) /* a word of no ids leaves the (possibly unallocated) array alone */
-            memcpy(e->cache_ids + e->cache_ids_n, e->word, n_ids * sizeof *e->word);
-        *c = (struct CacheEntry){h, (size_t)(w - e->text), (uint32_t)e->cache_ids_n,
-                                 (uint8_t)n, (uint8_t)n_ids};
-        e->cache_ids_n += n_ids;
-        e->cache_n++;
-    }
-    return TOK_OK;
-}
-
-enum { CLS_INVALID = 4 }; /* beside enum UnicodeClass: an ill-formed byte, always alone */
-
-static const uint8_t ascii_class[128] = {
-    /* 0x00 */ 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 3, 3, 3, 3, 0, 0,
-    /* 0x10 */ 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-    /* 0x20 */ 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-    /* 0x30 */ 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0,
-    /* 0x40 */ 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-    /* 0x50 */ 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0,
-    /* 0x60 */ 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-    /* 0x70 */ 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0,
-};
-
-/* Class of the code point at s[0..n), n >= 1, and its length in *k. */
-static int class_at(const unsigned char *s, size_t n, size_t *k)
-{
-    if (s[0] < 0x80) { *k = 1; return ascii_class[s[0]]; }
-    uint32_t cp;
-    size_t len = unicode_decode_utf8(s, n, &cp);
-    if (cp == UNICODE_INVALID) { *k = 1; return CLS_INVALID; }
-    *k = len;
-    return (int)unicode_class(cp);
-}
-
-/* The GPT-2 pre-tokenizer regex
- *   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
- * matched by hand, leftmost alternative first. With split_digits every \p{N} code point is a
- * piece of its own and the regex runs on the text between them, so a digit ends a piece just
- * like the end of the text does (the lookahead sees no \S there). Ill-formed bytes are pieces
- * of their own as well, so each becomes its byte token. */
-static int pretokenize(struct Encoder *e, const unsigned char *s, size_t len, int split_digits)
-{
-    size_t pos = 0;
-    while (pos < len) {
-        size_t k, k2, end;
-        int c = class_at(s + pos, len - pos, &k);
-        int rc;
-        if (c == CLS_INVALID || (split_digits && c == UNICODE_NUMBER)) {
-            if ((rc = encode_word(e, s + pos, k))) return rc;
-            pos += k;
-            continue;
-        }
-        if (s[pos] == '\'' && pos + 1 < len) {
-            unsigned char a = s[pos + 1], b = pos + 2 < len ? s[pos + 2] : 0;
-            int two = a == 's' || a == 't' || a == 'm' || a == 'd';
-            int three = (a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l');
-            size_t m = two ? 2 : three ? 3 : 0;
-            if (m) {
-                if ((rc = encode_word(e, s + pos, m))) return rc;
-                pos += m;
-                continue;
-            }
-        }
-        size_t p = pos;
-        int run = c;
-        if (s[pos] == ' ' && pos + 1 < len) {
-            int c2 = class_at(s + pos + 1, len - pos - 1, &k2);
-            if (c2 == UNICODE_LETTER || c2 == UNICODE_OTHER ||
-                (c2 == UNICODE_NUMBER && !split_digits)) {
-                p = pos + 1;
-                run = c2;
-                k = k2;
-            }
-        }
-        if (run == UNICODE_LETTER || run == UNICODE_NUMBER || run == UNICODE_OTHER) {
-            end = p + k;
-            while (end < len && class_at(s + end, len - end, &k2) == run) end += k2;
-        } else {
-            /* \s+(?!\S) gives back the last space when \S follows, \s+ takes a lone one. */
-            size_t last = pos;
-            int next = -1;
-            end = pos;
-            while (end < len) {
-                next = class_at(s + end, len - end, &k2);
-                if (next != UNICODE_SPACE) break;
-                last = end;
-                end += k2;
-            }
-            int followed_by_text = end < len && next != CLS_INVALID &&
-                                   !(split_digits && next == UNICODE_NUMBER);
-            if (followed_by_text && last > pos) end = last;
-        }
-        if ((rc = encode_word(e, s + pos, end - pos))) return rc;
-        pos = end;
-    }
-    return TOK_OK;
-}
-
-/* Length of a contraction (?i:'s|'t|'re|'ve|'m|'ll|'d) at s[0] == '\'', or 0. Case-insensitive
- * as Oniguruma folds it, which also lets U+017F LATIN SMALL LETTER LONG S stand for 's'. */
-static size_t contraction_qwen2(const unsigned char *s, size_t len)
-{
-    if (len < 2) return 0;
-    unsigned a = s[1] | 0x20u, b = len > 2 ? s[2] | 0x20u : 0;
-    if (s[1] >= 0x80) return len > 2 && s[1] == 0xC5 && s[2] == 0xBF ? 3 : 0; /* 'ſ */
-    if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
-    if (((a == 'r' || a == 'v') && b == 'e') || (a == 'l' && b == 'l')) return 3;
-    return 0;
-}
-
-/* Qwen2's pre-tokenizer regex (its tokenizer.json; tokenizer.ggml.pre "qwen2")
- *   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*
- *   |\s*[\r\n]+|\s+(?!\S)|\s+
- * matched by hand, leftmost alternative first: a letter run may take one leading character that
- * is neither a letter, a digit, CR nor LF; every digit stands alone; a punctuation run takes
- * the line breaks after it; a whitespace run that holds line breaks ends after its last one.
- * Ill-formed bytes are pieces of their own and end the text around them for the lookahead, as
- * in pretokenize. */
-static int pretokenize_qwen2(struct Encoder *e, const unsigned char *s, size_t len)
-{
-    size_t pos = 0;
-    while (pos < len) {
-        size_t k, k2 = 0, end;
-        int c = class_at(s + pos, len - pos, &k);
-        if (c == CLS_INVALID || c == UNICODE_NUMBER) {
-            end = pos + k;
-        } else if (s[pos] == '\'' && (end = contraction_qwen2(s + pos, len - pos)) > 0) {
-            end += pos;
-        } else {
-            int c2 = pos + k < len ? class_at(s + pos + k, len - pos - k, &k2) : -1;
-            int line_break = s[pos] == '\r' || s[pos] == '\n';
-            if (c == UNICODE_LETTER || (c2 == UNICODE_LETTER && !line_break)) {
-                end = c == UNICODE_LETTER ? pos + k : pos + k + k2;
-                while (end < len && class_at(s + end, len - end, &k2) == UNICODE_LETTER) end += k2;
-            } else if (c == UNICODE_OTHER || (s[pos] == ' ' && c2 == UNICODE_OTHER)) {
-                end = c == UNICODE_OTHER ? pos + k : pos + 1 + k2;
-                while (end < len && class_at(s + end, len - end, &k2) == UNICODE_OTHER) end += k2;
-                while (end < len && (s[end] == '\r' || s[end] == '\n')) end++;
-            } else {
-                /* Whitespace: up to its last line break if it has one (\s*[\r\n]+), else all
-                 * of it, less its last character when text follows (\s+(?!\S), \s+). */
-                size_t last = pos, after_break = 0;
-                int next = -1;
-                end = pos;
-                while (end < len) {
-                    next = class_at(s + end, len - end, &k2);
-                    if (next != UNICODE_SPACE) break;
-                    last = end;
-                    end += k2;
-                    if (s[last] == '\r' || s[last] == '\n') after_break = end;
-                }
-                if (after_break) end = after_break;
-                else if (end < len && next != CLS_INVALID && last > pos) end = last;
-            }
-        }
-        int rc = encode_word(e, s + pos, end - pos);
-        if (rc) return rc;
-        pos = end;
-    }
-    return TOK_OK;
-}
-
-static int encode_text(struct Encoder *e, const unsigned char *s, size_t len)
-{
-    if (e->t->pre == PRE_QWEN2) return pretokenize_qwen2(e, s, len);
-    return pretokenize(e, s, len, e->t->pre == PRE_DIGITS_GPT2);
-}
-
-int tok_encode(const struct Tokenizer *t, const char *text, size_t len, unsigned flags,
-               int32_t *ids, size_t cap, size_t *n_out)
-{
-    *n_out = 0;
-    if ((!text && len > 0) || (!ids && cap > 0)) return TOK_EINPUT;
-    const unsigned char *s = (const unsigned char *)text;
-    struct Encoder e = {.t = t, .text = s, .ids = ids, .cap = cap};
-    if (len >= CACHE_MIN_TEXT) e.cache = calloc(CACHE_SLOTS, sizeof *e.cache); /* NULL: none */
-    int rc = TOK_OK;
-    if ((flags & TOK_ADD_BOS) && t->add_bos && t->bos >= 0) emit_id(&e, t->bos);
-    /* Control tokens are recognised only when asked; user-defined ones (Qwen2's <tool_call>)
-     * always, as Hugging Face's added vocabulary and llama.cpp both do. */
-    int parse_control = (flags & TOK_PARSE_SPECIAL) != 0;
-    uint8_t want_first = parse_control ? SPECIAL_ANY : SPECIAL_USER;
-    if (t->n_specials == 0) {
-        if (len > 0) rc = encode_text(&e, s, len);
-    } else {
-        size_t seg = 0;
-        for (size_t p = 0; p < len && rc == TOK_OK;) {
-            const struct Special *hit = NULL;
-            if (t->special_first[s[p]] & want_first) {
-                for (size_t i = 0; i < t->n_specials; i++) {
-                    const struct Special *sp = &t->specials[i];
-                    if ((parse_control || !sp->control) && sp->len <= len - p &&
-                        memcmp(s + p, sp->text, sp->len) == 0) {
-                        hit = sp;
-                        break;
-                    }
-                }
-            }
-            if (!hit) { p++; continue; }
-            if (p > seg) rc = encode_text(&e, s + seg, p - seg);
-            emit_id(&e, hit->id);
-            p += hit->len;
-            seg = p;
-        }
-        if (rc == TOK_OK && seg < len) rc = encode_text(&e, s + seg, len - seg);
-    }
-    free(e.sym);
-    free(e.heap);
-    free(e.word);
-    free(e.cache);
-    free(e.cache_ids);
-    *n_out = e.n;
-    return rc;
 }
 
 /* ---- decoding -------------------------------------------------------------------------- */
@@ -1123,11 +646,11 @@ int tok_stream_feed(struct TokStream *s, int32_t id, char *out, size_t cap)
         size_t take = plen < 4 - n ? plen : 4 - n;
         memcpy(tmp + n, p, take);
         uint32_t cp;
-        size_t k = unicode_decode_utf8(tmp, n + take, &cp);
-        if (cp != UNICODE_INVALID) {
+        size_t k = utf8_decode(tmp, n + take, &cp);
+        if (cp != UTF8_INVALID) {
             out_put(&o, (const char *)tmp, k);
             i = k - n;
-        } else if (k == n + take && unicode_is_incomplete_utf8(tmp, k)) {
+        } else if (k == n + take && utf8_is_incomplete(tmp, k)) {
             memcpy(held, tmp, k);  /* the whole piece extends it and it is still short */
             n_held = k;
             i = plen;
@@ -1138,10 +661,10 @@ int tok_stream_feed(struct TokStream *s, int32_t id, char *out, size_t cap)
     }
     while (i < plen) {
         uint32_t cp;
-        size_t k = unicode_decode_utf8(p + i, plen - i, &cp);
-        if (cp != UNICODE_INVALID) {
+        size_t k = utf8_decode(p + i, plen - i, &cp);
+        if (cp != UTF8_INVALID) {
             out_put(&o, (const char *)p + i, k);
-        } else if (i + k == plen && unicode_is_incomplete_utf8(p + i, k)) {
+        } else if (i + k == plen && utf8_is_incomplete(p + i, k)) {
             memcpy(held, p + i, k);
             n_held = k;
         } else {

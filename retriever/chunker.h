@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "retriever/tokcount.h"
+#include "text/tokcount.h"
 
 #define CHUNK_DEFAULT_TOKENS 256
 #define CHUNK_DEFAULT_OVERLAP 32

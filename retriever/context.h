@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "retriever/index.h"
-#include "retriever/tokcount.h"
+#include "text/tokcount.h"
 
 enum CtxOrder {
     CTX_ORDER_RANK = 0,      /* best first */

@@ -7,6 +7,7 @@
 
 #include "retriever/bm25.h"
 #include "retriever/status.h"
+#include "text/utf8.h"
 
 void index_options_default(struct IndexOptions *o)
 {

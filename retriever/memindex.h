@@ -7,7 +7,7 @@
 
 #include "retriever/bm25.h"
 #include "retriever/index.h"
-#include "retriever/tokcount.h"
+#include "text/tokcount.h"
 
 struct MemIndex;
 

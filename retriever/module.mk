@@ -8,8 +8,11 @@ $(LIB_RETRIEVER): $(RETRIEVER_OBJS)
 	rm -f $@ && ar rcs $@ $^
 
 BINS += $(BUILD)/diffrag-store
-$(BUILD)/diffrag-store: $(BUILD)/tools/diffrag_store.o $(LIB_RETRIEVER) $(LIB_MODEL)
-	$(CC) $(LDFLAGS) $< -o $@ $(RETRIEVER_LIBS) $(MODEL_LIBS) $(LDLIBS)
+# It reads files through the clients' document reader (clients/ingest), as `diffrag ingest` does.
+STORE_TOOL_OBJS := $(patsubst %.c,$(BUILD)/%.o,tools/diffrag_store.c tools/store_read.c \
+                   $(wildcard clients/ingest/*.c))
+$(BUILD)/diffrag-store: $(STORE_TOOL_OBJS) $(LIB_RETRIEVER) $(LIB_MODEL)
+	$(CC) $(LDFLAGS) $(STORE_TOOL_OBJS) -o $@ $(RETRIEVER_LIBS) $(MODEL_LIBS) $(LDLIBS)
 
 # The benchmark compares against SQLite FTS5; it is built and run only by `make bench-retriever`.
 BENCH_RETRIEVER_ARGS ?= --passages ../shared/data/squad2/passages.jsonl \

@@ -25,7 +25,7 @@
 #include <stdint.h>
 
 #include "retriever/index.h"
-#include "retriever/tokcount.h"
+#include "text/tokcount.h"
 
 #define STORE_SCHEMA_VERSION 1
 
@@ -65,6 +65,15 @@ int store_put_docs(struct Store *s, const char *collection, const struct StoreDo
  * collection), RET_EINPUT, RET_EIO, RET_ENOMEM. */
 int store_delete_docs(struct Store *s, const char *collection, const char *const *ids,
                       const size_t *id_lens, size_t n, size_t *n_deleted, char *err, size_t errlen);
+
+/* Remove the collection whole, in one transaction: its record, documents, chunks and
+ * postings. Its id is not reused: ingesting into the same name later creates a fresh,
+ * empty collection. *n_docs (optional) receives how many documents it held. RET_OK
+ * (committed durably), RET_ENOTFOUND ("unknown collection"), RET_EINPUT (invalid name),
+ * RET_ELIMIT (too large for one transaction, or the map at its ceiling), RET_ECORRUPT,
+ * RET_EIO, RET_ENOMEM. */
+int store_drop_collection(struct Store *s, const char *collection, uint64_t *n_docs, char *err,
+                          size_t errlen);
 
 /* Read snapshots. Everything a reader returns is borrowed LMDB memory, valid until
  * store_read_end. A reader holds its snapshot; keep it short so the file can reuse pages. */

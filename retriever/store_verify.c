@@ -12,6 +12,8 @@
 
 #include "retriever/postings.h"
 #include "retriever/status.h"
+#include "text/hash.h"
+#include "text/utf8.h"
 
 struct ChunkCheck {
     uint32_t id, n_terms;
@@ -39,21 +41,11 @@ static void problem(struct Verify *v, const char *fmt, ...)
     }
 }
 
+/* A (term, tf) pair's share of a chunk's signature: the sums over the chunk's bag and over its
+ * postings must agree. */
 static uint64_t pair_hash(const char *term, size_t len, uint32_t tf)
 {
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < len; i++) {
-        h ^= (unsigned char)term[i];
-        h *= 1099511628211ull;
-    }
-    h ^= tf;
-    h *= 1099511628211ull;
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ull;
-    h ^= h >> 33;
-    return h;
+    return hash_u64(hash_bytes(term, len) ^ hash_u64(tf));
 }
 
 static struct ChunkCheck *find_chunk(struct Verify *v, uint32_t id)

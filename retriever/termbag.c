@@ -1,5 +1,5 @@
-/* Open-addressing hash map from term bytes to counts (FNV-1a hash, linear probing), with an
- * arena for the term bytes so a chunk's terms cost no allocation per term once warm. */
+/* Term bytes to counts: items in insertion order, their bytes in an arena (so a chunk's terms
+ * cost no allocation per term once warm), found through a text/hash.h table of item indexes. */
 #include "retriever/termbag.h"
 
 #include <stdlib.h>
@@ -7,22 +7,12 @@
 
 #include "retriever/status.h"
 
-static uint32_t term_hash(const char *s, size_t len)
-{
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < len; i++) {
-        h ^= (unsigned char)s[i];
-        h *= 16777619u;
-    }
-    return h;
-}
-
 void termbag_init(struct TermBag *b) { memset(b, 0, sizeof *b); }
 
 void termbag_free(struct TermBag *b)
 {
     free(b->items);
-    free(b->slots);
+    hash_free(&b->index);
     free(b->arena);
     memset(b, 0, sizeof *b);
 }
@@ -32,61 +22,38 @@ void termbag_clear(struct TermBag *b)
     b->n = 0;
     b->arena_len = 0;
     b->total = 0;
-    if (b->slots)
-        memset(b->slots, 0, b->n_slots * sizeof *b->slots);
+    hash_clear(&b->index);
 }
 
-static int rehash(struct TermBag *b, size_t n_slots)
+/* The index slot of the term, or NULL. */
+static struct HashSlot *find_slot(const struct TermBag *b, const char *term, size_t len, uint64_t h)
 {
-    uint32_t *slots = calloc(n_slots, sizeof *slots);
-    if (!slots)
-        return RET_ENOMEM;
-    for (size_t i = 0; i < b->n; i++) {
-        size_t s = b->items[i].hash & (n_slots - 1);
-        while (slots[s])
-            s = (s + 1) & (n_slots - 1);
-        slots[s] = (uint32_t)(i + 1);
+    size_t pos;
+    for (struct HashSlot *s = hash_find(&b->index, h, &pos); s; s = hash_next(&b->index, h, &pos)) {
+        const struct TermBagItem *it = &b->items[s->value];
+        if (it->len == len && memcmp(b->arena + it->off, term, len) == 0)
+            return s;
     }
-    free(b->slots);
-    b->slots = slots;
-    b->n_slots = n_slots;
-    return RET_OK;
+    return NULL;
 }
 
 long termbag_find(const struct TermBag *b, const char *term, size_t len)
 {
-    if (!b->n_slots)
-        return -1;
-    uint32_t h = term_hash(term, len);
-    size_t s = h & (b->n_slots - 1);
-    while (b->slots[s]) {
-        const struct TermBagItem *it = &b->items[b->slots[s] - 1];
-        if (it->hash == h && it->len == len && memcmp(b->arena + it->off, term, len) == 0)
-            return (long)(b->slots[s] - 1);
-        s = (s + 1) & (b->n_slots - 1);
-    }
-    return -1;
+    struct HashSlot *s = find_slot(b, term, len, hash_bytes(term, len));
+    return s ? (long)s->value : -1;
 }
 
 int termbag_add(struct TermBag *b, const char *term, size_t len, uint32_t count, size_t *index)
 {
     b->total += count;
-    uint32_t h = term_hash(term, len);
-    if (b->n_slots) {
-        size_t s = h & (b->n_slots - 1);
-        while (b->slots[s]) {
-            struct TermBagItem *it = &b->items[b->slots[s] - 1];
-            if (it->hash == h && it->len == len && memcmp(b->arena + it->off, term, len) == 0) {
-                it->count += count;
-                if (index)
-                    *index = b->slots[s] - 1;
-                return RET_OK;
-            }
-            s = (s + 1) & (b->n_slots - 1);
-        }
+    uint64_t h = hash_bytes(term, len);
+    struct HashSlot *s = find_slot(b, term, len, h);
+    if (s) {
+        b->items[s->value].count += count;
+        if (index)
+            *index = (size_t)s->value;
+        return RET_OK;
     }
-    if ((b->n + 1) * 2 > b->n_slots && rehash(b, b->n_slots ? b->n_slots * 2 : 64))
-        return RET_ENOMEM;
     if (b->n == b->cap) {
         size_t cap = b->cap ? b->cap * 2 : 32;
         struct TermBagItem *items = realloc(b->items, cap * sizeof *items);
@@ -105,18 +72,17 @@ int termbag_add(struct TermBag *b, const char *term, size_t len, uint32_t count,
         b->arena = arena;
         b->arena_cap = cap;
     }
+    if (!b->index.slots && hash_init(&b->index, 32))
+        return RET_ENOMEM;
+    if (!hash_insert(&b->index, h, b->n))
+        return RET_ENOMEM;
     memcpy(b->arena + b->arena_len, term, len);
     struct TermBagItem *it = &b->items[b->n];
     it->off = b->arena_len;
     it->len = (uint32_t)len;
     it->count = count;
     it->aux = 0;
-    it->hash = h;
     b->arena_len += len;
-    size_t s = h & (b->n_slots - 1);
-    while (b->slots[s])
-        s = (s + 1) & (b->n_slots - 1);
-    b->slots[s] = (uint32_t)(b->n + 1);
     if (index)
         *index = b->n;
     b->n++;
@@ -142,5 +108,12 @@ static int item_cmp(const void *pa, const void *pb, void *arena_v)
 int termbag_sort(struct TermBag *b)
 {
     qsort_r(b->items, b->n, sizeof *b->items, item_cmp, b->arena);
-    return b->n_slots ? rehash(b, b->n_slots) : RET_OK;
+    if (!b->index.slots)
+        return RET_OK;
+    /* The items moved: index them again (the table keeps its size, so nothing is allocated). */
+    hash_clear(&b->index);
+    for (size_t i = 0; i < b->n; i++)
+        if (!hash_insert(&b->index, hash_bytes(b->arena + b->items[i].off, b->items[i].len), i))
+            return RET_ENOMEM;
+    return RET_OK;
 }

@@ -1,25 +1,25 @@
-/* A small hash map from term bytes to a count and an auxiliary value, used to gather a chunk's
+/* A small map from term bytes to a count and an auxiliary value, used to gather a chunk's
  * term frequencies, a query's terms and an in-memory index's dictionary. Items keep insertion
- * order; the term bytes live in one arena owned by the bag. */
+ * order; the term bytes live in one arena owned by the bag; a text/hash.h table finds them. */
 #ifndef DIFFRAG_TERMBAG_H
 #define DIFFRAG_TERMBAG_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "text/hash.h"
+
 struct TermBagItem {
     size_t off;      /* term bytes at arena + off */
     uint32_t len;
     uint32_t count;  /* how many times the term was added */
     uint32_t aux;    /* caller's value (0 when first added) */
-    uint32_t hash;
 };
 
 struct TermBag {
     struct TermBagItem *items;
     size_t n, cap;
-    uint32_t *slots;  /* index + 1 into items; 0 = empty; power-of-two size */
-    size_t n_slots;
+    struct HashTable index;  /* hash_bytes of each term -> its item's index */
     char *arena;
     size_t arena_len, arena_cap;
     uint64_t total;   /* sum of all counts */

@@ -1,7 +1,7 @@
-/* UTF-8 validation and decoding, Unicode lowercasing and word classes (tables generated into
- * unicode_tables.c), and the analyzer that turns text into index terms: words are runs of
- * letters, marks and digits (an apostrophe between letters stays inside a word, a possessive
- * 's is dropped), each ideograph is a term by itself, then stop words and stemming apply. */
+/* The analyzer that turns text into index terms: words are runs of letters, marks and digits
+ * (text/unicode.h's word classes; an apostrophe between letters stays inside a word, a
+ * possessive 's is dropped), each ideograph is a term by itself, then stop words and stemming
+ * apply. */
 #include "retriever/text.h"
 
 #include <stdlib.h>
@@ -9,104 +9,9 @@
 #include <libstemmer.h>
 
 #include "retriever/status.h"
-#include "retriever/unicode_tables.h"
-
-int32_t utf8_decode(const unsigned char *s, size_t len, size_t *adv)
-{
-    unsigned c = s[0];
-    *adv = 1;
-    if (c < 0x80)
-        return (int32_t)c;
-    size_t n;
-    uint32_t cp, min;
-    if (c >= 0xC2 && c <= 0xDF) { n = 2; cp = c & 0x1F; min = 0x80; }
-    else if (c >= 0xE0 && c <= 0xEF) { n = 3; cp = c & 0x0F; min = 0x800; }
-    else if (c >= 0xF0 && c <= 0xF4) { n = 4; cp = c & 0x07; min = 0x10000; }
-    else return -1;
-    if (len < n)
-        return -1;
-    for (size_t i = 1; i < n; i++) {
-        if ((s[i] & 0xC0) != 0x80)
-            return -1;
-        cp = (cp << 6) | (s[i] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-        return -1;
-    *adv = n;
-    return (int32_t)cp;
-}
-
-size_t utf8_encode(uint32_t cp, char *out)
-{
-    unsigned char *o = (unsigned char *)out;
-    if (cp < 0x80) { o[0] = (unsigned char)cp; return 1; }
-    if (cp < 0x800) {
-        o[0] = (unsigned char)(0xC0 | (cp >> 6));
-        o[1] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (unsigned char)(0xE0 | (cp >> 12));
-        o[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (unsigned char)(0xF0 | (cp >> 18));
-    o[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-    o[3] = (unsigned char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
-int utf8_valid(const char *s, size_t len, size_t *bad_off)
-{
-    const unsigned char *u = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < len) {
-        if (u[i] < 0x80) { i++; continue; }
-        size_t adv;
-        if (utf8_decode(u + i, len - i, &adv) < 0) {
-            if (bad_off)
-                *bad_off = i;
-            return 0;
-        }
-        i += adv;
-    }
-    return 1;
-}
-
-uint32_t uni_lower(uint32_t cp)
-{
-    if (cp < 0x80)
-        return (cp >= 'A' && cp <= 'Z') ? cp + 32 : cp;
-    size_t lo = 0, hi = uni_lower_runs_n;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        const struct UniLowerRun *r = &uni_lower_runs[mid];
-        if (cp < r->lo) hi = mid;
-        else if (cp > r->hi) lo = mid + 1;
-        else return ((cp - r->lo) % r->stride == 0) ? (uint32_t)((int32_t)cp + r->delta) : cp;
-    }
-    return cp;
-}
-
-int uni_class(uint32_t cp)
-{
-    if (cp < 0x80) {
-        if ((cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z'))
-            return UNI_WORD;
-        return UNI_SEP;
-    }
-    size_t lo = 0, hi = uni_class_ranges_n;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        const struct UniClassRange *r = &uni_class_ranges[mid];
-        if (cp < r->lo) hi = mid;
-        else if (cp > r->hi) lo = mid + 1;
-        else return r->cls;
-    }
-    return UNI_SEP;
-}
+#include "text/hash.h"
+#include "text/unicode.h"
+#include "text/utf8.h"
 
 /* Lucene's English stop set (EnglishAnalyzer.ENGLISH_STOP_WORDS_SET), sorted for bsearch. */
 static const char *const STOP_WORDS[] = {
@@ -202,24 +107,12 @@ static int word_push(struct Analyzer *a, const char *bytes, size_t n)
     return 0;
 }
 
-size_t utf8_cut(const char *s, size_t len, size_t max)
-{
-    if (len <= max)
-        return len;
-    size_t n = max;
-    while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
-        n--;
-    return n;
-}
-
 static int stem_emit(struct Analyzer *a, const char *w, size_t n, analyzer_emit_fn emit, void *ctx)
 {
     struct StemSlot *slot = NULL;
     uint32_t h = 0;
     if (n <= STEM_CACHE_WORD) {
-        h = 2166136261u;
-        for (size_t i = 0; i < n; i++)
-            h = (h ^ (unsigned char)w[i]) * 16777619u;
+        h = (uint32_t)hash_bytes(w, n);
         for (size_t i = h & (STEM_CACHE_SLOTS - 1);; i = (i + 1) & (STEM_CACHE_SLOTS - 1)) {
             slot = &a->stems[i];
             if (slot->word_len == 0)
@@ -273,7 +166,7 @@ static int word_flush(struct Analyzer *a, analyzer_emit_fn emit, void *ctx)
     return emit(ctx, w, n);
 }
 
-static int is_apostrophe(int32_t cp) { return cp == '\'' || cp == 0x2019; }
+static int is_apostrophe(uint32_t cp) { return cp == '\'' || cp == 0x2019; }
 
 int analyzer_run(struct Analyzer *a, const char *text, size_t len, analyzer_emit_fn emit, void *ctx)
 {
@@ -301,19 +194,20 @@ int analyzer_run(struct Analyzer *a, const char *text, size_t len, analyzer_emit
             i++;
             continue;
         }
-        size_t adv;
-        int32_t cp = utf8_decode(u + i, len - i, &adv);
-        int cls = cp < 0 ? UNI_SEP : uni_class((uint32_t)cp);
-        if (cls == UNI_WORD) {
+        /* Ill-formed bytes (cp = UTF8_INVALID) are separators. */
+        uint32_t cp;
+        size_t adv = utf8_decode(u + i, len - i, &cp);
+        enum UnicodeWordClass cls = unicode_word_class(cp);
+        if (cls == UNICODE_WORD) {
             char enc[4];
-            size_t m = utf8_encode(uni_lower((uint32_t)cp), enc);
+            size_t m = utf8_encode(unicode_lower(cp), enc);
             if ((rc = word_push(a, enc, m)))
                 return rc;
-        } else if (cls == UNI_SEP && is_apostrophe(cp) && a->len > 0 && i + adv < len) {
+        } else if (cls == UNICODE_SEP && is_apostrophe(cp) && a->len > 0 && i + adv < len) {
             /* Keep an apostrophe only between two word characters ("don't", "Norman's"). */
-            size_t adv2;
-            int32_t next = utf8_decode(u + i + adv, len - i - adv, &adv2);
-            if (next >= 0 && uni_class((uint32_t)next) == UNI_WORD) {
+            uint32_t next;
+            utf8_decode(u + i + adv, len - i - adv, &next);
+            if (unicode_word_class(next) == UNICODE_WORD) {
                 if ((rc = word_push(a, "'", 1)))
                     return rc;
             } else if ((rc = word_flush(a, emit, ctx))) {
@@ -322,9 +216,9 @@ int analyzer_run(struct Analyzer *a, const char *text, size_t len, analyzer_emit
         } else {
             if (a->len && (rc = word_flush(a, emit, ctx)))
                 return rc;
-            if (cls == UNI_IDEO) {
+            if (cls == UNICODE_IDEO) {
                 char enc[4];
-                size_t m = utf8_encode((uint32_t)cp, enc);
+                size_t m = utf8_encode(cp, enc);
                 if ((rc = emit(ctx, enc, m)))
                     return rc;
             }

@@ -1,6 +1,6 @@
-/* Text analysis for the index: UTF-8 checks, Unicode lowercasing and word splitting, optional
- * stop words and Snowball English stemming. The same analyzer runs over chunks at ingest and
- * over questions at search, so both sides see the same terms. */
+/* Text analysis for the index: Unicode lowercasing and word splitting (text/utf8.h,
+ * text/unicode.h), optional stop words and Snowball English stemming. The same analyzer runs
+ * over chunks at ingest and over questions at search, so both sides see the same terms. */
 #ifndef DIFFRAG_TEXT_H
 #define DIFFRAG_TEXT_H
 
@@ -15,21 +15,6 @@ enum AnalyzeFlags {
     ANALYZE_STOPWORDS = 1u << 1, /* drop the Lucene English stop words */
 };
 #define ANALYZE_KNOWN_FLAGS (ANALYZE_STEM | ANALYZE_STOPWORDS)
-
-/* 1 when s[0..len) is well-formed UTF-8 (no overlongs, surrogates or code points past
- * U+10FFFF); otherwise 0 and *bad_off (if non-NULL) receives the offset of the first bad byte. */
-int utf8_valid(const char *s, size_t len, size_t *bad_off);
-
-/* Decode one code point at s (len > 0 bytes available). Returns the code point and sets *adv
- * to its byte length, or returns -1 with *adv = 1 for a malformed sequence. */
-int32_t utf8_decode(const unsigned char *s, size_t len, size_t *adv);
-/* Encode cp into out (4 bytes of room); returns the byte count. */
-size_t utf8_encode(uint32_t cp, char *out);
-/* The length of s[0..len) cut to at most `max` bytes without splitting a UTF-8 sequence. */
-size_t utf8_cut(const char *s, size_t len, size_t max);
-
-uint32_t uni_lower(uint32_t cp);
-int uni_class(uint32_t cp); /* enum UniClass */
 
 struct Analyzer;
 

@@ -11,27 +11,17 @@
 
 #include "retriever/bm25.h"
 #include "retriever/chunker.h"
-#include "retriever/json.h"
+#include "text/json.h"
 #include "retriever/memindex.h"
 #include "retriever/postings.h"
 #include "retriever/status.h"
 #include "retriever/store.h"
 #include "retriever/termbag.h"
 #include "retriever/text.h"
-#include "retriever/tokcount.h"
-
-static int n_checks, n_failed;
-
-#define CHECK(cond, ...)                                                     \
-    do {                                                                     \
-        n_checks++;                                                          \
-        if (!(cond)) {                                                       \
-            n_failed++;                                                      \
-            fprintf(stderr, "FAIL %s:%d: (%s) ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                    \
-            fputc('\n', stderr);                                             \
-        }                                                                    \
-    } while (0)
+#include "text/unicode.h"
+#include "text/utf8.h"
+#include "text/tokcount.h"
+#include "tests/check.h"
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static uint64_t rnd(void)
@@ -480,8 +470,8 @@ static void test_analyzer(void)
     CHECK(!utf8_valid("\xed\xa0\x80", 3, NULL), "surrogate refused");
     CHECK(!utf8_valid("\xf4\x90\x80\x80", 4, NULL), "past U+10FFFF refused");
     CHECK(!utf8_valid("\xe2\x82", 2, NULL), "truncated refused");
-    CHECK(uni_lower(0x0130) == 'i' && uni_lower(0x1E9E) == 0xDF && uni_lower(0x0410) == 0x0430 &&
-          uni_lower(0x0100) == 0x0101 && uni_lower(0x0101) == 0x0101 && uni_lower(0x10400) == 0x10428,
+    CHECK(unicode_lower(0x0130) == 'i' && unicode_lower(0x1E9E) == 0xDF && unicode_lower(0x0410) == 0x0430 &&
+          unicode_lower(0x0100) == 0x0101 && unicode_lower(0x0101) == 0x0101 && unicode_lower(0x10400) == 0x10428,
           "lowercase table");
 }
 
@@ -633,6 +623,31 @@ static void test_misc(void)
     memset(deep, '[', 100);
     snprintf(deep, sizeof deep, "{\"a\": %.*s", 90, "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[");
     CHECK(json_object_strings(deep, strlen(deep), keys, 3, v, vl, err, sizeof err) == RET_EINPUT, "deep nesting refused");
+    char deep_ok[300];
+    snprintf(deep_ok, sizeof deep_ok, "{\"a\": %.*s1%.*s}", 70, deep + 6, 70,
+             "]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]");
+    CHECK(json_object_strings(deep_ok, strlen(deep_ok), keys, 3, v, vl, err, sizeof err) == RET_EINPUT &&
+          strstr(err, "at byte 69: nested deeper than 64") != NULL, "depth message: %s", err);
+    CHECK((int)JSON_OK == RET_OK && (int)JSON_EINPUT == RET_EINPUT && (int)JSON_ENOMEM == RET_ENOMEM,
+          "JSON codes are the retriever's");
+    const char *twice = "{\"x\": 1, \"id\": \"a\", \"x\": 2}";
+    CHECK(json_object_strings(twice, strlen(twice), keys, 3, v, vl, err, sizeof err) == RET_EINPUT &&
+          !v[0] && strstr(err, "duplicate"), "any key twice refused: %s", err);
+    const char *num = "{\"id\": 5, \"text\": \"t\"}";
+    CHECK(json_object_strings(num, strlen(num), keys, 3, v, vl, err, sizeof err) == RET_EINPUT &&
+          strstr(err, "\"id\" must be a string"), "non-string field: %s", err);
+    const char *nul = "{\"text\": \"a\\u0000b\"}";
+    CHECK(json_object_strings(nul, strlen(nul), keys, 3, v, vl, err, sizeof err) == RET_OK &&
+          v[2] && vl[2] == 3 && memcmp(v[2], "a\0b", 3) == 0, "NUL escape kept with its length");
+    free(v[2]);
+    char *written = NULL;
+    size_t written_len = 0;
+    FILE *mem = open_memstream(&written, &written_len);
+    json_write_string(mem, "q\"b\\n\n\x01\x7f\xc3\xa9\xff", 11);
+    fclose(mem);
+    CHECK(written && strcmp(written, "\"q\\\"b\\\\n\\n\\u0001\\u007f\xc3\xa9\xef\xbf\xbd\"") == 0,
+          "json_write_string: %s", written ? written : "(null)");
+    free(written);
 }
 
 int main(void)
@@ -643,6 +658,5 @@ int main(void)
     test_analyzer();
     test_chunker();
     test_misc();
-    printf("%d checks, %d failed\n", n_checks, n_failed);
-    return n_failed ? 1 : 0;
+    return check_report("test_bm25");
 }

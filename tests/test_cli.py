@@ -1,9 +1,12 @@
 """The diffrag command line (build/diffrag) against a live diffragd with a tiny model and
 against fake servers: documented exit codes, the --json shapes, the question from stdin, a
 folder ingest (.txt, .md, .jsonl with meta, skipped files), the progress line of a long
-ingest, --help of every command, Ctrl-C cancelling a streamed answer, keygen and CurveZMQ."""
+ingest, --help of every command, Ctrl-C cancelling a streamed answer and a query still in
+prefill, drop (asked on a terminal, refused without one unless --yes), endpoint and host
+messages, keygen and CurveZMQ."""
 import json
 import os
+import pty
 import re
 import signal
 import stat
@@ -19,7 +22,7 @@ from daemon_util import Daemon, free_port
 from test_clients_python import GROUNDED, FakeServer, pong, tiny_model
 
 DIFFRAG = BUILD / "diffrag"
-COMMANDS = ["ask", "ingest", "delete", "get", "ls", "stats", "ping", "keygen"]
+COMMANDS = ["ask", "ingest", "delete", "drop", "get", "ls", "stats", "ping", "keygen"]
 
 
 def cli(*args, endpoint=None, stdin=None, timeout=60, cwd=ROOT, env=None):
@@ -71,7 +74,8 @@ def test_help_on_every_command():
 def test_usage_errors_exit_2():
     for args in ([], ["frobnicate"], ["ping", "--bogus"], ["ping", "extra"], ["ask"],
                  ["ask", "--max-tokens", "zero", "q"], ["ping", "--stream"], ["get"],
-                 ["ingest", "--progress", "--quiet", "x"], ["ask", "--doc-id", "a", "-d", "f", "q"]):
+                 ["ingest", "--progress", "--quiet", "x"], ["ask", "--doc-id", "a", "-d", "f", "q"],
+                 ["drop"], ["drop", "a", "b"], ["drop", "-c", "a", "a", "--yes"]):
         r = cli(*args, endpoint="tcp://127.0.0.1:1")
         assert r.returncode == 2, args
         assert r.stderr.strip(), args
@@ -91,6 +95,70 @@ def test_exit_codes_connection_timeout_protocol(tmp_path):
         assert json.loads(r.stdout)["error"]["code"] == "protocol"
 
 
+def test_endpoint_without_scheme_and_unresolvable_host():
+    r = cli("ping", endpoint="127.0.0.1:7400")
+    assert r.returncode == 2
+    assert ("endpoint '127.0.0.1:7400': expected tcp://HOST:PORT, ipc://PATH or inproc://NAME"
+            in r.stderr) and "Invalid argument" not in r.stderr
+    t0 = time.time()
+    r = cli("ping", endpoint="tcp://nosuchhost.invalid:7400")
+    assert r.returncode == 3 and '"nosuchhost.invalid" does not resolve' in r.stderr, r.stderr
+    assert "connection refused" not in r.stderr and "is diffragd running" not in r.stderr
+    assert time.time() - t0 < 4  # at once, not after the 5 s connect timeout
+
+
+def test_drop(daemon, folder):
+    """drop needs --yes without a terminal; it says how many documents went; then the
+    collection is gone (not_found, exit 1)."""
+    ep = daemon.endpoint
+    assert cli("ingest", "-c", "dropme", "-q", folder, endpoint=ep).returncode == 0
+    r = cli("drop", "dropme", stdin="", endpoint=ep)
+    assert r.returncode == 2 and "--yes" in r.stderr
+    assert "dropme" in cli("ls", endpoint=ep).stdout.split()
+    r = cli("drop", "dropme", "--yes", "--json", endpoint=ep)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["ok"] is True and j["collection"] == "dropme" and j["dropped"] == 5, j
+    assert "dropme" not in cli("ls", endpoint=ep).stdout.split()
+    r = cli("drop", "dropme", "-y", endpoint=ep)
+    assert r.returncode == 1 and "not_found" in r.stderr
+    assert cli("ingest", "-c", "dropme", "-q", folder / "sub", endpoint=ep).returncode == 0
+    r = cli("drop", "dropme", "--yes", endpoint=ep)
+    assert r.returncode == 0 and r.stdout == 'dropped "dropme": 1 document\n'
+
+
+def test_drop_asks_on_a_terminal():
+    """On a terminal drop shows the collection's size and asks; only y/yes drops."""
+    seen = []
+
+    def handler(req):
+        seen.append(req["op"])
+        if req["op"] == "stats":
+            return [{"ok": True, "collection": req["collection"], "docs": 3, "chunks": 4}]
+        if req["op"] == "drop":
+            return [{"ok": True, "collection": req["collection"], "dropped": 3}]
+        return pong(req)
+
+    with FakeServer(handler) as srv:
+        for answer, dropped in (("n\n", False), ("\n", False), ("YES\n", True)):
+            seen.clear()
+            master, slave = pty.openpty()
+            p = subprocess.Popen([str(DIFFRAG), "-e", srv.endpoint, "drop", "notes"], stdin=slave,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            os.close(slave)
+            os.write(master, answer.encode())
+            out, err = p.communicate(timeout=10)
+            os.close(master)
+            print(repr(answer), p.returncode, out, err)
+            assert p.returncode == 0
+            assert 'Drop the collection "notes" and its 3 documents? This cannot be undone.' in err
+            assert seen == (["stats", "drop"] if dropped else ["stats"]), seen
+            if dropped:
+                assert out == 'dropped "notes": 3 documents\n'
+            else:
+                assert out == "" and 'diffrag drop: "notes" kept' in err
+
+
 def test_every_command_json_and_exit_codes(daemon, folder):
     ep = daemon.endpoint
     r = cli("ping", "--json", endpoint=ep)
@@ -103,13 +171,14 @@ def test_every_command_json_and_exit_codes(daemon, folder):
     assert (j["ingested"], j["docs"], j["files"], j["skipped"]) == (5, 5, 5, 2), j
     r = cli("ls", "-c", "notes", "--json", endpoint=ep)
     ids = [d["id"] for d in json.loads(r.stdout)["docs"]]
-    assert sorted(ids) == sorted(["danube", "nile", str(folder / "rhine.txt"),
-                                  str(folder / "paris.md"), str(folder / "sub" / "oxygen.txt")])
+    # a text file's id: its folder's name, then its path inside the folder
+    assert sorted(ids) == sorted(["danube", "nile", folder.name + "/rhine.txt",
+                                  folder.name + "/paris.md", folder.name + "/sub/oxygen.txt"])
     r = cli("ls", "-c", "notes", "--limit", "2", endpoint=ep)
     assert r.returncode == 0 and len(r.stdout.splitlines()) == 2
     r = cli("ls", endpoint=ep)
     assert "notes" in r.stdout.split()
-    r = cli("get", "-c", "notes", str(folder / "paris.md"), "--json", endpoint=ep)
+    r = cli("get", "-c", "notes", folder.name + "/paris.md", "--json", endpoint=ep)
     doc = json.loads(r.stdout)["doc"]
     assert doc["title"] == "Paris, the capital" and "2,102,650" in doc["text"]
     r = cli("get", "-c", "notes", "danube", "--json", endpoint=ep)
@@ -154,7 +223,7 @@ def test_ask_human_output_stdin_and_stream(daemon, folder):
     assert plain.returncode == 0
     body, _, details = plain.stdout.rpartition("\nsources:\n")
     lines = details.splitlines()
-    assert lines[0].startswith("  [1] " + str(folder / "rhine.txt") + "  chunk 0, score ")
+    assert lines[0].startswith("  [1] " + folder.name + "/rhine.txt  chunk 0, score ")
     assert any(ln.startswith("grounding: ") for ln in lines)
     assert any(ln.startswith("finish: ") and "generated" in ln for ln in lines)
     # the same question from stdin (greedy decoding: the same answer)
@@ -263,6 +332,50 @@ def test_ctrl_c_cancels_a_streamed_answer():
         srv.close()
 
 
+def test_ctrl_c_during_prefill():
+    """SIGINT before the first token: the daemon's reply has no token and nil grounding
+    figures; the CLI says the request was cancelled before its first token (no "nan")."""
+    srv = None
+
+    def handler(req):
+        if req["op"] == "query":
+            srv.qid = req["id"]
+            return []
+        if req["op"] == "cancel":
+            srv.send(req["id"], {"ok": True, "found": True, "state": "running"})
+            srv.send(srv.qid, {"ok": True, "answer": "", "finish_reason": "cancelled",
+                               "citations": [{"doc_id": "rhine", "chunk": 0, "score": 2.5,
+                                              "offsets": [0, 40], "marker": 1}],
+                               "usage": {"prompt_tokens": 900, "context_tokens": 800,
+                                         "completion_tokens": 0},
+                               "grounding": {"score": None, "flagged": False, "abstained": False,
+                                             "lookback_ratio": None,
+                                             "unsupported_token_ratio": None,
+                                             "mean_logprob": None, "min_logprob": None,
+                                             "answer_tokens": 0, "flagged_tokens": 0,
+                                             "detector": "none"}})
+            return []
+        return pong(req)
+
+    srv = FakeServer(handler)
+    try:
+        p = subprocess.Popen([str(DIFFRAG), "-e", srv.endpoint, "ask", "-c", "x", "q"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 10
+        while not any(r["op"] == "query" for r in srv.requests):
+            assert time.time() < deadline and p.poll() is None
+            time.sleep(0.02)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=10)
+        print(out, err)
+        assert p.returncode == 130
+        assert "grounding: none: the request was cancelled before its first token\n" in out
+        assert "nan" not in out and "no calibrated detector" not in out
+        assert "finish: cancelled" in out
+    finally:
+        srv.close()
+
+
 def test_keygen(tmp_path):
     prefix = tmp_path / "client"
     r = cli("keygen", "-o", prefix, "--json")
@@ -310,3 +423,68 @@ def test_curve_with_keygen_keys(tmp_path):
                                       "handshake failed" in r.stderr), r.stderr
     r = cli("--server-key", tmp_path / "nowhere.pub", "ping", endpoint="tcp://127.0.0.1:1")
     assert r.returncode == 2 and "nowhere.pub" in r.stderr
+
+
+def test_ingest_ids_relative_to_the_folder(daemon, tmp_path):
+    """50 files ingested as "." and then by the folder's absolute path: 50 documents, not 100."""
+    notes = tmp_path / "notes50"
+    for i in range(50):
+        d = notes / ("sub%d" % (i % 4)) if i % 3 else notes
+        d.mkdir(parents=True, exist_ok=True)
+        (d / ("n%02d.md" % i)).write_text("# Note %d\n\nNote %d is about the number %d.\n" % (i, i, i))
+    r = cli("ingest", "-c", "rel50", "--json", ".", endpoint=daemon.endpoint, cwd=notes)
+    assert r.returncode == 0 and json.loads(r.stdout)["ingested"] == 50
+    r = cli("ingest", "-c", "rel50", "--json", notes.resolve(), endpoint=daemon.endpoint)
+    assert r.returncode == 0 and json.loads(r.stdout)["docs"] == 50, r.stdout
+    r = cli("ingest", "-c", "rel50", "--json", "../n00.md", endpoint=daemon.endpoint,
+            cwd=notes / "sub1")
+    assert r.returncode == 0 and json.loads(r.stdout)["docs"] == 50, r.stdout
+    ids = [d["id"] for d in json.loads(cli("ls", "-c", "rel50", "--json",
+                                           endpoint=daemon.endpoint).stdout)["docs"]]
+    assert len(ids) == 50 and "notes50/n00.md" in ids and "notes50/sub1/n01.md" in ids
+
+
+def test_ingest_hostile_local_files(tmp_path):
+    """Only regular UTF-8 text files are sent: a link to /dev/zero, a FIFO, a name that is not
+    UTF-8, Latin-1 text, a NUL byte and a file over the request limit (refused unread) are
+    skipped with a note in a folder, and are errors (exit 6) when named."""
+    d = tmp_path / "mixed"
+    d.mkdir()
+    (d / "good.txt").write_text("The Rhine flows through Basel.\n")
+    (d / "zero.txt").symlink_to("/dev/zero")
+    os.mkfifo(d / "pipe.txt")
+    (d / os.fsdecode(b"caf\xe9.txt")).write_text("A name in Latin-1.\n")
+    (d / "latin1.txt").write_bytes(b"caf\xe9 au lait\n")
+    (d / "binary.txt").write_bytes(b"ab\x00cd\n")
+    with open(d / "huge.txt", "wb") as f:           # sparse: refused by its size, never read
+        f.truncate(16 << 20)
+    sent = []
+
+    def handler(req):
+        if req["op"] != "ingest":
+            return pong(req)
+        sent.extend(doc["id"] for doc in req["docs"])
+        return [{"ok": True, "collection": req["collection"], "ingested": len(req["docs"]),
+                 "bytes": 10, "docs": len(sent), "chunks": len(sent)}]
+
+    with FakeServer(handler) as srv:
+        r = cli("ingest", "--json", d, endpoint=srv.endpoint, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert sent == ["mixed/good.txt"]
+        assert json.loads(r.stdout)["skipped"] == 6
+        for name, why in [("zero.txt", "not a regular file (a character device); skipped"),
+                          ("pipe.txt", "not a regular file (a FIFO); skipped"),
+                          ("caf\\xE9.txt", "the name is not valid UTF-8; skipped"),
+                          ("latin1.txt", "not valid UTF-8 at byte 3: convert it"),
+                          ("binary.txt", "a NUL byte at byte 2: not a text file; skipped"),
+                          ("huge.txt", "16.0 MiB, over the 15.0 MiB a document may have")]:
+            assert any(name in ln and why in ln for ln in r.stderr.splitlines()), (name, r.stderr)
+        for name, why in [("zero.txt", "not a regular file (a character device)"),
+                          ("pipe.txt", "not a regular file (a FIFO)"),
+                          ("latin1.txt", "iconv -f LATIN1 -t UTF-8"),
+                          ("binary.txt", "a NUL byte at byte 2"),
+                          ("huge.txt", "16 MiB a request (max_message_bytes); split it")]:
+            r = cli("ingest", d / name, endpoint=srv.endpoint, timeout=30)
+            assert r.returncode == 6 and why in r.stderr, (name, r.stderr)
+        assert "ingest it on the daemon's host with diffrag-store" in r.stderr   # huge.txt's way out
+        assert sent == ["mixed/good.txt"]

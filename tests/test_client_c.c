@@ -22,19 +22,7 @@
 #include "clients/c/client_internal.h"
 #include "clients/c/diffrag.h"
 #include "clients/c/json.h"
-
-static int n_checks, n_failed;
-
-#define CHECK(cond, ...)                                                     \
-    do {                                                                     \
-        n_checks++;                                                          \
-        if (!(cond)) {                                                       \
-            n_failed++;                                                      \
-            fprintf(stderr, "FAIL %s:%d: (%s) ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                    \
-            fputc('\n', stderr);                                             \
-        }                                                                    \
-    } while (0)
+#include "tests/check.h"
 
 static double now_ms(void)
 {
@@ -79,7 +67,9 @@ static void test_json(void)
         { " [ ] ", "[]" },
         { "{}", "{}" },
         { "-9223372036854775808", "-9223372036854775808" },
-        { "18446744073709551615", "18446744073709551615" },
+        { "9223372036854775807", "9223372036854775807" },
+        { "-0", "0" },
+        { "\"a\\u0000b\"", "\"a\\u0000b\"" },
         { "0.1", "0.1" },
         { "1e300", "1e+300" },
         { "-2.5E-3", "-0.0025" },
@@ -101,6 +91,8 @@ static void test_json(void)
         "", "{", "[1,]", "[1 2]", "{\"a\" 1}", "{1: 2}", "\"abc", "\"\\x\"", "\"\\ud800\"",
         "\"\\udc00x\"", "01", "1.", "-", "tru", "nul", "[1] x", "\"a\x01\"", "\"\xff\"",
         "[[[[[[[[[[1]]]]]]]]]]", "{\"a\":1,}", "1e", "\"\\u12\"",
+        /* integers beyond the signed 64-bit range, reals beyond a double, a key twice */
+        "18446744073709551615", "-9223372036854775809", "1e400", "{\"a\": 1, \"a\": 2}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char *got = roundtrip(bad[i], &st, err, sizeof err);
@@ -108,6 +100,14 @@ static void test_json(void)
               bad[i], st, err);
         free(got);
     }
+    /* the message says where: the ninth of ten '[' (max_depth 8 allows eight), the 0xff byte */
+    char *deep = roundtrip("[[[[[[[[[[1]]]]]]]]]]", &st, err, sizeof err);
+    CHECK(st == -1 && !deep && strstr(err, "at byte 8: nested deeper than 8"), "depth: %s", err);
+    deep = roundtrip("[[[[[[[[1]]]]]]]]", &st, err, sizeof err);
+    CHECK(st == 0 && deep && strcmp(deep, "[[[[[[[[1]]]]]]]]") == 0, "eight levels: %s", err);
+    free(deep);
+    CHECK(roundtrip("  \"ab\xff\"", &st, err, sizeof err) == NULL && st == -1 &&
+          strstr(err, "at byte 5: ") && strstr(err, "0xff"), "bad byte: %s", err);
     /* output escaping: control characters, invalid UTF-8 becomes U+FFFD, valid stays */
     struct JsonBuf b = { 0 };
     json_buf_string(&b, "a\x02\xc3\xa9\xff\xe2\x82", 7);
@@ -827,11 +827,20 @@ static void test_fake_server(void)
     nometa.meta_json = "[1]";
     CHECK(diffrag_ingest(c, "c", &nometa, 1, &ir) == DIFFRAG_EINVAL, "meta not an object");
     CHECK(diffrag_ingest(c, NULL, &nometa, 1, &ir) == DIFFRAG_EINVAL, "no collection");
+    DiffragDropResult *xr = NULL;
+    CHECK(diffrag_drop(c, "", &xr) == DIFFRAG_EINVAL && !xr, "drop without a collection");
     DiffragClient *x = NULL;
     char err[200];
     CHECK(diffrag_new(&x, "", NULL, err, sizeof err) == DIFFRAG_EINVAL && !x, "empty endpoint");
     CHECK(diffrag_new(&x, "nonsense://x", NULL, err, sizeof err) == DIFFRAG_EINVAL && !x,
           "bad endpoint: %s", err);
+    /* no scheme, or no port: the message says what an endpoint looks like */
+    static const char *const forms[] = { "127.0.0.1:7400", "tcp://127.0.0.1", "tcp://h:x",
+                                         "ipc://" };
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++)
+        CHECK(diffrag_new(&x, forms[i], NULL, err, sizeof err) == DIFFRAG_EINVAL && !x &&
+              strstr(err, "expected tcp://HOST:PORT, ipc://PATH or inproc://NAME") &&
+              strstr(err, forms[i]), "endpoint %s: %s", forms[i], err);
     DiffragOptions o;
     diffrag_options_init(&o);
     o.server_key = "too-short";
@@ -861,6 +870,15 @@ static void test_no_daemon(void)
     CHECK(rc == DIFFRAG_ECONNECT && !strcmp(diffrag_last_error_code(c), "connect") &&
           strstr(diffrag_last_error(c), "connection refused") && waited >= 299 && waited < 1500,
           "rc=%d %s", rc, diffrag_last_error(c));
+    diffrag_destroy(&c);
+    /* a host that does not resolve says so (not "connection refused") */
+    c = client_for("tcp://nosuchhost.invalid:7400", 300, 1000);
+    if (!c)
+        return;
+    rc = diffrag_ping(c, &(DiffragPong *){ NULL });
+    printf("no such host: %s\n", diffrag_last_error(c));
+    CHECK(rc == DIFFRAG_ECONNECT && strstr(diffrag_last_error(c), "\"nosuchhost.invalid\" does "
+          "not resolve"), "rc=%d %s", rc, diffrag_last_error(c));
     diffrag_destroy(&c);
 }
 
@@ -1047,6 +1065,20 @@ static void test_live(const char *endpoint)
     diffrag_delete_result_free(&dr);
     rc = diffrag_delete(c, "no-such-collection", ids, 1, &dr);
     CHECK(rc == DIFFRAG_ESERVER && !strcmp(diffrag_last_error_code(c), "not_found"), "delete unknown");
+
+    /* drop: the documents it held, then the collection is gone */
+    DiffragDropResult *xr = NULL;
+    rc = diffrag_drop(c, coll, &xr);
+    CHECK(rc == DIFFRAG_OK && xr && xr->dropped == 2 && !strcmp(xr->collection, coll) &&
+          strstr(xr->json, "\"dropped\": 2"), "drop: %s", diffrag_last_error(c));
+    diffrag_drop_result_free(&xr);
+    CHECK(!xr, "drop result freed");
+    rc = diffrag_stats(c, coll, &s);
+    CHECK(rc == DIFFRAG_ESERVER && !strcmp(diffrag_last_error_code(c), "not_found") && !s,
+          "stats of a dropped collection: %s", diffrag_last_error(c));
+    rc = diffrag_drop(c, coll, &xr);
+    CHECK(rc == DIFFRAG_ESERVER && !strcmp(diffrag_last_error_code(c), "not_found") && !xr,
+          "drop again: %s", diffrag_last_error(c));
     CHECK(diffrag_ping(c, &p) == DIFFRAG_OK, "still answering");
     diffrag_pong_free(&p);
     diffrag_destroy(&c);
@@ -1072,6 +1104,5 @@ int main(int argc, char **argv)
         test_no_daemon();
         test_fake_server();
     }
-    printf("%d checks, %d failed\n", n_checks, n_failed);
-    return n_failed ? 1 : 0;
+    return check_report("test_client_c");
 }

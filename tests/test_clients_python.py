@@ -166,6 +166,11 @@ def test_sync_every_call(daemon):
         assert {x.doc_id for x in a2.citations} <= {"1", "x"} and a2.citations[0].doc_id == "1"
         d = c.delete("py", ["paris", "absent"])
         assert isinstance(d, diffrag.DeleteResult) and (d.deleted, d.docs) == (1, 2)
+        x = c.drop("py")
+        assert isinstance(x, diffrag.DropResult) and (x.collection, x.dropped) == ("py", 2), x
+        assert x.raw["ok"] is True and "py" not in c.list().collections
+        with pytest.raises(diffrag.NotFound):
+            c.drop("py")
         print("ping %.2f ms; query: %s tokens, %.1f ms; ingest chunks %d"
               % (p.rtt_ms, a.usage.completion_tokens, a.timings.total_ms, r.chunks))
 
@@ -266,6 +271,11 @@ def test_asyncio(daemon):
                 await c.get("aio", "nope")
             assert e.value.code == "not_found"
             assert (await c.delete("aio", "oxygen")).deleted == 1
+            x = await c.drop("aio")
+            assert isinstance(x, diffrag.DropResult) and (x.collection, x.dropped) == ("aio", 2)
+            with pytest.raises(diffrag.NotFound) as e:
+                await c.drop("aio")
+            assert e.value.code == "not_found"
             return len(deltas)
     n = asyncio.run(main())
     print("async stream: %d deltas" % n)
@@ -305,6 +315,31 @@ def test_timeout_connect_failure_and_late_replies():
             c.ping()
     assert e.value.code == "connect" and "connection refused" in e.value.message
     assert time.time() - t0 < 2
+
+
+def test_endpoint_form_and_unresolvable_host():
+    """An endpoint without a scheme is a ValueError that says what one looks like; a host that
+    does not resolve fails the first call at once, saying so (not "connection refused")."""
+    for ep in ("127.0.0.1:7400", "tcp://127.0.0.1", "nonsense://x"):
+        for cls in (diffrag.Client, diffrag.AsyncClient):
+            with pytest.raises(ValueError) as e:
+                cls(ep)
+            assert str(e.value) == ("endpoint '%s': expected tcp://HOST:PORT, ipc://PATH or "
+                                    "inproc://NAME" % ep)
+    t0 = time.time()
+    with diffrag.Client("tcp://nosuchhost.invalid:7400", connect_timeout=3) as c:
+        with pytest.raises(diffrag.ConnectionFailed) as e:
+            c.ping()
+    assert '"nosuchhost.invalid" does not resolve' in e.value.message and e.value.code == "connect"
+
+    async def amain():
+        async with diffrag.AsyncClient("tcp://nosuchhost.invalid:7400", connect_timeout=3) as ac:
+            with pytest.raises(diffrag.ConnectionFailed) as e:
+                await ac.ping()
+            return e.value
+    err = asyncio.run(amain())
+    assert '"nosuchhost.invalid" does not resolve' in err.message
+    print("no such host:", err, "after %.2f s" % (time.time() - t0))
 
 
 MALFORMED = [

@@ -9,7 +9,7 @@ import msgpack
 import pytest
 import zmq
 
-from conftest import ROOT
+from conftest import BUILD, ROOT
 from daemon_util import DIFFRAGD, Daemon, fast_model, http_get, query, slow_model
 
 DOCS = [
@@ -136,6 +136,38 @@ def test_store_operations(fast):
               query("anything", collection="no-such")):
         _, r = c.call(dict(m, id="nf"))
         assert r["ok"] is False and r["error"]["code"] == "not_found", (m, r)
+
+
+def test_drop_collection(fast):
+    c = fast.client()
+    _, r = c.call({"v": 1, "op": "ingest", "id": "i1", "collection": "dropme", "docs": DOCS})
+    assert r["ok"] and r["docs"] == 3, r
+    _, r = c.call({"v": 1, "op": "ingest", "id": "i2", "collection": "keepme", "docs": DOCS[:1]})
+    assert r["ok"], r
+    before = fast.metric("diffrag_requests_total", op="drop", code="ok")
+    _, r = c.call({"v": 1, "op": "drop", "id": "d1", "collection": "dropme"})
+    assert r == {"id": "d1", "ok": True, "collection": "dropme", "dropped": 3}, r
+    assert fast.metric("diffrag_requests_total", op="drop", code="ok") == before + 1
+    _, r = c.call({"v": 1, "op": "list", "id": "l"})
+    assert "dropme" not in r["collections"] and "keepme" in r["collections"], r
+    for m in ({"v": 1, "op": "drop", "collection": "dropme"},
+              {"v": 1, "op": "stats", "collection": "dropme"},
+              {"v": 1, "op": "get", "collection": "dropme", "doc_id": "paris"},
+              query("capital", collection="dropme")):
+        _, r = c.call(dict(m, id="nf"))
+        assert r["ok"] is False and r["error"]["code"] == "not_found", (m, r)
+    for bad in ({"v": 1, "op": "drop", "id": "b"}, {"v": 1, "op": "drop", "id": "b", "collection": ""},
+                {"v": 1, "op": "drop", "id": "b", "collection": 7}):
+        _, r = c.call(bad)
+        assert r["ok"] is False and r["error"]["code"] == "bad_request", (bad, r)
+    verify = subprocess.run([str(BUILD / "diffrag-store"), "--data-dir", str(fast.data_dir), "verify"],
+                            capture_output=True, text=True, timeout=60)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    # the same name again: a fresh collection, holding only what is ingested now
+    _, r = c.call({"v": 1, "op": "ingest", "id": "i3", "collection": "dropme", "docs": DOCS[1:2]})
+    assert r["ok"] and r["docs"] == 1, r
+    _, r = c.call({"v": 1, "op": "list", "id": "l2", "collection": "dropme"})
+    assert [d["id"] for d in r["docs"]] == [DOCS[1]["id"]], r
 
 
 def test_daemon_stats_and_cancel_unknown(fast):

@@ -181,6 +181,10 @@ def test_install_and_systemd_analyze_verify(tmp_path):
     assert os.access(prefix / "bin" / "diffragd", os.X_OK)
     assert (etc / "diffrag" / "diffragd.conf").exists()
     assert (prefix / "share" / "doc" / "diffrag" / "protocol.md").exists()
+    # the CUDA backend goes where diffragd looks for it (PREFIX/lib beside PREFIX/bin) whenever
+    # this build made one (nvcc present; sanitizer builds make none)
+    built_cuda = (BUILD / "libdiffrag_cuda.so").exists()
+    assert (prefix / "lib" / "libdiffrag_cuda.so").exists() == built_cuda
     text = unit.read_text()
     for needle in ("Type=notify", "ExecReload=/bin/kill -HUP $MAINPID", "WatchdogSec=",
                    "Restart=on-failure", "StateDirectory=diffrag", "ConfigurationDirectory=diffrag",

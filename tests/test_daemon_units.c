@@ -16,12 +16,7 @@
 #include "daemon/proto.h"
 #include "daemon/wire.h"
 #include "daemon/zap.h"
-
-static int failures, checks;
-
-#define CHECK(cond, ...) do { checks++; if (!(cond)) { failures++; \
-    fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+#include "tests/check.h"
 
 static uint64_t rng = 88172645463325252ull;
 static uint64_t next_rand(void)
@@ -365,6 +360,5 @@ int main(void)
     test_quote();
     test_keys();
     test_faults();
-    printf("daemon units: %d checks, %d failures\n", checks, failures);
-    return failures ? 1 : 0;
+    return check_report("test_daemon_units");
 }

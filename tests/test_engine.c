@@ -13,10 +13,7 @@
 
 #include "model/engine.h"
 #include "model/generate.h"
-
-static int passed, failed;
-#define CHECK(cond, ...) do { if (cond) passed++; else { failed++; \
-    printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
+#include "tests/check.h"
 
 static const char *DEFAULT_MODEL = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -252,6 +249,5 @@ int main(void)
 
     engine_destroy(&e);
     model_destroy(&m);
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed != 0;
+    return check_report("test_engine");
 }

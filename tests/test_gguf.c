@@ -22,19 +22,7 @@
 #include "kernels/dequant.h"
 #include "kernels/f16.h"
 #include "model/gguf.h"
-
-static int n_checks, n_failed;
-
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        n_checks++;                                                        \
-        if (!(cond)) {                                                     \
-            n_failed++;                                                    \
-            fprintf(stderr, "FAIL %s:%d: (%s) ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                  \
-            fputc('\n', stderr);                                           \
-        }                                                                  \
-    } while (0)
+#include "tests/check.h"
 
 static double now_s(void)
 {
@@ -1354,6 +1342,5 @@ int main(int argc, char **argv)
     test_f16();
     test_dequant_api();
     test_default_model();
-    printf("%d passed, %d failed\n", n_checks - n_failed, n_failed);
-    return n_failed ? 1 : 0;
+    return check_report("test_gguf");
 }

@@ -15,13 +15,9 @@
 #include "kernels/gpu_plan.h"
 #include "model/engine.h"
 #include "model/engine_gpu.h"
+#include "tests/check.h"
 
 #define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-static int passed, failed;
-#define CHECK(cond, ...) do { if (cond) passed++; else { failed++; \
-    fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); \
-    fprintf(stderr, "\n"); } } while (0)
 
 static void test_attn_plan(void)
 {
@@ -450,6 +446,5 @@ int main(void)
     test_estimate();
     test_bf16();
     test_loading();
-    printf("test_gpu_plan: %d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return check_report("test_gpu_plan");
 }

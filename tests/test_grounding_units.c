@@ -1,33 +1,34 @@
-/* Unit tests of the groundedness figures (daemon/grounding.c, docs/groundedness.md): SHA-256
- * against the FIPS 180-4 test vectors, the calibration parser's errors, windows, features,
- * the logistic score against a direct evaluation of the formula, lexical support, abstention,
+/* Unit tests of the groundedness figures (daemon/grounding.c, docs/groundedness.md): a file's
+ * SHA-256 (libcrypto) against the FIPS 180-4 test vectors, the calibration parser's errors,
+ * windows, features, the logistic score against a direct evaluation of the formula, lexical support, abstention,
  * the request summary, and the signals on the broker <-> worker wire. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <openssl/sha.h>
 
 #include "daemon/grounding.h"
-#include "daemon/sha256.h"
 #include "daemon/wire.h"
-
-static int failures, checks;
-
-#define CHECK(cond, ...) do { checks++; if (!(cond)) { failures++; \
-    fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+#include "tests/check.h"
 
 /* ---- SHA-256 ---- */
 
+/* The digest of data[0..len) through gr_file_sha256 (a temporary file), as hex. */
 static void hex_of(const void *data, size_t len, char out[65])
 {
-    struct Sha256 s;
+    const char *dir = getenv("TMPDIR");
+    char path[512], err[256];
     uint8_t d[32];
-    sha256_init(&s);
-    sha256_update(&s, data, len);
-    sha256_final(&s, d);
-    sha256_hex(d, out);
+    snprintf(path, sizeof path, "%s/diffrag-sha-XXXXXX", dir && *dir ? dir : P_tmpdir);
+    int fd = mkstemp(path);
+    CHECK(fd >= 0 && write(fd, data, len) == (ssize_t)len, "temp file");
+    close(fd);
+    out[0] = 0;
+    CHECK(gr_file_sha256(path, d, err, sizeof err) == 0, "%s", err);
+    gr_sha256_hex(d, out);
+    unlink(path);
 }
 
 static void test_sha256(void)
@@ -44,40 +45,28 @@ static void test_sha256(void)
                        "pqklmnopqrlmnopqrsmnopqrstnopqrstu";
     hex_of(four, strlen(four), h);
     CHECK(!strcmp(h, "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1"), "%s", h);
-    /* a million 'a', fed in uneven pieces */
-    char *a = malloc(1000000);
-    memset(a, 'a', 1000000);
-    struct Sha256 s;
-    uint8_t d[32];
-    sha256_init(&s);
-    for (size_t off = 0, step = 1; off < 1000000; off += step, step = step * 3 % 997 + 1)
-        sha256_update(&s, a + off, off + step > 1000000 ? 1000000 - off : step);
-    sha256_final(&s, d);
-    sha256_hex(d, h);
+    /* a million 'a' */
+    enum { BIG = 3 * (1 << 20) + 7 };    /* past the file reader's 1 MiB pieces */
+    char *a = malloc(BIG);
+    CHECK(a != NULL, "out of memory");
+    if (!a)
+        return;
+    memset(a, 'a', BIG);
+    hex_of(a, 1000000, h);
     CHECK(!strcmp(h, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"), "%s", h);
-    /* every length around the padding boundaries: pieces agree with one update */
-    for (size_t n = 50; n < 140; n++) {
-        char one[65], parts[65];
-        hex_of(a, n, one);
-        sha256_init(&s);
-        sha256_update(&s, a, n / 3);
-        sha256_update(&s, a + n / 3, n - n / 3);
-        sha256_final(&s, d);
-        sha256_hex(d, parts);
-        CHECK(!strcmp(one, parts), "length %zu", n);
-    }
-    const char *dir = getenv("TMPDIR");
-    char path[512];
-    snprintf(path, sizeof path, "%s/diffrag-sha-XXXXXX", dir && *dir ? dir : P_tmpdir);
-    int fd = mkstemp(path);
-    CHECK(fd >= 0 && write(fd, a, 1000000) == 1000000, "temp file");
-    close(fd);
+    /* a file read in several pieces agrees with libcrypto's one-shot digest of its bytes */
+    for (size_t i = 0; i < BIG; i++)
+        a[i] = (char)(i * 2654435761u >> 13);
+    uint8_t one[32];
+    char want[65];
+    SHA256((const unsigned char *)a, BIG, one);
+    gr_sha256_hex(one, want);
+    hex_of(a, BIG, h);
+    CHECK(!strcmp(h, want), "pieces %s, whole %s", h, want);
     char err[256];
-    CHECK(sha256_file(path, d, err, sizeof err) == 0, "%s", err);
-    sha256_hex(d, h);
-    CHECK(!strcmp(h, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"), "file %s", h);
-    unlink(path);
-    CHECK(sha256_file(path, d, err, sizeof err) != 0 && strstr(err, path), "missing: %s", err);
+    uint8_t d[32];
+    CHECK(gr_file_sha256("/nonexistent/diffrag-model.gguf", d, err, sizeof err) != 0 &&
+          strstr(err, "/nonexistent/diffrag-model.gguf"), "missing: %s", err);
     free(a);
 }
 
@@ -361,9 +350,9 @@ static void test_abstained(void)
 
 /* ---- words and lexical support ---- */
 
-struct Collected { char words[16][GR_MAX_WORD + 1]; size_t start[16], end[16]; int cap[16], dig[16], n; };
+struct Collected { char words[16][WORDS_MAX_BYTES + 1]; size_t start[16], end[16]; int cap[16], dig[16], n; };
 
-static int collect(void *ctx, const struct GrWord *w)
+static int collect(void *ctx, const struct Word *w)
 {
     struct Collected *c = ctx;
     if (c->n < 16) {
@@ -382,7 +371,7 @@ static void test_words(void)
 {
     struct Collected c = { .n = 0 };
     const char *t = "Don't call Norman's ÉCOLE x2-b; 東京 café’s";
-    gr_words(t, strlen(t), collect, &c);
+    words_split(t, strlen(t), collect, &c);
     CHECK(c.n == 9, "%d words", c.n);
     CHECK(!strcmp(c.words[0], "dont") && c.cap[0] && c.start[0] == 0 && c.end[0] == 5, "%s", c.words[0]);
     CHECK(!strcmp(c.words[2], "norman") && c.cap[2] && c.end[2] == 19, "%s %zu", c.words[2], c.end[2]);
@@ -395,36 +384,36 @@ static void test_words(void)
     for (int i = 0; i < 100; i++)
         memcpy(longw + 2 * i, "é", 2);
     c.n = 0;
-    gr_words(longw, 200, collect, &c);
+    words_split(longw, 200, collect, &c);
     CHECK(c.n == 1 && strlen(c.words[0]) == 64 && c.end[0] == 200, "long word %zu", strlen(c.words[0]));
-    struct GrWord w = { .lower = "the", .lower_len = 3 };
+    struct Word w = { .lower = "the", .lower_len = 3 };
     CHECK(!gr_is_content(&w), "stop word");
     w.capital = 1;
     CHECK(gr_is_content(&w), "capitalised");
-    w = (struct GrWord){ .lower = "river", .lower_len = 5 };
+    w = (struct Word){ .lower = "river", .lower_len = 5 };
     CHECK(gr_is_content(&w), "content");
 }
 
 static void test_lexical(void)
 {
-    struct GrWordSet *ws = NULL;
-    CHECK(gr_wordset_new(&ws) == 0, "new");
+    struct WordSet *ws = NULL;
+    CHECK(words_set_new(&ws) == 0, "new");
     const char *doc = "The Rhine flows 1,230 km from the Swiss Alps to the North Sea. France's rivers";
-    CHECK(gr_wordset_add_text(ws, doc, strlen(doc)) == 0, "add");
-    CHECK(gr_wordset_has(ws, "rhine", 5) && gr_wordset_has(ws, "230", 3) &&
-          gr_wordset_has(ws, "france", 6) && !gr_wordset_has(ws, "Rhine", 5), "lookups");
+    CHECK(words_set_add_text(ws, doc, strlen(doc)) == 0, "add");
+    CHECK(words_set_has(ws, "rhine", 5) && words_set_has(ws, "230", 3) &&
+          words_set_has(ws, "france", 6) && !words_set_has(ws, "Rhine", 5), "lookups");
     /* many words: the set grows and keeps them all */
     char buf[32];
     for (int i = 0; i < 5000; i++) {
         int n = snprintf(buf, sizeof buf, "w%d", i);
-        gr_wordset_add_text(ws, buf, (size_t)n);
+        words_set_add_text(ws, buf, (size_t)n);
     }
     int all = 1;
     for (int i = 0; i < 5000; i++) {
         int n = snprintf(buf, sizeof buf, "w%d", i);
-        all &= gr_wordset_has(ws, buf, (size_t)n);
+        all &= words_set_has(ws, buf, (size_t)n);
     }
-    CHECK(all && !gr_wordset_has(ws, "w5000", 5), "grown set");
+    CHECK(all && !words_set_has(ws, "w5000", 5), "grown set");
     /* tokens: "It" " flows" " 1" ",2" "40" " km" " to" " Paris" "." ; 240 and Paris are not in
      * the documents, "It" is capitalised and absent; "to" is a stop word */
     const char *ans = "It flows 1,240 km to Paris.";
@@ -449,7 +438,7 @@ static void test_lexical(void)
     /* no documents: every content word is unsupported */
     gr_lexical(NULL, ans, strlen(ans), end, 9, u);
     CHECK(u[1] == 1 && u[6] == 0 && u[8] == 0, "no documents");
-    gr_wordset_destroy(&ws);
+    words_set_destroy(&ws);
     CHECK(ws == NULL, "destroy");
 }
 
@@ -559,6 +548,5 @@ int main(void)
     test_words();
     test_lexical();
     test_wire_signals();
-    printf("grounding units: %d checks, %d failures\n", checks, failures);
-    return failures ? 1 : 0;
+    return check_report("test_grounding_units");
 }

@@ -20,10 +20,7 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels/dequant.h"
 #include "kernels/f16.h"
-
-static int passed, failed;
-#define CHECK(cond, ...) do { if (cond) passed++; else { failed++; \
-    printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
+#include "tests/check.h"
 
 static unsigned long long rng_state = 0x9e3779b97f4a7c15ULL;
 
@@ -676,6 +673,5 @@ int main(void)
     test_q8();
     test_matmul();
     test_attention();
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return check_report("test_kernels");
 }

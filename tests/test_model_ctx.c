@@ -8,10 +8,7 @@
 
 #include "model/engine.h"
 #include "model/model_ctx.h"
-
-static int passed, failed;
-#define CHECK(cond, ...) do { if (cond) passed++; else { failed++; \
-    printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
+#include "tests/check.h"
 
 /* A configuration as model_load leaves a file without rope.scaling keys. */
 static struct ModelConfig plain(int ctx_train)
@@ -128,6 +125,5 @@ int main(void)
           strstr(err, "131072 tokens the engine serves") && !strstr(err, "--rope-scaling"),
           "past the engine's limit no override helps: %s", err);
 
-    printf("test_model_ctx: %d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return check_report("test_model_ctx");
 }

@@ -1,8 +1,10 @@
 """End-to-end checks of the admin tool `diffrag-store`: ingest of a folder of .txt, .md and .jsonl
 files, list/get/export/stats, search (text and --json), search-batch, document filters, delete,
 verify, backup, and clear errors that leave the store unchanged (bad JSON lines, invalid UTF-8,
-unknown collections, an unreadable path)."""
+unknown collections, an unreadable path); ids relative to the folder given; files that are not
+text (devices, FIFOs, bad names, binary, oversize); drop; the options (getopt_long)."""
 import json
+import os
 import subprocess
 
 
@@ -141,3 +143,125 @@ def test_cli_errors_leave_store_unchanged(build_dir, root, tmp_path):
     rc, _, err = run(build_dir, root, data, "ingest", "--model", str(tmp_path / "none.gguf"), str(good), check=False)
     assert rc == 1 and "--approx-tokens" in err
     assert run(build_dir, root, data, "verify")[0] == 0
+
+
+def test_ids_relative_to_the_folder(build_dir, root, tmp_path):
+    """A text file's id is its folder's name and its path inside it: the folder ingested as "."
+    and then by its absolute path (and one file given directly) stores each document once."""
+    data = tmp_path / "store"
+    notes = tmp_path / "notes"
+    for i in range(50):
+        d = notes / ("part%d" % (i % 3)) if i % 2 else notes
+        d.mkdir(parents=True, exist_ok=True)
+        (d / ("f%02d.txt" % i)).write_text("Document number %d is about topic %d.\n" % (i, i % 7))
+
+    def ingest(cwd, *paths):
+        r = subprocess.run([str(build_dir / "diffrag-store"), "--data-dir", str(data), "-c", "rel",
+                            "ingest", "--approx-tokens", *map(str, paths)], cwd=cwd,
+                           capture_output=True, timeout=120)
+        assert r.returncode == 0, r.stderr.decode()
+        return r.stderr.decode()
+
+    assert "ingested 50 documents" in ingest(notes, ".")
+    assert "ingested 50 documents" in ingest(root, notes.resolve())
+    assert "ingested 50 documents" in ingest(tmp_path, "notes/")
+    assert "ingested 1 documents" in ingest(notes / "part1", "../f00.txt")
+    _, out, _ = run(build_dir, root, data, "-c", "rel", "stats", "--json")
+    assert json.loads(out)["docs"] == 50
+    ids = run(build_dir, root, data, "-c", "rel", "list", "--limit", "100")[1].split()
+    assert len(ids) == 50 and "notes/f00.txt" in ids and "notes/part1/f01.txt" in ids, ids[:5]
+
+
+def test_hostile_local_files(build_dir, root, tmp_path):
+    """Only regular files are read: a link to /dev/zero, a FIFO and a device are skipped with a
+    note naming them, as are a name that is not UTF-8, text that is not UTF-8 or holds a NUL
+    byte, and a file over the limit (refused unread); the rest of the folder is stored. Each,
+    given directly, is an error that says what is wrong."""
+    data = tmp_path / "store"
+    d = tmp_path / "mixed"
+    d.mkdir()
+    (d / "good.txt").write_text("The Rhine flows through Basel.\n")
+    (d / "zero.txt").symlink_to("/dev/zero")
+    (d / "null.md").symlink_to("/dev/null")
+    os.mkfifo(d / "pipe.txt")
+    (d / "loop").symlink_to(d)
+    (d / os.fsdecode(b"caf\xe9.txt")).write_text("A name in Latin-1.\n")
+    (d / "latin1.txt").write_bytes(b"caf\xe9 au lait\n")
+    (d / "binary.txt").write_bytes(b"ab\x00cd\n")
+    with open(d / "huge.txt", "wb") as f:           # sparse: refused by its size, never read
+        f.truncate(65 << 20)
+    rc, out, err = run(build_dir, root, data, "-c", "h", "ingest", "--approx-tokens", str(d))
+    assert rc == 0 and "ingested 1 documents" in err
+    for name, why in [("zero.txt", "not a regular file (a character device); skipped"),
+                      ("null.md", "not a regular file (a character device); skipped"),
+                      ("pipe.txt", "not a regular file (a FIFO); skipped"),
+                      ("loop", "a symbolic link to a folder; not followed"),
+                      ("caf\\xE9.txt", "the name is not valid UTF-8; skipped"),
+                      ("latin1.txt", "not valid UTF-8 at byte 3: convert it"),
+                      ("binary.txt", "a NUL byte at byte 2: not a text file; skipped"),
+                      ("huge.txt", "65.0 MiB, over the 64.0 MiB a document may have")]:
+        assert any(name in ln and why in ln for ln in err.splitlines()), (name, err)
+    assert "skipped 8 files" in err
+    assert run(build_dir, root, data, "-c", "h", "list")[1].split() == ["mixed/good.txt"]
+
+    for name, why in [("zero.txt", "not a regular file (a character device)"),
+                      ("pipe.txt", "not a regular file (a FIFO)"),
+                      ("latin1.txt", "iconv -f LATIN1 -t UTF-8"),
+                      ("binary.txt", "a NUL byte at byte 2"),
+                      ("huge.txt", "split it into smaller documents")]:
+        rc, _, err = run(build_dir, root, data, "-c", "h", "ingest", "--approx-tokens", str(d / name),
+                         check=False)
+        assert rc == 1 and why in err, (name, err)
+    assert run(build_dir, root, data, "-c", "h", "list")[1].split() == ["mixed/good.txt"]
+    # a .jsonl line over the limit is refused without reading it whole
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as f:
+        f.write(b'{"id": "a", "text": "ok"}\n{"id": "b", "text": "')
+        f.truncate(f.tell() + (257 << 20))
+    rc, _, err = run(build_dir, root, data, "-c", "h", "ingest", "--approx-tokens", str(big), check=False)
+    assert rc == 1 and "big.jsonl:2: a line over 256.0 MiB" in err, err
+
+
+def test_drop(build_dir, root, tmp_path):
+    data = tmp_path / "store"
+    make_docs(tmp_path)
+    run(build_dir, root, data, "-c", "geo", "ingest", "--approx-tokens", str(tmp_path / "notes"))
+    run(build_dir, root, data, "-c", "raw", "ingest", "--approx-tokens",
+        str(tmp_path / "notes" / "cities.jsonl"))
+    _, out, _ = run(build_dir, root, data, "-c", "geo", "drop")
+    assert out == 'dropped collection "geo" (4 documents)\n'
+    assert run(build_dir, root, data, "collections")[1].split() == ["raw"]
+    rc, _, err = run(build_dir, root, data, "-c", "geo", "drop", check=False)
+    assert rc == 1 and 'unknown collection "geo"' in err
+    rc, _, err = run(build_dir, root, data, "drop", check=False)     # no -c: refused
+    assert rc == 2 and "-c" in err
+    assert run(build_dir, root, data, "collections")[1].split() == ["raw"]
+    assert "0 problems" in run(build_dir, root, data, "verify")[1]
+    run(build_dir, root, data, "-c", "geo", "ingest", "--approx-tokens", "--no-stem",
+        str(tmp_path / "notes" / "cities.jsonl"))
+    st = json.loads(run(build_dir, root, data, "-c", "geo", "stats", "--json")[1])
+    assert st["docs"] == 2 and st["stem"] is False
+
+
+def test_options(build_dir, root, tmp_path):
+    data = tmp_path / "store"
+    for args in (["--help"], ["-h"], ["ingest", "--help"], ["-c", "x", "search", "-h"]):
+        rc, out, err = run(build_dir, root, data, *args)
+        assert out.startswith("usage: diffrag-store") and "drop" in out and err == "", args
+    for args, why in ((["--bogus", "list"], "unknown option --bogus"),
+                      (["list", "--bogus"], "unknown option --bogus"),
+                      (["list", "-x"], "unknown option -x"),
+                      (["list", "--limit"], "--limit needs a value"),
+                      (["list", "--limit", "many"], "--limit: not a count: many"),
+                      (["ingest", "--k1", "2", "x"], "--k1 does not apply to ingest"),
+                      (["--ack", "search", "q"], "--ack does not apply to search"),
+                      ([], "usage: diffrag-store")):
+        rc, out, err = run(build_dir, root, data, *args, check=False)
+        assert rc == 2 and why in err and "usage: diffrag-store" in err and out == "", (args, err)
+    # a subcommand's options before or after it, global ones after it, "--" ends options
+    make_docs(tmp_path)
+    run(build_dir, root, data, "--approx-tokens", "ingest", str(tmp_path / "notes"), "-c", "g")
+    _, out, _ = run(build_dir, root, data, "search", "danube", "-c", "g", "--json", "-k", "1")
+    assert json.loads(out)["doc_id"] == "wien"
+    _, out, _ = run(build_dir, root, data, "-c", "g", "search", "--json", "--", "-danube")
+    assert json.loads(out.splitlines()[0])["doc_id"] == "wien"

@@ -15,11 +15,7 @@
 
 #include "kernels/gpu.h"
 #include "model/sampler.h"
-
-static int passed, failed;
-#define CHECK(cond, ...) do { if (cond) passed++; else { failed++; \
-    fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); \
-    fprintf(stderr, "\n"); } } while (0)
+#include "tests/check.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static double urand(void)
@@ -407,6 +403,5 @@ int main(void)
     test_against_reference(!(scale && !strcmp(scale, "small")));
     test_signals();
     test_device_pass(!(scale && !strcmp(scale, "small")));
-    printf("test_sampler: %d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    return check_report("test_sampler");
 }

@@ -24,18 +24,18 @@
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 #include "retriever/context.h"
-#include "retriever/json.h"
+#include "text/json.h"
 #include "retriever/memindex.h"
 #include "retriever/prompt.h"
 #include "retriever/status.h"
 #include "retriever/store.h"
 #include "retriever/store_internal.h"
-#include "retriever/tokcount.h"
+#include "model/tokcount_model.h"
+#include "text/tokcount.h"
+#include "tests/check.h"
 
 #define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define PASSAGES_PATH "../shared/data/squad2/passages.jsonl"
-
-static int n_checks, n_failed;
 
 /* Scale of test_context_model: full by default, reduced for runs under valgrind. */
 struct ContextScale {
@@ -47,17 +47,6 @@ struct ContextScale {
 static const struct ContextScale SCALE_FULL = { "full", 0, 131072, 120000 };
 static const struct ContextScale SCALE_SMALL = { "small", 300, 16384, 15000 };
 static struct ContextScale scale;
-
-#define CHECK(cond, ...)                                                     \
-    do {                                                                     \
-        n_checks++;                                                          \
-        if (!(cond)) {                                                       \
-            n_failed++;                                                      \
-            fprintf(stderr, "FAIL %s:%d: (%s) ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                    \
-            fputc('\n', stderr);                                             \
-        }                                                                    \
-    } while (0)
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
 static uint64_t rnd(void)
@@ -732,6 +721,143 @@ static void test_bad_input(void)
     free(dir);
 }
 
+/* ---- dropping a collection -------------------------------------------------------------- */
+
+struct NameSeen { const char *name; int seen; };
+
+static int name_seen(void *ctx, const char *name, size_t len)
+{
+    struct NameSeen *ns = ctx;
+    if (len == strlen(ns->name) && memcmp(name, ns->name, len) == 0)
+        ns->seen = 1;
+    return 0;
+}
+
+static int collection_listed(struct Store *s, const char *name)
+{
+    struct StoreReader *r;
+    struct NameSeen ns = { name, 0 };
+    if (store_read_begin(s, &r, NULL, 0))
+        return -1;
+    store_list_collections(r, name_seen, &ns, NULL, 0);
+    store_read_end(&r);
+    return ns.seen;
+}
+
+/* Keys left under collection id `coll` in docs, chunks and postings (read straight from LMDB). */
+static size_t keys_under(struct Store *s, uint32_t coll)
+{
+    struct StoreReader *r;
+    if (store_read_begin(s, &r, NULL, 0))
+        return (size_t)-1;
+    const MDB_dbi dbis[] = { s->db_docs, s->db_chunks, s->db_postings };
+    size_t n = 0;
+    for (size_t i = 0; i < 3; i++) {
+        MDB_cursor *cur;
+        if (mdb_cursor_open(r->txn, dbis[i], &cur))
+            continue;
+        MDB_val k, v;
+        for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT))
+            n += k.mv_size >= 4 && get_be32(k.mv_data) == coll;
+        mdb_cursor_close(cur);
+    }
+    store_read_end(&r);
+    return n;
+}
+
+static void test_drop(void)
+{
+    char *dir = temp_dir();
+    struct TokenCounter tc;
+    tokcount_simple(&tc);
+    /* A small map, so a drop that must grow it (LMDB deletes copy pages) takes the retry path. */
+    struct StoreOptions so;
+    store_options_default(&so);
+    so.map_size = (size_t)1 << 20;
+    struct Store *s;
+    char err[512];
+    CHECK(store_open(dir, &so, &s, err, sizeof err) == RET_OK, "open: %s", err);
+    enum { N_DROP = 400 };
+    struct StoreDoc *docs = calloc(N_DROP, sizeof *docs);
+    char **texts = calloc(N_DROP, sizeof *texts), **ids = calloc(N_DROP, sizeof *ids);
+    for (size_t i = 0; i < N_DROP && docs && texts && ids; i++) {
+        texts[i] = random_text(40 + rnd() % 80);
+        ids[i] = malloc(16);
+        snprintf(ids[i], 16, "doc-%zu", i);
+        docs[i] = mkdoc(ids[i], NULL, texts[i]);
+    }
+    struct StoreDoc keep[2] = { mkdoc("k1", "Kept", "Oranges stay in their own collection."),
+                                mkdoc("k2", NULL, "Lemons too.") };
+    CHECK(store_put_docs(s, "gone", docs, N_DROP, NULL, &tc, err, sizeof err) == RET_OK, "put gone: %s", err);
+    CHECK(store_put_docs(s, "kept", keep, 2, NULL, &tc, err, sizeof err) == RET_OK, "put kept: %s", err);
+    struct StoreReader *r;
+    struct StoreCollStats cs;
+    uint32_t old_id = 0;
+    CHECK(store_read_begin(s, &r, err, sizeof err) == RET_OK, "read");
+    CHECK(store_collection_stats(r, "gone", &cs, err, sizeof err) == RET_OK && cs.n_docs == N_DROP, "stats gone");
+    old_id = cs.id;
+    store_read_end(&r);
+    CHECK(keys_under(s, old_id) > N_DROP, "the collection has keys before the drop (%zu)", keys_under(s, old_id));
+    size_t map_before = store_map_size(s);
+    uint64_t n = 12345;
+    int st = store_drop_collection(s, "gone", &n, err, sizeof err);
+    CHECK(st == RET_OK && n == N_DROP, "drop: status %d, %llu documents, %s", st, (unsigned long long)n, err);
+    printf("drop: %llu documents, map %zu -> %zu bytes\n", (unsigned long long)n, map_before, store_map_size(s));
+    CHECK(collection_listed(s, "gone") == 0, "list no longer names the dropped collection");
+    CHECK(collection_listed(s, "kept") == 1, "list still names the other collection");
+    CHECK(keys_under(s, old_id) == 0, "no key left under the dropped id (%zu)", keys_under(s, old_id));
+    struct StoreVerifyReport rep;
+    CHECK(verify_ok(s, &rep) && rep.collections == 1 && rep.docs == 2, "verify after drop: %llu collections, %llu docs",
+          (unsigned long long)rep.collections, (unsigned long long)rep.docs);
+    struct SearchOptions o;
+    search_options_default(&o);
+    struct SearchHit hits[4];
+    size_t nh;
+    CHECK(store_read_begin(s, &r, err, sizeof err) == RET_OK, "read");
+    CHECK(store_search(r, "gone", "text", 4, &o, hits, 4, &nh, NULL, err, sizeof err) == RET_ENOTFOUND,
+          "search the dropped collection: not found");
+    CHECK(store_search(r, "kept", "oranges", 7, &o, hits, 4, &nh, NULL, err, sizeof err) == RET_OK && nh == 1,
+          "the other collection still searches (%zu hits)", nh);
+    store_read_end(&r);
+    /* Again: unknown. An invalid name: refused. Nothing changes. */
+    uint64_t fp = fingerprint(s);
+    n = 7;
+    st = store_drop_collection(s, "gone", &n, err, sizeof err);
+    CHECK(st == RET_ENOTFOUND && n == 0 && strstr(err, "unknown collection"), "drop again: %d %s", st, err);
+    CHECK(store_drop_collection(s, "", NULL, err, sizeof err) == RET_EINPUT, "drop an invalid name: %s", err);
+    CHECK(fingerprint(s) == fp, "failed drops change nothing");
+    /* The same name again is a fresh collection with a new id. */
+    CHECK(store_put_docs(s, "gone", keep + 1, 1, NULL, &tc, err, sizeof err) == RET_OK, "put after drop: %s", err);
+    CHECK(store_read_begin(s, &r, err, sizeof err) == RET_OK, "read");
+    CHECK(store_collection_stats(r, "gone", &cs, err, sizeof err) == RET_OK && cs.n_docs == 1 && cs.id != old_id &&
+          cs.next_chunk_id == 1, "fresh collection: id %u (old %u), %llu docs, next chunk %u", cs.id, old_id,
+          (unsigned long long)cs.n_docs, cs.next_chunk_id);
+    CHECK(store_search(r, "gone", "lemons", 6, &o, hits, 4, &nh, NULL, err, sizeof err) == RET_OK && nh == 1,
+          "the fresh collection searches (%zu hits)", nh);
+    store_read_end(&r);
+    CHECK(verify_ok(s, NULL), "verify after re-ingest");
+    /* Dropping every collection leaves an empty, consistent store. */
+    CHECK(store_drop_collection(s, "gone", &n, err, sizeof err) == RET_OK && n == 1, "drop fresh: %s", err);
+    CHECK(store_drop_collection(s, "kept", &n, err, sizeof err) == RET_OK && n == 2, "drop kept: %s", err);
+    CHECK(verify_ok(s, &rep) && rep.collections == 0 && rep.docs == 0 && rep.postings == 0, "verify empty store");
+    store_close(&s);
+    /* The drop is durable: reopen and look. */
+    CHECK(store_open(dir, NULL, &s, err, sizeof err) == RET_OK, "reopen: %s", err);
+    if (s) {
+        CHECK(collection_listed(s, "kept") == 0 && collection_listed(s, "gone") == 0, "drops survive reopening");
+        store_close(&s);
+    }
+    for (size_t i = 0; i < N_DROP && texts && ids; i++) {
+        free(texts[i]);
+        free(ids[i]);
+    }
+    free(texts);
+    free(ids);
+    free(docs);
+    rm_store(dir);
+    free(dir);
+}
+
 /* ---- context assembly ------------------------------------------------------------------- */
 
 static int decode_eq(const struct TokenCounter *tc, const int32_t *ids, size_t n, const char *want, size_t want_len)
@@ -1032,8 +1158,8 @@ int main(void)
     test_random_ops();
     test_concurrency();
     test_bad_input();
+    test_drop();
     test_context_simple();
     test_context_model();
-    printf("%d checks, %d failed\n", n_checks, n_failed);
-    return n_failed ? 1 : 0;
+    return check_report("test_store");
 }

@@ -11,22 +11,12 @@
 
 #include "model/gguf.h"
 #include "model/tokenizer.h"
-#include "model/unicode.h"
+#include "text/unicode.h"
+#include "text/utf8.h"
+#include "tests/check.h"
 
 #define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define QWEN_MODEL "models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
-
-static int failures;
-
-#define CHECK(cond, ...)                                                    \
-    do {                                                                    \
-        if (!(cond)) {                                                      \
-            failures++;                                                     \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fputc('\n', stderr);                                            \
-        }                                                                   \
-    } while (0)
 
 static double now_s(void)
 {
@@ -128,7 +118,7 @@ static void byte_token(unsigned b, char out[4])
         for (unsigned x = 0; x < b; x++)
             if (!((x >= 0x21 && x <= 0x7E) || (x >= 0xA1 && x <= 0xAC) || x >= 0xAE)) cp++;
     }
-    size_t k = unicode_encode_utf8(cp, out);
+    size_t k = utf8_encode(cp, out);
     out[k] = 0;
 }
 
@@ -447,7 +437,7 @@ static void test_stream(const struct Tokenizer *t)
     CHECK(ch != NULL, "no candidate character splits across tokens");
     if (!ch) return;
     uint32_t cp;
-    unicode_decode_utf8((const unsigned char *)ch, strlen(ch), &cp);
+    utf8_decode((const unsigned char *)ch, strlen(ch), &cp);
     printf("stream: U+%04X splits into %zu tokens\n", (unsigned)cp, n);
     struct TokStream st;
     tok_stream_init(&st, t);
@@ -535,8 +525,8 @@ static void test_random_bytes(const struct Tokenizer *t)
         sn += w > 0 ? (size_t)w : 0;
         for (size_t i = 0; i < sn;) {
             uint32_t cp;
-            i += unicode_decode_utf8((const unsigned char *)streamed + i, sn - i, &cp);
-            if (cp == UNICODE_INVALID) { bad_stream++; break; }
+            i += utf8_decode((const unsigned char *)streamed + i, sn - i, &cp);
+            if (cp == UTF8_INVALID) { bad_stream++; break; }
         }
     }
     CHECK(bad_round_trip == 0, "%d random byte strings did not round trip", bad_round_trip);
@@ -628,20 +618,20 @@ static void test_unicode(void)
 {
     struct { const char *s; size_t len; uint32_t cp; size_t k; } cases[] = {
         {"A", 1, 'A', 1}, {"\xc3\xa9", 2, 0xE9, 2}, {"\xe2\x82\xac", 3, 0x20AC, 3},
-        {"\xf0\x9f\x98\x80", 4, 0x1F600, 4}, {"\xc0\xaf", 2, UNICODE_INVALID, 1},
-        {"\xe0\x80\xaf", 3, UNICODE_INVALID, 1}, {"\xed\xa0\x80", 3, UNICODE_INVALID, 1},
-        {"\xf4\x90\x80\x80", 4, UNICODE_INVALID, 1}, {"\xe2\x82", 2, UNICODE_INVALID, 2},
-        {"\xe2\x82" "A", 3, UNICODE_INVALID, 2}, {"\x80", 1, UNICODE_INVALID, 1},
-        {"\xf0\x9f\x98", 3, UNICODE_INVALID, 3},
+        {"\xf0\x9f\x98\x80", 4, 0x1F600, 4}, {"\xc0\xaf", 2, UTF8_INVALID, 1},
+        {"\xe0\x80\xaf", 3, UTF8_INVALID, 1}, {"\xed\xa0\x80", 3, UTF8_INVALID, 1},
+        {"\xf4\x90\x80\x80", 4, UTF8_INVALID, 1}, {"\xe2\x82", 2, UTF8_INVALID, 2},
+        {"\xe2\x82" "A", 3, UTF8_INVALID, 2}, {"\x80", 1, UTF8_INVALID, 1},
+        {"\xf0\x9f\x98", 3, UTF8_INVALID, 3},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         uint32_t cp;
-        size_t k = unicode_decode_utf8((const unsigned char *)cases[i].s, cases[i].len, &cp);
+        size_t k = utf8_decode((const unsigned char *)cases[i].s, cases[i].len, &cp);
         CHECK(cp == cases[i].cp && k == cases[i].k, "decode case %zu: cp %X k %zu", i, cp, k);
     }
-    CHECK(unicode_is_incomplete_utf8((const unsigned char *)"\xf0\x9f\x98", 3) &&
-          !unicode_is_incomplete_utf8((const unsigned char *)"\xf0\x9f\x98\x80", 4) &&
-          !unicode_is_incomplete_utf8((const unsigned char *)"\xed\xa0", 2), "incomplete");
+    CHECK(utf8_is_incomplete((const unsigned char *)"\xf0\x9f\x98", 3) &&
+          !utf8_is_incomplete((const unsigned char *)"\xf0\x9f\x98\x80", 4) &&
+          !utf8_is_incomplete((const unsigned char *)"\xed\xa0", 2), "incomplete");
     CHECK(unicode_class('a') == UNICODE_LETTER && unicode_class(0x4E2D) == UNICODE_LETTER &&
           unicode_class(0x0663) == UNICODE_NUMBER && unicode_class(0x00BD) == UNICODE_NUMBER &&
           unicode_class(0x3000) == UNICODE_SPACE && unicode_class(0x1C) == UNICODE_OTHER &&
@@ -1085,10 +1075,5 @@ int main(int argc, char **argv)
     }
     tok_destroy(&t);
     test_qwen();
-    if (failures) {
-        fprintf(stderr, "%d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("all tokenizer checks passed\n");
-    return 0;
+    return check_report("test_tokenizer");
 }

@@ -416,7 +416,7 @@ def test_qwen_long_document(binary, qwen_model, qwen_vocab, squad_dir, root):
 def split_before_inner_spaces(data):
     """Cut bytes before every space whose previous byte is ASCII other than whitespace and whose
     next byte is not ASCII whitespace: where the retriever's token-count cache
-    (retriever/tokcount_model.c) encodes words apart."""
+    (model/tokcount_model.c) encodes words apart."""
     ws = b" \t\n\r\f\v"
     cuts = [i for i in range(1, len(data) - 1)
             if data[i] == 0x20 and data[i - 1] < 0x80 and data[i - 1] not in ws

@@ -588,3 +588,27 @@ def test_checkpoint_errors(tmp_path):
                  expect_rc=1)
     if not has_torch:
         assert "torch" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# diffrag-run's options (getopt_long): --help to stdout, a bad option exits 2 with the usage
+
+def test_diffrag_run_options(build_dir):
+    exe = str(build_dir / "diffrag-run")
+    for flag in ("--help", "-h"):
+        r = subprocess.run([exe, flag], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0 and r.stdout.startswith("usage: diffrag-run") and r.stderr == ""
+    for args, why in ((["--bogus"], "unknown option --bogus"), (["-x"], "unknown option -x"),
+                      (["-m"], "-m needs a value"), (["--model"], "--model needs a value"),
+                      (["-m", "m.gguf", "-p", "q", "extra"], "unexpected argument extra"),
+                      (["-m", "m.gguf"], "usage: diffrag-run")):
+        r = subprocess.run([exe, *args], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and why in r.stderr and "usage: diffrag-run" in r.stderr, args
+        assert r.stdout == "", args
+    r = subprocess.run([exe, "-m", "m.gguf", "-p", "q", "--kv", "f8"], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 2 and "--kv must be f16, f32 or q8" in r.stderr
+    # --opt=value and a value that starts with '-' (a missing model file: exit 1, not 2)
+    r = subprocess.run([exe, "--model=/nonexistent.gguf", "-p", "-", "--stop", "-x"],
+                       capture_output=True, text=True, timeout=30, input="")
+    assert r.returncode == 1 and "nonexistent.gguf" in r.stderr, r.stderr

@@ -1,8 +1,10 @@
 /* diffrag-run: load a model, prefill a prompt in chunks, decode, print the continuation on
  * stdout and one logfmt timings line on stderr. Also the engine's test harness: raw token
- * input (--tokens/--tokens-file) and a dump of the last position's logits (--dump-logits). */
+ * input (--tokens/--tokens-file) and a dump of the last position's logits (--dump-logits).
+ * Options are read with getopt_long; --help prints the usage, a bad option exits 2. */
 #include <cblas.h>
 #include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -260,77 +262,110 @@ int main(int argc, char **argv)
     struct GenParams gp = {0};
     sampler_params_default(&gp.sampler);
 
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define ARG(s, l) (!strcmp(a, s) || !strcmp(a, l))
-#define NEED() do { if (!v) { fprintf(stderr, "diffrag-run: %s needs a value\n", a); return 2; } i++; } while (0)
-        if (ARG("-h", "--help")) { usage(stdout); return 0; }
-        else if (ARG("-m", "--model")) { NEED(); model_path = v; }
-        else if (ARG("-p", "--prompt")) { NEED(); prompt = v; }
-        else if (ARG("-n", "--n-predict")) { NEED(); n_predict = atoi(v); }
-        else if (!strcmp(a, "--chat")) chat = 1;
-        else if (!strcmp(a, "--system")) { NEED(); system = v; }
-        else if (!strcmp(a, "--ctx")) { NEED(); ctx = atoi(v); }
-        else if (!strcmp(a, "--rope-scaling")) { NEED(); rope_scaling = v; }
-        else if (!strcmp(a, "--rope-factor")) {
-            NEED();
-            char *end;
+    enum {
+        O_CHAT = 256, O_SYSTEM, O_CTX, O_ROPE_SCALING, O_ROPE_FACTOR, O_ROPE_ORIG_CTX, O_CHUNK,
+        O_THREADS, O_KV, O_BUDGET_MB, O_DEVICE, O_TEMP, O_TOP_K, O_TOP_P, O_MIN_P, O_SEED, O_STOP,
+        O_TOKENS, O_TOKENS_FILE, O_DUMP_LOGITS, O_PRINT_TOKENS, O_WATCH, O_MARK, O_DUMP_MASS,
+        O_DOC, O_BATCH, O_PERPLEXITY,
+    };
+    static const struct option longs[] = {
+        { "help", no_argument, NULL, 'h' }, { "model", required_argument, NULL, 'm' },
+        { "prompt", required_argument, NULL, 'p' }, { "n-predict", required_argument, NULL, 'n' },
+        { "chat", no_argument, NULL, O_CHAT }, { "system", required_argument, NULL, O_SYSTEM },
+        { "ctx", required_argument, NULL, O_CTX },
+        { "rope-scaling", required_argument, NULL, O_ROPE_SCALING },
+        { "rope-factor", required_argument, NULL, O_ROPE_FACTOR },
+        { "rope-orig-ctx", required_argument, NULL, O_ROPE_ORIG_CTX },
+        { "chunk", required_argument, NULL, O_CHUNK }, { "threads", required_argument, NULL, O_THREADS },
+        { "kv", required_argument, NULL, O_KV }, { "budget-mb", required_argument, NULL, O_BUDGET_MB },
+        { "device", required_argument, NULL, O_DEVICE }, { "temp", required_argument, NULL, O_TEMP },
+        { "top-k", required_argument, NULL, O_TOP_K }, { "top-p", required_argument, NULL, O_TOP_P },
+        { "min-p", required_argument, NULL, O_MIN_P }, { "seed", required_argument, NULL, O_SEED },
+        { "stop", required_argument, NULL, O_STOP }, { "tokens", required_argument, NULL, O_TOKENS },
+        { "tokens-file", required_argument, NULL, O_TOKENS_FILE },
+        { "dump-logits", required_argument, NULL, O_DUMP_LOGITS },
+        { "print-tokens", no_argument, NULL, O_PRINT_TOKENS },
+        { "watch", required_argument, NULL, O_WATCH }, { "mark", required_argument, NULL, O_MARK },
+        { "dump-mass", required_argument, NULL, O_DUMP_MASS },
+        { "doc", required_argument, NULL, O_DOC }, { "batch", no_argument, NULL, O_BATCH },
+        { "perplexity", no_argument, NULL, O_PERPLEXITY }, { 0 },
+    };
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":hm:p:n:", longs, NULL)) != -1) {
+        const char *v = optarg;
+        char *end;
+        switch (c) {
+        case 'h': usage(stdout); return 0;
+        case 'm': model_path = v; break;
+        case 'p': prompt = v; break;
+        case 'n': n_predict = atoi(v); break;
+        case O_CHAT: chat = 1; break;
+        case O_SYSTEM: system = v; break;
+        case O_CTX: ctx = atoi(v); break;
+        case O_ROPE_SCALING: rope_scaling = v; break;
+        case O_ROPE_FACTOR:
             rope_factor = strtof(v, &end);
             if (end == v || *end) { fprintf(stderr, "diffrag-run: --rope-factor takes a number\n"); return 2; }
-        }
-        else if (!strcmp(a, "--rope-orig-ctx")) {
-            NEED();
-            char *end;
+            break;
+        case O_ROPE_ORIG_CTX:
             rope_orig_ctx = strtol(v, &end, 10);
             if (end == v || *end || rope_orig_ctx < 1 || rope_orig_ctx > ENGINE_MAX_CTX) {
                 fprintf(stderr, "diffrag-run: --rope-orig-ctx takes 1..%d\n", ENGINE_MAX_CTX);
                 return 2;
             }
-        }
-        else if (!strcmp(a, "--chunk")) { NEED(); eo.chunk = atoi(v); chunk_given = 1; }
-        else if (!strcmp(a, "--threads")) { NEED(); eo.n_threads = atoi(v); }
-        else if (!strcmp(a, "--kv")) {
-            NEED();
+            break;
+        case O_CHUNK: eo.chunk = atoi(v); chunk_given = 1; break;
+        case O_THREADS: eo.n_threads = atoi(v); break;
+        case O_KV:
             if (!strcmp(v, "f16")) eo.kv_type = KV_F16;
             else if (!strcmp(v, "f32")) eo.kv_type = KV_F32;
             else if (!strcmp(v, "q8")) eo.kv_type = KV_Q8;
             else { fprintf(stderr, "diffrag-run: --kv must be f16, f32 or q8\n"); return 2; }
-        }
-        else if (!strcmp(a, "--budget-mb")) { NEED(); budget_mb = atol(v); }
-        else if (!strcmp(a, "--device")) { NEED(); device = v; }
-        else if (!strcmp(a, "--temp")) { NEED(); gp.sampler.temperature = strtof(v, NULL); }
-        else if (!strcmp(a, "--top-k")) { NEED(); gp.sampler.top_k = atoi(v); }
-        else if (!strcmp(a, "--top-p")) { NEED(); gp.sampler.top_p = strtof(v, NULL); }
-        else if (!strcmp(a, "--min-p")) { NEED(); gp.sampler.min_p = strtof(v, NULL); }
-        else if (!strcmp(a, "--seed")) { NEED(); gp.sampler.seed = strtoull(v, NULL, 10); }
-        else if (!strcmp(a, "--stop")) {
-            NEED();
+            break;
+        case O_BUDGET_MB: budget_mb = atol(v); break;
+        case O_DEVICE: device = v; break;
+        case O_TEMP: gp.sampler.temperature = strtof(v, NULL); break;
+        case O_TOP_K: gp.sampler.top_k = atoi(v); break;
+        case O_TOP_P: gp.sampler.top_p = strtof(v, NULL); break;
+        case O_MIN_P: gp.sampler.min_p = strtof(v, NULL); break;
+        case O_SEED: gp.sampler.seed = strtoull(v, NULL, 10); break;
+        case O_STOP:
             if (n_stop == MAX_STOP) { fprintf(stderr, "diffrag-run: at most %d --stop\n", MAX_STOP); return 2; }
             stop[n_stop++] = v;
-        }
-        else if (!strcmp(a, "--tokens")) { NEED(); tokens_arg = v; }
-        else if (!strcmp(a, "--tokens-file")) { NEED(); tokens_file = v; }
-        else if (!strcmp(a, "--dump-logits")) { NEED(); dump = v; }
-        else if (!strcmp(a, "--print-tokens")) print_tokens = 1;
-        else if (!strcmp(a, "--watch")) { NEED(); watch_spec = v; }
-        else if (!strcmp(a, "--mark")) { NEED(); mark = atol(v); }
-        else if (!strcmp(a, "--dump-mass")) { NEED(); dump_mass = v; }
-        else if (!strcmp(a, "--doc")) {
-            NEED();
-            char *end;
+            break;
+        case O_TOKENS: tokens_arg = v; break;
+        case O_TOKENS_FILE: tokens_file = v; break;
+        case O_DUMP_LOGITS: dump = v; break;
+        case O_PRINT_TOKENS: print_tokens = 1; break;
+        case O_WATCH: watch_spec = v; break;
+        case O_MARK: mark = atol(v); break;
+        case O_DUMP_MASS: dump_mass = v; break;
+        case O_DOC:
             if (n_doc == MAX_DOC) { fprintf(stderr, "diffrag-run: at most %d --doc\n", MAX_DOC); return 2; }
             doc_a[n_doc] = strtol(v, &end, 10);
             if (*end != '-' || doc_a[n_doc] < 0) { fprintf(stderr, "diffrag-run: --doc takes A-B\n"); return 2; }
             doc_b[n_doc] = strtol(end + 1, &end, 10);
             if (*end || doc_b[n_doc] < doc_a[n_doc]) { fprintf(stderr, "diffrag-run: --doc takes A-B with A <= B\n"); return 2; }
             n_doc++;
+            break;
+        case O_BATCH: batch = 1; break;
+        case O_PERPLEXITY: perplexity = 1; break;
+        case ':':
+            fprintf(stderr, "diffrag-run: %s needs a value\n", argv[optind - 1]);
+            usage(stderr);
+            return 2;
+        default:
+            if (optopt > 0 && optopt < 256) fprintf(stderr, "diffrag-run: unknown option -%c\n", optopt);
+            else fprintf(stderr, "diffrag-run: unknown option %s\n", argv[optind - 1]);
+            usage(stderr);
+            return 2;
         }
-        else if (!strcmp(a, "--batch")) batch = 1;
-        else if (!strcmp(a, "--perplexity")) perplexity = 1;
-        else { fprintf(stderr, "diffrag-run: unknown option %s\n", a); usage(stderr); return 2; }
-#undef NEED
-#undef ARG
+    }
+    if (optind < argc) {
+        fprintf(stderr, "diffrag-run: unexpected argument %s\n", argv[optind]);
+        usage(stderr);
+        return 2;
     }
     if (!model_path || (!prompt && !tokens_arg && !tokens_file && !batch)) { usage(stderr); return 2; }
     if (n_predict < 0 || eo.chunk < 1 || eo.n_threads < 1 || ctx < 0 || budget_mb < 0) {

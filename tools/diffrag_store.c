@@ -1,21 +1,24 @@
-/* diffrag-store: the admin tool for the document store. Ingests files and folders (.txt, .md,
- * .jsonl of {id,title,text}), deletes, gets, lists, exports, prints statistics, searches
- * (also in batch for evaluations), verifies and backs up a store in a data directory. */
-#include <dirent.h>
+/* diffrag-store: the admin tool for the document store. Parses its options (getopt_long: the
+ * global ones, then the subcommand's), ingests files and folders through clients/ingest/docsrc,
+ * deletes documents, drops collections, verifies and backs up a store in a data directory; the
+ * reading subcommands (get, list, export, stats, collections, search) are tools/store_read.c. */
 #include <errno.h>
+#include <getopt.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
 
+#include "clients/ingest/docsrc.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 #include "retriever/bm25.h"
-#include "retriever/json.h"
 #include "retriever/status.h"
 #include "retriever/store.h"
-#include "retriever/tokcount.h"
+#include "model/tokcount_model.h"
+#include "text/tokcount.h"
+#include "text/json.h"
+#include "tools/store_tool.h"
 
 #define DEFAULT_MODEL "models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"  /* diffragd's default */
 
@@ -26,9 +29,17 @@ static void usage(FILE *f)
         "  --data-dir DIR        store directory (default ./var)\n"
         "  -c, --collection NAME collection (default \"default\")\n"
         "  --map-size MB         initial LMDB map size (default 64; it grows as needed)\n"
+        "  -h, --help            this help\n"
+        "A subcommand's options may come before or after it.\n"
         "subcommands:\n"
         "  ingest PATH...        add or replace .txt, .md and .jsonl ({id,title,text}) files;\n"
-        "                        folders are walked. Options (a new collection takes them):\n"
+        "                        folders are walked (hidden files skipped, symbolic links to\n"
+        "                        folders not followed; only regular files are read). A text\n"
+        "                        file's id is the name of the folder it was found from, then its\n"
+        "                        path inside it (\"notes/sub/a.md\" for notes/sub/a.md, however\n"
+        "                        the folder is written: notes, ./notes, /abs/notes, or \".\"\n"
+        "                        inside it); a file given directly: its folder's name and its\n"
+        "                        own (\"notes/a.txt\"). Options (a new collection takes them):\n"
         "      --chunk-tokens N  chunk size in model tokens (default 256)\n"
         "      --overlap N       overlap in tokens (default 32)\n"
         "      --no-stem         no Snowball stemming      --stopwords  drop English stop words\n"
@@ -40,29 +51,64 @@ static void usage(FILE *f)
         "      --batch-bytes N   text bytes per transaction (default 4 MiB)\n"
         "      --ack             after each commit print one line per document: ack \"ID\"\n"
         "  delete ID...          remove documents\n"
+        "  drop                  remove the collection given with -c and all its documents\n"
         "  get ID                print a document as JSON\n"
-        "  list [--after ID] [--limit N]   document ids, a page at a time\n"
-        "  export                every document as JSON lines {id,title,text}\n"
+        "  list [--after ID] [--limit N] [--json]   document ids, a page at a time\n"
+        "  export [--after ID]   every document as JSON lines {id,title,text}\n"
         "  stats [--json]        collection statistics\n"
         "  collections           collection names\n"
-        "  search [-k N] [--json] [--k1 X] [--b X] [--doc ID]... QUERY...\n"
-        "  search-batch [-k N] [--k1 X] [--b X]   one query per stdin line, one JSON line out\n"
-        "  verify                check the whole store (exit status 1 on a problem)\n"
-        "  backup DEST           compacting copy into directory DEST\n");
+        "  search [-k N] [--json] [--k1 X] [--b X] [--doc ID]... [--exhaustive] QUERY...\n"
+        "  search-batch [-k N] [--k1 X] [--b X] [--doc ID]...   one query per stdin line,\n"
+        "                        one JSON line out\n"
+        "  verify                check the whole store, or with -c one collection (exit\n"
+        "                        status 1 on a problem)\n"
+        "  backup DEST           compacting copy into directory DEST\n"
+        "exit status: 0 ok, 1 the store or a file failed, 2 usage error.\n");
 }
 
-struct Args {
-    const char *data_dir, *collection, *model;
-    int approx_tokens, json, ack, exhaustive;
-    struct IndexOptions iopt;
-    size_t k, batch_docs, batch_bytes, limit, map_mb;
-    double k1, b;
-    const char *after;
-    const char **docs;
-    size_t n_docs_filter;
-    const char **pos;
-    size_t n_pos;
+/* ---- options ---- */
+
+enum Sub { SUB_INGEST, SUB_DELETE, SUB_DROP, SUB_GET, SUB_LIST, SUB_EXPORT, SUB_STATS,
+           SUB_COLLECTIONS, SUB_SEARCH, SUB_SEARCH_BATCH, SUB_VERIFY, SUB_BACKUP, N_SUB };
+static const char *const SUBS[N_SUB] = { "ingest", "delete", "drop", "get", "list", "export",
+                                         "stats", "collections", "search", "search-batch",
+                                         "verify", "backup" };
+
+enum {
+    O_DATA_DIR = 256, O_MAP_SIZE, O_CHUNK_TOKENS, O_OVERLAP, O_NO_STEM, O_STOPWORDS, O_NO_TITLE,
+    O_MODEL, O_APPROX, O_BATCH_DOCS, O_BATCH_BYTES, O_ACK, O_AFTER, O_LIMIT, O_JSON, O_K1, O_B,
+    O_DOC, O_EXHAUSTIVE,
 };
+
+#define ANY (~0u)
+#define ONLY(s) (1u << (s))
+#define SEARCHES (ONLY(SUB_SEARCH) | ONLY(SUB_SEARCH_BATCH))
+
+/* Every option, with the subcommands it applies to (ANY: the global ones). */
+static const struct Opt {
+    const char *name; /* long name; NULL: short only */
+    int has_arg, code;
+    unsigned subs;
+} OPTS[] = {
+    { "data-dir", 1, O_DATA_DIR, ANY }, { "collection", 1, 'c', ANY },
+    { "map-size", 1, O_MAP_SIZE, ANY }, { "help", 0, 'h', ANY },
+    { "chunk-tokens", 1, O_CHUNK_TOKENS, ONLY(SUB_INGEST) },
+    { "overlap", 1, O_OVERLAP, ONLY(SUB_INGEST) },
+    { "no-stem", 0, O_NO_STEM, ONLY(SUB_INGEST) },
+    { "stopwords", 0, O_STOPWORDS, ONLY(SUB_INGEST) },
+    { "no-title", 0, O_NO_TITLE, ONLY(SUB_INGEST) },
+    { "model", 1, O_MODEL, ONLY(SUB_INGEST) },
+    { "approx-tokens", 0, O_APPROX, ONLY(SUB_INGEST) },
+    { "batch-docs", 1, O_BATCH_DOCS, ONLY(SUB_INGEST) },
+    { "batch-bytes", 1, O_BATCH_BYTES, ONLY(SUB_INGEST) },
+    { "ack", 0, O_ACK, ONLY(SUB_INGEST) },
+    { "after", 1, O_AFTER, ONLY(SUB_LIST) | ONLY(SUB_EXPORT) },
+    { "limit", 1, O_LIMIT, ONLY(SUB_LIST) },
+    { "json", 0, O_JSON, ONLY(SUB_LIST) | ONLY(SUB_STATS) | ONLY(SUB_SEARCH) },
+    { NULL, 1, 'k', SEARCHES }, { "k1", 1, O_K1, SEARCHES }, { "b", 1, O_B, SEARCHES },
+    { "doc", 1, O_DOC, SEARCHES }, { "exhaustive", 0, O_EXHAUSTIVE, SEARCHES },
+};
+#define N_OPTS (sizeof OPTS / sizeof OPTS[0])
 
 static int parse_size(const char *s, size_t *out)
 {
@@ -83,7 +129,105 @@ static int parse_double(const char *s, double *out)
     return (errno || end == s || *end) ? -1 : 0;
 }
 
-static int parse_args(int argc, char **argv, struct Args *a)
+static const struct Opt *opt_of(int code)
+{
+    for (size_t i = 0; i < N_OPTS; i++)
+        if (OPTS[i].code == code)
+            return &OPTS[i];
+    return NULL;
+}
+
+static const char *opt_name(const struct Opt *o, char *buf, size_t cap)
+{
+    if (o->name)
+        snprintf(buf, cap, "--%s", o->name);
+    else
+        snprintf(buf, cap, "-%c", (char)o->code);
+    return buf;
+}
+
+/* Applies option code with value v; returns 0, or 2 after printing why a value is bad. */
+static int take(struct StoreArgs *a, int code, const char *v)
+{
+    char name[32];
+    size_t n = 0;
+    switch (code) {
+    case O_CHUNK_TOKENS: case O_OVERLAP: case 'k': case O_BATCH_DOCS: case O_BATCH_BYTES:
+    case O_LIMIT: case O_MAP_SIZE:
+        if (parse_size(v, &n) || n > UINT32_MAX) {
+            fprintf(stderr, "diffrag-store: %s: not a count: %s\n",
+                    opt_name(opt_of(code), name, sizeof name), v);
+            return 2;
+        }
+        break;
+    case O_K1: case O_B:
+        if (parse_double(v, code == O_K1 ? &a->k1 : &a->b)) {
+            fprintf(stderr, "diffrag-store: %s: not a number: %s\n",
+                    code == O_K1 ? "--k1" : "--b", v);
+            return 2;
+        }
+        return 0;
+    }
+    switch (code) {
+    case O_DATA_DIR: a->data_dir = v; break;
+    case 'c': a->collection = v; a->collection_given = 1; break;
+    case O_MODEL: a->model = v; break;
+    case O_APPROX: a->approx_tokens = 1; break;
+    case O_CHUNK_TOKENS: a->iopt.chunk.target_tokens = (uint32_t)n; break;
+    case O_OVERLAP: a->iopt.chunk.overlap_tokens = (uint32_t)n; break;
+    case 'k': a->k = n; break;
+    case O_BATCH_DOCS: a->batch_docs = n ? n : 1; break;
+    case O_BATCH_BYTES: a->batch_bytes = n; break;
+    case O_MAP_SIZE: a->map_mb = n ? n : 1; break;
+    case O_LIMIT: a->limit = n; break;
+    case O_NO_STEM: a->iopt.analyzer_flags &= ~(unsigned)ANALYZE_STEM; break;
+    case O_STOPWORDS: a->iopt.analyzer_flags |= ANALYZE_STOPWORDS; break;
+    case O_NO_TITLE: a->iopt.index_flags &= ~(unsigned)INDEX_TITLE; break;
+    case O_JSON: a->json = 1; break;
+    case O_ACK: a->ack = 1; break;
+    case O_EXHAUSTIVE: a->exhaustive = 1; break;
+    case O_AFTER: a->after = v; break;
+    case O_DOC: a->docs[a->n_docs_filter++] = v; break;
+    }
+    return 0;
+}
+
+/* One getopt_long pass over argv[0..argc) (argv[0] is skipped). Returns 0, 2 (a usage error,
+ * printed) or -1 (--help, printed). seen[i] marks the options of OPTS met. */
+static int parse_pass(int argc, char **argv, const char *shorts, const struct option *longs,
+                      struct StoreArgs *a, unsigned char *seen)
+{
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, shorts, longs, NULL)) != -1) {
+        if (c == '?' || c == ':') {
+            const char *arg = argv[optind - 1];
+            if (c == ':')
+                fprintf(stderr, "diffrag-store: %s needs a value\n", arg);
+            else if (optopt > 0 && optopt < 256)
+                fprintf(stderr, "diffrag-store: unknown option -%c\n", optopt);
+            else
+                fprintf(stderr, "diffrag-store: unknown option %s\n", arg);
+            usage(stderr);
+            return 2;
+        }
+        if (c == 'h') {
+            usage(stdout);
+            return -1;
+        }
+        const struct Opt *o = opt_of(c);
+        if (o)
+            seen[o - OPTS] = 1;
+        if (take(a, c, optarg)) {
+            usage(stderr);
+            return 2;
+        }
+    }
+    return 0;
+}
+
+/* Returns 0 with *sub set, -1 after --help, 1 out of memory, 2 a usage error (printed). */
+static int parse_args(int argc, char **argv, struct StoreArgs *a, enum Sub *sub)
 {
     memset(a, 0, sizeof *a);
     a->data_dir = "var";
@@ -96,73 +240,54 @@ static int parse_args(int argc, char **argv, struct Args *a)
     a->limit = 100;
     a->k1 = BM25_DEFAULT_K1;
     a->b = BM25_DEFAULT_B;
-    a->pos = calloc((size_t)argc, sizeof *a->pos);
-    a->docs = calloc((size_t)argc, sizeof *a->docs);
+    a->pos = calloc((size_t)argc + 1, sizeof *a->pos);
+    a->docs = calloc((size_t)argc + 1, sizeof *a->docs);
     if (!a->pos || !a->docs)
-        return -1;
-    int only_pos = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        size_t n;
-#define NEED_VALUE() do { if (!v) { fprintf(stderr, "diffrag-store: %s needs a value\n", o); return -1; } i++; } while (0)
-        if (only_pos || o[0] != '-' || o[1] == 0) {
-            a->pos[a->n_pos++] = o;
-        } else if (!strcmp(o, "--")) {
-            only_pos = 1;
-        } else if (!strcmp(o, "--data-dir")) {
-            NEED_VALUE(); a->data_dir = v;
-        } else if (!strcmp(o, "-c") || !strcmp(o, "--collection")) {
-            NEED_VALUE(); a->collection = v;
-        } else if (!strcmp(o, "--model")) {
-            NEED_VALUE(); a->model = v;
-        } else if (!strcmp(o, "--approx-tokens")) {
-            a->approx_tokens = 1;
-        } else if (!strcmp(o, "--chunk-tokens") || !strcmp(o, "--overlap") || !strcmp(o, "-k") ||
-                   !strcmp(o, "--batch-docs") || !strcmp(o, "--batch-bytes") || !strcmp(o, "--limit") ||
-                   !strcmp(o, "--map-size")) {
-            NEED_VALUE();
-            if (parse_size(v, &n) || n > UINT32_MAX) {
-                fprintf(stderr, "diffrag-store: %s: not a count: %s\n", o, v);
-                return -1;
-            }
-            if (!strcmp(o, "--chunk-tokens")) a->iopt.chunk.target_tokens = (uint32_t)n;
-            else if (!strcmp(o, "--overlap")) a->iopt.chunk.overlap_tokens = (uint32_t)n;
-            else if (!strcmp(o, "-k")) a->k = n;
-            else if (!strcmp(o, "--batch-docs")) a->batch_docs = n ? n : 1;
-            else if (!strcmp(o, "--batch-bytes")) a->batch_bytes = n;
-            else if (!strcmp(o, "--map-size")) a->map_mb = n ? n : 1;
-            else a->limit = n;
-        } else if (!strcmp(o, "--k1") || !strcmp(o, "--b")) {
-            NEED_VALUE();
-            if (parse_double(v, !strcmp(o, "--k1") ? &a->k1 : &a->b)) {
-                fprintf(stderr, "diffrag-store: %s: not a number: %s\n", o, v);
-                return -1;
-            }
-        } else if (!strcmp(o, "--no-stem")) {
-            a->iopt.analyzer_flags &= ~(unsigned)ANALYZE_STEM;
-        } else if (!strcmp(o, "--stopwords")) {
-            a->iopt.analyzer_flags |= ANALYZE_STOPWORDS;
-        } else if (!strcmp(o, "--no-title")) {
-            a->iopt.index_flags &= ~(unsigned)INDEX_TITLE;
-        } else if (!strcmp(o, "--json")) {
-            a->json = 1;
-        } else if (!strcmp(o, "--ack")) {
-            a->ack = 1;
-        } else if (!strcmp(o, "--exhaustive")) {
-            a->exhaustive = 1;
-        } else if (!strcmp(o, "--after")) {
-            NEED_VALUE(); a->after = v;
-        } else if (!strcmp(o, "--doc")) {
-            NEED_VALUE(); a->docs[a->n_docs_filter++] = v;
-        } else if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
-            usage(stdout);
-            exit(0);
-        } else {
-            fprintf(stderr, "diffrag-store: unknown option %s\n", o);
-            return -1;
+        return 1;
+    struct option longs[N_OPTS + 1];
+    size_t nl = 0;
+    for (size_t i = 0; i < N_OPTS; i++)
+        if (OPTS[i].name)
+            longs[nl++] = (struct option){ OPTS[i].name, OPTS[i].has_arg ? required_argument
+                                                                         : no_argument, NULL,
+                                           OPTS[i].code };
+    longs[nl] = (struct option){ 0 };
+    unsigned char seen[N_OPTS] = { 0 };
+    /* The options before the subcommand ("+": stop at its name), then the subcommand's own,
+     * anywhere among its arguments. Both passes know every option; which apply to the
+     * subcommand is checked once it is known. */
+    int rc = parse_pass(argc, argv, "+:c:k:h", longs, a, seen);
+    if (rc)
+        return rc;
+    if (optind >= argc) {
+        usage(stderr);
+        return 2;
+    }
+    int first = optind;
+    size_t s = 0;
+    while (s < N_SUB && strcmp(argv[first], SUBS[s]))
+        s++;
+    if (s == N_SUB) {
+        fprintf(stderr, "diffrag-store: unknown subcommand %s\n", argv[first]);
+        usage(stderr);
+        return 2;
+    }
+    *sub = (enum Sub)s;
+    optind = 0; /* a fresh scan of the subcommand's arguments */
+    rc = parse_pass(argc - first, argv + first, ":c:k:h", longs, a, seen);
+    if (rc)
+        return rc;
+    a->pos[a->n_pos++] = argv[first];
+    for (int i = first + optind; i < argc; i++)
+        a->pos[a->n_pos++] = argv[i];
+    for (size_t i = 0; i < N_OPTS; i++) {
+        char name[32];
+        if (seen[i] && !(OPTS[i].subs & ONLY(s))) {
+            fprintf(stderr, "diffrag-store: %s does not apply to %s (see --help)\n",
+                    opt_name(&OPTS[i], name, sizeof name), SUBS[s]);
+            usage(stderr);
+            return 2;
         }
-#undef NEED_VALUE
     }
     return 0;
 }
@@ -176,7 +301,7 @@ struct Counter {
     struct TokenCounter tc;
 };
 
-static int counter_open(const struct Args *a, struct Counter *c)
+static int counter_open(const struct StoreArgs *a, struct Counter *c)
 {
     memset(c, 0, sizeof *c);
     if (a->approx_tokens) {
@@ -214,6 +339,10 @@ static void counter_close(struct Counter *c)
 
 /* ---- ingest ---- */
 
+/* Text file and .jsonl line limits: the store's own (64 MiB a document by default). A .jsonl
+ * line may hold escapes, so it gets four times that. */
+#define LIMIT_HINT "split it into smaller documents"
+
 struct Pending {
     char *id, *title, *text;
     size_t id_len, title_len, text_len;
@@ -221,20 +350,13 @@ struct Pending {
 
 struct Ingest {
     struct Store *store;
-    const struct Args *a;
+    const struct StoreArgs *a;
     struct Counter counter;
     struct Pending *docs;
     size_t n, cap, bytes;
     size_t total_docs, total_bytes, skipped_files;
     double started;
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void pending_clear(struct Ingest *in)
 {
@@ -280,516 +402,97 @@ static int flush(struct Ingest *in)
     return 0;
 }
 
-/* Queue a document (taking ownership of the strings); a repeated id first flushes the batch,
- * so a later record with the same id replaces the earlier one. */
-static int add_doc(struct Ingest *in, char *id, size_t id_len, char *title, size_t title_len,
-                   char *text, size_t text_len)
+/* Queues a document read by docsrc, taking its strings (a .jsonl "meta" is not stored here);
+ * a repeated id first flushes the batch, so a later record with the same id replaces the
+ * earlier one. */
+static int on_doc(void *ctx, struct DocsrcDoc *d)
 {
+    struct Ingest *in = ctx;
     for (size_t i = 0; i < in->n; i++)
-        if (in->docs[i].id_len == id_len && memcmp(in->docs[i].id, id, id_len) == 0) {
+        if (in->docs[i].id_len == d->id_len && memcmp(in->docs[i].id, d->id, d->id_len) == 0) {
             if (flush(in))
-                goto fail;
+                return -1;
             break;
         }
     if (in->n == in->cap) {
         size_t c = in->cap ? in->cap * 2 : 64;
         struct Pending *p = realloc(in->docs, c * sizeof *p);
-        if (!p)
-            goto fail;
+        if (!p) {
+            fprintf(stderr, "diffrag-store: out of memory\n");
+            return -1;
+        }
         in->docs = p;
         in->cap = c;
     }
-    in->docs[in->n++] = (struct Pending){ id, title, text, id_len, title_len, text_len };
-    in->bytes += text_len;
+    in->docs[in->n++] = (struct Pending){ d->id, d->title, d->text, d->id_len, d->title_len,
+                                          d->text_len };
+    d->id = d->title = d->text = NULL;
+    in->bytes += d->text_len;
     if (in->n >= in->a->batch_docs || in->bytes >= in->a->batch_bytes)
         return flush(in);
     return 0;
-fail:
-    free(id);
-    free(title);
-    free(text);
-    return -1;
 }
 
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *b = malloc(cap + 1);
-    size_t r;
-    while (b && (r = fread(b + n, 1, cap - n, f)) > 0) {
-        n += r;
-        if (n == cap) {
-            char *nb = realloc(b, 2 * cap + 1);
-            if (!nb) {
-                free(b);
-                b = NULL;
-                break;
-            }
-            b = nb;
-            cap *= 2;
-        }
-    }
-    if (b && ferror(f)) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b) {
-        b[n] = 0;
-        *len = n;
-    }
-    return b;
-}
-
-static int ends_with(const char *s, const char *suffix)
-{
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && strcmp(s + a - b, suffix) == 0;
-}
-
-static int ingest_jsonl(struct Ingest *in, const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "diffrag-store: %s: %s\n", path, strerror(errno));
-        return -1;
-    }
-    static const char *const keys[] = { "id", "title", "text" };
-    char *line = NULL;
-    size_t cap = 0, lineno = 0;
-    ssize_t len;
-    int rc = 0;
-    while ((len = getline(&line, &cap, f)) >= 0) {
-        lineno++;
-        size_t l = (size_t)len;
-        while (l && (line[l - 1] == '\n' || line[l - 1] == '\r'))
-            l--;
-        size_t k = 0;
-        while (k < l && (line[k] == ' ' || line[k] == '\t'))
-            k++;
-        if (k == l)
-            continue;
-        char *v[3];
-        size_t vl[3];
-        char err[256];
-        if (json_object_strings(line, l, keys, 3, v, vl, err, sizeof err)) {
-            fprintf(stderr, "diffrag-store: %s:%zu: %s\n", path, lineno, err);
-            rc = -1;
-            break;
-        }
-        if (!v[0] || !v[2]) {
-            fprintf(stderr, "diffrag-store: %s:%zu: each line needs string fields \"id\" and \"text\"\n",
-                    path, lineno);
-            free(v[0]); free(v[1]); free(v[2]);
-            rc = -1;
-            break;
-        }
-        if (add_doc(in, v[0], vl[0], v[1], v[1] ? vl[1] : 0, v[2], vl[2])) {
-            rc = -1;
-            break;
-        }
-    }
-    free(line);
-    fclose(f);
-    return rc;
-}
-
-static int ingest_text_file(struct Ingest *in, const char *path)
-{
-    size_t len;
-    char *text = read_file(path, &len);
-    if (!text) {
-        fprintf(stderr, "diffrag-store: %s: %s\n", path, strerror(errno));
-        return -1;
-    }
-    /* Title: a Markdown file's first "# " heading, else the file name without extension. */
-    const char *t = NULL;
-    size_t tl = 0;
-    if (ends_with(path, ".md")) {
-        for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
-            if (p[0] == '#' && p[1] == ' ') {
-                t = p + 2;
-                tl = strcspn(t, "\r\n");
-                break;
-            }
-        }
-    }
-    if (!t) {
-        const char *base = strrchr(path, '/');
-        t = base ? base + 1 : path;
-        const char *dot = strrchr(t, '.');
-        tl = dot ? (size_t)(dot - t) : strlen(t);
-    }
-    char *title = strndup(t, tl), *id = strdup(path);
-    if (!title || !id) {
-        free(title); free(id); free(text);
-        return -1;
-    }
-    return add_doc(in, id, strlen(id), title, tl, text, len);
-}
-
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-static int ingest_path(struct Ingest *in, const char *path, int top)
-{
-    struct stat sb;
-    if (stat(path, &sb)) {
-        fprintf(stderr, "diffrag-store: %s: %s\n", path, strerror(errno));
-        return -1;
-    }
-    if (S_ISDIR(sb.st_mode)) {
-        DIR *d = opendir(path);
-        if (!d) {
-            fprintf(stderr, "diffrag-store: %s: %s\n", path, strerror(errno));
-            return -1;
-        }
-        char **names = NULL;
-        size_t n = 0, cap = 0;
-        struct dirent *e;
-        int rc = 0;
-        while ((e = readdir(d))) {
-            if (e->d_name[0] == '.')
-                continue;
-            if (n == cap) {
-                cap = cap ? cap * 2 : 64;
-                char **nn = realloc(names, cap * sizeof *nn);
-                if (!nn) { rc = -1; break; }
-                names = nn;
-            }
-            size_t pl = strlen(path);
-            names[n] = malloc(pl + strlen(e->d_name) + 2);
-            if (!names[n]) { rc = -1; break; }
-            sprintf(names[n], "%s%s%s", path, (pl && path[pl - 1] == '/') ? "" : "/", e->d_name);
-            n++;
-        }
-        closedir(d);
-        qsort(names, n, sizeof *names, cmp_str);
-        for (size_t i = 0; i < n && rc == 0; i++)
-            rc = ingest_path(in, names[i], 0);
-        for (size_t i = 0; i < n; i++)
-            free(names[i]);
-        free(names);
-        return rc;
-    }
-    if (ends_with(path, ".jsonl"))
-        return ingest_jsonl(in, path);
-    if (ends_with(path, ".txt") || ends_with(path, ".md"))
-        return ingest_text_file(in, path);
-    if (top) {
-        fprintf(stderr, "diffrag-store: %s: not a .txt, .md or .jsonl file\n", path);
-        return -1;
-    }
-    in->skipped_files++;
-    return 0;
-}
-
-static int cmd_ingest(struct Store *s, const struct Args *a)
+static int cmd_ingest(struct Store *s, const struct StoreArgs *a)
 {
     if (a->n_pos < 2) {
         fprintf(stderr, "diffrag-store: ingest needs at least one path\n");
         return 2;
     }
+    struct StoreOptions so;
+    store_options_default(&so);
+    struct DocsrcOptions opt = { .max_file_bytes = so.max_doc_bytes,
+                                 .max_line_bytes = 4 * so.max_doc_bytes, .limit_hint = LIMIT_HINT,
+                                 .notes = stderr, .prog = "diffrag-store" };
+    struct DocsrcList files = { 0 };
     struct Ingest in;
+    char err[1024];
     memset(&in, 0, sizeof in);
     in.store = s;
     in.a = a;
-    if (counter_open(a, &in.counter))
+    if (docsrc_collect(&opt, a->pos + 1, a->n_pos - 1, &files, err, sizeof err)) {
+        fprintf(stderr, "diffrag-store: %s\n", err);
+        docsrc_list_free(&files);
         return 1;
-    in.started = now_s();
+    }
+    if (counter_open(a, &in.counter)) {
+        docsrc_list_free(&files);
+        return 1;
+    }
     int rc = 0;
-    for (size_t i = 1; i < a->n_pos && rc == 0; i++)
-        rc = ingest_path(&in, a->pos[i], 1);
+    in.skipped_files = files.skipped;
+    in.started = tool_now();
+    for (size_t i = 0; i < files.n && rc == 0; i++) {
+        rc = docsrc_read(&opt, &files.files[i], on_doc, &in, NULL, err, sizeof err);
+        if (rc == DOCSRC_EFILE && !files.files[i].named) {
+            fprintf(stderr, "diffrag-store: %s; skipped\n", err);
+            in.skipped_files++;
+            rc = 0;
+        } else if (rc && rc != DOCSRC_ESTOP) {
+            fprintf(stderr, "diffrag-store: %s\n", err); /* ESTOP: flush said why */
+        }
+    }
     if (rc == 0)
         rc = flush(&in);
-    double dt = now_s() - in.started;
+    double dt = tool_now() - in.started;
     pending_clear(&in);
     free(in.docs);
     counter_close(&in.counter);
+    docsrc_list_free(&files);
     fprintf(stderr, "diffrag-store: ingested %zu documents (%.2f MB) into \"%s\" in %.2f s "
-                    "(%.2f MB/s, %.0f docs/s)%s\n",
+                    "(%.2f MB/s, %.0f docs/s)",
             in.total_docs, in.total_bytes / 1e6, a->collection, dt,
-            dt > 0 ? in.total_bytes / 1e6 / dt : 0.0, dt > 0 ? in.total_docs / dt : 0.0,
-            in.skipped_files ? "; skipped files with other extensions" : "");
+            dt > 0 ? in.total_bytes / 1e6 / dt : 0.0, dt > 0 ? in.total_docs / dt : 0.0);
+    if (in.skipped_files)
+        fprintf(stderr, "; skipped %zu files (other extensions, or not text: see above)",
+                in.skipped_files);
+    fputc('\n', stderr);
     return rc ? 1 : 0;
 }
 
-/* ---- reads ---- */
+/* ---- writes and checks ---- */
 
-static void print_doc_json(const struct StoreDocView *d, int with_text)
-{
-    fputs("{\"id\":", stdout);
-    json_write_string(stdout, d->id, d->id_len);
-    fputs(",\"title\":", stdout);
-    json_write_string(stdout, d->title, d->title_len);
-    if (with_text) {
-        fputs(",\"text\":", stdout);
-        json_write_string(stdout, d->text, d->text_len);
-    }
-    printf(",\"chunks\":%u}\n", d->n_chunks);
-}
-
-static int cmd_get(struct Store *s, const struct Args *a)
-{
-    if (a->n_pos != 2) {
-        fprintf(stderr, "diffrag-store: get needs one id\n");
-        return 2;
-    }
-    struct StoreReader *r;
-    char err[512];
-    if (store_read_begin(s, &r, err, sizeof err)) {
-        fprintf(stderr, "diffrag-store: %s\n", err);
-        return 1;
-    }
-    struct StoreDocView d;
-    int st = store_get_doc(r, a->collection, a->pos[1], strlen(a->pos[1]), &d, err, sizeof err);
-    if (st == RET_OK)
-        print_doc_json(&d, 1);
-    else
-        fprintf(stderr, "diffrag-store: %s\n", err);
-    store_read_end(&r);
-    return st ? 1 : 0;
-}
-
-/* list (ids, one page) and export (every document with its text). */
-static int cmd_list(struct Store *s, const struct Args *a, int export)
-{
-    struct StoreReader *r;
-    char err[512];
-    if (store_read_begin(s, &r, err, sizeof err)) {
-        fprintf(stderr, "diffrag-store: %s\n", err);
-        return 1;
-    }
-    enum { PAGE = 256 };
-    struct StoreDocView page[PAGE];
-    char after[INDEX_MAX_ID_BYTES];
-    size_t after_len = 0, left = export ? SIZE_MAX : a->limit;
-    if (a->after) {
-        after_len = strlen(a->after) < sizeof after ? strlen(a->after) : sizeof after;
-        memcpy(after, a->after, after_len);
-    }
-    int st = RET_OK;
-    while (left > 0) {
-        size_t n, want = left < PAGE ? left : PAGE;
-        st = store_list_docs(r, a->collection, after_len ? after : NULL, after_len, page, want, &n,
-                             err, sizeof err);
-        if (st)
-            break;
-        for (size_t i = 0; i < n; i++) {
-            if (export)
-                print_doc_json(&page[i], 1);
-            else if (a->json)
-                print_doc_json(&page[i], 0);
-            else
-                printf("%.*s\n", (int)page[i].id_len, page[i].id);
-        }
-        left -= n;
-        if (n < want)
-            break;
-        after_len = page[n - 1].id_len;
-        memcpy(after, page[n - 1].id, after_len);
-    }
-    if (st)
-        fprintf(stderr, "diffrag-store: %s\n", err);
-    store_read_end(&r);
-    return st ? 1 : 0;
-}
-
-static int cmd_stats(struct Store *s, const struct Args *a)
-{
-    struct StoreReader *r;
-    char err[512];
-    if (store_read_begin(s, &r, err, sizeof err)) {
-        fprintf(stderr, "diffrag-store: %s\n", err);
-        return 1;
-    }
-    struct StoreCollStats cs;
-    int st = store_collection_stats(r, a->collection, &cs, err, sizeof err);
-    store_read_end(&r);
-    if (st) {
-        fprintf(stderr, "diffrag-store: %s\n", err);
-        return 1;
-    }
-    const struct IndexOptions *o = &cs.options;
-    if (a->json) {
-        fputs("{\"collection\":", stdout);
-        json_write_string(stdout, a->collection, strlen(a->collection));
-        printf(",\"docs\":%llu,\"chunks\":%llu,\"terms\":%llu,\"avg_chunk_terms\":%.3f,"
-               "\"text_bytes\":%llu,\"chunk_tokens\":%u,\"overlap\":%u,\"stem\":%s,"
-               "\"stopwords\":%s,\"index_title\":%s,\"map_bytes\":%zu}\n",
-               (unsigned long long)cs.n_docs, (unsigned long long)cs.n_chunks,
-               (unsigned long long)cs.total_terms, cs.avg_chunk_terms,
-               (unsigned long long)cs.text_bytes, o->chunk.target_tokens, o->chunk.overlap_tokens,
-               (o->analyzer_flags & ANALYZE_STEM) ? "true" : "false",
-               (o->analyzer_flags & ANALYZE_STOPWORDS) ? "true" : "false",
-               (o->index_flags & INDEX_TITLE) ? "true" : "false", store_map_size(s));
-    } else {
-        printf("collection      %s\ndocuments       %llu\nchunks          %llu\n"
-               "terms           %llu (%.1f per chunk)\ntext            %llu bytes\n"
-               "chunking        %u tokens, overlap %u\nanalyzer       %s%s%s\nmap size        %zu bytes\n",
-               a->collection, (unsigned long long)cs.n_docs, (unsigned long long)cs.n_chunks,
-               (unsigned long long)cs.total_terms, cs.avg_chunk_terms,
-               (unsigned long long)cs.text_bytes, o->chunk.target_tokens, o->chunk.overlap_tokens,
-               (o->analyzer_flags & ANALYZE_STEM) ? " stemming" : " no-stemming",
-               (o->analyzer_flags & ANALYZE_STOPWORDS) ? ", stop words" : "",
-               (o->index_flags & INDEX_TITLE) ? ", titles indexed" : "", store_map_size(s));
-    }
-    return 0;
-}
-
-static int print_collection(void *ctx, const char *name, size_t len)
-{
-    (void)ctx;
-    printf("%.*s\n", (int)len, name);
-    return 0;
-}
-
-static int cmd_collections(struct Store *s)
-{
-    struct StoreReader *r;
-    char err[512];
-    if (store_read_begin(s, &r, err, sizeof err)) {
-        fprintf(stderr, "diffrag-store: %s\n", err);
-        return 1;
-    }
-    int st = store_list_collections(r, print_collection, NULL, err, sizeof err);
-    store_read_end(&r);
-    if (st)
-        fprintf(stderr, "diffrag-store: %s\n", err);
-    return st ? 1 : 0;
-}
-
-static void search_opts(const struct Args *a, struct SearchOptions *o, size_t *lens)
-{
-    search_options_default(o);
-    o->k = a->k;
-    o->k1 = a->k1;
-    o->b = a->b;
-    o->exhaustive = a->exhaustive;
-    for (size_t i = 0; i < a->n_docs_filter; i++)
-        lens[i] = strlen(a->docs[i]);
-    o->doc_ids = a->docs;
-    o->doc_id_lens = lens;
-    o->n_doc_ids = a->n_docs_filter;
-}
-
-static void print_hit_json(const struct SearchHit *h, size_t rank, int with_text)
-{
-    printf("{\"rank\":%zu,\"doc_id\":", rank);
-    json_write_string(stdout, h->doc_id, h->doc_id_len);
-    printf(",\"chunk\":%u,\"score\":%.6f", h->chunk, h->score);
-    if (with_text) {
-        printf(",\"chunk_id\":%u,\"byte_start\":%llu,\"byte_end\":%llu,\"title\":", h->chunk_id,
-               (unsigned long long)h->byte_start, (unsigned long long)h->byte_end);
-        json_write_string(stdout, h->title, h->title_len);
-        fputs(",\"text\":", stdout);
-        json_write_string(stdout, h->text, h->text_len);
-    }
-    putchar('}');
-}
-
-static int cmd_search(struct Store *s, const struct Args *a)
-{
-    if (a->n_pos < 2) {
-        fprintf(stderr, "diffrag-store: search needs a query\n");
-        return 2;
-    }
-    size_t qlen = 0;
-    for (size_t i = 1; i < a->n_pos; i++)
-        qlen += strlen(a->pos[i]) + 1;
-    char *q = calloc(qlen + 1, 1);
-    size_t *lens = calloc(a->n_docs_filter + 1, sizeof *lens);
-    struct SearchHit *hits = calloc(a->k ? a->k : 1, sizeof *hits);
-    if (!q || !lens || !hits) {
-        free(q); free(lens); free(hits);
-        return 1;
-    }
-    for (size_t i = 1; i < a->n_pos; i++) {
-        if (i > 1) strcat(q, " ");
-        strcat(q, a->pos[i]);
-    }
-    struct SearchOptions o;
-    search_opts(a, &o, lens);
-    struct StoreReader *r = NULL;
-    char err[512];
-    size_t n = 0;
-    struct Bm25Stats bs;
-    double t0 = now_s();
-    int st = store_read_begin(s, &r, err, sizeof err);
-    if (!st)
-        st = store_search(r, a->collection, q, strlen(q), &o, hits, a->k, &n, &bs, err, sizeof err);
-    double dt = now_s() - t0;
-    if (st) {
-        fprintf(stderr, "diffrag-store: %s\n", err);
-    } else {
-        for (size_t i = 0; i < n; i++) {
-            const struct SearchHit *h = &hits[i];
-            if (a->json) {
-                print_hit_json(h, i + 1, 1);
-                putchar('\n');
-            } else {
-                printf("%2zu. %8.4f  %.*s #%u  %.*s\n", i + 1, h->score, (int)h->doc_id_len, h->doc_id,
-                       h->chunk, (int)h->title_len, h->title);
-                size_t show = h->text_len < 240 ? h->text_len : 240;
-                while (show < h->text_len && show > 0 && ((unsigned char)h->text[show] & 0xC0) == 0x80)
-                    show--;
-                printf("    %.*s%s\n", (int)show, h->text, show < h->text_len ? " ..." : "");
-            }
-        }
-        if (!a->json)
-            fprintf(stderr, "%zu hits in %.2f ms (%llu candidates, %llu postings scored)\n", n, dt * 1e3,
-                    (unsigned long long)bs.candidates, (unsigned long long)bs.postings);
-    }
-    store_read_end(&r);
-    free(q);
-    free(lens);
-    free(hits);
-    return st ? 1 : 0;
-}
-
-static int cmd_search_batch(struct Store *s, const struct Args *a)
-{
-    size_t *lens = calloc(a->n_docs_filter + 1, sizeof *lens);
-    struct SearchHit *hits = calloc(a->k ? a->k : 1, sizeof *hits);
-    if (!lens || !hits) {
-        free(lens); free(hits);
-        return 1;
-    }
-    struct SearchOptions o;
-    search_opts(a, &o, lens);
-    struct StoreReader *r = NULL;
-    char err[512];
-    int st = store_read_begin(s, &r, err, sizeof err);
-    char *line = NULL;
-    size_t cap = 0, qi = 0;
-    ssize_t len;
-    while (!st && (len = getline(&line, &cap, stdin)) >= 0) {
-        size_t l = (size_t)len;
-        while (l && (line[l - 1] == '\n' || line[l - 1] == '\r'))
-            l--;
-        size_t n;
-        st = store_search(r, a->collection, line, l, &o, hits, a->k, &n, NULL, err, sizeof err);
-        if (st)
-            break;
-        printf("{\"query\":%zu,\"hits\":[", qi++);
-        for (size_t i = 0; i < n; i++) {
-            if (i) putchar(',');
-            print_hit_json(&hits[i], i + 1, 0);
-        }
-        fputs("]}\n", stdout);
-    }
-    if (st)
-        fprintf(stderr, "diffrag-store: %s\n", err);
-    store_read_end(&r);
-    free(line);
-    free(lens);
-    free(hits);
-    return st ? 1 : 0;
-}
-
-static int cmd_delete(struct Store *s, const struct Args *a)
+static int cmd_delete(struct Store *s, const struct StoreArgs *a)
 {
     if (a->n_pos < 2) {
         fprintf(stderr, "diffrag-store: delete needs ids\n");
@@ -811,17 +514,17 @@ static int cmd_delete(struct Store *s, const struct Args *a)
     return 0;
 }
 
-static int cmd_verify(struct Store *s, const struct Args *a, int all)
+static int cmd_verify(struct Store *s, const struct StoreArgs *a, int all)
 {
     struct StoreVerifyReport rep;
     char err[512];
-    double t0 = now_s();
+    double t0 = tool_now();
     int st = store_verify(s, all ? NULL : a->collection, &rep, err, sizeof err);
     printf("verify: %llu collections, %llu documents, %llu chunks, %llu terms, %llu postings, "
            "%llu problems (%.2f s)\n",
            (unsigned long long)rep.collections, (unsigned long long)rep.docs,
            (unsigned long long)rep.chunks, (unsigned long long)rep.terms,
-           (unsigned long long)rep.postings, (unsigned long long)rep.problems, now_s() - t0);
+           (unsigned long long)rep.postings, (unsigned long long)rep.problems, tool_now() - t0);
     if (st) {
         fprintf(stderr, "diffrag-store: verify: %s\n", err);
         return 1;
@@ -830,7 +533,38 @@ static int cmd_verify(struct Store *s, const struct Args *a, int all)
     return 0;
 }
 
-static void args_free(struct Args *a)
+static int cmd_drop(struct Store *s, const struct StoreArgs *a)
+{
+    if (!a->collection_given || a->n_pos != 1) {
+        fprintf(stderr, "diffrag-store: drop takes no arguments; name the collection with -c\n");
+        return 2;
+    }
+    uint64_t n = 0;
+    char err[512];
+    if (store_drop_collection(s, a->collection, &n, err, sizeof err)) {
+        fprintf(stderr, "diffrag-store: %s\n", err);
+        return 1;
+    }
+    printf("dropped collection \"%s\" (%llu documents)\n", a->collection, (unsigned long long)n);
+    return 0;
+}
+
+static int cmd_backup(struct Store *s, const struct StoreArgs *a)
+{
+    char err[1024];
+    if (a->n_pos != 2) {
+        fprintf(stderr, "diffrag-store: backup needs a destination directory\n");
+        return 2;
+    }
+    if (store_backup(s, a->pos[1], err, sizeof err)) {
+        fprintf(stderr, "diffrag-store: %s\n", err);
+        return 1;
+    }
+    printf("backed up to %s\n", a->pos[1]);
+    return 0;
+}
+
+static void args_free(struct StoreArgs *a)
 {
     free(a->pos);
     free(a->docs);
@@ -840,23 +574,14 @@ static void args_free(struct Args *a)
 
 int main(int argc, char **argv)
 {
-    struct Args a;
-    if (parse_args(argc, argv, &a) || a.n_pos == 0) {
-        usage(stderr);
+    struct StoreArgs a;
+    enum Sub sub = SUB_INGEST;
+    int rc = parse_args(argc, argv, &a, &sub);
+    if (rc) {
+        if (rc == 1)
+            fprintf(stderr, "diffrag-store: out of memory\n");
         args_free(&a);
-        return 2;
-    }
-    const char *cmd = a.pos[0];
-    static const char *const known[] = { "ingest", "delete", "get", "list", "export", "stats",
-                                         "collections", "search", "search-batch", "verify", "backup" };
-    int ok = 0;
-    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
-        ok |= !strcmp(cmd, known[i]);
-    if (!ok) {
-        fprintf(stderr, "diffrag-store: unknown subcommand %s\n", cmd);
-        usage(stderr);
-        args_free(&a);
-        return 2;
+        return rc < 0 ? 0 : rc;
     }
     struct Store *s;
     char err[1024];
@@ -864,40 +589,25 @@ int main(int argc, char **argv)
     store_options_default(&so);
     if (a.map_mb)
         so.map_size = a.map_mb << 20;
-    int st = store_open(a.data_dir, &so, &s, err, sizeof err);
-    if (st) {
+    if (store_open(a.data_dir, &so, &s, err, sizeof err)) {
         fprintf(stderr, "diffrag-store: %s\n", err);
         args_free(&a);
         return 1;
     }
-    int rc;
-    if (!strcmp(cmd, "ingest")) rc = cmd_ingest(s, &a);
-    else if (!strcmp(cmd, "delete")) rc = cmd_delete(s, &a);
-    else if (!strcmp(cmd, "get")) rc = cmd_get(s, &a);
-    else if (!strcmp(cmd, "list")) rc = cmd_list(s, &a, 0);
-    else if (!strcmp(cmd, "export")) rc = cmd_list(s, &a, 1);
-    else if (!strcmp(cmd, "stats")) rc = cmd_stats(s, &a);
-    else if (!strcmp(cmd, "collections")) rc = cmd_collections(s);
-    else if (!strcmp(cmd, "search")) rc = cmd_search(s, &a);
-    else if (!strcmp(cmd, "search-batch")) rc = cmd_search_batch(s, &a);
-    else if (!strcmp(cmd, "verify")) {
-        /* -c given explicitly restricts the check; otherwise every collection. */
-        int all = 1;
-        for (int i = 1; i < argc; i++)
-            if (!strcmp(argv[i], "-c") || !strcmp(argv[i], "--collection"))
-                all = 0;
-        rc = cmd_verify(s, &a, all);
-    } else {
-        if (a.n_pos != 2) {
-            fprintf(stderr, "diffrag-store: backup needs a destination directory\n");
-            rc = 2;
-        } else if ((st = store_backup(s, a.pos[1], err, sizeof err))) {
-            fprintf(stderr, "diffrag-store: %s\n", err);
-            rc = 1;
-        } else {
-            printf("backed up to %s\n", a.pos[1]);
-            rc = 0;
-        }
+    switch (sub) {
+    case SUB_INGEST: rc = cmd_ingest(s, &a); break;
+    case SUB_DELETE: rc = cmd_delete(s, &a); break;
+    case SUB_DROP: rc = cmd_drop(s, &a); break;
+    case SUB_GET: rc = tool_get(s, &a); break;
+    case SUB_LIST: rc = tool_list(s, &a, 0); break;
+    case SUB_EXPORT: rc = tool_list(s, &a, 1); break;
+    case SUB_STATS: rc = tool_stats(s, &a); break;
+    case SUB_COLLECTIONS: rc = tool_collections(s); break;
+    case SUB_SEARCH: rc = tool_search(s, &a); break;
+    case SUB_SEARCH_BATCH: rc = tool_search_batch(s, &a); break;
+    /* -c given restricts the check to one collection; otherwise every collection. */
+    case SUB_VERIFY: rc = cmd_verify(s, &a, !a.collection_given); break;
+    case SUB_BACKUP: default: rc = cmd_backup(s, &a); break;
     }
     store_close(&s);
     args_free(&a);

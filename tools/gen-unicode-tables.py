@@ -1,13 +1,30 @@
 #!/usr/bin/env python3
-"""Generates model/unicode_tables.h: the code-point classes the byte-level BPE pre-tokenizer's
-regex needs (\\p{L}, \\p{N}, \\s), as sorted inclusive ranges, from Python's unicodedata.
+"""Generates text/unicode_tables.h, the one set of Unicode tables behind text/unicode.c, from
+Python's unicodedata:
+  - each code point's class for the byte-level BPE pre-tokenizer's regex (\\p{L}, \\p{N}, \\s,
+    anything else) and for the index's analyzer (separator, word character, ideograph), packed
+    into one byte per range of a single sorted range table;
+  - the simple lowercase mapping as runs (every stride-th code point maps to itself + delta).
 
-Usage: python3 tools/gen-unicode-tables.py > model/unicode_tables.h
+The tables are pinned to Unicode 14.0.0: the analyzer's terms are stored in existing indexes and
+the tokenizer must match its reference, so a Python with another Unicode version refuses to run
+rather than move them.
+
+Usage: python3 tools/gen-unicode-tables.py           (writes text/unicode_tables.h)
+       python3 tools/gen-unicode-tables.py --check   (exit 1 if the committed file differs)
 """
+import pathlib
 import sys
 import unicodedata
 
+PINNED_VERSION = "14.0.0"
 MAX_CP = 0x10FFFF
+OUT = pathlib.Path(__file__).resolve().parent.parent / "text" / "unicode_tables.h"
+
+# Pre-tokenizer classes (enum UnicodeClass in text/unicode.h).
+PRE_OTHER, PRE_LETTER, PRE_NUMBER, PRE_SPACE = 0, 1, 2, 3
+# Analyzer classes (enum UnicodeWordClass), stored shifted left by 2 in the same byte.
+WORD_SEP, WORD_WORD, WORD_IDEO = 0, 1, 2
 
 # \s in the regex engines the reference tokenizers use (Oniguruma, PCRE2 with UCP, Rust regex)
 # is the Unicode White_Space property (PropList.txt). unicodedata does not expose it; str.isspace
@@ -16,18 +33,8 @@ WHITE_SPACE = [(0x0009, 0x000D), (0x0020, 0x0020), (0x0085, 0x0085), (0x00A0, 0x
                (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029), (0x202F, 0x202F),
                (0x205F, 0x205F), (0x3000, 0x3000)]
 
-
-def ranges(pred):
-    out = []
-    start = None
-    for cp in range(MAX_CP + 2):
-        inside = cp <= MAX_CP and pred(cp)
-        if inside and start is None:
-            start = cp
-        elif not inside and start is not None:
-            out.append((start, cp - 1))
-            start = None
-    return out
+IDEOGRAPH_NAMES = ("CJK UNIFIED IDEOGRAPH", "CJK COMPATIBILITY IDEOGRAPH", "HIRAGANA", "KATAKANA",
+                   "IDEOGRAPHIC")
 
 
 def check_white_space():
@@ -39,41 +46,125 @@ def check_white_space():
                  f"{sorted(map(hex, extra))}")
 
 
-def emit(name, rs, what):
-    print(f"/* {what}: {len(rs)} ranges. */")
-    print(f"static const struct UnicodeRange {name}[] = {{")
-    line = "   "
-    for lo, hi in rs:
-        item = f" {{0x{lo:X}, 0x{hi:X}}},"
-        if len(line) + len(item) > 99:
-            print(line)
+def pre_class(cp, space):
+    cat = unicodedata.category(chr(cp))
+    if cat[0] == "L":
+        return PRE_LETTER
+    if cat[0] == "N":
+        return PRE_NUMBER
+    return PRE_SPACE if cp in space else PRE_OTHER
+
+
+def word_class(cp):
+    """Letters, marks and numbers are word characters; ideographs are each a term by itself."""
+    if 0xD800 <= cp <= 0xDFFF:
+        return WORD_SEP
+    ch = chr(cp)
+    if unicodedata.category(ch)[0] not in "LNM":
+        return WORD_SEP
+    if unicodedata.name(ch, "").startswith(IDEOGRAPH_NAMES):
+        return WORD_IDEO
+    return WORD_WORD
+
+
+def class_ranges():
+    """Sorted, disjoint, inclusive (lo, hi, value) ranges; value 0 (other, separator) is left
+    out, as the lookup's default."""
+    space = {cp for lo, hi in WHITE_SPACE for cp in range(lo, hi + 1)}
+    out = []
+    for cp in range(MAX_CP + 1):
+        v = pre_class(cp, space) | word_class(cp) << 2
+        if v == 0:
+            continue
+        if out and out[-1][2] == v and out[-1][1] == cp - 1:
+            out[-1][1] = cp
+        else:
+            out.append([cp, cp, v])
+    return out
+
+
+def lower_runs():
+    """Runs (lo, hi, delta, stride) of the simple lowercase mapping (the first code point of
+    str.lower)."""
+    pairs = []
+    for cp in range(MAX_CP + 1):
+        if 0xD800 <= cp <= 0xDFFF:
+            continue
+        low = chr(cp).lower()
+        if low and ord(low[0]) != cp:
+            pairs.append((cp, ord(low[0])))
+    runs = []
+    for src, dst in pairs:
+        delta = dst - src
+        if runs:
+            s, e, d, st = runs[-1]
+            if d == delta and (st == 0 or src - e == st) and src - e in (1, 2):
+                runs[-1] = (s, src, d, src - e)
+                continue
+        runs.append((src, src, delta, 0))
+    return [(s, e, d, st or 1) for s, e, d, st in runs]
+
+
+def dense(items, width=99):
+    """C initialiser lines holding as many items as fit in `width` columns."""
+    lines, line = [], "   "
+    for item in items:
+        if len(line) + 1 + len(item) > width:
+            lines.append(line)
             line = "   "
-        line += item
-    print(line)
-    print("};")
-    print()
+        line += " " + item
+    if line.strip():
+        lines.append(line)
+    return lines
+
+
+def render():
+    check_white_space()
+    cls = class_ranges()
+    low = lower_runs()
+    out = [
+        "/* Generated by tools/gen-unicode-tables.py from Python's unicodedata",
+        f" * (Unicode {unicodedata.unidata_version}); do not edit. "
+        "Included by text/unicode.c only.",
+        " * unicode_ranges: sorted, disjoint, inclusive ranges; cls = pre-tokenizer class",
+        " * (enum UnicodeClass) | analyzer class (enum UnicodeWordClass) << 2; code points in no",
+        " * range are UNICODE_OTHER and UNICODE_SEP.",
+        " * unicode_lower_runs: every stride-th code point from lo to hi lowercases to "
+        "cp + delta. */",
+        "#ifndef DIFFRAG_TEXT_UNICODE_TABLES_H",
+        "#define DIFFRAG_TEXT_UNICODE_TABLES_H",
+        "",
+        "#include <stdint.h>",
+        "",
+        f'#define UNICODE_TABLES_VERSION "{unicodedata.unidata_version}"',
+        "",
+        "struct UnicodeRange { uint32_t lo, hi; uint8_t cls; };",
+        "struct UnicodeLowerRun { uint32_t lo, hi; int32_t delta; uint8_t stride; };",
+        "",
+        f"static const struct UnicodeRange unicode_ranges[{len(cls)}] = {{",
+    ]
+    out += dense(f"{{0x{lo:X},0x{hi:X},{v}}}," for lo, hi, v in cls)
+    out += ["};", "", f"static const struct UnicodeLowerRun unicode_lower_runs[{len(low)}] = {{"]
+    out += dense(f"{{0x{lo:X},0x{hi:X},{d},{st}}}," for lo, hi, d, st in low)
+    out += ["};", "", "#endif", ""]
+    return "\n".join(out)
 
 
 def main():
-    check_white_space()
-    letters = ranges(lambda cp: unicodedata.category(chr(cp)).startswith("L"))
-    numbers = ranges(lambda cp: unicodedata.category(chr(cp)).startswith("N"))
-    print("/* Generated by tools/gen-unicode-tables.py from Python's unicodedata")
-    print(f" * (Unicode {unicodedata.unidata_version}); do not edit.")
-    print(" * Sorted, disjoint, inclusive code-point ranges, searched by model/unicode.c. */")
-    print("#ifndef DIFFRAG_MODEL_UNICODE_TABLES_H")
-    print("#define DIFFRAG_MODEL_UNICODE_TABLES_H")
-    print()
-    print("#include <stdint.h>")
-    print()
-    print("struct UnicodeRange { uint32_t lo, hi; };")
-    print()
-    print(f'#define UNICODE_TABLES_VERSION "{unicodedata.unidata_version}"')
-    print()
-    emit("unicode_letter_ranges", letters, "General category L* (Lu Ll Lt Lm Lo)")
-    emit("unicode_number_ranges", numbers, "General category N* (Nd Nl No)")
-    emit("unicode_space_ranges", WHITE_SPACE, "White_Space property (\\s)")
-    print("#endif")
+    if unicodedata.unidata_version != PINNED_VERSION:
+        sys.exit(f"gen-unicode-tables: this Python has Unicode {unicodedata.unidata_version}; "
+                 f"the tables are pinned to {PINNED_VERSION} (terms in existing stores and the "
+                 f"tokenizer's references depend on them). Run it with a Python whose "
+                 f"unicodedata.unidata_version is {PINNED_VERSION} (Python 3.11).")
+    text = render()
+    if sys.argv[1:] == ["--check"]:
+        if not OUT.exists() or OUT.read_text() != text:
+            sys.exit(f"{OUT} differs from what tools/gen-unicode-tables.py generates")
+        return
+    if sys.argv[1:]:
+        sys.exit(__doc__)
+    OUT.write_text(text)
+    print(f"{OUT}: {text.count(chr(10))} lines", file=sys.stderr)
 
 
 if __name__ == "__main__":

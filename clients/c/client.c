@@ -2,6 +2,7 @@
  * that explains failed connections, sends that wait for a connection, receives bounded by
  * timeouts and interruptible through an eventfd, and replies matched to requests by id. */
 #include <errno.h>
+#include <netdb.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -181,6 +182,85 @@ static int set_curve(DiffragClient *c, const DiffragOptions *o, char *err, size_
     return DIFFRAG_OK;
 }
 
+#define ENDPOINT_FORMS "expected tcp://HOST:PORT, ipc://PATH or inproc://NAME"
+
+/* Is ep of a form a client connects to: tcp://HOST:PORT (with a numeric port), ipc://PATH or
+ * inproc://NAME? ZeroMQ's own refusal of "127.0.0.1:7400" says only "Invalid argument". */
+static int endpoint_form_ok(const char *ep)
+{
+    const char *rest = strstr(ep, "://");
+    if (!rest || !rest[3])
+        return 0;
+    size_t scheme = (size_t)(rest - ep);
+    rest += 3;
+    if (scheme == 3 && !strncmp(ep, "tcp", 3)) {
+        const char *colon = strrchr(rest, ':');
+        return colon && colon > rest && colon[1] &&
+               strspn(colon + 1, "0123456789") == strlen(colon + 1);
+    }
+    return (scheme == 3 && !strncmp(ep, "ipc", 3)) || (scheme == 6 && !strncmp(ep, "inproc", 6));
+}
+
+/* The host of a tcp:// endpoint ("tcp://[SOURCE;]HOST:PORT", HOST maybe in brackets) in buf;
+ * 0 when the endpoint has no host to resolve. */
+static int endpoint_host(const char *ep, char *buf, size_t len)
+{
+    if (strncmp(ep, "tcp://", 6))
+        return 0;
+    const char *h = ep + 6, *semi = strchr(h, ';');
+    if (semi)
+        h = semi + 1;
+    const char *colon = strrchr(h, ':');
+    if (!colon)
+        return 0;
+    size_t n = (size_t)(colon - h);
+    if (n >= 2 && h[0] == '[' && h[n - 1] == ']') {
+        h++;
+        n -= 2;
+    }
+    if (n == 0 || n >= len || (n == 1 && h[0] == '*'))
+        return 0;
+    memcpy(buf, h, n);
+    buf[n] = 0;
+    return 1;
+}
+
+/* Before the first connection: a host name that does not resolve fails the call at once
+ * (ZeroMQ would retry it until connect_timeout and say nothing). A temporary failure of the
+ * resolver only becomes the note of a later ECONNECT. */
+static int check_host(DiffragClient *c)
+{
+    char host[256];
+    if (c->host_ok || !endpoint_host(c->endpoint, host, sizeof host)) {
+        c->host_ok = 1;
+        return DIFFRAG_OK;
+    }
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    int e = getaddrinfo(host, NULL, &hints, &res);
+    if (res)
+        freeaddrinfo(res);
+    if (e == 0) {
+        c->host_ok = 1;
+        return DIFFRAG_OK;
+    }
+    if (e == EAI_NONAME || e == EAI_FAIL
+#ifdef EAI_NODATA
+        || e == EAI_NODATA
+#endif
+#ifdef EAI_ADDRFAMILY
+        || e == EAI_ADDRFAMILY
+#endif
+    )
+        return client_fail(c, DIFFRAG_ECONNECT, NULL, "no connection to %s: the host \"%s\" "
+                           "does not resolve (%s)", c->endpoint, host, gai_strerror(e));
+    snprintf(c->conn_note, sizeof c->conn_note, "the host \"%.64s\" does not resolve now (%s)",
+             host, gai_strerror(e));
+    return DIFFRAG_OK;
+}
+
 int diffrag_new(DiffragClient **out, const char *endpoint, const DiffragOptions *opt,
                 char *err, size_t errlen)
 {
@@ -199,6 +279,10 @@ int diffrag_new(DiffragClient **out, const char *endpoint, const DiffragOptions 
     *out = NULL;
     if (!endpoint || !*endpoint) {
         snprintf(err, errlen, "no endpoint");
+        return DIFFRAG_EINVAL;
+    }
+    if (!endpoint_form_ok(endpoint)) {
+        snprintf(err, errlen, "endpoint '%s': " ENDPOINT_FORMS, endpoint);
         return DIFFRAG_EINVAL;
     }
     if (!opt) {
@@ -282,8 +366,10 @@ int diffrag_new(DiffragClient **out, const char *endpoint, const DiffragOptions 
         goto err;
     }
     if (zmq_connect(c->sock, endpoint)) {
-        snprintf(err, errlen, "cannot connect to \"%s\": %s", endpoint, zmq_strerror(errno));
-        rc = errno == EINVAL || errno == EPROTONOSUPPORT ? DIFFRAG_EINVAL : DIFFRAG_EZMQ;
+        int e = errno;
+        rc = e == EINVAL || e == EPROTONOSUPPORT ? DIFFRAG_EINVAL : DIFFRAG_EZMQ;
+        snprintf(err, errlen, "cannot connect to \"%s\": %s%s", endpoint, zmq_strerror(e),
+                 rc == DIFFRAG_EINVAL ? " (" ENDPOINT_FORMS ")" : "");
         goto err;
     }
     *out = c;
@@ -465,6 +551,9 @@ static int took_interrupt(DiffragClient *c)
 
 int client_send(DiffragClient *c, const void *buf, size_t len)
 {
+    int rc = check_host(c);
+    if (rc)
+        return rc;
     double deadline = now_ms() + c->connect_timeout_ms;
     for (;;) {
         drain_monitor(c);

@@ -42,6 +42,7 @@ struct DiffragClient {
     struct Reply *mail_head, *mail_tail;
     /* what the monitor said about the latest connection attempt, for ECONNECT messages */
     char conn_note[160];
+    int host_ok;              /* the endpoint's host resolved once (or it has none) */
     char err[1024];
     char code[32];
 };

@@ -64,8 +64,8 @@ typedef struct DiffragClient DiffragClient;
 /* Timeouts in milliseconds; 0 (as in a zeroed struct) means the default. */
 typedef struct DiffragOptions {
     int connect_timeout_ms; /* longest wait for a connection before sending (default 5000) */
-    int timeout_ms;         /* longest wait for the reply to ping, ingest, delete, get, list,
-                             * stats and cancel (default 30000) */
+    int timeout_ms;         /* longest wait for the reply to ping, ingest, delete, drop, get,
+                             * list, stats and cancel (default 30000) */
     int query_timeout_ms;   /* longest silence during a query: before its first delta or its
                              * reply, and between deltas (default 600000: a long prompt's
                              * prefill on a CPU takes minutes) */
@@ -83,10 +83,11 @@ typedef struct DiffragOptions {
 /* Fills *o with the defaults above. */
 DIFFRAG_API void diffrag_options_init(DiffragOptions *o);
 
-/* Creates a client for endpoint (any ZeroMQ endpoint: "tcp://127.0.0.1:7400",
- * "ipc:///run/diffrag/diffragd.sock"). opt may be NULL for the defaults. Connecting is lazy:
- * an endpoint where nothing listens fails at the first call, with DIFFRAG_ECONNECT.
- * Returns DIFFRAG_OK, DIFFRAG_EINVAL (endpoint NULL or empty or not a ZeroMQ endpoint, a
+/* Creates a client for endpoint: tcp://HOST:PORT, ipc://PATH or inproc://NAME
+ * ("tcp://127.0.0.1:7400", "ipc:///run/diffrag/diffragd.sock"). opt may be NULL for the
+ * defaults. Connecting is lazy: an endpoint where nothing listens, or whose host does not
+ * resolve, fails at the first call, with DIFFRAG_ECONNECT.
+ * Returns DIFFRAG_OK, DIFFRAG_EINVAL (endpoint NULL or empty or not of the forms above, a
  * malformed key, a negative timeout), DIFFRAG_ENOMEM or DIFFRAG_EZMQ, with a message in err
  * (errlen bytes, may be 0). */
 DIFFRAG_API int diffrag_new(DiffragClient **out, const char *endpoint, const DiffragOptions *opt,
@@ -256,6 +257,17 @@ typedef struct DiffragDeleteResult {
 DIFFRAG_API int diffrag_delete(DiffragClient *c, const char *collection, const char *const *ids,
                                size_t n_ids, DiffragDeleteResult **out);
 DIFFRAG_API void diffrag_delete_result_free(DiffragDeleteResult **r);
+
+typedef struct DiffragDropResult {
+    char *collection;
+    int64_t dropped;    /* documents the collection held */
+    char *json;
+} DiffragDropResult;
+
+/* Removes collection with every document in it; the reply comes after the durable commit.
+ * There is no undo. DIFFRAG_ESERVER "not_found": no such collection. */
+DIFFRAG_API int diffrag_drop(DiffragClient *c, const char *collection, DiffragDropResult **out);
+DIFFRAG_API void diffrag_drop_result_free(DiffragDropResult **r);
 
 typedef struct DiffragDocument {
     char *id;

@@ -1,7 +1,10 @@
-/* The operations of docs/protocol.md: each packs its request map, runs the exchange through
- * client.c and decodes the final reply into the plain result structs of diffrag.h (and frees
- * them). query also handles streaming, delta callbacks and cancellation. */
+/* The operations of docs/protocol.md, one descriptor each: which request fields are packed from
+ * the caller's arguments, which reply fields are decoded into the result structs of diffrag.h
+ * (and freed from them). The runner (op_run.c) does validate -> pack -> call -> decode for every op but
+ * query, which streams, cancels, and uses the same descriptors around its own exchange. */
 #include <math.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,299 +12,139 @@
 
 #include "clients/c/client_internal.h"
 #include "clients/c/json.h"
+#include "clients/c/op_desc.h"
 
-#define META_MAX_DEPTH 16 /* the daemon's default max_depth: deeper meta would be refused */
 
-struct Req {
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
-    int fail;                   /* a packing call ran out of memory */
-    char id[CLIENT_ID_MAX + 1];
+static const struct ResultType PONG_TYPE = {
+    .size = sizeof(DiffragPong), .json_off = offsetof(DiffragPong, json),
+    .strs = { offsetof(DiffragPong, version), offsetof(DiffragPong, model) }, .n_strs = 2,
+};
+static const struct RepField PING_REP[] = {
+    { "pong", REP_TRUE, 1, 0, 0, 0, 0, 0 },
+    REP(DiffragPong, "version", REP_STR, 0, version),
+    REP(DiffragPong, "model", REP_STR, 0, model),
+    REP(DiffragPong, NULL, REP_CALL_MS, 0, rtt_ms),
+};
+static const struct OpDesc OP_PING = {
+    .op = "ping", .type = &PONG_TYPE, .rep = PING_REP, .n_rep = COUNT(PING_REP),
 };
 
-static void pstr(struct Req *q, const char *s, size_t n)
-{
-    q->fail |= msgpack_pack_str_with_body(&q->pk, s, n);
-}
+/* cancel: the acknowledgement's state, copied into the caller's buffer */
 
-static void pkey(struct Req *q, const char *key)
-{
-    pstr(q, key, strlen(key));
-}
+struct CancelArgs {
+    const char *target;
+};
+struct CancelResult {
+    char *state;
+};
 
-static void pkv_str(struct Req *q, const char *key, const char *val)
+static int check_cancel(DiffragClient *c, const void *args)
 {
-    pkey(q, key);
-    pstr(q, val, strlen(val));
-}
-
-static void pkv_int(struct Req *q, const char *key, int64_t v)
-{
-    pkey(q, key);
-    q->fail |= msgpack_pack_int64(&q->pk, v);
-}
-
-/* Starts a request map of n_fields besides v, op and id. */
-static void req_begin(struct Req *q, DiffragClient *c, const char *op, uint32_t n_fields,
-                      const char *id)
-{
-    msgpack_sbuffer_init(&q->sb);
-    msgpack_packer_init(&q->pk, &q->sb, msgpack_sbuffer_write);
-    q->fail = 0;
-    if (id)
-        snprintf(q->id, sizeof q->id, "%s", id);
-    else
-        client_next_id(c, q->id, sizeof q->id);
-    q->fail |= msgpack_pack_map(&q->pk, n_fields + 3);
-    pkv_int(q, "v", DIFFRAG_PROTOCOL_VERSION);
-    pkv_str(q, "op", op);
-    pkv_str(q, "id", q->id);
-}
-
-static void req_free(struct Req *q)
-{
-    msgpack_sbuffer_destroy(&q->sb);
-}
-
-static int req_oom(DiffragClient *c, struct Req *q)
-{
-    req_free(q);
-    return client_fail(c, DIFFRAG_ENOMEM, NULL, "out of memory");
-}
-
-static int bad_arg(DiffragClient *c, const char *what)
-{
-    return client_fail(c, DIFFRAG_EINVAL, NULL, "%s", what);
-}
-
-static int decoded(DiffragClient *c, struct Dec *d)
-{
-    if (d->failed == DIFFRAG_ENOMEM)
-        return client_fail(c, DIFFRAG_ENOMEM, NULL, "out of memory");
-    return client_fail(c, DIFFRAG_EPROTOCOL, NULL, "malformed reply from %s: %s", c->endpoint,
-                       d->err);
-}
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-/* ---- ping ---- */
-
-void diffrag_pong_free(DiffragPong **pp)
-{
-    DiffragPong *p = pp ? *pp : NULL;
-    if (!p)
-        return;
-    free(p->version);
-    free(p->model);
-    free(p->json);
-    free(p);
-    *pp = NULL;
-}
-
-int diffrag_ping(DiffragClient *c, DiffragPong **out)
-{
-    if (!c || !out)
-        return DIFFRAG_EINVAL;
-    *out = NULL;
-    client_begin(c);
-    struct Req q;
-    struct Reply *r;
-    req_begin(&q, c, "ping", 0, NULL);
-    if (q.fail)
-        return req_oom(c, &q);
-    double t0 = now_ms();
-    int rc = client_call(c, q.id, &q.sb, c->timeout_ms, &r);
-    double rtt = now_ms() - t0;
-    req_free(&q);
-    if (rc)
-        return rc;
-    struct Dec d = { 0 };
-    DiffragPong *p = calloc(1, sizeof *p);
-    if (!p) {
-        dec_oom(&d);
-    } else {
-        if (!dec_bool(&d, r->map, "pong", 1))
-            dec_bad(&d, "pong", "expected true");
-        p->version = dec_str(&d, r->map, "version", 0, NULL);
-        p->model = dec_str(&d, r->map, "model", 0, NULL);
-        p->json = dec_json(&d, r->map);
-        p->rtt_ms = rtt;
-    }
-    reply_free(&r);
-    if (d.failed) {
-        diffrag_pong_free(&p);
-        return decoded(c, &d);
-    }
-    *out = p;
+    const struct CancelArgs *a = args;
+    if (!a->target || !*a->target)
+        return op_bad_arg(c, "cancel needs the id of the query to stop");
     return DIFFRAG_OK;
 }
 
-/* ---- query ---- */
+static const struct ResultType CANCEL_TYPE = {
+    .size = sizeof(struct CancelResult), .json_off = NO_JSON,
+    .strs = { offsetof(struct CancelResult, state) }, .n_strs = 1,
+};
+static const struct ReqField CANCEL_REQ[] = { REQ(struct CancelArgs, "target", REQ_STR, target) };
+static const struct RepField CANCEL_REP[] = {
+    REP(struct CancelResult, "state", REP_STR, 1, state),
+};
+static const struct OpDesc OP_CANCEL = {
+    .op = "cancel", .nested = 1, .check = check_cancel, .type = &CANCEL_TYPE,
+    OP_TABLES(CANCEL_REQ, CANCEL_REP),
+};
 
-void diffrag_answer_free(DiffragAnswer **pa)
+/* query */
+
+struct QueryArgs {
+    DiffragQuery q;
+    int stream;
+};
+
+static int check_query(DiffragClient *c, const void *args)
 {
-    DiffragAnswer *a = pa ? *pa : NULL;
-    if (!a)
-        return;
-    free(a->id);
-    free(a->answer);
-    free(a->finish_reason);
+    const DiffragQuery *qq = &((const struct QueryArgs *)args)->q;
+    if (!qq->question || !*qq->question)
+        return op_bad_arg(c, "a query needs a question");
+    if (!qq->collection && !qq->n_docs)
+        return op_bad_arg(c, "a query needs documents (docs) or a collection, or both");
+    if (qq->n_docs && !qq->docs)
+        return op_bad_arg(c, "docs is NULL");
+    if (op_check_docs(c, qq->docs, qq->n_docs, 0) ||
+        op_check_strings(c, "doc_ids", qq->doc_ids, qq->n_doc_ids) ||
+        op_check_strings(c, "stop", qq->stop, qq->n_stop))
+        return DIFFRAG_EINVAL;
+    if (qq->id && (!*qq->id || strlen(qq->id) > CLIENT_ID_MAX))
+        return op_bad_arg(c, "a query id has 1 to 256 bytes");
+    return DIFFRAG_OK;
+}
+
+static void answer_free_more(void *res)
+{
+    DiffragAnswer *a = res;
     for (size_t i = 0; i < a->n_citations; i++)
         free(a->citations[i].doc_id);
     free(a->citations);
-    free(a->grounding.detector);
-    free(a->json);
-    free(a);
-    *pa = NULL;
 }
 
-static void pack_docs(struct Req *q, const DiffragDoc *docs, size_t n, int with_meta,
-                      char *err, size_t errlen, int *bad)
-{
-    q->fail |= msgpack_pack_array(&q->pk, (uint32_t)n);
-    for (size_t i = 0; i < n && !*bad && !q->fail; i++) {
-        const DiffragDoc *d = &docs[i];
-        uint32_t nf = 1 + (d->id != NULL) + (d->title != NULL) + (with_meta && d->meta_json);
-        q->fail |= msgpack_pack_map(&q->pk, nf);
-        pkey(q, "text");
-        pstr(q, d->text, d->text_len ? d->text_len : strlen(d->text));
-        if (d->id)
-            pkv_str(q, "id", d->id);
-        if (d->title)
-            pkv_str(q, "title", d->title);
-        if (with_meta && d->meta_json) {
-            char why[200];
-            pkey(q, "meta");
-            int rc = json_to_msgpack(d->meta_json, strlen(d->meta_json), &q->pk, META_MAX_DEPTH,
-                                     why, sizeof why);
-            if (rc == -2)
-                q->fail = 1;
-            else if (rc) {
-                snprintf(err, errlen, "docs[%zu].meta_json: %s", i, why);
-                *bad = 1;
-            } else {
-                const char *s = d->meta_json;
-                while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')
-                    s++;
-                if (*s != '{') {
-                    snprintf(err, errlen, "docs[%zu].meta_json: not a JSON object", i);
-                    *bad = 1;
-                }
-            }
-        }
-    }
-}
+static const struct ResultType ANSWER_TYPE = {
+    .size = sizeof(DiffragAnswer), .json_off = offsetof(DiffragAnswer, json),
+    .strs = { offsetof(DiffragAnswer, id), offsetof(DiffragAnswer, answer),
+              offsetof(DiffragAnswer, finish_reason), offsetof(DiffragAnswer, grounding.detector) },
+    .n_strs = 4, .free_more = answer_free_more,
+};
 
-static void pack_strings(struct Req *q, const char *key, const char *const *v, size_t n)
-{
-    pkey(q, key);
-    q->fail |= msgpack_pack_array(&q->pk, (uint32_t)n);
-    for (size_t i = 0; i < n; i++)
-        pstr(q, v[i], strlen(v[i]));
-}
+#define QA struct QueryArgs
+static const struct ReqField QUERY_REQ[] = {
+    REQ(QA, "question", REQ_STR, q.question),
+    REQ_N(QA, "docs", REQ_DOCS, q.docs, q.n_docs),
+    REQ(QA, "collection", REQ_STR_OPT, q.collection),
+    REQ_N(QA, "ids", REQ_STRS, q.doc_ids, q.n_doc_ids),
+    REQ(QA, "top_k", REQ_INT_OPT, q.top_k),
+    REQ(QA, "max_context_tokens", REQ_INT_OPT, q.max_context_tokens),
+    REQ(QA, "max_tokens", REQ_INT_OPT, q.max_tokens),
+    REQ(QA, "temperature", REQ_NUM_OPT, q.temperature),
+    REQ(QA, "top_p", REQ_NUM_OPT, q.top_p),
+    REQ(QA, "seed", REQ_U64_OPT, q.seed),
+    REQ_N(QA, "stop", REQ_STRS, q.stop, q.n_stop),
+    REQ(QA, "stream", REQ_TRUE_OPT, stream),
+    REQ(QA, "deadline_ms", REQ_INT_OPT, q.deadline_ms),
+};
+#undef QA
 
-static int check_docs(DiffragClient *c, const DiffragDoc *docs, size_t n, int need_ids)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (!docs[i].text)
-            return client_fail(c, DIFFRAG_EINVAL, NULL, "docs[%zu] has no text", i);
-        if (need_ids && !docs[i].id)
-            return client_fail(c, DIFFRAG_EINVAL, NULL, "docs[%zu] has no id", i);
-    }
-    return DIFFRAG_OK;
-}
-
-static int check_strings(DiffragClient *c, const char *what, const char *const *v, size_t n)
-{
-    if (n && !v)
-        return client_fail(c, DIFFRAG_EINVAL, NULL, "%s is NULL", what);
-    for (size_t i = 0; i < n; i++)
-        if (!v[i])
-            return client_fail(c, DIFFRAG_EINVAL, NULL, "%s[%zu] is NULL", what, i);
-    return DIFFRAG_OK;
-}
-
-static int pack_query(DiffragClient *c, const DiffragQuery *qq, int stream, struct Req *q)
-{
-    uint32_t n = 1 + (qq->n_docs > 0) + (qq->collection != NULL) + (qq->n_doc_ids > 0) +
-                 (qq->top_k != 0) + (qq->max_context_tokens != 0) + (qq->max_tokens != 0) +
-                 (qq->temperature != 0) + (qq->top_p != 0) + (qq->seed != 0) +
-                 (qq->n_stop > 0) + (stream != 0) + (qq->deadline_ms != 0);
-    req_begin(q, c, "query", n, qq->id);
-    pkv_str(q, "question", qq->question);
-    int bad = 0;
-    if (qq->n_docs) {
-        pkey(q, "docs");
-        pack_docs(q, qq->docs, qq->n_docs, 0, c->err, sizeof c->err, &bad);
-    }
-    if (qq->collection)
-        pkv_str(q, "collection", qq->collection);
-    if (qq->n_doc_ids)
-        pack_strings(q, "ids", qq->doc_ids, qq->n_doc_ids);
-    if (qq->top_k)
-        pkv_int(q, "top_k", qq->top_k);
-    if (qq->max_context_tokens)
-        pkv_int(q, "max_context_tokens", qq->max_context_tokens);
-    if (qq->max_tokens)
-        pkv_int(q, "max_tokens", qq->max_tokens);
-    if (qq->temperature != 0) {
-        pkey(q, "temperature");
-        q->fail |= msgpack_pack_double(&q->pk, qq->temperature);
-    }
-    if (qq->top_p != 0) {
-        pkey(q, "top_p");
-        q->fail |= msgpack_pack_double(&q->pk, qq->top_p);
-    }
-    if (qq->seed) {
-        pkey(q, "seed");
-        q->fail |= msgpack_pack_uint64(&q->pk, qq->seed);
-    }
-    if (qq->n_stop)
-        pack_strings(q, "stop", qq->stop, qq->n_stop);
-    if (stream) {
-        pkey(q, "stream");
-        q->fail |= msgpack_pack_true(&q->pk);
-    }
-    if (qq->deadline_ms)
-        pkv_int(q, "deadline_ms", qq->deadline_ms);
-    if (q->fail)
-        return req_oom(c, q);
-    if (bad) {
-        req_free(q);
-        snprintf(c->code, sizeof c->code, "invalid");
-        return DIFFRAG_EINVAL;
-    }
-    return DIFFRAG_OK;
-}
-
-static void decode_citation(struct Dec *d, const msgpack_object *o, size_t i, DiffragCitation *ct)
-{
-    char ctx[40];
-    snprintf(ctx, sizeof ctx, "citations[%zu]", i);
-    const char *saved = d->ctx;
-    d->ctx = ctx;
-    if (o->type != MSGPACK_OBJECT_MAP)
-        dec_bad(d, NULL, "expected a map");
-    ct->doc_id = dec_str(d, o, "doc_id", 1, NULL);
-    ct->chunk = dec_int(d, o, "chunk", 1);
-    ct->score = dec_num(d, o, "score", 1);
-    const msgpack_object *off = dec_type(d, o, "offsets", MSGPACK_OBJECT_ARRAY, 1);
-    if (off && off->via.array.size != 2)
-        dec_bad(d, "offsets", "expected [start, end]");
-    else if (off) {
-        ct->start = dec_as_int(d, &off->via.array.ptr[0], "offsets[0]");
-        ct->end = dec_as_int(d, &off->via.array.ptr[1], "offsets[1]");
-    }
-    ct->marker = dec_int(d, o, "marker", 0);
-    ct->cited = dec_bool(d, o, "cited", 0);
-    ct->truncated = dec_bool(d, o, "truncated", 0);
-    d->ctx = saved;
-}
+static const struct RepField CITATION_REP[] = {
+    REP(DiffragCitation, "doc_id", REP_STR, 1, doc_id),
+    REP(DiffragCitation, "chunk", REP_INT, 1, chunk),
+    REP(DiffragCitation, "score", REP_NUM, 1, score),
+    REP2(DiffragCitation, "offsets", REP_INT_PAIR, 1, start, end),
+    REP(DiffragCitation, "marker", REP_INT, 0, marker),
+    REP(DiffragCitation, "cited", REP_BOOL, 0, cited),
+    REP(DiffragCitation, "truncated", REP_BOOL, 0, truncated),
+};
+static const struct RepField QUERY_REP[] = {
+    REP2(DiffragAnswer, "answer", REP_STR_LEN, 1, answer, answer_len),
+    REP(DiffragAnswer, "finish_reason", REP_STR, 1, finish_reason),
+    REP_ARRAY(DiffragAnswer, "citations", 1, citations, n_citations, DiffragCitation,
+              CITATION_REP),
+    REP_MAP("usage", 1),
+    REP(DiffragAnswer, "prompt_tokens", REP_INT, 1, prompt_tokens),
+    REP(DiffragAnswer, "context_tokens", REP_INT, 0, context_tokens),
+    REP(DiffragAnswer, "completion_tokens", REP_INT, 1, completion_tokens),
+    REP_END_MAP,
+    REP_MAP("timings", 0),
+    REP(DiffragAnswer, "queue_ms", REP_NUM, 0, queue_ms),
+    REP(DiffragAnswer, "retrieve_ms", REP_NUM, 0, retrieve_ms),
+    REP(DiffragAnswer, "prefill_ms", REP_NUM, 0, prefill_ms),
+    REP(DiffragAnswer, "ttft_ms", REP_NUM, 0, ttft_ms),
+    REP(DiffragAnswer, "decode_ms", REP_NUM, 0, decode_ms),
+    REP(DiffragAnswer, "total_ms", REP_NUM, 0, total_ms),
+    REP_END_MAP,
+};
 
 /* A number, or `absent` when the key is missing, nil or of another type. */
 static double opt_num(const msgpack_object *map, const char *key, double absent)
@@ -324,44 +167,12 @@ static int opt_bool(const msgpack_object *map, const char *key)
     return o && o->type == MSGPACK_OBJECT_BOOLEAN && o->via.boolean;
 }
 
-static DiffragAnswer *decode_answer(struct Dec *d, const struct Reply *r, const char *id)
+/* grounding, read leniently */
+static void decode_answer(struct Dec *d, const msgpack_object *map, const void *args, void *res)
 {
-    DiffragAnswer *a = calloc(1, sizeof *a);
-    if (!a) {
-        dec_oom(d);
-        return NULL;
-    }
-    a->id = dec_strdup(d, id, strlen(id));
-    a->answer = dec_str(d, r->map, "answer", 1, &a->answer_len);
-    a->finish_reason = dec_str(d, r->map, "finish_reason", 1, NULL);
-    const msgpack_object *cites = dec_type(d, r->map, "citations", MSGPACK_OBJECT_ARRAY, 1);
-    if (cites && cites->via.array.size) {
-        a->citations = calloc(cites->via.array.size, sizeof *a->citations);
-        if (!a->citations)
-            dec_oom(d);
-        for (uint32_t i = 0; a->citations && i < cites->via.array.size && !d->failed; i++) {
-            decode_citation(d, &cites->via.array.ptr[i], i, &a->citations[i]);
-            a->n_citations = i + 1;
-        }
-    }
-    const msgpack_object *usage = dec_type(d, r->map, "usage", MSGPACK_OBJECT_MAP, 1);
-    d->ctx = "usage";
-    a->prompt_tokens = dec_int(d, usage, "prompt_tokens", 1);
-    a->context_tokens = dec_int(d, usage, "context_tokens", 0);
-    a->completion_tokens = dec_int(d, usage, "completion_tokens", 1);
-    d->ctx = NULL;
-    const msgpack_object *t = dec_type(d, r->map, "timings", MSGPACK_OBJECT_MAP, 0);
-    if (t) {
-        d->ctx = "timings";
-        a->queue_ms = dec_num(d, t, "queue_ms", 0);
-        a->retrieve_ms = dec_num(d, t, "retrieve_ms", 0);
-        a->prefill_ms = dec_num(d, t, "prefill_ms", 0);
-        a->ttft_ms = dec_num(d, t, "ttft_ms", 0);
-        a->decode_ms = dec_num(d, t, "decode_ms", 0);
-        a->total_ms = dec_num(d, t, "total_ms", 0);
-        d->ctx = NULL;
-    }
-    const msgpack_object *g = mpo_get(r->map, "grounding");
+    DiffragAnswer *a = res;
+    (void)args;
+    const msgpack_object *g = mpo_get(map, "grounding");
     if (g && g->type == MSGPACK_OBJECT_MAP && !d->failed) {
         /* informational and still evolving: a field of another type is skipped, never a
          * reason to lose the answer (json keeps everything) */
@@ -380,8 +191,389 @@ static DiffragAnswer *decode_answer(struct Dec *d, const struct Reply *r, const 
         if (det && det->type == MSGPACK_OBJECT_STR)
             gr->detector = dec_strdup(d, det->via.str.ptr, det->via.str.size);
     }
-    a->json = dec_json(d, r->map);
-    return a;
+}
+
+static const struct OpDesc OP_QUERY = {
+    .op = "query", .check = check_query, .type = &ANSWER_TYPE, .decode = decode_answer,
+    OP_TABLES(QUERY_REQ, QUERY_REP),
+};
+
+/* ingest */
+
+struct IngestArgs {
+    const char *collection;
+    const DiffragDoc *docs;
+    size_t n_docs;
+};
+
+static int check_ingest(DiffragClient *c, const void *args)
+{
+    const struct IngestArgs *a = args;
+    if (op_check_collection(c, a->collection))
+        return DIFFRAG_EINVAL;
+    if (!a->n_docs || !a->docs)
+        return op_bad_arg(c, "ingest needs at least one document");
+    return op_check_docs(c, a->docs, a->n_docs, 1);
+}
+
+static const struct ResultType INGEST_TYPE = {
+    .size = sizeof(DiffragIngestResult), .json_off = offsetof(DiffragIngestResult, json),
+    .strs = { offsetof(DiffragIngestResult, collection) }, .n_strs = 1,
+};
+static const struct ReqField INGEST_REQ[] = {
+    REQ(struct IngestArgs, "collection", REQ_STR, collection),
+    REQ_N(struct IngestArgs, "docs", REQ_DOCS_META, docs, n_docs),
+};
+static const struct RepField INGEST_REP[] = {
+    REP(DiffragIngestResult, "collection", REP_STR, 0, collection),
+    REP(DiffragIngestResult, "ingested", REP_INT, 1, ingested),
+    REP(DiffragIngestResult, "bytes", REP_INT, 0, bytes),
+    REP(DiffragIngestResult, "docs", REP_INT, 1, docs),
+    REP(DiffragIngestResult, "chunks", REP_INT, 1, chunks),
+};
+static const struct OpDesc OP_INGEST = {
+    .op = "ingest", .check = check_ingest, .type = &INGEST_TYPE,
+    OP_TABLES(INGEST_REQ, INGEST_REP),
+};
+
+/* delete */
+
+struct DeleteArgs {
+    const char *collection;
+    const char *const *ids;
+    size_t n_ids;
+};
+
+static int check_delete(DiffragClient *c, const void *args)
+{
+    const struct DeleteArgs *a = args;
+    if (op_check_collection(c, a->collection))
+        return DIFFRAG_EINVAL;
+    if (!a->n_ids)
+        return op_bad_arg(c, "delete needs at least one id");
+    return op_check_strings(c, "ids", a->ids, a->n_ids);
+}
+
+static const struct ResultType DELETE_TYPE = {
+    .size = sizeof(DiffragDeleteResult), .json_off = offsetof(DiffragDeleteResult, json),
+};
+static const struct ReqField DELETE_REQ[] = {
+    REQ(struct DeleteArgs, "collection", REQ_STR, collection),
+    REQ_N(struct DeleteArgs, "ids", REQ_STRS, ids, n_ids),
+};
+static const struct RepField DELETE_REP[] = {
+    REP(DiffragDeleteResult, "deleted", REP_INT, 1, deleted),
+    REP(DiffragDeleteResult, "docs", REP_INT, 0, docs),
+    REP(DiffragDeleteResult, "chunks", REP_INT, 0, chunks),
+};
+static const struct OpDesc OP_DELETE = {
+    .op = "delete", .check = check_delete, .type = &DELETE_TYPE,
+    OP_TABLES(DELETE_REQ, DELETE_REP),
+};
+
+/* drop */
+
+struct CollectionArgs {
+    const char *collection;
+};
+
+static int check_drop(DiffragClient *c, const void *args)
+{
+    return op_check_collection(c, ((const struct CollectionArgs *)args)->collection);
+}
+
+/* A reply without "collection" names the one asked about. */
+static void decode_drop(struct Dec *d, const msgpack_object *map, const void *args, void *res)
+{
+    DiffragDropResult *r = res;
+    const char *name = ((const struct CollectionArgs *)args)->collection;
+    (void)map;
+    if (!r->collection && !d->failed)
+        r->collection = dec_strdup(d, name, strlen(name));
+}
+
+static const struct ResultType DROP_TYPE = {
+    .size = sizeof(DiffragDropResult), .json_off = offsetof(DiffragDropResult, json),
+    .strs = { offsetof(DiffragDropResult, collection) }, .n_strs = 1,
+};
+static const struct ReqField DROP_REQ[] = {
+    REQ(struct CollectionArgs, "collection", REQ_STR, collection),
+};
+static const struct RepField DROP_REP[] = {
+    REP(DiffragDropResult, "collection", REP_STR, 0, collection),
+    REP(DiffragDropResult, "dropped", REP_INT, 1, dropped),
+};
+static const struct OpDesc OP_DROP = {
+    .op = "drop", .check = check_drop, .type = &DROP_TYPE, .decode = decode_drop,
+    OP_TABLES(DROP_REQ, DROP_REP),
+};
+
+/* get */
+
+struct GetArgs {
+    const char *collection;
+    const char *doc_id;
+};
+
+static int check_get(DiffragClient *c, const void *args)
+{
+    const struct GetArgs *a = args;
+    if (op_check_collection(c, a->collection))
+        return DIFFRAG_EINVAL;
+    if (!a->doc_id || !*a->doc_id)
+        return op_bad_arg(c, "get needs a document id");
+    return DIFFRAG_OK;
+}
+
+/* A document without a title has "" as its title. */
+static void decode_document(struct Dec *d, const msgpack_object *map, const void *args, void *res)
+{
+    DiffragDocument *doc = res;
+    (void)map, (void)args;
+    if (!doc->title && !d->failed)
+        doc->title = dec_strdup(d, "", 0);
+}
+
+static const struct ResultType DOCUMENT_TYPE = {
+    .size = sizeof(DiffragDocument), .json_off = offsetof(DiffragDocument, json),
+    .strs = { offsetof(DiffragDocument, id), offsetof(DiffragDocument, title),
+              offsetof(DiffragDocument, text), offsetof(DiffragDocument, meta_json) },
+    .n_strs = 4,
+};
+static const struct ReqField GET_REQ[] = {
+    REQ(struct GetArgs, "collection", REQ_STR, collection),
+    REQ(struct GetArgs, "doc_id", REQ_STR, doc_id),
+};
+static const struct RepField GET_REP[] = {
+    REP_MAP("doc", 1),
+    REP(DiffragDocument, "id", REP_STR, 1, id),
+    REP(DiffragDocument, "title", REP_STR, 0, title),
+    REP2(DiffragDocument, "text", REP_STR_LEN, 1, text, text_len),
+    REP(DiffragDocument, "chunks", REP_INT, 0, chunks),
+    REP(DiffragDocument, "meta", REP_JSON_MAP, 0, meta_json),
+    REP_END_MAP,
+};
+static const struct OpDesc OP_GET = {
+    .op = "get", .check = check_get, .type = &DOCUMENT_TYPE, .decode = decode_document,
+    OP_TABLES(GET_REQ, GET_REP),
+};
+
+/* list */
+
+struct ListArgs {
+    const char *collection;
+    const char *after;
+    int limit;
+};
+
+static int check_list(DiffragClient *c, const void *args)
+{
+    const struct ListArgs *a = args;
+    if (a->collection && !*a->collection)
+        return op_bad_arg(c, "empty collection name");
+    if (!a->collection && (a->after || a->limit))
+        return op_bad_arg(c, "after and limit page through a collection's documents");
+    return DIFFRAG_OK;
+}
+
+static void list_free_more(void *res)
+{
+    DiffragList *l = res;
+    for (size_t i = 0; i < l->n_collections; i++)
+        free(l->collections[i]);
+    free(l->collections);
+    for (size_t i = 0; i < l->n_docs; i++) {
+        free(l->docs[i].id);
+        free(l->docs[i].title);
+    }
+    free(l->docs);
+}
+
+static const struct RepField DOC_INFO_REP[] = {
+    REP(DiffragDocInfo, "id", REP_STR, 1, id),
+    REP(DiffragDocInfo, "title", REP_STR, 0, title),
+    REP(DiffragDocInfo, "bytes", REP_INT, 0, bytes),
+    REP(DiffragDocInfo, "chunks", REP_INT, 0, chunks),
+};
+static const struct RepField LIST_NAMES_REP[] = {
+    REP2(DiffragList, "collections", REP_STRS, 1, collections, n_collections),
+};
+static const struct RepField LIST_DOCS_REP[] = {
+    REP_ARRAY(DiffragList, "docs", 1, docs, n_docs, DiffragDocInfo, DOC_INFO_REP),
+    REP(DiffragList, "next", REP_STR_NIL, 0, next),
+};
+
+static const struct ResultType LIST_TYPE = {
+    .size = sizeof(DiffragList), .json_off = offsetof(DiffragList, json),
+    .strs = { offsetof(DiffragList, next) }, .n_strs = 1, .free_more = list_free_more,
+};
+static const struct ReqField LIST_REQ[] = {
+    REQ(struct ListArgs, "collection", REQ_STR_OPT, collection),
+    REQ(struct ListArgs, "after", REQ_STR_OPT, after),
+    REQ(struct ListArgs, "limit", REQ_INT_OPT, limit),
+};
+/* without a collection: its names; with one: a page of its documents */
+static const struct OpDesc OP_LIST_NAMES = {
+    .op = "list", .check = check_list, .type = &LIST_TYPE, OP_TABLES(LIST_REQ, LIST_NAMES_REP),
+};
+static const struct OpDesc OP_LIST_DOCS = {
+    .op = "list", .check = check_list, .type = &LIST_TYPE, OP_TABLES(LIST_REQ, LIST_DOCS_REP),
+};
+
+/* stats: of a collection, or of the daemon */
+
+static int check_stats(DiffragClient *c, const void *args)
+{
+    const char *collection = ((const struct CollectionArgs *)args)->collection;
+    if (collection && !*collection)
+        return op_bad_arg(c, "empty collection name");
+    return DIFFRAG_OK;
+}
+
+static const struct ResultType STATS_TYPE = {
+    .size = sizeof(DiffragStats), .json_off = offsetof(DiffragStats, json),
+    .strs = { offsetof(DiffragStats, collection), offsetof(DiffragStats, version),
+              offsetof(DiffragStats, model) }, .n_strs = 3,
+};
+static const struct ReqField STATS_REQ[] = {
+    REQ(struct CollectionArgs, "collection", REQ_STR_OPT, collection),
+};
+static const struct RepField STATS_COLLECTION_REP[] = {
+    REP(DiffragStats, "collection", REP_STR, 0, collection),
+    REP(DiffragStats, "docs", REP_INT, 1, docs),
+    REP(DiffragStats, "chunks", REP_INT, 1, chunks),
+    REP(DiffragStats, "terms", REP_INT, 0, terms),
+    REP(DiffragStats, "text_bytes", REP_INT, 0, text_bytes),
+    REP(DiffragStats, "avg_chunk_terms", REP_NUM, 0, avg_chunk_terms),
+    REP(DiffragStats, "chunk_tokens", REP_INT, 0, chunk_tokens),
+};
+static const struct RepField STATS_DAEMON_REP[] = {
+    REP(DiffragStats, "version", REP_STR, 1, version),
+    REP(DiffragStats, "model", REP_STR, 0, model),
+    REP(DiffragStats, "uptime_s", REP_NUM, 0, uptime_s),
+    REP_MAP("workers", 0),
+    REP(DiffragStats, "idle", REP_INT, 0, workers_idle),
+    REP(DiffragStats, "busy", REP_INT, 0, workers_busy),
+    REP_END_MAP,
+    REP(DiffragStats, "queue_depth", REP_INT, 0, queue_depth),
+    REP(DiffragStats, "inflight", REP_INT, 0, inflight),
+    REP(DiffragStats, "kv_cache_bytes", REP_INT, 0, kv_cache_bytes),
+    REP(DiffragStats, "draining", REP_BOOL, 0, draining),
+};
+
+/* A reply without "collection" names the one asked about. */
+static void decode_collection_stats(struct Dec *d, const msgpack_object *map, const void *args,
+                                    void *res)
+{
+    DiffragStats *s = res;
+    const char *name = ((const struct CollectionArgs *)args)->collection;
+    (void)map;
+    if (!s->collection && !d->failed)
+        s->collection = dec_strdup(d, name, strlen(name));
+}
+
+static const struct OpDesc OP_STATS_COLLECTION = {
+    .op = "stats", .check = check_stats, .type = &STATS_TYPE, .decode = decode_collection_stats,
+    OP_TABLES(STATS_REQ, STATS_COLLECTION_REP),
+};
+static const struct OpDesc OP_STATS_DAEMON = {
+    .op = "stats", .check = check_stats, .type = &STATS_TYPE,
+    OP_TABLES(STATS_REQ, STATS_DAEMON_REP),
+};
+
+/* ---- the public calls ---- */
+
+/* Runs op and hands its result to the caller's typed pointer. */
+#define RUN(c, op, args, out)                             \
+    do {                                                  \
+        if (!(c) || !(out))                               \
+            return DIFFRAG_EINVAL;                        \
+        void *res_;                                       \
+        int rc_ = op_run((c), (op), (args), &res_);       \
+        *(out) = res_;                                    \
+        return rc_;                                       \
+    } while (0)
+
+/* The free function of a result type: frees *p and sets it to NULL. */
+#define DEFINE_FREE(name, T, type)   \
+    void name(T **p)                 \
+    {                                \
+        if (!p)                      \
+            return;                  \
+        op_result_free(&(type), *p);    \
+        *p = NULL;                   \
+    }
+
+DEFINE_FREE(diffrag_pong_free, DiffragPong, PONG_TYPE)
+DEFINE_FREE(diffrag_answer_free, DiffragAnswer, ANSWER_TYPE)
+DEFINE_FREE(diffrag_ingest_result_free, DiffragIngestResult, INGEST_TYPE)
+DEFINE_FREE(diffrag_delete_result_free, DiffragDeleteResult, DELETE_TYPE)
+DEFINE_FREE(diffrag_drop_result_free, DiffragDropResult, DROP_TYPE)
+DEFINE_FREE(diffrag_document_free, DiffragDocument, DOCUMENT_TYPE)
+DEFINE_FREE(diffrag_list_free, DiffragList, LIST_TYPE)
+DEFINE_FREE(diffrag_stats_free, DiffragStats, STATS_TYPE)
+
+int diffrag_ping(DiffragClient *c, DiffragPong **out)
+{
+    RUN(c, &OP_PING, NULL, out);
+}
+
+int diffrag_ingest(DiffragClient *c, const char *collection, const DiffragDoc *docs,
+                   size_t n_docs, DiffragIngestResult **out)
+{
+    struct IngestArgs a = { collection, docs, n_docs };
+    RUN(c, &OP_INGEST, &a, out);
+}
+
+int diffrag_delete(DiffragClient *c, const char *collection, const char *const *ids, size_t n_ids,
+                   DiffragDeleteResult **out)
+{
+    struct DeleteArgs a = { collection, ids, n_ids };
+    RUN(c, &OP_DELETE, &a, out);
+}
+
+int diffrag_drop(DiffragClient *c, const char *collection, DiffragDropResult **out)
+{
+    struct CollectionArgs a = { collection };
+    RUN(c, &OP_DROP, &a, out);
+}
+
+int diffrag_get(DiffragClient *c, const char *collection, const char *doc_id,
+                DiffragDocument **out)
+{
+    struct GetArgs a = { collection, doc_id };
+    RUN(c, &OP_GET, &a, out);
+}
+
+int diffrag_list(DiffragClient *c, const char *collection, const char *after, int limit,
+                 DiffragList **out)
+{
+    struct ListArgs a = { collection, after, limit };
+    RUN(c, collection ? &OP_LIST_DOCS : &OP_LIST_NAMES, &a, out);
+}
+
+int diffrag_stats(DiffragClient *c, const char *collection, DiffragStats **out)
+{
+    struct CollectionArgs a = { collection };
+    RUN(c, collection ? &OP_STATS_COLLECTION : &OP_STATS_DAEMON, &a, out);
+}
+
+int diffrag_cancel(DiffragClient *c, const char *target, char *state, size_t state_len)
+{
+    if (!c)
+        return DIFFRAG_EINVAL;
+    if (state && state_len)
+        state[0] = 0;
+    struct CancelArgs a = { target };
+    void *res;
+    int rc = op_run(c, &OP_CANCEL, &a, &res);
+    if (rc)
+        return rc;
+    struct CancelResult *r = res;
+    if (state && state_len)
+        snprintf(state, state_len, "%s", r->state);
+    op_result_free(&CANCEL_TYPE, r);
+    return DIFFRAG_OK;
 }
 
 /* Sends {"op": "cancel", "target": target} without waiting: the query's own reply says how
@@ -389,12 +581,12 @@ static DiffragAnswer *decode_answer(struct Dec *d, const struct Reply *r, const 
 static int send_cancel(DiffragClient *c, const char *target)
 {
     struct Req q;
-    req_begin(&q, c, "cancel", 1, NULL);
-    pkv_str(&q, "target", target);
-    if (q.fail)
-        return req_oom(c, &q);
-    int rc = client_send(c, q.sb.data, q.sb.size);
-    req_free(&q);
+    struct CancelArgs a = { target };
+    int rc = op_req_pack(c, &OP_CANCEL, &a, NULL, &q);
+    if (rc)
+        return rc;
+    rc = client_send(c, q.sb.data, q.sb.size);
+    op_req_free(&q);
     return rc;
 }
 
@@ -404,31 +596,23 @@ int diffrag_query(DiffragClient *c, const DiffragQuery *qq, DiffragDeltaFn on_de
     if (!c || !out)
         return DIFFRAG_EINVAL;
     *out = NULL;
-    client_begin(c);
-    if (!qq || !qq->question || !*qq->question)
-        return bad_arg(c, "a query needs a question");
-    if (!qq->collection && !qq->n_docs)
-        return bad_arg(c, "a query needs documents (docs) or a collection, or both");
-    if (qq->n_docs && !qq->docs)
-        return bad_arg(c, "docs is NULL");
-    if (check_docs(c, qq->docs, qq->n_docs, 0) ||
-        check_strings(c, "doc_ids", qq->doc_ids, qq->n_doc_ids) ||
-        check_strings(c, "stop", qq->stop, qq->n_stop))
-        return DIFFRAG_EINVAL;
-    if (qq->id && (!*qq->id || strlen(qq->id) > CLIENT_ID_MAX))
-        return bad_arg(c, "a query id has 1 to 256 bytes");
+    if (!qq) {
+        client_begin(c);
+        return op_bad_arg(c, "a query needs a question");
+    }
+    struct QueryArgs args = { *qq, on_delta != NULL };
     struct Req q;
-    int rc = pack_query(c, qq, on_delta != NULL, &q);
+    int rc = op_start(c, &OP_QUERY, &args, qq->id, &q);
     if (rc)
         return rc;
     int timeout = qq->timeout_ms > 0 ? qq->timeout_ms : c->query_timeout_ms;
     rc = client_register(c, q.id);
     if (rc) {
-        req_free(&q);
+        op_req_free(&q);
         return rc;
     }
     rc = client_send(c, q.sb.data, q.sb.size);
-    req_free(&q);
+    op_req_free(&q);
     struct Reply *r = NULL;
     size_t n_deltas = 0, text_cap = 0;
     char *text = NULL; /* the delta handed to on_delta, NUL-terminated */
@@ -475,10 +659,12 @@ int diffrag_query(DiffragClient *c, const DiffragQuery *qq, DiffragDeltaFn on_de
         rc = client_server_error(c, r);
     if (rc == DIFFRAG_OK) {
         struct Dec d = { 0 };
-        DiffragAnswer *a = decode_answer(&d, r, q.id);
+        DiffragAnswer *a = op_result_decode(&d, &OP_QUERY, r->map, &args, 0);
+        if (a)
+            a->id = dec_strdup(&d, q.id, strlen(q.id));
         if (d.failed) {
-            diffrag_answer_free(&a);
-            rc = decoded(c, &d);
+            op_result_free(&ANSWER_TYPE, a);
+            rc = op_decoded(c, &d);
         } else {
             a->n_deltas = n_deltas;
             *out = a;
@@ -488,395 +674,4 @@ int diffrag_query(DiffragClient *c, const DiffragQuery *qq, DiffragDeltaFn on_de
     reply_free(&r);
     client_unregister(c, q.id);
     return rc;
-}
-
-int diffrag_cancel(DiffragClient *c, const char *target, char *state, size_t state_len)
-{
-    if (!c)
-        return DIFFRAG_EINVAL;
-    client_clear(c);
-    if (state && state_len)
-        state[0] = 0;
-    if (!target || !*target)
-        return bad_arg(c, "cancel needs the id of the query to stop");
-    struct Req q;
-    struct Reply *r;
-    req_begin(&q, c, "cancel", 1, NULL);
-    pkv_str(&q, "target", target);
-    if (q.fail)
-        return req_oom(c, &q);
-    int rc = client_call(c, q.id, &q.sb, c->timeout_ms, &r);
-    req_free(&q);
-    if (rc)
-        return rc;
-    struct Dec d = { 0 };
-    size_t len = 0;
-    char *s = dec_str(&d, r->map, "state", 1, &len);
-    reply_free(&r);
-    if (d.failed)
-        return decoded(c, &d);
-    if (state && state_len)
-        snprintf(state, state_len, "%s", s);
-    free(s);
-    return DIFFRAG_OK;
-}
-
-/* ---- documents ---- */
-
-static int check_collection(DiffragClient *c, const char *collection)
-{
-    if (!collection || !*collection)
-        return bad_arg(c, "no collection");
-    return DIFFRAG_OK;
-}
-
-void diffrag_ingest_result_free(DiffragIngestResult **pr)
-{
-    DiffragIngestResult *r = pr ? *pr : NULL;
-    if (!r)
-        return;
-    free(r->collection);
-    free(r->json);
-    free(r);
-    *pr = NULL;
-}
-
-int diffrag_ingest(DiffragClient *c, const char *collection, const DiffragDoc *docs,
-                   size_t n_docs, DiffragIngestResult **out)
-{
-    if (!c || !out)
-        return DIFFRAG_EINVAL;
-    *out = NULL;
-    client_begin(c);
-    if (check_collection(c, collection))
-        return DIFFRAG_EINVAL;
-    if (!n_docs || !docs)
-        return bad_arg(c, "ingest needs at least one document");
-    if (check_docs(c, docs, n_docs, 1))
-        return DIFFRAG_EINVAL;
-    struct Req q;
-    struct Reply *r;
-    int bad = 0;
-    req_begin(&q, c, "ingest", 2, NULL);
-    pkv_str(&q, "collection", collection);
-    pkey(&q, "docs");
-    pack_docs(&q, docs, n_docs, 1, c->err, sizeof c->err, &bad);
-    if (q.fail)
-        return req_oom(c, &q);
-    if (bad) {
-        req_free(&q);
-        snprintf(c->code, sizeof c->code, "invalid");
-        return DIFFRAG_EINVAL;
-    }
-    int rc = client_call(c, q.id, &q.sb, c->timeout_ms, &r);
-    req_free(&q);
-    if (rc)
-        return rc;
-    struct Dec d = { 0 };
-    DiffragIngestResult *res = calloc(1, sizeof *res);
-    if (!res)
-        dec_oom(&d);
-    else {
-        res->collection = dec_str(&d, r->map, "collection", 0, NULL);
-        res->ingested = dec_int(&d, r->map, "ingested", 1);
-        res->bytes = dec_int(&d, r->map, "bytes", 0);
-        res->docs = dec_int(&d, r->map, "docs", 1);
-        res->chunks = dec_int(&d, r->map, "chunks", 1);
-        res->json = dec_json(&d, r->map);
-    }
-    reply_free(&r);
-    if (d.failed) {
-        diffrag_ingest_result_free(&res);
-        return decoded(c, &d);
-    }
-    *out = res;
-    return DIFFRAG_OK;
-}
-
-void diffrag_delete_result_free(DiffragDeleteResult **pr)
-{
-    DiffragDeleteResult *r = pr ? *pr : NULL;
-    if (!r)
-        return;
-    free(r->json);
-    free(r);
-    *pr = NULL;
-}
-
-int diffrag_delete(DiffragClient *c, const char *collection, const char *const *ids, size_t n_ids,
-                   DiffragDeleteResult **out)
-{
-    if (!c || !out)
-        return DIFFRAG_EINVAL;
-    *out = NULL;
-    client_begin(c);
-    if (check_collection(c, collection))
-        return DIFFRAG_EINVAL;
-    if (!n_ids)
-        return bad_arg(c, "delete needs at least one id");
-    if (check_strings(c, "ids", ids, n_ids))
-        return DIFFRAG_EINVAL;
-    struct Req q;
-    struct Reply *r;
-    req_begin(&q, c, "delete", 2, NULL);
-    pkv_str(&q, "collection", collection);
-    pack_strings(&q, "ids", ids, n_ids);
-    if (q.fail)
-        return req_oom(c, &q);
-    int rc = client_call(c, q.id, &q.sb, c->timeout_ms, &r);
-    req_free(&q);
-    if (rc)
-        return rc;
-    struct Dec d = { 0 };
-    DiffragDeleteResult *res = calloc(1, sizeof *res);
-    if (!res)
-        dec_oom(&d);
-    else {
-        res->deleted = dec_int(&d, r->map, "deleted", 1);
-        res->docs = dec_int(&d, r->map, "docs", 0);
-        res->chunks = dec_int(&d, r->map, "chunks", 0);
-        res->json = dec_json(&d, r->map);
-    }
-    reply_free(&r);
-    if (d.failed) {
-        diffrag_delete_result_free(&res);
-        return decoded(c, &d);
-    }
-    *out = res;
-    return DIFFRAG_OK;
-}
-
-void diffrag_document_free(DiffragDocument **pd)
-{
-    DiffragDocument *d = pd ? *pd : NULL;
-    if (!d)
-        return;
-    free(d->id);
-    free(d->title);
-    free(d->text);
-    free(d->meta_json);
-    free(d->json);
-    free(d);
-    *pd = NULL;
-}
-
-int diffrag_get(DiffragClient *c, const char *collection, const char *doc_id,
-                DiffragDocument **out)
-{
-    if (!c || !out)
-        return DIFFRAG_EINVAL;
-    *out = NULL;
-    client_begin(c);
-    if (check_collection(c, collection))
-        return DIFFRAG_EINVAL;
-    if (!doc_id || !*doc_id)
-        return bad_arg(c, "get needs a document id");
-    struct Req q;
-    struct Reply *r;
-    req_begin(&q, c, "get", 2, NULL);
-    pkv_str(&q, "collection", collection);
-    pkv_str(&q, "doc_id", doc_id);
-    if (q.fail)
-        return req_oom(c, &q);
-    int rc = client_call(c, q.id, &q.sb, c->timeout_ms, &r);
-    req_free(&q);
-    if (rc)
-        return rc;
-    struct Dec d = { 0 };
-    DiffragDocument *doc = calloc(1, sizeof *doc);
-    if (!doc)
-        dec_oom(&d);
-    else {
-        const msgpack_object *m = dec_type(&d, r->map, "doc", MSGPACK_OBJECT_MAP, 1);
-        d.ctx = "doc";
-        doc->id = dec_str(&d, m, "id", 1, NULL);
-        doc->title = dec_str(&d, m, "title", 0, NULL);
-        if (!doc->title && !d.failed)
-            doc->title = dec_strdup(&d, "", 0);
-        doc->text = dec_str(&d, m, "text", 1, &doc->text_len);
-        doc->chunks = dec_int(&d, m, "chunks", 0);
-        const msgpack_object *meta = dec_type(&d, m, "meta", MSGPACK_OBJECT_MAP, 0);
-        doc->meta_json = dec_json(&d, meta);
-        d.ctx = NULL;
-        doc->json = dec_json(&d, r->map);
-    }
-    reply_free(&r);
-    if (d.failed) {
-        diffrag_document_free(&doc);
-        return decoded(c, &d);
-    }
-    *out = doc;
-    return DIFFRAG_OK;
-}
-
-void diffrag_list_free(DiffragList **pl)
-{
-    DiffragList *l = pl ? *pl : NULL;
-    if (!l)
-        return;
-    for (size_t i = 0; i < l->n_collections; i++)
-        free(l->collections[i]);
-    free(l->collections);
-    for (size_t i = 0; i < l->n_docs; i++) {
-        free(l->docs[i].id);
-        free(l->docs[i].title);
-    }
-    free(l->docs);
-    free(l->next);
-    free(l->json);
-    free(l);
-    *pl = NULL;
-}
-
-int diffrag_list(DiffragClient *c, const char *collection, const char *after, int limit,
-                 DiffragList **out)
-{
-    if (!c || !out)
-        return DIFFRAG_EINVAL;
-    *out = NULL;
-    client_begin(c);
-    if (collection && !*collection)
-        return bad_arg(c, "empty collection name");
-    if (!collection && (after || limit))
-        return bad_arg(c, "after and limit page through a collection's documents");
-    struct Req q;
-    struct Reply *r;
-    req_begin(&q, c, "list", (collection != NULL) + (after != NULL) + (limit != 0), NULL);
-    if (collection)
-        pkv_str(&q, "collection", collection);
-    if (after)
-        pkv_str(&q, "after", after);
-    if (limit)
-        pkv_int(&q, "limit", limit);
-    if (q.fail)
-        return req_oom(c, &q);
-    int rc = client_call(c, q.id, &q.sb, c->timeout_ms, &r);
-    req_free(&q);
-    if (rc)
-        return rc;
-    struct Dec d = { 0 };
-    DiffragList *l = calloc(1, sizeof *l);
-    if (!l) {
-        dec_oom(&d);
-    } else if (!collection) {
-        const msgpack_object *a = dec_type(&d, r->map, "collections", MSGPACK_OBJECT_ARRAY, 1);
-        if (a && a->via.array.size) {
-            l->collections = calloc(a->via.array.size, sizeof *l->collections);
-            if (!l->collections)
-                dec_oom(&d);
-            for (uint32_t i = 0; l->collections && i < a->via.array.size && !d.failed; i++) {
-                const msgpack_object *s = &a->via.array.ptr[i];
-                if (s->type != MSGPACK_OBJECT_STR) {
-                    dec_bad(&d, "collections", "expected an array of strings");
-                    break;
-                }
-                l->collections[i] = dec_strdup(&d, s->via.str.ptr, s->via.str.size);
-                l->n_collections = i + 1;
-            }
-        }
-    } else {
-        const msgpack_object *a = dec_type(&d, r->map, "docs", MSGPACK_OBJECT_ARRAY, 1);
-        if (a && a->via.array.size) {
-            l->docs = calloc(a->via.array.size, sizeof *l->docs);
-            if (!l->docs)
-                dec_oom(&d);
-            for (uint32_t i = 0; l->docs && i < a->via.array.size && !d.failed; i++) {
-                const msgpack_object *o = &a->via.array.ptr[i];
-                char ctx[32];
-                snprintf(ctx, sizeof ctx, "docs[%u]", i);
-                d.ctx = ctx;
-                if (o->type != MSGPACK_OBJECT_MAP) {
-                    dec_bad(&d, NULL, "expected a map");
-                    break;
-                }
-                l->docs[i].id = dec_str(&d, o, "id", 1, NULL);
-                l->docs[i].title = dec_str(&d, o, "title", 0, NULL);
-                l->docs[i].bytes = dec_int(&d, o, "bytes", 0);
-                l->docs[i].chunks = dec_int(&d, o, "chunks", 0);
-                l->n_docs = i + 1;
-            }
-            d.ctx = NULL;
-        }
-        l->next = dec_str_or_nil(&d, r->map, "next");
-    }
-    if (l)
-        l->json = dec_json(&d, r->map);
-    reply_free(&r);
-    if (d.failed) {
-        diffrag_list_free(&l);
-        return decoded(c, &d);
-    }
-    *out = l;
-    return DIFFRAG_OK;
-}
-
-void diffrag_stats_free(DiffragStats **ps)
-{
-    DiffragStats *s = ps ? *ps : NULL;
-    if (!s)
-        return;
-    free(s->collection);
-    free(s->version);
-    free(s->model);
-    free(s->json);
-    free(s);
-    *ps = NULL;
-}
-
-int diffrag_stats(DiffragClient *c, const char *collection, DiffragStats **out)
-{
-    if (!c || !out)
-        return DIFFRAG_EINVAL;
-    *out = NULL;
-    client_begin(c);
-    if (collection && !*collection)
-        return bad_arg(c, "empty collection name");
-    struct Req q;
-    struct Reply *r;
-    req_begin(&q, c, "stats", collection != NULL, NULL);
-    if (collection)
-        pkv_str(&q, "collection", collection);
-    if (q.fail)
-        return req_oom(c, &q);
-    int rc = client_call(c, q.id, &q.sb, c->timeout_ms, &r);
-    req_free(&q);
-    if (rc)
-        return rc;
-    struct Dec d = { 0 };
-    DiffragStats *s = calloc(1, sizeof *s);
-    if (!s) {
-        dec_oom(&d);
-    } else if (collection) {
-        s->collection = dec_str(&d, r->map, "collection", 0, NULL);
-        if (!s->collection && !d.failed)
-            s->collection = dec_strdup(&d, collection, strlen(collection));
-        s->docs = dec_int(&d, r->map, "docs", 1);
-        s->chunks = dec_int(&d, r->map, "chunks", 1);
-        s->terms = dec_int(&d, r->map, "terms", 0);
-        s->text_bytes = dec_int(&d, r->map, "text_bytes", 0);
-        s->avg_chunk_terms = dec_num(&d, r->map, "avg_chunk_terms", 0);
-        s->chunk_tokens = dec_int(&d, r->map, "chunk_tokens", 0);
-    } else {
-        s->version = dec_str(&d, r->map, "version", 1, NULL);
-        s->model = dec_str(&d, r->map, "model", 0, NULL);
-        s->uptime_s = dec_num(&d, r->map, "uptime_s", 0);
-        const msgpack_object *w = dec_type(&d, r->map, "workers", MSGPACK_OBJECT_MAP, 0);
-        d.ctx = "workers";
-        s->workers_idle = dec_int(&d, w, "idle", 0);
-        s->workers_busy = dec_int(&d, w, "busy", 0);
-        d.ctx = NULL;
-        s->queue_depth = dec_int(&d, r->map, "queue_depth", 0);
-        s->inflight = dec_int(&d, r->map, "inflight", 0);
-        s->kv_cache_bytes = dec_int(&d, r->map, "kv_cache_bytes", 0);
-        s->draining = dec_bool(&d, r->map, "draining", 0);
-    }
-    if (s)
-        s->json = dec_json(&d, r->map);
-    reply_free(&r);
-    if (d.failed) {
-        diffrag_stats_free(&s);
-        return decoded(c, &d);
-    }
-    *out = s;
-    return DIFFRAG_OK;
 }

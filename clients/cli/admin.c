@@ -1,15 +1,17 @@
-/* The short diffrag commands: delete, get, ls, stats, ping, and keygen (a CurveZMQ key pair
- * written as Z85 text files, the secret one readable by its owner only). */
+/* The short diffrag commands: delete, drop (which asks first on a terminal), get, ls, stats,
+ * ping, and keygen (a CurveZMQ key pair written as Z85 text files, the secret one readable by
+ * its owner only). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "clients/c/json.h"
 #include "clients/cli/cli.h"
+#include "text/json.h"
 
 /* Connects, or returns the exit code from the calling command. */
 #define CONNECT(a, c)                   \
@@ -33,6 +35,63 @@ int cmd_delete(const struct CliArgs *a)
                (long long)r->deleted, a->n_pos, a->collection, (long long)r->docs,
                (long long)r->chunks);
     diffrag_delete_result_free(&r);
+    cli_disconnect(&c);
+    return rc;
+}
+
+/* Asks on the terminal whether to drop the collection, which holds docs documents: 1 yes,
+ * 0 no (anything but y or yes, end of input, Ctrl-C). */
+static int confirm_drop(const char *name, long long docs)
+{
+    char line[64];
+    fprintf(stderr, "Drop the collection \"%s\" and its %lld document%s? This cannot be undone. "
+            "[y/N] ", name, docs, docs == 1 ? "" : "s");
+    fflush(stderr);
+    if (!fgets(line, sizeof line, stdin))
+        return 0;
+    line[strcspn(line, " \t\r\n")] = 0;
+    return !strcasecmp(line, "y") || !strcasecmp(line, "yes");
+}
+
+int cmd_drop(const struct CliArgs *a)
+{
+    const char *name = a->pos[0];
+    DiffragClient *c = NULL;
+    DiffragDropResult *r = NULL;
+    int st, rc = CLI_EXIT_OK;
+    if (a->collection_given)
+        return cli_usage_error("drop", "name the collection as the argument, not with -c");
+    if (!*name)
+        return cli_usage_error("drop", "the collection name is empty");
+    if (!a->yes && !isatty(STDIN_FILENO))
+        return cli_usage_error("drop", "stdin is not a terminal to ask on: give --yes to drop "
+                               "\"%s\"", name);
+    CONNECT(a, c);
+    if (!a->yes) {
+        DiffragStats *s = NULL;
+        st = diffrag_stats(c, name, &s);
+        if (st) {
+            rc = cli_fail(a, c, st);
+            cli_disconnect(&c);
+            return rc;
+        }
+        int yes = confirm_drop(name, (long long)s->docs);
+        diffrag_stats_free(&s);
+        if (!yes) {
+            fprintf(stderr, "%sdiffrag drop: \"%s\" kept\n", cli_interrupted ? "\n" : "", name);
+            cli_disconnect(&c);
+            return cli_interrupted ? CLI_EXIT_INTERRUPTED : CLI_EXIT_OK;
+        }
+    }
+    st = diffrag_drop(c, name, &r);
+    if (st)
+        rc = cli_fail(a, c, st);
+    else if (a->json)
+        printf("%s\n", r->json);
+    else
+        printf("dropped \"%s\": %lld document%s\n", r->collection, (long long)r->dropped,
+               r->dropped == 1 ? "" : "s");
+    diffrag_drop_result_free(&r);
     cli_disconnect(&c);
     return rc;
 }

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clients/c/json.h"
 #include "clients/cli/cli.h"
+#include "text/json.h"
 
 #define ASK_ID "ask"
 
@@ -58,7 +58,13 @@ static void print_details(const DiffragAnswer *r)
                c->doc_id, (long long)c->chunk, c->score, (long long)c->start, (long long)c->end,
                c->cited ? ", cited" : "", c->truncated ? ", truncated" : "");
     }
-    if (r->has_grounding && !isnan(r->grounding.score)) {
+    if (r->has_grounding && r->grounding.answer_tokens == 0 && r->completion_tokens == 0) {
+        /* no token: no figure to show (they are all nil) */
+        if (strcmp(r->finish_reason, "cancelled") == 0)
+            printf("grounding: none: the request was cancelled before its first token\n");
+        else
+            printf("grounding: none: the answer has no token\n");
+    } else if (r->has_grounding && !isnan(r->grounding.score)) {
         const DiffragGrounding *g = &r->grounding;
         printf("grounding: %s, score %.3f, lookback ratio %.3f, unsupported tokens %.3f "
                "(%lld of %lld flagged), mean logprob %.2f%s%s%s\n",

@@ -28,7 +28,7 @@ struct CliArgs {
     const char *endpoint, *collection, *server_key, *key_file;
     int collection_given;
     int timeout_ms, connect_timeout_ms; /* 0: the library's defaults */
-    int json, stream, progress, quiet, force;
+    int json, stream, progress, quiet, force, yes;
     int max_tokens, top_k, max_context_tokens, limit, batch, deadline_ms;
     double temperature, top_p;
     unsigned long long seed;
@@ -62,6 +62,7 @@ extern volatile int cli_interrupted;
 int cmd_ask(const struct CliArgs *a);
 int cmd_ingest(const struct CliArgs *a);
 int cmd_delete(const struct CliArgs *a);
+int cmd_drop(const struct CliArgs *a);
 int cmd_get(const struct CliArgs *a);
 int cmd_ls(const struct CliArgs *a);
 int cmd_stats(const struct CliArgs *a);

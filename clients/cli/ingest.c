@@ -1,21 +1,25 @@
-/* diffrag ingest: walks files and folders, turns text files and .jsonl lines into documents,
- * sends them in batches bounded by count and bytes, and shows a progress line on stderr while
- * a long ingest runs. */
-#include <dirent.h>
-#include <errno.h>
+/* diffrag ingest: turns the documents docsrc reads from files, folders and .jsonl lines into
+ * requests bounded by count and bytes, and shows a progress line on stderr while a long ingest
+ * runs. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "clients/c/json.h"
 #include "clients/cli/cli.h"
+#include "clients/ingest/docsrc.h"
+#include "text/json.h"
 
 /* Text per request: well under the daemon's default max_message_bytes (16 MiB). */
 #define BATCH_BYTES (4u << 20)
+/* One document travels in one request: a text file (or .jsonl line) over this is refused
+ * before it is read, leaving room under the 16 MiB for the id, title, meta and framing. */
+#define MAX_DOC_BYTES (15u << 20)
+/* The daemon's default max_depth for meta; the line's object adds one level. */
 #define META_MAX_DEPTH 16
+#define LIMIT_HINT "the daemon takes at most 16 MiB a request (max_message_bytes); split it " \
+                   "into smaller files, or ingest it on the daemon's host with diffrag-store"
 
 struct OwnedDoc {
     char *id, *title, *text, *meta;
@@ -27,6 +31,7 @@ struct Ingest {
     DiffragClient *c;
     struct OwnedDoc *docs;
     size_t n, cap, bytes;
+    int rc; /* why on_doc stopped */
     /* figures */
     size_t files_total, files_done, skipped, docs_sent, bytes_sent, requests;
     int64_t coll_docs, coll_chunks;
@@ -34,109 +39,11 @@ struct Ingest {
     int tty, progress_shown;
 };
 
-struct Files {
-    char **paths;
-    unsigned char *top; /* named on the command line (not found by walking a folder) */
-    size_t n, cap;
-};
-
 static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static int ends_with(const char *s, const char *suffix)
-{
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && strcmp(s + a - b, suffix) == 0;
-}
-
-static int files_add(struct Files *f, char *path, int top)
-{
-    if (f->n == f->cap) {
-        size_t cap = f->cap ? 2 * f->cap : 64;
-        char **p = realloc(f->paths, cap * sizeof *p);
-        if (!p)
-            return -1;
-        f->paths = p;
-        unsigned char *t = realloc(f->top, cap);
-        if (!t)
-            return -1;
-        f->top = t;
-        f->cap = cap;
-    }
-    f->paths[f->n] = path;
-    f->top[f->n++] = (unsigned char)top;
-    return 0;
-}
-
-static int cmp_str(const void *x, const void *y)
-{
-    return strcmp(*(char *const *)x, *(char *const *)y);
-}
-
-/* Collects the files under path, in name order; returns 0 or an exit code. */
-static int collect(struct Ingest *in, struct Files *f, const char *path, int top)
-{
-    struct stat sb;
-    if (stat(path, &sb)) {
-        fprintf(stderr, "diffrag ingest: %s: %s\n", path, strerror(errno));
-        return CLI_EXIT_LOCAL;
-    }
-    if (!S_ISDIR(sb.st_mode)) {
-        if (!top && !ends_with(path, ".txt") && !ends_with(path, ".md") &&
-            !ends_with(path, ".jsonl")) {
-            in->skipped++;
-            return 0;
-        }
-        char *p = strdup(path);
-        if (!p || files_add(f, p, top)) {
-            free(p);
-            return CLI_EXIT_LOCAL;
-        }
-        return 0;
-    }
-    DIR *d = opendir(path);
-    if (!d) {
-        fprintf(stderr, "diffrag ingest: %s: %s\n", path, strerror(errno));
-        return CLI_EXIT_LOCAL;
-    }
-    char **names = NULL;
-    size_t n = 0, cap = 0;
-    int rc = 0;
-    struct dirent *e;
-    size_t pl = strlen(path);
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.')
-            continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 32;
-            char **nn = realloc(names, cap * sizeof *nn);
-            if (!nn) {
-                rc = CLI_EXIT_LOCAL;
-                break;
-            }
-            names = nn;
-        }
-        names[n] = malloc(pl + strlen(e->d_name) + 2);
-        if (!names[n]) {
-            rc = CLI_EXIT_LOCAL;
-            break;
-        }
-        sprintf(names[n], "%s%s%s", path, pl && path[pl - 1] == '/' ? "" : "/", e->d_name);
-        n++;
-    }
-    closedir(d);
-    if (n)
-        qsort(names, n, sizeof *names, cmp_str);
-    for (size_t i = 0; i < n && !rc; i++)
-        rc = collect(in, f, names[i], 0);
-    for (size_t i = 0; i < n; i++)
-        free(names[i]);
-    free(names);
-    return rc;
 }
 
 static void progress(struct Ingest *in, int final)
@@ -237,154 +144,33 @@ static int add_doc(struct Ingest *in, char *id, char *title, char *text, size_t 
     return 0;
 }
 
-static char *title_of(const char *path, const char *text)
+/* Queues a document read by docsrc (taking its strings); a failed request stops the file. */
+static int on_doc(void *ctx, struct DocsrcDoc *d)
 {
-    if (ends_with(path, ".md")) {
-        for (const char *p = text; p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
-            if (p[0] == '#' && p[1] == ' ')
-                return strndup(p + 2, strcspn(p + 2, "\r\n"));
-        }
-    }
-    const char *base = strrchr(path, '/');
-    base = base ? base + 1 : path;
-    const char *dot = strrchr(base, '.');
-    return strndup(base, dot && dot != base ? (size_t)(dot - base) : strlen(base));
-}
-
-static int ingest_text(struct Ingest *in, const char *path, int top)
-{
-    char *text;
-    size_t len;
-    if (cli_read_file(path, &text, &len)) {
-        fprintf(stderr, "diffrag ingest: %s: %s\n", path, strerror(errno));
-        return CLI_EXIT_LOCAL;
-    }
-    if (len == 0 || !cli_utf8_ok(text, len)) {
-        free(text);
-        fprintf(stderr, "diffrag ingest: %s: %s%s\n", path, len ? "not UTF-8 text" : "empty",
-                top ? "" : "; skipped");
-        if (top)
-            return CLI_EXIT_LOCAL;
-        in->skipped++;
-        return 0;
-    }
-    char *id = strdup(path), *title = title_of(path, text);
-    if (!id || !title) {
-        free(id); free(title); free(text);
-        return CLI_EXIT_LOCAL;
-    }
-    return add_doc(in, id, title, text, len, NULL);
-}
-
-/* A string field of a .jsonl object, copied; NULL when absent. */
-static int jsonl_str(const msgpack_object *map, const char *key, char **out, size_t *len)
-{
-    *out = NULL;
-    for (uint32_t i = 0; i < map->via.map.size; i++) {
-        const msgpack_object_kv *kv = &map->via.map.ptr[i];
-        if (kv->key.type == MSGPACK_OBJECT_STR && kv->key.via.str.size == strlen(key) &&
-            !memcmp(kv->key.via.str.ptr, key, kv->key.via.str.size)) {
-            if (kv->val.type != MSGPACK_OBJECT_STR)
-                return -1;
-            *out = strndup(kv->val.via.str.ptr, kv->val.via.str.size);
-            if (len)
-                *len = kv->val.via.str.size;
-            return *out ? 0 : -2;
-        }
-    }
-    return 0;
-}
-
-static int jsonl_line(struct Ingest *in, const char *path, size_t lineno, const char *line,
-                      size_t len)
-{
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
-    msgpack_unpacked up;
-    char err[256];
-    char *id = NULL, *title = NULL, *text = NULL, *meta = NULL;
-    size_t text_len = 0;
-    int rc = CLI_EXIT_LOCAL;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_unpacked_init(&up);
-    int jr = json_to_msgpack(line, len, &pk, META_MAX_DEPTH + 1, err, sizeof err);
-    if (jr) {
-        fprintf(stderr, "diffrag ingest: %s:%zu: %s\n", path, lineno, err);
-        goto out;
-    }
-    size_t off = 0;
-    if (msgpack_unpack_next(&up, sb.data, sb.size, &off) != MSGPACK_UNPACK_SUCCESS)
-        goto out;
-    const msgpack_object *o = &up.data;
-    if (o->type != MSGPACK_OBJECT_MAP) {
-        fprintf(stderr, "diffrag ingest: %s:%zu: each line must be a JSON object\n", path, lineno);
-        goto out;
-    }
-    if (jsonl_str(o, "id", &id, NULL) || jsonl_str(o, "title", &title, NULL) ||
-        jsonl_str(o, "text", &text, &text_len) || !id || !text || !*id || !text_len) {
-        fprintf(stderr, "diffrag ingest: %s:%zu: each line needs non-empty strings \"id\" and "
-                "\"text\" (and \"title\", when present, a string)\n", path, lineno);
-        goto out;
-    }
-    for (uint32_t i = 0; i < o->via.map.size; i++) {
-        const msgpack_object_kv *kv = &o->via.map.ptr[i];
-        if (kv->key.via.str.size == 4 && !memcmp(kv->key.via.str.ptr, "meta", 4)) {
-            if (kv->val.type != MSGPACK_OBJECT_MAP) {
-                fprintf(stderr, "diffrag ingest: %s:%zu: \"meta\" must be an object\n", path, lineno);
-                goto out;
-            }
-            meta = json_from_msgpack(&kv->val);
-            if (!meta)
-                goto out;
-        }
-    }
-    rc = add_doc(in, id, title, text, text_len, meta);
-    id = title = text = meta = NULL;
-out:
-    free(id); free(title); free(text); free(meta);
-    msgpack_unpacked_destroy(&up);
-    msgpack_sbuffer_destroy(&sb);
-    return rc;
-}
-
-static int ingest_jsonl(struct Ingest *in, const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "diffrag ingest: %s: %s\n", path, strerror(errno));
-        return CLI_EXIT_LOCAL;
-    }
-    char *line = NULL;
-    size_t cap = 0, lineno = 0;
-    ssize_t len;
-    int rc = 0;
-    while (!rc && !cli_interrupted && (len = getline(&line, &cap, f)) >= 0) {
-        lineno++;
-        size_t l = (size_t)len;
-        while (l && (line[l - 1] == '\n' || line[l - 1] == '\r' || line[l - 1] == ' '))
-            l--;
-        size_t k = 0;
-        while (k < l && (line[k] == ' ' || line[k] == '\t'))
-            k++;
-        if (k < l)
-            rc = jsonl_line(in, path, lineno, line + k, l - k);
-    }
-    free(line);
-    fclose(f);
-    return rc;
+    struct Ingest *in = ctx;
+    in->rc = add_doc(in, d->id, d->title, d->text, d->text_len, d->meta_json);
+    d->id = d->title = d->text = d->meta_json = NULL;
+    return in->rc;
 }
 
 int cmd_ingest(const struct CliArgs *a)
 {
     struct Ingest in;
-    struct Files f = { 0 };
+    struct DocsrcList f = { 0 };
+    struct DocsrcOptions opt = { .max_file_bytes = MAX_DOC_BYTES, .max_line_bytes = MAX_DOC_BYTES,
+                                 .limit_hint = LIMIT_HINT, .max_depth = META_MAX_DEPTH + 1,
+                                 .any_named_file = 1, .notes = stderr,
+                                 .prog = "diffrag ingest" };
+    char err[1024];
     memset(&in, 0, sizeof in);
     in.a = a;
     in.tty = isatty(2);
-    int rc = 0;
-    for (size_t i = 0; i < a->n_pos && !rc; i++)
-        rc = collect(&in, &f, a->pos[i], 1);
+    int rc = docsrc_collect(&opt, (const char *const *)a->pos, a->n_pos, &f, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "diffrag ingest: %s\n", err);
+        rc = CLI_EXIT_LOCAL;
+    }
+    in.skipped = f.skipped;
     if (!rc && f.n == 0) {
         fprintf(stderr, "diffrag ingest: no .txt, .md or .jsonl files found\n");
         rc = CLI_EXIT_USAGE;
@@ -399,9 +185,21 @@ int cmd_ingest(const struct CliArgs *a)
             rc = CLI_EXIT_INTERRUPTED;
             break;
         }
-        rc = ends_with(f.paths[i], ".jsonl") ? ingest_jsonl(&in, f.paths[i])
-                                             : ingest_text(&in, f.paths[i], f.top[i]);
+        int st = docsrc_read(&opt, &f.files[i], on_doc, &in, &cli_interrupted, err, sizeof err);
+        if (st == DOCSRC_ESTOP) {
+            rc = in.rc;
+        } else if (st == DOCSRC_EFILE && !f.files[i].named) {
+            fprintf(stderr, "diffrag ingest: %s; skipped\n", err);
+            in.skipped++;
+        } else if (st) {
+            fprintf(stderr, "diffrag ingest: %s\n", err);
+            rc = CLI_EXIT_LOCAL;
+        }
         in.files_done = i + 1;
+    }
+    if (!rc && cli_interrupted) {
+        fprintf(stderr, "diffrag ingest: interrupted in file %zu of %zu\n", in.files_done, f.n);
+        rc = CLI_EXIT_INTERRUPTED;
     }
     if (!rc)
         rc = flush(&in);
@@ -426,14 +224,12 @@ int cmd_ingest(const struct CliArgs *a)
                a->collection, now_s() - in.t0, (long long)in.coll_docs,
                (long long)in.coll_chunks);
         if (in.skipped)
-            printf("skipped %zu files (not .txt, .md or .jsonl, empty, or not UTF-8)\n", in.skipped);
+            printf("skipped %zu files (not .txt, .md or .jsonl, or not text: see the notes "
+                   "above)\n", in.skipped);
     }
     batch_clear(&in);
     free(in.docs);
-    for (size_t i = 0; i < f.n; i++)
-        free(f.paths[i]);
-    free(f.paths);
-    free(f.top);
+    docsrc_list_free(&f);
     cli_disconnect(&in.c);
     return rc;
 }

@@ -9,8 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clients/c/json.h"
 #include "clients/cli/cli.h"
+#include "text/json.h"
+#include "text/utf8.h"
 
 volatile int cli_interrupted;
 static DiffragClient *volatile sigint_client;
@@ -23,6 +24,7 @@ static const char *const GENERAL_HELP =
     "  ask QUESTION|-       answer a question from a collection and/or files\n"
     "  ingest PATH...       store files, folders and .jsonl in a collection\n"
     "  delete ID...         remove documents from a collection\n"
+    "  drop COLLECTION      remove a collection and every document in it\n"
     "  get ID               print a stored document\n"
     "  ls                   list collections, or the documents of one (-c)\n"
     "  stats                the daemon's state, or a collection's statistics (-c)\n"
@@ -31,7 +33,8 @@ static const char *const GENERAL_HELP =
     "`diffrag COMMAND --help` describes each.\n"
     "\n"
     "options of every command:\n"
-    "  -e, --endpoint EP    the daemon (default $DIFFRAG_ENDPOINT or " CLI_DEFAULT_ENDPOINT ")\n"
+    "  -e, --endpoint EP    the daemon: tcp://HOST:PORT, ipc://PATH or inproc://NAME\n"
+    "                       (default $DIFFRAG_ENDPOINT or " CLI_DEFAULT_ENDPOINT ")\n"
     "  -c, --collection C   collection (default \"" CLI_DEFAULT_COLLECTION "\" for ask, ingest,\n"
     "                       delete and get)\n"
     "      --json           print the daemon's reply as JSON, for scripts\n"
@@ -57,6 +60,7 @@ struct Cmd {
 /* Option letters (short options and codes for long-only ones). */
 enum {
     O_ENDPOINT = 'e', O_COLLECTION = 'c', O_HELP = 'h', O_DOC = 'd', O_QUIET = 'q', O_OUT = 'o',
+    O_YES = 'y',
     O_JSON = 256, O_TIMEOUT, O_CONNECT_TIMEOUT, O_SERVER_KEY, O_KEY, O_DOC_ID, O_STREAM,
     O_MAX_TOKENS, O_TOP_K, O_MAX_CONTEXT, O_TEMPERATURE, O_TOP_P, O_SEED, O_STOP, O_DEADLINE,
     O_BATCH, O_PROGRESS, O_LIMIT, O_AFTER, O_FORCE,
@@ -71,6 +75,7 @@ static const struct { char letter; int code; const char *name; } SPECIFIC[] = {
     { 'D', O_DEADLINE, "--deadline" }, { 'b', O_BATCH, "--batch" },
     { 'P', O_PROGRESS, "--progress" }, { 'q', O_QUIET, "--quiet" }, { 'l', O_LIMIT, "--limit" },
     { 'a', O_AFTER, "--after" }, { 'o', O_OUT, "--out" }, { 'f', O_FORCE, "--force" },
+    { 'y', O_YES, "--yes" },
 };
 
 static const struct Cmd CMDS[] = {
@@ -96,11 +101,16 @@ static const struct Cmd CMDS[] = {
     { "ingest", cmd_ingest, "bPq", 1, -1,
       "usage: diffrag ingest PATH... [-c COLLECTION] [--batch N] [--progress|--quiet]\n"
       "Stores documents in the collection (created on first use; default \"" CLI_DEFAULT_COLLECTION "\").\n"
-      "Folders are walked for .txt, .md and .jsonl files; a file named on the command line is\n"
-      "read as text whatever its name. A text file becomes one document whose id is its path\n"
-      "as given and whose title is its first Markdown heading or its name; each line of a\n"
-      ".jsonl file is a document {\"id\", \"text\", \"title\"?, \"meta\"?}. An existing id is\n"
-      "replaced. A progress line goes to stderr while a long ingest runs.\n"
+      "Folders are walked for .txt, .md and .jsonl files (hidden ones and links to folders\n"
+      "left out); a file named on the command line is read as text whatever its name. Only\n"
+      "regular UTF-8 files are read, each at most 15 MiB (one request); others are skipped\n"
+      "with a note (an error when named). A text file becomes one document whose title is its\n"
+      "first Markdown heading or its name, and whose id is the name of the folder it was found\n"
+      "from, then its path inside it: notes/sub/a.md is \"notes/sub/a.md\" whether the folder\n"
+      "is given as notes, /abs/notes or \".\" inside it; a file given directly keeps its folder's\n"
+      "name (\"notes/a.txt\"). Each line of a .jsonl file is a document {\"id\", \"text\",\n"
+      "\"title\"?, \"meta\"?}. An existing id is replaced. A progress line goes to stderr while\n"
+      "a long ingest runs.\n"
       "      --batch N            documents per request (default 64; requests also stay\n"
       "                           under 4 MiB of text)\n"
       "      --progress           a progress line after every request\n"
@@ -108,6 +118,13 @@ static const struct Cmd CMDS[] = {
     { "delete", cmd_delete, "", 1, -1,
       "usage: diffrag delete ID... [-c COLLECTION]\n"
       "Removes documents from the collection (ids not present are skipped).\n" },
+    { "drop", cmd_drop, "y", 1, 1,
+      "usage: diffrag drop COLLECTION [--yes] [--json]\n"
+      "Removes the collection and every document in it, for good (a later ingest creates it\n"
+      "anew). The collection is named by the argument, not by -c. On a terminal it first asks,\n"
+      "showing how many documents the collection holds; declining keeps it and exits 0. When\n"
+      "stdin is not a terminal (a script, a pipe) it refuses (exit 2) unless --yes is given.\n"
+      "  -y, --yes                drop without asking\n" },
     { "get", cmd_get, "", 1, 1,
       "usage: diffrag get ID [-c COLLECTION] [--json]\n"
       "Prints the text of a stored document (--json: the document with its title, chunk\n"
@@ -269,7 +286,7 @@ int cli_fail(const struct CliArgs *a, DiffragClient *c, int status)
     const char *msg = c ? diffrag_last_error(c) : diffrag_strerror(status);
     const char *code = c ? diffrag_last_error_code(c) : "";
     fprintf(stderr, "diffrag: %s\n", msg && *msg ? msg : diffrag_strerror(status));
-    if (status == DIFFRAG_ECONNECT)
+    if (status == DIFFRAG_ECONNECT && !strstr(msg, "does not resolve"))
         fprintf(stderr, "diffrag: is diffragd running at %s? (`make run` starts one; "
                         "-e/--endpoint names another)\n", a->endpoint);
     if (a->json) {
@@ -342,32 +359,7 @@ int cli_read_file(const char *path, char **out, size_t *len)
 
 int cli_utf8_ok(const char *str, size_t n)
 {
-    const unsigned char *s = (const unsigned char *)str;
-    for (size_t i = 0; i < n;) {
-        unsigned c = s[i];
-        size_t k;
-        unsigned cp;
-        if (c == 0)
-            return 0;
-        if (c < 0x80) { i++; continue; }
-        if (c >= 0xc2 && c <= 0xdf) { k = 2; cp = c & 0x1f; }
-        else if (c >= 0xe0 && c <= 0xef) { k = 3; cp = c & 0x0f; }
-        else if (c >= 0xf0 && c <= 0xf4) { k = 4; cp = c & 0x07; }
-        else
-            return 0;
-        if (n - i < k)
-            return 0;
-        for (size_t j = 1; j < k; j++) {
-            if ((s[i + j] & 0xc0) != 0x80)
-                return 0;
-            cp = cp << 6 | (s[i + j] & 0x3f);
-        }
-        if ((k == 3 && cp < 0x800) || (k == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-            (cp >= 0xd800 && cp <= 0xdfff))
-            return 0;
-        i += k;
-    }
-    return 1;
+    return memchr(str, 0, n) == NULL && utf8_valid(str, n, NULL);
 }
 
 static int specific_allowed(const struct Cmd *cmd, int code, const char **name)
@@ -410,6 +402,7 @@ int main(int argc, char **argv)
         { "after", required_argument, NULL, O_AFTER },
         { "out", required_argument, NULL, O_OUT },
         { "force", no_argument, NULL, O_FORCE },
+        { "yes", no_argument, NULL, O_YES },
         { NULL, 0, NULL, 0 },
     };
     struct CliArgs a;
@@ -454,7 +447,7 @@ int main(int argc, char **argv)
     const char *cn = cmd ? cmd->name : NULL;
     int opt;
     opterr = 1;
-    while ((opt = getopt_long(argc, argv, "e:c:hd:qo:", LONG, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "e:c:hd:qo:y", LONG, NULL)) != -1) {
         const char *name = NULL;
         if (opt == '?')
             return cli_usage_error(cn, "bad option");
@@ -531,6 +524,7 @@ int main(int argc, char **argv)
         case O_AFTER: a.after = optarg; break;
         case O_OUT: a.out = optarg; break;
         case O_FORCE: a.force = 1; break;
+        case O_YES: a.yes = 1; break;
         default:
             return cli_usage_error(cn, "bad option");
         }

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "retriever/text.h"
+#include "text/utf8.h"
 
 static struct Analyzer *g_stem, *g_plain;
 

@@ -3,7 +3,9 @@
 results, socket options (CurveZMQ included) and the reading of connection events."""
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+import re
+import socket
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import msgpack
 import zmq
@@ -11,7 +13,8 @@ import zmq.utils.z85
 
 from .errors import ProtocolError, server_error
 from .types import (Answer, Citation, CollectionStats, DaemonStats, DeleteResult, DocInfo,
-                    Document, Grounding, IngestResult, ListResult, Pong, Timings, Usage)
+                    Document, DropResult, Grounding, IngestResult, ListResult, Pong, Timings,
+                    Usage)
 
 PROTOCOL_VERSION = 1
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:7400"
@@ -250,6 +253,12 @@ def parse_delete(m: Dict[str, Any]) -> DeleteResult:
                         chunks=f.int("chunks", False) or 0, raw=m)
 
 
+def parse_drop(m: Dict[str, Any], collection: str) -> DropResult:
+    f = _Fields(m)
+    return DropResult(collection=f.str("collection", False) or collection,
+                      dropped=f.int("dropped"), raw=m)
+
+
 def parse_document(m: Dict[str, Any]) -> Document:
     d = _Fields(m).sub("doc")
     meta = d.sub("meta", False)
@@ -300,6 +309,48 @@ def parse_cancel(m: Dict[str, Any]) -> str:
 
 
 # ---- sockets ----
+
+ENDPOINT_FORMS = "expected tcp://HOST:PORT, ipc://PATH or inproc://NAME"
+_ENDPOINT = re.compile(r"(tcp://.+:[0-9]+|ipc://.+|inproc://.+)", re.S)
+
+
+def check_endpoint(endpoint: str) -> None:
+    """Raises ValueError for an endpoint not of a form a client connects to (ZeroMQ itself
+    says only "Invalid argument" to "127.0.0.1:7400")."""
+    if not isinstance(endpoint, str) or not _ENDPOINT.fullmatch(endpoint):
+        raise ValueError(f"endpoint '{endpoint}': {ENDPOINT_FORMS}")
+
+
+def _endpoint_host(endpoint: str) -> Optional[str]:
+    """The host of a tcp://[SOURCE;]HOST:PORT endpoint, None for other transports."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    host = endpoint[6:].split(";")[-1].rpartition(":")[0]
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host if host and host != "*" else None
+
+
+_UNRESOLVABLE = {getattr(socket, n) for n in ("EAI_NONAME", "EAI_FAIL", "EAI_NODATA",
+                                               "EAI_ADDRFAMILY") if hasattr(socket, n)}
+
+
+def resolve_problem(endpoint: str) -> Optional[Tuple[bool, str]]:
+    """None when the endpoint's host resolves (or it has none); else (definitive, note): a
+    host that does not exist fails a call at once (ZeroMQ would retry it until
+    connect_timeout and say nothing), a temporary failure only explains a later timeout."""
+    host = _endpoint_host(endpoint)
+    if host is None:
+        return None
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        if e.errno in _UNRESOLVABLE:
+            return True, f'the host "{host}" does not resolve ({e.strerror})'
+        return False, f'the host "{host}" does not resolve now ({e.strerror})'
+    except (UnicodeError, OSError) as e:
+        return True, f'the host "{host}" does not resolve ({e})'
+    return None
 
 MONITOR_EVENTS = (zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED |
                   zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL |

@@ -16,7 +16,7 @@ import zmq.utils.monitor
 from . import _protocol as P
 from .errors import ConnectionFailed, ProtocolError, Timeout
 from .types import (Answer, CollectionStats, DaemonStats, DeleteResult, Delta, Document,
-                    IngestResult, ListResult, Pong)
+                    DropResult, IngestResult, ListResult, Pong)
 
 Key = Union[str, bytes, None]
 
@@ -31,6 +31,7 @@ class AsyncClient:
                  context: Optional[zmq.asyncio.Context] = None) -> None:
         if min(timeout, query_timeout, connect_timeout) <= 0:
             raise ValueError("timeouts must be positive (seconds)")
+        P.check_endpoint(endpoint)
         self.endpoint = endpoint
         self.timeout = timeout
         self.query_timeout = query_timeout
@@ -54,6 +55,7 @@ class AsyncClient:
         self._reader: Optional[asyncio.Task] = None
         self._note = ""
         self._refused = False
+        self._host_ok = False
 
     async def close(self) -> None:
         """Stops the reader and closes the socket; calls still waiting get an error."""
@@ -96,6 +98,16 @@ class AsyncClient:
 
     async def _send(self, msg: Mapping[str, Any]) -> None:
         data = P.pack(msg)
+        if not self._host_ok:
+            # name resolution blocks: off the event loop
+            problem = await asyncio.get_running_loop().run_in_executor(
+                None, P.resolve_problem, self.endpoint)
+            if problem is None:
+                self._host_ok = True
+            elif problem[0]:
+                raise ConnectionFailed("no connection to %s: %s" % (self.endpoint, problem[1]))
+            else:
+                self._note = problem[1]
         deadline = time.monotonic() + self.connect_timeout
         while True:
             self._drain_monitor()
@@ -236,6 +248,13 @@ class AsyncClient:
         m = await self._call(P.request("delete", self._next_id(), collection=collection,
                                        ids=list(ids)))
         return P.parse_delete(m)
+
+    async def drop(self, collection: str) -> DropResult:
+        """Removes ``collection`` and every document in it, for good; returns after the
+        durable commit, with the number of documents it held. :class:`~diffrag.errors.NotFound`
+        when there is no such collection."""
+        m = await self._call(P.request("drop", self._next_id(), collection=collection))
+        return P.parse_drop(m, collection)
 
     async def get(self, collection: str, doc_id: str) -> Document:
         m = await self._call(P.request("get", self._next_id(), collection=collection,

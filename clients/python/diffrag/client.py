@@ -14,7 +14,7 @@ import zmq.utils.monitor
 from . import _protocol as P
 from .errors import ConnectionFailed, ProtocolError, Timeout
 from .types import (Answer, CollectionStats, DaemonStats, DeleteResult, Delta, Document,
-                    IngestResult, ListResult, Pong)
+                    DropResult, IngestResult, ListResult, Pong)
 
 Key = Union[str, bytes, None]
 
@@ -22,8 +22,10 @@ Key = Union[str, bytes, None]
 class Client:
     """A connection to diffragd.
 
-    ``endpoint`` is any ZeroMQ endpoint (``tcp://HOST:7400``, ``ipc:///path``). ``timeout``
-    bounds the wait for the reply of ping, ingest, delete, get, list, stats and cancel;
+    ``endpoint`` is ``tcp://HOST:PORT``, ``ipc://PATH`` or ``inproc://NAME`` (ValueError for
+    anything else); a host that does not resolve raises :class:`ConnectionFailed` at the first
+    call. ``timeout`` bounds the wait for the reply of ping, ingest, delete, drop, get, list,
+    stats and cancel;
     ``query_timeout`` the silence during a query (before its first delta or reply, and between
     deltas); ``connect_timeout`` the wait for a connection. Seconds, all of them.
 
@@ -41,10 +43,12 @@ class Client:
                  context: Optional[zmq.Context] = None) -> None:
         if min(timeout, query_timeout, connect_timeout) <= 0:
             raise ValueError("timeouts must be positive (seconds)")
+        P.check_endpoint(endpoint)
         self.endpoint = endpoint
         self.timeout = timeout
         self.query_timeout = query_timeout
         self.connect_timeout = connect_timeout
+        self._host_ok = False
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._monitor = None
@@ -95,8 +99,19 @@ class Client:
             self._note = P.event_note(ev["event"], ev["value"], self._note)
             self._refused = self._refused or P.refusal(ev["event"])
 
+    def _check_host(self) -> None:
+        problem = P.resolve_problem(self.endpoint)
+        if problem is None:
+            self._host_ok = True
+        elif problem[0]:
+            raise ConnectionFailed("no connection to %s: %s" % (self.endpoint, problem[1]))
+        else:
+            self._note = problem[1]
+
     def _send(self, msg: Mapping[str, Any]) -> None:
         data = P.pack(msg)
+        if not self._host_ok:
+            self._check_host()
         deadline = time.monotonic() + self.connect_timeout
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLOUT)
@@ -242,6 +257,13 @@ class Client:
             ids = [ids]
         m = self._call(P.request("delete", self._next_id(), collection=collection, ids=list(ids)))
         return P.parse_delete(m)
+
+    def drop(self, collection: str) -> DropResult:
+        """Removes ``collection`` and every document in it, for good; returns after the
+        durable commit, with the number of documents it held. :class:`~diffrag.errors.NotFound`
+        when there is no such collection."""
+        m = self._call(P.request("drop", self._next_id(), collection=collection))
+        return P.parse_drop(m, collection)
 
     def get(self, collection: str, doc_id: str) -> Document:
         """One stored document, with its meta."""

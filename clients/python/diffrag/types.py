@@ -111,6 +111,15 @@ class DeleteResult:
 
 
 @dataclass
+class DropResult:
+    """The collection removed, and the ``dropped`` documents it held."""
+
+    collection: str
+    dropped: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
 class Document:
     id: str
     title: str

@@ -4,14 +4,14 @@
  * pre-tokenizers (the only ones model/tokenizer.c accepts) never join a piece across such a
  * point, so the count of the text is the sum of the counts of these words, and each distinct
  * word is encoded only once. */
-#include "retriever/tokcount.h"
+#include "model/tokcount_model.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "model/tokenizer.h"
-#include "retriever/status.h"
+#include "text/hash.h"
 
 static int model_encode(void *ctx, const char *text, size_t len, unsigned flags, int32_t *ids,
                         size_t cap, size_t *n_out)
@@ -59,21 +59,11 @@ struct TokCountModel {
     struct Stripe stripes[STRIPES];
 };
 
-static uint64_t word_hash(const char *s, size_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= (unsigned char)s[i];
-        h *= 1099511628211ull;
-    }
-    return h ^ (h >> 29);
-}
-
 static int count_word(struct TokCountModel *m, const char *w, size_t n, size_t *out)
 {
     if (n > WORD_MAX)
         return tok_encode(m->tok, w, n, 0, NULL, 0, out);
-    uint64_t h = word_hash(w, n);
+    uint64_t h = hash_bytes(w, n);
     struct Stripe *st = &m->stripes[h % STRIPES];
     size_t i = (h / STRIPES) & (STRIPE_SLOTS - 1);
     pthread_mutex_lock(&st->lock);
@@ -145,12 +135,12 @@ int tokcount_model_new(const struct Tokenizer *t, struct TokCountModel **out)
     struct TokCountModel *m = calloc(1, sizeof *m);
     *out = NULL;
     if (!m)
-        return RET_ENOMEM;
+        return TOKCOUNT_ENOMEM;
     m->tok = t;
     for (size_t i = 0; i < STRIPES; i++)
         pthread_mutex_init(&m->stripes[i].lock, NULL);
     *out = m;
-    return RET_OK;
+    return TOKCOUNT_OK;
 }
 
 void tokcount_model_destroy(struct TokCountModel **pm)

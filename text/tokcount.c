@@ -1,20 +1,18 @@
 /* Helpers over the TokenCounter interface and the simple reversible counter used by unit
  * tests and by ingest without a model. */
-#include "retriever/tokcount.h"
+#include "text/tokcount.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-#include "retriever/status.h"
 
 int tokcount_count(const struct TokenCounter *tc, const char *text, size_t len, size_t *n)
 {
     *n = 0;
     if (len == 0)
-        return RET_OK;
+        return TOKCOUNT_OK;
     if (tc->count)
-        return tc->count(tc->count_ctx, text, len, n) ? RET_ETOKEN : RET_OK;
-    return tc->encode(tc->ctx, text, len, 0, NULL, 0, n) ? RET_ETOKEN : RET_OK;
+        return tc->count(tc->count_ctx, text, len, n) ? TOKCOUNT_EFAIL : TOKCOUNT_OK;
+    return tc->encode(tc->ctx, text, len, 0, NULL, 0, n) ? TOKCOUNT_EFAIL : TOKCOUNT_OK;
 }
 
 int tokcount_encode_alloc(const struct TokenCounter *tc, const char *text, size_t len,
@@ -23,23 +21,23 @@ int tokcount_encode_alloc(const struct TokenCounter *tc, const char *text, size_
     *ids = NULL;
     *n = 0;
     if (len == 0 && !(flags & TC_ADD_BOS))
-        return RET_OK;
+        return TOKCOUNT_OK;
     size_t need = 0;
     if (tc->encode(tc->ctx, text, len, flags, NULL, 0, &need))
-        return RET_ETOKEN;
+        return TOKCOUNT_EFAIL;
     if (need == 0)
-        return RET_OK;
+        return TOKCOUNT_OK;
     int32_t *buf = malloc(need * sizeof *buf);
     if (!buf)
-        return RET_ENOMEM;
+        return TOKCOUNT_ENOMEM;
     size_t got = 0;
     if (tc->encode(tc->ctx, text, len, flags, buf, need, &got) || got != need) {
         free(buf);
-        return RET_ETOKEN;
+        return TOKCOUNT_EFAIL;
     }
     *ids = buf;
     *n = need;
-    return RET_OK;
+    return TOKCOUNT_OK;
 }
 
 #define SIMPLE_SPECIAL_BASE 0x7F000000
@@ -115,7 +113,7 @@ static int simple_decode(void *ctx, const int32_t *ids, size_t n, char *out, siz
         uint32_t id = (uint32_t)ids[i];
         if (id >= SIMPLE_SPECIAL_BASE) {
             if (id - SIMPLE_SPECIAL_BASE >= N_SIMPLE_SPECIALS)
-                return RET_EINPUT;
+                return TOKCOUNT_EINPUT;
             const char *sp = SIMPLE_SPECIALS[id - SIMPLE_SPECIAL_BASE];
             for (size_t k = 0; sp[k]; k++, len++)
                 if (len < cap)
@@ -124,7 +122,7 @@ static int simple_decode(void *ctx, const int32_t *ids, size_t n, char *out, siz
         }
         size_t m = id >> 24;
         if (m < 1 || m > 3)
-            return RET_EINPUT;
+            return TOKCOUNT_EINPUT;
         for (size_t k = 0; k < m; k++, len++)
             if (len < cap)
                 out[len] = (char)((id >> (16 - 8 * k)) & 0xFF);

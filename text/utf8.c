@@ -1,14 +1,9 @@
-/* UTF-8 decoding/encoding and code-point classes for the pre-tokenizer: a strict decoder that
- * reports ill-formed input instead of guessing, and binary search over the generated range
- * tables with a fast path for ASCII. */
-#include "model/unicode.h"
-
-#include "model/unicode_tables.h"
-
-#define N_RANGES(a) (sizeof(a) / sizeof((a)[0]))
+/* UTF-8 decoding, validation, encoding and cutting: one strict decoder (Unicode Table 3-7,
+ * second-byte ranges by lead byte) that every check and every caller goes through. */
+#include "text/utf8.h"
 
 /* Valid range of the second byte given the lead byte (Unicode Table 3-7); later continuation
- * bytes are always 0x80..0xBF. */
+ * bytes are always 0x80..0xBF. 0 when b is not a lead byte. */
 static int utf8_lead(unsigned char b, size_t *need, unsigned char *lo, unsigned char *hi)
 {
     *lo = 0x80;
@@ -16,13 +11,13 @@ static int utf8_lead(unsigned char b, size_t *need, unsigned char *lo, unsigned 
     if (b >= 0xC2 && b <= 0xDF) { *need = 2; return 1; }
     if (b >= 0xE0 && b <= 0xEF) {
         *need = 3;
-        if (b == 0xE0) *lo = 0xA0;
+        if (b == 0xE0) *lo = 0xA0;  /* no overlong forms */
         if (b == 0xED) *hi = 0x9F;  /* excludes the surrogates */
         return 1;
     }
     if (b >= 0xF0 && b <= 0xF4) {
         *need = 4;
-        if (b == 0xF0) *lo = 0x90;
+        if (b == 0xF0) *lo = 0x90;  /* no overlong forms */
         if (b == 0xF4) *hi = 0x8F;  /* nothing past U+10FFFF */
         return 1;
     }
@@ -46,20 +41,20 @@ static size_t utf8_prefix(const unsigned char *s, size_t len, size_t *need)
     return k;
 }
 
-size_t unicode_decode_utf8(const unsigned char *s, size_t len, uint32_t *cp)
+size_t utf8_decode(const unsigned char *s, size_t len, uint32_t *cp)
 {
     if (s[0] < 0x80) { *cp = s[0]; return 1; }
     size_t need;
     size_t k = utf8_prefix(s, len, &need);
-    if (need == 0) { *cp = UNICODE_INVALID; return 1; }
-    if (k < need) { *cp = UNICODE_INVALID; return k; }
+    if (need == 0) { *cp = UTF8_INVALID; return 1; }
+    if (k < need) { *cp = UTF8_INVALID; return k; }
     uint32_t v = s[0] & (need == 2 ? 0x1F : need == 3 ? 0x0F : 0x07);
     for (size_t i = 1; i < need; i++) v = (v << 6) | (s[i] & 0x3F);
     *cp = v;
     return need;
 }
 
-int unicode_is_incomplete_utf8(const unsigned char *s, size_t len)
+int utf8_is_incomplete(const unsigned char *s, size_t len)
 {
     if (len == 0) return 0;
     size_t need;
@@ -67,7 +62,24 @@ int unicode_is_incomplete_utf8(const unsigned char *s, size_t len)
     return need > 0 && k == len && len < need;
 }
 
-size_t unicode_encode_utf8(uint32_t cp, char out[4])
+int utf8_valid(const char *s, size_t len, size_t *bad_off)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < len) {
+        if (u[i] < 0x80) { i++; continue; }
+        uint32_t cp;
+        size_t k = utf8_decode(u + i, len - i, &cp);
+        if (cp == UTF8_INVALID) {
+            if (bad_off) *bad_off = i;
+            return 0;
+        }
+        i += k;
+    }
+    return 1;
+}
+
+size_t utf8_encode(uint32_t cp, char out[4])
 {
     if (cp < 0x80) { out[0] = (char)cp; return 1; }
     if (cp < 0x800) {
@@ -92,49 +104,10 @@ size_t unicode_encode_utf8(uint32_t cp, char out[4])
     return 0;
 }
 
-static int in_ranges(const struct UnicodeRange *r, size_t n, uint32_t cp)
+size_t utf8_cut(const char *s, size_t len, size_t max)
 {
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (cp > r[mid].hi) lo = mid + 1;
-        else if (cp < r[mid].lo) hi = mid;
-        else return 1;
-    }
-    return 0;
-}
-
-int unicode_is_letter(uint32_t cp)
-{
-    return in_ranges(unicode_letter_ranges, N_RANGES(unicode_letter_ranges), cp);
-}
-
-int unicode_is_number(uint32_t cp)
-{
-    return in_ranges(unicode_number_ranges, N_RANGES(unicode_number_ranges), cp);
-}
-
-int unicode_is_space(uint32_t cp)
-{
-    return in_ranges(unicode_space_ranges, N_RANGES(unicode_space_ranges), cp);
-}
-
-enum UnicodeClass unicode_class(uint32_t cp)
-{
-    if (cp < 0x80) {
-        if ((cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z')) return UNICODE_LETTER;
-        if (cp >= '0' && cp <= '9') return UNICODE_NUMBER;
-        if (cp == ' ' || (cp >= 0x09 && cp <= 0x0D)) return UNICODE_SPACE;
-        return UNICODE_OTHER;
-    }
-    if (cp == UNICODE_INVALID) return UNICODE_OTHER;
-    if (unicode_is_letter(cp)) return UNICODE_LETTER;
-    if (unicode_is_number(cp)) return UNICODE_NUMBER;
-    if (unicode_is_space(cp)) return UNICODE_SPACE;
-    return UNICODE_OTHER;
-}
-
-const char *unicode_tables_version(void)
-{
-    return UNICODE_TABLES_VERSION;
+    if (len <= max) return len;
+    size_t n = max;
+    while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80) n--;
+    return n;
 }

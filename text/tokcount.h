@@ -1,12 +1,21 @@
 /* The token-counting interface the retriever uses to size chunks and assemble prompts, so the
- * store, chunker and index never depend on the model's tokenizer directly. Two providers: the
- * model tokenizer (tokcount_model.c) and a simple, exactly reversible byte-packing counter
- * for tests and for ingesting without a model. */
-#ifndef DIFFRAG_TOKCOUNT_H
-#define DIFFRAG_TOKCOUNT_H
+ * store, chunker and index never depend on the model's tokenizer: the model implements it
+ * (model/tokcount_model.h), and a simple, exactly reversible byte-packing counter here serves
+ * tests and ingesting without a model. */
+#ifndef DIFFRAG_TEXT_TOKCOUNT_H
+#define DIFFRAG_TEXT_TOKCOUNT_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* Return codes. They have the values of RET_OK, RET_EINPUT, RET_ENOMEM and RET_ETOKEN in
+ * retriever/status.h, so the retriever passes them on unchanged. */
+enum TokCountStatus {
+    TOKCOUNT_OK = 0,
+    TOKCOUNT_EINPUT = -1,  /* an id the counter never gives (decode) */
+    TOKCOUNT_ENOMEM = -4,
+    TOKCOUNT_EFAIL = -8,   /* the counter's encode or decode failed */
+};
 
 enum TokCountFlags {
     TC_SPECIAL = 1u << 0, /* recognise special-token strings such as <|im_start|> */
@@ -27,11 +36,11 @@ struct TokenCounter {
 /* All three functions must be safe to call from several threads at once: the store chunks
  * large batches on worker threads. */
 
-/* Number of tokens in text (no special-token parsing). RET_OK or RET_ETOKEN. */
+/* Number of tokens in text (no special-token parsing). TOKCOUNT_OK or TOKCOUNT_EFAIL. */
 int tokcount_count(const struct TokenCounter *tc, const char *text, size_t len, size_t *n);
 
 /* Encode into a malloc'ed array (*ids, caller frees; may be NULL when *n == 0).
- * RET_OK, RET_ETOKEN or RET_ENOMEM. */
+ * TOKCOUNT_OK, TOKCOUNT_EFAIL or TOKCOUNT_ENOMEM. */
 int tokcount_encode_alloc(const struct TokenCounter *tc, const char *text, size_t len,
                           unsigned flags, int32_t **ids, size_t *n);
 
@@ -40,21 +49,5 @@ int tokcount_encode_alloc(const struct TokenCounter *tc, const char *text, size_
  * the id, so decoding is exact. About one token per 3 bytes of prose. With TC_SPECIAL the
  * strings <|im_start|>, <|im_end|> and <|endoftext|> are single tokens. Stateless (ctx NULL). */
 void tokcount_simple(struct TokenCounter *out);
-
-struct Tokenizer;
-/* Adapter over the model tokenizer (model/tokenizer.h); `t` is borrowed and must outlive the
- * counter. Defined in tokcount_model.c so unit tests can link without the model library. */
-void tokcount_from_tokenizer(const struct Tokenizer *t, struct TokenCounter *out);
-
-/* The same adapter with a word-count cache for counting (chunk sizing): text is split before
- * each space that sits between two non-space characters, which the GPT-2 family pre-tokenizers
- * never merge across, so the count is exact while each distinct word is encoded once. The
- * cache is bounded (about 11 MB) and shared by threads. `t` must outlive it.
- * tokcount_model_new returns RET_OK or RET_ENOMEM. */
-struct TokCountModel;
-int tokcount_model_new(const struct Tokenizer *t, struct TokCountModel **out);
-void tokcount_model_destroy(struct TokCountModel **m);
-/* Fill *out with a counter using m (valid while m lives). */
-void tokcount_model_counter(struct TokCountModel *m, struct TokenCounter *out);
 
 #endif

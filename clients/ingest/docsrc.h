@@ -1,0 +1,94 @@
+/* Documents from local files, for `diffrag ingest` and `diffrag-store ingest`: walks the files
+ * and folders given, reads a .txt or .md file as one document and a .jsonl file as one document
+ * a line ({"id", "text", "title"?, "meta"?}), and refuses what is not a text file.
+ *
+ * Document ids of text files: the name of the folder given, then the file's path inside it,
+ * with '/' separators. For a folder whose real path is /home/u/notes:
+ *   given as "notes", "./notes/", "/home/u/notes" or "." (from inside it):
+ *       notes/a.txt -> "notes/a.txt", notes/sub/b.md -> "notes/sub/b.md"
+ *   a file given directly: its folder's name and its own, "notes/a.txt" (the id it gets when
+ *   its folder is ingested)
+ * A folder is named by the last component of its real path, so the same file gets the same id
+ * however the folder is spelled, and ingesting a folder again replaces its documents instead
+ * of adding copies. A folder given as "/" adds no name.
+ * The ids of .jsonl documents are their "id" fields. */
+#ifndef DIFFRAG_DOCSRC_H
+#define DIFFRAG_DOCSRC_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+enum DocsrcStatus {
+    DOCSRC_OK = 0,
+    DOCSRC_EFILE = -1,  /* this file cannot be a document (not a regular file, too large, empty,
+                         * not UTF-8, a NUL byte, a name that is not UTF-8): callers skip it
+                         * when a folder walk found it and fail when it was named */
+    DOCSRC_EINPUT = -2, /* a malformed .jsonl line, a missing or unusable path */
+    DOCSRC_EIO = -3,    /* the operating system failed to read */
+    DOCSRC_ENOMEM = -4,
+    DOCSRC_ESTOP = -5,  /* the document callback returned non-zero */
+};
+
+enum DocsrcKind { DOCSRC_TEXT, DOCSRC_MARKDOWN, DOCSRC_JSONL };
+
+struct DocsrcOptions {
+    /* A text file larger than this is refused before it is read; a .jsonl line longer than
+     * max_line_bytes likewise. limit_hint follows the refusal: what to do instead. */
+    size_t max_file_bytes, max_line_bytes;
+    const char *limit_hint;
+    /* Nesting allowed in a .jsonl line, the line's object counting 1 (0: JSON_MAX_DEPTH). */
+    int max_depth;
+    /* 1: a file named directly is read as text whatever its name (the CLI); 0: only .txt, .md
+     * and .jsonl, others are an error. Folder walks take those three and skip the rest. */
+    int any_named_file;
+    /* Notes about files a walk skipped (hidden files and other extensions silently) go to
+     * notes, each line starting with prog; NULL: none. */
+    FILE *notes;
+    const char *prog;
+};
+
+/* A file to read, in walk order (each folder's entries sorted by name). */
+struct DocsrcFile {
+    char *path;   /* to open: the folder as given joined with the names below it */
+    char *id;     /* the id of its document, for .txt and .md */
+    int named;    /* given directly, not found by walking a folder */
+    enum DocsrcKind kind;
+};
+
+struct DocsrcList {
+    struct DocsrcFile *files;
+    size_t n, cap;
+    size_t skipped; /* files a walk passed over: other extensions, not regular, bad names */
+};
+
+/* Collects the files of paths[0..n_paths) into *list (start from `struct DocsrcList l = {0}`;
+ * it may be called again to add more). Returns DOCSRC_OK, DOCSRC_EINPUT (a path that does not
+ * exist or cannot be walked, a named file of another kind; err names it), DOCSRC_EFILE (a
+ * named file that is not a regular file, or a name that is not UTF-8), DOCSRC_ENOMEM. */
+int docsrc_collect(const struct DocsrcOptions *o, const char *const *paths, size_t n_paths,
+                   struct DocsrcList *list, char *err, size_t errlen);
+void docsrc_list_free(struct DocsrcList *list);
+
+/* One document; every string is malloc'd, NUL-terminated and valid UTF-8. title and meta_json
+ * (the "meta" object of a .jsonl line as compact JSON text) may be NULL. */
+struct DocsrcDoc {
+    char *id, *title, *text, *meta_json;
+    size_t id_len, title_len, text_len;
+    size_t line; /* the line of a .jsonl file (from 1); 0 for a text file */
+};
+
+/* Called once per document; it takes the strings (docsrc_doc_free releases what it leaves).
+ * Non-zero stops the file: docsrc_read then returns DOCSRC_ESTOP. */
+typedef int (*docsrc_doc_fn)(void *ctx, struct DocsrcDoc *doc);
+
+/* Reads file f and calls fn for each of its documents. *stop is checked before each .jsonl
+ * line (a Ctrl-C flag; NULL: never). Returns DOCSRC_OK, DOCSRC_EFILE (a text file that cannot
+ * be a document: err says why and how to fix it), DOCSRC_EINPUT (a .jsonl line: err starts
+ * with "PATH:LINE: "; the lines before it were given to fn), DOCSRC_EIO, DOCSRC_ENOMEM,
+ * DOCSRC_ESTOP. */
+int docsrc_read(const struct DocsrcOptions *o, const struct DocsrcFile *f, docsrc_doc_fn fn,
+                void *ctx, volatile int *stop, char *err, size_t errlen);
+
+void docsrc_doc_free(struct DocsrcDoc *doc);
+
+#endif

@@ -1,0 +1,307 @@
+/* The broker's workers: the registry (READY, results, deltas, goodbyes), dispatch of waiting
+ * queries to idle workers least recently used first, cancels passed on to them, heartbeats
+ * and expiry, the retry of a lost worker's query, and the farewell at shutdown. */
+#include "daemon/broker_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/log.h"
+#include "daemon/zutil.h"
+
+static struct WorkerRef *worker_find(struct Broker *b, const void *id, size_t len)
+{
+    for (struct WorkerRef *w = b->workers; w; w = w->next)
+        if (w->ident_len == len && !memcmp(w->ident, id, len))
+            return w;
+    return NULL;
+}
+
+static void send_worker(struct Broker *b, const struct WorkerRef *w, uint8_t cmd, const void *body,
+                        size_t len)
+{
+    zu_send_cmd(b->back, w->ident, w->ident_len, cmd, body, len, ZMQ_DONTWAIT);
+}
+
+static void job_lost(struct Broker *b, struct Request *r);
+
+/* A worker leaves the registry: `lost` when it went silent (counted, and worth a warning),
+ * not when it said goodbye. Its job, if any, is retried or answered. */
+static void worker_remove(struct Broker *b, struct WorkerRef *w, const char *why, int lost)
+{
+    struct WorkerRef **pp = &b->workers;
+    while (*pp && *pp != w)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = w->next;
+    if (!w->refused)
+        b->n_workers--;
+    struct Request *r = w->req;
+    if (r) {
+        b->n_busy--;
+        r->worker = NULL;
+    }
+    if (lost || r) {
+        dlog(LL_WARN, "msg=\"worker lost\" reason=%s model=\"%s\" busy=%d", why, w->info.model,
+             r != NULL);
+        metrics_worker_lost(b->o.metrics);
+    } else {
+        dlog(LL_INFO, "msg=\"worker left\" model=\"%s\" workers=%d", w->info.model, b->n_workers);
+    }
+    free(w);
+    b->gauges_dirty = 1;
+    lifecycle_update_gauges(b);   /* /readyz reflects the loss before the client hears of it */
+    if (r)
+        job_lost(b, r);
+}
+
+/* The worker running r is gone: retry once when nothing was streamed yet and another worker
+ * can take it, otherwise answer with an error (never silence). */
+static void job_lost(struct Broker *b, struct Request *r)
+{
+    if (!r->streamed && !r->retried && !b->draining && b->n_workers > 0) {
+        r->retried = 1;
+        r->job = 0;
+        b->n_pending++;
+        request_wait_worker(b, r, 1);
+        return;
+    }
+    reply_error(b, r, EC_INTERNAL, "the worker running this request was lost");
+}
+
+static void on_worker_ready(struct Broker *b, const uint8_t *id, size_t id_len, const void *body,
+                            size_t len, double now)
+{
+    struct WireInfo info;
+    char err[256];
+    if (id_len > REQ_MAX_IDENT)
+        return;
+    if (wire_info_decode(body, len, &info, err, sizeof err)) {
+        dlog(LL_WARN, "msg=\"worker READY refused\" error=\"%s\"", err);
+        zu_send_cmd(b->back, id, id_len, WIRE_DISCONNECT, NULL, 0, ZMQ_DONTWAIT);
+        return;
+    }
+    struct WorkerRef *w = worker_find(b, id, id_len);
+    if (w) {
+        /* READY from a worker that should be busy: its job is lost (it restarted) */
+        if (w->req) {
+            struct Request *r = w->req;
+            w->req = NULL;
+            r->worker = NULL;
+            b->n_busy--;
+            job_lost(b, r);
+        }
+    } else {
+        w = calloc(1, sizeof *w);
+        if (!w)
+            return;
+        memcpy(w->ident, id, id_len);
+        w->ident_len = id_len;
+        w->next = b->workers;
+        b->workers = w;
+        w->refused = info.vocab != b->o.vocab;
+        if (!w->refused)
+            b->n_workers++;
+    }
+    w->info = info;
+    w->expiry = now + (double)b->cfg->heartbeat_ms * (double)b->cfg->heartbeat_liveness;
+    w->idle_since = now;
+    b->gauges_dirty = 1;
+    if (w->refused)
+        dlog(LL_ERROR, "msg=\"worker serves another vocabulary; not used\" model=\"%s\" vocab=%lld "
+             "expected=%lld", info.model, (long long)info.vocab, (long long)b->o.vocab);
+    else
+        dlog(LL_INFO, "msg=\"worker ready\" model=\"%s\" n_ctx=%lld threads=%lld kv_bytes=%llu workers=%d",
+             info.model, (long long)info.n_ctx, (long long)info.threads,
+             (unsigned long long)info.kv_bytes, b->n_workers);
+}
+
+static void on_worker_result(struct Broker *b, struct WorkerRef *w, const uint8_t *body, size_t len)
+{
+    struct Request *r = w->req;
+    uint64_t job = wire_get_u64(body);
+    w->idle_since = zu_now_ms();
+    if (!r || r->job != job) {
+        dlog(LL_DEBUG, "msg=\"late result dropped\" job=%llu", (unsigned long long)job);
+        return;
+    }
+    w->req = NULL;
+    b->n_busy--;
+    r->worker = NULL;
+    b->gauges_dirty = 1;
+    struct WireResult res = { .job = job };
+    char err[256];
+    if (wire_result_decode(body + 8, len - 8, &res, err, sizeof err)) {
+        dlog(LL_WARN, "msg=\"worker sent a malformed result\" model=\"%s\" error=\"%s\"",
+             w->info.model, err);
+        reply_error(b, r, EC_INTERNAL, err);
+        return;
+    }
+    reply_query(b, r, &res);
+    wire_result_free(&res);
+}
+
+static void on_worker_delta(struct Broker *b, struct WorkerRef *w, const uint8_t *body, size_t len)
+{
+    struct Request *r = w->req;
+    if (!r || r->job != wire_get_u64(body) || !r->p.stream || r->req_envelope)
+        return;
+    reply_delta(b, r, (const char *)body + 8, len - 8);
+}
+
+void workers_receive(struct Broker *b)
+{
+    struct ZuMsg m;
+    while (zu_recv(b->back, &m, ZMQ_DONTWAIT) == 0) {
+        double now = zu_now_ms();
+        if (m.n_total < 2 || m.n_total > 3 || zu_size(&m, 1) != 1) {
+            zu_close(&m);
+            continue;
+        }
+        const uint8_t *id = zu_data(&m, 0);
+        size_t id_len = zu_size(&m, 0);
+        uint8_t cmd = *(const uint8_t *)zu_data(&m, 1);
+        const uint8_t *body = m.n == 3 ? zu_data(&m, 2) : NULL;
+        size_t blen = m.n == 3 ? zu_size(&m, 2) : 0;
+        if (cmd == WIRE_READY) {
+            on_worker_ready(b, id, id_len, body, blen, now);
+            zu_close(&m);
+            continue;
+        }
+        struct WorkerRef *w = worker_find(b, id, id_len);
+        if (!w) {
+            /* not registered (expired, or from before a restart): ask it to start over */
+            if (cmd != WIRE_DISCONNECT)
+                zu_send_cmd(b->back, id, id_len, WIRE_DISCONNECT, NULL, 0, ZMQ_DONTWAIT);
+            zu_close(&m);
+            continue;
+        }
+        w->expiry = now + (double)b->cfg->heartbeat_ms * (double)b->cfg->heartbeat_liveness;
+        if (cmd == WIRE_RESULT && blen >= 8)
+            on_worker_result(b, w, body, blen);
+        else if (cmd == WIRE_DELTA && blen >= 8)
+            on_worker_delta(b, w, body, blen);
+        else if (cmd == WIRE_DISCONNECT)
+            worker_remove(b, w, "disconnect", 0);
+        zu_close(&m);
+    }
+}
+
+static struct WorkerRef *pick_worker(struct Broker *b, size_t need, int *any_fits)
+{
+    struct WorkerRef *best = NULL;
+    *any_fits = 0;
+    for (struct WorkerRef *w = b->workers; w; w = w->next) {
+        if (w->refused || (size_t)w->info.n_ctx < need)
+            continue;
+        *any_fits = 1;
+        if (!w->req && (!best || w->idle_since < best->idle_since))
+            best = w;
+    }
+    return best;
+}
+
+void workers_dispatch(struct Broker *b)
+{
+    while (b->waitq_head) {
+        struct Request *r = b->waitq_head;
+        size_t need = r->ctx->n_tokens + (size_t)r->p.max_tokens;
+        int any_fits;
+        struct WorkerRef *w = pick_worker(b, need, &any_fits);
+        if (!w) {
+            if (!any_fits && b->n_workers > 0) {
+                request_unqueue(b, r);
+                char msg[200];
+                snprintf(msg, sizeof msg, "the prompt (%zu tokens) plus max_tokens (%ld) exceeds "
+                         "every worker's context", r->ctx->n_tokens, r->p.max_tokens);
+                reply_error(b, r, EC_TOO_LARGE, msg);
+                continue;
+            }
+            return;
+        }
+        struct MpWriter *mw = &b->w;
+        const char *stops[PROTO_MAX_STOP];
+        size_t stop_lens[PROTO_MAX_STOP];
+        for (size_t i = 0; i < r->p.n_stop; i++) {
+            stops[i] = r->p.stop[i].p;
+            stop_lens[i] = r->p.stop[i].len;
+        }
+        /* the documents' token spans: each placed chunk's text, not its label */
+        uint32_t *spans = malloc(2 * r->ctx->n_cites * sizeof *spans + sizeof *spans);
+        if (spans)
+            for (size_t i = 0; i < r->ctx->n_cites; i++) {
+                spans[2 * i] = (uint32_t)r->ctx->cites[i].tokens.start;
+                spans[2 * i + 1] = (uint32_t)r->ctx->cites[i].tokens.end;
+            }
+        struct WireGround wg = { .doc_spans = spans, .n_spans = r->ctx->n_cites,
+                                 .watch = b->o.watch, .n_watch = b->o.n_watch };
+        mpw_reset(mw);
+        if (!spans)
+            mw->failed = 1;
+        wire_job_encode(mw, r->ctx->tokens, r->ctx->n_tokens, (int)r->p.max_tokens, r->p.temperature,
+                        r->p.top_p, r->p.seed, stops, stop_lens, r->p.n_stop, r->p.stream, &wg);
+        free(spans);
+        request_unqueue(b, r);
+        if (mw->failed) {
+            reply_error(b, r, EC_INTERNAL, "out of memory encoding the job");
+            continue;
+        }
+        r->job = ++b->next_job;
+        if (zu_send_job(b->back, w->ident, w->ident_len, WIRE_JOB, r->job, mw->buf.data,
+                        mw->buf.size, ZMQ_DONTWAIT)) {
+            reply_error(b, r, EC_INTERNAL, "cannot reach the worker");
+            continue;
+        }
+        r->state = RS_RUN;
+        r->worker = w;
+        r->t_dispatch = zu_now_ms();
+        w->req = r;
+        b->n_busy++;
+        b->gauges_dirty = 1;
+        /* A deadline or cancel that came while it waited is passed on now. */
+        if (r->cancelled || r->deadline_hit) {
+            uint8_t reason = r->deadline_hit ? WIRE_REASON_DEADLINE : WIRE_REASON_CANCEL;
+            zu_send_job(b->back, w->ident, w->ident_len, WIRE_CANCEL, r->job, &reason, 1, ZMQ_DONTWAIT);
+        }
+    }
+}
+
+void workers_cancel(struct Broker *b, struct Request *r, uint8_t reason)
+{
+    if (r->worker)
+        zu_send_job(b->back, r->worker->ident, r->worker->ident_len, WIRE_CANCEL, r->job, &reason, 1,
+                    ZMQ_DONTWAIT);
+}
+
+void workers_heartbeat(struct Broker *b, double now)
+{
+    if (now >= b->next_hb) {
+        for (struct WorkerRef *w = b->workers; w; w = w->next)
+            send_worker(b, w, WIRE_HEARTBEAT, NULL, 0);
+        b->next_hb = now + (double)b->cfg->heartbeat_ms;
+    }
+    struct WorkerRef *w = b->workers;
+    while (w) {
+        struct WorkerRef *next = w->next;
+        if (now > w->expiry)
+            worker_remove(b, w, "heartbeat_timeout", 1);
+        w = next;
+    }
+}
+
+void broker_farewell(struct Broker *b)
+{
+    workers_receive(b);   /* goodbyes of the worker threads stopped meanwhile */
+    for (struct WorkerRef *w = b->workers; w; w = w->next)
+        send_worker(b, w, WIRE_DISCONNECT, NULL, 0);
+}
+
+uint64_t workers_kv_bytes(const struct Broker *b)
+{
+    uint64_t kv = 0;
+    for (const struct WorkerRef *w = b->workers; w; w = w->next)
+        if (!w->refused)
+            kv += w->info.kv_bytes;
+    return kv;
+}

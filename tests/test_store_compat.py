@@ -1,0 +1,62 @@
+"""A store written by an earlier build (tests/data/store-fixture) opens with today's
+diffrag-store, verifies, and answers every recorded search exactly as the code that wrote it:
+the terms in existing stores must not move when the text layer changes."""
+import gzip
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import ROOT
+
+FIXTURE = ROOT / "tests" / "data" / "store-fixture"
+
+
+@pytest.fixture(scope="module")
+def old_store(tmp_path_factory, build_dir):
+    d = tmp_path_factory.mktemp("old-store")
+    with gzip.open(FIXTURE / "data.mdb.gz", "rb") as src, open(d / "data.mdb", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return d
+
+
+def store_tool(build_dir, store, *args):
+    return subprocess.run([str(build_dir / "diffrag-store"), "--data-dir", str(store), *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_old_store_verifies(build_dir, old_store):
+    r = store_tool(build_dir, old_store, "verify")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 collections, 28 documents, 186 chunks" in r.stdout + r.stderr
+    assert " 0 problems" in r.stdout + r.stderr
+
+
+def test_old_store_same_answers(build_dir, old_store):
+    expected = [json.loads(line) for line in (FIXTURE / "expected.jsonl").read_text().splitlines()]
+    checked = differ = 0
+    for e in expected:
+        coll = e["collection"]
+        if "stats" in e:
+            r = store_tool(build_dir, old_store, "-c", coll, "stats", "--json")
+            assert r.returncode == 0, r.stderr
+            got = json.loads(r.stdout)
+            got.pop("map_bytes", None)
+            assert got == e["stats"], coll
+            continue
+        r = store_tool(build_dir, old_store, "-c", coll, "search", "--json", "-k", "10", e["query"])
+        assert r.returncode == 0, r.stderr
+        hits = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+        got = [{k: h[k] for k in ("rank", "doc_id", "chunk", "chunk_id", "byte_start", "byte_end")}
+               for h in hits]
+        want = [{k: h[k] for k in ("rank", "doc_id", "chunk", "chunk_id", "byte_start", "byte_end")}
+                for h in e["hits"]]
+        if got != want or any(abs(h["score"] - w["score"]) > 1e-5 * max(1.0, abs(w["score"]))
+                              for h, w in zip(hits, e["hits"])):
+            differ += 1
+            print("differs: %s %r\n  got  %s\n  want %s" % (coll, e["query"], hits, e["hits"]))
+        checked += 1
+    print("old store: %d searches checked, %d differ" % (checked, differ))
+    assert checked == 60
+    assert differ == 0
