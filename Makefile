@@ -83,12 +83,12 @@ FUZZ_TARGETS := fuzz_gguf fuzz_tokenizer fuzz_analyzer fuzz_context fuzz_request
 FUZZ_BUILD   := build/fuzz
 FUZZ_SAN     := -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer
 # The parsers under fuzz need no kernels: link only what they use (the text layer whole).
-FUZZ_OBJS    := model/gguf model/tokenizer model/tokenizer_encode $(basename $(wildcard text/*.c)) \
+FUZZ_OBJS    := model/gguf model/model_ctx model/tokenizer model/tokenizer_encode $(basename $(wildcard text/*.c)) \
                 $(basename $(wildcard retriever/*.c))
 # fuzz_request also links the daemon's decoder and op table (with the I/O stages it names),
 # msgpack reader/writer, configuration table and the grounding parsers the configuration
 # checks with.
-FUZZ_DAEMON_OBJS := daemon/proto daemon/ops daemon/stages daemon/mp daemon/wire daemon/config daemon/log daemon/grounding
+FUZZ_DAEMON_OBJS := daemon/proto daemon/ops daemon/stages daemon/mp daemon/wire daemon/config daemon/config_endpoint daemon/log daemon/grounding
 FUZZ_LINK_fuzz_request := $(patsubst %,$(FUZZ_BUILD)/%.o,$(FUZZ_DAEMON_OBJS)) -lmsgpackc -lcrypto
 fuzz-build:
 	$(MAKE) BUILD=$(FUZZ_BUILD) CC=clang OPT=-O1 SAN="$(FUZZ_SAN)" \

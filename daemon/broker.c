@@ -109,6 +109,20 @@ static int id_equal(const uint8_t *a, size_t alen, const uint8_t *c, size_t clen
     return 0;
 }
 
+/* The live request from the client with this ZeroMQ identity whose id is the msgpack value
+ * id[0..id_len), or NULL. A request without an id matches nothing. Cancels find their target
+ * here, and admission refuses a second request with an id already in flight, so that one id
+ * names at most one live request per connection. */
+static struct Request *live_find(struct Broker *b, const uint8_t *ident, size_t ident_len,
+                                 const uint8_t *id, size_t id_len)
+{
+    for (struct Request *r = b->all.next; r != &b->all; r = r->next)
+        if (r->ident_len == ident_len && !memcmp(r->ident, ident, ident_len) && r->p.id_raw &&
+            id_equal(r->p.id_raw, r->p.id_len, id, id_len))
+            return r;
+    return NULL;
+}
+
 /* ---- I/O threads ---- */
 
 static void dispatch_prep(struct Broker *b)
@@ -224,13 +238,7 @@ static void stop_prep_threads(struct Broker *b)
 
 static void handle_cancel(struct Broker *b, struct Request *c)
 {
-    struct Request *t = NULL;
-    for (struct Request *r = b->all.next; r != &b->all; r = r->next)
-        if (r->ident_len == c->ident_len && !memcmp(r->ident, c->ident, r->ident_len) &&
-            r->p.id_raw && id_equal(r->p.id_raw, r->p.id_len, c->p.target_raw, c->p.target_len)) {
-            t = r;
-            break;
-        }
+    struct Request *t = live_find(b, c->ident, c->ident_len, c->p.target_raw, c->p.target_len);
     if (!t) {
         reply_error(b, c, EC_NOT_FOUND, "no request in flight from this client has that id");
         return;
@@ -279,6 +287,14 @@ static void admit(struct Broker *b, struct Request *r)
     const struct Config *cfg = b->cfg;
     if (ops_stage(&r->p) == OPS_LOOP) {
         answer_in_loop(b, r);
+        return;
+    }
+    if (r->p.id_raw && live_find(b, r->ident, r->ident_len, r->p.id_raw, r->p.id_len)) {
+        char id[300], msg[400];
+        reply_id_text(r, id, sizeof id);
+        snprintf(msg, sizeof msg, "id %s is already in flight on this connection: wait for its "
+                 "reply or cancel it", id);
+        reply_error(b, r, EC_BAD_REQUEST, msg);
         return;
     }
     if (b->n_pending >= cfg->max_queue) {

@@ -77,6 +77,8 @@ void reply_ping(struct Broker *b, struct Request *r);
 void reply_daemon_stats(struct Broker *b, struct Request *r);
 /* A streamed piece of the answer. */
 void reply_delta(struct Broker *b, struct Request *r, const char *text, size_t len);
+/* r's id as the log line writes it: an integer, a logfmt-quoted string, or "-" without one. */
+void reply_id_text(const struct Request *r, char *out, size_t cap);
 
 /* ---- workers.c ---- */
 

@@ -12,6 +12,8 @@
 
 #include "daemon/grounding.h"
 #include "daemon/log.h"
+#include "model/gguf.h"
+#include "model/model_ctx.h"
 
 enum KeyType { K_STR, K_LONG, K_SIZE, K_DOUBLE };
 
@@ -170,6 +172,8 @@ static int parse_size(const char *s, size_t *out)
     v *= mul;
     if (v > 1e18)
         return -1;
+    if (v != floor(v))
+        return -2;   /* 1.5 would silently become 1 byte; 1.5k (1536) is whole */
     *out = (size_t)v;
     return 0;
 }
@@ -186,6 +190,12 @@ static int set_key(struct Config *c, const struct Key *k, const char *value, cha
             return -1;
         }
         memcpy(dst, value, n + 1);
+        /* ZeroMQ binds addresses and interface names, not host names: localhost would fail
+         * with "No such device". Same length, so it fits wherever the name did. */
+        if ((k->off == offsetof(struct Config, listen) ||
+             k->off == offsetof(struct Config, worker_listen)) &&
+            !strncmp(dst, "tcp://localhost:", 16))
+            memcpy(dst + 6, "127.0.0.1", 9);
         return 0;
     }
     case K_LONG: {
@@ -206,7 +216,12 @@ static int set_key(struct Config *c, const struct Key *k, const char *value, cha
     }
     case K_SIZE: {
         size_t v;
-        if (parse_size(value, &v)) {
+        int prc = parse_size(value, &v);
+        if (prc == -2) {
+            snprintf(err, errlen, "%s: \"%s\" is not a whole number of bytes", k->name, value);
+            return -1;
+        }
+        if (prc) {
             snprintf(err, errlen, "%s: not a size (bytes, or with k/M/G/T): \"%s\"", k->name, value);
             return -1;
         }
@@ -414,39 +429,16 @@ int config_from_args(struct Config *c, struct ConfigCli *cli, int argc, char **a
     return 0;
 }
 
-static int endpoint_ok(const char *e)
-{
-    static const char *const schemes[] = { "tcp://", "ipc://", "inproc://", "ws://", "udp://" };
-    for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++)
-        if (!strncmp(e, schemes[i], strlen(schemes[i])) && e[strlen(schemes[i])])
-            return 1;
-    return 0;
-}
-
 int config_validate(const struct Config *c, char *err, size_t errlen)
 {
-    if (!endpoint_ok(c->listen)) {
-        snprintf(err, errlen, "listen: \"%s\" is not a ZeroMQ endpoint (tcp://HOST:PORT, ipc://PATH)",
-                 c->listen);
+    if (config_check_zmq_endpoint("listen", c->listen, 1, err, errlen))
         return -1;
-    }
-    if (c->worker_listen[0] && !endpoint_ok(c->worker_listen)) {
-        snprintf(err, errlen, "worker_listen: \"%s\" is not a ZeroMQ endpoint", c->worker_listen);
+    if (c->worker_listen[0] && config_check_zmq_endpoint("worker_listen", c->worker_listen, 1, err, errlen))
         return -1;
-    }
-    if (c->connect[0] && !endpoint_ok(c->connect)) {
-        snprintf(err, errlen, "connect: \"%s\" is not a ZeroMQ endpoint", c->connect);
+    if (c->connect[0] && config_check_zmq_endpoint("connect", c->connect, 0, err, errlen))
         return -1;
-    }
-    if (c->metrics_listen[0]) {
-        const char *colon = strrchr(c->metrics_listen, ':');
-        char *end;
-        long port = colon ? strtol(colon + 1, &end, 10) : -1;
-        if (!colon || colon == c->metrics_listen || !colon[1] || *end || port < 0 || port > 65535) {
-            snprintf(err, errlen, "metrics_listen: \"%s\" is not HOST:PORT", c->metrics_listen);
-            return -1;
-        }
-    }
+    if (c->metrics_listen[0] && config_check_metrics_listen(c->metrics_listen, err, errlen))
+        return -1;
     if (c->curve_allowed_keys[0] && !c->curve_secret_key_file[0]) {
         snprintf(err, errlen, "curve_allowed_keys needs curve_secret_key_file (the daemon's own "
                  "key): without it clients are not authenticated at all");
@@ -546,6 +538,86 @@ int config_validate(const struct Config *c, char *err, size_t errlen)
     return 0;
 }
 
+/* The layer and attention-head counts of the model's header: {arch}.block_count and
+ * {arch}.attention.head_count (a DIFF V2 head is one differential pair, as the engine counts). */
+static int model_heads(const struct GgufFile *g, int *layers, int *heads, char *err, size_t errlen)
+{
+    struct GgufString a;
+    char key[96];
+    uint32_t v;
+    if (gguf_get_str(g, "general.architecture", &a) != GGUF_OK || !a.len || a.len > 32) {
+        snprintf(err, errlen, "model: %s: general.architecture missing", gguf_path(g));
+        return -1;
+    }
+    snprintf(key, sizeof key, "%.*s.block_count", (int)a.len, a.ptr);
+    if (gguf_get_u32(g, key, &v) != GGUF_OK || v < 1 || v > 65536) {
+        snprintf(err, errlen, "model: %s: %s missing or out of range", gguf_path(g), key);
+        return -1;
+    }
+    *layers = (int)v;
+    snprintf(key, sizeof key, "%.*s.attention.head_count", (int)a.len, a.ptr);
+    if (gguf_get_u32(g, key, &v) != GGUF_OK || v < 1 || v > 65536) {
+        snprintf(err, errlen, "model: %s: %s missing or out of range", gguf_path(g), key);
+        return -1;
+    }
+    *heads = (int)v;
+    return 0;
+}
+
+int config_check_heads(const char *list, int layers, int heads, char *err, size_t errlen)
+{
+    struct GrHead parsed[GR_MAX_WATCH];
+    char herr[256];
+    int n;
+    if (!strcmp(list, "auto"))
+        return 0;
+    if (gr_parse_heads(list, parsed, GR_MAX_WATCH, &n, herr, sizeof herr)) {
+        snprintf(err, errlen, "grounding_heads: %s", herr);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (parsed[i].layer >= layers || parsed[i].head >= heads) {
+            snprintf(err, errlen, "grounding_heads: %d:%d is outside the model (%d layers of %d "
+                     "heads, both counted from 0)", parsed[i].layer, parsed[i].head, layers, heads);
+            return -1;
+        }
+    return 0;
+}
+
+int config_check_model(const struct Config *c, char *err, size_t errlen)
+{
+    struct GgufFile *g = NULL;
+    char merr[512];
+    int layers, heads;
+    if (gguf_open(c->model, &g, merr, sizeof merr)) {
+        snprintf(err, errlen, "model: %s", merr);
+        return -1;
+    }
+    int rc = model_heads(g, &layers, &heads, err, errlen) ||
+             config_check_heads(c->grounding_heads, layers, heads, err, errlen);
+    gguf_close(&g);
+    if (rc)
+        return -1;
+    struct ModelConfig mc;
+    if (model_ctx_read(c->model, &mc, merr, sizeof merr) ||
+        model_ctx_override(&mc, c->rope_scaling, (float)c->rope_factor, (int)c->rope_orig_ctx, merr,
+                           sizeof merr)) {
+        snprintf(err, errlen, "model: %s", merr);
+        return -1;
+    }
+    long usable = model_ctx_usable(&mc);
+    if (c->max_context_tokens && c->max_context_tokens + c->max_tokens > usable) {
+        char why[192];
+        model_ctx_describe(&mc, why, sizeof why);
+        snprintf(err, errlen, "max_context_tokens %ld + max_tokens %ld = %ld exceeds the "
+                 "%ld-token context of the model (%s); lower them, or extend the context with "
+                 "rope_scaling and rope_factor", c->max_context_tokens, c->max_tokens,
+                 c->max_context_tokens + c->max_tokens, usable, why);
+        return -1;
+    }
+    return 0;
+}
+
 long config_max_context(const struct Config *c)
 {
     return c->max_context_tokens ? c->max_context_tokens : c->ctx_auto;
@@ -594,6 +666,16 @@ static void append(char *dst, size_t cap, const char *name)
     snprintf(dst + n, cap - n, "%s%s", n ? "," : "", name);
 }
 
+/* Whether the comma-separated list names `name`. */
+static int listed(const char *list, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = list; (p = strstr(p, name)); p += n)
+        if ((p == list || p[-1] == ',') && (p[n] == ',' || !p[n]))
+            return 1;
+    return 0;
+}
+
 int config_reload(struct Config *live, int argc, char **argv, char *changed, size_t changed_len,
                   char *ignored, size_t ignored_len, char *err, size_t errlen)
 {
@@ -621,6 +703,19 @@ int config_reload(struct Config *live, int argc, char **argv, char *changed, siz
     /* The mixture must hold together too (e.g. a reloaded default against a kept cap). */
     if (config_validate(&next, err, errlen))
         return -1;
+    /* A new model (or a new reading of it) applies at the next start: a value that start would
+     * refuse is refused now, not left to fail the restart it sets up. */
+    static const char *const model_keys[] = { "model", "rope_scaling", "rope_factor",
+                                               "rope_orig_ctx", "grounding_heads" };
+    for (size_t i = 0; i < sizeof model_keys / sizeof model_keys[0]; i++)
+        if (listed(ignored, model_keys[i])) {
+            char merr[768];
+            if (config_check_model(&fresh, merr, sizeof merr)) {
+                snprintf(err, errlen, "%s (needs_restart=\"%s\")", merr, ignored);
+                return -1;
+            }
+            break;
+        }
     *live = next;
     return 0;
 }

@@ -79,12 +79,43 @@ long config_max_context(const struct Config *c);
  * model_ctx is set, also that max_context_tokens + max_tokens fits the model's context. */
 int config_validate(const struct Config *c, char *err, size_t errlen);
 
+/* The endpoint checks (config_endpoint.c), 0 or -1 with a message naming the key. */
+/* config_check_zmq_endpoint: checks a ZeroMQ endpoint of key `key`. tcp:// is parsed: PORT 1..65535; to bind, HOST is *,
+ * an IP address of this machine (IPv6 in brackets) or an interface with an IPv4 address; to
+ * connect, any host name. Other transports need only something after the scheme. */
+int config_check_zmq_endpoint(const char *key, const char *endpoint, int bind_side, char *err,
+                              size_t errlen);
+/* metrics_listen: HOST:PORT with HOST an IP address of this machine or localhost (the metrics
+ * server takes no interface names). */
+int config_check_metrics_listen(const char *hostport, char *err, size_t errlen);
+
+/* Whether a listen address reaches only this machine: a tcp:// endpoint or a metrics
+ * HOST:PORT whose host is 127.0.0.0/8, ::1, localhost or an interface flagged loopback (lo);
+ * ipc:// and inproc:// count as local. "*", 0.0.0.0 and [::] do not. */
+int config_endpoint_loopback(const char *endpoint);
+
+/* Whether a tcp:// endpoint names an IPv6 address ([...]): its ZeroMQ socket needs ZMQ_IPV6. */
+int config_endpoint_ipv6(const char *endpoint);
+
+/* Checks what needs the model file but not its weights, from its GGUF header: that it opens,
+ * that grounding_heads (unless auto) names layers and heads the model has, and that an explicit
+ * max_context_tokens + max_tokens fits its context (with the RoPE override). 0, or -1 with err
+ * ("model: ..." when the file is the problem). */
+int config_check_model(const struct Config *c, char *err, size_t errlen);
+
+/* A grounding_heads value ("auto" passes) against a model of `layers` layers and `heads`
+ * attention heads (DIFF V2: differential heads). 0, or -1 with err. */
+int config_check_heads(const char *list, int layers, int heads, char *err, size_t errlen);
+
 /* `key = value` for every key; with_help puts each key's meaning above it as a comment. */
 void config_print(const struct Config *c, FILE *f, int with_help);
 
 /* Re-reads the file and command line into a fresh Config and copies the keys SIGHUP may change
  * into *live; `changed` receives a comma-separated list of reloaded keys that changed and
- * `ignored` the keys that changed but need a restart. 0, or -1 (live untouched) with err. */
+ * `ignored` the keys that changed but need a restart. When the model or how it is read
+ * (model, rope_*, grounding_heads) changed, the new values are checked against the model's
+ * header (config_check_model), so a reload never sets up a restart that would fail.
+ * 0, or -1 (live untouched) with err. */
 int config_reload(struct Config *live, int argc, char **argv, char *changed, size_t changed_len,
                   char *ignored, size_t ignored_len, char *err, size_t errlen);
 

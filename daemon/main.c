@@ -113,6 +113,19 @@ static long budget_ctx_on(const struct Model *m, const struct Config *c, int n_w
     return lo;
 }
 
+/* The longest context (1..usable) kv_budget_bytes holds on the device the workers will use
+ * (auto with a visible GPU: the smaller of the CPU's and CUDA's estimates). */
+static long budget_ctx(const struct Model *m, const struct Config *c, int n_workers, long usable)
+{
+    int cuda = !strcmp(c->device, "cuda"), cpu = !strcmp(c->device, "cpu");
+    long fit = budget_ctx_on(m, c, n_workers, cuda ? ENGINE_CUDA : ENGINE_CPU, usable);
+    if (!cuda && !cpu && gpu_visible()) {
+        long g = budget_ctx_on(m, c, n_workers, ENGINE_CUDA, usable);
+        if (g < fit) fit = g;
+    }
+    return fit;
+}
+
 /* Resolves max_context_tokens for the model: sets c->model_ctx (the usable context) and
  * c->ctx_auto (usable minus max_tokens, lowered to what kv_budget_bytes allows a worker's
  * context when m is known), checks an explicit value, and logs one line saying what was chosen
@@ -131,13 +144,7 @@ static int resolve_context(struct Config *c, const struct ModelConfig *mc, const
             snprintf(over, sizeof over, "none: the file's scaling off");
     }
     if (m && c->kv_budget_bytes && n_workers > 0) {
-        int cuda = !strcmp(c->device, "cuda"), cpu = !strcmp(c->device, "cpu");
-        long fit = cuda ? budget_ctx_on(m, c, n_workers, ENGINE_CUDA, usable)
-                        : budget_ctx_on(m, c, n_workers, ENGINE_CPU, usable);
-        if (!cuda && !cpu && gpu_visible()) {
-            long g = budget_ctx_on(m, c, n_workers, ENGINE_CUDA, usable);
-            if (g < fit) fit = g;
-        }
+        long fit = budget_ctx(m, c, n_workers, usable);
         snprintf(budget, sizeof budget, "%ld", fit);
         if (fit < n_ctx) n_ctx = fit;
     }
@@ -316,6 +323,12 @@ static int setup_grounding(const struct Config *c, const struct Model *m, struct
     if (m && g->watch_given) {
         int layers = m->cfg.n_layer;
         int heads = m->cfg.arch == ARCH_DIFFV2 ? m->cfg.n_head : m->cfg.n_q_head;
+        /* a calibration's heads take grounding_heads' place, but a value naming heads the
+         * model lacks is wrong either way (--check-config refuses it too) */
+        if (g->calibrated && config_check_heads(c->grounding_heads, layers, heads, err, sizeof err)) {
+            dlog(LL_ERROR, "msg=\"bad grounding_heads\" error=\"%s\"", err);
+            return -1;
+        }
         for (size_t i = 0; i < g->n_watch; i++)
             if (g->watch[2 * i] >= layers || g->watch[2 * i + 1] >= heads) {
                 dlog(LL_ERROR, "msg=\"watched head outside the model\" head=%d:%d layers=%d "
@@ -370,19 +383,40 @@ static int load_curve(const struct Config *c, char secret[CURVE_KEY_Z85_LEN + 1]
     return 0;
 }
 
-/* A client endpoint other than loopback or ipc:// without CurveZMQ is worth a warning. */
-static int endpoint_is_local(const char *e)
+/* What start-up refuses about kv_budget_bytes, said before it: no room for a prompt
+ * (max_context_tokens 0) or an explicit context the budget cannot hold. 0, or 1 after saying
+ * why on stderr. */
+static int check_budget(const struct Config *c, int n_workers)
 {
-    if (strncmp(e, "tcp://", 6))
-        return 1;   /* ipc:// and inproc:// are guarded by file permissions or the process */
-    e += 6;
-    return !strncmp(e, "127.", 4) || !strncmp(e, "localhost:", 10) || !strncmp(e, "[::1]:", 6);
+    char err[1024];
+    struct Model *m = NULL;
+    if (model_load(c->model, &m, err, sizeof err) ||
+        model_rope_override(m, c->rope_scaling, (float)c->rope_factor, (int)c->rope_orig_ctx, err,
+                            sizeof err)) {
+        fprintf(stderr, "diffragd: model: %s\n", err);
+        model_destroy(&m);
+        return 1;
+    }
+    long usable = model_usable_ctx(m), fit = budget_ctx(m, c, n_workers, usable);
+    long need = c->max_context_tokens ? c->max_context_tokens + c->max_tokens : 64 + c->max_tokens;
+    model_destroy(&m);
+    if (fit >= need)
+        return 0;
+    if (c->max_context_tokens)
+        fprintf(stderr, "diffragd: kv_budget_bytes %zu holds a context of %ld tokens; "
+                "max_context_tokens %ld + max_tokens %ld = %ld do not fit: lower them, or raise "
+                "kv_budget_bytes\n", c->kv_budget_bytes, fit, c->max_context_tokens, c->max_tokens,
+                need);
+    else
+        fprintf(stderr, "diffragd: kv_budget_bytes %zu holds a context of %ld tokens: after "
+                "max_tokens %ld that leaves under the 64 a prompt needs; lower max_tokens or "
+                "raise kv_budget_bytes\n", c->kv_budget_bytes, fit, c->max_tokens);
+    return 1;
 }
 
 static int check_config(const struct Config *c, int worker_mode)
 {
     char err[1024];
-    struct GgufFile *g = NULL;
     char secret[CURVE_KEY_Z85_LEN + 1], public_key[CURVE_KEY_Z85_LEN + 1];
     struct ZapKeys *keys = NULL, *worker_keys = NULL;
     size_t n_keys, n_worker_keys;
@@ -394,28 +428,15 @@ static int check_config(const struct Config *c, int worker_mode)
     zap_keys_destroy(&keys);
     zap_keys_destroy(&worker_keys);
     memset(secret, 0, sizeof secret);
-    if (gguf_open(c->model, &g, err, sizeof err)) {
-        fprintf(stderr, "diffragd: model: %s\n", err);
+    /* the header: the file opens, grounding_heads names heads it has, the context fits */
+    if (config_check_model(c, err, sizeof err)) {
+        fprintf(stderr, "diffragd: %s\n", err);
         return 1;
     }
-    gguf_close(&g);
-    struct ModelConfig mc;
-    if (model_ctx_read(c->model, &mc, err, sizeof err) ||
-        model_ctx_override(&mc, c->rope_scaling, (float)c->rope_factor, (int)c->rope_orig_ctx, err,
-                           sizeof err)) {
-        fprintf(stderr, "diffragd: model: %s\n", err);
+    /* kv_budget_bytes: the memory of a context needs the loaded model's estimate */
+    int n_workers = worker_mode ? (c->workers > 0 ? (int)c->workers : 1) : (int)c->workers;
+    if (c->kv_budget_bytes && n_workers > 0 && check_budget(c, n_workers))
         return 1;
-    }
-    long usable = model_ctx_usable(&mc);
-    if (c->max_context_tokens && c->max_context_tokens + c->max_tokens > usable) {
-        char why[192];
-        model_ctx_describe(&mc, why, sizeof why);
-        fprintf(stderr, "diffragd: max_context_tokens %ld + max_tokens %ld = %ld exceeds the "
-                "%ld-token context of the model (%s); lower them, or extend the context with "
-                "rope_scaling and rope_factor\n", c->max_context_tokens, c->max_tokens,
-                c->max_context_tokens + c->max_tokens, usable, why);
-        return 1;
-    }
     if (!worker_mode && is_explicit_calibration(c)) {
         struct GrCalibration *cal = malloc(sizeof *cal);
         if (!cal || gr_calibration_load(c->grounding_calibration, cal, err, sizeof err)) {
@@ -517,6 +538,8 @@ static int run_worker_mode(struct Config *c)
         dlog(LL_WARN, "msg=\"the CurveZMQ secret key file is readable by other users; chmod 600 it\"");
     block_signals(1);
     void *zctx = zmq_ctx_new();
+    if (zctx && config_endpoint_ipv6(c->connect))
+        zmq_ctx_set(zctx, ZMQ_IPV6, 1);
     int rc = start_workers(zctx, m, c, n, c->connect, c->curve_server_key[0] ? curve : NULL, workers,
                            NULL);
     memset(secret, 0, sizeof secret);
@@ -649,15 +672,21 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         dlog(LL_INFO, "msg=\"allowed client keys loaded\" keys=%zu", n_keys);
     if (curve && c->worker_listen[0])
         dlog(LL_INFO, "msg=\"CurveZMQ on the worker socket\" worker_keys=%zu", n_worker_keys);
-    if (!curve && c->worker_listen[0] && !endpoint_is_local(c->worker_listen))
+    if (!curve && c->worker_listen[0] && !config_endpoint_loopback(c->worker_listen))
         dlog(LL_WARN, "msg=\"remote workers on %s are not authenticated: any peer that connects "
              "receives prompts; set curve_secret_key_file and curve_worker_keys\"", c->worker_listen);
-    if (!curve && !endpoint_is_local(c->listen))
+    if (!curve && !config_endpoint_loopback(c->listen))
         dlog(LL_WARN, "msg=\"clients on %s are neither authenticated nor encrypted; set "
              "curve_secret_key_file (docs/security.md)\"", c->listen);
+    if (c->metrics_listen[0] && !config_endpoint_loopback(c->metrics_listen))
+        dlog(LL_WARN, "msg=\"metrics on %s are served to anyone who can reach it, without "
+             "authentication; keep it on loopback or behind a firewall\"", c->metrics_listen);
 
     block_signals(1);
     zctx = zmq_ctx_new();
+    /* sockets made afterwards inherit it; IPv4 addresses still bind */
+    if (zctx && (config_endpoint_ipv6(c->listen) || config_endpoint_ipv6(c->worker_listen)))
+        zmq_ctx_set(zctx, ZMQ_IPV6, 1);
     if (zctx && curve && zap_start(zctx, &keys, &worker_keys, metrics, &zap, err, sizeof err)) {
         dlog(LL_ERROR, "msg=\"cannot start CurveZMQ authentication\" error=\"%s\"", err);
         block_signals(0);

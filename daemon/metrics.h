@@ -50,7 +50,10 @@ int metrics_is_ready(struct Metrics *m, char *why, size_t cap);
 char *metrics_render(struct Metrics *m, size_t *len);
 
 struct MetricsHttp;
-/* Serves m on "HOST:PORT" (an IPv4 or IPv6 literal, or "localhost"). 0, or -1 with err. */
+/* Serves m on "HOST:PORT" (an IPv4 or IPv6 literal, or "localhost") from one polling thread,
+ * with a deadline for each whole request and limits on connections in total and per client
+ * address, at which the longest-held connection is dropped for the new one (so probes get
+ * through slow clients; docs/security.md#the-metrics-endpoint). 0, or -1 with err. */
 int metrics_http_start(struct Metrics *m, const char *hostport, struct MetricsHttp **out,
                        char *err, size_t errlen);
 void metrics_http_stop(struct MetricsHttp **h);

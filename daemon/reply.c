@@ -23,7 +23,7 @@ void reply_send(struct Broker *b, const struct Request *r, const void *body, siz
     zu_send(b->front, bufs, lens, n, ZMQ_DONTWAIT);
 }
 
-static void id_text(const struct Request *r, char *out, size_t cap)
+void reply_id_text(const struct Request *r, char *out, size_t cap)
 {
     struct MpCursor c;
     struct MpObj o;
@@ -53,7 +53,7 @@ void reply_finish(struct Broker *b, struct Request *r, enum ErrCode code, const 
     int level = r->p.op == OP_PING ? LL_DEBUG : LL_INFO;
     if (level <= dlog_level) {
         char id[300];
-        id_text(r, id, sizeof id);
+        reply_id_text(r, id, sizeof id);
         dlog_write(level, "op=%s id=%s code=%s total_ms=%.3f%s%s", op_name(r->p.op), id,
                    ec_name(code), total, extra && extra[0] ? " " : "", extra ? extra : "");
     }

@@ -488,3 +488,132 @@ def test_ingest_hostile_local_files(tmp_path):
             assert r.returncode == 6 and why in r.stderr, (name, r.stderr)
         assert "ingest it on the daemon's host with diffrag-store" in r.stderr   # huge.txt's way out
         assert sent == ["mixed/good.txt"]
+
+
+# An id, a title and a text that would recolour the terminal, set its title or move its cursor
+# if printed raw: ESC (C0), BEL, DEL and CSI (C1, U+009B).
+HOSTILE_ID = "evil\x1b[31mred\u009b2J"
+HOSTILE_TITLE = "T\x1b]0;pwned\x07\x7f"
+HOSTILE_TEXT = "line one\tcolumn\nline \x1b[2J two\r\nend\u009b\n"
+SHOWN_ID = "evil\\x1b[31mred\\u009b2J"
+SHOWN_TITLE = "T\\x1b]0;pwned\\x07\\x7f"
+SHOWN_TEXT = "line one\tcolumn\nline \\x1b[2J two\r\nend\\u009b\n"
+
+
+def on_terminal(argv, cwd=ROOT):
+    """Runs argv with stdout on a pseudo-terminal: (exit code, the bytes it printed with the
+    terminal's \\r\\n turned back into \\n, stderr)."""
+    master, slave = pty.openpty()
+    p = subprocess.Popen([str(a) for a in argv], stdin=subprocess.DEVNULL, stdout=slave,
+                         stderr=subprocess.PIPE, cwd=cwd)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:   # EIO: the program closed its end and everything was read
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    err = p.communicate(timeout=30)[1].decode()
+    print(argv[1:], p.returncode, repr(out), err)
+    return p.returncode, out.replace(b"\r\n", b"\n"), err
+
+
+def assert_no_control(out):
+    """Nothing a terminal acts on: no C0 but tab, newline and carriage return, no DEL, no C1."""
+    text = out.decode("utf-8")
+    bad = [c for c in text if (ord(c) < 0x20 and c not in "\t\n\r") or 0x7f <= ord(c) <= 0x9f]
+    assert not bad, bad
+
+
+def test_listings_escape_control_characters_on_a_terminal(daemon, tmp_path):
+    """An id, title and text with ESC, BEL, DEL and CSI are shown escaped (\\x1b, \\u009b) by
+    ls -c, get (tabs and newlines kept) on a terminal, and reach a pipe or --json unchanged."""
+    ep = daemon.endpoint
+    src = tmp_path / "hostile.jsonl"
+    src.write_text(json.dumps({"id": HOSTILE_ID, "title": HOSTILE_TITLE,
+                               "text": HOSTILE_TEXT}) + "\n")
+    assert cli("ingest", "-c", "hostile", "-q", src, endpoint=ep).returncode == 0
+    rc, out, _ = on_terminal([DIFFRAG, "-e", ep, "ls", "-c", "hostile"])
+    assert rc == 0
+    assert_no_control(out)
+    line = out.decode()
+    assert line.startswith(SHOWN_ID + " " * (40 - len(SHOWN_ID)) + " ")
+    assert line.endswith(" chunks  " + SHOWN_TITLE + "\n"), line
+    rc, out, _ = on_terminal([DIFFRAG, "-e", ep, "get", "-c", "hostile", HOSTILE_ID])
+    assert rc == 0
+    assert out.decode() == SHOWN_TEXT, out   # the text's own \r\n kept, as its tab
+    rc, out, _ = on_terminal([DIFFRAG, "-e", ep, "ls"])
+    assert rc == 0 and "hostile" in out.decode().split()
+    # a pipe gets the bytes as they are; JSON escapes them itself
+    r = cli("ls", "-c", "hostile", endpoint=ep)
+    assert r.stdout.startswith(HOSTILE_ID) and r.stdout.rstrip("\n").endswith(HOSTILE_TITLE)
+    r = subprocess.run([str(DIFFRAG), "-e", ep, "get", "-c", "hostile", HOSTILE_ID],
+                       capture_output=True, timeout=30)
+    assert r.returncode == 0 and r.stdout == HOSTILE_TEXT.encode()
+    rc, out, _ = on_terminal([DIFFRAG, "-e", ep, "ls", "-c", "hostile", "--json"])
+    assert rc == 0 and b"\\u001b[31m" in out and b"\x1b" not in out
+    assert json.loads(out)["docs"][0]["id"] == HOSTILE_ID
+
+
+def test_answer_sources_and_stats_escape_control_characters_on_a_terminal():
+    """ask's answer (streamed or not) and sources lines, and stats' names, on a terminal."""
+    answer = dict(GROUNDED, answer="It is \x1b[5mlong\x1b[0m [1].\n\tDone.",
+                  citations=[dict(GROUNDED["citations"][0], doc_id=HOSTILE_ID)])
+
+    def handler(req):
+        if req["op"] == "query":
+            deltas = [{"delta": "It is \x1b[5mlong"}, {"delta": "\x1b[0m [1].\n\tDone."}]
+            return (deltas if req.get("stream") else []) + [answer]
+        if req["op"] == "stats" and req.get("collection"):
+            return [{"ok": True, "collection": req["collection"], "docs": 1, "chunks": 1}]
+        if req["op"] == "stats":
+            return [{"ok": True, "version": "0.1.0\u009b", "model": "m\x1b[8m", "uptime_s": 1.0,
+                     "workers": {"idle": 1, "busy": 0}, "queue_depth": 0, "inflight": 0,
+                     "kv_cache_bytes": 0, "draining": False}]
+        return pong(req)
+
+    with FakeServer(handler) as srv:
+        for stream in ([], ["--stream"]):
+            rc, out, err = on_terminal([DIFFRAG, "-e", srv.endpoint, "ask", "-c", "x", *stream,
+                                        "How long?"])
+            assert rc == 0, err
+            assert_no_control(out)
+            text = out.decode()
+            assert text.startswith("It is \\x1b[5mlong\\x1b[0m [1].\n\tDone.\n\nsources:\n")
+            assert "  [1] " + SHOWN_ID + "  chunk 0, score 2.50, bytes 0-40, cited\n" in text
+        rc, out, _ = on_terminal([DIFFRAG, "-e", srv.endpoint, "stats"])
+        assert rc == 0
+        assert_no_control(out)
+        assert "diffragd:        0.1.0\\u009b\nmodel:           m\\x1b[8m\n" in out.decode()
+        r = cli("ask", "-c", "x", "How long?", endpoint=srv.endpoint)
+        assert r.returncode == 0 and r.stdout.startswith(answer["answer"] + "\n\nsources:\n")
+        assert "  [1] " + HOSTILE_ID + "  chunk 0" in r.stdout
+
+
+def test_diffrag_store_escapes_control_characters_on_a_terminal(tmp_path):
+    """diffrag-store list and search print stored ids, titles and texts escaped on a terminal,
+    unchanged into a pipe."""
+    store = BUILD / "diffrag-store"
+    src = tmp_path / "hostile.jsonl"
+    src.write_text(json.dumps({"id": HOSTILE_ID, "title": HOSTILE_TITLE,
+                               "text": "The river \x1b[31mRhine\x1b[0m is long."}) + "\n")
+    base = [store, "--data-dir", tmp_path / "data", "-c", "hostile"]
+    r = subprocess.run([str(a) for a in base + ["ingest", "--approx-tokens", src]],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rc, out, _ = on_terminal(base + ["list"])
+    assert rc == 0 and out.decode() == SHOWN_ID + "\n"
+    rc, out, _ = on_terminal(base + ["search", "river"])
+    assert rc == 0
+    assert_no_control(out)
+    first, second = out.decode().splitlines()
+    assert first.endswith("  " + SHOWN_ID + " #0  " + SHOWN_TITLE), first
+    assert second == "    The river \\x1b[31mRhine\\x1b[0m is long.", second
+    rc, out, _ = on_terminal([store, "--data-dir", tmp_path / "data", "collections"])
+    assert rc == 0 and out.decode() == "hostile\n"
+    r = subprocess.run([str(a) for a in base + ["list"]], capture_output=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == HOSTILE_ID.encode() + b"\n"

@@ -400,3 +400,43 @@ def test_budget_refusal_at_startup(tmp_path, models):
     log = d.log_text()
     d.stop()
     assert rc == 1 and 'msg="no room for a prompt"' in log and "kv_budget_bytes" in log, log[-1500:]
+
+
+def test_same_id_twice_in_flight_on_one_connection(slow):
+    """A second request whose id is in flight from the same DEALER socket is refused at once
+    (bad_request) and the first runs to its end; the id is free again after its reply. The same
+    id from two sockets, and requests without an id, all run."""
+    c = slow.client()
+    first = query("Tell me about the Rhine.", DOCS, id=7, max_tokens=24)
+    c.send(first)
+    c.send(query("And Paris?", DOCS, id=7, max_tokens=4))
+    refused = c.recv(30)
+    assert refused == {"id": 7, "ok": False, "error": {
+        "code": "bad_request",
+        "message": "id 7 is already in flight on this connection: wait for its reply or "
+                   "cancel it"}}, refused
+    done = c.recv(60)
+    assert done["id"] == 7 and done["ok"] is True and done["finish_reason"] in ("stop", "length")
+    assert done["usage"]["completion_tokens"] >= 1
+    assert not c.poll(0.3)   # one reply each: nothing else comes
+    _, r = c.call(query("Rhine?", DOCS, id=7, max_tokens=2))
+    assert r["ok"] is True, r
+    # a string id; a cancel names the one live request with it
+    c.send(query("Tell me about the Rhine.", DOCS, id="q", max_tokens=3000))
+    c.send(query("Rhine?", DOCS, id="q", max_tokens=2))
+    r = c.recv(30)
+    assert r["id"] == "q" and r["error"]["code"] == "bad_request", r
+    assert r["error"]["message"].startswith("id q is already in flight"), r
+    _, r = c.call({"v": 1, "op": "cancel", "id": "stop-q", "target": "q"})
+    assert r["ok"] is True and r["found"] is True, r
+    r = c.recv(60)
+    assert r["id"] == "q" and r["finish_reason"] == "cancelled", r
+    # the same id on two sockets, and no id twice on one socket: every one runs
+    d = slow.client()
+    c.send(query("Rhine?", DOCS, id="twin", max_tokens=4))
+    d.send(query("Paris?", DOCS, id="twin", max_tokens=4))
+    c.send(query("Oxygen?", DOCS, max_tokens=4))
+    c.send(query("Oxygen?", DOCS, max_tokens=4))
+    got = [c.recv(60) for _ in range(3)] + [d.recv(60)]
+    assert all(r["ok"] is True for r in got), got
+    assert sorted(str(r["id"]) for r in got) == ["None", "None", "twin", "twin"], got

@@ -5,12 +5,29 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "retriever/bm25.h"
 #include "retriever/status.h"
 #include "retriever/store.h"
 #include "text/json.h"
+#include "text/termsafe.h"
 #include "tools/store_tool.h"
+
+/* Prints s[0..len) on stdout: as it is, or with control characters escaped when stdout is a
+ * terminal (text/termsafe.h), so that a stored id, title or text cannot drive the terminal. */
+static void print_safe(const char *s, size_t len, unsigned flags)
+{
+    static int tty = -1;
+    if (tty < 0)
+        tty = isatty(STDOUT_FILENO);
+    if (len == 0)
+        return;
+    if (tty)
+        term_write_escaped(stdout, s, len, flags);
+    else
+        printf("%.*s", (int)len, s);
+}
 
 double tool_now(void)
 {
@@ -83,8 +100,10 @@ int tool_list(struct Store *s, const struct StoreArgs *a, int export)
                 print_doc_json(&page[i], 1);
             else if (a->json)
                 print_doc_json(&page[i], 0);
-            else
-                printf("%.*s\n", (int)page[i].id_len, page[i].id);
+            else {
+                print_safe(page[i].id, page[i].id_len, 0);
+                putchar('\n');
+            }
         }
         left -= n;
         if (n < want)
@@ -143,7 +162,8 @@ int tool_stats(struct Store *s, const struct StoreArgs *a)
 static int print_collection(void *ctx, const char *name, size_t len)
 {
     (void)ctx;
-    printf("%.*s\n", (int)len, name);
+    print_safe(name, len, 0);
+    putchar('\n');
     return 0;
 }
 
@@ -231,12 +251,17 @@ int tool_search(struct Store *s, const struct StoreArgs *a)
                 print_hit_json(h, i + 1, 1);
                 putchar('\n');
             } else {
-                printf("%2zu. %8.4f  %.*s #%u  %.*s\n", i + 1, h->score, (int)h->doc_id_len, h->doc_id,
-                       h->chunk, (int)h->title_len, h->title);
+                printf("%2zu. %8.4f  ", i + 1, h->score);
+                print_safe(h->doc_id, h->doc_id_len, 0);
+                printf(" #%u  ", h->chunk);
+                print_safe(h->title, h->title_len, 0);
+                putchar('\n');
                 size_t show = h->text_len < 240 ? h->text_len : 240;
                 while (show < h->text_len && show > 0 && ((unsigned char)h->text[show] & 0xC0) == 0x80)
                     show--;
-                printf("    %.*s%s\n", (int)show, h->text, show < h->text_len ? " ..." : "");
+                fputs("    ", stdout);
+                print_safe(h->text, show, TERM_KEEP_LAYOUT);
+                printf("%s\n", show < h->text_len ? " ..." : "");
             }
         }
         if (!a->json)

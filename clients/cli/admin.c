@@ -106,7 +106,7 @@ int cmd_get(const struct CliArgs *a)
     if (!st && a->json) {
         printf("%s\n", d->json);
     } else if (!st) {
-        fwrite(d->text, 1, d->text_len, stdout);
+        cli_print_safe(d->text, d->text_len, 1);
         if (d->text_len && d->text[d->text_len - 1] != '\n')
             putchar('\n');
     }
@@ -145,8 +145,10 @@ int cmd_ls(const struct CliArgs *a)
         } else if (a->json) {
             printf("%s\n", l->json);
         } else {
-            for (size_t i = 0; i < l->n_collections; i++)
-                printf("%s\n", l->collections[i]);
+            for (size_t i = 0; i < l->n_collections; i++) {
+                cli_print_safe(l->collections[i], strlen(l->collections[i]), 0);
+                putchar('\n');
+            }
         }
         diffrag_list_free(&l);
         cli_disconnect(&c);
@@ -174,8 +176,11 @@ int cmd_ls(const struct CliArgs *a)
                     json_buf_puts(&b, ", ");
                 json_doc_info(&b, d);
             } else {
-                printf("%-40s %10lld bytes %6lld chunks  %s\n", d->id, (long long)d->bytes,
-                       (long long)d->chunks, d->title ? d->title : "");
+                cli_print_padded(d->id, 40);
+                printf(" %10lld bytes %6lld chunks  ", (long long)d->bytes, (long long)d->chunks);
+                if (d->title)
+                    cli_print_safe(d->title, strlen(d->title), 0);
+                putchar('\n');
             }
         }
         free(after);
@@ -210,16 +215,23 @@ int cmd_stats(const struct CliArgs *a)
     if (!st && a->json) {
         printf("%s\n", s->json);
     } else if (!st && s->collection) {
-        printf("collection:      %s\ndocuments:       %lld\nchunks:          %lld\n"
+        printf("collection:      ");
+        cli_print_safe(s->collection, strlen(s->collection), 0);
+        printf("\ndocuments:       %lld\nchunks:          %lld\n"
                "terms:           %lld\ntext bytes:      %lld\nterms per chunk: %.1f\n"
-               "chunk tokens:    %lld\n", s->collection, (long long)s->docs,
+               "chunk tokens:    %lld\n", (long long)s->docs,
                (long long)s->chunks, (long long)s->terms, (long long)s->text_bytes,
                s->avg_chunk_terms, (long long)s->chunk_tokens);
     } else if (!st) {
-        printf("diffragd:        %s\nmodel:           %s\nuptime:          %.0f s\n"
+        const char *version = s->version ? s->version : "", *model = s->model ? s->model : "?";
+        printf("diffragd:        ");
+        cli_print_safe(version, strlen(version), 0);
+        printf("\nmodel:           ");
+        cli_print_safe(model, strlen(model), 0);
+        printf("\nuptime:          %.0f s\n"
                "workers:         %lld idle, %lld busy\nqueued:          %lld\n"
                "in flight:       %lld\nKV cache:        %.1f MB\ndraining:        %s\n",
-               s->version, s->model ? s->model : "?", s->uptime_s, (long long)s->workers_idle,
+               s->uptime_s, (long long)s->workers_idle,
                (long long)s->workers_busy, (long long)s->queue_depth, (long long)s->inflight,
                s->kv_cache_bytes / 1e6, s->draining ? "yes" : "no");
     }

@@ -30,7 +30,7 @@ static int on_delta(void *user, const char *text, size_t len)
             fputs(b.p, stdout);
         json_buf_free(&b);
     } else {
-        fwrite(text, 1, len, stdout);
+        cli_print_safe(text, len, 1);
     }
     if (len) {
         s->last_newline = text[len - 1] == '\n';
@@ -54,9 +54,11 @@ static void print_details(const DiffragAnswer *r)
         printf("sources:\n");
     for (size_t i = 0; i < r->n_citations; i++) {
         const DiffragCitation *c = &r->citations[i];
-        printf("  [%lld] %s  chunk %lld, score %.2f, bytes %lld-%lld%s%s\n", (long long)c->marker,
-               c->doc_id, (long long)c->chunk, c->score, (long long)c->start, (long long)c->end,
-               c->cited ? ", cited" : "", c->truncated ? ", truncated" : "");
+        printf("  [%lld] ", (long long)c->marker);
+        cli_print_safe(c->doc_id, strlen(c->doc_id), 0);
+        printf("  chunk %lld, score %.2f, bytes %lld-%lld%s%s\n", (long long)c->chunk, c->score,
+               (long long)c->start, (long long)c->end, c->cited ? ", cited" : "",
+               c->truncated ? ", truncated" : "");
     }
     if (r->has_grounding && r->grounding.answer_tokens == 0 && r->completion_tokens == 0) {
         /* no token: no figure to show (they are all nil) */
@@ -179,7 +181,7 @@ int cmd_ask(const struct CliArgs *a)
         printf("%s\n", ans->json);
     } else {
         if (!a->stream)
-            fwrite(ans->answer, 1, ans->answer_len, stdout);
+            cli_print_safe(ans->answer, ans->answer_len, 1);
         int nl = a->stream ? s.last_newline : ans->answer_len && ans->answer[ans->answer_len - 1] == '\n';
         if (!nl)
             putchar('\n');

@@ -56,6 +56,14 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format
 int cli_read_file(const char *path, char **out, size_t *len);
 /* Is s[0..n) valid UTF-8 (without NUL bytes)? */
 int cli_utf8_ok(const char *s, size_t n);
+/* Prints s[0..len) on stdout: as it is, or, when stdout is a terminal, with the characters a
+ * terminal would act on written as escapes (`\x1b`, `\u009b`: text/termsafe.h), so that ids,
+ * titles and texts from a store cannot drive the user's terminal. layout: tabs and newlines are
+ * the text's own (a document's text, an answer) and pass through; otherwise (an id, a title)
+ * they are escaped too. Returns the bytes written. */
+size_t cli_print_safe(const char *s, size_t len, int layout);
+/* cli_print_safe(s) (no layout), then spaces up to width bytes, as printf's "%-*s" pads. */
+void cli_print_padded(const char *s, size_t width);
 /* Sets once by SIGINT; long loops (ingest) check it between calls. */
 extern volatile int cli_interrupted;
 

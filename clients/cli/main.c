@@ -8,9 +8,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "clients/cli/cli.h"
 #include "text/json.h"
+#include "text/termsafe.h"
 #include "text/utf8.h"
 
 volatile int cli_interrupted;
@@ -360,6 +362,22 @@ int cli_read_file(const char *path, char **out, size_t *len)
 int cli_utf8_ok(const char *str, size_t n)
 {
     return memchr(str, 0, n) == NULL && utf8_valid(str, n, NULL);
+}
+
+size_t cli_print_safe(const char *s, size_t len, int layout)
+{
+    static int tty = -1;
+    if (tty < 0)
+        tty = isatty(STDOUT_FILENO);
+    if (!tty)
+        return fwrite(s, 1, len, stdout);
+    return term_write_escaped(stdout, s, len, layout ? TERM_KEEP_LAYOUT : 0);
+}
+
+void cli_print_padded(const char *s, size_t width)
+{
+    for (size_t n = cli_print_safe(s, strlen(s), 0); n < width; n++)
+        putchar(' ');
 }
 
 static int specific_allowed(const struct Cmd *cmd, int code, const char **name)
