@@ -42,6 +42,10 @@ static const struct Key keys[] = {
       "the original context rope_factor multiplies; 0: the file's context_length" },
     { "data_dir", K_STR, F(data_dir), "var", 0, 0, 0,
       "directory of the LMDB document store (created if missing)" },
+    { "allow_damaged_store", K_LONG, F(allow_damaged_store), "0", 0, 1, 0,
+      "1: start on a store that fails the start-up check, serving it read-only (writes are "
+      "refused); 0: refuse to start and name the problem. A data file shorter than its meta "
+      "pages claim is refused either way (docs/retriever.md#damaged-stores)" },
     { "listen", K_STR, F(listen), "tcp://127.0.0.1:7400", 0, 0, 0,
       "ZeroMQ endpoint for clients (tcp://, ipc:// ...)" },
     { "worker_listen", K_STR, F(worker_listen), "", 0, 0, 0,

@@ -25,6 +25,7 @@ struct Config {
     char device[32];
     char kv_type[8];
     char log_level[16];
+    long allow_damaged_store;                    /* 1: serve a damaged store read-only */
     long workers, threads, io_threads;
     long max_queue;
     size_t max_message_bytes;

@@ -28,6 +28,7 @@
 #include "model/model.h"
 #include "model/model_ctx.h"
 #include "model/tokenizer.h"
+#include "retriever/status.h"
 #include "retriever/store.h"
 #include "model/tokcount_model.h"
 #include "text/tokcount.h"
@@ -344,6 +345,50 @@ static int setup_grounding(const struct Config *c, const struct Model *m, struct
     return 0;
 }
 
+/* The store's start-up check (docs/retriever.md#damaged-stores), before this process opens
+ * the store: the data file's size against its meta pages, then a sample of its records read in
+ * a child process, so that LMDB aborting on a damaged page ends the child only. A damaged store
+ * is refused; with allow_damaged_store, one that passes the size check is served read-only and
+ * *damaged receives the problem. 0, or -1 after logging why the daemon cannot start. */
+static int check_store(const struct Config *c, char *damaged, size_t cap)
+{
+    struct StoreVerifyReport rep;
+    char err[1024], q[1200], dir[600], hint[1200], qhint[1300];
+    double t0 = zu_now_ms();
+    damaged[0] = 0;
+    int st = store_check_file(c->data_dir, err, sizeof err), file_ok = st == RET_OK;
+    if (file_ok)
+        st = store_check_isolated(c->data_dir, NULL, STORE_CHECK_SAMPLE, NULL, 60.0, &rep, err,
+                                  sizeof err);
+    dlog_quote(q, sizeof q, err, strlen(err));
+    dlog_quote(dir, sizeof dir, c->data_dir, strlen(c->data_dir));
+    if (st == RET_OK) {
+        dlog(LL_INFO, "msg=\"store checked\" data_dir=%s collections=%llu records=%llu check_ms=%.0f",
+             dir, (unsigned long long)rep.collections,
+             (unsigned long long)(rep.docs + rep.chunks + rep.postings), zu_now_ms() - t0);
+        return 0;
+    }
+    if (st != RET_ECORRUPT) {
+        /* not a finding (e.g. another schema version): opening the store reports it */
+        if (st != RET_EVERSION)
+            dlog(LL_WARN, "msg=\"store not checked\" data_dir=%s error=%s", dir, q);
+        return 0;
+    }
+    snprintf(hint, sizeof hint, "run diffrag-store --data-dir %s verify; restore a backup or "
+             "rebuild the store%s", c->data_dir, file_ok && !c->allow_damaged_store
+             ? " (allow_damaged_store = 1 serves it read-only meanwhile)" : "");
+    dlog_quote(qhint, sizeof qhint, hint, strlen(hint));
+    if (!file_ok || !c->allow_damaged_store) {
+        dlog(LL_ERROR, "msg=\"the store is damaged; not starting\" data_dir=%s error=%s hint=%s",
+             dir, q, qhint);
+        return -1;
+    }
+    dlog(LL_WARN, "msg=\"the store is damaged; serving it read-only (allow_damaged_store)\" "
+         "data_dir=%s error=%s hint=%s", dir, q, qhint);
+    snprintf(damaged, cap, "%s", err);
+    return 0;
+}
+
 /* The CurveZMQ keys of the configuration: the secret key (and its public key) and the allowed
  * client keys (*keys stays NULL when any client may connect). Nothing to do when
  * curve_secret_key_file is empty. 0, or -1 with err. */
@@ -633,10 +678,15 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         goto out;
     struct StoreOptions so;
     store_options_default(&so);
+    char damaged[512];
+    if (check_store(c, damaged, sizeof damaged))
+        goto out;
     if (store_open(c->data_dir, &so, &store, err, sizeof err)) {
         dlog(LL_ERROR, "msg=\"cannot open the store\" data_dir=\"%s\" error=\"%s\"", c->data_dir, err);
         goto out;
     }
+    if (damaged[0])
+        store_mark_damaged(store, damaged);
     if (tokcount_model_new(tok, &tcm)) {
         dlog(LL_ERROR, "msg=\"out of memory\"");
         goto out;
@@ -648,6 +698,7 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         goto out;
     }
     metrics_set_ready(metrics, 1, 1);
+    metrics_set_store(metrics, store);
     char threshold[32];
     snprintf(threshold, sizeof threshold, "%g", ground->threshold);
     if (metrics_set_detector(metrics, ground->calibrated ? ground->cal.name : "none",

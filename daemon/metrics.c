@@ -14,6 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "retriever/store.h"
+
 #define MAX_BUCKETS 20
 /* The HTTP endpoint's limits (docs/security.md#the-metrics-endpoint). A scraper or a probe
  * needs one connection at a time and a few milliseconds. */
@@ -63,6 +65,7 @@ struct Metrics {
     int queue_depth, inflight, workers_idle, workers_busy;
     uint64_t kv_bytes;
     int model_loaded, store_open, draining;
+    struct Store *store;        /* for its damaged mark; NULL: none */
     /* groundedness */
     char *calibration, *threshold;
     uint64_t g_checked, g_flagged, g_abstained, g_answer_tokens, g_flagged_tokens;
@@ -239,6 +242,13 @@ void metrics_set_ready(struct Metrics *m, int model_loaded, int store_open)
     pthread_mutex_unlock(&m->mu);
 }
 
+void metrics_set_store(struct Metrics *m, struct Store *store)
+{
+    pthread_mutex_lock(&m->mu);
+    m->store = store;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void metrics_set_draining(struct Metrics *m)
 {
     pthread_mutex_lock(&m->mu);
@@ -253,8 +263,9 @@ int metrics_is_ready(struct Metrics *m, char *why, size_t cap)
                        : !m->model_loaded ? "model not loaded"
                        : !m->store_open ? "store not open"
                        : m->workers_idle + m->workers_busy == 0 ? "no worker ready" : NULL;
+    int damaged = m->store && store_damaged(m->store, NULL, 0);
     pthread_mutex_unlock(&m->mu);
-    snprintf(why, cap, "%s", reason ? reason : "ready");
+    snprintf(why, cap, "%s%s", reason ? reason : "ready", damaged ? "; store: read-only (damaged)" : "");
     return reason == NULL;
 }
 
@@ -400,6 +411,9 @@ char *metrics_render(struct Metrics *m, size_t *len)
     fprintf(f, "diffrag_workers{state=\"busy\"} %d\n", m->workers_busy);
     head(f, "diffrag_kv_cache_bytes", "gauge", "KV cache memory of the ready workers.");
     fprintf(f, "diffrag_kv_cache_bytes %llu\n", (unsigned long long)m->kv_bytes);
+    head(f, "diffrag_store_damaged", "gauge",
+         "1 when the store was found damaged and is served read-only, else 0.");
+    fprintf(f, "diffrag_store_damaged %d\n", m->store && store_damaged(m->store, NULL, 0));
     pthread_mutex_unlock(&m->mu);
     if (fclose(f)) {
         free(buf);

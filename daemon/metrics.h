@@ -39,6 +39,11 @@ void metrics_gauges(struct Metrics *m, int queue_depth, int inflight, int worker
                     int workers_busy, uint64_t kv_cache_bytes);
 /* Readiness parts; /readyz is 200 only when all hold and a worker is ready. */
 void metrics_set_ready(struct Metrics *m, int model_loaded, int store_open);
+/* The store whose damaged mark (store_damaged) /metrics shows as diffrag_store_damaged and
+ * /readyz as "store: read-only (damaged)" (still ready: reads are served); borrowed, it must
+ * outlive the HTTP server. */
+struct Store;
+void metrics_set_store(struct Metrics *m, struct Store *store);
 /* The compute backend label of diffrag_build_info, once the device setting is resolved. */
 void metrics_set_backend(struct Metrics *m, const char *backend);
 /* After SIGTERM /readyz answers 503 "draining", so balancers stop sending new work. */

@@ -25,8 +25,25 @@ static enum ErrCode ret_code(int st)
     }
 }
 
-static void fail(struct Request *r, int st, const char *msg)
+/* A store call reported damage (RET_ECORRUPT: LMDB's MDB_CORRUPTED or MDB_PAGE_NOTFOUND, or a
+ * malformed record): the store turns read-only (store_txn_begin refuses writes from then on,
+ * /readyz and diffrag_store_damaged show it), logged once with the way out. */
+static void note_damage(const struct PrepShared *sh, int st, const char *msg)
 {
+    if (st != RET_ECORRUPT || !store_mark_damaged(sh->store, msg))
+        return;
+    char q[600], dir[600], hint[700], qhint[800];
+    const char *d = sh->data_dir ? sh->data_dir : "DIR";
+    snprintf(hint, sizeof hint, "stop diffragd, run diffrag-store --data-dir %s verify, then "
+             "restore a backup or rebuild the store", d);
+    dlog(LL_ERROR, "msg=\"the store is damaged: serving it read-only from now on\" data_dir=%s "
+         "error=%s hint=%s", dlog_quote(dir, sizeof dir, d, strlen(d)),
+         dlog_quote(q, sizeof q, msg, strlen(msg)), dlog_quote(qhint, sizeof qhint, hint, strlen(hint)));
+}
+
+static void fail(const struct PrepShared *sh, struct Request *r, int st, const char *msg)
+{
+    note_damage(sh, st, msg);
     r->code = ret_code(st);
     if (r->code == EC_OK)
         r->code = EC_INTERNAL;
@@ -46,13 +63,13 @@ static void fail_write(const struct PrepShared *sh, struct Request *r, int st, c
             char msg[sizeof r->message];
             snprintf(msg, sizeof msg, "no space left in the data directory (%llu KiB free on its "
                      "filesystem); nothing was written (%s)", avail >> 10, err);
-            fail(r, st, msg);
+            fail(sh, r, st, msg);
             dlog(LL_ERROR, "msg=\"data directory full\" data_dir=\"%s\" free_bytes=%llu", sh->data_dir,
                  avail);
             return;
         }
     }
-    fail(r, st, err);
+    fail(sh, r, st, err);
 }
 
 static void coll_name(const struct Request *r, char *out)
@@ -95,7 +112,7 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
     size_t n_hits = 0;
     int st;
     if (!hits || !chunks) {
-        fail(r, RET_ENOMEM, "out of memory");
+        fail(sh, r, RET_ENOMEM, "out of memory");
         goto done;
     }
     struct SearchOptions so;
@@ -112,7 +129,7 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
             st = memidx_search(mi, p->question.p, p->question.len, &so, hits, k, &n, NULL, err,
                                sizeof err);
         if (st) {
-            fail(r, st, err);
+            fail(sh, r, st, err);
             goto done;
         }
         n_hits += n;
@@ -124,7 +141,7 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
             ids = calloc(p->n_ids, sizeof *ids);
             id_lens = calloc(p->n_ids, sizeof *id_lens);
             if (!ids || !id_lens) {
-                fail(r, RET_ENOMEM, "out of memory");
+                fail(sh, r, RET_ENOMEM, "out of memory");
                 goto done;
             }
             for (size_t i = 0; i < p->n_ids; i++) {
@@ -141,7 +158,7 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
             st = store_search(rd, coll, p->question.p, p->question.len, &so, hits + n_hits, k, &n,
                               NULL, err, sizeof err);
         if (st) {
-            fail(r, st, err);
+            fail(sh, r, st, err);
             goto done;
         }
         n_hits += n;
@@ -157,18 +174,18 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
     st = ctx_assemble(&sh->tc, p->question.p, p->question.len, chunks, n_hits, &co, &r->ctx, err,
                       sizeof err);
     if (st) {
-        fail(r, st, err);
+        fail(sh, r, st, err);
         goto done;
     }
     /* the words of the text the model is given, for the answer's lexical support */
     if (words_set_new(&r->doc_words)) {
-        fail(r, RET_ENOMEM, "out of memory");
+        fail(sh, r, RET_ENOMEM, "out of memory");
         goto done;
     }
     for (size_t i = 0; i < r->ctx->n_cites; i++) {
         const struct CtxSpan *b = &r->ctx->cites[i].bytes;
         if (words_set_add_text(r->doc_words, r->ctx->text + b->start, b->end - b->start)) {
-            fail(r, RET_ENOMEM, "out of memory");
+            fail(sh, r, RET_ENOMEM, "out of memory");
             goto done;
         }
     }
@@ -225,7 +242,7 @@ void stage_delete(const struct PrepShared *sh, struct Request *r)
     const char **ids = calloc(r->p.n_ids, sizeof *ids);
     size_t *lens = calloc(r->p.n_ids, sizeof *lens);
     if (!ids || !lens) {
-        fail(r, RET_ENOMEM, "out of memory");
+        fail(sh, r, RET_ENOMEM, "out of memory");
         goto done;
     }
     for (size_t i = 0; i < r->p.n_ids; i++) {
@@ -271,7 +288,7 @@ void stage_get(const struct PrepShared *sh, struct Request *r)
     if (!st)
         st = store_get_doc(rd, coll, r->p.doc_id.p, r->p.doc_id.len, &v, err, sizeof err);
     if (st) {
-        fail(r, st, err);
+        fail(sh, r, st, err);
         store_read_end(&rd);
         return;
     }
@@ -311,7 +328,7 @@ void stage_list(const struct PrepShared *sh, struct Request *r)
     struct MpWriter *w = &r->reply;
     int st = store_read_begin(sh->store, &rd, err, sizeof err);
     if (st) {
-        fail(r, st, err);
+        fail(sh, r, st, err);
         return;
     }
     if (!r->p.collection.len) {
@@ -329,7 +346,7 @@ void stage_list(const struct PrepShared *sh, struct Request *r)
                 st = RET_EIO;
         }
         if (st)
-            fail(r, st, err);
+            fail(sh, r, st, err);
         else
             r->reply_fields = 1;
         store_read_end(&rd);
@@ -340,14 +357,14 @@ void stage_list(const struct PrepShared *sh, struct Request *r)
     size_t cap = (size_t)r->p.limit, n = 0;
     struct StoreDocView *v = calloc(cap, sizeof *v);
     if (!v) {
-        fail(r, RET_ENOMEM, "out of memory");
+        fail(sh, r, RET_ENOMEM, "out of memory");
         store_read_end(&rd);
         return;
     }
     st = store_list_docs(rd, coll, r->p.after.len ? r->p.after.p : NULL, r->p.after.len, v, cap, &n,
                          err, sizeof err);
     if (st) {
-        fail(r, st, err);
+        fail(sh, r, st, err);
     } else {
         mpw_cstr(w, "docs");
         mpw_array(w, n);
@@ -380,7 +397,7 @@ void stage_stats(const struct PrepShared *sh, struct Request *r)
         st = store_collection_stats(rd, coll, &cs, err, sizeof err);
     store_read_end(&rd);
     if (st) {
-        fail(r, st, err);
+        fail(sh, r, st, err);
         return;
     }
     struct MpWriter *w = &r->reply;

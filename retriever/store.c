@@ -197,6 +197,11 @@ static void txn_release(struct Store *s)
 
 int store_txn_begin(struct Store *s, unsigned flags, MDB_txn **txn, char *err, size_t errlen)
 {
+    char why[sizeof s->damage];
+    if (!(flags & MDB_RDONLY) && store_damaged(s, why, sizeof why))
+        return ret_fail(err, errlen, RET_ECORRUPT, "the store is read-only because it is damaged "
+                        "(%s); nothing was written: run `diffrag-store --data-dir %s verify`, then "
+                        "restore a backup or rebuild the store", why, s->dir);
     int *h = held_count(s, 1);
     if (!h)
         return ret_fail(err, errlen, RET_ELIMIT, "one thread holds transactions on more than %d stores",
@@ -417,6 +422,9 @@ int store_open(const char *dir, const struct StoreOptions *opt, struct Store **o
         st = ret_fail(err, errlen, RET_EIO, "cannot create data directory %s: %s", dir, strerror(errno));
         goto err;
     }
+    /* before LMDB maps the file: a page past its end would be a SIGBUS when read */
+    if ((st = store_check_file(dir, err, errlen)))
+        goto err;
     int rc = mdb_env_create(&s->env);
     if (!rc) rc = mdb_env_set_maxdbs(s->env, 8);
     if (!rc) rc = mdb_env_set_mapsize(s->env, s->opt.map_size);

@@ -155,4 +155,48 @@ int store_verify(struct Store *s, const char *collection, struct StoreVerifyRepo
  * RET_OK, RET_EIO. */
 int store_backup(struct Store *s, const char *dest, char *err, size_t errlen);
 
+/* ---- damaged stores (store_check.c; docs/retriever.md#damaged-stores) ---- */
+
+/* The data file of the store in `dir` against LMDB's meta pages: the newer valid meta page's
+ * last used page, plus one, times the page size is the least the file must hold. LMDB maps the
+ * pages the meta pages name, and reading one the file no longer holds is a SIGBUS, so
+ * store_open calls this before LMDB reads anything. RET_OK (also when there is no data file
+ * yet, or it is empty), RET_ECORRUPT (a short file: the message gives both sizes; or a meta
+ * page that is not LMDB's), RET_EIO. */
+int store_check_file(const char *dir, char *err, size_t errlen);
+
+/* A bounded check for start-up: the collection records, then, in each collection, chunks at
+ * evenly spread ids against their documents, documents against their chunks, and postings
+ * (headers, blocks) against chunks, a short run of records after each of many seeks (the
+ * documents' and the terms' seek keys taken from the chunks sampled), reading at most about
+ * `budget` records in all (0: 100,000) and for at most about half a second. A small store is
+ * read whole. LMDB errors met on the way
+ * (MDB_CORRUPTED, MDB_PAGE_NOTFOUND) are findings. rep->docs, chunks and postings count the
+ * records read. RET_OK, RET_ECORRUPT (rep says what), RET_EIO, RET_ENOMEM. */
+int store_check_sample(struct Store *s, size_t budget, struct StoreVerifyReport *rep, char *err,
+                       size_t errlen);
+
+enum StoreCheckDepth { STORE_CHECK_SAMPLE, STORE_CHECK_FULL };
+
+/* Opens the store in `dir` (with `opt`, NULL: the defaults) in a child process and checks it
+ * there: store_check_sample, or store_verify of `collection` (NULL: all) for
+ * STORE_CHECK_FULL. LMDB aborts on some damaged pages (an assertion) and a damaged store can
+ * fault the reader; either ends only the child, and its death is a finding ("the store's
+ * B-tree is damaged: LMDB aborted while reading it (signal 6)"). timeout_s > 0: a child still
+ * running then is killed, and that is a finding too. Call it with no transaction of this
+ * process open on the store. Returns what the check returned (RET_OK, RET_ECORRUPT with rep,
+ * RET_ENOTFOUND, RET_EVERSION, RET_EIO, RET_ENOMEM), RET_ECORRUPT for a child's death, or
+ * RET_EIO when no child could be started. */
+int store_check_isolated(const char *dir, const struct StoreOptions *opt,
+                         enum StoreCheckDepth depth, const char *collection, double timeout_s,
+                         struct StoreVerifyReport *rep, char *err, size_t errlen);
+
+/* Marks the store damaged (a check failed, or a read met MDB_CORRUPTED or MDB_PAGE_NOTFOUND):
+ * from then on every write transaction is refused with RET_ECORRUPT and a message naming
+ * `why` (copied; the first one kept) and the verify command. Reads go on. Thread-safe.
+ * Returns 1 for the call that marked it, 0 when it was marked already. */
+int store_mark_damaged(struct Store *s, const char *why);
+/* 1 when the store is marked damaged (why, optional, receives the first reason), else 0. */
+int store_damaged(struct Store *s, char *why, size_t cap);
+
 #endif

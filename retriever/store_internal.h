@@ -20,6 +20,9 @@ struct Store {
     /* Held shared by every transaction, exclusively to change the map size (LMDB requires that
      * no transaction of this process is open then). Writer-preferring, so growth is not starved. */
     pthread_rwlock_t resize_lock;
+    /* store_mark_damaged (store_check.c): 0 sound, 1 being marked, 2 marked (damage is set) */
+    int damaged;
+    char damage[256];
 };
 
 struct StoreReader {

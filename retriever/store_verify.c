@@ -383,7 +383,14 @@ int store_verify(struct Store *s, const char *collection, struct StoreVerifyRepo
     }
     if (rc == ENOMEM)
         st = ret_fail(err, errlen, RET_ENOMEM, "out of memory while verifying");
-    else if (rc)
+    else if (rc && (rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND)) {
+        /* a damaged page stops the walk: a finding, with those met before it */
+        problem(&v, "LMDB: %s (the walk stopped there)", mdb_strerror(rc));
+        st = ret_fail(err, errlen, RET_ECORRUPT, "%llu problem(s); first: %s%s%s",
+                      (unsigned long long)rep->problems, rep->first_problem,
+                      rep->problems > 1 ? "; the walk stopped at " : "",
+                      rep->problems > 1 ? mdb_strerror(rc) : "");
+    } else if (rc)
         st = store_mdb_fail(err, errlen, rc, "verify");
     else if (rep->problems)
         st = ret_fail(err, errlen, RET_ECORRUPT, "%llu problem(s); first: %s",

@@ -430,7 +430,9 @@ def test_same_id_twice_in_flight_on_one_connection(slow):
     _, r = c.call({"v": 1, "op": "cancel", "id": "stop-q", "target": "q"})
     assert r["ok"] is True and r["found"] is True, r
     r = c.recv(60)
-    assert r["id"] == "q" and r["finish_reason"] == "cancelled", r
+    # cancelled while generating (finish_reason) or before its first token (error code)
+    assert r["id"] == "q" and (r.get("finish_reason") == "cancelled" or
+                               r.get("error", {}).get("code") == "cancelled"), r
     # the same id on two sockets, and no id twice on one socket: every one runs
     d = slow.client()
     c.send(query("Rhine?", DOCS, id="twin", max_tokens=4))

@@ -514,12 +514,19 @@ static int cmd_delete(struct Store *s, const struct StoreArgs *a)
     return 0;
 }
 
-static int cmd_verify(struct Store *s, const struct StoreArgs *a, int all)
+/* The walk runs in a child process on its own handle of the store: LMDB aborts on some
+ * damaged pages (an assertion), and that must be a finding, not the end of the tool. */
+static int cmd_verify(const struct StoreArgs *a, const struct StoreOptions *so, int all)
 {
     struct StoreVerifyReport rep;
-    char err[512];
+    char err[1024];
     double t0 = tool_now();
-    int st = store_verify(s, all ? NULL : a->collection, &rep, err, sizeof err);
+    int st = store_check_isolated(a->data_dir, so, STORE_CHECK_FULL, all ? NULL : a->collection, 0,
+                                  &rep, err, sizeof err);
+    if (st && !rep.problems && !rep.collections) {
+        fprintf(stderr, "diffrag-store: %s\n", err);   /* the store did not open */
+        return 1;
+    }
     printf("verify: %llu collections, %llu documents, %llu chunks, %llu terms, %llu postings, "
            "%llu problems (%.2f s)\n",
            (unsigned long long)rep.collections, (unsigned long long)rep.docs,
@@ -589,6 +596,12 @@ int main(int argc, char **argv)
     store_options_default(&so);
     if (a.map_mb)
         so.map_size = a.map_mb << 20;
+    /* -c given restricts the check to one collection; otherwise every collection. */
+    if (sub == SUB_VERIFY) {
+        rc = cmd_verify(&a, &so, !a.collection_given);
+        args_free(&a);
+        return rc;
+    }
     if (store_open(a.data_dir, &so, &s, err, sizeof err)) {
         fprintf(stderr, "diffrag-store: %s\n", err);
         args_free(&a);
@@ -605,8 +618,6 @@ int main(int argc, char **argv)
     case SUB_COLLECTIONS: rc = tool_collections(s); break;
     case SUB_SEARCH: rc = tool_search(s, &a); break;
     case SUB_SEARCH_BATCH: rc = tool_search_batch(s, &a); break;
-    /* -c given restricts the check to one collection; otherwise every collection. */
-    case SUB_VERIFY: rc = cmd_verify(s, &a, !a.collection_given); break;
     case SUB_BACKUP: default: rc = cmd_backup(s, &a); break;
     }
     store_close(&s);
