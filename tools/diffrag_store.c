@@ -461,6 +461,7 @@ static int cmd_ingest(struct Store *s, const struct StoreArgs *a)
     }
     int rc = 0;
     in.skipped_files = files.skipped;
+    size_t other_kind = files.other_kind;
     in.started = tool_now();
     for (size_t i = 0; i < files.n && rc == 0; i++) {
         rc = docsrc_read(&opt, &files.files[i], on_doc, &in, NULL, err, sizeof err);
@@ -483,9 +484,9 @@ static int cmd_ingest(struct Store *s, const struct StoreArgs *a)
                     "(%.2f MB/s, %.0f docs/s)",
             in.total_docs, in.total_bytes / 1e6, a->collection, dt,
             dt > 0 ? in.total_bytes / 1e6 / dt : 0.0, dt > 0 ? in.total_docs / dt : 0.0);
+    char why[160];
     if (in.skipped_files)
-        fprintf(stderr, "; skipped %zu files (other extensions, or not text: see above)",
-                in.skipped_files);
+        fprintf(stderr, "; %s", docsrc_skip_summary(in.skipped_files, other_kind, why, sizeof why));
     fputc('\n', stderr);
     return rc ? 1 : 0;
 }

@@ -223,9 +223,9 @@ int cmd_ingest(const struct CliArgs *a)
                "%lld documents, %lld chunks\n", in.docs_sent, in.bytes_sent / 1e3, f.n,
                a->collection, now_s() - in.t0, (long long)in.coll_docs,
                (long long)in.coll_chunks);
+        char why[160];
         if (in.skipped)
-            printf("skipped %zu files (not .txt, .md or .jsonl, or not text: see the notes "
-                   "above)\n", in.skipped);
+            printf("%s\n", docsrc_skip_summary(in.skipped, f.other_kind, why, sizeof why));
     }
     batch_clear(&in);
     free(in.docs);

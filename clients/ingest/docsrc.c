@@ -238,6 +238,7 @@ static int walk(const struct DocsrcOptions *o, struct DocsrcList *l, const char 
             l->skipped++;
         } else if (!kind_of(names[i], &kind)) {
             l->skipped++;
+            l->other_kind++;
         } else if (!S_ISREG(sb.st_mode)) {
             note(o, "%s: not a regular file (%s); skipped", path, file_type(sb.st_mode));
             l->skipped++;
@@ -582,4 +583,17 @@ int docsrc_read(const struct DocsrcOptions *o, const struct DocsrcFile *f, docsr
 {
     return f->kind == DOCSRC_JSONL ? read_jsonl(o, f, fn, ctx, stop, err, errlen)
                                    : read_text(o, f, fn, ctx, err, errlen);
+}
+
+const char *docsrc_skip_summary(size_t skipped, size_t other_kind, char *buf, size_t cap)
+{
+    size_t noted = skipped - (other_kind < skipped ? other_kind : skipped);
+    if (other_kind && noted)
+        snprintf(buf, cap, "skipped %zu files (%zu not .txt, .md or .jsonl; %zu for the reasons "
+                 "noted above)", skipped, other_kind, noted);
+    else if (other_kind)
+        snprintf(buf, cap, "skipped %zu files (not .txt, .md or .jsonl)", skipped);
+    else
+        snprintf(buf, cap, "skipped %zu files (for the reasons noted above)", skipped);
+    return buf;
 }

@@ -59,7 +59,12 @@ struct DocsrcList {
     struct DocsrcFile *files;
     size_t n, cap;
     size_t skipped; /* files a walk passed over: other extensions, not regular, bad names */
+    size_t other_kind; /* of those, the files of other extensions (passed over without a note) */
 };
+
+/* "skipped N files (why)" for an ingest's summary, into buf: `skipped` files in all, of which
+ * `other_kind` had other extensions (the rest were named in notes). Returns buf. */
+const char *docsrc_skip_summary(size_t skipped, size_t other_kind, char *buf, size_t cap);
 
 /* Collects the files of paths[0..n_paths) into *list (start from `struct DocsrcList l = {0}`;
  * it may be called again to add more). Returns DOCSRC_OK, DOCSRC_EINPUT (a path that does not
