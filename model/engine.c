@@ -8,6 +8,7 @@
 #include "model/engine_gpu.h"
 #include "model/model_ctx.h"
 #include "model/sampler.h"
+#include "text/errmsg.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -68,17 +69,6 @@ struct Engine {
     int logits_on_host;       /* GPU: s.logits holds the last logits (else only the device) */
     char gpu_err[256];        /* the last device error */
 };
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 const char *engine_strerror(int s)
 {
@@ -225,7 +215,7 @@ static int gpu_engine_new(struct Engine *e, char *err, size_t errlen)
     e->gpu_cand = malloc((size_t)c->vocab * sizeof *e->gpu_cand);
     if (!e->block || !e->inv_freq || !e->cls || !e->wq_off || !e->gpu_mass || !e->gpu_lam ||
         !e->gpu_watch || !e->gpu_cand)
-        return fail(err, errlen, ENGINE_ENOMEM, "out of memory");
+        return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory");
     e->s.cos = e->block;
     e->s.sin = e->s.cos + (size_t)e->opts.chunk * half;
     e->s.logits = e->s.sin + (size_t)e->opts.chunk * half;
@@ -241,22 +231,22 @@ int engine_new(const struct Model *m, const struct EngineOpts *o, struct Engine 
     if (!m || !o || o->n_ctx < 1 || o->n_ctx > ENGINE_MAX_CTX || o->chunk < 1 ||
         o->n_threads < 1 || o->n_threads > 256 || (unsigned)o->kv_type > KV_Q8 ||
         (o->device != ENGINE_CPU && o->device != ENGINE_CUDA))
-        return fail(err, errlen, ENGINE_EINPUT,
+        return errmsg_set(err, errlen, ENGINE_EINPUT,
                     "invalid engine options: ctx must be 1..%d, chunk >= 1, threads 1..256",
                     ENGINE_MAX_CTX);
     if (o->kv_type == KV_Q8 && (m->cfg.head_dim % 2 || m->cfg.head_dim > 256))
-        return fail(err, errlen, ENGINE_EINPUT,
+        return errmsg_set(err, errlen, ENGINE_EINPUT,
                     "the int8 KV cache needs an even head dimension of at most 256 (this model: %d)",
                     m->cfg.head_dim);
     if (o->device == ENGINE_CUDA && o->kv_type == KV_Q8)
-        return fail(err, errlen, ENGINE_EINPUT,
+        return errmsg_set(err, errlen, ENGINE_EINPUT,
                     "the int8 KV cache is the CPU backend's; the CUDA backend keeps bf16");
     struct EngineOpts opts = *o;
     if (opts.chunk > opts.n_ctx) opts.chunk = opts.n_ctx;
     struct EngineMemory mem;
     engine_estimate(m, &opts, &mem);
     if (opts.mem_budget && mem.context_bytes > opts.mem_budget)
-        return fail(err, errlen, ENGINE_EBUDGET,
+        return errmsg_set(err, errlen, ENGINE_EBUDGET,
                     "a %d-token context needs %zu bytes (%.1f MiB: KV %.1f MiB + activations "
                     "%.1f MiB), over the budget of %zu bytes (%.1f MiB)",
                     opts.n_ctx, mem.context_bytes, mem.context_bytes / 1048576.0,
@@ -265,7 +255,7 @@ int engine_new(const struct Model *m, const struct EngineOpts *o, struct Engine 
     if (model_ctx_check(&m->cfg, opts.n_ctx, err, errlen)) return ENGINE_ECTX;
 
     struct Engine *e = calloc(1, sizeof *e);
-    if (!e) return fail(err, errlen, ENGINE_ENOMEM, "out of memory");
+    if (!e) return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory");
     e->m = m;
     e->be = &backend_cpu;
     e->opts = opts;
@@ -297,7 +287,7 @@ int engine_new(const struct Model *m, const struct EngineOpts *o, struct Engine 
     if (!e->kcache || !e->vcache || !e->block || !e->inv_freq || !e->mass_scratch || !e->cls || !e->wq_off ||
         pool_new(opts.n_threads, &e->pool) != 0) {
         engine_destroy(&e);
-        return fail(err, errlen, ENGINE_ENOMEM, "cannot allocate %zu bytes for the context",
+        return errmsg_set(err, errlen, ENGINE_ENOMEM, "cannot allocate %zu bytes for the context",
                     mem.context_bytes);
     }
     scratch_layout(c, &opts, e->be, (char *)e->block, &e->s);
@@ -567,23 +557,23 @@ static int forward_chunk(struct Engine *e, const int32_t *tokens, int n, int wan
 
 int engine_prefill(struct Engine *e, const int32_t *tokens, size_t n, char *err, size_t errlen)
 {
-    if (!e || (!tokens && n)) return fail(err, errlen, ENGINE_EINPUT, "no tokens");
+    if (!e || (!tokens && n)) return errmsg_set(err, errlen, ENGINE_EINPUT, "no tokens");
     if (n == 0) return ENGINE_OK;
     if (n > (size_t)(e->opts.n_ctx - e->n_past))
-        return fail(err, errlen, ENGINE_ECTX,
+        return errmsg_set(err, errlen, ENGINE_ECTX,
                     "%zu tokens do not fit: the context holds %d and %d are in use", n,
                     e->opts.n_ctx, e->n_past);
     for (size_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= e->m->cfg.vocab)
-            return fail(err, errlen, ENGINE_EINPUT, "token %d at index %zu is outside the vocabulary "
+            return errmsg_set(err, errlen, ENGINE_EINPUT, "token %d at index %zu is outside the vocabulary "
                         "(%d)", tokens[i], i, e->m->cfg.vocab);
     for (size_t i = 0; i < n; i += (size_t)e->opts.chunk) {
         if (atomic_exchange(&e->cancel, 0))
-            return fail(err, errlen, ENGINE_ECANCELLED, "cancelled after %zu of %zu tokens", i, n);
+            return errmsg_set(err, errlen, ENGINE_ECANCELLED, "cancelled after %zu of %zu tokens", i, n);
         int len = n - i < (size_t)e->opts.chunk ? (int)(n - i) : e->opts.chunk;
         if (forward_chunk(e, tokens + i, len, i + (size_t)len == n) != ENGINE_OK) {
             /* the failed chunk's positions may be half written: the sequence ends before it */
-            return fail(err, errlen, ENGINE_EDEVICE, "after %zu of %zu tokens: %s", i, n,
+            return errmsg_set(err, errlen, ENGINE_EDEVICE, "after %zu of %zu tokens: %s", i, n,
                         e->gpu_err);
         }
     }
@@ -608,22 +598,22 @@ static int score_tokens(struct Engine *e, const int32_t *tokens, size_t n, float
     enum { ROWS = 64 };
     if (nll_sum) *nll_sum = 0;
     if (n_scored) *n_scored = 0;
-    if (!e || !tokens || n < 2) return fail(err, errlen, ENGINE_EINPUT, "need at least 2 tokens");
+    if (!e || !tokens || n < 2) return errmsg_set(err, errlen, ENGINE_EINPUT, "need at least 2 tokens");
     if (e->gpu)
-        return fail(err, errlen, ENGINE_EINPUT, "scoring runs on CPU contexts only (it needs "
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "scoring runs on CPU contexts only (it needs "
                     "the logits of every position)");
     int rc = ENGINE_OK;
     if (n > (size_t)(e->opts.n_ctx - e->n_past))
-        return fail(err, errlen, ENGINE_ECTX, "%zu tokens do not fit in a %d-token context", n,
+        return errmsg_set(err, errlen, ENGINE_ECTX, "%zu tokens do not fit in a %d-token context", n,
                     e->opts.n_ctx - e->n_past);
     for (size_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= e->m->cfg.vocab)
-            return fail(err, errlen, ENGINE_EINPUT, "token %d outside the vocabulary", tokens[i]);
+            return errmsg_set(err, errlen, ENGINE_EINPUT, "token %d outside the vocabulary", tokens[i]);
     const struct ModelConfig *c = &e->m->cfg;
     float *lg = malloc((size_t)ROWS * c->vocab * sizeof(float));
-    if (!lg) return fail(err, errlen, ENGINE_ENOMEM, "out of memory");
+    if (!lg) return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory");
     for (size_t i = 0; i < n && rc == ENGINE_OK; i += (size_t)e->opts.chunk) {
-        if (atomic_exchange(&e->cancel, 0)) { rc = fail(err, errlen, ENGINE_ECANCELLED, "cancelled"); break; }
+        if (atomic_exchange(&e->cancel, 0)) { rc = errmsg_set(err, errlen, ENGINE_ECANCELLED, "cancelled"); break; }
         int len = n - i < (size_t)e->opts.chunk ? (int)(n - i) : e->opts.chunk;
         (void)forward_chunk(e, tokens + i, len, 0);
         for (int r0 = 0; r0 < len; r0 += ROWS) {
@@ -689,7 +679,7 @@ int engine_sample(struct Engine *e, struct Sampler *s, int32_t *token, struct To
     sampler_keep(s, &k);
     struct SamplePass p = {.cand = e->gpu_cand};
     if (gpu_seq_sample(e->gpu, &k, &p, e->gpu_err, sizeof e->gpu_err))
-        return fail(err, errlen, ENGINE_EDEVICE, "sampling: %s", e->gpu_err);
+        return errmsg_set(err, errlen, ENGINE_EDEVICE, "sampling: %s", e->gpu_err);
     *token = sampler_finish(s, &p, sig);
     return ENGINE_OK;
 }
@@ -718,15 +708,15 @@ int engine_watch(struct Engine *e, const struct AttnWatch *w, int n, char *err, 
     int diff = c->arch == ARCH_DIFFV2, per = diff ? 2 : 1;
     int heads = diff ? c->n_head : c->n_q_head;
     if (n < 0 || n > ENGINE_MAX_WATCH || (n && !w))
-        return fail(err, errlen, ENGINE_EINPUT, "watch at most %d heads", ENGINE_MAX_WATCH);
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "watch at most %d heads", ENGINE_MAX_WATCH);
     for (int i = 0; i < n; i++) {
         if (w[i].layer < 0 || w[i].layer >= c->n_layer || w[i].head < 0 || w[i].head >= heads)
-            return fail(err, errlen, ENGINE_EINPUT, "watched head %d:%d is outside the model "
+            return errmsg_set(err, errlen, ENGINE_EINPUT, "watched head %d:%d is outside the model "
                         "(%d layers of %d %s heads)", w[i].layer, w[i].head, c->n_layer, heads,
                         diff ? "DIFF V2 output" : "query");
         for (int j = 0; j < i; j++)
             if (w[j].layer == w[i].layer && w[j].head == w[i].head)
-                return fail(err, errlen, ENGINE_EINPUT, "head %d:%d is watched twice",
+                return errmsg_set(err, errlen, ENGINE_EINPUT, "head %d:%d is watched twice",
                             w[i].layer, w[i].head);
     }
     struct AttnWatch *nw = n ? malloc((size_t)n * sizeof *nw) : NULL;
@@ -736,7 +726,7 @@ int engine_watch(struct Engine *e, const struct AttnWatch *w, int n, char *err, 
     struct AttnMass *ms = n ? calloc((size_t)n, sizeof *ms) : NULL;
     if (n && (!nw || !wq || !wqw || !wm || !ms)) {
         free(nw); free(wq); free(wqw); free(wm); free(ms);
-        return fail(err, errlen, ENGINE_ENOMEM, "out of memory");
+        return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory");
     }
     if (n) memcpy(nw, w, (size_t)n * sizeof *nw);
     int k = 0;
@@ -764,7 +754,7 @@ int engine_watch(struct Engine *e, const struct AttnWatch *w, int n, char *err, 
 int engine_set_spans(struct Engine *e, const uint8_t *cls, size_t n, char *err, size_t errlen)
 {
     if (n > (size_t)e->opts.n_ctx || (n && !cls))
-        return fail(err, errlen, ENGINE_EINPUT, "%zu marked positions do not fit a %d-token "
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "%zu marked positions do not fit a %d-token "
                     "context", n, e->opts.n_ctx);
     if (n) memcpy(e->cls, cls, n);
     if (e->gpu && gpu_seq_set_spans(e->gpu, cls, n, err, errlen)) return ENGINE_EDEVICE;

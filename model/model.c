@@ -12,17 +12,7 @@
 
 #include "kernels/dequant.h"
 #include "model/gguf.h"
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
+#include "text/errmsg.h"
 
 const char *model_arch_name(enum ModelArch a)
 {
@@ -44,10 +34,10 @@ static int key_u32(const struct GgufFile *g, const char *arch, const char *suffi
     int rc = gguf_get_u32(g, key, &v);
     if (rc == GGUF_ENOTFOUND && def >= 0) { *out = (int)def; return 0; }
     if (rc != GGUF_OK)
-        return fail(err, errlen, MODEL_EFORMAT, "%s: key %s: %s", gguf_path(g), key,
+        return errmsg_set(err, errlen, MODEL_EFORMAT, "%s: key %s: %s", gguf_path(g), key,
                     rc == GGUF_ENOTFOUND ? "missing" : "wrong type or out of range");
     if (v > (1u << 30))
-        return fail(err, errlen, MODEL_EFORMAT, "%s: key %s = %u is implausibly large",
+        return errmsg_set(err, errlen, MODEL_EFORMAT, "%s: key %s = %u is implausibly large",
                     gguf_path(g), key, v);
     *out = (int)v;
     return 0;
@@ -61,7 +51,7 @@ static int key_f32(const struct GgufFile *g, const char *arch, const char *suffi
     int rc = gguf_get_f32(g, key, out);
     if (rc == GGUF_ENOTFOUND) { *out = def; return 0; }
     if (rc != GGUF_OK || !isfinite(*out))
-        return fail(err, errlen, MODEL_EFORMAT, "%s: key %s has a wrong type or value",
+        return errmsg_set(err, errlen, MODEL_EFORMAT, "%s: key %s has a wrong type or value",
                     gguf_path(g), key);
     return 0;
 }
@@ -77,13 +67,13 @@ static int read_config(const struct GgufFile *g, struct ModelConfig *c, char *er
 {
     struct GgufString a;
     if (gguf_get_str(g, "general.architecture", &a) != GGUF_OK)
-        return fail(err, errlen, MODEL_EFORMAT, "%s: general.architecture missing", gguf_path(g));
+        return errmsg_set(err, errlen, MODEL_EFORMAT, "%s: general.architecture missing", gguf_path(g));
     char arch[32];
     if (a.len == 5 && !memcmp(a.ptr, "llama", 5)) c->arch = ARCH_LLAMA;
     else if (a.len == 6 && !memcmp(a.ptr, "diffv2", 6)) c->arch = ARCH_DIFFV2;
     else if (a.len == 5 && !memcmp(a.ptr, "qwen2", 5)) c->arch = ARCH_QWEN2;
     else
-        return fail(err, errlen, MODEL_EUNSUPPORTED,
+        return errmsg_set(err, errlen, MODEL_EUNSUPPORTED,
                     "%s: architecture '%.*s' is not supported (llama, qwen2, diffv2)", gguf_path(g),
                     (int)(a.len > 64 ? 64 : a.len), a.ptr);
     snprintf(arch, sizeof arch, "%s", model_arch_name(c->arch));
@@ -96,13 +86,13 @@ static int read_config(const struct GgufFile *g, struct ModelConfig *c, char *er
         (rc = key_u32(g, arch, "context_length", 0, &c->ctx_train, err, errlen)))
         return rc;
     if (c->n_layer < 1 || c->dim < 1 || c->ffn_dim < 1 || c->n_head < 1)
-        return fail(err, errlen, MODEL_EFORMAT, "%s: zero layers, width or heads", gguf_path(g));
+        return errmsg_set(err, errlen, MODEL_EFORMAT, "%s: zero layers, width or heads", gguf_path(g));
     if ((rc = key_u32(g, arch, "attention.head_count_kv", c->n_head, &c->n_kv_head, err, errlen)) ||
         (rc = key_u32(g, arch, "attention.key_length", c->dim / c->n_head, &c->head_dim, err, errlen)))
         return rc;
     c->n_q_head = c->arch == ARCH_DIFFV2 ? 2 * c->n_head : c->n_head;
     if (c->n_kv_head < 1 || c->head_dim < 2 || c->n_head % c->n_kv_head != 0)
-        return fail(err, errlen, MODEL_EFORMAT,
+        return errmsg_set(err, errlen, MODEL_EFORMAT,
                     "%s: head_count %d is not a multiple of head_count_kv %d (or head_dim %d < 2)",
                     gguf_path(g), c->n_head, c->n_kv_head, c->head_dim);
     if ((rc = key_f32(g, arch, "attention.layer_norm_rms_epsilon", 1e-5f, &c->norm_eps, err, errlen)))
@@ -113,7 +103,7 @@ static int read_config(const struct GgufFile *g, struct ModelConfig *c, char *er
         (rc = key_u32(g, arch, "rope.dimension_count", c->head_dim, &r->n_rot, err, errlen)))
         return rc;
     if (r->n_rot % 2 || r->n_rot > c->head_dim || r->base <= 1.f)
-        return fail(err, errlen, MODEL_EFORMAT, "%s: rope dimension_count %d / base %g invalid",
+        return errmsg_set(err, errlen, MODEL_EFORMAT, "%s: rope dimension_count %d / base %g invalid",
                     gguf_path(g), r->n_rot, r->base);
     char key[160];
     snprintf(key, sizeof key, "%s.rope.layout", arch);
@@ -124,7 +114,7 @@ static int read_config(const struct GgufFile *g, struct ModelConfig *c, char *er
         if (key_str_eq(g, key, "neox")) r->layout = ROPE_NEOX;
         else if (key_str_eq(g, key, "adjacent")) r->layout = ROPE_ADJACENT;
         else
-            return fail(err, errlen, MODEL_EUNSUPPORTED, "%s: %s must be adjacent or neox",
+            return errmsg_set(err, errlen, MODEL_EUNSUPPORTED, "%s: %s must be adjacent or neox",
                         gguf_path(g), key);
     }
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
@@ -133,7 +123,7 @@ static int read_config(const struct GgufFile *g, struct ModelConfig *c, char *er
         if (key_str_eq(g, key, "linear")) r->scaling = ROPE_SCALING_LINEAR;
         else if (key_str_eq(g, key, "yarn")) r->scaling = ROPE_SCALING_YARN;
         else if (!key_str_eq(g, key, "none"))
-            return fail(err, errlen, MODEL_EUNSUPPORTED, "%s: %s must be none, linear or yarn",
+            return errmsg_set(err, errlen, MODEL_EUNSUPPORTED, "%s: %s must be none, linear or yarn",
                         gguf_path(g), key);
     }
     if ((rc = key_f32(g, arch, "rope.scaling.factor", 1.f, &r->factor, err, errlen)) ||
@@ -144,7 +134,7 @@ static int read_config(const struct GgufFile *g, struct ModelConfig *c, char *er
         (rc = key_f32(g, arch, "rope.scaling.yarn_beta_slow", 1.f, &r->beta_slow, err, errlen)))
         return rc;
     if (r->scaling != ROPE_SCALING_NONE && !(r->factor > 0.f))
-        return fail(err, errlen, MODEL_EFORMAT, "%s: rope scaling factor %g must be > 0",
+        return errmsg_set(err, errlen, MODEL_EFORMAT, "%s: rope scaling factor %g must be > 0",
                     gguf_path(g), r->factor);
     if (r->attn_factor == 0.f)
         r->attn_factor = r->scaling == ROPE_SCALING_YARN && r->factor > 1.f
@@ -168,19 +158,19 @@ static int check_tensor(const struct GgufFile *g, struct TensorSpec *sp, size_t 
                         char *err, size_t errlen)
 {
     const struct GgufTensor *t = gguf_find_tensor(g, sp->name);
-    if (!t) return fail(err, errlen, MODEL_EFORMAT, "%s: tensor %s missing", gguf_path(g), sp->name);
+    if (!t) return errmsg_set(err, errlen, MODEL_EFORMAT, "%s: tensor %s missing", gguf_path(g), sp->name);
     int64_t cols = sp->cols, rows = sp->rows;
     int ok = rows == 0 ? (t->n_elements == (uint64_t)cols && t->ne[0] == (uint64_t)cols)
                        : (t->ne[0] == (uint64_t)cols && t->ne[1] == (uint64_t)rows &&
                           t->n_elements == (uint64_t)(cols * rows));
     if (!ok)
-        return fail(err, errlen, MODEL_EFORMAT,
+        return errmsg_set(err, errlen, MODEL_EFORMAT,
                     "%s: tensor %s has shape [%llu, %llu], expected [%lld, %lld]", gguf_path(g),
                     sp->name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
                     (long long)cols, (long long)(rows ? rows : 1));
     int be = dequant_block_elems(t->type);
     if (be == 0 || cols % be != 0)
-        return fail(err, errlen, MODEL_EUNSUPPORTED, "%s: tensor %s has unsupported type %s",
+        return errmsg_set(err, errlen, MODEL_EUNSUPPORTED, "%s: tensor %s has unsupported type %s",
                     gguf_path(g), sp->name, ggml_type_name(t->type));
     sp->t = t;
     *bytes = rows == 0 ? align64((size_t)cols * sizeof(float))
@@ -210,15 +200,15 @@ int model_load(const char *path, struct Model **out, char *err, size_t errlen)
     if (rc != GGUF_OK) return rc == GGUF_EIO ? MODEL_EIO : rc == GGUF_EUNSUPPORTED
                                                  ? MODEL_EUNSUPPORTED : MODEL_EFORMAT;
     m = calloc(1, sizeof *m);
-    if (!m) { rc = fail(err, errlen, MODEL_ENOMEM, "out of memory"); goto err; }
+    if (!m) { rc = errmsg_set(err, errlen, MODEL_ENOMEM, "out of memory"); goto err; }
     m->path = strdup(path);
-    if (!m->path) { rc = fail(err, errlen, MODEL_ENOMEM, "out of memory"); goto err; }
+    if (!m->path) { rc = errmsg_set(err, errlen, MODEL_ENOMEM, "out of memory"); goto err; }
     struct ModelConfig *c = &m->cfg;
     if ((rc = read_config(g, c, err, errlen))) goto err;
 
     const struct GgufTensor *emb = gguf_find_tensor(g, "token_embd.weight");
     if (!emb || emb->ne[0] != (uint64_t)c->dim || emb->ne[1] < 1 || emb->ne[1] > (1u << 24)) {
-        rc = fail(err, errlen, MODEL_EFORMAT, "%s: token_embd.weight missing or not [%d, vocab]",
+        rc = errmsg_set(err, errlen, MODEL_EFORMAT, "%s: token_embd.weight missing or not [%d, vocab]",
                   path, c->dim);
         goto err;
     }
@@ -227,7 +217,7 @@ int model_load(const char *path, struct Model **out, char *err, size_t errlen)
     m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
     size_t max_specs = 3 + 13 * (size_t)c->n_layer;
     specs = calloc(max_specs, sizeof *specs);
-    if (!m->layers || !specs) { rc = fail(err, errlen, MODEL_ENOMEM, "out of memory"); goto err; }
+    if (!m->layers || !specs) { rc = errmsg_set(err, errlen, MODEL_ENOMEM, "out of memory"); goto err; }
 
     int64_t d = c->dim, hd = c->head_dim, nq = c->n_q_head * hd, nkv = c->n_kv_head * hd;
     int64_t no = c->n_head * hd, F = c->ffn_dim;
@@ -263,7 +253,7 @@ int model_load(const char *path, struct Model **out, char *err, size_t errlen)
         for (size_t u = 0; u < sizeof unsupported / sizeof *unsupported; u++) {
             snprintf(n, sizeof n, "blk.%d.%s.bias", l, unsupported[u]);
             if (gguf_find_tensor(g, n)) {
-                rc = fail(err, errlen, MODEL_EUNSUPPORTED, "%s: tensor %s: a bias on %s is "
+                rc = errmsg_set(err, errlen, MODEL_EUNSUPPORTED, "%s: tensor %s: a bias on %s is "
                           "not supported (only attn_q, attn_k and attn_v take one)", path, n,
                           unsupported[u]);
                 goto err;
@@ -286,7 +276,7 @@ int model_load(const char *path, struct Model **out, char *err, size_t errlen)
     m->arena_bytes = total;
     m->arena = aligned_alloc(64, total ? total : 64);
     if (!m->arena) {
-        rc = fail(err, errlen, MODEL_ENOMEM, "%s: cannot allocate %zu MiB for weights", path,
+        rc = errmsg_set(err, errlen, MODEL_ENOMEM, "%s: cannot allocate %zu MiB for weights", path,
                   total >> 20);
         goto err;
     }
@@ -301,7 +291,7 @@ int model_load(const char *path, struct Model **out, char *err, size_t errlen)
 
     if ((rc = tok_load_gguf(g, &m->tok, err, errlen)) != 0) { rc = MODEL_EFORMAT; goto err; }
     if (tok_n_vocab(m->tok) > c->vocab) {
-        rc = fail(err, errlen, MODEL_EFORMAT, "%s: tokenizer has %d tokens but the embedding %d",
+        rc = errmsg_set(err, errlen, MODEL_EFORMAT, "%s: tokenizer has %d tokens but the embedding %d",
                   path, tok_n_vocab(m->tok), c->vocab);
         goto err;
     }

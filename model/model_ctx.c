@@ -10,17 +10,7 @@
 
 #include "model/engine.h"
 #include "model/gguf.h"
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
+#include "text/errmsg.h"
 
 static int train_ctx(const struct ModelConfig *c)
 {
@@ -74,15 +64,15 @@ int model_ctx_override(struct ModelConfig *c, const char *scaling, float factor,
     else if (!strcmp(scaling, "linear")) s = ROPE_SCALING_LINEAR;
     else if (!strcmp(scaling, "yarn")) s = ROPE_SCALING_YARN;
     else
-        return fail(err, errlen, MODEL_EFORMAT,
+        return errmsg_set(err, errlen, MODEL_EFORMAT,
                     "rope scaling \"%.32s\" is not none, linear or yarn", scaling);
     if (orig_ctx < 0 || orig_ctx > ENGINE_MAX_CTX)
-        return fail(err, errlen, MODEL_EFORMAT, "rope original context %d is outside 1..%d",
+        return errmsg_set(err, errlen, MODEL_EFORMAT, "rope original context %d is outside 1..%d",
                     orig_ctx, ENGINE_MAX_CTX);
     struct RopeConfig *r = &c->rope;
     if (s == ROPE_SCALING_NONE) {
         if (!(factor == 0.f || factor == 1.f) || orig_ctx)
-            return fail(err, errlen, MODEL_EFORMAT,
+            return errmsg_set(err, errlen, MODEL_EFORMAT,
                         "rope scaling none takes no factor (%g) or original context (%d)",
                         factor, orig_ctx);
         r->scaling = ROPE_SCALING_NONE;
@@ -91,7 +81,7 @@ int model_ctx_override(struct ModelConfig *c, const char *scaling, float factor,
         return 0;
     }
     if (!isfinite(factor) || !(factor > 1.f) || factor > MODEL_ROPE_MAX_FACTOR)
-        return fail(err, errlen, MODEL_EFORMAT,
+        return errmsg_set(err, errlen, MODEL_EFORMAT,
                     "rope scaling %s needs a factor above 1 and at most %g (got %g)", scaling,
                     MODEL_ROPE_MAX_FACTOR, factor);
     r->scaling = s;
@@ -114,10 +104,10 @@ int model_ctx_check(const struct ModelConfig *c, long n_ctx, char *err, size_t e
     char why[160];
     model_ctx_describe(c, why, sizeof why);
     if (usable >= ENGINE_MAX_CTX)
-        return fail(err, errlen, MODEL_EFORMAT,
+        return errmsg_set(err, errlen, MODEL_EFORMAT,
                     "a %ld-token context is longer than the %d tokens the engine serves (%s)",
                     n_ctx, usable, why);
-    return fail(err, errlen, MODEL_EFORMAT,
+    return errmsg_set(err, errlen, MODEL_EFORMAT,
                 "a %ld-token context is longer than the %d tokens this model serves (%s); to run "
                 "past it on purpose, extend it with --rope-scaling yarn --rope-factor F "
                 "(diffragd: rope_scaling, rope_factor)", n_ctx, usable, why);
@@ -136,14 +126,14 @@ int model_ctx_read(const char *path, struct ModelConfig *c, char *err, size_t er
     uint32_t v;
     rc = MODEL_EFORMAT;
     if (gguf_get_str(g, "general.architecture", &a) != GGUF_OK || a.len == 0 || a.len > 64) {
-        fail(err, errlen, rc, "%s: general.architecture missing", path);
+        errmsg_set(err, errlen, rc, "%s: general.architecture missing", path);
         goto out;
     }
     int al = (int)a.len;
     snprintf(key, sizeof key, "%.*s.context_length", al, a.ptr);
     int krc = gguf_get_u32(g, key, &v);
     if (krc == GGUF_OK && v <= (uint32_t)1 << 30) c->ctx_train = (int)v;
-    else if (krc != GGUF_ENOTFOUND) { fail(err, errlen, rc, "%s: key %s: bad value", path, key); goto out; }
+    else if (krc != GGUF_ENOTFOUND) { errmsg_set(err, errlen, rc, "%s: key %s: bad value", path, key); goto out; }
     struct RopeConfig *r = &c->rope;
     r->scaling = ROPE_SCALING_NONE;
     r->factor = 1.f;
@@ -153,7 +143,7 @@ int model_ctx_read(const char *path, struct ModelConfig *c, char *err, size_t er
         if (s.len == 6 && !memcmp(s.ptr, "linear", 6)) r->scaling = ROPE_SCALING_LINEAR;
         else if (s.len == 4 && !memcmp(s.ptr, "yarn", 4)) r->scaling = ROPE_SCALING_YARN;
         else if (!(s.len == 4 && !memcmp(s.ptr, "none", 4))) {
-            fail(err, errlen, MODEL_EUNSUPPORTED, "%s: %s must be none, linear or yarn", path, key);
+            errmsg_set(err, errlen, MODEL_EUNSUPPORTED, "%s: %s must be none, linear or yarn", path, key);
             goto out;
         }
     }
@@ -161,14 +151,14 @@ int model_ctx_read(const char *path, struct ModelConfig *c, char *err, size_t er
     krc = gguf_get_f32(g, key, &r->factor);
     if (krc == GGUF_ENOTFOUND) r->factor = 1.f;
     else if (krc != GGUF_OK || !isfinite(r->factor)) {
-        fail(err, errlen, rc, "%s: key %s has a wrong type or value", path, key);
+        errmsg_set(err, errlen, rc, "%s: key %s has a wrong type or value", path, key);
         goto out;
     }
     snprintf(key, sizeof key, "%.*s.rope.scaling.original_context_length", al, a.ptr);
     krc = gguf_get_u32(g, key, &v);
     if (krc == GGUF_OK && v <= (uint32_t)1 << 30) r->orig_ctx = (int)v;
     else if (krc == GGUF_ENOTFOUND) r->orig_ctx = train_ctx(c);
-    else { fail(err, errlen, rc, "%s: key %s: bad value", path, key); goto out; }
+    else { errmsg_set(err, errlen, rc, "%s: key %s: bad value", path, key); goto out; }
     rc = MODEL_OK;
 out:
     gguf_close(&g);

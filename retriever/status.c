@@ -2,8 +2,6 @@
  * caller's buffer. */
 #include "retriever/status.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 
 const char *ret_strerror(int status)
 {
@@ -22,13 +20,3 @@ const char *ret_strerror(int status)
     }
 }
 
-int ret_fail(char *err, size_t errlen, int status, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return status;
-}

@@ -6,6 +6,8 @@
 
 #include <stddef.h>
 
+#include "text/errmsg.h"
+
 enum RetStatus {
     RET_OK = 0,
     RET_EINPUT = -1,    /* invalid argument or input (bad UTF-8, empty text, oversize id...) */
@@ -21,8 +23,8 @@ enum RetStatus {
 
 const char *ret_strerror(int status);
 
-/* snprintf into err when err is non-NULL; returns `status` so callers can `return ret_fail(...)`. */
-int ret_fail(char *err, size_t errlen, int status, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+/* snprintf into err when err is non-NULL; returns `status` so callers can `return ret_fail(...)`
+ * (text/errmsg.h). */
+#define ret_fail(...) errmsg_set(__VA_ARGS__)
 
 #endif

@@ -13,22 +13,9 @@
 #include <unistd.h>
 
 #include "clients/ingest/docsrc.h"
+#include "text/errmsg.h"
 #include "text/json.h"
 #include "text/utf8.h"
-
-static int fail(char *err, size_t errlen, int status, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int status, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return status;
-}
 
 /* The offset of the first byte of s[0..n) that is not part of valid UTF-8, or n. */
 static size_t utf8_bad_offset(const char *s, size_t n)
@@ -114,7 +101,7 @@ static int folder_name(const char *dir, char **out, char *err, size_t errlen)
 {
     char *real = realpath(dir, NULL);
     if (!real)
-        return fail(err, errlen, errno == ENOMEM ? DOCSRC_ENOMEM : DOCSRC_EINPUT, "%s: %s", dir,
+        return errmsg_set(err, errlen, errno == ENOMEM ? DOCSRC_ENOMEM : DOCSRC_EINPUT, "%s: %s", dir,
                     strerror(errno));
     const char *base = strrchr(real, '/');
     base = base ? base + 1 : real;
@@ -122,7 +109,7 @@ static int folder_name(const char *dir, char **out, char *err, size_t errlen)
     int rc = *out ? DOCSRC_OK : DOCSRC_ENOMEM;
     if (*out && !utf8_ok(*out)) {
         char buf[512];
-        rc = fail(err, errlen, DOCSRC_EFILE, "%s: the folder's name (%s) is not valid UTF-8, and "
+        rc = errmsg_set(err, errlen, DOCSRC_EFILE, "%s: the folder's name (%s) is not valid UTF-8, and "
                   "document ids start with it: rename the folder", dir,
                   printable(*out, buf, sizeof buf));
         free(*out);
@@ -209,7 +196,7 @@ static int walk(const struct DocsrcOptions *o, struct DocsrcList *l, const char 
         int e = errno;
         free_names(names, n);
         if (e == ENOMEM)
-            return fail(err, errlen, DOCSRC_ENOMEM, "out of memory");
+            return errmsg_set(err, errlen, DOCSRC_ENOMEM, "out of memory");
         note(o, "%s: %s; skipped", printable(dir, buf, sizeof buf), strerror(e));
         l->skipped++;
         return DOCSRC_OK;
@@ -220,7 +207,7 @@ static int walk(const struct DocsrcOptions *o, struct DocsrcList *l, const char 
         struct stat sb;
         enum DocsrcKind kind;
         if (!path || !id) {
-            rc = fail(err, errlen, DOCSRC_ENOMEM, "out of memory");
+            rc = errmsg_set(err, errlen, DOCSRC_ENOMEM, "out of memory");
         } else if (!utf8_ok(names[i])) {
             note(o, "%s: the name is not valid UTF-8; skipped (rename it to ingest it)",
                  printable(path, buf, sizeof buf));
@@ -245,7 +232,7 @@ static int walk(const struct DocsrcOptions *o, struct DocsrcList *l, const char 
         } else {
             rc = list_add(l, path, id, 0, kind);
             if (rc)
-                fail(err, errlen, rc, "out of memory");
+                errmsg_set(err, errlen, rc, "out of memory");
         }
         free(path);
         free(id);
@@ -262,7 +249,7 @@ int docsrc_collect(const struct DocsrcOptions *o, const char *const *paths, size
         const char *p = paths[i];
         struct stat sb;
         if (stat(p, &sb))
-            return fail(err, errlen, DOCSRC_EINPUT, "%s: %s", printable(p, buf, sizeof buf),
+            return errmsg_set(err, errlen, DOCSRC_EINPUT, "%s: %s", printable(p, buf, sizeof buf),
                         strerror(errno));
         char *name = NULL;
         int rc;
@@ -278,22 +265,22 @@ int docsrc_collect(const struct DocsrcOptions *o, const char *const *paths, size
         enum DocsrcKind kind;
         if (!kind_of(p, &kind)) {
             if (!o->any_named_file)
-                return fail(err, errlen, DOCSRC_EINPUT, "%s: not a .txt, .md or .jsonl file",
+                return errmsg_set(err, errlen, DOCSRC_EINPUT, "%s: not a .txt, .md or .jsonl file",
                             printable(p, buf, sizeof buf));
             kind = DOCSRC_TEXT;
         }
         if (!S_ISREG(sb.st_mode))
-            return fail(err, errlen, DOCSRC_EFILE, "%s: not a regular file (%s)",
+            return errmsg_set(err, errlen, DOCSRC_EFILE, "%s: not a regular file (%s)",
                         printable(p, buf, sizeof buf), file_type(sb.st_mode));
         /* A file given directly: its folder's name, then its own. */
         const char *slash = strrchr(p, '/');
         const char *base = slash ? slash + 1 : p;
         if (kind != DOCSRC_JSONL && !utf8_ok(base))
-            return fail(err, errlen, DOCSRC_EFILE, "%s: the name is not valid UTF-8, and the "
+            return errmsg_set(err, errlen, DOCSRC_EFILE, "%s: the name is not valid UTF-8, and the "
                         "document's id would be: rename it", printable(p, buf, sizeof buf));
         char *dir = slash ? strndup(p, slash == p ? 1 : (size_t)(slash - p)) : strdup(".");
         if (!dir)
-            return fail(err, errlen, DOCSRC_ENOMEM, "out of memory");
+            return errmsg_set(err, errlen, DOCSRC_ENOMEM, "out of memory");
         rc = folder_name(dir, &name, err, errlen);
         free(dir);
         if (rc)
@@ -303,7 +290,7 @@ int docsrc_collect(const struct DocsrcOptions *o, const char *const *paths, size
         rc = id ? list_add(l, p, id, 1, kind) : DOCSRC_ENOMEM;
         free(id);
         if (rc)
-            return fail(err, errlen, rc, "out of memory");
+            return errmsg_set(err, errlen, rc, "out of memory");
     }
     return DOCSRC_OK;
 }
@@ -340,14 +327,14 @@ static int open_regular(const struct DocsrcFile *f, int *fd_out, struct stat *sb
 {
     int fd = open(f->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
     if (fd < 0)
-        return fail(err, errlen, DOCSRC_EIO, "%s: %s", f->path, strerror(errno));
+        return errmsg_set(err, errlen, DOCSRC_EIO, "%s: %s", f->path, strerror(errno));
     if (fstat(fd, sb) || !S_ISREG(sb->st_mode)) {
         int e = errno;
         close(fd);
         return !S_ISREG(sb->st_mode)
-                   ? fail(err, errlen, DOCSRC_EFILE, "%s: not a regular file (%s)", f->path,
+                   ? errmsg_set(err, errlen, DOCSRC_EFILE, "%s: not a regular file (%s)", f->path,
                           file_type(sb->st_mode))
-                   : fail(err, errlen, DOCSRC_EIO, "%s: %s", f->path, strerror(e));
+                   : errmsg_set(err, errlen, DOCSRC_EIO, "%s: %s", f->path, strerror(e));
     }
     *fd_out = fd;
     return DOCSRC_OK;
@@ -380,13 +367,13 @@ static int read_text(const struct DocsrcOptions *o, const struct DocsrcFile *f, 
         close(fd);
         mib(a, sizeof a, size);
         mib(b, sizeof b, o->max_file_bytes);
-        return fail(err, errlen, DOCSRC_EFILE, "%s: %s, over the %s a document may have%s%s",
+        return errmsg_set(err, errlen, DOCSRC_EFILE, "%s: %s, over the %s a document may have%s%s",
                     f->path, a, b, o->limit_hint ? ": " : "", o->limit_hint ? o->limit_hint : "");
     }
     char *text = malloc(size + 1);
     if (!text) {
         close(fd);
-        return fail(err, errlen, DOCSRC_ENOMEM, "%s: out of memory", f->path);
+        return errmsg_set(err, errlen, DOCSRC_ENOMEM, "%s: out of memory", f->path);
     }
     while (n < size) {
         ssize_t r = read(fd, text + n, size - n);
@@ -396,7 +383,7 @@ static int read_text(const struct DocsrcOptions *o, const struct DocsrcFile *f, 
             int e = errno;
             close(fd);
             free(text);
-            return fail(err, errlen, DOCSRC_EIO, "%s: %s", f->path, strerror(e));
+            return errmsg_set(err, errlen, DOCSRC_EIO, "%s: %s", f->path, strerror(e));
         }
         if (r == 0)
             break; /* it shrank since fstat */
@@ -407,12 +394,12 @@ static int read_text(const struct DocsrcOptions *o, const struct DocsrcFile *f, 
     const char *nul = memchr(text, 0, n);
     size_t bad = utf8_bad_offset(text, nul ? (size_t)(nul - text) : n);
     if (n == 0)
-        rc = fail(err, errlen, DOCSRC_EFILE, "%s: empty", f->path);
+        rc = errmsg_set(err, errlen, DOCSRC_EFILE, "%s: empty", f->path);
     else if (nul && bad == (size_t)(nul - text))
-        rc = fail(err, errlen, DOCSRC_EFILE, "%s: a NUL byte at byte %zu: not a text file",
+        rc = errmsg_set(err, errlen, DOCSRC_EFILE, "%s: a NUL byte at byte %zu: not a text file",
                   f->path, bad);
     else if (bad < n)
-        rc = fail(err, errlen, DOCSRC_EFILE, "%s: not valid UTF-8 at byte %zu: convert it from "
+        rc = errmsg_set(err, errlen, DOCSRC_EFILE, "%s: not valid UTF-8 at byte %zu: convert it from "
                   "the encoding it is in, e.g. iconv -f LATIN1 -t UTF-8", f->path, bad);
     if (rc) {
         free(text);
@@ -422,7 +409,7 @@ static int read_text(const struct DocsrcOptions *o, const struct DocsrcFile *f, 
                            .text_len = n };
     if (!d.id || !d.title) {
         docsrc_doc_free(&d);
-        return fail(err, errlen, DOCSRC_ENOMEM, "out of memory");
+        return errmsg_set(err, errlen, DOCSRC_ENOMEM, "out of memory");
     }
     d.id_len = strlen(d.id);
     d.title_len = strlen(d.title);
@@ -467,40 +454,40 @@ static int jsonl_line(const struct DocsrcOptions *o, const struct DocsrcFile *f,
     int st = json_parse(line, len, o->max_depth > 0 ? o->max_depth : JSON_MAX_DEPTH, &obj, why,
                         sizeof why);
     if (st)
-        return fail(err, errlen, st == JSON_ENOMEM ? DOCSRC_ENOMEM : DOCSRC_EINPUT, "%s:%zu: %s",
+        return errmsg_set(err, errlen, st == JSON_ENOMEM ? DOCSRC_ENOMEM : DOCSRC_EINPUT, "%s:%zu: %s",
                     f->path, lineno, why);
     struct DocsrcDoc d = { .line = lineno };
     char **dst[3] = { &d.id, &d.title, &d.text };
     size_t *lens[3] = { &d.id_len, &d.title_len, &d.text_len };
     int rc = DOCSRC_EINPUT;
     if (!json_is_object(obj)) {
-        fail(err, errlen, rc, "%s:%zu: each line must be a JSON object", f->path, lineno);
+        errmsg_set(err, errlen, rc, "%s:%zu: each line must be a JSON object", f->path, lineno);
         goto out;
     }
     for (int i = 0; i < 3; i++) {
         const char *bad = NULL;
         if (field(obj, keys[i], dst[i], lens[i], &bad)) {
-            fail(err, errlen, rc, "%s:%zu: \"%s\" %s", f->path, lineno, keys[i], bad);
+            errmsg_set(err, errlen, rc, "%s:%zu: \"%s\" %s", f->path, lineno, keys[i], bad);
             goto out;
         }
     }
     if (!d.id || !d.text) {
-        fail(err, errlen, rc, "%s:%zu: each line needs string fields \"id\" and \"text\" (and "
+        errmsg_set(err, errlen, rc, "%s:%zu: each line needs string fields \"id\" and \"text\" (and "
              "\"title\", when present, a string)", f->path, lineno);
         goto out;
     }
     if (!d.id_len || !d.text_len) {
-        fail(err, errlen, rc, "%s:%zu: %s", f->path, lineno,
+        errmsg_set(err, errlen, rc, "%s:%zu: %s", f->path, lineno,
              !d.id_len ? "empty id" : "empty text: a document needs some text");
         goto out;
     }
     json_t *meta = json_object_get(obj, "meta");
     if (meta && !json_is_object(meta)) {
-        fail(err, errlen, rc, "%s:%zu: \"meta\" must be an object", f->path, lineno);
+        errmsg_set(err, errlen, rc, "%s:%zu: \"meta\" must be an object", f->path, lineno);
         goto out;
     }
     if (meta && !(d.meta_json = json_dumps(meta, JSON_COMPACT | JSON_PRESERVE_ORDER))) {
-        rc = fail(err, errlen, DOCSRC_ENOMEM, "out of memory");
+        rc = errmsg_set(err, errlen, DOCSRC_ENOMEM, "out of memory");
         goto out;
     }
     rc = fn(ctx, &d) ? DOCSRC_ESTOP : DOCSRC_OK;
@@ -546,7 +533,7 @@ static int read_jsonl(const struct DocsrcOptions *o, const struct DocsrcFile *f,
     FILE *fp = fdopen(fd, "rb");
     if (!fp) {
         close(fd);
-        return fail(err, errlen, DOCSRC_ENOMEM, "%s: %s", f->path, strerror(errno));
+        return errmsg_set(err, errlen, DOCSRC_ENOMEM, "%s: %s", f->path, strerror(errno));
     }
     char *line = NULL, a[32];
     size_t cap = 0, len = 0, lineno = 0;
@@ -555,14 +542,14 @@ static int read_jsonl(const struct DocsrcOptions *o, const struct DocsrcFile *f,
            (got = next_line(fp, &line, &cap, &len, o->max_line_bytes)) != 0) {
         lineno++;
         if (got == -1) {
-            rc = fail(err, errlen, DOCSRC_EIO, "%s: %s", f->path, strerror(errno));
+            rc = errmsg_set(err, errlen, DOCSRC_EIO, "%s: %s", f->path, strerror(errno));
         } else if (got == -2) {
             mib(a, sizeof a, o->max_line_bytes);
-            rc = fail(err, errlen, DOCSRC_EINPUT, "%s:%zu: a line over %s, the most a document "
+            rc = errmsg_set(err, errlen, DOCSRC_EINPUT, "%s:%zu: a line over %s, the most a document "
                       "may take%s%s", f->path, lineno, a, o->limit_hint ? ": " : "",
                       o->limit_hint ? o->limit_hint : "");
         } else if (got == -3) {
-            rc = fail(err, errlen, DOCSRC_ENOMEM, "out of memory");
+            rc = errmsg_set(err, errlen, DOCSRC_ENOMEM, "out of memory");
         } else {
             size_t l = len, k = 0;
             while (l && (line[l - 1] == '\r' || line[l - 1] == ' ' || line[l - 1] == '\t'))
