@@ -108,6 +108,12 @@ static const struct Key keys[] = {
     { "kv_budget_bytes", K_SIZE, F(kv_budget_bytes), "0", 0, 1e15, 0,
       "memory a worker context (KV cache + scratch) may take; 0: unlimited. Startup fails "
       "when max_context_tokens + max_tokens would not fit" },
+    { "prefix_cache", K_LONG, F(prefix_cache), "1", 0, 1, 0,
+      "1: a prompt that starts like an earlier one takes that prefix's keys and values from the "
+      "KV pool instead of computing them again (exact: the answer is the same); 0: off" },
+    { "prefix_cache_bytes", K_SIZE, F(prefix_cache_bytes), "0", 0, 1e15, 0,
+      "memory for cached prompt prefixes beyond the workers' own KV pages (whose pages stay "
+      "cached until a worker needs them); reserved, committed as it fills" },
     { "max_depth", K_LONG, F(max_depth), "16", 2, 64, 1,
       "deepest msgpack nesting accepted in a request" },
     { "max_stop", K_LONG, F(max_stop), "8", 0, 64, 1,

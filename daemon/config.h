@@ -35,6 +35,8 @@ struct Config {
     long top_k, max_top_k;
     long chunk_tokens, chunk_overlap, prefill_chunk;
     size_t kv_budget_bytes;
+    long prefix_cache;                           /* 1: reuse cached prompt prefixes */
+    size_t prefix_cache_bytes;                   /* KV pool pages beyond the workers' own */
     long max_depth;
     long max_stop;
     double drain_timeout;

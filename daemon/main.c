@@ -25,6 +25,7 @@
 #include "daemon/zutil.h"
 #include "model/engine_gpu.h"
 #include "model/gguf.h"
+#include "model/kvpool.h"
 #include "model/model.h"
 #include "model/model_ctx.h"
 #include "model/tokenizer.h"
@@ -499,9 +500,27 @@ static int check_config(const struct Config *c, int worker_mode)
     return 0;
 }
 
+/* The KV page pool of the process's CPU workers: the pages each worker's context needs, plus
+ * prefix_cache_bytes more for cached prefixes. Pages a finished request leaves behind stay
+ * cached either way until a worker needs them. */
+static int start_kv_pool(const struct Model *m, const struct Config *c, int n,
+                         const struct EngineOpts *eo, struct KvPool **pool)
+{
+    size_t page = kvpool_page_bytes(&m->cfg, eo->kv_type);
+    size_t pages = (size_t)n * kvpool_pages_for(eo->n_ctx) + c->prefix_cache_bytes / page;
+    char err[256];
+    if (kvpool_new(m, eo->kv_type, pages, c->prefix_cache != 0, pool, err, sizeof err)) {
+        dlog(LL_ERROR, "msg=\"cannot reserve the KV pool\" error=\"%s\"", err);
+        return -1;
+    }
+    dlog(LL_INFO, "msg=\"KV pool\" pages=%zu page_bytes=%zu bytes=%zu prefix_cache=%s", pages,
+         page, pages * page, c->prefix_cache ? "on" : "off");
+    return 0;
+}
+
 static int start_workers(void *zctx, struct Model *m, const struct Config *c, int n,
                          const char *endpoint, const char *const curve[3], struct Worker **workers,
-                         enum EngineDevice *device)
+                         enum EngineDevice *device, struct KvPool **pool)
 {
     struct WorkerOpts wo;
     memset(&wo, 0, sizeof wo);
@@ -529,6 +548,11 @@ static int start_workers(void *zctx, struct Model *m, const struct Config *c, in
         *device = dev;
     dlog(LL_INFO, "msg=\"compute device\" setting=%s device=%s note=\"%s\"", c->device,
          dev == ENGINE_CUDA ? "cuda" : "cpu", note[0] ? note : "as configured");
+    if (dev == ENGINE_CPU && n > 0) {
+        if (start_kv_pool(m, c, n, &wo.engine, pool))
+            return -1;
+        wo.engine.kv_pool = *pool;
+    }
     for (int i = 0; i < n; i++) {
         char err[512];
         wo.index = i;
@@ -585,8 +609,9 @@ static int run_worker_mode(struct Config *c)
     void *zctx = zmq_ctx_new();
     if (zctx && config_endpoint_ipv6(c->connect))
         zmq_ctx_set(zctx, ZMQ_IPV6, 1);
+    struct KvPool *pool = NULL;
     int rc = start_workers(zctx, m, c, n, c->connect, c->curve_server_key[0] ? curve : NULL, workers,
-                           NULL);
+                           NULL, &pool);
     memset(secret, 0, sizeof secret);
     block_signals(0);
     if (rc == 0) {
@@ -600,6 +625,7 @@ static int run_worker_mode(struct Config *c)
     }
     for (int i = 0; i < n; i++)
         worker_stop(&workers[i]);
+    kvpool_destroy(&pool);
     zmq_ctx_term(zctx);
     free(workers);
     model_destroy(&m);
@@ -629,6 +655,7 @@ static int run_daemon(struct Config *c, int argc, char **argv)
     void *zctx = NULL;
     int n_workers = (int)c->workers, rc = 1;
     struct Worker **workers = calloc((size_t)(n_workers > 0 ? n_workers : 1), sizeof *workers);
+    struct KvPool *kv_pool = NULL;
     char model_name[128];
 
     dlog(LL_INFO, "msg=\"starting\" version=%s listen=%s worker_listen=\"%s\" workers=%d model=\"%s\" "
@@ -760,7 +787,8 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         goto out;
     }
     if (prep_start(zctx, BROKER_PREP_INPROC, (int)c->io_threads, &shared, &prep, err, sizeof err) ||
-        start_workers(zctx, m, c, n_workers, BROKER_WORKERS_INPROC, NULL, workers, &device)) {
+        start_workers(zctx, m, c, n_workers, BROKER_WORKERS_INPROC, NULL, workers, &device,
+                      &kv_pool)) {
         if (prep)
             dlog(LL_ERROR, "msg=\"start-up failed\"");
         else
@@ -770,6 +798,7 @@ static int run_daemon(struct Config *c, int argc, char **argv)
     }
     if (n_workers > 0)
         metrics_set_backend(metrics, device == ENGINE_CUDA ? "cuda" : "cpu");
+    metrics_set_kv_pool(metrics, kv_pool);
     if (c->metrics_listen[0] && metrics_http_start(metrics, c->metrics_listen, &http, err, sizeof err)) {
         dlog(LL_ERROR, "msg=\"cannot serve metrics\" error=\"%s\"", err);
         exit(1);
@@ -781,6 +810,8 @@ static int run_daemon(struct Config *c, int argc, char **argv)
     metrics_http_stop(&http);
     for (int i = 0; i < n_workers; i++)
         worker_stop(&workers[i]);
+    metrics_set_kv_pool(metrics, NULL);
+    kvpool_destroy(&kv_pool);
     broker_farewell(broker);
     prep_join(&prep);
     broker_destroy(&broker);

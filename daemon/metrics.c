@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "model/kvpool.h"
 #include "retriever/store.h"
 
 #define MAX_BUCKETS 20
@@ -61,6 +62,8 @@ struct Metrics {
     struct Hist duration[OP_COUNT];
     struct Hist queue_wait, ttft, tpot, context_tokens, prefill_tps, retrieval;
     uint64_t prompt_tokens, generated_tokens, worker_lost;
+    uint64_t cache_queried, cache_hit;   /* prompt tokens of answered queries; from the cache */
+    struct KvPool *kv_pool;     /* the in-process workers' KV pool; NULL: none */
     uint64_t auth_ok, auth_refused;
     int queue_depth, inflight, workers_idle, workers_busy;
     uint64_t kv_bytes;
@@ -155,6 +158,8 @@ void metrics_query(struct Metrics *m, const struct QueryObs *q)
     if (q->prefill_tps >= 0) hist_observe(&m->prefill_tps, q->prefill_tps);
     hist_observe(&m->context_tokens, (double)q->context_tokens);
     m->prompt_tokens += q->prompt_tokens;
+    m->cache_queried += q->prompt_tokens;
+    m->cache_hit += q->cached_tokens;
     m->generated_tokens += q->generated_tokens;
     pthread_mutex_unlock(&m->mu);
 }
@@ -239,6 +244,13 @@ void metrics_set_ready(struct Metrics *m, int model_loaded, int store_open)
     pthread_mutex_lock(&m->mu);
     m->model_loaded = model_loaded;
     m->store_open = store_open;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_set_kv_pool(struct Metrics *m, struct KvPool *pool)
+{
+    pthread_mutex_lock(&m->mu);
+    m->kv_pool = pool;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -357,6 +369,13 @@ char *metrics_render(struct Metrics *m, size_t *len)
     fprintf(f, "diffrag_prompt_tokens_total %llu\n", (unsigned long long)m->prompt_tokens);
     head(f, "diffrag_generated_tokens_total", "counter", "Tokens generated.");
     fprintf(f, "diffrag_generated_tokens_total %llu\n", (unsigned long long)m->generated_tokens);
+    head(f, "diffrag_prefix_cache_queried_tokens_total", "counter",
+         "Prompt tokens of answered queries, looked up in the prefix cache.");
+    fprintf(f, "diffrag_prefix_cache_queried_tokens_total %llu\n",
+            (unsigned long long)m->cache_queried);
+    head(f, "diffrag_prefix_cache_hit_tokens_total", "counter",
+         "Of them, tokens whose keys and values came from the prefix cache.");
+    fprintf(f, "diffrag_prefix_cache_hit_tokens_total %llu\n", (unsigned long long)m->cache_hit);
     head(f, "diffrag_worker_lost_total", "counter", "Workers presumed dead (silent past the heartbeat timeout, or gone).");
     fprintf(f, "diffrag_worker_lost_total %llu\n", (unsigned long long)m->worker_lost);
     head(f, "diffrag_auth_handshakes_total", "counter",
@@ -411,6 +430,24 @@ char *metrics_render(struct Metrics *m, size_t *len)
     fprintf(f, "diffrag_workers{state=\"busy\"} %d\n", m->workers_busy);
     head(f, "diffrag_kv_cache_bytes", "gauge", "KV cache memory of the ready workers.");
     fprintf(f, "diffrag_kv_cache_bytes %llu\n", (unsigned long long)m->kv_bytes);
+    if (m->kv_pool) {
+        struct KvPoolStats ks;
+        kvpool_stats(m->kv_pool, &ks);
+        head(f, "diffrag_kv_pool_pages", "gauge",
+             "Pages of the in-process workers' KV pool (64 positions each), by state: used by a "
+             "request, cached (a prefix kept for reuse), free.");
+        fprintf(f, "diffrag_kv_pool_pages{state=\"used\"} %zu\n", ks.pages_used);
+        fprintf(f, "diffrag_kv_pool_pages{state=\"cached\"} %zu\n", ks.pages_cached);
+        fprintf(f, "diffrag_kv_pool_pages{state=\"free\"} %zu\n",
+                ks.pages - ks.pages_used - ks.pages_cached);
+        head(f, "diffrag_kv_pool_usage_ratio", "gauge",
+             "Share of the KV pool's pages used by requests (cached pages not counted).");
+        fprintf(f, "diffrag_kv_pool_usage_ratio %.6f\n", (double)ks.pages_used / (double)ks.pages);
+        head(f, "diffrag_kv_pool_evicted_pages_total", "counter",
+             "Cached pages evicted (least recently used) for new requests.");
+        fprintf(f, "diffrag_kv_pool_evicted_pages_total %llu\n",
+                (unsigned long long)ks.evicted_pages);
+    }
     head(f, "diffrag_store_damaged", "gauge",
          "1 when the store was found damaged and is served read-only, else 0.");
     fprintf(f, "diffrag_store_damaged %d\n", m->store && store_damaged(m->store, NULL, 0));

@@ -24,6 +24,7 @@ void metrics_request(struct Metrics *m, enum Op op, enum ErrCode code, double se
 struct QueryObs {
     double queue_s, retrieval_s, ttft_s, tpot_s, prefill_tps;
     uint64_t prompt_tokens, generated_tokens, context_tokens;
+    uint64_t cached_tokens;   /* of the prompt tokens, those taken from the prefix cache */
 };
 void metrics_query(struct Metrics *m, const struct QueryObs *q);
 void metrics_worker_lost(struct Metrics *m);
@@ -44,6 +45,10 @@ void metrics_set_ready(struct Metrics *m, int model_loaded, int store_open);
  * outlive the HTTP server. */
 struct Store;
 void metrics_set_store(struct Metrics *m, struct Store *store);
+/* The in-process workers' KV pool, whose pages /metrics shows (diffrag_kv_pool_*); borrowed,
+ * NULL before it is freed. */
+struct KvPool;
+void metrics_set_kv_pool(struct Metrics *m, struct KvPool *pool);
 /* The compute backend label of diffrag_build_info, once the device setting is resolved. */
 void metrics_set_backend(struct Metrics *m, const char *backend);
 /* After SIGTERM /readyz answers 503 "draining", so balancers stop sending new work. */

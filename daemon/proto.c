@@ -24,11 +24,11 @@ const char *ec_name(enum ErrCode c)
 /* The keys the protocol knows; values are found in a first pass, then decoded by name. */
 enum Key { K_V, K_OP, K_ID, K_QUESTION, K_DOCS, K_COLLECTION, K_IDS, K_TOP_K, K_MAX_CONTEXT,
            K_MAX_TOKENS, K_TEMPERATURE, K_TOP_P, K_SEED, K_STOP, K_STREAM, K_DEADLINE, K_TARGET,
-           K_DOC_ID, K_AFTER, K_LIMIT, K_INCLUDE, K_COUNT };
+           K_DOC_ID, K_AFTER, K_LIMIT, K_INCLUDE, K_ORDER, K_COUNT };
 static const char *const key_names[K_COUNT] = {
     "v", "op", "id", "question", "docs", "collection", "ids", "top_k", "max_context_tokens",
     "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "deadline_ms", "target",
-    "doc_id", "after", "limit", "include" };
+    "doc_id", "after", "limit", "include", "order" };
 
 struct ProtoDec {
     const uint8_t *end;
@@ -381,6 +381,13 @@ int proto_decode_query(struct ProtoDec *d)
         get_bool(d, K_STREAM, &p->stream) ||
         get_int(d, K_DEADLINE, 1, PROTO_MAX_DEADLINE_MS, -1, &p->deadline_ms))
         return -1;
+    struct Slice order = {0};
+    if (get_str(d, K_ORDER, 1, 16, EC_BAD_REQUEST, &order))
+        return -1;
+    if (order.len == 8 && !memcmp(order.p, "document", 8))
+        p->order_document = 1;
+    else if (order.len && !(order.len == 4 && !memcmp(order.p, "rank", 4)))
+        FAIL(d, EC_BAD_REQUEST, "order must be \"rank\" or \"document\"");
     if (d->val[K_SEED]) {
         struct MpCursor c;
         struct MpObj o;

@@ -252,10 +252,11 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
         mpw_kv_bool(w, "truncated", c->truncated);
     }
     mpw_cstr(w, "usage");
-    mpw_map(w, 3);
+    mpw_map(w, 4);
     mpw_kv_uint(w, "prompt_tokens", ctx->n_tokens);
     mpw_kv_uint(w, "context_tokens", context_tokens);
     mpw_kv_uint(w, "completion_tokens", (uint64_t)res->completion_tokens);
+    mpw_kv_uint(w, "cached_tokens", (uint64_t)res->cached_tokens);
     mpw_cstr(w, "timings");
     mpw_map(w, 6);
     mpw_kv_double(w, "queue_ms", queue_ms);
@@ -279,7 +280,7 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
         .tpot_s = res->completion_tokens > 1 ? res->decode_ms / 1e3 / (double)(res->completion_tokens - 1) : -1,
         .prefill_tps = res->prefill_ms > 0 ? (double)ctx->n_tokens / (res->prefill_ms / 1e3) : -1,
         .prompt_tokens = ctx->n_tokens, .generated_tokens = (uint64_t)res->completion_tokens,
-        .context_tokens = ctx->n_tokens,
+        .context_tokens = ctx->n_tokens, .cached_tokens = (uint64_t)res->cached_tokens,
     };
     metrics_query(b->o.metrics, &q);
     const struct GrSummary *gs = &g.sum;
@@ -287,11 +288,13 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
     char extra[1024], f_score[32], f_lb[32], f_uns[32], f_mlp[32], f_minlp[32];
     snprintf(extra, sizeof extra,
              "finish=%s queue_ms=%.3f retrieve_ms=%.3f prefill_ms=%.3f ttft_ms=%.3f decode_ms=%.3f "
-             "prompt_tokens=%zu context_tokens=%zu completion_tokens=%lld retried=%d detector=%s "
+             "prompt_tokens=%zu cached_tokens=%lld context_tokens=%zu completion_tokens=%lld "
+             "retried=%d detector=%s "
              "score=%s flagged=%s abstained=%s lookback_ratio=%s unsupported_token_ratio=%s "
              "mean_logprob=%s min_logprob=%s answer_tokens=%zu flagged_tokens=%zu",
              wire_finish_name(res->finish), queue_ms, r->retrieve_ms, res->prefill_ms, ttft,
-             res->decode_ms, ctx->n_tokens, context_tokens, (long long)res->completion_tokens,
+             res->decode_ms, ctx->n_tokens, (long long)res->cached_tokens, context_tokens,
+             (long long)res->completion_tokens,
              r->retried, b->o.calibration ? b->o.calibration->name : "none",
              opt_fmt(f_score, sizeof f_score, gs->scored, gs->score),
              gs->scored ? (gs->flagged ? "true" : "false") : "-", gs->abstained ? "true" : "false",

@@ -170,7 +170,8 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
         qsort(chunks, n_hits, sizeof *chunks, by_score);
     if (n_hits > k)
         n_hits = k;
-    struct CtxOptions co = { .budget = (size_t)p->max_context_tokens, .order = CTX_ORDER_RANK };
+    struct CtxOptions co = { .budget = (size_t)p->max_context_tokens,
+                             .order = p->order_document ? CTX_ORDER_DOCUMENT : CTX_ORDER_RANK };
     st = ctx_assemble(&sh->tc, p->question.p, p->question.len, chunks, n_hits, &co, &r->ctx, err,
                       sizeof err);
     if (st) {

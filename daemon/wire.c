@@ -291,11 +291,12 @@ bad:
 void wire_result_encode(struct MpWriter *w, const struct WireResult *r)
 {
     int is_err = r->finish == WF_ERROR;
-    mpw_map(w, 7 + (is_err ? 2 : 0) + (r->has_signals ? 1 : 0));
+    mpw_map(w, 8 + (is_err ? 2 : 0) + (r->has_signals ? 1 : 0));
     mpw_kv_cstr(w, "finish", wire_finish_name(r->finish));
     mpw_kv_str(w, "text", r->text ? r->text : "", r->text ? r->text_len : 0);
     mpw_kv_int(w, "prompt_tokens", r->prompt_tokens);
     mpw_kv_int(w, "completion_tokens", r->completion_tokens);
+    mpw_kv_int(w, "cached_tokens", r->cached_tokens);
     mpw_kv_double(w, "prefill_ms", r->prefill_ms);
     mpw_kv_double(w, "ttft_ms", r->ttft_ms);
     mpw_kv_double(w, "decode_ms", r->decode_ms);
@@ -434,6 +435,7 @@ int wire_result_decode(const void *buf, size_t len, struct WireResult *out, char
         } else if (!num(&v, &d) && d >= 0 && d < 1e15) {
             if (key_is(&k, "prompt_tokens")) out->prompt_tokens = (int64_t)d;
             else if (key_is(&k, "completion_tokens")) out->completion_tokens = (int64_t)d;
+            else if (key_is(&k, "cached_tokens")) out->cached_tokens = (int64_t)d;
             else if (key_is(&k, "prefill_ms")) out->prefill_ms = d;
             else if (key_is(&k, "ttft_ms")) out->ttft_ms = d;
             else if (key_is(&k, "decode_ms")) out->decode_ms = d;

@@ -13,7 +13,8 @@
  *                                      the worker's default set]}
  *   WIRE_DELTA      0x04  w -> b       u64 job id | UTF-8 text released by one token
  *   WIRE_RESULT     0x05  w -> b       u64 job id | msgpack {finish, text, prompt_tokens,
- *                                      completion_tokens, prefill_ms, ttft_ms, decode_ms,
+ *                                      completion_tokens, cached_tokens, prefill_ms, ttft_ms,
+ *                                      decode_ms,
  *                                      signals: {n, logprob, entropy, margin, doc_mass,
  *                                      gen_mass, diff_doc_mass, lookback: bin of n float32 LE,
  *                                      text_end: bin of n uint32 LE},
@@ -111,6 +112,7 @@ struct WireResult {
     enum WireFinish finish;
     const char *text; size_t text_len;      /* borrowed (from the message when decoded) */
     int64_t prompt_tokens, completion_tokens;
+    int64_t cached_tokens;                  /* prompt tokens from the prefix cache */
     double prefill_ms, ttft_ms, decode_ms;
     const char *code, *message;             /* finish == WF_ERROR; borrowed */
     size_t code_len, message_len;

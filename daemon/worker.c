@@ -252,6 +252,7 @@ static void run_job(struct Worker *w, void *pair, uint64_t job_id, const void *b
     int st = cancel_requested(w, job_id) ? ENGINE_ECANCELLED
                                          : engine_prefill(w->e, job.tokens, job.n_tokens, err, sizeof err);
     r.prefill_ms = zu_now_ms() - rc.t0;
+    r.cached_tokens = engine_cached(w->e);
     if (st == ENGINE_ECANCELLED) {
         r.finish = cancel_finish(w);
         send_result(pair, &r);
@@ -332,6 +333,8 @@ static void *compute_main(void *arg)
         if (cmd == WIRE_JOB && m.n == 2 && zu_size(&m, 1) >= 8) {
             const uint8_t *b = zu_data(&m, 1);
             run_job(w, pair, wire_get_u64(b), b + 8, zu_size(&m, 1) - 8);
+            /* the sequence's pages go back to the pool (its prompt's pages stay cached) */
+            engine_reset(w->e);
         }
         zu_close(&m);
     }

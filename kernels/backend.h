@@ -12,7 +12,12 @@
  * scaled by its largest magnitude to -127..127, and the tile's int8 block is followed by
  * KV_TILE f32 scales, one per position (value = q * scale). KV_Q8 keys pair their dimensions,
  * K[d/2][pos % KV_TILE][d % 2], so that integer multiply-adds of two dimensions per lane
- * score 16 (AVX-512) keys at once; head_dim is then even and at most 256. */
+ * score 16 (AVX-512) keys at once; head_dim is then even and at most 256.
+ *
+ * Paged caches: a cache may instead be a pool of pages, each holding one tile of every KV
+ * head (and layer), kv_head_stride elements apart within the page. A page table maps tile T of
+ * a sequence to its page, page_stride elements apart. A contiguous cache is the case
+ * pages = NULL (tile T is "page" T) with page_stride = 0 (one head's tiles back to back). */
 #ifndef DIFFRAG_BACKEND_H
 #define DIFFRAG_BACKEND_H
 
@@ -31,10 +36,20 @@ static inline size_t kv_tile_elems(enum KvType t, int head_dim)
 {
     return (size_t)head_dim * KV_TILE + (t == KV_Q8 ? KV_TILE * sizeof(float) : 0);
 }
-/* Elements from a KV head's start to the tile that holds position pos. */
+/* Elements from a KV head's start to the tile that holds position pos (contiguous caches). */
 static inline size_t kv_tile_at(enum KvType t, int head_dim, int pos)
 {
     return (size_t)(pos / KV_TILE) * kv_tile_elems(t, head_dim);
+}
+
+/* Elements from the cache's start to the tile of KV head g that holds position pos, contiguous
+ * (pages NULL, page_stride 0) or paged (layout above). */
+static inline size_t kv_tile_addr(const int32_t *pages, size_t page_stride, size_t head_stride,
+                                  enum KvType t, int head_dim, int g, int pos)
+{
+    size_t tile = (size_t)(pos / KV_TILE);
+    size_t page = pages ? (size_t)pages[tile] : tile;
+    return (size_t)g * head_stride + page * (page_stride ? page_stride : kv_tile_elems(t, head_dim));
 }
 
 /* A weight matrix (rows, cols): row r holds the weights of output r, `cols` inputs wide,
@@ -80,6 +95,8 @@ struct MatmulArgs {
     struct MatOut out[4];
     int n_out;
     int swiglu;
+    int rowwise;               /* 1: a single row takes the many-row path too, so every row's
+                                  arithmetic is the same however many rows come with it */
 };
 
 /* Causal attention of a chunk of n_tok query tokens at positions pos0..pos0+n_tok-1 against a
@@ -91,9 +108,15 @@ struct AttnArgs {
                                   when lambda != NULL; rows out_stride floats apart */
     size_t out_stride;
     const void *k, *v;         /* this layer's caches, layout above */
-    size_t kv_head_stride;     /* elements per KV head: kv_head_stride(n_ctx, head_dim, type) */
+    size_t kv_head_stride;     /* elements per KV head: kv_head_stride(n_ctx, head_dim, type);
+                                  paged: between the heads' tiles in a page */
+    const int32_t *pages;      /* paged caches: the sequence's page table; NULL: contiguous */
+    size_t page_stride;        /* paged: elements between pages; 0: contiguous */
     enum KvType kv_type;
     int n_tok, pos0;
+    int rowwise;               /* 1: each row's arithmetic is that of a long chunk's, however
+                                  few the tokens: the keys are never split (flash-decoding)
+                                  and the tiles are always staged in f32 */
     int n_q_head, n_kv_head, head_dim;
     float scale;               /* 1/sqrt(head_dim) */
     /* DIFF V2: when non-NULL, query heads 2i and 2i+1 are combined as
@@ -116,6 +139,8 @@ struct RopeStoreArgs {
     void *kcache, *vcache;
     enum KvType kv_type;
     size_t kv_head_stride;
+    const int32_t *pages;      /* as in AttnArgs */
+    size_t page_stride;
 };
 
 /* Attention probability mass per position class for one query token (the groundedness
@@ -126,6 +151,8 @@ struct MassArgs {
     const float *q;            /* one token's queries (n_q_head*head_dim), after RoPE */
     const void *k;             /* this layer's key cache, layout above */
     size_t kv_head_stride;
+    const int32_t *pages;      /* as in AttnArgs */
+    size_t page_stride;
     enum KvType kv_type;
     int n_keys, n_q_head, n_kv_head, head_dim;
     float scale;

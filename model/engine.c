@@ -6,6 +6,7 @@
  * the gate/up job) so the chunk's activations are swept as few times as possible. */
 #include "model/engine.h"
 #include "model/engine_gpu.h"
+#include "model/kvpool.h"
 #include "model/model_ctx.h"
 #include "model/sampler.h"
 #include "text/errmsg.h"
@@ -38,9 +39,18 @@ struct Engine {
     const struct Backend *be;
     struct EngineOpts opts;
     struct ThreadPool *pool;
-    void *kcache, *vcache;    /* per layer: (n_kv_head, kv_head_stride) */
-    size_t kv_head_stride;    /* elements */
-    size_t layer_kv_elems;
+    /* CPU: the sequence's KV pages (model/kvpool.h) */
+    struct KvPool *kv;
+    int own_kv;               /* the pool is this context's own */
+    struct KvPoolLayout lay;
+    int32_t *pages;           /* (pages for n_ctx) page of each tile; n_pages taken */
+    uint64_t *page_hash;      /* names of the pages published or taken from the cache */
+    int n_pages;
+    int n_named;              /* pages [0, n_named) are named (cached or published) */
+    int named_ok;             /* 0 once a page could not be published: later ones cannot be */
+    int prefill_end;          /* positions [0, prefill_end) were written by prefills */
+    int n_cached;             /* positions taken from the prefix cache */
+    int32_t *tok;             /* (n_ctx) the sequence's tokens */
     float *block;             /* all scratch */
     struct Scratch s;
     double *inv_freq;         /* (n_rot/2) RoPE frequencies after scaling */
@@ -92,6 +102,7 @@ void engine_opts_default(struct EngineOpts *o)
     o->mem_budget = 0;
     o->n_threads = 2;
     o->device = ENGINE_CPU;
+    o->kv_pool = NULL;
 }
 
 static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
@@ -146,9 +157,7 @@ void engine_estimate(const struct Model *m, const struct EngineOpts *o, struct E
 {
     const struct ModelConfig *c = &m->cfg;
     const struct Backend *be = &backend_cpu;
-    out->kv_bytes = 2 * (size_t)c->n_layer * c->n_kv_head *
-                    be->kv_head_stride(o->n_ctx, c->head_dim, o->kv_type) *
-                    kv_elem_bytes(o->kv_type);
+    out->kv_bytes = kvpool_pages_for(o->n_ctx) * kvpool_page_bytes(c, o->kv_type);
     struct EngineOpts eff = *o;
     if (eff.chunk > eff.n_ctx) eff.chunk = eff.n_ctx;
     if (o->device == ENGINE_CUDA) {
@@ -269,14 +278,25 @@ int engine_new(const struct Model *m, const struct EngineOpts *o, struct Engine 
         *out = e;
         return ENGINE_OK;
     }
-    size_t el = kv_elem_bytes(opts.kv_type);
-    e->kv_head_stride = e->be->kv_head_stride(opts.n_ctx, c->head_dim, opts.kv_type);
-    e->layer_kv_elems = (size_t)c->n_kv_head * e->kv_head_stride;
-    size_t kv_total = e->layer_kv_elems * c->n_layer * el;
-    /* malloc, not calloc-and-touch: pages are committed only as positions are written, so a
-     * short sequence in a long context costs what it uses. */
-    e->kcache = malloc(kv_total);
-    e->vcache = malloc(kv_total);
+    size_t max_pages = kvpool_pages_for(opts.n_ctx);
+    if (opts.kv_pool) {
+        e->kv = opts.kv_pool;
+    } else {
+        int rc = kvpool_new(m, opts.kv_type, max_pages, 1, &e->kv, err, errlen);
+        if (rc) {
+            engine_destroy(&e);
+            return rc;
+        }
+        e->own_kv = 1;
+    }
+    kvpool_layout(e->kv, &e->lay);
+    if (e->lay.kv_type != opts.kv_type) {
+        engine_destroy(&e);
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "the KV pool holds another KV type");
+    }
+    e->pages = malloc(max_pages * sizeof *e->pages);
+    e->page_hash = malloc(max_pages * sizeof *e->page_hash);
+    e->tok = malloc((size_t)opts.n_ctx * sizeof *e->tok);
     size_t nb = scratch_layout(c, &opts, e->be, NULL, NULL);
     e->block = aligned_alloc(64, (nb + 63) & ~(size_t)63);
     e->inv_freq = calloc((size_t)(c->rope.n_rot / 2) + 1, sizeof(double));
@@ -284,7 +304,7 @@ int engine_new(const struct Model *m, const struct EngineOpts *o, struct Engine 
                                                            c->n_kv_head, opts.n_threads));
     e->cls = calloc((size_t)opts.n_ctx, 1);
     e->wq_off = calloc((size_t)c->n_layer + 1, sizeof *e->wq_off);
-    if (!e->kcache || !e->vcache || !e->block || !e->inv_freq || !e->mass_scratch || !e->cls || !e->wq_off ||
+    if (!e->pages || !e->page_hash || !e->tok || !e->block || !e->inv_freq || !e->mass_scratch || !e->cls || !e->wq_off ||
         pool_new(opts.n_threads, &e->pool) != 0) {
         engine_destroy(&e);
         return errmsg_set(err, errlen, ENGINE_ENOMEM, "cannot allocate %zu bytes for the context",
@@ -302,13 +322,16 @@ void engine_destroy(struct Engine **pe)
     struct Engine *e = *pe;
     if (!e) return;
     pool_destroy(&e->pool);
+    if (e->kv) kvpool_release(e->kv, e->pages, e->n_pages);
+    if (e->own_kv) kvpool_destroy(&e->kv);
+    free(e->pages);
+    free(e->page_hash);
+    free(e->tok);
     gpu_seq_free(&e->gpu);
     free(e->gpu_mass);
     free(e->gpu_lam);
     free(e->gpu_watch);
     free(e->gpu_cand);
-    free(e->kcache);
-    free(e->vcache);
     free(e->block);
     free(e->inv_freq);
     free(e->mass_scratch);
@@ -380,11 +403,13 @@ static void fill_masses(struct Engine *e, int l, const float *lam_row);
  * RoPE, its keys already in the cache kc). */
 static void measure_layer(struct Engine *e, int l, int n, const void *kc)
 {
+    const struct KvPoolLayout *lay = &e->lay;
     const struct ModelConfig *c = &e->m->cfg;
     int b = e->wq_off[l], nh = e->wq_off[l + 1] - b;
     struct MassArgs ma = {
         .q = e->s.q + (size_t)(n - 1) * c->n_q_head * c->head_dim, .k = kc,
-        .kv_head_stride = e->kv_head_stride, .kv_type = e->opts.kv_type,
+        .kv_head_stride = lay->head_stride, .pages = e->pages, .page_stride = lay->page_stride,
+        .kv_type = e->opts.kv_type,
         .n_keys = e->n_past + n, .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head,
         .head_dim = c->head_dim, .scale = 1.f / sqrtf((float)c->head_dim), .cls = e->cls,
         .n_marked = e->n_marked, .heads = e->wq + b, .n_heads = nh, .mass = e->wq_mass + 2 * b,
@@ -465,8 +490,37 @@ static void add_bias(float *rows, size_t len, int n, const float *bias)
     }
 }
 
-/* One chunk of n tokens at positions n_past..n_past+n-1; logits of the last one if asked. */
-static int forward_chunk(struct Engine *e, const int32_t *tokens, int n, int want_logits)
+/* Pages for positions up to end - 1. ENGINE_EBUDGET with err when the pool has none left. */
+static int take_pages(struct Engine *e, int end, char *err, size_t errlen)
+{
+    int need = (int)kvpool_pages_for(end);
+    while (e->n_pages < need) {
+        if (kvpool_alloc(e->kv, &e->pages[e->n_pages]))
+            return errmsg_set(err, errlen, ENGINE_EBUDGET,
+                              "the KV pool has no free page: every page is in use by a sequence");
+        e->n_pages++;
+    }
+    return ENGINE_OK;
+}
+
+/* Publishes the full pages that prefills wrote, in order, for later prompts. */
+static void publish_pages(struct Engine *e)
+{
+    int full = e->prefill_end / KV_TILE;
+    for (; e->n_named < full; e->n_named++) {
+        int i = e->n_named;
+        const int32_t *t = e->tok + (size_t)i * KV_TILE;
+        uint64_t h = kvpool_chain_hash(e->kv, i ? e->page_hash[i - 1] : 0, t);
+        e->page_hash[i] = h;
+        kvpool_publish(e->kv, e->pages[i], i ? e->pages[i - 1] : -1, h, t);
+    }
+}
+
+/* One chunk of n tokens at positions n_past..n_past+n-1; logits of the last one if asked.
+ * rowwise: the prefill form (each row's arithmetic independent of the chunk, see
+ * engine_prefill); else one token takes the one-row products and split attention. */
+static int forward_chunk(struct Engine *e, const int32_t *tokens, int n, int want_logits,
+                         int rowwise)
 {
     if (e->gpu) return forward_chunk_gpu(e, tokens, n, want_logits);
     const struct Model *m = e->m;
@@ -476,6 +530,8 @@ static int forward_chunk(struct Engine *e, const int32_t *tokens, int n, int wan
     int d = c->dim, hd = c->head_dim, nq = c->n_q_head * hd, nkv = c->n_kv_head * hd;
     int no = c->n_head * hd, F = c->ffn_dim, pos0 = e->n_past;
     size_t el = kv_elem_bytes(e->opts.kv_type);
+    const struct KvPoolLayout *lay = &e->lay;
+    memcpy(e->tok + pos0, tokens, (size_t)n * sizeof *tokens);
     int diff = c->arch == ARCH_DIFFV2;
     double t_start = now_s(), t;
 
@@ -486,12 +542,13 @@ static int forward_chunk(struct Engine *e, const int32_t *tokens, int n, int wan
 
     for (int l = 0; l < c->n_layer; l++) {
         const struct LayerWeights *w = &m->layers[l];
-        void *kc = (char *)e->kcache + (size_t)l * e->layer_kv_elems * el;
-        void *vc = (char *)e->vcache + (size_t)l * e->layer_kv_elems * el;
+        void *kc = (char *)lay->base + (size_t)l * lay->layer_stride * el;
+        void *vc = (char *)lay->base + (lay->value_offset + (size_t)l * lay->layer_stride) * el;
 
         be->rmsnorm(e->pool, s->xb, s->x, w->attn_norm, n, d, c->norm_eps);
         struct MatmulArgs qkv = {
             .x = s->xb, .x_stride = (size_t)d, .n = n, .k = d, .n_out = diff ? 4 : 3,
+            .rowwise = rowwise,
             .out = {{&w->wq, s->q, (size_t)nq, 0}, {&w->wk, s->k, (size_t)nkv, 0},
                     {&w->wv, s->v, (size_t)nkv, 0}, {&w->wlambda, s->lam, (size_t)c->n_head, 0}},
         };
@@ -504,15 +561,16 @@ static int forward_chunk(struct Engine *e, const int32_t *tokens, int n, int wan
             .n_tok = n, .pos0 = pos0, .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head,
             .head_dim = hd, .n_rot = c->rope.n_rot, .layout = c->rope.layout, .cos = s->cos,
             .sin = s->sin, .kcache = kc, .vcache = vc, .kv_type = e->opts.kv_type,
-            .kv_head_stride = e->kv_head_stride,
+            .kv_head_stride = lay->head_stride, .pages = e->pages, .page_stride = lay->page_stride,
         };
         be->rope_store(e->pool, &rs);
         if (e->wq_off[l + 1] > e->wq_off[l])
             measure_layer(e, l, n, kc);
         struct AttnArgs a = {
             .q = s->q, .q_stride = (size_t)nq, .out = s->att, .out_stride = (size_t)no,
-            .k = kc, .v = vc, .kv_head_stride = e->kv_head_stride,
-            .kv_type = e->opts.kv_type, .n_tok = n, .pos0 = pos0,
+            .k = kc, .v = vc, .kv_head_stride = lay->head_stride, .pages = e->pages,
+            .page_stride = lay->page_stride, .kv_type = e->opts.kv_type, .n_tok = n, .pos0 = pos0,
+            .rowwise = rowwise,
             .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
             .scale = 1.f / sqrtf((float)hd),
             .lambda = diff ? s->lam : NULL, .lambda_stride = (size_t)c->n_head,
@@ -523,6 +581,7 @@ static int forward_chunk(struct Engine *e, const int32_t *tokens, int n, int wan
         e->stats.attention_flop += attn_flop;
         struct MatmulArgs o = {
             .x = s->att, .x_stride = (size_t)no, .n = n, .k = no, .n_out = 1,
+            .rowwise = rowwise,
             .out = {{&w->wo, s->x, (size_t)d, 1}},
         };
         run_matmul(e, &o);
@@ -530,11 +589,13 @@ static int forward_chunk(struct Engine *e, const int32_t *tokens, int n, int wan
         be->rmsnorm(e->pool, s->xb, s->x, w->ffn_norm, n, d, c->norm_eps);
         struct MatmulArgs up = {
             .x = s->xb, .x_stride = (size_t)d, .n = n, .k = d, .n_out = 2, .swiglu = 1,
+            .rowwise = rowwise,
             .out = {{&w->w_gate, s->h, (size_t)F, 0}, {&w->w_up, NULL, 0, 0}},
         };
         run_matmul(e, &up);
         struct MatmulArgs down = {
             .x = s->h, .x_stride = (size_t)F, .n = n, .k = F, .n_out = 1,
+            .rowwise = rowwise,
             .out = {{&w->w_down, s->x, (size_t)d, 1}},
         };
         run_matmul(e, &down);
@@ -555,7 +616,10 @@ static int forward_chunk(struct Engine *e, const int32_t *tokens, int n, int wan
     return ENGINE_OK;
 }
 
-int engine_prefill(struct Engine *e, const int32_t *tokens, size_t n, char *err, size_t errlen)
+/* engine_prefill (prefill = 1: the prefix cache, the rowwise form, publishing) and
+ * engine_decode (prefill = 0). */
+static int append_tokens(struct Engine *e, const int32_t *tokens, size_t n, int prefill,
+                         char *err, size_t errlen)
 {
     if (!e || (!tokens && n)) return errmsg_set(err, errlen, ENGINE_EINPUT, "no tokens");
     if (n == 0) return ENGINE_OK;
@@ -567,17 +631,41 @@ int engine_prefill(struct Engine *e, const int32_t *tokens, size_t n, char *err,
         if (tokens[i] < 0 || tokens[i] >= e->m->cfg.vocab)
             return errmsg_set(err, errlen, ENGINE_EINPUT, "token %d at index %zu is outside the vocabulary "
                         "(%d)", tokens[i], i, e->m->cfg.vocab);
-    for (size_t i = 0; i < n; i += (size_t)e->opts.chunk) {
+    size_t i = 0;
+    if (prefill && !e->gpu && e->n_past == 0 && e->n_pages == 0) {
+        /* the longest cached run of full pages, leaving the last token to compute */
+        int m = kvpool_match(e->kv, tokens, n, (int)((n - 1) / KV_TILE), e->pages, e->page_hash);
+        e->n_pages = e->n_named = m;
+        i = (size_t)m * KV_TILE;
+        memcpy(e->tok, tokens, i * sizeof *tokens);
+        e->n_past = e->prefill_end = e->n_cached = (int)i;
+    }
+    for (; i < n; i += (size_t)e->opts.chunk) {
         if (atomic_exchange(&e->cancel, 0))
             return errmsg_set(err, errlen, ENGINE_ECANCELLED, "cancelled after %zu of %zu tokens", i, n);
         int len = n - i < (size_t)e->opts.chunk ? (int)(n - i) : e->opts.chunk;
-        if (forward_chunk(e, tokens + i, len, i + (size_t)len == n) != ENGINE_OK) {
+        if (!e->gpu) {
+            int rc = take_pages(e, e->n_past + len, err, errlen);
+            if (rc) return rc;
+        }
+        if (forward_chunk(e, tokens + i, len, i + (size_t)len == n, prefill) != ENGINE_OK) {
             /* the failed chunk's positions may be half written: the sequence ends before it */
             return errmsg_set(err, errlen, ENGINE_EDEVICE, "after %zu of %zu tokens: %s", i, n,
                         e->gpu_err);
         }
+        /* Only pages whose every position a prefill wrote are published: a decoded position
+         * went through the one-row form and would not equal a cold prefill's. */
+        if (prefill && !e->gpu && e->prefill_end == e->n_past - len) {
+            e->prefill_end = e->n_past;
+            publish_pages(e);
+        }
     }
     return ENGINE_OK;
+}
+
+int engine_prefill(struct Engine *e, const int32_t *tokens, size_t n, char *err, size_t errlen)
+{
+    return append_tokens(e, tokens, n, 1, err, errlen);
 }
 
 /* The first index of the largest logit (NaN never wins); 0 when all are -inf or NaN. */
@@ -615,7 +703,9 @@ static int score_tokens(struct Engine *e, const int32_t *tokens, size_t n, float
     for (size_t i = 0; i < n && rc == ENGINE_OK; i += (size_t)e->opts.chunk) {
         if (atomic_exchange(&e->cancel, 0)) { rc = errmsg_set(err, errlen, ENGINE_ECANCELLED, "cancelled"); break; }
         int len = n - i < (size_t)e->opts.chunk ? (int)(n - i) : e->opts.chunk;
-        (void)forward_chunk(e, tokens + i, len, 0);
+        rc = e->gpu ? ENGINE_OK : take_pages(e, e->n_past + len, err, errlen);
+        if (rc) break;
+        (void)forward_chunk(e, tokens + i, len, 0, 1);
         for (int r0 = 0; r0 < len; r0 += ROWS) {
             int nr = len - r0 < ROWS ? len - r0 : ROWS;
             const float *rows = e->s.x + (size_t)r0 * c->dim;
@@ -656,8 +746,10 @@ int engine_score_positions(struct Engine *e, const int32_t *tokens, size_t n, fl
 
 int engine_decode(struct Engine *e, int32_t token, char *err, size_t errlen)
 {
-    return engine_prefill(e, &token, 1, err, errlen);
+    return append_tokens(e, &token, 1, 0, err, errlen);
 }
+
+int engine_cached(const struct Engine *e) { return e->n_cached; }
 
 const float *engine_logits(struct Engine *e)
 {
@@ -689,6 +781,8 @@ const struct EngineOpts *engine_opts(const struct Engine *e) { return &e->opts; 
 
 void engine_reset(struct Engine *e)
 {
+    if (e->kv) kvpool_release(e->kv, e->pages, e->n_pages);
+    e->n_pages = e->n_named = e->prefill_end = e->n_cached = 0;
     e->n_past = 0;
     e->mass_valid = 0;
     atomic_store(&e->cancel, 0);

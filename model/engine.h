@@ -30,6 +30,8 @@ const char *engine_strerror(int status);
  * model/engine_gpu.h); its KV cache comes from the model's shared page pool. */
 enum EngineDevice { ENGINE_CPU = 0, ENGINE_CUDA = 1 };
 
+struct KvPool;
+
 struct EngineOpts {
     int n_ctx;              /* tokens the KV cache holds (1..ENGINE_MAX_CTX) */
     int chunk;              /* prefill chunk size in tokens (>= 1) */
@@ -37,6 +39,10 @@ struct EngineOpts {
     size_t mem_budget;      /* bytes a context may use (KV + activations); 0 = unlimited */
     int n_threads;          /* >= 1 (CPU) */
     enum EngineDevice device; /* ENGINE_CPU (default) or ENGINE_CUDA */
+    /* CPU: the page pool (model/kvpool.h) the context takes its KV pages from, shared with
+     * other contexts of the same model and KV type; NULL (default): a pool of its own, of
+     * the pages n_ctx positions need, with prefix caching on. */
+    struct KvPool *kv_pool;
 };
 void engine_opts_default(struct EngineOpts *o);
 
@@ -59,8 +65,18 @@ int engine_new(const struct Model *m, const struct EngineOpts *o, struct Engine 
 void engine_destroy(struct Engine **e);
 
 /* Appends n tokens to the sequence in chunks of opts.chunk; afterwards engine_logits holds the
- * logits of the last token. Checks for cancellation before each chunk. */
+ * logits of the last token. Checks for cancellation before each chunk.
+ *
+ * CPU contexts cache prefixes exactly (model/kvpool.h): a prefill into an empty sequence first
+ * takes the longest run of cached full pages that starts the prompt (leaving at least its last
+ * token to compute), and every full page a prefill writes is published for later prompts.
+ * Prefill chunks run each row through the many-row products and the unsplit attention,
+ * whatever the chunk's length, so a position's keys, values and logits do not depend on how
+ * the prompt was cut into chunks, or on which part of it came from the cache.
+ * ENGINE_EBUDGET when the pool has no page left (every page referenced by a sequence). */
 int engine_prefill(struct Engine *e, const int32_t *tokens, size_t n, char *err, size_t errlen);
+/* Positions of the current sequence taken from the prefix cache (0 on GPU contexts). */
+int engine_cached(const struct Engine *e);
 /* One decode step: appends `token` and computes its logits (= prefill of one token). */
 int engine_decode(struct Engine *e, int32_t token, char *err, size_t errlen);
 
@@ -91,7 +107,8 @@ int engine_sample(struct Engine *e, struct Sampler *s, int32_t *token, struct To
 int engine_n_past(const struct Engine *e);
 const struct Model *engine_model(const struct Engine *e);
 const struct EngineOpts *engine_opts(const struct Engine *e);
-/* Forget the sequence (and any pending cancel); the cache is reused. */
+/* Forget the sequence (and any pending cancel), giving its pages back to the pool (its full
+ * prefill pages stay cached there). */
 void engine_reset(struct Engine *e);
 /* Asks the running (or next) prefill/decode call to stop at its next chunk or step boundary;
  * that call returns ENGINE_ECANCELLED and consumes the request. Async-signal and thread safe. */

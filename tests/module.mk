@@ -28,3 +28,9 @@ $(BUILD)/tests/libdiffrag_hostgpu.so: tests/gpu/host_gpu.c kernels/gpu.h kernels
 BINS += $(BUILD)/tests/score_positions
 $(BUILD)/tests/score_positions: $(BUILD)/tests/score_positions.o $(LIB_MODEL)
 	$(CC) $(LDFLAGS) $< -o $@ $(MODEL_LIBS) $(LDLIBS)
+
+# The prefix cache against cold prefills on a given model (tests/test_prefix_cache.py runs it on
+# tiny llama and DIFF V2 models); not a unit test, so not named test_*.
+BINS += $(BUILD)/tests/prefix_cache
+$(BUILD)/tests/prefix_cache: $(BUILD)/tests/prefix_cache.o $(LIB_MODEL)
+	$(CC) $(LDFLAGS) $< -o $@ $(MODEL_LIBS) $(LDLIBS)

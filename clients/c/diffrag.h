@@ -198,6 +198,8 @@ typedef struct DiffragAnswer {
     DiffragCitation *citations;     /* in prompt order, best first */
     size_t n_citations;
     int64_t prompt_tokens, context_tokens, completion_tokens;
+    int64_t cached_tokens;      /* prompt tokens taken from the prefix cache (0: none, or an
+                                   older daemon) */
     double queue_ms, retrieve_ms, prefill_ms, ttft_ms, decode_ms, total_ms;
     int has_grounding;
     DiffragGrounding grounding;

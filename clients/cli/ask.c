@@ -84,9 +84,12 @@ static void print_details(const DiffragAnswer *r)
     } else {
         printf("grounding: not reported by this daemon\n");
     }
-    printf("finish: %s; tokens: %lld prompt (%lld from documents), %lld generated; "
+    char cached[48] = "";
+    if (r->cached_tokens > 0)
+        snprintf(cached, sizeof cached, ", %lld from the prefix cache", (long long)r->cached_tokens);
+    printf("finish: %s; tokens: %lld prompt (%lld from documents%s), %lld generated; "
            "first token %.0f ms, total %.0f ms\n", r->finish_reason,
-           (long long)r->prompt_tokens, (long long)r->context_tokens,
+           (long long)r->prompt_tokens, (long long)r->context_tokens, cached,
            (long long)r->completion_tokens, r->ttft_ms, r->total_ms);
 }
 

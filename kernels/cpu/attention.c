@@ -81,10 +81,10 @@ static void attend_scalar(const struct AttnArgs *a, int g, int t0, int bq, int k
         const float *src = a->q + (size_t)(t0 + r / G) * a->q_stride + (size_t)(g * G + r % G) * hd;
         for (int d = 0; d < hd; d++) Q[(size_t)r * hd + d] = src[d] * qscale;
     }
-    size_t head = (size_t)g * a->kv_head_stride;
     for (int k0 = kb; k0 < ke; k0 += KV_TILE) {
         int nk = ke - k0 < KV_TILE ? ke - k0 : KV_TILE;
-        size_t base = head + kv_tile_at(a->kv_type, hd, k0);
+        size_t base = kv_tile_addr(a->pages, a->page_stride, a->kv_head_stride, a->kv_type, hd,
+                                   g, k0);
         for (int r = 0; r < R; r++) {
             int nv = a->pos0 + t0 + r / G + 1 - k0;
             nv = nv > nk ? nk : nv;
@@ -244,7 +244,7 @@ void cpu_attention_with(enum CpuIsa isa, struct ThreadPool *pool, const struct A
         .scratch = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63),
         .per_thread = ws_floats(Rmax, hd) + state_floats(Rmax, hd),
     };
-    if (a->n_tok > SPLIT_MAX_TOK) {
+    if (a->n_tok > SPLIT_MAX_TOK || a->rowwise) {
         job.bq = block_tokens(G);
         job.R = job.bq * G;
         job.n_qblocks = (a->n_tok + job.bq - 1) / job.bq;
@@ -297,7 +297,8 @@ void cpu_kv_store_rows(const struct RopeStoreArgs *a, int t0, int t1)
     for (int t = t0; t < t1; t++) {
         int pos = a->pos0 + t, col = pos % KV_TILE;
         for (int g = 0; g < a->n_kv_head; g++) {
-            size_t tile = (size_t)g * a->kv_head_stride + kv_tile_at(a->kv_type, hd, pos);
+            size_t tile = kv_tile_addr(a->pages, a->page_stride, a->kv_head_stride, a->kv_type,
+                                       hd, g, pos);
             size_t kbase = tile + col, vbase = tile + (size_t)col * hd;
             const float *ks = a->k + (size_t)t * a->kv_stride + (size_t)g * hd;
             const float *vs = a->v + (size_t)t * a->kv_stride + (size_t)g * hd;

@@ -100,11 +100,12 @@ static void mass_task(void *ctx, int task, int thread)
     float *ws = job->scratch + job->per_thread * (size_t)thread;
     size_t stride = round16((size_t)job->seg);
     float *Kf = ws + (size_t)job->G * stride;
-    size_t head = (size_t)(a->heads[job->order[h0]] / job->G) * a->kv_head_stride;
+    int g = a->heads[job->order[h0]] / job->G;
     for (int k0 = kb; k0 < ke; k0 += KV_TILE) {
         int nk = ke - k0 < KV_TILE ? ke - k0 : KV_TILE;
         /* keys are stored transposed per tile, K[d][j]; unwritten columns are never read */
-        tile_to_f32(a, head + kv_tile_at(a->kv_type, hd, k0), Kf);
+        tile_to_f32(a, kv_tile_addr(a->pages, a->page_stride, a->kv_head_stride, a->kv_type, hd,
+                                    g, k0), Kf);
         for (int i = 0; i < nh; i++) {
             const float *q = a->q + (size_t)a->heads[job->order[h0 + i]] * hd;
             float *restrict s = ws + (size_t)i * stride + (k0 - kb);

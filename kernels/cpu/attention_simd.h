@@ -188,10 +188,10 @@ void ATTEND(const struct AttnArgs *a, int g, int t0, int bq, int kb, int ke, flo
         const float *src = a->q + (size_t)(t0 + r / G) * a->q_stride + (size_t)(g * G + r % G) * hd;
         for (int d = 0; d < hd; d++) Q[(size_t)r * hd + d] = src[d] * qscale;
     }
-    size_t head = (size_t)g * a->kv_head_stride;
     size_t tile_bytes = kv_tile_elems(a->kv_type, hd) * kv_elem_bytes(a->kv_type);
+    size_t el = kv_elem_bytes(a->kv_type);
     /* Stage a tile in f32 when many rows share it; read it as stored when few do. */
-    int direct = a->kv_type != KV_F32 && R <= 2 * RB;
+    int direct = a->kv_type != KV_F32 && R <= 2 * RB && !a->rowwise;
     int enc = !direct ? ENC_F32 : a->kv_type == KV_F16 ? ENC_F16 : ENC_Q8;
     float *qs = Kf; /* int8 keys read as stored: the rows' query scales (Kf is unused then) */
     if (enc == ENC_Q8)
@@ -211,7 +211,7 @@ void ATTEND(const struct AttnArgs *a, int g, int t0, int bq, int kb, int ke, flo
         }
     for (int k0 = kb; k0 < ke; k0 += TILE) {
         int nk = ke - k0 < TILE ? ke - k0 : TILE;
-        size_t at = head + kv_tile_at(a->kv_type, hd, k0);
+        size_t at = kv_tile_addr(a->pages, a->page_stride, a->kv_head_stride, a->kv_type, hd, g, k0);
         const void *Kt, *Vt;
         const float *ks = NULL, *vs = NULL;
         if (a->kv_type == KV_F32) {
@@ -230,7 +230,9 @@ void ATTEND(const struct AttnArgs *a, int g, int t0, int bq, int kb, int ke, flo
              * tiles of the range on their way while this one is worked on. */
             for (int ahead = k0 == kb ? 1 : PREFETCH_TILES; ahead <= PREFETCH_TILES; ahead++) {
                 if (k0 + ahead * TILE >= ke) break;
-                const char *pk = kt + (size_t)ahead * tile_bytes, *pv = vt + (size_t)ahead * tile_bytes;
+                size_t ahead_at = kv_tile_addr(a->pages, a->page_stride, a->kv_head_stride,
+                                               a->kv_type, hd, g, k0 + ahead * TILE) * el;
+                const char *pk = (const char *)a->k + ahead_at, *pv = (const char *)a->v + ahead_at;
                 for (size_t off = 0; off < tile_bytes; off += 64) {
                     _mm_prefetch(pk + off, _MM_HINT_T0);
                     _mm_prefetch(pv + off, _MM_HINT_T0);

@@ -358,7 +358,7 @@ void cpu_matmul_with(enum CpuIsa isa, enum CpuGemm gemm, struct ThreadPool *pool
     int threads = pool_threads(pool);
     job.per_thread = per_thread_floats(a->n, a->k);
     job.scratch = base;
-    int single = a->n == 1;
+    int single = a->n == 1 && !a->rowwise;
     int n_prod = a->swiglu ? 1 : a->n_out;
     if (single) {
         /* Enough tasks to balance the threads, few enough to keep each one a few

@@ -52,7 +52,7 @@ def query_request(rid: Any, question: str, *, collection: Optional[str],
                   max_tokens: Optional[int], temperature: Optional[float],
                   top_p: Optional[float], seed: Optional[int],
                   stop: Union[str, Sequence[str], None], deadline_ms: Optional[int],
-                  stream: bool) -> Dict[str, Any]:
+                  stream: bool, order: Optional[str] = None) -> Dict[str, Any]:
     if not isinstance(question, str) or not question:
         raise ValueError("a query needs a question")
     doc_list = None if docs is None else [_doc(d, i, False, False) for i, d in enumerate(docs)]
@@ -63,7 +63,7 @@ def query_request(rid: Any, question: str, *, collection: Optional[str],
                    top_k=top_k, max_context_tokens=max_context_tokens, max_tokens=max_tokens,
                    temperature=temperature, top_p=top_p, seed=seed,
                    stop=stop if isinstance(stop, (str, type(None))) else list(stop),
-                   deadline_ms=deadline_ms, stream=True if stream else None)
+                   deadline_ms=deadline_ms, order=order, stream=True if stream else None)
 
 
 def ingest_request(rid: Any, collection: str, docs: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
@@ -206,7 +206,8 @@ def parse_answer(m: Dict[str, Any]) -> Answer:
     u = f.sub("usage")
     usage = Usage(prompt_tokens=u.int("prompt_tokens"),
                   context_tokens=u.int("context_tokens", False) or 0,
-                  completion_tokens=u.int("completion_tokens"))
+                  completion_tokens=u.int("completion_tokens"),
+                  cached_tokens=u.int("cached_tokens", False) or 0)
     t = f.sub("timings", False)
     timings = Timings(**{k: (t.num(k, False) or 0.0) for k in Timings.__dataclass_fields__}) \
         if t else Timings()

@@ -186,12 +186,14 @@ class AsyncClient:
                     max_context_tokens: Optional[int] = None, max_tokens: Optional[int] = None,
                     temperature: Optional[float] = None, top_p: Optional[float] = None,
                     seed: Optional[int] = None, stop: Union[str, Sequence[str], None] = None,
-                    deadline_ms: Optional[int] = None, id: Optional[str] = None,
+                    deadline_ms: Optional[int] = None, order: Optional[str] = None,
+                    id: Optional[str] = None,
                     timeout: Optional[float] = None) -> Answer:
         msg = P.query_request(id or self._next_id(), question, collection=collection, docs=docs,
                               ids=ids, top_k=top_k, max_context_tokens=max_context_tokens,
                               max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                              seed=seed, stop=stop, deadline_ms=deadline_ms, stream=False)
+                              seed=seed, stop=stop, deadline_ms=deadline_ms, order=order,
+                              stream=False)
         m = await self._call(msg, self.query_timeout if timeout is None else timeout)
         return P.parse_answer(m)
 
@@ -201,7 +203,8 @@ class AsyncClient:
                      max_context_tokens: Optional[int] = None, max_tokens: Optional[int] = None,
                      temperature: Optional[float] = None, top_p: Optional[float] = None,
                      seed: Optional[int] = None, stop: Union[str, Sequence[str], None] = None,
-                     deadline_ms: Optional[int] = None, id: Optional[str] = None,
+                     deadline_ms: Optional[int] = None, order: Optional[str] = None,
+                    id: Optional[str] = None,
                      timeout: Optional[float] = None) -> AsyncIterator[Union[Delta, Answer]]:
         """Yields a :class:`Delta` per piece of generated text, then the :class:`Answer`;
         leaving early (break, cancellation of the task) cancels the query on the daemon."""
@@ -209,7 +212,8 @@ class AsyncClient:
         msg = P.query_request(rid, question, collection=collection, docs=docs, ids=ids,
                               top_k=top_k, max_context_tokens=max_context_tokens,
                               max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                              seed=seed, stop=stop, deadline_ms=deadline_ms, stream=True)
+                              seed=seed, stop=stop, deadline_ms=deadline_ms, order=order,
+                              stream=True)
         wait = self.query_timeout if timeout is None else timeout
         q = self._register(rid)
         done = False

@@ -187,13 +187,17 @@ class Client:
               max_tokens: Optional[int] = None, temperature: Optional[float] = None,
               top_p: Optional[float] = None, seed: Optional[int] = None,
               stop: Union[str, Sequence[str], None] = None, deadline_ms: Optional[int] = None,
-              id: Optional[str] = None, timeout: Optional[float] = None) -> Answer:
+              order: Optional[str] = None, id: Optional[str] = None,
+              timeout: Optional[float] = None) -> Answer:
         """Answers ``question`` from ``collection`` and/or inline ``docs`` (each a str or a
-        mapping with "text" and optional "id", "title"); blocks until the whole answer."""
+        mapping with "text" and optional "id", "title"); blocks until the whole answer.
+        ``order="document"`` lays the chosen chunks out by document and position rather than
+        best first, so questions over the same documents share the prompt's cached prefix."""
         msg = P.query_request(id or self._next_id(), question, collection=collection, docs=docs,
                               ids=ids, top_k=top_k, max_context_tokens=max_context_tokens,
                               max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                              seed=seed, stop=stop, deadline_ms=deadline_ms, stream=False)
+                              seed=seed, stop=stop, deadline_ms=deadline_ms, order=order,
+                              stream=False)
         m = self._call(msg, self.query_timeout if timeout is None else timeout)
         return P.parse_answer(m)
 
@@ -203,7 +207,7 @@ class Client:
                max_tokens: Optional[int] = None, temperature: Optional[float] = None,
                top_p: Optional[float] = None, seed: Optional[int] = None,
                stop: Union[str, Sequence[str], None] = None, deadline_ms: Optional[int] = None,
-               id: Optional[str] = None,
+               order: Optional[str] = None, id: Optional[str] = None,
                timeout: Optional[float] = None) -> Iterator[Union[Delta, Answer]]:
         """Like :meth:`query`, streaming: yields a :class:`Delta` per generated piece of text,
         then the final :class:`Answer` (whose ``answer`` is the deltas joined). Leaving the
@@ -212,7 +216,8 @@ class Client:
         msg = P.query_request(rid, question, collection=collection, docs=docs, ids=ids,
                               top_k=top_k, max_context_tokens=max_context_tokens,
                               max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                              seed=seed, stop=stop, deadline_ms=deadline_ms, stream=True)
+                              seed=seed, stop=stop, deadline_ms=deadline_ms, order=order,
+                              stream=True)
         wait = self.query_timeout if timeout is None else timeout
         self._register(rid)
         done = False

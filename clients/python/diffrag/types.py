@@ -25,6 +25,7 @@ class Usage:
     prompt_tokens: int
     context_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
 
 
 @dataclass

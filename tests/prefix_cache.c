@@ -1,0 +1,236 @@
+/* The prefix cache against cold prefills (run by tests/test_prefix_cache.py on tiny llama and
+ * DIFF V2 models): prompts of 63, 64, 65 and 1,000 tokens and prompts that share only part of a
+ * cached one, for every KV type; logits within 1e-5 relative (and whether bit for bit), the
+ * watched heads' masses, greedy answers token for token, the cached counts; then a pool of a
+ * few pages: eviction, the refusal when every page is referenced, and the pool back at idle.
+ * Usage: prefix_cache MODEL.gguf */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/engine.h"
+#include "model/generate.h"
+#include "model/kvpool.h"
+#include "tests/check.h"
+
+enum { N_BASE = 1000, ANSWER = 12 };
+
+static double rel_diff(const float *a, const float *b, int n)
+{
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        num = d > num ? d : num;
+        den = fabs(b[i]) > den ? fabs(b[i]) : den;
+    }
+    return den > 0 ? num / den : num;
+}
+
+struct Run {
+    float *logits;
+    struct AttnMass mass[ENGINE_MAX_WATCH];
+    int n_mass;
+    int32_t answer[ANSWER];
+    int n_answer;
+    int cached;
+};
+
+static int collect(void *user, const struct GenToken *t)
+{
+    struct Run *r = user;
+    if (t->id >= 0 && r->n_answer < ANSWER) r->answer[r->n_answer++] = t->id;
+    return 0;
+}
+
+/* Prefills `p` into e (reset first) and records logits, masses, cached count and a greedy
+ * answer. */
+static int run(struct Engine *e, const int32_t *p, int n, struct Run *r, int vocab)
+{
+    char err[256];
+    engine_reset(e);
+    uint8_t cls[N_BASE + 64];
+    for (int i = 0; i < n; i++) cls[i] = i >= 8 && i < n - 8 ? ATTN_DOC : ATTN_OTHER;
+    if (engine_set_spans(e, cls, (size_t)n, err, sizeof err)) return -1;
+    if (engine_prefill(e, p, (size_t)n, err, sizeof err)) {
+        printf("prefill: %s\n", err);
+        return -1;
+    }
+    r->cached = engine_cached(e);
+    memcpy(r->logits, engine_logits(e), (size_t)vocab * sizeof(float));
+    const struct AttnMass *ms = engine_attn_mass(e, &r->n_mass);
+    if (ms) memcpy(r->mass, ms, (size_t)r->n_mass * sizeof *ms);
+    struct GenParams gp = {.max_tokens = ANSWER, .prefilled = 1};
+    sampler_params_default(&gp.sampler);
+    gp.sampler.temperature = 0;
+    struct GenResult g;
+    r->n_answer = 0;
+    if (generate(e, p, (size_t)n, &gp, collect, r, &g, err, sizeof err)) {
+        printf("generate: %s\n", err);
+        return -1;
+    }
+    free(g.text);
+    return 0;
+}
+
+static const char *kv_name(enum KvType t) { return t == KV_F32 ? "f32" : t == KV_F16 ? "f16" : "q8"; }
+
+static void compare_prompts(struct Model *m, enum KvType kv)
+{
+    char err[256];
+    int V = m->cfg.vocab;
+    int32_t base[N_BASE], other[N_BASE];
+    for (int i = 0; i < N_BASE; i++) {
+        base[i] = (int32_t)((7 + (unsigned)i * 2654435761u % 100003u) % (unsigned)V);
+        other[i] = (int32_t)((3 + (unsigned)i * 40503u % 65521u) % (unsigned)V);
+    }
+    struct KvPool *pool = NULL, *cold_pool = NULL;
+    CHECK(kvpool_new(m, kv, 64, 1, &pool, err, sizeof err) == 0, "pool: %s", err);
+    struct EngineOpts o;
+    engine_opts_default(&o);
+    o.n_ctx = N_BASE + 64;
+    o.kv_type = kv;
+    o.n_threads = 2;
+    o.chunk = 100;                        /* the warm engine cuts prompts at 100s */
+    o.kv_pool = pool;
+    struct Engine *warm = NULL, *cold = NULL;
+    CHECK(engine_new(m, &o, &warm, err, sizeof err) == ENGINE_OK, "warm engine: %s", err);
+    CHECK(kvpool_new(m, kv, kvpool_pages_for(o.n_ctx), 0, &cold_pool, err, sizeof err) == 0,
+          "cold pool: %s", err);
+    o.kv_pool = cold_pool;              /* caching off */
+    o.chunk = 48;                         /* the cold one at 48s, across the page boundaries */
+    CHECK(engine_new(m, &o, &cold, err, sizeof err) == ENGINE_OK, "cold engine: %s", err);
+    if (!warm || !cold) goto out;
+    struct AttnWatch w[ENGINE_MAX_WATCH];
+    int nw = engine_default_watch(m, w, ENGINE_MAX_WATCH);
+    CHECK(engine_watch(warm, w, nw, err, sizeof err) == 0 &&
+          engine_watch(cold, w, nw, err, sizeof err) == 0, "watch: %s", err);
+
+    struct Run a = {.logits = malloc((size_t)V * sizeof(float))};
+    struct Run b = {.logits = malloc((size_t)V * sizeof(float))};
+    /* The cache is filled by the whole base prompt once. */
+    CHECK(run(warm, base, N_BASE, &a, V) == 0 && a.cached == 0, "filling run (cached %d)", a.cached);
+    /* A prompt sharing the first 700 tokens, then other tokens. */
+    int32_t mixed[N_BASE];
+    memcpy(mixed, base, 700 * sizeof *mixed);
+    memcpy(mixed + 700, other, (N_BASE - 700) * sizeof *mixed);
+    struct { const int32_t *p; int n, want_cached; const char *what; } cases[] = {
+        {base, 63, 0, "63 tokens (inside the first page)"},
+        {base, 64, 0, "64 tokens (one full page: its last token is computed)"},
+        {base, 65, 64, "65 tokens"},
+        {base, N_BASE, 960, "1,000 tokens"},
+        {mixed, N_BASE, 640, "700 shared tokens, then others"},
+        {other, 200, 0, "no shared prefix"},
+    };
+    double worst = 0;
+    int bitwise = 1;
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        if (run(warm, cases[c].p, cases[c].n, &a, V) || run(cold, cases[c].p, cases[c].n, &b, V)) {
+            CHECK(0, "%s: run failed", cases[c].what);
+            continue;
+        }
+        CHECK(a.cached == cases[c].want_cached && b.cached == 0, "%s kv %s: cached %d (want %d), "
+              "cold %d", cases[c].what, kv_name(kv), a.cached, cases[c].want_cached, b.cached);
+        double d = rel_diff(a.logits, b.logits, V);
+        worst = d > worst ? d : worst;
+        if (memcmp(a.logits, b.logits, (size_t)V * sizeof(float))) bitwise = 0;
+        CHECK(d <= 1e-5, "%s kv %s: logits differ by %.3g relative", cases[c].what, kv_name(kv), d);
+        CHECK(a.n_mass == b.n_mass && a.n_mass == nw, "%s: %d and %d masses", cases[c].what,
+              a.n_mass, b.n_mass);
+        for (int i = 0; i < a.n_mass && i < b.n_mass; i++)
+            CHECK(fabsf(a.mass[i].doc - b.mass[i].doc) <= 1e-5f &&
+                  fabsf(a.mass[i].gen - b.mass[i].gen) <= 1e-5f &&
+                  fabsf(a.mass[i].diff_doc - b.mass[i].diff_doc) <= 1e-4f,
+                  "%s: mass %d differs (%g vs %g)", cases[c].what, i, a.mass[i].doc, b.mass[i].doc);
+        CHECK(a.n_answer == b.n_answer && !memcmp(a.answer, b.answer, (size_t)a.n_answer * 4),
+              "%s kv %s: greedy answers differ", cases[c].what, kv_name(kv));
+    }
+    printf("kv %s: cached and cold prefills: logits within %.3g relative (%s), masses and "
+           "greedy answers equal\n", kv_name(kv), worst, bitwise ? "bit for bit" : "not bit for bit");
+    free(a.logits);
+    free(b.logits);
+    engine_reset(warm);
+    struct KvPoolStats st;
+    kvpool_stats(pool, &st);
+    CHECK(st.pages_used == 0 && st.hit_tokens == 64 + 960 + 640 && st.pages_cached > 0,
+          "pool after the runs: %zu used, %zu cached, %llu hit tokens", st.pages_used,
+          st.pages_cached, (unsigned long long)st.hit_tokens);
+out:
+    engine_destroy(&warm);
+    engine_destroy(&cold);
+    kvpool_destroy(&pool);
+    kvpool_destroy(&cold_pool);
+}
+
+/* A pool of 6 pages shared by two 256-token contexts. */
+static void small_pool(struct Model *m)
+{
+    char err[256];
+    struct KvPool *pool = NULL;
+    CHECK(kvpool_new(m, KV_F16, 6, 1, &pool, err, sizeof err) == 0, "pool: %s", err);
+    struct EngineOpts o;
+    engine_opts_default(&o);
+    o.n_ctx = 256;
+    o.chunk = 64;
+    o.kv_pool = pool;
+    struct Engine *e1 = NULL, *e2 = NULL;
+    CHECK(engine_new(m, &o, &e1, err, sizeof err) == 0 && engine_new(m, &o, &e2, err, sizeof err) == 0,
+          "engines: %s", err);
+    if (!e1 || !e2) goto out;
+    int V = m->cfg.vocab;
+    int32_t p[256];
+    /* Ten different prompts of 3 pages through one context: each completes, evicting. */
+    for (int k = 0; k < 10; k++) {
+        for (int i = 0; i < 192; i++) p[i] = (int32_t)((k * 131 + i * 17 + 1) % V);
+        engine_reset(e1);
+        CHECK(engine_prefill(e1, p, 192, err, sizeof err) == ENGINE_OK, "prompt %d: %s", k, err);
+    }
+    engine_reset(e1);
+    struct KvPoolStats st;
+    kvpool_stats(pool, &st);
+    CHECK(st.pages_used == 0 && st.evicted_pages > 0 && st.pages_cached <= 6,
+          "after ten prompts: %zu used, %zu cached, %llu evicted", st.pages_used, st.pages_cached,
+          (unsigned long long)st.evicted_pages);
+    /* The last prompt is still cached. */
+    CHECK(engine_prefill(e1, p, 192, err, sizeof err) == ENGINE_OK && engine_cached(e1) == 128,
+          "the last prompt hits (%d cached)", engine_cached(e1));
+    engine_reset(e1);
+    /* e1 holds 4 pages; e2 can get 2 and is refused the third with a clear error. */
+    for (int i = 0; i < 256; i++) p[i] = (int32_t)((i * 7 + 3) % V);
+    CHECK(engine_prefill(e1, p, 256, err, sizeof err) == ENGINE_OK, "e1 fills 4 pages: %s", err);
+    for (int i = 0; i < 256; i++) p[i] = (int32_t)((i * 11 + 5) % V);
+    int rc = engine_prefill(e2, p, 192, err, sizeof err);
+    CHECK(rc == ENGINE_EBUDGET && strstr(err, "no free page"), "e2 refused: %d %s", rc, err);
+    engine_reset(e2);
+    engine_reset(e1);
+    CHECK(engine_prefill(e2, p, 192, err, sizeof err) == ENGINE_OK, "e2 after e1 let go: %s", err);
+    engine_reset(e2);
+    kvpool_stats(pool, &st);
+    CHECK(st.pages_used == 0, "the pool is back at idle (%zu pages used)", st.pages_used);
+    printf("small pool: %llu pages evicted, refusal when all are in use, idle at the end\n",
+           (unsigned long long)st.evicted_pages);
+out:
+    engine_destroy(&e1);
+    engine_destroy(&e2);
+    kvpool_destroy(&pool);
+}
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc != 2) {
+        fprintf(stderr, "usage: prefix_cache MODEL.gguf\n");
+        return 2;
+    }
+    char err[512];
+    struct Model *m = NULL;
+    if (model_load(argv[1], &m, err, sizeof err) != MODEL_OK) {
+        printf("FAIL cannot load %s: %s\n", argv[1], err);
+        return 1;
+    }
+    enum KvType kinds[] = {KV_F32, KV_F16, KV_Q8};
+    for (int k = 0; k < 3; k++) compare_prompts(m, kinds[k]);
+    small_pool(m);
+    model_destroy(&m);
+    return check_report("prefix_cache");
+}

@@ -1,0 +1,78 @@
+"""The prefix cache through diffragd, as a user meets it: two different questions over the same
+SQuAD paragraphs (chunks in document order), then the first again. With prefix_cache = 1 the
+later questions take the documents' pages from the cache (usage.cached_tokens), and every
+answer, citation and groundedness figure equals that of a daemon with the cache off; /metrics
+counts the reused tokens and the pool is back at idle afterwards."""
+import json
+
+import pytest
+
+from daemon_util import Daemon, query
+
+
+def article(squad_dir):
+    passages = [json.loads(l) for l in open(squad_dir / "passages.jsonl")]
+    questions = [json.loads(l) for l in open(squad_dir / "questions.jsonl")]
+    by_title = {}
+    for p in passages:
+        by_title.setdefault(p["title"], []).append(p)
+    # the first article (in file order) with at least 4 paragraphs and 2 answerable questions
+    for title, ps in by_title.items():
+        ids = {p["id"] for p in ps}
+        qs = [q for q in questions if q["gold_passage_id"] in ids and not q["is_impossible"]]
+        if len(ps) >= 4 and len(qs) >= 2:
+            return ps[:6], [qs[0]["question"], qs[1]["question"]]
+    pytest.fail("no SQuAD article with 4 paragraphs and 2 answerable questions")
+
+
+def ask(d, docs, questions):
+    out = []
+    c = d.client()
+    for i, q in enumerate(questions):
+        _, r = c.call(query(q, docs, id=i, order="document", top_k=100, max_tokens=24,
+                            include=["token_signals"]), timeout=300)
+        assert r["ok"], r
+        out.append(r)
+    return out
+
+
+def test_cached_answers_equal_cold_answers(tmp_path, default_model, squad_dir):
+    paras, (q1, q2) = article(squad_dir)
+    docs = [{"id": p["id"], "title": p["title"], "text": p["text"]} for p in paras]
+    questions = [q1, q2, q1]
+    runs = {}
+    for cache in (1, 0):
+        (tmp_path / f"cache{cache}").mkdir()
+        with Daemon(tmp_path / f"cache{cache}", default_model, workers=1, threads=2,
+                    max_context_tokens=3072, max_tokens=64, prefix_cache=cache) as d:
+            runs[cache] = ask(d, docs, questions)
+            _, bad = d.client().call(query(q1, docs, id="bad", order="sideways"), timeout=60)
+            assert not bad["ok"] and bad["error"]["code"] == "bad_request", bad
+            assert "order" in bad["error"]["message"], bad
+            if cache:
+                hit = d.metric("diffrag_prefix_cache_hit_tokens_total")
+                queried = d.metric("diffrag_prefix_cache_queried_tokens_total")
+                used = d.metric("diffrag_kv_pool_pages", state="used")
+                cached_pages = d.metric("diffrag_kv_pool_pages", state="cached")
+            assert d.stop() == 0
+    warm, cold = runs[1], runs[0]
+    for r in warm + cold:
+        print(r["usage"], r["timings"]["prefill_ms"], repr(r["answer"]))
+    cached = [r["usage"]["cached_tokens"] for r in warm]
+    assert cached[0] == 0 and all(r["usage"]["cached_tokens"] == 0 for r in cold), cached
+    # the second question reuses the documents (everything up to the question's page)
+    ctx = warm[1]["usage"]["context_tokens"]
+    assert cached[1] >= ctx - 128 and cached[1] % 64 == 0, (cached, ctx)
+    # the first again: all but its last page
+    assert cached[2] >= warm[2]["usage"]["prompt_tokens"] - 64, cached
+    for w, c in zip(warm, cold):
+        assert w["answer"] == c["answer"]
+        assert w["citations"] == c["citations"]
+        assert w["usage"]["prompt_tokens"] == c["usage"]["prompt_tokens"]
+        for k in ("lookback_ratio", "unsupported_token_ratio", "mean_logprob", "min_logprob",
+                  "score", "flagged", "abstained"):
+            assert w["grounding"][k] == c["grounding"][k], k
+        assert w["token_signals"] == c["token_signals"]
+    assert hit == sum(cached)
+    assert queried == sum(r["usage"]["prompt_tokens"] for r in warm)
+    assert used == 0 and cached_pages > 0, (used, cached_pages)
