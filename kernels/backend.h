@@ -97,6 +97,8 @@ struct MatmulArgs {
     int swiglu;
     int rowwise;               /* 1: a single row takes the many-row path too, so every row's
                                   arithmetic is the same however many rows come with it */
+    int onerow;                /* 1: every row as its own one-row product (a batch of decode
+                                  tokens: each equals its one-token product bit for bit) */
 };
 
 /* Causal attention of a chunk of n_tok query tokens at positions pos0..pos0+n_tok-1 against a

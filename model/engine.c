@@ -35,6 +35,11 @@ struct Scratch {
 };
 
 struct Engine {
+    struct Engine *runner;    /* whose threads and scratch compute this sequence (itself, or
+                                 the context engine_new_seq was given) */
+    float *logits;            /* (vocab) the last logits: s.logits, or a sequence's own */
+    float *step_logits;       /* runner: the logits rows of a step with several sequences */
+    int step_logits_rows;
     const struct Model *m;
     const struct Backend *be;
     struct EngineOpts opts;
@@ -228,6 +233,8 @@ static int gpu_engine_new(struct Engine *e, char *err, size_t errlen)
     e->s.cos = e->block;
     e->s.sin = e->s.cos + (size_t)e->opts.chunk * half;
     e->s.logits = e->s.sin + (size_t)e->opts.chunk * half;
+    e->runner = e;
+    e->logits = e->s.logits;
     rope_init(e);
     atomic_init(&e->cancel, 0);
     return ENGINE_OK;
@@ -311,6 +318,8 @@ int engine_new(const struct Model *m, const struct EngineOpts *o, struct Engine 
                     mem.context_bytes);
     }
     scratch_layout(c, &opts, e->be, (char *)e->block, &e->s);
+    e->runner = e;
+    e->logits = e->s.logits;
     rope_init(e);
     atomic_init(&e->cancel, 0);
     *out = e;
@@ -321,8 +330,17 @@ void engine_destroy(struct Engine **pe)
 {
     struct Engine *e = *pe;
     if (!e) return;
-    pool_destroy(&e->pool);
     if (e->kv) kvpool_release(e->kv, e->pages, e->n_pages);
+    if (e->runner != e) {
+        /* a sequence of engine_new_seq: the runner's threads and scratch are not its own */
+        free(e->logits);
+        e->pool = NULL;
+        e->block = NULL;
+        e->inv_freq = NULL;
+        e->mass_scratch = NULL;
+    }
+    pool_destroy(&e->pool);
+    free(e->step_logits);
     if (e->own_kv) kvpool_destroy(&e->kv);
     free(e->pages);
     free(e->page_hash);
@@ -346,30 +364,33 @@ void engine_destroy(struct Engine **pe)
     *pe = NULL;
 }
 
-/* cos and sin of (pos0 + t) * inv_freq[i] for the chunk's tokens, in double precision. The
- * angle of token t = 32a + b is split as (pos0 + 32a) f + b f and recombined by the addition
- * formulas, so a chunk of n tokens needs (n / 32 + 32) evaluations of each function per
- * frequency instead of n: an 8,192-token chunk took 5.4 ms here, now 1.7 ms, time a GPU
- * prefill waits for. The two ways round the angle differently, by up to |angle| * 1.1e-16
- * (1.4e-11 at 131,072 positions), against an f32 result's 6e-8. */
-static void rope_tables(struct Engine *e, int n, int pos0)
+/* cos and sin of (pos0 + t) * inv_freq[i] for the chunk's tokens, in double precision, into
+ * cos/sin from row `row0`. The angle of position p = 32a + b is split as 32a f + b f and
+ * recombined by the addition formulas, so a chunk of n tokens needs (n / 32 + 32) evaluations
+ * of each function per frequency instead of n: an 8,192-token chunk took 5.4 ms here, now
+ * 1.7 ms, time a GPU prefill waits for. The split depends on the position only, not on where
+ * the chunk starts, so a position's values are the same whatever chunk it falls in (which the
+ * prefix cache and batching rely on). The two ways round the angle differently, by up to
+ * |angle| * 1.1e-16 (1.4e-11 at 131,072 positions), against an f32 result's 6e-8. */
+static void rope_tables(struct Engine *e, int n, int pos0, int row0)
 {
     enum { B = 32 };
     int half = e->m->cfg.rope.n_rot / 2;
     float ms = e->rope_mscale;
+    float *cs = e->s.cos + (size_t)row0 * half, *sn = e->s.sin + (size_t)row0 * half;
     for (int i = 0; i < half; i++) {
         double f = e->inv_freq[i], cb[B], sb[B];
-        int nb = n < B ? n : B;
-        for (int b = 0; b < nb; b++) {
+        for (int b = 0; b < B; b++) {
             cb[b] = cos(b * f);
             sb[b] = sin(b * f);
         }
-        for (int t0 = 0; t0 < n; t0 += B) {
-            double phi = (double)(pos0 + t0) * f, ca = cos(phi), sa = sin(phi);
-            for (int b = 0; b < B && t0 + b < n; b++) {
-                size_t k = (size_t)(t0 + b) * half + i;
-                e->s.cos[k] = (float)((ca * cb[b] - sa * sb[b]) * ms);
-                e->s.sin[k] = (float)((sa * cb[b] + ca * sb[b]) * ms);
+        for (int t = 0; t < n;) {
+            int p = pos0 + t, a = p / B * B;
+            double phi = (double)a * f, ca = cos(phi), sa = sin(phi);
+            for (int b = p - a; b < B && t < n; b++, t++) {
+                size_t k = (size_t)t * half + i;
+                cs[k] = (float)((ca * cb[b] - sa * sb[b]) * ms);
+                sn[k] = (float)((sa * cb[b] + ca * sb[b]) * ms);
             }
         }
     }
@@ -399,15 +420,15 @@ static void run_matmul(struct Engine *e, const struct MatmulArgs *a)
 
 static void fill_masses(struct Engine *e, int l, const float *lam_row);
 
-/* The watched heads of layer l at the chunk's last position (its queries are in s->q after
- * RoPE, its keys already in the cache kc). */
-static void measure_layer(struct Engine *e, int l, int n, const void *kc)
+/* The watched heads of layer l at the last position of the sequence's n tokens in this step,
+ * step row `row` (its queries are in s->q after RoPE, its keys already in the cache kc). */
+static void measure_layer(struct Engine *e, int l, int row, int n, const void *kc)
 {
     const struct KvPoolLayout *lay = &e->lay;
     const struct ModelConfig *c = &e->m->cfg;
     int b = e->wq_off[l], nh = e->wq_off[l + 1] - b;
     struct MassArgs ma = {
-        .q = e->s.q + (size_t)(n - 1) * c->n_q_head * c->head_dim, .k = kc,
+        .q = e->s.q + (size_t)row * c->n_q_head * c->head_dim, .k = kc,
         .kv_head_stride = lay->head_stride, .pages = e->pages, .page_stride = lay->page_stride,
         .kv_type = e->opts.kv_type,
         .n_keys = e->n_past + n, .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head,
@@ -415,7 +436,7 @@ static void measure_layer(struct Engine *e, int l, int n, const void *kc)
         .n_marked = e->n_marked, .heads = e->wq + b, .n_heads = nh, .mass = e->wq_mass + 2 * b,
     };
     e->be->attention_mass(e->pool, &ma, e->mass_scratch);
-    fill_masses(e, l, e->s.lam + (size_t)(n - 1) * c->n_head);
+    fill_masses(e, l, e->s.lam + (size_t)row * c->n_head);
 }
 
 /* The AttnMass entries of layer l's watched heads from their query heads' masses in wq_mass
@@ -453,7 +474,7 @@ static int forward_chunk_gpu(struct Engine *e, const int32_t *tokens, int n, int
 {
     const struct ModelConfig *c = &e->m->cfg;
     double t_start = now_s();
-    rope_tables(e, n, e->n_past);
+    rope_tables(e, n, e->n_past, 0);
     for (int l = 0; l < c->n_layer; l++) e->gpu_watch[l] = e->wq_off[l + 1] > e->wq_off[l];
     int rc = gpu_seq_forward(e->gpu, tokens, n, e->n_past, e->s.cos, e->s.sin, e->gpu_watch,
                              e->n_marked, want_logits, e->gpu_mass, e->gpu_lam, e->gpu_err,
@@ -516,6 +537,172 @@ static void publish_pages(struct Engine *e)
     }
 }
 
+/* A step's share of one sequence: n tokens at its positions n_past.., rows row0.. of the
+ * step's activations. prefill: prompt tokens (the rowwise form, published pages); else one
+ * decode token. */
+struct StepSeg {
+    struct Engine *e;
+    const int32_t *tokens;
+    int n, prefill, want_logits, row0;
+};
+
+/* The step's products: the prefill rows [0, np) through the many-row products (each row's
+ * arithmetic independent of the others), the decode rows [np, n) each as its own one-row
+ * product, so a batched token computes exactly what it would alone. */
+static void step_matmul(struct Engine *r, struct MatmulArgs *a, int np)
+{
+    int n = a->n;
+    float *y0[4] = {0};
+    for (int o = 0; o < a->n_out; o++) y0[o] = a->out[o].y;
+    const float *x0 = a->x;
+    if (np > 0) {
+        a->n = np;
+        a->rowwise = 1;
+        run_matmul(r, a);
+    }
+    if (n > np) {
+        a->n = n - np;
+        a->rowwise = 0;
+        a->onerow = 1;
+        a->x = x0 + (size_t)np * a->x_stride;
+        for (int o = 0; o < a->n_out; o++)
+            if (a->out[o].y) a->out[o].y = y0[o] + (size_t)np * a->out[o].y_stride;
+        run_matmul(r, a);
+    }
+}
+
+/* One forward pass over segs[0..ns) on the CPU, computed with runner r's threads and scratch:
+ * the prefill segments first, then the decode ones; at most r's chunk rows in all. The caller
+ * has taken each sequence's pages. */
+static int forward_step(struct Engine *r, struct StepSeg *segs, int ns)
+{
+    const struct Model *m = r->m;
+    const struct ModelConfig *c = &m->cfg;
+    const struct Backend *be = r->be;
+    struct Scratch *s = &r->s;
+    int d = c->dim, hd = c->head_dim, nq = c->n_q_head * hd, nkv = c->n_kv_head * hd;
+    int no = c->n_head * hd, F = c->ffn_dim;
+    size_t el = kv_elem_bytes(r->opts.kv_type);
+    const struct KvPoolLayout *lay = &r->lay;
+    int diff = c->arch == ARCH_DIFFV2;
+    double t_start = now_s(), t;
+    int n = 0, np = 0;
+    double attn_flop = 0;
+    for (int i = 0; i < ns; i++) {
+        struct StepSeg *g = &segs[i];
+        g->row0 = n;
+        memcpy(g->e->tok + g->e->n_past, g->tokens, (size_t)g->n * sizeof *g->tokens);
+        for (int k = 0; k < g->n; k++) {
+            be->weights_row(&m->tok_embd, g->tokens[k], s->x + (size_t)(n + k) * d);
+            attn_flop += 4.0 * (g->e->n_past + k + 1) * hd * c->n_q_head;
+        }
+        rope_tables(r, g->n, g->e->n_past, n);
+        n += g->n;
+        if (g->prefill) np = n;
+    }
+
+    for (int l = 0; l < c->n_layer; l++) {
+        const struct LayerWeights *w = &m->layers[l];
+        void *kc = (char *)lay->base + (size_t)l * lay->layer_stride * el;
+        void *vc = (char *)lay->base + (lay->value_offset + (size_t)l * lay->layer_stride) * el;
+
+        be->rmsnorm(r->pool, s->xb, s->x, w->attn_norm, n, d, c->norm_eps);
+        struct MatmulArgs qkv = {
+            .x = s->xb, .x_stride = (size_t)d, .n = n, .k = d, .n_out = diff ? 4 : 3,
+            .out = {{&w->wq, s->q, (size_t)nq, 0}, {&w->wk, s->k, (size_t)nkv, 0},
+                    {&w->wv, s->v, (size_t)nkv, 0}, {&w->wlambda, s->lam, (size_t)c->n_head, 0}},
+        };
+        step_matmul(r, &qkv, np);
+        add_bias(s->q, (size_t)nq, n, w->bq);
+        add_bias(s->k, (size_t)nkv, n, w->bk);
+        add_bias(s->v, (size_t)nkv, n, w->bv);
+        for (int i = 0; i < ns; i++) {
+            struct Engine *e = segs[i].e;
+            int r0 = segs[i].row0, sn = segs[i].n, pos0 = e->n_past;
+            struct RopeStoreArgs rs = {
+                .q = s->q + (size_t)r0 * nq, .q_stride = (size_t)nq, .k = s->k + (size_t)r0 * nkv,
+                .v = s->v + (size_t)r0 * nkv, .kv_stride = (size_t)nkv, .n_tok = sn, .pos0 = pos0,
+                .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
+                .n_rot = c->rope.n_rot, .layout = c->rope.layout,
+                .cos = s->cos + (size_t)r0 * (c->rope.n_rot / 2),
+                .sin = s->sin + (size_t)r0 * (c->rope.n_rot / 2), .kcache = kc, .vcache = vc,
+                .kv_type = r->opts.kv_type, .kv_head_stride = lay->head_stride,
+                .pages = e->pages, .page_stride = lay->page_stride,
+            };
+            be->rope_store(r->pool, &rs);
+            if (e->wq_off[l + 1] > e->wq_off[l])
+                measure_layer(e, l, r0 + sn - 1, sn, kc);
+            struct AttnArgs a = {
+                .q = s->q + (size_t)r0 * nq, .q_stride = (size_t)nq,
+                .out = s->att + (size_t)r0 * no, .out_stride = (size_t)no,
+                .k = kc, .v = vc, .kv_head_stride = lay->head_stride, .pages = e->pages,
+                .page_stride = lay->page_stride, .kv_type = r->opts.kv_type, .n_tok = sn,
+                .pos0 = pos0, .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
+                .scale = 1.f / sqrtf((float)hd), .rowwise = segs[i].prefill,
+                .lambda = diff ? s->lam + (size_t)r0 * c->n_head : NULL,
+                .lambda_stride = (size_t)c->n_head,
+            };
+            t = now_s();
+            be->attention(r->pool, &a, s->attn);
+            r->stats.attention_s += now_s() - t;
+        }
+        r->stats.attention_flop += attn_flop;
+        struct MatmulArgs o = {
+            .x = s->att, .x_stride = (size_t)no, .n = n, .k = no, .n_out = 1,
+            .out = {{&w->wo, s->x, (size_t)d, 1}},
+        };
+        step_matmul(r, &o, np);
+
+        be->rmsnorm(r->pool, s->xb, s->x, w->ffn_norm, n, d, c->norm_eps);
+        struct MatmulArgs up = {
+            .x = s->xb, .x_stride = (size_t)d, .n = n, .k = d, .n_out = 2, .swiglu = 1,
+            .out = {{&w->w_gate, s->h, (size_t)F, 0}, {&w->w_up, NULL, 0, 0}},
+        };
+        step_matmul(r, &up, np);
+        struct MatmulArgs down = {
+            .x = s->h, .x_stride = (size_t)F, .n = n, .k = F, .n_out = 1,
+            .out = {{&w->w_down, s->x, (size_t)d, 1}},
+        };
+        step_matmul(r, &down, np);
+    }
+    /* The logits of the segments that want them: their last rows, each through the LM head
+     * as its own one-row product. */
+    int nl = 0;
+    for (int i = 0; i < ns; i++) {
+        struct StepSeg *g = &segs[i];
+        g->e->n_past += g->n;
+        g->e->mass_valid = g->e->n_watch > 0;
+        if (!g->want_logits) continue;
+        be->rmsnorm(r->pool, s->xb + (size_t)nl * d, s->x + (size_t)(g->row0 + g->n - 1) * d,
+                    m->output_norm, 1, d, c->norm_eps);
+        nl++;
+    }
+    if (nl > 0) {
+        float *lg = nl == 1 ? NULL : r->step_logits;
+        if (nl > 1 && (!lg || r->step_logits_rows < nl)) {
+            free(r->step_logits);
+            r->step_logits = lg = malloc((size_t)nl * c->vocab * sizeof *lg);
+            r->step_logits_rows = lg ? nl : 0;
+            if (!lg) return ENGINE_ENOMEM;
+        }
+        struct Engine *only = NULL;
+        for (int i = 0; i < ns && !only; i++)
+            if (segs[i].want_logits) only = segs[i].e;
+        struct MatmulArgs lm = {
+            .x = s->xb, .x_stride = (size_t)d, .n = nl, .k = d, .n_out = 1, .onerow = 1,
+            .out = {{&m->output, nl == 1 ? only->logits : lg, (size_t)c->vocab, 0}},
+        };
+        run_matmul(r, &lm);
+        for (int i = 0, k = 0; i < ns && nl > 1; i++)
+            if (segs[i].want_logits)
+                memcpy(segs[i].e->logits, lg + (size_t)k++ * c->vocab,
+                       (size_t)c->vocab * sizeof *lg);
+    }
+    r->stats.total_s += now_s() - t_start;
+    r->stats.tokens += n;
+    return ENGINE_OK;
+}
+
 /* One chunk of n tokens at positions n_past..n_past+n-1; logits of the last one if asked.
  * rowwise: the prefill form (each row's arithmetic independent of the chunk, see
  * engine_prefill); else one token takes the one-row products and split attention. */
@@ -523,97 +710,9 @@ static int forward_chunk(struct Engine *e, const int32_t *tokens, int n, int wan
                          int rowwise)
 {
     if (e->gpu) return forward_chunk_gpu(e, tokens, n, want_logits);
-    const struct Model *m = e->m;
-    const struct ModelConfig *c = &m->cfg;
-    const struct Backend *be = e->be;
-    struct Scratch *s = &e->s;
-    int d = c->dim, hd = c->head_dim, nq = c->n_q_head * hd, nkv = c->n_kv_head * hd;
-    int no = c->n_head * hd, F = c->ffn_dim, pos0 = e->n_past;
-    size_t el = kv_elem_bytes(e->opts.kv_type);
-    const struct KvPoolLayout *lay = &e->lay;
-    memcpy(e->tok + pos0, tokens, (size_t)n * sizeof *tokens);
-    int diff = c->arch == ARCH_DIFFV2;
-    double t_start = now_s(), t;
-
-    for (int i = 0; i < n; i++) be->weights_row(&m->tok_embd, tokens[i], s->x + (size_t)i * d);
-    rope_tables(e, n, pos0);
-    double attn_flop = 0;
-    for (int i = 0; i < n; i++) attn_flop += 4.0 * (pos0 + i + 1) * hd * c->n_q_head;
-
-    for (int l = 0; l < c->n_layer; l++) {
-        const struct LayerWeights *w = &m->layers[l];
-        void *kc = (char *)lay->base + (size_t)l * lay->layer_stride * el;
-        void *vc = (char *)lay->base + (lay->value_offset + (size_t)l * lay->layer_stride) * el;
-
-        be->rmsnorm(e->pool, s->xb, s->x, w->attn_norm, n, d, c->norm_eps);
-        struct MatmulArgs qkv = {
-            .x = s->xb, .x_stride = (size_t)d, .n = n, .k = d, .n_out = diff ? 4 : 3,
-            .rowwise = rowwise,
-            .out = {{&w->wq, s->q, (size_t)nq, 0}, {&w->wk, s->k, (size_t)nkv, 0},
-                    {&w->wv, s->v, (size_t)nkv, 0}, {&w->wlambda, s->lam, (size_t)c->n_head, 0}},
-        };
-        run_matmul(e, &qkv);
-        add_bias(s->q, (size_t)nq, n, w->bq);
-        add_bias(s->k, (size_t)nkv, n, w->bk);
-        add_bias(s->v, (size_t)nkv, n, w->bv);
-        struct RopeStoreArgs rs = {
-            .q = s->q, .q_stride = (size_t)nq, .k = s->k, .v = s->v, .kv_stride = (size_t)nkv,
-            .n_tok = n, .pos0 = pos0, .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head,
-            .head_dim = hd, .n_rot = c->rope.n_rot, .layout = c->rope.layout, .cos = s->cos,
-            .sin = s->sin, .kcache = kc, .vcache = vc, .kv_type = e->opts.kv_type,
-            .kv_head_stride = lay->head_stride, .pages = e->pages, .page_stride = lay->page_stride,
-        };
-        be->rope_store(e->pool, &rs);
-        if (e->wq_off[l + 1] > e->wq_off[l])
-            measure_layer(e, l, n, kc);
-        struct AttnArgs a = {
-            .q = s->q, .q_stride = (size_t)nq, .out = s->att, .out_stride = (size_t)no,
-            .k = kc, .v = vc, .kv_head_stride = lay->head_stride, .pages = e->pages,
-            .page_stride = lay->page_stride, .kv_type = e->opts.kv_type, .n_tok = n, .pos0 = pos0,
-            .rowwise = rowwise,
-            .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
-            .scale = 1.f / sqrtf((float)hd),
-            .lambda = diff ? s->lam : NULL, .lambda_stride = (size_t)c->n_head,
-        };
-        t = now_s();
-        be->attention(e->pool, &a, s->attn);
-        e->stats.attention_s += now_s() - t;
-        e->stats.attention_flop += attn_flop;
-        struct MatmulArgs o = {
-            .x = s->att, .x_stride = (size_t)no, .n = n, .k = no, .n_out = 1,
-            .rowwise = rowwise,
-            .out = {{&w->wo, s->x, (size_t)d, 1}},
-        };
-        run_matmul(e, &o);
-
-        be->rmsnorm(e->pool, s->xb, s->x, w->ffn_norm, n, d, c->norm_eps);
-        struct MatmulArgs up = {
-            .x = s->xb, .x_stride = (size_t)d, .n = n, .k = d, .n_out = 2, .swiglu = 1,
-            .rowwise = rowwise,
-            .out = {{&w->w_gate, s->h, (size_t)F, 0}, {&w->w_up, NULL, 0, 0}},
-        };
-        run_matmul(e, &up);
-        struct MatmulArgs down = {
-            .x = s->h, .x_stride = (size_t)F, .n = n, .k = F, .n_out = 1,
-            .rowwise = rowwise,
-            .out = {{&w->w_down, s->x, (size_t)d, 1}},
-        };
-        run_matmul(e, &down);
-    }
-    e->n_past += n;
-    e->mass_valid = e->n_watch > 0;
-    if (want_logits) {
-        const float *last = s->x + (size_t)(n - 1) * d;
-        be->rmsnorm(e->pool, s->xb, last, m->output_norm, 1, d, c->norm_eps);
-        struct MatmulArgs lm = {
-            .x = s->xb, .x_stride = (size_t)d, .n = 1, .k = d, .n_out = 1,
-            .out = {{&m->output, s->logits, (size_t)c->vocab, 0}},
-        };
-        run_matmul(e, &lm);
-    }
-    e->stats.total_s += now_s() - t_start;
-    e->stats.tokens += n;
-    return ENGINE_OK;
+    struct StepSeg g = {.e = e, .tokens = tokens, .n = n, .prefill = rowwise,
+                        .want_logits = want_logits};
+    return forward_step(e->runner, &g, 1);
 }
 
 /* engine_prefill (prefill = 1: the prefix cache, the rowwise form, publishing) and
@@ -631,15 +730,7 @@ static int append_tokens(struct Engine *e, const int32_t *tokens, size_t n, int 
         if (tokens[i] < 0 || tokens[i] >= e->m->cfg.vocab)
             return errmsg_set(err, errlen, ENGINE_EINPUT, "token %d at index %zu is outside the vocabulary "
                         "(%d)", tokens[i], i, e->m->cfg.vocab);
-    size_t i = 0;
-    if (prefill && !e->gpu && e->n_past == 0 && e->n_pages == 0) {
-        /* the longest cached run of full pages, leaving the last token to compute */
-        int m = kvpool_match(e->kv, tokens, n, (int)((n - 1) / KV_TILE), e->pages, e->page_hash);
-        e->n_pages = e->n_named = m;
-        i = (size_t)m * KV_TILE;
-        memcpy(e->tok, tokens, i * sizeof *tokens);
-        e->n_past = e->prefill_end = e->n_cached = (int)i;
-    }
+    size_t i = prefill ? (size_t)engine_take_cached(e, tokens, n) : 0;
     for (; i < n; i += (size_t)e->opts.chunk) {
         if (atomic_exchange(&e->cancel, 0))
             return errmsg_set(err, errlen, ENGINE_ECANCELLED, "cancelled after %zu of %zu tokens", i, n);
@@ -656,6 +747,123 @@ static int append_tokens(struct Engine *e, const int32_t *tokens, size_t n, int 
         /* Only pages whose every position a prefill wrote are published: a decoded position
          * went through the one-row form and would not equal a cold prefill's. */
         if (prefill && !e->gpu && e->prefill_end == e->n_past - len) {
+            e->prefill_end = e->n_past;
+            publish_pages(e);
+        }
+    }
+    return ENGINE_OK;
+}
+
+int engine_take_cached(struct Engine *e, const int32_t *prompt, size_t n)
+{
+    if (e->gpu || e->n_past != 0 || e->n_pages != 0 || n < 2) return 0;
+    /* the longest cached run of full pages, leaving the last token to compute */
+    int m = kvpool_match(e->kv, prompt, n, (int)((n - 1) / KV_TILE), e->pages, e->page_hash);
+    e->n_pages = e->n_named = m;
+    memcpy(e->tok, prompt, (size_t)m * KV_TILE * sizeof *prompt);
+    e->n_past = e->prefill_end = e->n_cached = m * KV_TILE;
+    return e->n_cached;
+}
+
+int engine_pages_needed(const struct Engine *e, int n)
+{
+    if (!e->kv) return 0;
+    int need = (int)kvpool_pages_for(e->n_past + n) - e->n_pages;
+    return need > 0 ? need : 0;
+}
+
+long engine_pages_available(const struct Engine *e)
+{
+    if (!e->kv) return 0;
+    struct KvPoolStats st;
+    kvpool_stats(e->kv, &st);
+    return (long)(st.pages - st.pages_used);
+}
+
+int engine_new_seq(struct Engine *r, struct Engine **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!r || r->gpu || r->runner != r)
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "sequences of a batch run on a CPU context");
+    const struct ModelConfig *c = &r->m->cfg;
+    struct Engine *e = calloc(1, sizeof *e);
+    if (!e) return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory");
+    e->runner = r;
+    e->m = r->m;
+    e->be = r->be;
+    e->opts = r->opts;
+    e->kv = r->kv;
+    e->lay = r->lay;
+    e->s = r->s;
+    e->pool = r->pool;
+    e->block = r->block;
+    e->inv_freq = r->inv_freq;
+    e->mass_scratch = r->mass_scratch;
+    e->rope_mscale = r->rope_mscale;
+    size_t max_pages = kvpool_pages_for(e->opts.n_ctx);
+    e->logits = malloc((size_t)c->vocab * sizeof *e->logits);
+    e->pages = malloc(max_pages * sizeof *e->pages);
+    e->page_hash = malloc(max_pages * sizeof *e->page_hash);
+    e->tok = malloc((size_t)e->opts.n_ctx * sizeof *e->tok);
+    e->cls = calloc((size_t)e->opts.n_ctx, 1);
+    e->wq_off = calloc((size_t)c->n_layer + 1, sizeof *e->wq_off);
+    atomic_init(&e->cancel, 0);
+    if (!e->logits || !e->pages || !e->page_hash || !e->tok || !e->cls || !e->wq_off) {
+        engine_destroy(&e);
+        return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory for a sequence");
+    }
+    *out = e;
+    return ENGINE_OK;
+}
+
+int engine_step(struct Engine *r, const struct EngineBatchItem *items, int n_items, int *failed,
+                char *err, size_t errlen)
+{
+    enum { MAX_ITEMS = 256 };
+    if (failed) *failed = -1;
+    if (!r || r->gpu || r->runner != r || n_items < 1 || n_items > MAX_ITEMS)
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "a step takes 1..%d sequences of a CPU "
+                          "context", MAX_ITEMS);
+    struct StepSeg segs[MAX_ITEMS];
+    int rows = 0, k = 0;
+    /* the prefill items first, then the decode ones */
+    for (int pass = 1; pass >= 0; pass--)
+        for (int i = 0; i < n_items; i++) {
+            const struct EngineBatchItem *it = &items[i];
+            if (!!it->prefill != pass) continue;
+            struct Engine *e = it->seq;
+            if (!e || e->runner != r || it->n < 1 || !it->tokens || (!it->prefill && it->n != 1))
+                return errmsg_set(err, errlen, ENGINE_EINPUT, "bad step item %d", i);
+            if (it->n > e->opts.n_ctx - e->n_past) {
+                if (failed) *failed = i;
+                return errmsg_set(err, errlen, ENGINE_ECTX, "%d tokens do not fit: the context "
+                                  "holds %d and %d are in use", it->n, e->opts.n_ctx, e->n_past);
+            }
+            for (int t = 0; t < it->n; t++)
+                if (it->tokens[t] < 0 || it->tokens[t] >= r->m->cfg.vocab) {
+                    if (failed) *failed = i;
+                    return errmsg_set(err, errlen, ENGINE_EINPUT, "token %d is outside the "
+                                      "vocabulary (%d)", it->tokens[t], r->m->cfg.vocab);
+                }
+            segs[k++] = (struct StepSeg){.e = e, .tokens = it->tokens, .n = it->n,
+                                         .prefill = it->prefill, .want_logits = it->logits};
+            rows += it->n;
+        }
+    if (rows > r->opts.chunk)
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "a step of %d tokens is over the context's "
+                          "%d", rows, r->opts.chunk);
+    for (int i = 0; i < n_items; i++) {
+        int rc = take_pages(items[i].seq, items[i].seq->n_past + items[i].n, err, errlen);
+        if (rc) {
+            if (failed) *failed = i;
+            return rc;
+        }
+    }
+    if (forward_step(r, segs, k) != ENGINE_OK)
+        return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory for a step's logits");
+    for (int i = 0; i < k; i++) {
+        struct Engine *e = segs[i].e;
+        if (segs[i].prefill && e->prefill_end == e->n_past - segs[i].n) {
             e->prefill_end = e->n_past;
             publish_pages(e);
         }
@@ -754,17 +962,17 @@ int engine_cached(const struct Engine *e) { return e->n_cached; }
 const float *engine_logits(struct Engine *e)
 {
     if (e->gpu && !e->logits_on_host) {
-        if (gpu_seq_logits(e->gpu, e->s.logits, e->gpu_err, sizeof e->gpu_err)) return NULL;
+        if (gpu_seq_logits(e->gpu, e->logits, e->gpu_err, sizeof e->gpu_err)) return NULL;
         e->logits_on_host = 1;
     }
-    return e->s.logits;
+    return e->logits;
 }
 
 int engine_sample(struct Engine *e, struct Sampler *s, int32_t *token, struct TokenSignal *sig,
                   char *err, size_t errlen)
 {
     if (!e->gpu) {
-        *token = sampler_sample(s, e->s.logits, sig);
+        *token = sampler_sample(s, e->logits, sig);
         return ENGINE_OK;
     }
     struct SampleKeep k;

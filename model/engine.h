@@ -77,6 +77,39 @@ void engine_destroy(struct Engine **e);
 int engine_prefill(struct Engine *e, const int32_t *tokens, size_t n, char *err, size_t errlen);
 /* Positions of the current sequence taken from the prefix cache (0 on GPU contexts). */
 int engine_cached(const struct Engine *e);
+/* The prefix-cache lookup engine_prefill starts with, alone: on an empty CPU sequence, takes
+ * the longest cached run of full pages that starts `prompt` (n tokens), leaving at least the
+ * last token to compute, and returns the positions taken (0 otherwise). */
+int engine_take_cached(struct Engine *e, const int32_t *prompt, size_t n);
+/* CPU contexts: pages the sequence would take to append n more tokens, and pages its pool
+ * could give now (free or cached: nobody uses them). */
+int engine_pages_needed(const struct Engine *e, int n);
+long engine_pages_available(const struct Engine *e);
+
+/* ---- Batches: several sequences computed together (CPU) ----
+ * A sequence of a batch computes with its runner's threads and scratch and has its own pages,
+ * tokens, spans, watched heads, masses and logits; every single-sequence call above works on
+ * it too, as long as one thread at a time uses the runner and its sequences. */
+int engine_new_seq(struct Engine *runner, struct Engine **out, char *err, size_t errlen);
+
+struct EngineBatchItem {
+    struct Engine *seq;        /* a sequence of the runner (or the runner itself) */
+    const int32_t *tokens;
+    int n;
+    int prefill;               /* 1: n prompt tokens (the prefill form, pages published); 0: one
+                                  decode token */
+    int logits;                /* 1: compute the last token's logits (engine_logits) */
+};
+/* One step over the items, whose tokens together are at most the runner's chunk: their
+ * products run as one product over the step's tokens (the prefill tokens through the many-row
+ * products, the decode tokens each as its own one-row product) and attention runs per
+ * sequence over its own pages, so each sequence computes exactly, bit for bit, what it would
+ * alone. No item's sequence is advanced when an error is returned: ENGINE_EINPUT (bad item),
+ * ENGINE_ECTX (an item passes its context), ENGINE_EBUDGET (the pool has no free page for an
+ * item: the caller may free another sequence's pages and retry), ENGINE_ENOMEM; *failed (when
+ * non-NULL) is then the index of the item at fault, or -1. */
+int engine_step(struct Engine *runner, const struct EngineBatchItem *items, int n_items,
+                int *failed, char *err, size_t errlen);
 /* One decode step: appends `token` and computes its logits (= prefill of one token). */
 int engine_decode(struct Engine *e, int32_t token, char *err, size_t errlen);
 

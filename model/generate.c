@@ -55,25 +55,137 @@ static size_t held_back(const char *text, size_t len, const char *const *stop, s
     return hold;
 }
 
+struct GenState {
+    const struct Model *m;
+    struct GenParams p;
+    gen_token_fn cb;
+    void *user;
+    struct Sampler *smp;
+    struct OutBuf out;
+    size_t emitted;
+    struct TokStream ts;
+    int index;
+    int n_generated;
+    enum FinishReason finish;
+};
+
+int gen_begin(const struct Model *m, const struct GenParams *p, gen_token_fn cb, void *user,
+              struct GenState **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct GenState *g = calloc(1, sizeof *g);
+    if (!g || sampler_new(&p->sampler, m->cfg.vocab, &g->smp) != 0) {
+        free(g);
+        snprintf(err, errlen, "out of memory");
+        return ENGINE_ENOMEM;
+    }
+    g->m = m;
+    g->p = *p;
+    g->cb = cb;
+    g->user = user;
+    g->finish = FINISH_LENGTH;
+    tok_stream_init(&g->ts, m->tok);
+    *out = g;
+    return ENGINE_OK;
+}
+
+int gen_next(struct GenState *g, struct Engine *e, int32_t *next, char *err, size_t errlen)
+{
+    if (g->index >= g->p.max_tokens) return 0;
+    const struct GenParams *p = &g->p;
+    struct OutBuf *out = &g->out;
+    struct GenToken gt = {.index = g->index++};
+    int rc = engine_sample(e, g->smp, &gt.id, &gt.sig, err, errlen);
+    if (rc) return rc;
+    gt.mass = engine_attn_mass(e, &gt.n_mass);
+    g->n_generated++;
+    /* A control token (e.g. <|im_start|>) never belongs in an answer: it ends the turn like
+     * EOS instead of leaking template text into the output. */
+    int end = tok_is_end(g->m->tok, gt.id) || tok_is_special(g->m->tok, gt.id);
+    char piece[512];
+    int nb = end ? tok_stream_flush(&g->ts, piece, sizeof piece)
+                 : tok_stream_feed(&g->ts, gt.id, piece, sizeof piece);
+    if (nb < 0) nb = 0;
+    if (out_append(out, piece, (size_t)nb)) {
+        snprintf(err, errlen, "out of memory");
+        return ENGINE_ENOMEM;
+    }
+    /* A stop string anywhere in the unreleased tail ends the output before it. */
+    int stopped = end;
+    for (size_t s = 0; s < p->n_stop && !stopped; s++) {
+        size_t sl = strlen(p->stop[s]);
+        size_t from = g->emitted > sl ? g->emitted - sl : 0;
+        char *hit = sl ? memmem(out->p + from, out->len - from, p->stop[s], sl) : NULL;
+        if (hit) { out->len = (size_t)(hit - out->p); out->p[out->len] = 0; stopped = 1; }
+    }
+    size_t release = stopped ? out->len : out->len - held_back(out->p, out->len, p->stop, p->n_stop);
+    if (release < g->emitted) release = g->emitted;
+    gt.text = out->p ? out->p + g->emitted : "";
+    gt.text_len = release - g->emitted;
+    g->emitted = release;
+    if (g->cb && g->cb(g->user, &gt)) { g->finish = FINISH_CANCELLED; return 0; }
+    if (stopped) { g->finish = FINISH_STOP; return 0; }
+    if (g->index >= p->max_tokens) return 0;
+    if (engine_n_past(e) >= engine_opts(e)->n_ctx) return 0; /* context full: length */
+    *next = gt.id;
+    return 1;
+}
+
+int gen_end(struct GenState **pg, int cancelled, struct GenResult *r)
+{
+    struct GenState *g = *pg;
+    int rc = ENGINE_OK;
+    memset(r, 0, sizeof *r);
+    if (cancelled) g->finish = FINISH_CANCELLED;
+    if (g->finish != FINISH_STOP) {
+        char tail[16];
+        int nb = tok_stream_flush(&g->ts, tail, sizeof tail);
+        if (nb > 0 && out_append(&g->out, tail, (size_t)nb)) rc = ENGINE_ENOMEM;
+        /* Release what was held back for a stop string that never came. */
+        if (rc == ENGINE_OK && g->cb && g->emitted < g->out.len) {
+            struct GenToken gt = {.id = -1, .index = -1, .text = g->out.p + g->emitted,
+                                  .text_len = g->out.len - g->emitted};
+            g->cb(g->user, &gt);
+        }
+    }
+    if (rc == ENGINE_OK && !g->out.p && out_append(&g->out, "", 0)) rc = ENGINE_ENOMEM;
+    if (rc == ENGINE_OK) {
+        r->text = g->out.p;
+        r->text_len = g->out.len;
+        g->out.p = NULL;
+    }
+    r->n_generated = g->n_generated;
+    r->finish = rc ? FINISH_ERROR : g->finish;
+    free(g->out.p);
+    sampler_destroy(&g->smp);
+    free(g);
+    *pg = NULL;
+    return rc;
+}
+
+void gen_abort(struct GenState **pg)
+{
+    struct GenState *g = *pg;
+    if (!g) return;
+    free(g->out.p);
+    sampler_destroy(&g->smp);
+    free(g);
+    *pg = NULL;
+}
+
 int generate(struct Engine *e, const int32_t *prompt, size_t n_prompt, const struct GenParams *p,
              gen_token_fn cb, void *user, struct GenResult *r, char *err, size_t errlen)
 {
     memset(r, 0, sizeof *r);
     r->n_prompt = (int)n_prompt;
     r->finish = FINISH_ERROR;
-    const struct Model *m = engine_model(e);
-    struct Sampler *smp = NULL;
-    struct OutBuf out = {0};
-    size_t emitted = 0;
-    int rc;
     if (n_prompt == 0) {
         snprintf(err, errlen, "empty prompt");
         return ENGINE_EINPUT;
     }
-    if (sampler_new(&p->sampler, m->cfg.vocab, &smp) != 0) {
-        snprintf(err, errlen, "out of memory");
-        return ENGINE_ENOMEM;
-    }
+    struct GenState *g = NULL;
+    int rc = gen_begin(engine_model(e), p, cb, user, &g, err, errlen);
+    if (rc) return rc;
     double t0 = now_ms();
     if (p->prefilled && engine_n_past(e) == (int)n_prompt) {
         rc = ENGINE_OK;
@@ -81,66 +193,27 @@ int generate(struct Engine *e, const int32_t *prompt, size_t n_prompt, const str
         engine_reset(e);
         rc = engine_prefill(e, prompt, n_prompt, err, errlen);
     }
-    r->prefill_ms = now_ms() - t0;
-    if (rc == ENGINE_ECANCELLED) { r->finish = FINISH_CANCELLED; rc = ENGINE_OK; goto done; }
-    if (rc) goto done;
-
-    struct TokStream ts;
-    tok_stream_init(&ts, m->tok);
+    double prefill_ms = now_ms() - t0;
+    int cancelled = 0;
+    if (rc == ENGINE_ECANCELLED) { cancelled = 1; rc = ENGINE_OK; }
+    if (rc) { gen_abort(&g); return rc; }
     double t1 = now_ms();
-    r->finish = FINISH_LENGTH;
-    for (int i = 0; i < p->max_tokens; i++) {
-        struct GenToken gt = {.index = i};
-        rc = engine_sample(e, smp, &gt.id, &gt.sig, err, errlen);
-        if (rc) break;
-        gt.mass = engine_attn_mass(e, &gt.n_mass);
-        r->n_generated++;
-        /* A control token (e.g. <|im_start|>) never belongs in an answer: it ends the turn
-         * like EOS instead of leaking template text into the output. */
-        int end = tok_is_end(m->tok, gt.id) || tok_is_special(m->tok, gt.id);
-        char piece[512];
-        int nb = end ? tok_stream_flush(&ts, piece, sizeof piece)
-                     : tok_stream_feed(&ts, gt.id, piece, sizeof piece);
-        if (nb < 0) nb = 0;
-        if (out_append(&out, piece, (size_t)nb)) { rc = ENGINE_ENOMEM; goto done; }
-        /* A stop string anywhere in the unreleased tail ends the output before it. */
-        int stopped = end;
-        for (size_t s = 0; s < p->n_stop && !stopped; s++) {
-            size_t sl = strlen(p->stop[s]);
-            size_t from = emitted > sl ? emitted - sl : 0;
-            char *hit = sl ? memmem(out.p + from, out.len - from, p->stop[s], sl) : NULL;
-            if (hit) { out.len = (size_t)(hit - out.p); out.p[out.len] = 0; stopped = 1; }
-        }
-        size_t release = stopped ? out.len : out.len - held_back(out.p, out.len, p->stop, p->n_stop);
-        if (release < emitted) release = emitted;
-        gt.text = out.p ? out.p + emitted : "";
-        gt.text_len = release - emitted;
-        emitted = release;
-        if (cb && cb(user, &gt)) { r->finish = FINISH_CANCELLED; break; }
-        if (stopped) { r->finish = FINISH_STOP; break; }
-        if (i + 1 == p->max_tokens) break;
-        if (engine_n_past(e) >= engine_opts(e)->n_ctx) break; /* context full: length */
-        rc = engine_decode(e, gt.id, err, errlen);
-        if (rc == ENGINE_ECANCELLED) { r->finish = FINISH_CANCELLED; rc = ENGINE_OK; break; }
+    int32_t next;
+    while (!cancelled && (rc = gen_next(g, e, &next, err, errlen)) == 1) {
+        rc = engine_decode(e, next, err, errlen);
+        if (rc == ENGINE_ECANCELLED) { cancelled = 1; rc = ENGINE_OK; break; }
         if (rc) break;
     }
-    r->decode_ms = now_ms() - t1;
-    if (rc == ENGINE_OK && r->finish != FINISH_STOP) {
-        char tail[16];
-        int nb = tok_stream_flush(&ts, tail, sizeof tail);
-        if (nb > 0 && out_append(&out, tail, (size_t)nb)) rc = ENGINE_ENOMEM;
-        /* Release what was held back for a stop string that never came. */
-        if (rc == ENGINE_OK && cb && emitted < out.len) {
-            struct GenToken gt = {.id = -1, .index = -1, .text = out.p + emitted,
-                                  .text_len = out.len - emitted};
-            cb(user, &gt);
-        }
+    double decode_ms = now_ms() - t1;
+    if (rc) { gen_abort(&g); return rc; }
+    /* A prefill cancelled before any token ends with nothing generated. */
+    rc = gen_end(&g, cancelled, r);
+    r->n_prompt = (int)n_prompt;
+    r->prefill_ms = prefill_ms;
+    r->decode_ms = cancelled && r->n_generated == 0 ? 0 : decode_ms;
+    if (rc) {
+        snprintf(err, errlen, "out of memory");
+        return rc;
     }
-done:
-    sampler_destroy(&smp);
-    if (rc) { free(out.p); r->finish = FINISH_ERROR; return rc; }
-    if (!out.p && out_append(&out, "", 0)) return ENGINE_ENOMEM;
-    r->text = out.p;
-    r->text_len = out.len;
     return ENGINE_OK;
 }

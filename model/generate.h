@@ -47,6 +47,22 @@ struct GenResult {
     double prefill_ms, decode_ms;
 };
 
+/* Generation one token at a time, for a scheduler that runs many sequences (and for
+ * generate): gen_begin sets up the sampler, the stop strings and the text stream; whenever the
+ * engine holds the logits for the next token, gen_next samples it, streams its text through
+ * cb and returns 1 with *next the token to decode (the caller appends it and calls again), 0
+ * when generation is over (end of turn, a stop string, max_tokens, a full context, or cb asked
+ * to stop), or a negative ENGINE_E* code; gen_end releases held-back text and fills the result
+ * (text, n_generated, finish; the caller sets n_prompt and the timings) and frees the state;
+ * gen_abort frees it without a result. */
+struct GenState;
+int gen_begin(const struct Model *m, const struct GenParams *p, gen_token_fn cb, void *user,
+              struct GenState **out, char *err, size_t errlen);
+int gen_next(struct GenState *g, struct Engine *e, int32_t *next, char *err, size_t errlen);
+/* cancelled: finish "cancelled" whatever came before. ENGINE_OK or ENGINE_ENOMEM. */
+int gen_end(struct GenState **g, int cancelled, struct GenResult *r);
+void gen_abort(struct GenState **g);
+
 /* Prefills `prompt` into the (reset) engine, unless p->prefilled, and decodes. Returns ENGINE_OK with
  * result->finish telling why it ended (cancellation is not an error), or a negative
  * ENGINE_E* code with `err` filled. */

@@ -29,8 +29,9 @@ BINS += $(BUILD)/tests/score_positions
 $(BUILD)/tests/score_positions: $(BUILD)/tests/score_positions.o $(LIB_MODEL)
 	$(CC) $(LDFLAGS) $< -o $@ $(MODEL_LIBS) $(LDLIBS)
 
-# The prefix cache against cold prefills on a given model (tests/test_prefix_cache.py runs it on
-# tiny llama and DIFF V2 models); not a unit test, so not named test_*.
-BINS += $(BUILD)/tests/prefix_cache
-$(BUILD)/tests/prefix_cache: $(BUILD)/tests/prefix_cache.o $(LIB_MODEL)
+# The prefix cache against cold prefills and batches against sequences alone, on a given model
+# (tests/test_engine_serving.py runs it on tiny llama, qwen2 and DIFF V2 models and the default
+# one); not a unit test, so not named test_*.
+BINS += $(BUILD)/tests/engine_serving
+$(BUILD)/tests/engine_serving: $(BUILD)/tests/engine_serving.o $(LIB_MODEL)
 	$(CC) $(LDFLAGS) $< -o $@ $(MODEL_LIBS) $(LDLIBS)

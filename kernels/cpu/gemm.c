@@ -59,7 +59,8 @@ static size_t q8_rows_bytes(int n_max, int k_max)
 size_t cpu_matmul_scratch(int n_max, int k_max, int threads)
 {
     return (per_thread_floats(n_max, k_max) * (size_t)threads +
-            round_up((size_t)(k_max > 0 ? k_max : 1), 32) / 32 + ALIGN_FLOATS) * sizeof(float) +
+            (size_t)(n_max > 0 ? n_max : 1) * (round_up((size_t)(k_max > 0 ? k_max : 1), 32) / 32) +
+            ALIGN_FLOATS) * sizeof(float) +
            q8_rows_bytes(n_max, k_max) + 128;
 }
 
@@ -232,28 +233,27 @@ static void gemm_task(void *ctx, int task, int thread)
 
 /* Outputs r0..r1-1 (r0 a multiple of 16) of w . x into y[0 .. r1 - r0). */
 static void matvec_rows(const struct GemmJob *job, const struct Weights *w, int r0, int r1,
-                        float *y, float *ws)
+                        const float *x, const float *xsum, float *y, float *ws)
 {
-    const float *x = job->a->x;
     if (w->layout == WEIGHTS_X16) {
         int g0 = r0 / 16, g1 = (r1 + 15) / 16;
         float *tmp = ws + round_up((size_t)w->cols, ALIGN_FLOATS);
-        if (job->isa == CPU_ISA_AVX512) cpu_matvec_x16_avx512(w, g0, g1, x, job->xsum, tmp);
-        else if (job->isa == CPU_ISA_AVX2) cpu_matvec_x16_avx2(w, g0, g1, x, job->xsum, tmp);
+        if (job->isa == CPU_ISA_AVX512) cpu_matvec_x16_avx512(w, g0, g1, x, xsum, tmp);
+        else if (job->isa == CPU_ISA_AVX2) cpu_matvec_x16_avx2(w, g0, g1, x, xsum, tmp);
         else cpu_matvec_x16_portable(w, g0, g1, x, tmp);
         memcpy(y, tmp, (size_t)(r1 - r0) * sizeof(float));
         return;
     }
     if (job->isa == CPU_ISA_AVX512 && cpu_matvec_avx512_handles(w->type)) {
-        cpu_matvec_avx512(w, r0, r1, x, job->xsum, y);
+        cpu_matvec_avx512(w, r0, r1, x, xsum, y);
         return;
     }
     if (kquant_is_k(w->type) && job->isa != CPU_ISA_SCALAR) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
         for (int r = r0; r < r1; r++, row += w->row_bytes)
             y[r - r0] = job->isa == CPU_ISA_AVX512
-                            ? cpu_dot_k_avx512(w->type, row, x, job->xsum, w->cols / QK_K)
-                            : cpu_dot_k_avx2(w->type, row, x, job->xsum, w->cols / QK_K);
+                            ? cpu_dot_k_avx512(w->type, row, x, xsum, w->cols / QK_K)
+                            : cpu_dot_k_avx2(w->type, row, x, xsum, w->cols / QK_K);
         return;
     }
     int k = w->cols;
@@ -276,15 +276,22 @@ static void matvec_task(void *ctx, int task, int thread)
     int r0 = (task - job->first_task[o]) * span;
     int r1 = out->w->rows - r0 < span ? out->w->rows : r0 + span;
     float tmp[256], up[256];
-    matvec_rows(job, out->w, r0, r1, tmp, ws);
-    if (a->swiglu) {
-        matvec_rows(job, a->out[1].w, r0, r1, up, ws);
-        silu_mul_n(job->isa, tmp, up, r1 - r0);
-        memcpy(out->y + r0, tmp, (size_t)(r1 - r0) * sizeof(float));
-        return;
+    /* Row after row through the same kernel (a batch of decode tokens): each row's result is
+     * that of its own one-row product, and the task's weights are read from memory once. */
+    size_t xs_stride = (size_t)(a->k / 32);
+    for (int i = 0; i < a->n; i++) {
+        const float *x = a->x + (size_t)i * a->x_stride, *xsum = job->xsum + i * xs_stride;
+        float *y = out->y + (size_t)i * out->y_stride;
+        matvec_rows(job, out->w, r0, r1, x, xsum, tmp, ws);
+        if (a->swiglu) {
+            matvec_rows(job, a->out[1].w, r0, r1, x, xsum, up, ws);
+            silu_mul_n(job->isa, tmp, up, r1 - r0);
+            memcpy(y + r0, tmp, (size_t)(r1 - r0) * sizeof(float));
+            continue;
+        }
+        for (int r = r0; r < r1; r++)
+            y[r] = out->accumulate ? y[r] + tmp[r - r0] : tmp[r - r0];
     }
-    for (int r = r0; r < r1; r++)
-        out->y[r] = out->accumulate ? out->y[r] + tmp[r - r0] : tmp[r - r0];
 }
 
 /* Task t rounds input rows t*per .. into the int8 views the job needs (the Q8_K sums per 32
@@ -358,7 +365,7 @@ void cpu_matmul_with(enum CpuIsa isa, enum CpuGemm gemm, struct ThreadPool *pool
     int threads = pool_threads(pool);
     job.per_thread = per_thread_floats(a->n, a->k);
     job.scratch = base;
-    int single = a->n == 1 && !a->rowwise;
+    int single = (a->n == 1 && !a->rowwise) || a->onerow;
     int n_prod = a->swiglu ? 1 : a->n_out;
     if (single) {
         /* Enough tasks to balance the threads, few enough to keep each one a few
@@ -376,10 +383,13 @@ void cpu_matmul_with(enum CpuIsa isa, enum CpuGemm gemm, struct ThreadPool *pool
     for (int o = n_prod + 1; o < 5; o++) job.first_task[o] = job.first_task[n_prod];
     if (single) {
         float *xsum = base + job.per_thread * (size_t)threads;
-        for (int b = 0; b < a->k / 32; b++) {
-            float s = 0.f;
-            for (int j = 0; j < 32; j++) s += a->x[b * 32 + j];
-            xsum[b] = s;
+        for (int i = 0; i < a->n; i++) {
+            const float *x = a->x + (size_t)i * a->x_stride;
+            for (int b = 0; b < a->k / 32; b++) {
+                float s = 0.f;
+                for (int j = 0; j < 32; j++) s += x[b * 32 + j];
+                xsum[(size_t)i * (a->k / 32) + b] = s;
+            }
         }
         job.xsum = xsum;
     }
@@ -388,7 +398,7 @@ void cpu_matmul_with(enum CpuIsa isa, enum CpuGemm gemm, struct ThreadPool *pool
     job.q8 = !single && gemm == CPU_GEMM_Q8 && isa == CPU_ISA_AVX512 && cpu_q8_vnni();
     if (job.q8) {
         uint8_t *area = (uint8_t *)(base + job.per_thread * (size_t)threads +
-                                    round_up((size_t)a->k, 32) / 32 + ALIGN_FLOATS);
+                                    (size_t)a->n * (round_up((size_t)a->k, 32) / 32) + ALIGN_FLOATS);
         q8_prepare(&job, pool, (uint8_t *)(((uintptr_t)area + 63) & ~(uintptr_t)63));
     }
     if (!single) {

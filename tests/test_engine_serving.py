@@ -3,7 +3,10 @@ give logits within 1e-5 relative, the same attention masses and the same greedy 
 off page boundaries (63, 64, 65 and 1,000 tokens, and a prompt sharing only its first 700
 tokens), for the llama and DIFF V2 forms, every KV type, with the int8 and the f32 prefill
 products; and a pool of a few pages evicts, refuses cleanly when every page is in use, and
-returns to idle. build/tests/prefix_cache does the checks; this runs it per model and product."""
+returns to idle. Batches: 16 sequences of different prompts, their prefills cut into steps
+with the others' decode tokens, give every logit bit for bit as each sequence alone, and the
+same greedy answers. build/tests/engine_serving does the checks; this runs it per model and
+product path."""
 import os
 import subprocess
 
@@ -12,7 +15,7 @@ import pytest
 from conftest import BUILD, ROOT
 from engine_util import gen_tiny
 
-BIN = BUILD / "tests" / "prefix_cache"
+BIN = BUILD / "tests" / "engine_serving"
 SMOL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 FORMS = {
@@ -34,6 +37,7 @@ def check(model, gemm):
     print(r.stdout)
     assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     assert "0 failed" in r.stdout and "cached and cold prefills" in r.stdout
+    assert "batched and alone" in r.stdout
 
 
 @pytest.mark.parametrize("gemm", [None, "native"], ids=["default-products", "f32-products"])
