@@ -12,7 +12,7 @@ Checked (exit status 1 when one fails):
   and has in flight, at most one final reply per id, streamed deltas add up to the answer,
   citations name only that request's documents;
 - the queue bound holds: sampled diffrag_queue_depth <= max_queue and diffrag_inflight_requests
-  <= max_queue + workers; the replies each client counted, per operation and code (overloaded
+  <= max_queue + workers x max_running; the replies each client counted, per operation and code (overloaded
   included), equal diffrag_requests_total;
 - resident memory is flat: mean RSS of the last window is at most 5% above the first
   (windows of 30 s, or a quarter of a shorter run). The measured run follows --warmup seconds
@@ -242,9 +242,9 @@ def run(args):
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="diffrag-soak-"))
     model = pathlib.Path(args.model) if args.model else fast_model(tmp)
     d = Daemon(tmp, model, workers=args.workers, threads=1, max_queue=args.max_queue,
-               io_threads=2, log_level="warn")
+               max_running=args.max_running, io_threads=2, log_level="warn")
     report = {"seconds": args.seconds, "clients": args.clients, "max_queue": args.max_queue,
-              "workers": args.workers}
+              "workers": args.workers, "max_running": args.max_running}
     failures = []
     with d:
         c = d.client()
@@ -332,9 +332,11 @@ def run(args):
     overloaded = sum(v for (op, code), v in counts.items() if code == "overloaded")
     max_depth = max(s[2] for s in samples)
     max_inflight = max(s[3] for s in samples)
-    if max_depth > args.max_queue or max_inflight > args.max_queue + args.workers:
-        failures.append("queue bound broken: queue_depth %d, inflight %d (max_queue %d, workers %d)"
-                        % (max_depth, max_inflight, args.max_queue, args.workers))
+    if max_depth > args.max_queue or \
+            max_inflight > args.max_queue + args.workers * args.max_running:
+        failures.append("queue bound broken: queue_depth %d, inflight %d (max_queue %d, workers "
+                        "%d, max_running %d)" % (max_depth, max_inflight, args.max_queue,
+                                                 args.workers, args.max_running))
     win = min(30.0, args.seconds / 4.0)
     first_w = [s[1]["VmRSS"] for s in samples if s[0] <= win]
     last_w = [s[1]["VmRSS"] for s in samples if s[0] >= args.seconds - win and s[0] <= args.seconds]
@@ -372,6 +374,8 @@ def main():
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--procs", type=int, default=4, help="client processes")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--max-running", type=int, default=8,
+                    help="requests each worker batches at once (the daemon's max_running)")
     ap.add_argument("--max-queue", type=int, default=16)
     ap.add_argument("--timeout", type=float, default=30, help="seconds a reply may take")
     ap.add_argument("--sample-s", type=float, default=0.5)

@@ -16,7 +16,8 @@ struct WorkerRef {
     size_t ident_len;
     struct WireInfo info;
     int refused;                /* wrong model: registered only so it is not re-asked */
-    struct Request *req;        /* busy when non-NULL */
+    struct Request *reqs[WIRE_MAX_RUNNING]; /* the jobs it runs (busy when n_reqs > 0) */
+    int n_reqs;
     double expiry, idle_since;
 };
 
@@ -37,7 +38,8 @@ struct Broker {
     struct Request *waitq_head, *waitq_tail; /* waiting for a worker (RS_WAIT) */
     int n_wait;
     struct WorkerRef *workers;
-    int n_workers, n_busy;
+    int n_workers, n_busy;                  /* n_busy: workers running at least one job */
+    int n_running;                          /* jobs running on workers */
     struct PrepRef *preps;
     int n_preps, n_writes;
     uint64_t next_job;
@@ -84,8 +86,11 @@ void reply_id_text(const struct Request *r, char *out, size_t cap);
 
 /* Reads every message waiting on the worker socket (READY, RESULT, DELTA, DISCONNECT). */
 void workers_receive(struct Broker *b);
-/* Hands waiting queries to idle workers, least recently used first. */
+/* Hands waiting queries to workers with room (up to their max_running), the least loaded
+ * first, then the least recently idle. */
 void workers_dispatch(struct Broker *b);
+/* r (running) no longer belongs to its worker: the broker gave up on it. */
+void workers_detach(struct Broker *b, struct Request *r);
 /* Passes a cancel (WIRE_REASON_*) on to the worker running r, if any. */
 void workers_cancel(struct Broker *b, struct Request *r, uint8_t reason);
 /* Sends heartbeats when due and removes workers that went silent. */

@@ -108,6 +108,16 @@ static const struct Key keys[] = {
     { "kv_budget_bytes", K_SIZE, F(kv_budget_bytes), "0", 0, 1e15, 0,
       "memory a worker context (KV cache + scratch) may take; 0: unlimited. Startup fails "
       "when max_context_tokens + max_tokens would not fit" },
+    { "max_running", K_LONG, F(max_running), "8", 1, 256, 0,
+      "requests a CPU worker runs at once, their decode tokens batched in one product per "
+      "step (continuous batching); 1: one at a time. A GPU worker runs one" },
+    { "step_tokens", K_LONG, F(step_tokens), "0", 0, 65536, 0,
+      "tokens per engine step: every running request's next token, then prefill chunks of the "
+      "others; 0: prefill_chunk's value. Cancellation and deadlines act between steps" },
+    { "kv_pool_bytes", K_SIZE, F(kv_pool_bytes), "0", 0, 1e15, 0,
+      "the in-process workers' KV page pool (64 positions a page); 0 (auto): a full context for "
+      "every running request, at most half the memory (at least one context per worker). When "
+      "pages run out the latest request is preempted and recomputed later" },
     { "prefix_cache", K_LONG, F(prefix_cache), "1", 0, 1, 0,
       "1: a prompt that starts like an earlier one takes that prefix's keys and values from the "
       "KV pool instead of computing them again (exact: the answer is the same); 0: off" },

@@ -16,7 +16,7 @@ void lifecycle_update_gauges(struct Broker *b)
     if (!b->gauges_dirty)
         return;
     metrics_gauges(b->o.metrics, b->n_wait, b->n_live, b->n_workers - b->n_busy, b->n_busy,
-                   workers_kv_bytes(b));
+                   b->n_running, workers_kv_bytes(b));
     b->gauges_dirty = 0;
 }
 
@@ -123,10 +123,7 @@ void lifecycle_give_up_running(struct Broker *b)
     while (r != &b->all) {
         struct Request *next = r->next;
         if (r->state == RS_RUN) {
-            if (r->worker) {
-                r->worker->req = NULL;
-                b->n_busy--;
-            }
+            workers_detach(b, r);
             reply_error(b, r, EC_SHUTTING_DOWN, "the daemon is shutting down");
         }
         r = next;

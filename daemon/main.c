@@ -500,14 +500,32 @@ static int check_config(const struct Config *c, int worker_mode)
     return 0;
 }
 
-/* The KV page pool of the process's CPU workers: the pages each worker's context needs, plus
- * prefix_cache_bytes more for cached prefixes. Pages a finished request leaves behind stay
- * cached either way until a worker needs them. */
+/* The KV page pool of the process's CPU workers: kv_pool_bytes, or (auto) a full context for
+ * every request the workers run at once, at most half the machine's memory and at least one
+ * context per worker; plus prefix_cache_bytes more for cached prefixes. Pages a finished
+ * request leaves behind stay cached either way until a worker needs them. */
 static int start_kv_pool(const struct Model *m, const struct Config *c, int n,
                          const struct EngineOpts *eo, struct KvPool **pool)
 {
     size_t page = kvpool_page_bytes(&m->cfg, eo->kv_type);
-    size_t pages = (size_t)n * kvpool_pages_for(eo->n_ctx) + c->prefix_cache_bytes / page;
+    size_t per_ctx = kvpool_pages_for(eo->n_ctx), pages;
+    if (c->kv_pool_bytes) {
+        pages = c->kv_pool_bytes / page;
+        if (pages < 1) {
+            dlog(LL_ERROR, "msg=\"kv_pool_bytes holds no page\" kv_pool_bytes=%zu page_bytes=%zu",
+                 c->kv_pool_bytes, page);
+            return -1;
+        }
+    } else {
+        long phys = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+        size_t half = phys > 0 && psize > 0 ? (size_t)phys * (size_t)psize / 2 / page : SIZE_MAX;
+        pages = (size_t)n * (size_t)c->max_running * per_ctx;
+        if (pages > half)
+            pages = half;
+        if (pages < (size_t)n * per_ctx)
+            pages = (size_t)n * per_ctx;
+    }
+    pages += c->prefix_cache_bytes / page;
     char err[256];
     if (kvpool_new(m, eo->kv_type, pages, c->prefix_cache != 0, pool, err, sizeof err)) {
         dlog(LL_ERROR, "msg=\"cannot reserve the KV pool\" error=\"%s\"", err);
@@ -518,10 +536,13 @@ static int start_kv_pool(const struct Model *m, const struct Config *c, int n,
     return 0;
 }
 
+static struct WorkerStats worker_stats_mem;
+
 static int start_workers(void *zctx, struct Model *m, const struct Config *c, int n,
                          const char *endpoint, const char *const curve[3], struct Worker **workers,
                          enum EngineDevice *device, struct KvPool **pool)
 {
+    struct WorkerStats *worker_stats = &worker_stats_mem;
     struct WorkerOpts wo;
     memset(&wo, 0, sizeof wo);
     wo.endpoint = endpoint;
@@ -544,6 +565,10 @@ static int start_workers(void *zctx, struct Model *m, const struct Config *c, in
     wo.engine.device = dev;
     if (c->prefill_chunk == 0)
         wo.engine.chunk = dev == ENGINE_CUDA ? 8192 : 512;
+    if (dev == ENGINE_CPU && c->step_tokens > 0)
+        wo.engine.chunk = (int)c->step_tokens;
+    wo.max_running = (int)c->max_running;
+    wo.stats = worker_stats;
     if (device)
         *device = dev;
     dlog(LL_INFO, "msg=\"compute device\" setting=%s device=%s note=\"%s\"", c->device,
@@ -799,6 +824,7 @@ static int run_daemon(struct Config *c, int argc, char **argv)
     if (n_workers > 0)
         metrics_set_backend(metrics, device == ENGINE_CUDA ? "cuda" : "cpu");
     metrics_set_kv_pool(metrics, kv_pool);
+    metrics_set_worker_stats(metrics, &worker_stats_mem);
     if (c->metrics_listen[0] && metrics_http_start(metrics, c->metrics_listen, &http, err, sizeof err)) {
         dlog(LL_ERROR, "msg=\"cannot serve metrics\" error=\"%s\"", err);
         exit(1);

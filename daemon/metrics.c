@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/worker.h"
 #include "model/kvpool.h"
 #include "retriever/store.h"
 
@@ -64,8 +65,9 @@ struct Metrics {
     uint64_t prompt_tokens, generated_tokens, worker_lost;
     uint64_t cache_queried, cache_hit;   /* prompt tokens of answered queries; from the cache */
     struct KvPool *kv_pool;     /* the in-process workers' KV pool; NULL: none */
+    struct WorkerStats *wstats; /* their batch schedulers' figures; NULL: none */
     uint64_t auth_ok, auth_refused;
-    int queue_depth, inflight, workers_idle, workers_busy;
+    int queue_depth, inflight, workers_idle, workers_busy, running;
     uint64_t kv_bytes;
     int model_loaded, store_open, draining;
     struct Store *store;        /* for its damaged mark; NULL: none */
@@ -217,9 +219,10 @@ void metrics_auth(struct Metrics *m, int allowed)
 }
 
 void metrics_gauges(struct Metrics *m, int queue_depth, int inflight, int workers_idle,
-                    int workers_busy, uint64_t kv_cache_bytes)
+                    int workers_busy, int running, uint64_t kv_cache_bytes)
 {
     pthread_mutex_lock(&m->mu);
+    m->running = running;
     m->queue_depth = queue_depth;
     m->inflight = inflight;
     m->workers_idle = workers_idle;
@@ -251,6 +254,13 @@ void metrics_set_kv_pool(struct Metrics *m, struct KvPool *pool)
 {
     pthread_mutex_lock(&m->mu);
     m->kv_pool = pool;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_set_worker_stats(struct Metrics *m, struct WorkerStats *stats)
+{
+    pthread_mutex_lock(&m->mu);
+    m->wstats = stats;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -425,6 +435,9 @@ char *metrics_render(struct Metrics *m, size_t *len)
     fprintf(f, "diffrag_queue_depth %d\n", m->queue_depth);
     head(f, "diffrag_inflight_requests", "gauge", "Requests admitted and not yet answered.");
     fprintf(f, "diffrag_inflight_requests %d\n", m->inflight);
+    head(f, "diffrag_requests_running", "gauge",
+         "Queries handed to workers and not yet answered (sequences being batched).");
+    fprintf(f, "diffrag_requests_running %d\n", m->running);
     head(f, "diffrag_workers", "gauge", "Workers known to the broker, by state.");
     fprintf(f, "diffrag_workers{state=\"idle\"} %d\n", m->workers_idle);
     fprintf(f, "diffrag_workers{state=\"busy\"} %d\n", m->workers_busy);
@@ -447,6 +460,26 @@ char *metrics_render(struct Metrics *m, size_t *len)
              "Cached pages evicted (least recently used) for new requests.");
         fprintf(f, "diffrag_kv_pool_evicted_pages_total %llu\n",
                 (unsigned long long)ks.evicted_pages);
+    }
+    if (m->wstats) {
+        struct WorkerStats *ws = m->wstats;
+        head(f, "diffrag_preemptions_total", "counter",
+             "Requests preempted when the KV pool ran out of pages (freed, recomputed later).");
+        fprintf(f, "diffrag_preemptions_total %llu\n",
+                (unsigned long long)atomic_load(&ws->preemptions));
+        head(f, "diffrag_step_tokens", "histogram",
+             "Tokens per engine step (decode tokens of running requests plus prefill chunks).");
+        uint64_t cum = 0;
+        for (int b = 0; b < WORKER_STEP_BUCKETS; b++) {
+            cum += atomic_load(&ws->step_bucket[b]);
+            if (b < WORKER_STEP_BUCKETS - 1)
+                fprintf(f, "diffrag_step_tokens_bucket{le=\"%d\"} %llu\n", 1 << b,
+                        (unsigned long long)cum);
+        }
+        fprintf(f, "diffrag_step_tokens_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+        fprintf(f, "diffrag_step_tokens_sum %llu\n",
+                (unsigned long long)atomic_load(&ws->step_tokens));
+        fprintf(f, "diffrag_step_tokens_count %llu\n", (unsigned long long)atomic_load(&ws->steps));
     }
     head(f, "diffrag_store_damaged", "gauge",
          "1 when the store was found damaged and is served read-only, else 0.");

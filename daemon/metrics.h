@@ -37,7 +37,7 @@ int metrics_set_detector(struct Metrics *m, const char *calibration, const char 
 void metrics_auth(struct Metrics *m, int allowed);
 
 void metrics_gauges(struct Metrics *m, int queue_depth, int inflight, int workers_idle,
-                    int workers_busy, uint64_t kv_cache_bytes);
+                    int workers_busy, int running, uint64_t kv_cache_bytes);
 /* Readiness parts; /readyz is 200 only when all hold and a worker is ready. */
 void metrics_set_ready(struct Metrics *m, int model_loaded, int store_open);
 /* The store whose damaged mark (store_damaged) /metrics shows as diffrag_store_damaged and
@@ -49,6 +49,10 @@ void metrics_set_store(struct Metrics *m, struct Store *store);
  * NULL before it is freed. */
 struct KvPool;
 void metrics_set_kv_pool(struct Metrics *m, struct KvPool *pool);
+/* The in-process workers' batch figures (diffrag_preemptions_total, diffrag_step_tokens);
+ * borrowed, it must outlive the HTTP server. */
+struct WorkerStats;
+void metrics_set_worker_stats(struct Metrics *m, struct WorkerStats *stats);
 /* The compute backend label of diffrag_build_info, once the device setting is resolved. */
 void metrics_set_backend(struct Metrics *m, const char *backend);
 /* After SIGTERM /readyz answers 503 "draining", so balancers stop sending new work. */

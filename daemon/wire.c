@@ -105,8 +105,9 @@ static int open_map(const void *buf, size_t len, struct MpCursor *c, uint32_t *n
 
 void wire_info_encode(struct MpWriter *w, const struct WireInfo *info)
 {
-    mpw_map(w, 6);
+    mpw_map(w, 7);
     mpw_kv_uint(w, "v", 1);
+    mpw_kv_int(w, "max_running", info->max_running);
     mpw_kv_cstr(w, "model", info->model);
     mpw_kv_int(w, "vocab", info->vocab);
     mpw_kv_int(w, "n_ctx", info->n_ctx);
@@ -137,8 +138,10 @@ int wire_info_decode(const void *buf, size_t len, struct WireInfo *out, char *er
             memcpy(out->model, v.s, l);
             out->model[l] = 0;
         } else if ((key_is(&k, "vocab") || key_is(&k, "n_ctx") || key_is(&k, "threads") ||
-                    key_is(&k, "kv_bytes")) && !num(&v, &d) && d >= 0 && d < 1e18) {
+                    key_is(&k, "kv_bytes") || key_is(&k, "max_running")) && !num(&v, &d) &&
+                   d >= 0 && d < 1e18) {
             if (key_is(&k, "vocab")) out->vocab = (int64_t)d;
+            else if (key_is(&k, "max_running")) out->max_running = (int64_t)d;
             else if (key_is(&k, "n_ctx")) out->n_ctx = (int64_t)d;
             else if (key_is(&k, "threads")) out->threads = (int64_t)d;
             else out->kv_bytes = (uint64_t)d;
@@ -148,6 +151,13 @@ int wire_info_decode(const void *buf, size_t len, struct WireInfo *out, char *er
     }
     if (!have_v || out->vocab <= 0 || out->n_ctx <= 0) {
         snprintf(err, errlen, "READY lacks v, vocab or n_ctx");
+        return -1;
+    }
+    if (out->max_running == 0)
+        out->max_running = 1;
+    if (out->max_running > WIRE_MAX_RUNNING) {
+        snprintf(err, errlen, "READY max_running %lld is over %d", (long long)out->max_running,
+                 WIRE_MAX_RUNNING);
         return -1;
     }
     return 0;

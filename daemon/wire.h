@@ -3,7 +3,8 @@
  * broker's ROUTER sees the worker's routing id in front of them.
  *
  *   frame 0: one command byte          frame 1: body
- *   WIRE_READY      0x01  w -> b       msgpack {v, model, vocab, n_ctx, kv_bytes, threads}
+ *   WIRE_READY      0x01  w -> b       msgpack {v, model, vocab, n_ctx, kv_bytes, threads,
+ *                                      max_running}
  *   WIRE_HEARTBEAT  0x02  both         (no body frame)
  *   WIRE_JOB        0x03  b -> w       u64 job id (LE) | msgpack {tokens: bin of int32 LE,
  *                                      max_tokens, temperature, top_p, seed, stop: [str],
@@ -26,8 +27,9 @@
  *   WIRE_CANCEL     0x06  b -> w       u64 job id | one reason byte (enum WireReason)
  *   WIRE_DISCONNECT 0x07  both         (no body frame) the peer forgets the sender
  *
- * A worker is idle after READY and after each RESULT; the broker sends a JOB only to an idle
- * worker. Any message proves the sender alive; each side sends HEARTBEAT every heartbeat_ms
+ * A worker runs up to max_running jobs at once (continuous batching; 1 when READY does not
+ * say): after READY it runs none, and each RESULT ends one; the broker sends a JOB only to a
+ * worker running fewer. Any message proves the sender alive; each side sends HEARTBEAT every heartbeat_ms
  * and presumes the other dead after heartbeat_liveness intervals of silence. Job ids are never
  * reused, so a late DELTA or RESULT of a job the broker gave up on is recognised and dropped. */
 #ifndef DIFFRAG_WIRE_H
@@ -66,7 +68,10 @@ struct WireInfo {
     char model[128];
     int64_t vocab, n_ctx, threads;
     uint64_t kv_bytes;
+    int64_t max_running;        /* sequences it runs at once (1..WIRE_MAX_RUNNING; absent: 1) */
 };
+
+#define WIRE_MAX_RUNNING 256
 
 /* The grounding part of a job: the prompt's document token spans and the watched heads. */
 struct WireGround {

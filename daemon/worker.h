@@ -9,16 +9,30 @@
 #ifndef DIFFRAG_WORKER_H
 #define DIFFRAG_WORKER_H
 
+#include <stdatomic.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "model/engine.h"
 #include "model/model.h"
 
+/* The batch schedulers' figures of a process's in-process workers, for /metrics: preemptions,
+ * and tokens per engine step (bucket b counts steps of at most 2^b tokens; the last, more). */
+#define WORKER_STEP_BUCKETS 15
+struct WorkerStats {
+    _Atomic uint64_t preemptions;
+    _Atomic uint64_t steps, step_tokens;
+    _Atomic uint64_t step_bucket[WORKER_STEP_BUCKETS];
+};
+
 struct WorkerOpts {
     const char *endpoint;      /* the broker's worker endpoint; copied */
+    int max_running;           /* sequences batched at once (CPU; a GPU context runs one) */
+    struct WorkerStats *stats; /* shared counters, or NULL */
     int heartbeat_ms;          /* interval of heartbeats both ways */
     int liveness;              /* silent intervals after which the broker is presumed dead */
-    struct EngineOpts engine;  /* n_ctx, chunk, kv type, memory budget, threads */
+    struct EngineOpts engine;  /* n_ctx, chunk (the step's token budget), kv type, memory
+                                  budget, threads */
     int index;                 /* for log lines */
     /* CurveZMQ toward the broker (Z85 keys, copied); curve_server NULL: plain */
     const char *curve_server, *curve_public, *curve_secret;

@@ -26,6 +26,52 @@ static void send_worker(struct Broker *b, const struct WorkerRef *w, uint8_t cmd
 
 static void job_lost(struct Broker *b, struct Request *r);
 
+/* The job of w with this id, or NULL. */
+static struct Request *worker_job(const struct WorkerRef *w, uint64_t job)
+{
+    for (int i = 0; i < w->n_reqs; i++)
+        if (w->reqs[i]->job == job)
+            return w->reqs[i];
+    return NULL;
+}
+
+static void worker_add_job(struct Broker *b, struct WorkerRef *w, struct Request *r)
+{
+    if (w->n_reqs++ == 0)
+        b->n_busy++;
+    w->reqs[w->n_reqs - 1] = r;
+    r->worker = w;
+    b->n_running++;
+    b->gauges_dirty = 1;
+}
+
+void workers_detach(struct Broker *b, struct Request *r)
+{
+    struct WorkerRef *w = r->worker;
+    if (!w)
+        return;
+    for (int i = 0; i < w->n_reqs; i++)
+        if (w->reqs[i] == r) {
+            w->reqs[i] = w->reqs[--w->n_reqs];
+            b->n_running--;
+            if (w->n_reqs == 0)
+                b->n_busy--;
+            break;
+        }
+    r->worker = NULL;
+    b->gauges_dirty = 1;
+}
+
+/* Every job of w is lost (it left, or restarted): each is retried or answered. */
+static void worker_lose_jobs(struct Broker *b, struct WorkerRef *w)
+{
+    while (w->n_reqs > 0) {
+        struct Request *r = w->reqs[w->n_reqs - 1];
+        workers_detach(b, r);
+        job_lost(b, r);
+    }
+}
+
 /* A worker leaves the registry: `lost` when it went silent (counted, and worth a warning),
  * not when it said goodbye. Its job, if any, is retried or answered. */
 static void worker_remove(struct Broker *b, struct WorkerRef *w, const char *why, int lost)
@@ -37,23 +83,26 @@ static void worker_remove(struct Broker *b, struct WorkerRef *w, const char *why
         *pp = w->next;
     if (!w->refused)
         b->n_workers--;
-    struct Request *r = w->req;
-    if (r) {
-        b->n_busy--;
-        r->worker = NULL;
-    }
-    if (lost || r) {
+    int busy = w->n_reqs;
+    if (lost || busy) {
         dlog(LL_WARN, "msg=\"worker lost\" reason=%s model=\"%s\" busy=%d", why, w->info.model,
-             r != NULL);
+             busy);
         metrics_worker_lost(b->o.metrics);
     } else {
         dlog(LL_INFO, "msg=\"worker left\" model=\"%s\" workers=%d", w->info.model, b->n_workers);
     }
+    /* its jobs leave it first, so a retry never picks it */
+    struct Request *lost_reqs[WIRE_MAX_RUNNING];
+    int n_lost = 0;
+    while (w->n_reqs > 0) {
+        lost_reqs[n_lost] = w->reqs[w->n_reqs - 1];
+        workers_detach(b, lost_reqs[n_lost++]);
+    }
     free(w);
     b->gauges_dirty = 1;
     lifecycle_update_gauges(b);   /* /readyz reflects the loss before the client hears of it */
-    if (r)
-        job_lost(b, r);
+    for (int i = 0; i < n_lost; i++)
+        job_lost(b, lost_reqs[i]);
 }
 
 /* The worker running r is gone: retry once when nothing was streamed yet and another worker
@@ -84,14 +133,8 @@ static void on_worker_ready(struct Broker *b, const uint8_t *id, size_t id_len, 
     }
     struct WorkerRef *w = worker_find(b, id, id_len);
     if (w) {
-        /* READY from a worker that should be busy: its job is lost (it restarted) */
-        if (w->req) {
-            struct Request *r = w->req;
-            w->req = NULL;
-            r->worker = NULL;
-            b->n_busy--;
-            job_lost(b, r);
-        }
+        /* READY from a worker that should be busy: its jobs are lost (it restarted) */
+        worker_lose_jobs(b, w);
     } else {
         w = calloc(1, sizeof *w);
         if (!w)
@@ -112,24 +155,22 @@ static void on_worker_ready(struct Broker *b, const uint8_t *id, size_t id_len, 
         dlog(LL_ERROR, "msg=\"worker serves another vocabulary; not used\" model=\"%s\" vocab=%lld "
              "expected=%lld", info.model, (long long)info.vocab, (long long)b->o.vocab);
     else
-        dlog(LL_INFO, "msg=\"worker ready\" model=\"%s\" n_ctx=%lld threads=%lld kv_bytes=%llu workers=%d",
-             info.model, (long long)info.n_ctx, (long long)info.threads,
-             (unsigned long long)info.kv_bytes, b->n_workers);
+        dlog(LL_INFO, "msg=\"worker ready\" model=\"%s\" n_ctx=%lld threads=%lld kv_bytes=%llu "
+             "max_running=%lld workers=%d", info.model, (long long)info.n_ctx,
+             (long long)info.threads, (unsigned long long)info.kv_bytes,
+             (long long)info.max_running, b->n_workers);
 }
 
 static void on_worker_result(struct Broker *b, struct WorkerRef *w, const uint8_t *body, size_t len)
 {
-    struct Request *r = w->req;
     uint64_t job = wire_get_u64(body);
+    struct Request *r = worker_job(w, job);
     w->idle_since = zu_now_ms();
-    if (!r || r->job != job) {
+    if (!r) {
         dlog(LL_DEBUG, "msg=\"late result dropped\" job=%llu", (unsigned long long)job);
         return;
     }
-    w->req = NULL;
-    b->n_busy--;
-    r->worker = NULL;
-    b->gauges_dirty = 1;
+    workers_detach(b, r);
     struct WireResult res = { .job = job };
     char err[256];
     if (wire_result_decode(body + 8, len - 8, &res, err, sizeof err)) {
@@ -144,8 +185,8 @@ static void on_worker_result(struct Broker *b, struct WorkerRef *w, const uint8_
 
 static void on_worker_delta(struct Broker *b, struct WorkerRef *w, const uint8_t *body, size_t len)
 {
-    struct Request *r = w->req;
-    if (!r || r->job != wire_get_u64(body) || !r->p.stream || r->req_envelope)
+    struct Request *r = worker_job(w, wire_get_u64(body));
+    if (!r || !r->p.stream || r->req_envelope)
         return;
     reply_delta(b, r, (const char *)body + 8, len - 8);
 }
@@ -196,7 +237,10 @@ static struct WorkerRef *pick_worker(struct Broker *b, size_t need, int *any_fit
         if (w->refused || (size_t)w->info.n_ctx < need)
             continue;
         *any_fits = 1;
-        if (!w->req && (!best || w->idle_since < best->idle_since))
+        if (w->n_reqs >= w->info.max_running)
+            continue;
+        if (!best || w->n_reqs < best->n_reqs ||
+            (w->n_reqs == best->n_reqs && w->idle_since < best->idle_since))
             best = w;
     }
     return best;
@@ -254,11 +298,8 @@ void workers_dispatch(struct Broker *b)
             continue;
         }
         r->state = RS_RUN;
-        r->worker = w;
         r->t_dispatch = zu_now_ms();
-        w->req = r;
-        b->n_busy++;
-        b->gauges_dirty = 1;
+        worker_add_job(b, w, r);
         /* A deadline or cancel that came while it waited is passed on now. */
         if (r->cancelled || r->deadline_hit) {
             uint8_t reason = r->deadline_hit ? WIRE_REASON_DEADLINE : WIRE_REASON_CANCEL;

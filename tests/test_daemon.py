@@ -38,7 +38,9 @@ def fast(tmp_path_factory, models):
 
 @pytest.fixture(scope="module")
 def slow(tmp_path_factory, models):
-    d = Daemon(tmp_path_factory.mktemp("slow"), models[1], workers=1, max_tokens=4096)
+    # one request at a time: the queueing tests need a busy worker
+    d = Daemon(tmp_path_factory.mktemp("slow"), models[1], workers=1, max_tokens=4096,
+               max_running=1)
     with d:
         yield d
         assert d.stop() == 0, d.log_text()[-2000:]

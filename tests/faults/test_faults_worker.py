@@ -101,7 +101,9 @@ def test_worker_thread_failures(tmp_path):
                  restarts, n_workers(d)))
         assert len(replies) == 100
         assert all(e["code"] == "internal" for e in failed), failed
-        assert exits >= 10 and thread_msgs == exits == restarts, (exits, thread_msgs, restarts)
+        # a compute thread that fails takes every request its worker was batching with it
+        assert exits >= 10 and exits == restarts and thread_msgs >= exits, \
+            (exits, thread_msgs, restarts)
         assert engine_msgs >= 5 and thread_msgs + engine_msgs == len(failed)
         assert n_workers(d) == 2
         assert d.metric("diffrag_requests_total", op="query", code="internal") == len(failed)
