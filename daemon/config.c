@@ -111,9 +111,10 @@ static const struct Key keys[] = {
     { "max_running", K_LONG, F(max_running), "8", 1, 256, 0,
       "requests a CPU worker runs at once, their decode tokens batched in one product per "
       "step (continuous batching); 1: one at a time. A GPU worker runs one" },
-    { "step_tokens", K_LONG, F(step_tokens), "0", 0, 65536, 0,
-      "tokens per engine step: every running request's next token, then prefill chunks of the "
-      "others; 0: prefill_chunk's value. Cancellation and deadlines act between steps" },
+    { "step_tokens", K_LONG, F(step_tokens), "64", 1, 65536, 0,
+      "tokens per engine step while a request is decoding: its next token and every other's, "
+      "then prefill chunks of the others (stall-free streaming); a step with no request "
+      "decoding takes a whole prefill_chunk. At most prefill_chunk" },
     { "kv_pool_bytes", K_SIZE, F(kv_pool_bytes), "0", 0, 1e15, 0,
       "the in-process workers' KV page pool (64 positions a page); 0 (auto): a full context for "
       "every running request, at most half the memory (at least one context per worker). When "

@@ -565,8 +565,7 @@ static int start_workers(void *zctx, struct Model *m, const struct Config *c, in
     wo.engine.device = dev;
     if (c->prefill_chunk == 0)
         wo.engine.chunk = dev == ENGINE_CUDA ? 8192 : 512;
-    if (dev == ENGINE_CPU && c->step_tokens > 0)
-        wo.engine.chunk = (int)c->step_tokens;
+    wo.step_tokens = (int)c->step_tokens;
     wo.max_running = (int)c->max_running;
     wo.stats = worker_stats;
     if (device)

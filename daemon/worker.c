@@ -602,7 +602,13 @@ static void seq_unstart(struct Seq *q)
 static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
 {
     char err[512];
+    /* while a sequence is decoding, steps stay short so its tokens keep coming (stall-free);
+     * otherwise a prompt prefills in whole chunks */
     int budget = engine_opts(w->e)->chunk, no_new = 0;
+    for (int i = 0; i < sc->n; i++)
+        if (sc->run[i]->started && sc->run[i]->done >= sc->run[i]->n_prompt &&
+            w->o.step_tokens > 0 && w->o.step_tokens < budget)
+            budget = w->o.step_tokens;
     for (int attempt = 0; attempt < 4 * WIRE_MAX_RUNNING; attempt++) {
         /* finished by a cancel between steps */
         for (int i = 0; i < sc->n;)
