@@ -76,3 +76,33 @@ def test_cached_answers_equal_cold_answers(tmp_path, default_model, squad_dir):
     assert hit == sum(cached)
     assert queried == sum(r["usage"]["prompt_tokens"] for r in warm)
     assert used == 0 and cached_pages > 0, (used, cached_pages)
+
+
+def test_cli_order_document_shares_the_prefix(tmp_path, default_model, squad_dir):
+    """`diffrag ask --order document`: two different questions over the same files get the
+    same prompt up to the question, and the second says how much came from the cache."""
+    import subprocess
+
+    from conftest import BUILD, ROOT
+    paras, (q1, q2) = article(squad_dir)
+    files = []
+    for i, p in enumerate(paras[:3]):
+        f = tmp_path / ("p%d.txt" % i)
+        f.write_text(p["text"])
+        files += ["-d", str(f)]
+    (tmp_path / "d").mkdir()
+    with Daemon(tmp_path / "d", default_model, workers=1, threads=2, max_context_tokens=3072,
+                max_tokens=64) as d:
+        def ask(q, *extra):
+            return subprocess.run([str(BUILD / "diffrag"), "--endpoint", d.endpoint, "ask", "--json",
+                                   "--max-tokens", "8", "--top-k", "50", *extra, *files, q],
+                                  cwd=ROOT, capture_output=True, text=True, timeout=300)
+        r1 = ask(q1, "--order", "document")
+        r2 = ask(q2, "--order", "document")
+        bad = ask(q1, "--order", "sideways")
+        assert d.stop() == 0
+    assert r1.returncode == 0 and r2.returncode == 0, (r1.stderr, r2.stderr)
+    u1, u2 = json.loads(r1.stdout)["usage"], json.loads(r2.stdout)["usage"]
+    print(u1, u2)
+    assert u1["cached_tokens"] == 0 and u2["cached_tokens"] >= u2["context_tokens"] - 128, (u1, u2)
+    assert bad.returncode == 2 and "--order" in bad.stderr, bad.stderr

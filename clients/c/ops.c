@@ -114,6 +114,7 @@ static const struct ReqField QUERY_REQ[] = {
     REQ_N(QA, "stop", REQ_STRS, q.stop, q.n_stop),
     REQ(QA, "stream", REQ_TRUE_OPT, stream),
     REQ(QA, "deadline_ms", REQ_INT_OPT, q.deadline_ms),
+    REQ(QA, "order", REQ_STR_OPT, q.order),
 };
 #undef QA
 

@@ -167,6 +167,7 @@ int cmd_ask(const struct CliArgs *a)
     q.stop = a->stops;
     q.n_stop = a->n_stops;
     q.deadline_ms = a->deadline_ms;
+    q.order = a->order;
     q.id = ASK_ID;
 
     rc = cli_connect(a, &c);

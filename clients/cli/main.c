@@ -65,7 +65,7 @@ enum {
     O_YES = 'y',
     O_JSON = 256, O_TIMEOUT, O_CONNECT_TIMEOUT, O_SERVER_KEY, O_KEY, O_DOC_ID, O_STREAM,
     O_MAX_TOKENS, O_TOP_K, O_MAX_CONTEXT, O_TEMPERATURE, O_TOP_P, O_SEED, O_STOP, O_DEADLINE,
-    O_BATCH, O_PROGRESS, O_LIMIT, O_AFTER, O_FORCE,
+    O_BATCH, O_PROGRESS, O_LIMIT, O_AFTER, O_FORCE, O_ORDER,
 };
 
 /* Command-specific options, by a letter each in Cmd.opts. */
@@ -77,11 +77,11 @@ static const struct { char letter; int code; const char *name; } SPECIFIC[] = {
     { 'D', O_DEADLINE, "--deadline" }, { 'b', O_BATCH, "--batch" },
     { 'P', O_PROGRESS, "--progress" }, { 'q', O_QUIET, "--quiet" }, { 'l', O_LIMIT, "--limit" },
     { 'a', O_AFTER, "--after" }, { 'o', O_OUT, "--out" }, { 'f', O_FORCE, "--force" },
-    { 'y', O_YES, "--yes" },
+    { 'y', O_YES, "--yes" }, { 'r', O_ORDER, "--order" },
 };
 
 static const struct Cmd CMDS[] = {
-    { "ask", cmd_ask, "dismkxtpSzD", 1, 1,
+    { "ask", cmd_ask, "dismkxtpSzDr", 1, 1,
       "usage: diffrag ask QUESTION|- [-c COLLECTION] [-d FILE]... [--stream] [--json]\n"
       "                  [--max-tokens N] [options]\n"
       "Answers QUESTION (\"-\": read it from stdin) from the collection, the files given\n"
@@ -99,6 +99,9 @@ static const struct Cmd CMDS[] = {
       "      --seed N             sampling seed\n"
       "      --stop STR           stop generating before STR (repeatable)\n"
       "      --deadline S         the daemon's time budget in seconds\n"
+      "      --order rank|document  chunks best first (default), or by document and position\n"
+      "                           (questions over the same documents then share the cached\n"
+      "                           prompt prefix)\n"
       "Ctrl-C cancels the query on the daemon and prints what was generated.\n" },
     { "ingest", cmd_ingest, "bPq", 1, -1,
       "usage: diffrag ingest PATH... [-c COLLECTION] [--batch N] [--progress|--quiet]\n"
@@ -413,6 +416,7 @@ int main(int argc, char **argv)
         { "seed", required_argument, NULL, O_SEED },
         { "stop", required_argument, NULL, O_STOP },
         { "deadline", required_argument, NULL, O_DEADLINE },
+        { "order", required_argument, NULL, O_ORDER },
         { "batch", required_argument, NULL, O_BATCH },
         { "progress", no_argument, NULL, O_PROGRESS },
         { "quiet", no_argument, NULL, O_QUIET },
@@ -528,6 +532,11 @@ int main(int argc, char **argv)
             if (parse_double(cn, "--deadline", optarg, 0.001, 86400, &secs))
                 return CLI_EXIT_USAGE;
             a.deadline_ms = (int)(secs * 1000 + 0.5);
+            break;
+        case O_ORDER:
+            if (strcmp(optarg, "rank") && strcmp(optarg, "document"))
+                return cli_usage_error(cn, "--order wants rank or document, not \"%s\"", optarg);
+            a.order = optarg;
             break;
         case O_BATCH:
             if (parse_int(cn, "--batch", optarg, 1, 100000, &a.batch))
