@@ -1,7 +1,9 @@
 /* A worker's two threads: the I/O thread (broker socket, heartbeats, reconnects with back-off,
- * cancels) and the compute thread (prefill, decode, streaming deltas), joined by an inproc
- * PAIR socket. Engine cancellation crosses threads through engine_cancel and an atomic. */
+ * cancels) and the compute thread (on a CPU the batch scheduler of daemon/sched.c; on a GPU one
+ * request at a time, here), joined by an inproc PAIR socket. Cancels reach the scheduler as
+ * messages between steps, and a GPU request through engine_cancel and an atomic. */
 #include "daemon/worker.h"
+#include "daemon/worker_internal.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -18,33 +20,6 @@
 #include "model/generate.h"
 #include "model/tokenizer.h"
 
-struct Seq;
-
-struct Worker {
-    void *zctx;
-    const struct Model *m;
-    struct Engine *e;           /* the context; CPU: the runner of the batch's sequences */
-    struct Engine *seq_e[WIRE_MAX_RUNNING]; /* CPU: sequence contexts, made as needed */
-    int n_seq_e;
-    struct WorkerOpts o;
-    char endpoint[512];
-    char curve_server[41], curve_public[41], curve_secret[41];   /* empty: plain */
-    char pair_ep[96], ctl_ep[96];
-    int generation;             /* compute threads started so far (names each PAIR endpoint) */
-    void *pair_io;              /* the I/O thread's end of the PAIR */
-    void *ctl;                  /* PULL: worker_stop's wake-up */
-    pthread_t io_thread, compute_thread;
-    int io_started, compute_started;
-    _Atomic uint64_t cancel_job;  /* the job the I/O thread asked to stop (0: none) */
-    _Atomic int cancel_reason;    /* enum WireReason */
-    size_t kv_bytes;
-    int max_running;              /* jobs it takes at once: 1 on a GPU context */
-    /* the heads the engine watches now (set again only when a job asks for others) */
-    struct AttnWatch watch[ENGINE_MAX_WATCH];
-    int n_watch;
-    int watch_default;            /* the engine's default set is on */
-};
-
 size_t worker_kv_bytes(const struct Worker *w)
 {
     return w ? w->kv_bytes : 0;
@@ -52,26 +27,7 @@ size_t worker_kv_bytes(const struct Worker *w)
 
 /* ---- compute thread ---- */
 
-/* The answer tokens' signals as they are generated (struct of arrays, grown by doubling). */
-struct SigBuf {
-    struct WireSignals s;
-    size_t cap;
-    int oom;
-};
-
-struct RunCtx {
-    struct Worker *w;
-    void *pair;
-    uint64_t job;
-    const int *cancelled;       /* a batched sequence's flag; NULL: the worker's atomic */
-    int stream;
-    double t0, ttft_ms;
-    int got_first;
-    uint32_t released;          /* answer bytes released so far */
-    struct SigBuf sig;
-};
-
-static void sigbuf_free(struct SigBuf *b)
+void worker_sigbuf_free(struct SigBuf *b)
 {
     for (int i = 0; i < WS_N_FLOAT; i++)
         free(b->s.f[i]);
@@ -131,7 +87,7 @@ static int cancel_requested(struct Worker *w, uint64_t job)
     return atomic_load(&w->cancel_job) == job;
 }
 
-static int on_token(void *user, const struct GenToken *t)
+int worker_on_token(void *user, const struct GenToken *t)
 {
     struct RunCtx *rc = user;
     if (!rc->got_first) {
@@ -153,7 +109,7 @@ static int on_token(void *user, const struct GenToken *t)
     return rc->cancelled ? *rc->cancelled : cancel_requested(rc->w, rc->job);
 }
 
-static void send_result(void *pair, const struct WireResult *r)
+void worker_send_result(void *pair, const struct WireResult *r)
 {
     struct MpWriter mw;
     mpw_init(&mw);
@@ -169,11 +125,11 @@ static void send_result(void *pair, const struct WireResult *r)
     mpw_destroy(&mw);
 }
 
-static void send_error(void *pair, uint64_t job, const char *code, const char *msg)
+void worker_send_error(void *pair, uint64_t job, const char *code, const char *msg)
 {
     struct WireResult r = { .job = job, .finish = WF_ERROR, .code = code, .code_len = strlen(code),
                             .message = msg, .message_len = strlen(msg) };
-    send_result(pair, &r);
+    worker_send_result(pair, &r);
 }
 
 static enum WireFinish cancel_finish(struct Worker *w)
@@ -228,11 +184,11 @@ static void run_job(struct Worker *w, void *pair, uint64_t job_id, const void *b
     struct WireJob job = { .job = job_id };
     char err[512];
     if (wire_job_decode(body, len, &job, err, sizeof err)) {
-        send_error(pair, job_id, "internal", err);
+        worker_send_error(pair, job_id, "internal", err);
         return;
     }
     if (fault_hit(FAULT_WORKER_ENGINE_ERROR)) {
-        send_error(pair, job_id, "internal", "the engine failed (injected fault)");
+        worker_send_error(pair, job_id, "internal", "the engine failed (injected fault)");
         wire_job_free(&job);
         return;
     }
@@ -240,12 +196,12 @@ static void run_job(struct Worker *w, void *pair, uint64_t job_id, const void *b
     if (job.n_tokens + 1 > (size_t)eo->n_ctx) {
         snprintf(err, sizeof err, "the prompt has %zu tokens; this worker's context holds %d",
                  job.n_tokens, eo->n_ctx);
-        send_error(pair, job_id, "too_large", err);
+        worker_send_error(pair, job_id, "too_large", err);
         wire_job_free(&job);
         return;
     }
     if (set_watch(w, &job, err, sizeof err) || set_spans(w, &job, err, sizeof err)) {
-        send_error(pair, job_id, "internal", err);
+        worker_send_error(pair, job_id, "internal", err);
         wire_job_free(&job);
         return;
     }
@@ -261,12 +217,12 @@ static void run_job(struct Worker *w, void *pair, uint64_t job_id, const void *b
     r.cached_tokens = engine_cached(w->e);
     if (st == ENGINE_ECANCELLED) {
         r.finish = cancel_finish(w);
-        send_result(pair, &r);
+        worker_send_result(pair, &r);
         wire_job_free(&job);
         return;
     }
     if (st) {
-        send_error(pair, job_id, st == ENGINE_ECTX ? "too_large" : "internal", err);
+        worker_send_error(pair, job_id, st == ENGINE_ECTX ? "too_large" : "internal", err);
         wire_job_free(&job);
         return;
     }
@@ -281,12 +237,12 @@ static void run_job(struct Worker *w, void *pair, uint64_t job_id, const void *b
     p.n_stop = job.n_stop;
     p.prefilled = 1;
     struct GenResult g;
-    st = generate(w->e, job.tokens, job.n_tokens, &p, on_token, &rc, &g, err, sizeof err);
+    st = generate(w->e, job.tokens, job.n_tokens, &p, worker_on_token, &rc, &g, err, sizeof err);
     if (st || rc.sig.oom) {
-        send_error(pair, job_id, "internal", st ? err : "out of memory for the token signals");
+        worker_send_error(pair, job_id, "internal", st ? err : "out of memory for the token signals");
         if (!st)
             free(g.text);
-        sigbuf_free(&rc.sig);
+        worker_sigbuf_free(&rc.sig);
         wire_job_free(&job);
         return;
     }
@@ -302,481 +258,10 @@ static void run_job(struct Worker *w, void *pair, uint64_t job_id, const void *b
     r.ttft_ms = rc.got_first ? rc.ttft_ms : 0;
     r.decode_ms = g.decode_ms;
     r.sig = rc.sig.s;
-    send_result(pair, &r);
+    worker_send_result(pair, &r);
     free(g.text);
-    sigbuf_free(&rc.sig);
+    worker_sigbuf_free(&rc.sig);
     wire_job_free(&job);
-}
-
-/* ---- the batch scheduler (CPU) ----
- * Up to max_running sequences at once. Each engine step takes the next decode token of every
- * sequence that is decoding and, within the step's token budget (the context's chunk), prefill
- * chunks of the others in the order they came (Sarathi-Serve's stall-free batching: a long
- * prompt never stops the others' tokens for more than one step). New jobs and cancels are read
- * between steps. A sequence that has not started takes only pages that are free: when the
- * pool has none for a started one, the sequence that came last is preempted: its pages go
- * back, and it is recomputed later, its prompt in prefill chunks and the tokens it had
- * generated fed again one per step as the decode tokens they were, so every position gets the
- * same keys and values as before and the answer goes on exactly as it would have. */
-struct Seq {
-    struct WireJob job;
-    struct Engine *e;
-    struct GenState *gen;
-    struct RunCtx rc;
-    int32_t *hist;              /* the prompt, then every generated token (the last one is the
-                                   next to feed) */
-    size_t n_hist, cap_hist;
-    size_t n_prompt;
-    size_t done;                /* tokens of hist in the engine */
-    int started;                /* a step computed some of it (and it holds pages) */
-    int decoding;               /* the first token was sampled */
-    int cancelled, reason;
-    int cached;
-    double t_prefilled;
-    uint64_t order;
-};
-
-static int hist_push(struct Seq *q, int32_t t)
-{
-    if (q->n_hist == q->cap_hist) {
-        size_t cap = q->cap_hist ? q->cap_hist * 2 : 64;
-        int32_t *h = realloc(q->hist, cap * sizeof *h);
-        if (!h)
-            return -1;
-        q->hist = h;
-        q->cap_hist = cap;
-    }
-    q->hist[q->n_hist++] = t;
-    return 0;
-}
-
-static void seq_free(struct Worker *w, struct Seq *q)
-{
-    if (q->e) {
-        engine_reset(q->e);
-        w->seq_e[w->n_seq_e++] = q->e;   /* back to the idle contexts */
-    }
-    gen_abort(&q->gen);
-    sigbuf_free(&q->rc.sig);
-    free(q->hist);
-    wire_job_free(&q->job);
-    free(q);
-}
-
-/* Sets the sequence's watched heads and document spans (its context is fresh or reset). */
-static int seq_ground(struct Worker *w, struct Seq *q, char *err, size_t errlen)
-{
-    struct AttnWatch want[ENGINE_MAX_WATCH];
-    int n;
-    if (!q->job.watch_given) {
-        n = engine_default_watch(w->m, want, ENGINE_MAX_WATCH);
-    } else {
-        n = (int)q->job.n_watch;
-        for (int i = 0; i < n; i++)
-            want[i] = (struct AttnWatch){ q->job.watch[2 * i], q->job.watch[2 * i + 1] };
-    }
-    if (engine_watch(q->e, want, n, err, errlen))
-        return -1;
-    uint8_t *cls = calloc(q->job.n_tokens, 1);
-    if (!cls) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    for (size_t i = 0; i < q->job.n_spans; i++)
-        memset(cls + q->job.doc_spans[2 * i], ATTN_DOC,
-               q->job.doc_spans[2 * i + 1] - q->job.doc_spans[2 * i]);
-    int rc = engine_set_spans(q->e, cls, q->job.n_tokens, err, errlen);
-    free(cls);
-    return rc ? -1 : 0;
-}
-
-/* A new job: decoded, given a context, grounded, its cached prefix taken. NULL after answering
- * it with an error. */
-static struct Seq *seq_admit(struct Worker *w, void *pair, uint64_t job_id, const void *body,
-                             size_t len, uint64_t order)
-{
-    char err[512];
-    struct Seq *q = calloc(1, sizeof *q);
-    if (!q) {
-        send_error(pair, job_id, "internal", "out of memory");
-        return NULL;
-    }
-    q->job.job = job_id;
-    if (wire_job_decode(body, len, &q->job, err, sizeof err)) {
-        send_error(pair, job_id, "internal", err);
-        free(q);
-        return NULL;
-    }
-    const char *code = "internal";
-    if (fault_hit(FAULT_WORKER_ENGINE_ERROR)) {
-        snprintf(err, sizeof err, "the engine failed (injected fault)");
-        goto fail;
-    }
-    if (q->job.n_tokens + 1 > (size_t)engine_opts(w->e)->n_ctx) {
-        snprintf(err, sizeof err, "the prompt has %zu tokens; this worker's context holds %d",
-                 q->job.n_tokens, engine_opts(w->e)->n_ctx);
-        code = "too_large";
-        goto fail;
-    }
-    if (w->n_seq_e > 0) {
-        q->e = w->seq_e[--w->n_seq_e];
-    } else if (engine_new_seq(w->e, &q->e, err, sizeof err)) {
-        goto fail;
-    }
-    for (size_t i = 0; i < q->job.n_tokens; i++)
-        if (hist_push(q, q->job.tokens[i])) {
-            snprintf(err, sizeof err, "out of memory");
-            goto fail;
-        }
-    if (seq_ground(w, q, err, sizeof err))
-        goto fail;
-    q->rc = (struct RunCtx){ .w = w, .pair = pair, .job = job_id, .cancelled = &q->cancelled,
-                             .stream = q->job.stream, .t0 = zu_now_ms() };
-    struct GenParams p;
-    memset(&p, 0, sizeof p);
-    p.max_tokens = q->job.max_tokens;
-    sampler_params_default(&p.sampler);
-    p.sampler.temperature = q->job.temperature;
-    p.sampler.top_p = q->job.top_p;
-    p.sampler.seed = q->job.seed;
-    p.stop = (const char *const *)q->job.stop;
-    p.n_stop = q->job.n_stop;
-    if (gen_begin(w->m, &p, on_token, &q->rc, &q->gen, err, sizeof err))
-        goto fail;
-    q->n_prompt = q->n_hist;
-    q->cached = -1;             /* its cached prefix is taken when it starts */
-    q->order = order;
-    return q;
-fail:
-    send_error(pair, job_id, code, err);
-    seq_free(w, q);
-    return NULL;
-}
-
-/* The end of a sequence: its result (the answer so far when cancelled), then it is freed. */
-static void seq_finish(struct Worker *w, void *pair, struct Seq *q, int cancelled)
-{
-    struct GenResult g;
-    struct WireResult r = { .job = q->job.job, .prompt_tokens = (int64_t)q->job.n_tokens,
-                            .cached_tokens = q->cached > 0 ? q->cached : 0, .has_signals = 1 };
-    double now = zu_now_ms();
-    if (gen_end(&q->gen, cancelled, &g) || q->rc.sig.oom) {
-        send_error(pair, q->job.job, "internal", "out of memory for the answer");
-        if (g.text)
-            free(g.text);
-        seq_free(w, q);
-        return;
-    }
-    r.prefill_ms = (q->decoding ? q->t_prefilled : now) - q->rc.t0;
-    switch (g.finish) {
-    case FINISH_STOP: r.finish = WF_STOP; break;
-    case FINISH_LENGTH: r.finish = WF_LENGTH; break;
-    case FINISH_CANCELLED:
-        r.finish = q->reason == WIRE_REASON_DEADLINE ? WF_DEADLINE : WF_CANCELLED;
-        break;
-    default: r.finish = WF_ERROR; r.code = "internal"; r.code_len = 8; break;
-    }
-    r.text = g.text;
-    r.text_len = g.text_len;
-    r.completion_tokens = g.n_generated;
-    r.ttft_ms = q->rc.got_first ? q->rc.ttft_ms : 0;
-    r.decode_ms = q->decoding ? now - q->t_prefilled : 0;
-    r.sig = q->rc.sig.s;
-    send_result(pair, &r);
-    free(g.text);
-    seq_free(w, q);
-}
-
-/* After a step gave the sequence its next token's logits: sample, stream, and either go on
- * decoding (0) or finish: answered and freed (1). */
-static int seq_advance(struct Worker *w, void *pair, struct Seq *q)
-{
-    char err[256];
-    if (!q->decoding) {
-        q->decoding = 1;
-        q->t_prefilled = zu_now_ms();
-    }
-    int32_t next;
-    int rc = gen_next(q->gen, q->e, &next, err, sizeof err);
-    if (rc < 0) {
-        send_error(pair, q->job.job, "internal", err);
-        seq_free(w, q);
-        return 1;
-    }
-    if (rc == 0 || q->cancelled) {
-        seq_finish(w, pair, q, q->cancelled);
-        return 1;
-    }
-    if (hist_push(q, next)) {
-        send_error(pair, q->job.job, "internal", "out of memory");
-        seq_free(w, q);
-        return 1;
-    }
-    return 0;
-}
-
-struct Sched {
-    struct Seq *run[WIRE_MAX_RUNNING];
-    int n;
-    uint64_t next_order;
-};
-
-static void sched_remove(struct Sched *sc, int i)
-{
-    memmove(&sc->run[i], &sc->run[i + 1], (size_t)(sc->n - i - 1) * sizeof *sc->run);
-    sc->n--;
-}
-
-/* Reads the messages waiting on the PAIR (waits for one when nothing runs): jobs join, cancels
- * mark their sequence. Returns -1 when the thread is to end (DISCONNECT, a failed socket or an
- * injected exit). */
-static int sched_read(struct Worker *w, void *pair, struct Sched *sc, int *stop)
-{
-    for (;;) {
-        struct ZuMsg m;
-        if (zu_recv(pair, &m, sc->n ? ZMQ_DONTWAIT : 0)) {
-            if (errno == EINTR)
-                continue;
-            return errno == EAGAIN ? 0 : -1;
-        }
-        uint8_t cmd = m.n >= 1 && zu_size(&m, 0) == 1 ? *(const uint8_t *)zu_data(&m, 0) : 0;
-        const uint8_t *b = m.n == 2 ? zu_data(&m, 1) : NULL;
-        size_t bl = m.n == 2 ? zu_size(&m, 1) : 0;
-        if (cmd == WIRE_DISCONNECT) {
-            zu_close(&m);
-            *stop = 1;
-            return 0;
-        }
-        if (cmd == WIRE_JOB && fault_hit(FAULT_WORKER_THREAD_EXIT)) {
-            dlog(LL_WARN, "msg=\"compute thread exits (injected fault)\" worker=%d", w->o.index);
-            zu_close(&m);
-            return -1;
-        }
-        if (cmd == WIRE_JOB && bl >= 8) {
-            if (sc->n >= WIRE_MAX_RUNNING) {
-                send_error(pair, wire_get_u64(b), "overloaded", "worker full");
-            } else {
-                struct Seq *q = seq_admit(w, pair, wire_get_u64(b), b + 8, bl - 8, sc->next_order++);
-                if (q)
-                    sc->run[sc->n++] = q;
-            }
-        } else if (cmd == WIRE_CANCEL && bl >= 9) {
-            uint64_t job = wire_get_u64(b);
-            for (int i = 0; i < sc->n; i++)
-                if (sc->run[i]->job.job == job && !sc->run[i]->cancelled) {
-                    sc->run[i]->cancelled = 1;
-                    sc->run[i]->reason = b[8];
-                }
-        }
-        zu_close(&m);
-        if (!sc->n)
-            continue;   /* nothing runs: wait for a job */
-    }
-}
-
-static void stats_step(struct WorkerStats *st, int tokens)
-{
-    if (!st)
-        return;
-    atomic_fetch_add(&st->steps, 1);
-    atomic_fetch_add(&st->step_tokens, (uint64_t)tokens);
-    int b = 0;
-    while (b < WORKER_STEP_BUCKETS - 1 && tokens > (1 << b))
-        b++;
-    atomic_fetch_add(&st->step_bucket[b], 1);
-}
-
-/* A sequence that has not started, or was preempted: its pages go back, it starts over. */
-static void seq_unstart(struct Seq *q)
-{
-    engine_reset(q->e);
-    q->done = 0;
-    q->started = 0;
-}
-
-/* One step: the next token of every started sequence past its prompt (a decode token, or a
- * generated token fed again after a preemption), then prompt chunks within the budget, oldest
- * first. A sequence that has not started joins only with pages nobody uses (alone, it may try:
- * it then fits, or never will), so it never preempts a started one. Returns 1 when a step
- * ran, 0 when there was nothing to run. */
-static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
-{
-    char err[512];
-    /* while a sequence is decoding, steps stay short so its tokens keep coming (stall-free);
-     * otherwise a prompt prefills in whole chunks */
-    int budget = engine_opts(w->e)->chunk, no_new = 0;
-    for (int i = 0; i < sc->n; i++)
-        if (sc->run[i]->started && sc->run[i]->done >= sc->run[i]->n_prompt &&
-            w->o.step_tokens > 0 && w->o.step_tokens < budget)
-            budget = w->o.step_tokens;
-    for (int attempt = 0; attempt < 4 * WIRE_MAX_RUNNING; attempt++) {
-        /* finished by a cancel between steps */
-        for (int i = 0; i < sc->n;)
-            if (sc->run[i]->cancelled) {
-                seq_finish(w, pair, sc->run[i], 1);
-                sched_remove(sc, i);
-            } else {
-                i++;
-            }
-        struct EngineBatchItem it[WIRE_MAX_RUNNING];
-        struct Seq *who[WIRE_MAX_RUNNING];
-        uint8_t joined[WIRE_MAX_RUNNING];   /* the item's sequence starts in this step */
-        int k = 0, left = budget, any_started = 0;
-        /* pages a sequence that has not started may take: those nobody uses, less what each
-         * started one may need for a decode token */
-        long spare = engine_pages_available(w->e);
-        for (int i = 0; i < sc->n; i++)
-            if (sc->run[i]->started) {
-                spare -= engine_pages_needed(sc->run[i]->e, 1);
-                any_started = 1;
-            }
-        for (int i = 0; i < sc->n && left > 0; i++) {
-            struct Seq *q = sc->run[i];
-            if (!q->started || q->done < q->n_prompt)
-                continue;
-            joined[k] = 0;
-            who[k] = q;
-            it[k++] = (struct EngineBatchItem){ q->e, q->hist + q->done, 1, 0,
-                                                q->done + 1 == q->n_hist };
-            left--;
-        }
-        for (int i = 0; i < sc->n && left > 0; i++) {
-            struct Seq *q = sc->run[i];
-            if (q->started && q->done >= q->n_prompt)
-                continue;
-            joined[k] = !q->started;
-            if (!q->started) {
-                if (no_new)
-                    continue;
-                size_t rest = q->n_prompt;
-                int n = rest < (size_t)left ? (int)rest : left;
-                int need = engine_pages_needed(q->e, n);
-                if (any_started && need > spare)
-                    continue;
-                spare -= need;
-                any_started = 1;
-                q->done = engine_take_cached(q->e, q->hist, q->n_prompt);
-                if (q->cached < 0)
-                    q->cached = (int)q->done;
-                q->started = 1;
-            }
-            if (q->done >= q->n_prompt) {
-                /* a preempted sequence whose prompt came back whole from the cache */
-                who[k] = q;
-                it[k++] = (struct EngineBatchItem){ q->e, q->hist + q->done, 1, 0,
-                                                    q->done + 1 == q->n_hist };
-                left--;
-                continue;
-            }
-            size_t rest = q->n_prompt - q->done;
-            int n = rest < (size_t)left ? (int)rest : left;
-            who[k] = q;
-            it[k++] = (struct EngineBatchItem){ q->e, q->hist + q->done, n, 1,
-                                                q->done + (size_t)n == q->n_prompt &&
-                                                q->n_hist == q->n_prompt };
-            left -= n;
-        }
-        if (k == 0)
-            return 0;
-        int failed = -1;
-        int rc = engine_step(w->e, it, k, &failed, err, sizeof err);
-        if (rc == ENGINE_EBUDGET && failed >= 0) {
-            struct Seq *f = who[failed];
-            /* those that joined in this step start over; they wait for free pages */
-            int f_new = joined[failed];
-            for (int j = 0; j < k; j++)
-                if (joined[j])
-                    seq_unstart(who[j]);
-            int holders = 0, victim = -1;
-            for (int i = 0; i < sc->n; i++)
-                if (sc->run[i]->started) {
-                    holders++;
-                    if (victim < 0 || sc->run[i]->order > sc->run[victim]->order)
-                        victim = i;
-                }
-            if ((f_new && holders == 0) || (!f_new && holders == 1 && sc->run[victim] == f)) {
-                /* alone, and still no room: this request can never fit the pool */
-                for (int i = 0; i < sc->n; i++)
-                    if (sc->run[i] == f) {
-                        sched_remove(sc, i);
-                        break;
-                    }
-                send_error(pair, f->job.job, "overloaded", "the KV pool cannot hold this "
-                           "request: raise kv_pool_bytes");
-                seq_free(w, f);
-                continue;
-            }
-            no_new = 1;
-            if (f_new)
-                continue;   /* it waits; the started ones go on */
-            struct Seq *v = sc->run[victim];
-            seq_unstart(v);
-            if (w->o.stats)
-                atomic_fetch_add(&w->o.stats->preemptions, 1);
-            dlog(LL_DEBUG, "msg=\"sequence preempted\" worker=%d job=%llu tokens=%zu",
-                 w->o.index, (unsigned long long)v->job.job, v->n_hist);
-            /* it goes to the back: the others go first */
-            sched_remove(sc, victim);
-            sc->run[sc->n++] = v;
-            continue;
-        }
-        if (rc) {
-            /* a sequence at fault is answered; anything else ends every sequence */
-            for (int i = 0; i < sc->n;) {
-                struct Seq *q = sc->run[i];
-                if (failed < 0 || q == who[failed]) {
-                    send_error(pair, q->job.job, rc == ENGINE_ECTX ? "too_large" : "internal", err);
-                    seq_free(w, q);
-                    sched_remove(sc, i);
-                } else {
-                    i++;
-                }
-            }
-            return 1;
-        }
-        int tokens = 0;
-        for (int j = 0; j < k; j++)
-            tokens += it[j].n;
-        stats_step(w->o.stats, tokens);
-        for (int j = 0; j < k; j++) {
-            struct Seq *q = who[j];
-            q->done += (size_t)it[j].n;
-            if (!it[j].logits)
-                continue;
-            int at = -1;
-            for (int i = 0; i < sc->n; i++)
-                if (sc->run[i] == q)
-                    at = i;
-            if (seq_advance(w, pair, q) && at >= 0)
-                sched_remove(sc, at);   /* answered and freed: it leaves the batch */
-        }
-        return 1;
-    }
-    return 1;
-}
-
-static void sched_run(struct Worker *w, void *pair)
-{
-    struct Sched sc;
-    memset(&sc, 0, sizeof sc);
-    int stop = 0;
-    for (;;) {
-        if (sched_read(w, pair, &sc, &stop)) {
-            /* the thread fails: its sequences are lost with it (the I/O thread answers them) */
-            for (int i = 0; i < sc.n; i++)
-                seq_free(w, sc.run[i]);
-            return;
-        }
-        if (stop)
-            break;
-        sched_step(w, pair, &sc);
-    }
-    /* shutting down (or the socket failed): every sequence ends, answered as cancelled */
-    for (int i = 0; i < sc.n; i++) {
-        if (!sc.run[i]->cancelled)
-            sc.run[i]->reason = WIRE_REASON_SHUTDOWN;
-        seq_finish(w, pair, sc.run[i], 1);
-    }
 }
 
 static void *compute_main(void *arg)

@@ -1,0 +1,484 @@
+/* The CPU batch scheduler of a worker's compute thread (daemon/worker_internal.h).
+ *
+ * Up to max_running requests at once. Each engine step takes the next decode token of every
+ * request that is decoding and, within the step's token budget (step_tokens while a request
+ * decodes, else the context's prefill chunk), prompt chunks of the others in the order they
+ * came (Sarathi-Serve's stall-free batching: a long prompt never stops the others' tokens for
+ * more than one short step). New jobs and cancels are read between steps. A request that has
+ * not started takes only pages that are free; when the pool has none for a started one, the
+ * request that came last is preempted: its pages go back, and it is recomputed later, its
+ * prompt in prefill chunks and the tokens it had generated fed again one per step as the
+ * decode tokens they were, so every position gets the same keys and values as before and the
+ * answer goes on exactly as it would have. */
+#include "daemon/worker_internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/fault.h"
+#include "daemon/log.h"
+#include "daemon/zutil.h"
+
+struct Seq {
+    struct WireJob job;
+    struct Engine *e;
+    struct GenState *gen;
+    struct RunCtx rc;
+    int32_t *hist;              /* the prompt, then every generated token (the last one is the
+                                   next to feed) */
+    size_t n_hist, cap_hist;
+    size_t n_prompt;
+    size_t done;                /* tokens of hist in the engine */
+    int started;                /* a step computed some of it (and it holds pages) */
+    int decoding;               /* the first token was sampled */
+    int cancelled, reason;
+    int cached;
+    double t_prefilled;
+    uint64_t order;
+};
+
+static int hist_push(struct Seq *q, int32_t t)
+{
+    if (q->n_hist == q->cap_hist) {
+        size_t cap = q->cap_hist ? q->cap_hist * 2 : 64;
+        int32_t *h = realloc(q->hist, cap * sizeof *h);
+        if (!h)
+            return -1;
+        q->hist = h;
+        q->cap_hist = cap;
+    }
+    q->hist[q->n_hist++] = t;
+    return 0;
+}
+
+static void seq_free(struct Worker *w, struct Seq *q)
+{
+    if (q->e) {
+        engine_reset(q->e);
+        w->seq_e[w->n_seq_e++] = q->e;   /* back to the idle contexts */
+    }
+    gen_abort(&q->gen);
+    worker_sigbuf_free(&q->rc.sig);
+    free(q->hist);
+    wire_job_free(&q->job);
+    free(q);
+}
+
+/* Sets the sequence's watched heads and document spans (its context is fresh or reset). */
+static int seq_ground(struct Worker *w, struct Seq *q, char *err, size_t errlen)
+{
+    struct AttnWatch want[ENGINE_MAX_WATCH];
+    int n;
+    if (!q->job.watch_given) {
+        n = engine_default_watch(w->m, want, ENGINE_MAX_WATCH);
+    } else {
+        n = (int)q->job.n_watch;
+        for (int i = 0; i < n; i++)
+            want[i] = (struct AttnWatch){ q->job.watch[2 * i], q->job.watch[2 * i + 1] };
+    }
+    if (engine_watch(q->e, want, n, err, errlen))
+        return -1;
+    uint8_t *cls = calloc(q->job.n_tokens, 1);
+    if (!cls) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < q->job.n_spans; i++)
+        memset(cls + q->job.doc_spans[2 * i], ATTN_DOC,
+               q->job.doc_spans[2 * i + 1] - q->job.doc_spans[2 * i]);
+    int rc = engine_set_spans(q->e, cls, q->job.n_tokens, err, errlen);
+    free(cls);
+    return rc ? -1 : 0;
+}
+
+/* A new job: decoded, given a context, grounded, its cached prefix taken. NULL after answering
+ * it with an error. */
+static struct Seq *seq_admit(struct Worker *w, void *pair, uint64_t job_id, const void *body,
+                             size_t len, uint64_t order)
+{
+    char err[512];
+    struct Seq *q = calloc(1, sizeof *q);
+    if (!q) {
+        worker_send_error(pair, job_id, "internal", "out of memory");
+        return NULL;
+    }
+    q->job.job = job_id;
+    if (wire_job_decode(body, len, &q->job, err, sizeof err)) {
+        worker_send_error(pair, job_id, "internal", err);
+        free(q);
+        return NULL;
+    }
+    const char *code = "internal";
+    if (fault_hit(FAULT_WORKER_ENGINE_ERROR)) {
+        snprintf(err, sizeof err, "the engine failed (injected fault)");
+        goto fail;
+    }
+    if (q->job.n_tokens + 1 > (size_t)engine_opts(w->e)->n_ctx) {
+        snprintf(err, sizeof err, "the prompt has %zu tokens; this worker's context holds %d",
+                 q->job.n_tokens, engine_opts(w->e)->n_ctx);
+        code = "too_large";
+        goto fail;
+    }
+    if (w->n_seq_e > 0) {
+        q->e = w->seq_e[--w->n_seq_e];
+    } else if (engine_new_seq(w->e, &q->e, err, sizeof err)) {
+        goto fail;
+    }
+    for (size_t i = 0; i < q->job.n_tokens; i++)
+        if (hist_push(q, q->job.tokens[i])) {
+            snprintf(err, sizeof err, "out of memory");
+            goto fail;
+        }
+    if (seq_ground(w, q, err, sizeof err))
+        goto fail;
+    q->rc = (struct RunCtx){ .w = w, .pair = pair, .job = job_id, .cancelled = &q->cancelled,
+                             .stream = q->job.stream, .t0 = zu_now_ms() };
+    struct GenParams p;
+    memset(&p, 0, sizeof p);
+    p.max_tokens = q->job.max_tokens;
+    sampler_params_default(&p.sampler);
+    p.sampler.temperature = q->job.temperature;
+    p.sampler.top_p = q->job.top_p;
+    p.sampler.seed = q->job.seed;
+    p.stop = (const char *const *)q->job.stop;
+    p.n_stop = q->job.n_stop;
+    if (gen_begin(w->m, &p, worker_on_token, &q->rc, &q->gen, err, sizeof err))
+        goto fail;
+    q->n_prompt = q->n_hist;
+    q->cached = -1;             /* its cached prefix is taken when it starts */
+    q->order = order;
+    return q;
+fail:
+    worker_send_error(pair, job_id, code, err);
+    seq_free(w, q);
+    return NULL;
+}
+
+/* The end of a sequence: its result (the answer so far when cancelled), then it is freed. */
+static void seq_finish(struct Worker *w, void *pair, struct Seq *q, int cancelled)
+{
+    struct GenResult g;
+    struct WireResult r = { .job = q->job.job, .prompt_tokens = (int64_t)q->job.n_tokens,
+                            .cached_tokens = q->cached > 0 ? q->cached : 0, .has_signals = 1 };
+    double now = zu_now_ms();
+    if (gen_end(&q->gen, cancelled, &g) || q->rc.sig.oom) {
+        worker_send_error(pair, q->job.job, "internal", "out of memory for the answer");
+        if (g.text)
+            free(g.text);
+        seq_free(w, q);
+        return;
+    }
+    r.prefill_ms = (q->decoding ? q->t_prefilled : now) - q->rc.t0;
+    switch (g.finish) {
+    case FINISH_STOP: r.finish = WF_STOP; break;
+    case FINISH_LENGTH: r.finish = WF_LENGTH; break;
+    case FINISH_CANCELLED:
+        r.finish = q->reason == WIRE_REASON_DEADLINE ? WF_DEADLINE : WF_CANCELLED;
+        break;
+    default: r.finish = WF_ERROR; r.code = "internal"; r.code_len = 8; break;
+    }
+    r.text = g.text;
+    r.text_len = g.text_len;
+    r.completion_tokens = g.n_generated;
+    r.ttft_ms = q->rc.got_first ? q->rc.ttft_ms : 0;
+    r.decode_ms = q->decoding ? now - q->t_prefilled : 0;
+    r.sig = q->rc.sig.s;
+    worker_send_result(pair, &r);
+    free(g.text);
+    seq_free(w, q);
+}
+
+/* After a step gave the sequence its next token's logits: sample, stream, and either go on
+ * decoding (0) or finish: answered and freed (1). */
+static int seq_advance(struct Worker *w, void *pair, struct Seq *q)
+{
+    char err[256];
+    if (!q->decoding) {
+        q->decoding = 1;
+        q->t_prefilled = zu_now_ms();
+    }
+    int32_t next;
+    int rc = gen_next(q->gen, q->e, &next, err, sizeof err);
+    if (rc < 0) {
+        worker_send_error(pair, q->job.job, "internal", err);
+        seq_free(w, q);
+        return 1;
+    }
+    if (rc == 0 || q->cancelled) {
+        seq_finish(w, pair, q, q->cancelled);
+        return 1;
+    }
+    if (hist_push(q, next)) {
+        worker_send_error(pair, q->job.job, "internal", "out of memory");
+        seq_free(w, q);
+        return 1;
+    }
+    return 0;
+}
+
+struct Sched {
+    struct Seq *run[WIRE_MAX_RUNNING];
+    int n;
+    uint64_t next_order;
+};
+
+static void sched_remove(struct Sched *sc, int i)
+{
+    memmove(&sc->run[i], &sc->run[i + 1], (size_t)(sc->n - i - 1) * sizeof *sc->run);
+    sc->n--;
+}
+
+/* Reads the messages waiting on the PAIR (waits for one when nothing runs): jobs join, cancels
+ * mark their sequence. Returns -1 when the thread is to end (DISCONNECT, a failed socket or an
+ * injected exit). */
+static int sched_read(struct Worker *w, void *pair, struct Sched *sc, int *stop)
+{
+    for (;;) {
+        struct ZuMsg m;
+        if (zu_recv(pair, &m, sc->n ? ZMQ_DONTWAIT : 0)) {
+            if (errno == EINTR)
+                continue;
+            return errno == EAGAIN ? 0 : -1;
+        }
+        uint8_t cmd = m.n >= 1 && zu_size(&m, 0) == 1 ? *(const uint8_t *)zu_data(&m, 0) : 0;
+        const uint8_t *b = m.n == 2 ? zu_data(&m, 1) : NULL;
+        size_t bl = m.n == 2 ? zu_size(&m, 1) : 0;
+        if (cmd == WIRE_DISCONNECT) {
+            zu_close(&m);
+            *stop = 1;
+            return 0;
+        }
+        if (cmd == WIRE_JOB && fault_hit(FAULT_WORKER_THREAD_EXIT)) {
+            dlog(LL_WARN, "msg=\"compute thread exits (injected fault)\" worker=%d", w->o.index);
+            zu_close(&m);
+            return -1;
+        }
+        if (cmd == WIRE_JOB && bl >= 8) {
+            if (sc->n >= WIRE_MAX_RUNNING) {
+                worker_send_error(pair, wire_get_u64(b), "overloaded", "worker full");
+            } else {
+                struct Seq *q = seq_admit(w, pair, wire_get_u64(b), b + 8, bl - 8, sc->next_order++);
+                if (q)
+                    sc->run[sc->n++] = q;
+            }
+        } else if (cmd == WIRE_CANCEL && bl >= 9) {
+            uint64_t job = wire_get_u64(b);
+            for (int i = 0; i < sc->n; i++)
+                if (sc->run[i]->job.job == job && !sc->run[i]->cancelled) {
+                    sc->run[i]->cancelled = 1;
+                    sc->run[i]->reason = b[8];
+                }
+        }
+        zu_close(&m);
+        if (!sc->n)
+            continue;   /* nothing runs: wait for a job */
+    }
+}
+
+static void stats_step(struct WorkerStats *st, int tokens)
+{
+    if (!st)
+        return;
+    atomic_fetch_add(&st->steps, 1);
+    atomic_fetch_add(&st->step_tokens, (uint64_t)tokens);
+    int b = 0;
+    while (b < WORKER_STEP_BUCKETS - 1 && tokens > (1 << b))
+        b++;
+    atomic_fetch_add(&st->step_bucket[b], 1);
+}
+
+/* A sequence that has not started, or was preempted: its pages go back, it starts over. */
+static void seq_unstart(struct Seq *q)
+{
+    engine_reset(q->e);
+    q->done = 0;
+    q->started = 0;
+}
+
+/* One step: the next token of every started sequence past its prompt (a decode token, or a
+ * generated token fed again after a preemption), then prompt chunks within the budget, oldest
+ * first. A sequence that has not started joins only with pages nobody uses (alone, it may try:
+ * it then fits, or never will), so it never preempts a started one. Returns 1 when a step
+ * ran, 0 when there was nothing to run. */
+static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
+{
+    char err[512];
+    /* while a sequence is decoding, steps stay short so its tokens keep coming (stall-free);
+     * otherwise a prompt prefills in whole chunks */
+    int budget = engine_opts(w->e)->chunk, no_new = 0;
+    for (int i = 0; i < sc->n; i++)
+        if (sc->run[i]->started && sc->run[i]->done >= sc->run[i]->n_prompt &&
+            w->o.step_tokens > 0 && w->o.step_tokens < budget)
+            budget = w->o.step_tokens;
+    for (int attempt = 0; attempt < 4 * WIRE_MAX_RUNNING; attempt++) {
+        /* finished by a cancel between steps */
+        for (int i = 0; i < sc->n;)
+            if (sc->run[i]->cancelled) {
+                seq_finish(w, pair, sc->run[i], 1);
+                sched_remove(sc, i);
+            } else {
+                i++;
+            }
+        struct EngineBatchItem it[WIRE_MAX_RUNNING];
+        struct Seq *who[WIRE_MAX_RUNNING];
+        uint8_t joined[WIRE_MAX_RUNNING];   /* the item's sequence starts in this step */
+        int k = 0, left = budget, any_started = 0;
+        /* pages a sequence that has not started may take: those nobody uses, less what each
+         * started one may need for a decode token */
+        long spare = engine_pages_available(w->e);
+        for (int i = 0; i < sc->n; i++)
+            if (sc->run[i]->started) {
+                spare -= engine_pages_needed(sc->run[i]->e, 1);
+                any_started = 1;
+            }
+        for (int i = 0; i < sc->n && left > 0; i++) {
+            struct Seq *q = sc->run[i];
+            if (!q->started || q->done < q->n_prompt)
+                continue;
+            joined[k] = 0;
+            who[k] = q;
+            it[k++] = (struct EngineBatchItem){ q->e, q->hist + q->done, 1, 0,
+                                                q->done + 1 == q->n_hist };
+            left--;
+        }
+        for (int i = 0; i < sc->n && left > 0; i++) {
+            struct Seq *q = sc->run[i];
+            if (q->started && q->done >= q->n_prompt)
+                continue;
+            joined[k] = !q->started;
+            if (!q->started) {
+                if (no_new)
+                    continue;
+                size_t rest = q->n_prompt;
+                int n = rest < (size_t)left ? (int)rest : left;
+                int need = engine_pages_needed(q->e, n);
+                if (any_started && need > spare)
+                    continue;
+                spare -= need;
+                any_started = 1;
+                q->done = engine_take_cached(q->e, q->hist, q->n_prompt);
+                if (q->cached < 0)
+                    q->cached = (int)q->done;
+                q->started = 1;
+            }
+            if (q->done >= q->n_prompt) {
+                /* a preempted sequence whose prompt came back whole from the cache */
+                who[k] = q;
+                it[k++] = (struct EngineBatchItem){ q->e, q->hist + q->done, 1, 0,
+                                                    q->done + 1 == q->n_hist };
+                left--;
+                continue;
+            }
+            size_t rest = q->n_prompt - q->done;
+            int n = rest < (size_t)left ? (int)rest : left;
+            who[k] = q;
+            it[k++] = (struct EngineBatchItem){ q->e, q->hist + q->done, n, 1,
+                                                q->done + (size_t)n == q->n_prompt &&
+                                                q->n_hist == q->n_prompt };
+            left -= n;
+        }
+        if (k == 0)
+            return 0;
+        int failed = -1;
+        int rc = engine_step(w->e, it, k, &failed, err, sizeof err);
+        if (rc == ENGINE_EBUDGET && failed >= 0) {
+            struct Seq *f = who[failed];
+            /* those that joined in this step start over; they wait for free pages */
+            int f_new = joined[failed];
+            for (int j = 0; j < k; j++)
+                if (joined[j])
+                    seq_unstart(who[j]);
+            int holders = 0, victim = -1;
+            for (int i = 0; i < sc->n; i++)
+                if (sc->run[i]->started) {
+                    holders++;
+                    if (victim < 0 || sc->run[i]->order > sc->run[victim]->order)
+                        victim = i;
+                }
+            if ((f_new && holders == 0) || (!f_new && holders == 1 && sc->run[victim] == f)) {
+                /* alone, and still no room: this request can never fit the pool */
+                for (int i = 0; i < sc->n; i++)
+                    if (sc->run[i] == f) {
+                        sched_remove(sc, i);
+                        break;
+                    }
+                worker_send_error(pair, f->job.job, "overloaded", "the KV pool cannot hold this "
+                           "request: raise kv_pool_bytes");
+                seq_free(w, f);
+                continue;
+            }
+            no_new = 1;
+            if (f_new)
+                continue;   /* it waits; the started ones go on */
+            struct Seq *v = sc->run[victim];
+            seq_unstart(v);
+            if (w->o.stats)
+                atomic_fetch_add(&w->o.stats->preemptions, 1);
+            dlog(LL_DEBUG, "msg=\"sequence preempted\" worker=%d job=%llu tokens=%zu",
+                 w->o.index, (unsigned long long)v->job.job, v->n_hist);
+            /* it goes to the back: the others go first */
+            sched_remove(sc, victim);
+            sc->run[sc->n++] = v;
+            continue;
+        }
+        if (rc) {
+            /* a sequence at fault is answered; anything else ends every sequence */
+            for (int i = 0; i < sc->n;) {
+                struct Seq *q = sc->run[i];
+                if (failed < 0 || q == who[failed]) {
+                    worker_send_error(pair, q->job.job, rc == ENGINE_ECTX ? "too_large" : "internal", err);
+                    seq_free(w, q);
+                    sched_remove(sc, i);
+                } else {
+                    i++;
+                }
+            }
+            return 1;
+        }
+        int tokens = 0;
+        for (int j = 0; j < k; j++)
+            tokens += it[j].n;
+        stats_step(w->o.stats, tokens);
+        for (int j = 0; j < k; j++) {
+            struct Seq *q = who[j];
+            q->done += (size_t)it[j].n;
+            if (!it[j].logits)
+                continue;
+            int at = -1;
+            for (int i = 0; i < sc->n; i++)
+                if (sc->run[i] == q)
+                    at = i;
+            if (seq_advance(w, pair, q) && at >= 0)
+                sched_remove(sc, at);   /* answered and freed: it leaves the batch */
+        }
+        return 1;
+    }
+    return 1;
+}
+
+void sched_run(struct Worker *w, void *pair)
+{
+    struct Sched sc;
+    memset(&sc, 0, sizeof sc);
+    int stop = 0;
+    for (;;) {
+        if (sched_read(w, pair, &sc, &stop)) {
+            /* the thread fails: its sequences are lost with it (the I/O thread answers them) */
+            for (int i = 0; i < sc.n; i++)
+                seq_free(w, sc.run[i]);
+            return;
+        }
+        if (stop)
+            break;
+        sched_step(w, pair, &sc);
+    }
+    /* shutting down (or the socket failed): every sequence ends, answered as cancelled */
+    for (int i = 0; i < sc.n; i++) {
+        if (!sc.run[i]->cancelled)
+            sc.run[i]->reason = WIRE_REASON_SHUTDOWN;
+        seq_finish(w, pair, sc.run[i], 1);
+    }
+}
+

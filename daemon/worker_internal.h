@@ -1,0 +1,70 @@
+/* The worker's insides, shared by daemon/worker.c (its threads, the GPU path) and
+ * daemon/sched.c (the CPU batch scheduler). Not a public header. */
+#ifndef DIFFRAG_WORKER_INTERNAL_H
+#define DIFFRAG_WORKER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "daemon/wire.h"
+#include "daemon/worker.h"
+#include "model/generate.h"
+
+struct Worker {
+    void *zctx;
+    const struct Model *m;
+    struct Engine *e;           /* the context; CPU: the runner of the batch's sequences */
+    struct Engine *seq_e[WIRE_MAX_RUNNING]; /* CPU: sequence contexts, made as needed */
+    int n_seq_e;
+    struct WorkerOpts o;
+    char endpoint[512];
+    char curve_server[41], curve_public[41], curve_secret[41];   /* empty: plain */
+    char pair_ep[96], ctl_ep[96];
+    int generation;             /* compute threads started so far (names each PAIR endpoint) */
+    void *pair_io;              /* the I/O thread's end of the PAIR */
+    void *ctl;                  /* PULL: worker_stop's wake-up */
+    pthread_t io_thread, compute_thread;
+    int io_started, compute_started;
+    _Atomic uint64_t cancel_job;  /* the job the I/O thread asked to stop (0: none) */
+    _Atomic int cancel_reason;    /* enum WireReason */
+    size_t kv_bytes;
+    int max_running;              /* jobs it takes at once: 1 on a GPU context */
+    /* the heads the engine watches now (set again only when a job asks for others) */
+    struct AttnWatch watch[ENGINE_MAX_WATCH];
+    int n_watch;
+    int watch_default;            /* the engine's default set is on */
+};
+
+/* The answer tokens' signals as they are generated (struct of arrays, grown by doubling). */
+struct SigBuf {
+    struct WireSignals s;
+    size_t cap;
+    int oom;
+};
+
+struct RunCtx {
+    struct Worker *w;
+    void *pair;
+    uint64_t job;
+    const int *cancelled;       /* a batched sequence's flag; NULL: the worker's atomic */
+    int stream;
+    double t0, ttft_ms;
+    int got_first;
+    uint32_t released;          /* answer bytes released so far */
+    struct SigBuf sig;
+};
+
+void worker_sigbuf_free(struct SigBuf *b);
+/* The generator's callback: streams the token's text and records its signals; non-zero when
+ * the request is to stop. */
+int worker_on_token(void *user, const struct GenToken *t);
+void worker_send_result(void *pair, const struct WireResult *r);
+void worker_send_error(void *pair, uint64_t job, const char *code, const char *msg);
+
+/* The CPU compute thread: runs the jobs that arrive on `pair` in batches until DISCONNECT
+ * (every running request is then answered as cancelled) or a failure (its requests are lost
+ * with it; the I/O thread answers them). */
+void sched_run(struct Worker *w, void *pair);
+
+#endif
