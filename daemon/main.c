@@ -536,13 +536,13 @@ static int start_kv_pool(const struct Model *m, const struct Config *c, int n,
     return 0;
 }
 
-static struct WorkerStats worker_stats_mem;
+/* The in-process workers' batch figures, for /metrics. */
+static struct WorkerStats worker_stats;
 
 static int start_workers(void *zctx, struct Model *m, const struct Config *c, int n,
                          const char *endpoint, const char *const curve[3], struct Worker **workers,
                          enum EngineDevice *device, struct KvPool **pool)
 {
-    struct WorkerStats *worker_stats = &worker_stats_mem;
     struct WorkerOpts wo;
     memset(&wo, 0, sizeof wo);
     wo.endpoint = endpoint;
@@ -567,7 +567,7 @@ static int start_workers(void *zctx, struct Model *m, const struct Config *c, in
         wo.engine.chunk = dev == ENGINE_CUDA ? 8192 : 512;
     wo.step_tokens = (int)c->step_tokens;
     wo.max_running = (int)c->max_running;
-    wo.stats = worker_stats;
+    wo.stats = &worker_stats;
     if (device)
         *device = dev;
     dlog(LL_INFO, "msg=\"compute device\" setting=%s device=%s note=\"%s\"", c->device,
@@ -823,7 +823,7 @@ static int run_daemon(struct Config *c, int argc, char **argv)
     if (n_workers > 0)
         metrics_set_backend(metrics, device == ENGINE_CUDA ? "cuda" : "cpu");
     metrics_set_kv_pool(metrics, kv_pool);
-    metrics_set_worker_stats(metrics, &worker_stats_mem);
+    metrics_set_worker_stats(metrics, &worker_stats);
     if (c->metrics_listen[0] && metrics_http_start(metrics, c->metrics_listen, &http, err, sizeof err)) {
         dlog(LL_ERROR, "msg=\"cannot serve metrics\" error=\"%s\"", err);
         exit(1);

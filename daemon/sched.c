@@ -66,33 +66,6 @@ static void seq_free(struct Worker *w, struct Seq *q)
     free(q);
 }
 
-/* Sets the sequence's watched heads and document spans (its context is fresh or reset). */
-static int seq_ground(struct Worker *w, struct Seq *q, char *err, size_t errlen)
-{
-    struct AttnWatch want[ENGINE_MAX_WATCH];
-    int n;
-    if (!q->job.watch_given) {
-        n = engine_default_watch(w->m, want, ENGINE_MAX_WATCH);
-    } else {
-        n = (int)q->job.n_watch;
-        for (int i = 0; i < n; i++)
-            want[i] = (struct AttnWatch){ q->job.watch[2 * i], q->job.watch[2 * i + 1] };
-    }
-    if (engine_watch(q->e, want, n, err, errlen))
-        return -1;
-    uint8_t *cls = calloc(q->job.n_tokens, 1);
-    if (!cls) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    for (size_t i = 0; i < q->job.n_spans; i++)
-        memset(cls + q->job.doc_spans[2 * i], ATTN_DOC,
-               q->job.doc_spans[2 * i + 1] - q->job.doc_spans[2 * i]);
-    int rc = engine_set_spans(q->e, cls, q->job.n_tokens, err, errlen);
-    free(cls);
-    return rc ? -1 : 0;
-}
-
 /* A new job: decoded, given a context, grounded, its cached prefix taken. NULL after answering
  * it with an error. */
 static struct Seq *seq_admit(struct Worker *w, void *pair, uint64_t job_id, const void *body,
@@ -131,7 +104,7 @@ static struct Seq *seq_admit(struct Worker *w, void *pair, uint64_t job_id, cons
             snprintf(err, sizeof err, "out of memory");
             goto fail;
         }
-    if (seq_ground(w, q, err, sizeof err))
+    if (worker_ground(w->m, q->e, &q->job, err, sizeof err))
         goto fail;
     q->rc = (struct RunCtx){ .w = w, .pair = pair, .job = job_id, .cancelled = &q->cancelled,
                              .stream = q->job.stream, .t0 = zu_now_ms() };
@@ -362,14 +335,6 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
                 if (q->cached < 0)
                     q->cached = (int)q->done;
                 q->started = 1;
-            }
-            if (q->done >= q->n_prompt) {
-                /* a preempted sequence whose prompt came back whole from the cache */
-                who[k] = q;
-                it[k++] = (struct EngineBatchItem){ q->e, q->hist + q->done, 1, 0,
-                                                    q->done + 1 == q->n_hist };
-                left--;
-                continue;
             }
             size_t rest = q->n_prompt - q->done;
             int n = rest < (size_t)left ? (int)rest : left;

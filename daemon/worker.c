@@ -137,36 +137,20 @@ static enum WireFinish cancel_finish(struct Worker *w)
     return atomic_load(&w->cancel_reason) == WIRE_REASON_DEADLINE ? WF_DEADLINE : WF_CANCELLED;
 }
 
-/* The heads the job asks to watch (the engine's default set when it names none), set only
- * when they differ from the current ones. 0, or -1 with err. */
-static int set_watch(struct Worker *w, const struct WireJob *job, char *err, size_t errlen)
+int worker_ground(const struct Model *m, struct Engine *e, const struct WireJob *job, char *err,
+                  size_t errlen)
 {
     struct AttnWatch want[ENGINE_MAX_WATCH];
     int n;
     if (!job->watch_given) {
-        if (w->watch_default)
-            return 0;
-        n = engine_default_watch(w->m, want, ENGINE_MAX_WATCH);
+        n = engine_default_watch(m, want, ENGINE_MAX_WATCH);
     } else {
         n = (int)job->n_watch;
         for (int i = 0; i < n; i++)
             want[i] = (struct AttnWatch){ job->watch[2 * i], job->watch[2 * i + 1] };
-        if (!w->watch_default && n == w->n_watch && !memcmp(want, w->watch, (size_t)n * sizeof *want))
-            return 0;
     }
-    w->watch_default = 0;
-    w->n_watch = 0;
-    if (engine_watch(w->e, want, n, err, errlen))
+    if (engine_watch(e, want, n, err, errlen))
         return -1;
-    memcpy(w->watch, want, (size_t)n * sizeof *want);
-    w->n_watch = n;
-    w->watch_default = !job->watch_given;
-    return 0;
-}
-
-/* Marks the prompt's document positions; everything after the prompt counts as generated. */
-static int set_spans(struct Worker *w, const struct WireJob *job, char *err, size_t errlen)
-{
     uint8_t *cls = calloc(job->n_tokens, 1);
     if (!cls) {
         snprintf(err, errlen, "out of memory");
@@ -174,7 +158,7 @@ static int set_spans(struct Worker *w, const struct WireJob *job, char *err, siz
     }
     for (size_t i = 0; i < job->n_spans; i++)
         memset(cls + job->doc_spans[2 * i], ATTN_DOC, job->doc_spans[2 * i + 1] - job->doc_spans[2 * i]);
-    int rc = engine_set_spans(w->e, cls, job->n_tokens, err, errlen);
+    int rc = engine_set_spans(e, cls, job->n_tokens, err, errlen);
     free(cls);
     return rc ? -1 : 0;
 }
@@ -200,7 +184,7 @@ static void run_job(struct Worker *w, void *pair, uint64_t job_id, const void *b
         wire_job_free(&job);
         return;
     }
-    if (set_watch(w, &job, err, sizeof err) || set_spans(w, &job, err, sizeof err)) {
+    if (worker_ground(w->m, w->e, &job, err, sizeof err)) {
         worker_send_error(pair, job_id, "internal", err);
         wire_job_free(&job);
         return;

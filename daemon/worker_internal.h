@@ -30,10 +30,6 @@ struct Worker {
     _Atomic int cancel_reason;    /* enum WireReason */
     size_t kv_bytes;
     int max_running;              /* jobs it takes at once: 1 on a GPU context */
-    /* the heads the engine watches now (set again only when a job asks for others) */
-    struct AttnWatch watch[ENGINE_MAX_WATCH];
-    int n_watch;
-    int watch_default;            /* the engine's default set is on */
 };
 
 /* The answer tokens' signals as they are generated (struct of arrays, grown by doubling). */
@@ -61,6 +57,11 @@ void worker_sigbuf_free(struct SigBuf *b);
 int worker_on_token(void *user, const struct GenToken *t);
 void worker_send_result(void *pair, const struct WireResult *r);
 void worker_send_error(void *pair, uint64_t job, const char *code, const char *msg);
+/* Points context e at a job's grounding: the heads it asks to watch (the model's default set
+ * when it names none) and its prompt's document positions (everything after the prompt counts
+ * as generated). 0, or -1 with err. */
+int worker_ground(const struct Model *m, struct Engine *e, const struct WireJob *job, char *err,
+                  size_t errlen);
 
 /* The CPU compute thread: runs the jobs that arrive on `pair` in batches until DISCONNECT
  * (every running request is then answered as cancelled) or a failure (its requests are lost

@@ -131,6 +131,16 @@ int gen_next(struct GenState *g, struct Engine *e, int32_t *next, char *err, siz
     return 1;
 }
 
+void gen_abort(struct GenState **pg)
+{
+    struct GenState *g = *pg;
+    if (!g) return;
+    free(g->out.p);
+    sampler_destroy(&g->smp);
+    free(g);
+    *pg = NULL;
+}
+
 int gen_end(struct GenState **pg, int cancelled, struct GenResult *r)
 {
     struct GenState *g = *pg;
@@ -156,22 +166,10 @@ int gen_end(struct GenState **pg, int cancelled, struct GenResult *r)
     }
     r->n_generated = g->n_generated;
     r->finish = rc ? FINISH_ERROR : g->finish;
-    free(g->out.p);
-    sampler_destroy(&g->smp);
-    free(g);
-    *pg = NULL;
+    gen_abort(pg);
     return rc;
 }
 
-void gen_abort(struct GenState **pg)
-{
-    struct GenState *g = *pg;
-    if (!g) return;
-    free(g->out.p);
-    sampler_destroy(&g->smp);
-    free(g);
-    *pg = NULL;
-}
 
 int generate(struct Engine *e, const int32_t *prompt, size_t n_prompt, const struct GenParams *p,
              gen_token_fn cb, void *user, struct GenResult *r, char *err, size_t errlen)
