@@ -30,6 +30,7 @@
 #include "kernels/dequant.h"
 #include "kernels/f16.h"
 #include "model/engine.h"
+#include "model/kvpool.h"
 #include "model/gguf.h"
 #include "model/sampler.h"
 
@@ -645,6 +646,91 @@ static int run_engine(const struct Model *m, const char *tokens_path, int thread
     return 0;
 }
 
+/* --- batched decode: B sequences stepping together against one at a time --- */
+
+/* B sequences of one runner, each prefilled with the tokens rotated by a different offset (so
+ * that no prefix is shared), then n_decode greedy steps: first each sequence alone, then all B
+ * in one engine_step per token. Prints the tokens/s of both and checks that the batched steps
+ * chose the same tokens. */
+static int run_batch(const struct Model *m, const char *tokens_path, int threads, int batch,
+                     int n_decode, enum KvType kv)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    char err[512];
+    if (read_tokens(tokens_path, &ids, &n) != 0 || n == 0) {
+        fprintf(stderr, "bench_kernels: cannot read tokens from %s\n", tokens_path);
+        free(ids);
+        return 1;
+    }
+    struct EngineOpts o;
+    engine_opts_default(&o);
+    o.n_threads = threads;
+    o.kv_type = kv;
+    o.n_ctx = (int)n + n_decode + 1;
+    struct Engine *run = NULL;
+    struct KvPool *pool = NULL;
+    struct Engine **seq = calloc((size_t)batch, sizeof *seq);
+    int32_t *prompt = malloc(n * sizeof *prompt), *alone = malloc((size_t)batch * n_decode * sizeof *alone);
+    struct EngineBatchItem *items = calloc((size_t)batch, sizeof *items);
+    int32_t *next = calloc((size_t)batch, sizeof *next);
+    int rc = !seq || !prompt || !alone || !items || !next;
+    if (!rc && kvpool_new(m, kv, (size_t)(batch + 1) * kvpool_pages_for(o.n_ctx), 0, &pool, err,
+                          sizeof err) != 0)
+        rc = 1;
+    o.kv_pool = pool;
+    if (!rc && engine_new(m, &o, &run, err, sizeof err) != ENGINE_OK) rc = 1;
+    for (int b = 0; b < batch && !rc; b++)
+        if (engine_new_seq(run, &seq[b], err, sizeof err) != ENGINE_OK) rc = 1;
+    double alone_s = 0, batch_s = 0;
+    struct EngineStats st;
+    for (int pass = 0; pass < 2 && !rc; pass++) {
+        for (int b = 0; b < batch && !rc; b++) {
+            engine_reset(seq[b]);
+            for (size_t i = 0; i < n; i++) prompt[i] = ids[(i + (size_t)b * 97) % n];
+            if (engine_prefill(seq[b], prompt, n, err, sizeof err) != ENGINE_OK) rc = 1;
+        }
+        engine_stats_reset(run);
+        double t = now_s();
+        for (int s = 0; s < n_decode && !rc; s++) {
+            for (int b = 0; b < batch; b++) {
+                const float *lg = engine_logits(seq[b]);
+                int best = 0;
+                for (int v = 1; v < m->cfg.vocab; v++) if (lg[v] > lg[best]) best = v;
+                next[b] = best;
+                if (pass == 0) alone[(size_t)b * n_decode + s] = best;
+                else if (alone[(size_t)b * n_decode + s] != best) {
+                    fprintf(stderr, "bench_kernels: sequence %d step %d: batched token %d, alone %d\n",
+                            b, s, best, alone[(size_t)b * n_decode + s]);
+                    rc = 1;
+                }
+                items[b] = (struct EngineBatchItem){.seq = seq[b], .tokens = &next[b], .n = 1,
+                                                    .logits = 1};
+            }
+            if (pass == 0) {
+                for (int b = 0; b < batch && !rc; b++)
+                    if (engine_decode(seq[b], next[b], err, sizeof err) != ENGINE_OK) rc = 1;
+            } else if (!rc && engine_step(run, items, batch, NULL, err, sizeof err) != ENGINE_OK) {
+                rc = 1;
+            }
+        }
+        *(pass ? &batch_s : &alone_s) = now_s() - t;
+        engine_stats(run, &st);
+        if (!rc)
+            printf("batch: mode=%s sequences=%d depth=%zu steps=%d tok_s=%.1f matmul_ms_per_step=%.2f "
+                   "attention_ms_per_step=%.2f\n", pass ? "together" : "alone", batch, n, n_decode,
+                   batch * n_decode / (pass ? batch_s : alone_s),
+                   st.matmul_s * 1e3 / n_decode, st.attention_s * 1e3 / n_decode);
+    }
+    if (!rc) printf("batch: together/alone=%.2fx tokens_equal=1\n", alone_s / batch_s);
+    else if (err[0]) fprintf(stderr, "bench_kernels: %s\n", err);
+    for (int b = 0; b < batch; b++) if (seq[b]) engine_destroy(&seq[b]);
+    engine_destroy(&run);
+    kvpool_destroy(&pool);
+    free(seq); free(prompt); free(alone); free(items); free(next); free(ids);
+    return rc;
+}
+
 /* --- sampling: the host's share of a token --- */
 
 static void run_sampler(int n, int reps)
@@ -702,7 +788,9 @@ static void usage(void)
             "       bench_kernels sampler [--n VOCAB] [--reps R]\n"
             "       bench_kernels synth [--type T --k K --m M] [--n ROWS] [--threads N] [--reps R]\n"
             "       bench_kernels engine -m MODEL --tokens-file F [--threads N] [--chunk C]\n"
-            "                            [--decode N] [--kv f16|f32|q8]\n");
+            "                            [--decode N] [--kv f16|f32|q8]\n"
+            "       bench_kernels batch -m MODEL --tokens-file F [--batch B] [--decode N]\n"
+            "                            [--threads N] [--kv f16|f32|q8]\n");
 }
 
 int main(int argc, char **argv)
@@ -710,7 +798,7 @@ int main(int argc, char **argv)
     if (argc < 2) { usage(); return 2; }
     const char *mode = argv[1], *model_path = NULL, *tokens = NULL, *synth_type = NULL;
     int synth_k = 0, synth_m = 0;
-    int threads = 2, reps = 5, n = 512, chunk = 512, n_decode = 0, ctx = 2048, q_heads = 9;
+    int threads = 2, batch = 16, reps = 5, n = 512, chunk = 512, n_decode = 0, ctx = 2048, q_heads = 9;
     enum KvType kv = KV_F16;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -721,6 +809,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--n")) n = atoi(v);
         else if (!strcmp(a, "--chunk")) chunk = atoi(v);
         else if (!strcmp(a, "--decode")) n_decode = atoi(v);
+        else if (!strcmp(a, "--batch")) batch = atoi(v);
         else if (!strcmp(a, "--ctx")) ctx = atoi(v);
         else if (!strcmp(a, "--clock")) bench_clock = !strcmp(v, "cpu") ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC;
         else if (!strcmp(a, "--q-heads")) q_heads = atoi(v);
@@ -769,6 +858,8 @@ int main(int argc, char **argv)
     int rc = 0;
     if (!strcmp(mode, "shapes")) run_shapes(m, threads, n, reps);
     else if (!strcmp(mode, "engine") && tokens) rc = run_engine(m, tokens, threads, chunk, n_decode, kv);
+    else if (!strcmp(mode, "batch") && tokens && batch >= 1 && n_decode >= 1)
+        rc = run_batch(m, tokens, threads, batch, n_decode, kv);
     else { usage(); rc = 2; }
     model_destroy(&m);
     return rc;

@@ -5,6 +5,8 @@
  *   - matrix products for every weight type and layout, one token and many, plain,
  *     accumulating and SwiGLU, through the microkernels and through OpenBLAS;
  *   - the thread count (1..4) changes no result by more than 1e-5 relative;
+ *   - a batch of one-row products (decode tokens) gives each row bit for bit its own one-row
+ *     product;
  *   - the interleaved weight layout decodes to exactly the file's values, and every path's
  *     vector decoding (prefill panels of X16 tiles, K-quant rows) gives exactly the portable
  *     decoder's values;
@@ -515,6 +517,8 @@ static void test_q8(void)
            "ones bit for bit; panels give the decoded weights exactly\n", checked);
 }
 
+static int onerow_cases;
+
 /* One product configuration through every path: y = x.w^T (plain / accumulate) or SwiGLU. */
 static double matmul_case(uint32_t type, int n, int k, int m, int mode, const char *tname)
 {
@@ -591,6 +595,37 @@ static double matmul_case(uint32_t type, int n, int k, int m, int mode, const ch
                 pool_destroy(&pool);
             }
     }
+    /* A batch of decode tokens (onerow): the rows go through the one-row kernels several at a
+     * time (CPU_MV_ROWS share one unpacking of the weights), and each must equal its own
+     * one-row product bit for bit. */
+    if (n > 1) {
+        for (int isa = 0; isa < CPU_ISA_COUNT; isa++) {
+            if (!cpu_isa_supported((enum CpuIsa)isa)) continue;
+            struct ThreadPool *pool = NULL;
+            CHECK(pool_new(2, &pool) == 0, "pool_new");
+            void *scratch = malloc(cpu_matmul_scratch(n, k, 2));
+            memcpy(y, y0, sizeof(float) * (size_t)n * ys);
+            a.onerow = 1;
+            cpu_matmul_with((enum CpuIsa)isa, CPU_GEMM_Q8, pool, &a, scratch);
+            a.onerow = 0;
+            int differ = 0;
+            for (int i = 0; i < n; i++) {
+                struct MatmulArgs one = a;
+                one.x = x + (size_t)i * xs;
+                one.n = 1;
+                one.out[0].y = first;
+                memcpy(first, y0 + (size_t)i * ys, sizeof(float) * ys);
+                cpu_matmul_with((enum CpuIsa)isa, CPU_GEMM_Q8, pool, &one, scratch);
+                differ += memcmp(first, y + (size_t)i * ys, sizeof(float) * (size_t)m) != 0;
+            }
+            CHECK(differ == 0, "matmul %s %s n=%d mode=%d: %d rows of a one-row batch differ "
+                  "from their one-row products", tname, cpu_isa_name((enum CpuIsa)isa), n, mode,
+                  differ);
+            onerow_cases++;
+            free(scratch);
+            pool_destroy(&pool);
+        }
+    }
     free(src); free(src2); free(wd); free(wd2); free(wf); free(wf2);
     free(x); free(y0); free(y); free(first); free(want); free(want_q8); free(xr);
     return worst;
@@ -613,6 +648,8 @@ static void test_matmul(void)
             }
     printf("matmul: %d cases (%d types, 1-77 rows, plain/accumulate/SwiGLU) on every path: max "
            "relative error %.3e\n", cases, (int)N_TYPES, worst);
+    printf("matmul: %d batches of one-row products (2-77 rows) on every path: each row equals "
+           "its own one-row product bit for bit\n", onerow_cases);
     if (cpu_q8_vnni())
         printf("matmul: %d int8 (q8) runs checked against GGML-rounded inputs\n", q8_cases);
     else

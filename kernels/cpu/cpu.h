@@ -61,10 +61,16 @@ void cpu_weights_row(const struct Weights *w, int r, float *dst);
  * where it has them (the values are the same on every path). */
 void cpu_decode_rows(const struct Weights *w, int r0, int nr, float *dst);
 void cpu_decode_rows_with(enum CpuIsa isa, const struct Weights *w, int r0, int nr, float *dst);
+/* Input rows one sweep of a weight matrix serves in the one-token products (a batch of decode
+ * tokens): the weights are unpacked once for up to this many inputs, and every input's
+ * arithmetic is the one it has alone, so each result is that of its own one-row product. */
+enum { CPU_MV_ROWS = 4 };
+
 /* K-quant rows (row layout, nb super-blocks): the product with x (xsum: x's 32-element block
- * sums), and the exact decoding, per path. */
-float cpu_dot_k_avx512(uint32_t type, const uint8_t *row, const float *x, const float *xsum,
-                       int nb);
+ * sums), and the exact decoding, per path. The AVX-512 product takes nr (1..CPU_MV_ROWS)
+ * inputs x[i] (block sums xsum[i]) and writes out[i]. */
+void cpu_dot_k_avx512(uint32_t type, const uint8_t *row, const float *const *x,
+                      const float *const *xsum, int nb, int nr, float *out);
 float cpu_dot_k_avx2(uint32_t type, const uint8_t *row, const float *x, const float *xsum, int nb);
 void cpu_decode_k_avx512(uint32_t type, const uint8_t *src, float *dst, int nb);
 void cpu_decode_k_avx2(uint32_t type, const uint8_t *src, float *dst, int nb);
@@ -76,8 +82,10 @@ void cpu_panel_x16_avx2(const struct Weights *w, int r0, int width, float *panel
 /* One-token products of an X16 matrix: groups g0..g1-1, y[16 * (g - g0) + j] = row 16g+j . x.
  * `xsum` (cols/32) holds the sums of x over each 32-element block. */
 void cpu_matvec_x16_portable(const struct Weights *w, int g0, int g1, const float *x, float *y);
-void cpu_matvec_x16_avx512(const struct Weights *w, int g0, int g1, const float *x,
-                           const float *xsum, float *y);
+/* The AVX-512 path takes nr (1..CPU_MV_ROWS) inputs x[i] (block sums xsum[i]) and writes
+ * y[i], each as its own one-input product would. */
+void cpu_matvec_x16_avx512(const struct Weights *w, int g0, int g1, const float *const *x,
+                           const float *const *xsum, float *const *y, int nr);
 void cpu_matvec_x16_avx2(const struct Weights *w, int g0, int g1, const float *x,
                          const float *xsum, float *y);
 /* One-token products of a row-layout matrix: y[r - r0] = row r . x. */

@@ -231,37 +231,55 @@ static void gemm_task(void *ctx, int task, int thread)
 
 /* --- one input row --- */
 
-/* Outputs r0..r1-1 (r0 a multiple of 16) of w . x into y[0 .. r1 - r0). */
+/* Outputs r0..r1-1 (r0 a multiple of 16) of w . x[i] into y[i][0 .. r1 - r0) for nr inputs
+ * (1..CPU_MV_ROWS). The AVX-512 kernels unpack the weights once for all of them; every input's
+ * arithmetic is the same as alone. */
 static void matvec_rows(const struct GemmJob *job, const struct Weights *w, int r0, int r1,
-                        const float *x, const float *xsum, float *y, float *ws)
+                        const float *const *x, const float *const *xsum, float *const *y,
+                        int nr, float *ws)
 {
     if (w->layout == WEIGHTS_X16) {
         int g0 = r0 / 16, g1 = (r1 + 15) / 16;
-        float *tmp = ws + round_up((size_t)w->cols, ALIGN_FLOATS);
-        if (job->isa == CPU_ISA_AVX512) cpu_matvec_x16_avx512(w, g0, g1, x, xsum, tmp);
-        else if (job->isa == CPU_ISA_AVX2) cpu_matvec_x16_avx2(w, g0, g1, x, xsum, tmp);
-        else cpu_matvec_x16_portable(w, g0, g1, x, tmp);
-        memcpy(y, tmp, (size_t)(r1 - r0) * sizeof(float));
+        float *tmp[CPU_MV_ROWS];
+        for (int i = 0; i < nr; i++)
+            tmp[i] = ws + round_up((size_t)w->cols, ALIGN_FLOATS) + (size_t)i * 256;
+        if (job->isa == CPU_ISA_AVX512) {
+            cpu_matvec_x16_avx512(w, g0, g1, x, xsum, tmp, nr);
+        } else {
+            for (int i = 0; i < nr; i++) {
+                if (job->isa == CPU_ISA_AVX2) cpu_matvec_x16_avx2(w, g0, g1, x[i], xsum[i], tmp[i]);
+                else cpu_matvec_x16_portable(w, g0, g1, x[i], tmp[i]);
+            }
+        }
+        for (int i = 0; i < nr; i++) memcpy(y[i], tmp[i], (size_t)(r1 - r0) * sizeof(float));
         return;
     }
     if (job->isa == CPU_ISA_AVX512 && cpu_matvec_avx512_handles(w->type)) {
-        cpu_matvec_avx512(w, r0, r1, x, xsum, y);
+        for (int i = 0; i < nr; i++) cpu_matvec_avx512(w, r0, r1, x[i], xsum[i], y[i]);
         return;
     }
     if (kquant_is_k(w->type) && job->isa != CPU_ISA_SCALAR) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
-        for (int r = r0; r < r1; r++, row += w->row_bytes)
-            y[r - r0] = job->isa == CPU_ISA_AVX512
-                            ? cpu_dot_k_avx512(w->type, row, x, xsum, w->cols / QK_K)
-                            : cpu_dot_k_avx2(w->type, row, x, xsum, w->cols / QK_K);
+        for (int r = r0; r < r1; r++, row += w->row_bytes) {
+            if (job->isa == CPU_ISA_AVX512) {
+                float out[CPU_MV_ROWS];
+                cpu_dot_k_avx512(w->type, row, x, xsum, w->cols / QK_K, nr, out);
+                for (int i = 0; i < nr; i++) y[i][r - r0] = out[i];
+            } else {
+                for (int i = 0; i < nr; i++)
+                    y[i][r - r0] = cpu_dot_k_avx2(w->type, row, x[i], xsum[i], w->cols / QK_K);
+            }
+        }
         return;
     }
     int k = w->cols;
     for (int r = r0; r < r1; r++) {
         cpu_weights_row(w, r, ws);
-        float s = 0.f;
-        for (int kk = 0; kk < k; kk++) s += ws[kk] * x[kk];
-        y[r - r0] = s;
+        for (int i = 0; i < nr; i++) {
+            float s = 0.f;
+            for (int kk = 0; kk < k; kk++) s += ws[kk] * x[i][kk];
+            y[i][r - r0] = s;
+        }
     }
 }
 
@@ -275,22 +293,33 @@ static void matvec_task(void *ctx, int task, int thread)
     int span = job->per_task * MATVEC_GROUP;
     int r0 = (task - job->first_task[o]) * span;
     int r1 = out->w->rows - r0 < span ? out->w->rows : r0 + span;
-    float tmp[256], up[256];
-    /* Row after row through the same kernel (a batch of decode tokens): each row's result is
-     * that of its own one-row product, and the task's weights are read from memory once. */
+    float tmp[CPU_MV_ROWS][256], up[CPU_MV_ROWS][256];
+    /* The rows (a batch of decode tokens) CPU_MV_ROWS at a time through the same kernels:
+     * each row's result is that of its own one-row product, and the task's weights are
+     * unpacked once per group of rows. */
     size_t xs_stride = (size_t)(a->k / 32);
-    for (int i = 0; i < a->n; i++) {
-        const float *x = a->x + (size_t)i * a->x_stride, *xsum = job->xsum + i * xs_stride;
-        float *y = out->y + (size_t)i * out->y_stride;
-        matvec_rows(job, out->w, r0, r1, x, xsum, tmp, ws);
-        if (a->swiglu) {
-            matvec_rows(job, a->out[1].w, r0, r1, x, xsum, up, ws);
-            silu_mul_n(job->isa, tmp, up, r1 - r0);
-            memcpy(y + r0, tmp, (size_t)(r1 - r0) * sizeof(float));
-            continue;
+    for (int i0 = 0; i0 < a->n; i0 += CPU_MV_ROWS) {
+        int nr = a->n - i0 < CPU_MV_ROWS ? a->n - i0 : CPU_MV_ROWS;
+        const float *x[CPU_MV_ROWS], *xsum[CPU_MV_ROWS];
+        float *t[CPU_MV_ROWS], *u[CPU_MV_ROWS];
+        for (int i = 0; i < nr; i++) {
+            x[i] = a->x + (size_t)(i0 + i) * a->x_stride;
+            xsum[i] = job->xsum + (size_t)(i0 + i) * xs_stride;
+            t[i] = tmp[i];
+            u[i] = up[i];
         }
-        for (int r = r0; r < r1; r++)
-            y[r] = out->accumulate ? y[r] + tmp[r - r0] : tmp[r - r0];
+        matvec_rows(job, out->w, r0, r1, x, xsum, t, nr, ws);
+        if (a->swiglu) matvec_rows(job, a->out[1].w, r0, r1, x, xsum, u, nr, ws);
+        for (int i = 0; i < nr; i++) {
+            float *y = out->y + (size_t)(i0 + i) * out->y_stride;
+            if (a->swiglu) {
+                silu_mul_n(job->isa, tmp[i], up[i], r1 - r0);
+                memcpy(y + r0, tmp[i], (size_t)(r1 - r0) * sizeof(float));
+                continue;
+            }
+            for (int r = r0; r < r1; r++)
+                y[r] = out->accumulate ? y[r] + tmp[i][r - r0] : tmp[i][r - r0];
+        }
     }
 }
 

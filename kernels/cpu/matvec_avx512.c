@@ -135,23 +135,33 @@ static inline __m512 half16(const uint8_t *p)
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
 }
 
+/* The block sums below serve nr inputs (1..CPU_MV_ROWS) per unpacking of the weights: input r
+ * has its own four chains and gets exactly the operations it gets alone. */
+#define MV_INLINE static inline __attribute__((always_inline))
+
 /* sum over the block of nibble * x for the 16 rows: four chains hide the FMA latency. The
  * nibble becomes a float through a 16-entry table (vpermps reads only the index's low 4 bits,
  * so the low nibble needs no mask), one instruction instead of a mask and a conversion. */
-static inline __m512 x16_nibbles(const uint8_t *q, const float *xb)
+MV_INLINE void x16_nibbles(const uint8_t *q, const float *const *xb, int nr, __m512 *out)
 {
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(),
-           s3 = _mm512_setzero_ps();
+    __m512 s0[CPU_MV_ROWS], s1[CPU_MV_ROWS], s2[CPU_MV_ROWS], s3[CPU_MV_ROWS];
+    for (int r = 0; r < nr; r++)
+        s0[r] = s1[r] = s2[r] = s3[r] = _mm512_setzero_ps();
     const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int i = 0; i < 16; i += 2) {
         __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * i)));
         __m512i u = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * i + 16)));
-        s0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(v, table), _mm512_set1_ps(xb[i]), s0);
-        s1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table), _mm512_set1_ps(xb[i + 16]), s1);
-        s2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(u, table), _mm512_set1_ps(xb[i + 1]), s2);
-        s3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(u, 4), table), _mm512_set1_ps(xb[i + 17]), s3);
+        __m512 w0 = _mm512_permutexvar_ps(v, table), w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
+        __m512 w2 = _mm512_permutexvar_ps(u, table), w3 = _mm512_permutexvar_ps(_mm512_srli_epi32(u, 4), table);
+        for (int r = 0; r < nr; r++) {
+            s0[r] = _mm512_fmadd_ps(w0, _mm512_set1_ps(xb[r][i]), s0[r]);
+            s1[r] = _mm512_fmadd_ps(w1, _mm512_set1_ps(xb[r][i + 16]), s1[r]);
+            s2[r] = _mm512_fmadd_ps(w2, _mm512_set1_ps(xb[r][i + 1]), s2[r]);
+            s3[r] = _mm512_fmadd_ps(w3, _mm512_set1_ps(xb[r][i + 17]), s3[r]);
+        }
     }
-    return _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
+    for (int r = 0; r < nr; r++)
+        out[r] = _mm512_add_ps(_mm512_add_ps(s0[r], s1[r]), _mm512_add_ps(s2[r], s3[r]));
 }
 
 /* The little-endian 16-bit row mask of column c. */
@@ -164,80 +174,116 @@ static inline __mmask16 mask_at(const uint8_t *hm, int c)
 
 /* sum over the block of fifth-bit * x for the 16 rows: hm[c] masks the rows whose column c
  * has its fifth bit set (the bit's weight, 16, is applied by the caller). */
-static inline __m512 x16_fifth_bits(const uint8_t *hm, const float *xb)
+MV_INLINE void x16_fifth_bits(const uint8_t *hm, const float *const *xb, int nr, __m512 *out)
 {
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(),
-           s3 = _mm512_setzero_ps();
+    __m512 s0[CPU_MV_ROWS], s1[CPU_MV_ROWS], s2[CPU_MV_ROWS], s3[CPU_MV_ROWS];
+    for (int r = 0; r < nr; r++)
+        s0[r] = s1[r] = s2[r] = s3[r] = _mm512_setzero_ps();
     /* The masks are read one at a time: a 64-byte local copy let the compiler store it with an
      * aligned vector move, which faults where a sanitizer's fake stack aligns frames to 32. */
     for (int c = 0; c < 32; c += 4) {
-        s0 = _mm512_mask_add_ps(s0, mask_at(hm, c), s0, _mm512_set1_ps(xb[c]));
-        s1 = _mm512_mask_add_ps(s1, mask_at(hm, c + 1), s1, _mm512_set1_ps(xb[c + 1]));
-        s2 = _mm512_mask_add_ps(s2, mask_at(hm, c + 2), s2, _mm512_set1_ps(xb[c + 2]));
-        s3 = _mm512_mask_add_ps(s3, mask_at(hm, c + 3), s3, _mm512_set1_ps(xb[c + 3]));
+        __mmask16 m0 = mask_at(hm, c), m1 = mask_at(hm, c + 1), m2 = mask_at(hm, c + 2),
+                  m3 = mask_at(hm, c + 3);
+        for (int r = 0; r < nr; r++) {
+            s0[r] = _mm512_mask_add_ps(s0[r], m0, s0[r], _mm512_set1_ps(xb[r][c]));
+            s1[r] = _mm512_mask_add_ps(s1[r], m1, s1[r], _mm512_set1_ps(xb[r][c + 1]));
+            s2[r] = _mm512_mask_add_ps(s2[r], m2, s2[r], _mm512_set1_ps(xb[r][c + 2]));
+            s3[r] = _mm512_mask_add_ps(s3[r], m3, s3[r], _mm512_set1_ps(xb[r][c + 3]));
+        }
     }
-    return _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
+    for (int r = 0; r < nr; r++)
+        out[r] = _mm512_add_ps(_mm512_add_ps(s0[r], s1[r]), _mm512_add_ps(s2[r], s3[r]));
 }
 
-static inline __m512 x16_bytes(const uint8_t *q, const float *xb)
+MV_INLINE void x16_bytes(const uint8_t *q, const float *const *xb, int nr, __m512 *out)
 {
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(),
-           s3 = _mm512_setzero_ps();
+    __m512 s0[CPU_MV_ROWS], s1[CPU_MV_ROWS], s2[CPU_MV_ROWS], s3[CPU_MV_ROWS];
+    for (int r = 0; r < nr; r++)
+        s0[r] = s1[r] = s2[r] = s3[r] = _mm512_setzero_ps();
     for (int c = 0; c < 32; c += 4) {
 #define Q8COL(i) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * (c + (i))))))
-        s0 = _mm512_fmadd_ps(Q8COL(0), _mm512_set1_ps(xb[c]), s0);
-        s1 = _mm512_fmadd_ps(Q8COL(1), _mm512_set1_ps(xb[c + 1]), s1);
-        s2 = _mm512_fmadd_ps(Q8COL(2), _mm512_set1_ps(xb[c + 2]), s2);
-        s3 = _mm512_fmadd_ps(Q8COL(3), _mm512_set1_ps(xb[c + 3]), s3);
+        __m512 w0 = Q8COL(0), w1 = Q8COL(1), w2 = Q8COL(2), w3 = Q8COL(3);
 #undef Q8COL
+        for (int r = 0; r < nr; r++) {
+            s0[r] = _mm512_fmadd_ps(w0, _mm512_set1_ps(xb[r][c]), s0[r]);
+            s1[r] = _mm512_fmadd_ps(w1, _mm512_set1_ps(xb[r][c + 1]), s1[r]);
+            s2[r] = _mm512_fmadd_ps(w2, _mm512_set1_ps(xb[r][c + 2]), s2[r]);
+            s3[r] = _mm512_fmadd_ps(w3, _mm512_set1_ps(xb[r][c + 3]), s3[r]);
+        }
     }
-    return _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
+    for (int r = 0; r < nr; r++)
+        out[r] = _mm512_add_ps(_mm512_add_ps(s0[r], s1[r]), _mm512_add_ps(s2[r], s3[r]));
 }
 
-void cpu_matvec_x16_avx512(const struct Weights *w, int g0, int g1, const float *x,
-                           const float *xsum, float *y)
+MV_INLINE void matvec_x16(const struct Weights *w, int g0, int g1, const float *const *x,
+                          const float *const *xsum, float *const *y, int nr)
 {
     int nb = w->cols / 32;
     size_t tile_bytes = 16 * (size_t)dequant_block_bytes(w->type);
     for (int g = g0; g < g1; g++) {
         const uint8_t *t = (const uint8_t *)w->data + (size_t)g * nb * tile_bytes;
-        __m512 acc = _mm512_setzero_ps(), macc = _mm512_setzero_ps();
+        __m512 acc[CPU_MV_ROWS], macc[CPU_MV_ROWS], s[CPU_MV_ROWS], h[CPU_MV_ROWS];
+        const float *xb[CPU_MV_ROWS];
+        for (int r = 0; r < nr; r++) acc[r] = macc[r] = _mm512_setzero_ps();
         for (int b = 0; b < nb; b++, t += tile_bytes) {
-            const float *xb = x + 32 * b;
+            for (int r = 0; r < nr; r++) xb[r] = x[r] + 32 * b;
             /* Weights stream from memory once per token: keep PREFETCH_BYTES ahead in flight. */
             for (size_t off = 0; off < tile_bytes; off += 64)
                 _mm_prefetch((const char *)(t + PREFETCH_BYTES + off), _MM_HINT_T0);
             switch (w->type) {
             case DQ_Q4_1:
-                acc = _mm512_fmadd_ps(half16(t), x16_nibbles(t + 64, xb), acc);
-                macc = _mm512_fmadd_ps(half16(t + 32), _mm512_set1_ps(xsum[b]), macc);
+                x16_nibbles(t + 64, xb, nr, s);
+                for (int r = 0; r < nr; r++) {
+                    acc[r] = _mm512_fmadd_ps(half16(t), s[r], acc[r]);
+                    macc[r] = _mm512_fmadd_ps(half16(t + 32), _mm512_set1_ps(xsum[r][b]), macc[r]);
+                }
                 break;
-            case DQ_Q4_0: {
-                __m512 s = _mm512_sub_ps(x16_nibbles(t + 32, xb), _mm512_set1_ps(8.f * xsum[b]));
-                acc = _mm512_fmadd_ps(half16(t), s, acc);
+            case DQ_Q4_0:
+                x16_nibbles(t + 32, xb, nr, s);
+                for (int r = 0; r < nr; r++) {
+                    __m512 v = _mm512_sub_ps(s[r], _mm512_set1_ps(8.f * xsum[r][b]));
+                    acc[r] = _mm512_fmadd_ps(half16(t), v, acc[r]);
+                }
                 break;
-            }
-            case DQ_Q5_0: {
+            case DQ_Q5_0:
                 /* sum((nibble + 16 hbit - 16) x) */
-                __m512 s = _mm512_fmadd_ps(x16_fifth_bits(t + 32, xb), _mm512_set1_ps(16.f),
-                                           x16_nibbles(t + 96, xb));
-                s = _mm512_sub_ps(s, _mm512_set1_ps(16.f * xsum[b]));
-                acc = _mm512_fmadd_ps(half16(t), s, acc);
+                x16_fifth_bits(t + 32, xb, nr, h);
+                x16_nibbles(t + 96, xb, nr, s);
+                for (int r = 0; r < nr; r++) {
+                    __m512 v = _mm512_fmadd_ps(h[r], _mm512_set1_ps(16.f), s[r]);
+                    v = _mm512_sub_ps(v, _mm512_set1_ps(16.f * xsum[r][b]));
+                    acc[r] = _mm512_fmadd_ps(half16(t), v, acc[r]);
+                }
                 break;
-            }
-            case DQ_Q5_1: {
-                __m512 s = _mm512_fmadd_ps(x16_fifth_bits(t + 64, xb), _mm512_set1_ps(16.f),
-                                           x16_nibbles(t + 128, xb));
-                acc = _mm512_fmadd_ps(half16(t), s, acc);
-                macc = _mm512_fmadd_ps(half16(t + 32), _mm512_set1_ps(xsum[b]), macc);
+            case DQ_Q5_1:
+                x16_fifth_bits(t + 64, xb, nr, h);
+                x16_nibbles(t + 128, xb, nr, s);
+                for (int r = 0; r < nr; r++) {
+                    __m512 v = _mm512_fmadd_ps(h[r], _mm512_set1_ps(16.f), s[r]);
+                    acc[r] = _mm512_fmadd_ps(half16(t), v, acc[r]);
+                    macc[r] = _mm512_fmadd_ps(half16(t + 32), _mm512_set1_ps(xsum[r][b]), macc[r]);
+                }
                 break;
-            }
             default:
-                acc = _mm512_fmadd_ps(half16(t), x16_bytes(t + 32, xb), acc);
+                x16_bytes(t + 32, xb, nr, s);
+                for (int r = 0; r < nr; r++) acc[r] = _mm512_fmadd_ps(half16(t), s[r], acc[r]);
                 break;
             }
         }
-        _mm512_storeu_ps(y + (size_t)(g - g0) * 16, _mm512_add_ps(acc, macc));
+        for (int r = 0; r < nr; r++)
+            _mm512_storeu_ps(y[r] + (size_t)(g - g0) * 16, _mm512_add_ps(acc[r], macc[r]));
+    }
+}
+
+/* One specialised body per count of inputs, so each input's chains live in registers. */
+void cpu_matvec_x16_avx512(const struct Weights *w, int g0, int g1, const float *const *x,
+                           const float *const *xsum, float *const *y, int nr)
+{
+    switch (nr) {
+    case 1: matvec_x16(w, g0, g1, x, xsum, y, 1); break;
+    case 2: matvec_x16(w, g0, g1, x, xsum, y, 2); break;
+    case 3: matvec_x16(w, g0, g1, x, xsum, y, 3); break;
+    default: matvec_x16(w, g0, g1, x, xsum, y, 4); break;
     }
 }
 
@@ -324,10 +370,10 @@ void cpu_matvec_avx512(const struct Weights *w, int r0, int r1, const float *x,
 
 #else
 int cpu_matvec_avx512_handles(uint32_t type) { (void)type; return 0; }
-void cpu_matvec_x16_avx512(const struct Weights *w, int g0, int g1, const float *x,
-                           const float *xsum, float *y)
+void cpu_matvec_x16_avx512(const struct Weights *w, int g0, int g1, const float *const *x,
+                           const float *const *xsum, float *const *y, int nr)
 {
-    (void)w; (void)g0; (void)g1; (void)x; (void)xsum; (void)y;
+    (void)w; (void)g0; (void)g1; (void)x; (void)xsum; (void)y; (void)nr;
 }
 void cpu_panel_x16_avx512(const struct Weights *w, int r0, int width, float *panel)
 {
