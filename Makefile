@@ -141,6 +141,13 @@ eval-longctx: all $(QWEN_FILE) venv
 	BUILD=$(BUILD) $(VENV_PATH) $(PYTHON) tools/eval-longctx.py $(EVAL_ARGS)
 .PHONY: eval-longctx
 
+# Answer accuracy against the context budget (2K to 32K tokens, chunks best first and in
+# document order) with the Qwen model over SQuAD collections (docs/evaluation.md; hours on two
+# cores). EVAL_ARGS narrows it, e.g. --budgets 2048,4096 --articles 2.
+eval-rag: all $(QWEN_FILE) venv
+	BUILD=$(BUILD) $(VENV_PATH) $(PYTHON) tools/eval-rag.py $(EVAL_ARGS)
+.PHONY: eval-rag
+
 clean:
 	rm -rf build
 

@@ -84,15 +84,19 @@ static const struct Key keys[] = {
     { "max_question_bytes", K_SIZE, F(max_question_bytes), "4096", 1, 1048576, 1,
       "longest question in bytes" },
     { "max_context_tokens", K_LONG, F(max_context_tokens), "0", 0, 131072, 1,
-      "cap (and default) of a query's prompt budget in tokens: frame, documents, question; 0 "
+      "cap of a query's prompt budget in tokens: frame, documents, question; 0 "
       "(auto): the model's usable context minus max_tokens, lowered to what kv_budget_bytes "
       "allows. Startup fails when max_context_tokens + max_tokens exceeds the model's context" },
+    { "default_context_tokens", K_LONG, F(default_context_tokens), "0", 0, 131072, 1,
+      "prompt budget in tokens of a query that does not say (at most max_context_tokens); 0 "
+      "(auto): 8192 with CPU workers, max_context_tokens with GPU ones" },
     { "max_tokens", K_LONG, F(max_tokens), "1024", 1, 131072, 1,
       "cap of a query's max_tokens (tokens generated)" },
     { "default_max_tokens", K_LONG, F(default_max_tokens), "256", 1, 131072, 1,
       "max_tokens of a query that does not say (at most max_tokens)" },
-    { "top_k", K_LONG, F(top_k), "5", 1, 100000, 1,
-      "chunks retrieved for a query that does not say (at most max_top_k)" },
+    { "top_k", K_LONG, F(top_k), "0", 0, 100000, 1,
+      "cap on the chunks a query that does not say places (at most max_top_k); 0: none, the "
+      "token budget decides, and documents that fit it go in whole" },
     { "max_top_k", K_LONG, F(max_top_k), "100", 1, 100000, 1,
       "cap of a query's top_k" },
     { "chunk_tokens", K_LONG, F(chunk_tokens), "256", 16, 65536, 1,
@@ -495,6 +499,11 @@ int config_validate(const struct Config *c, char *err, size_t errlen)
                  c->chunk_overlap, c->chunk_tokens);
         return -1;
     }
+    if (c->default_context_tokens > 0 && c->default_context_tokens < 64) {
+        snprintf(err, errlen, "default_context_tokens: %ld is below 64 (0 chooses it)",
+                 c->default_context_tokens);
+        return -1;
+    }
     if (c->max_context_tokens > 0 && c->max_context_tokens < 64) {
         snprintf(err, errlen, "max_context_tokens: %ld is below 64 (0 chooses it from the model)",
                  c->max_context_tokens);
@@ -642,6 +651,14 @@ int config_check_model(const struct Config *c, char *err, size_t errlen)
 long config_max_context(const struct Config *c)
 {
     return c->max_context_tokens ? c->max_context_tokens : c->ctx_auto;
+}
+
+long config_default_context(const struct Config *c)
+{
+    long cap = config_max_context(c);
+    long d = c->default_context_tokens ? c->default_context_tokens
+             : c->gpu_workers ? cap : CONFIG_CPU_CONTEXT;
+    return cap > 0 && d > cap ? cap : d;
 }
 
 static void print_value(const struct Config *c, const struct Key *k, FILE *f)

@@ -32,6 +32,7 @@ struct Config {
     long max_docs;
     size_t max_question_bytes;
     long max_context_tokens, max_tokens, default_max_tokens;
+    long default_context_tokens;                 /* 0: auto (config_default_context) */
     long top_k, max_top_k;
     long chunk_tokens, chunk_overlap, prefill_chunk;
     size_t kv_budget_bytes;
@@ -52,6 +53,7 @@ struct Config {
     /* Not keys: set at startup once the model is known (0 before), kept across reloads. */
     long model_ctx;                              /* the served model's usable context */
     long ctx_auto;                               /* max_context_tokens when it is 0 (auto) */
+    int gpu_workers;                             /* the local workers run on a GPU */
 };
 
 /* What the command line asked besides keys. */
@@ -79,6 +81,11 @@ int config_from_args(struct Config *c, struct ConfigCli *cli, int argc, char **a
 
 /* The prompt budget cap in force: max_context_tokens, or ctx_auto when it is 0 (auto). */
 long config_max_context(const struct Config *c);
+/* The prompt budget of a query that does not say: default_context_tokens, or when it is 0
+ * (auto) CONFIG_CPU_CONTEXT tokens on CPU workers and the cap on GPU ones; never above the
+ * cap. */
+enum { CONFIG_CPU_CONTEXT = 8192 };
+long config_default_context(const struct Config *c);
 
 /* Checks relations between keys (defaults within caps, endpoints well-formed, ...); once
  * model_ctx is set, also that max_context_tokens + max_tokens fits the model's context. */

@@ -820,6 +820,7 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         /* exit() only before ready: threads may be mid-start and cannot be joined cleanly */
         exit(1);
     }
+    c->gpu_workers = n_workers > 0 && device == ENGINE_CUDA;
     if (n_workers > 0)
         metrics_set_backend(metrics, device == ENGINE_CUDA ? "cuda" : "cpu");
     metrics_set_kv_pool(metrics, kv_pool);

@@ -479,7 +479,7 @@ int proto_decode(const void *buf, size_t len, const struct Config *cfg, struct R
     memset(p, 0, sizeof *p);
     p->op = OP_NONE;
     p->top_k = cfg->top_k < cfg->max_top_k ? cfg->top_k : cfg->max_top_k;
-    p->max_context_tokens = config_max_context(cfg);
+    p->max_context_tokens = config_default_context(cfg);
     p->max_tokens = cfg->default_max_tokens < cfg->max_tokens ? cfg->default_max_tokens
                                                               : cfg->max_tokens;
     p->top_p = 1;

@@ -133,6 +133,24 @@ static void put_opt_double(struct MpWriter *w, const char *key, int have, double
         mpw_nil(w);
 }
 
+/* What the prompt holds of the documents (struct ReadStats). */
+static void put_read(struct MpWriter *w, const struct ReadStats *rs)
+{
+    mpw_cstr(w, "context");
+    mpw_map(w, 7);
+    mpw_kv_uint(w, "documents", rs->documents);
+    mpw_cstr(w, "doc_tokens");
+    if (rs->doc_tokens >= 0)
+        mpw_uint(w, (uint64_t)rs->doc_tokens);
+    else
+        mpw_nil(w);
+    mpw_kv_uint(w, "placed_tokens", rs->placed_tokens);
+    mpw_kv_uint(w, "chunks_matched", rs->chunks_matched);
+    mpw_kv_uint(w, "chunks_placed", rs->chunks_placed);
+    mpw_kv_uint(w, "chunks_left_out", rs->chunks_matched - rs->chunks_placed);
+    mpw_kv_bool(w, "whole", rs->whole);
+}
+
 static void put_grounding(const struct Broker *b, struct MpWriter *w, const struct Grounded *g)
 {
     const struct GrSummary *s = &g->sum;
@@ -232,14 +250,14 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
     }
     struct MpWriter *w = &b->w;
     mpw_reset(w);
-    proto_reply_head(w, 6 + (r->p.include_token_signals ? 1 : 0), r->p.id_raw, r->p.id_len, 1);
+    proto_reply_head(w, 7 + (r->p.include_token_signals ? 1 : 0), r->p.id_raw, r->p.id_len, 1);
     mpw_kv_str(w, "answer", res->text ? res->text : "", res->text ? res->text_len : 0);
     mpw_kv_cstr(w, "finish_reason", wire_finish_name(res->finish));
     mpw_cstr(w, "citations");
     mpw_array(w, ctx->n_cites);
     for (size_t i = 0; i < ctx->n_cites; i++) {
         const struct CtxCitation *c = &ctx->cites[i];
-        mpw_map(w, 7);
+        mpw_map(w, 8);
         mpw_kv_str(w, "doc_id", c->doc_id, c->doc_id_len);
         mpw_kv_uint(w, "chunk", c->chunk);
         mpw_kv_double(w, "score", c->score);
@@ -250,7 +268,9 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
         mpw_kv_int(w, "marker", c->marker);
         mpw_kv_bool(w, "cited", res->text && answer_cites(res->text, res->text_len, c->marker));
         mpw_kv_bool(w, "truncated", c->truncated);
+        mpw_kv_bool(w, "whole", c->whole);
     }
+    put_read(w, &r->read);
     mpw_cstr(w, "usage");
     mpw_map(w, 4);
     mpw_kv_uint(w, "prompt_tokens", ctx->n_tokens);
@@ -289,12 +309,14 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
     snprintf(extra, sizeof extra,
              "finish=%s queue_ms=%.3f retrieve_ms=%.3f prefill_ms=%.3f ttft_ms=%.3f decode_ms=%.3f "
              "prompt_tokens=%zu cached_tokens=%lld context_tokens=%zu completion_tokens=%lld "
+             "doc_tokens=%lld placed_tokens=%zu chunks_left_out=%zu whole=%s "
              "retried=%d detector=%s "
              "score=%s flagged=%s abstained=%s lookback_ratio=%s unsupported_token_ratio=%s "
              "mean_logprob=%s min_logprob=%s answer_tokens=%zu flagged_tokens=%zu",
              wire_finish_name(res->finish), queue_ms, r->retrieve_ms, res->prefill_ms, ttft,
              res->decode_ms, ctx->n_tokens, (long long)res->cached_tokens, context_tokens,
-             (long long)res->completion_tokens,
+             (long long)res->completion_tokens, r->read.doc_tokens, r->read.placed_tokens,
+             r->read.chunks_matched - r->read.chunks_placed, r->read.whole ? "true" : "false",
              r->retried, b->o.calibration ? b->o.calibration->name : "none",
              opt_fmt(f_score, sizeof f_score, gs->scored, gs->score),
              gs->scored ? (gs->flagged ? "true" : "false") : "-", gs->abstained ? "true" : "false",

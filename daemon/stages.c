@@ -98,18 +98,171 @@ static void hit_to_chunk(const struct SearchHit *h, struct CtxChunk *c)
     c->score = h->score;
 }
 
+/* Hits a query without a top_k asks the search for: enough chunks of any plausible length to
+ * fill the token budget, so that the budget, not a count, decides how much is read. */
+static size_t budget_hits(long budget)
+{
+    size_t k = (size_t)budget / 8 + 64;
+    return k > 100000 ? 100000 : k;
+}
+
+/* Bytes of candidate documents counted at most, per budget token: past that the documents
+ * cannot fit whole (that would take more than 32 bytes a token), and counting them all could
+ * cost more than the question. */
+enum { COUNT_BYTES_PER_TOKEN = 32 };
+
+/* A document the query could read whole. */
+struct Cand {
+    const char *id; size_t id_len;
+    const char *title; size_t title_len;
+    const char *text; size_t text_len;
+    double score;              /* its best chunk's; 0 when the search found none */
+    size_t order;              /* inline: request order, then stored documents */
+};
+
+struct Cands {
+    struct Cand *v;
+    size_t n, cap;
+    size_t bytes, tokens;
+    int counted;               /* tokens holds every candidate's count */
+};
+
+static int same_id(const char *a, size_t al, const char *b, size_t bl)
+{
+    return al == bl && (al == 0 || !memcmp(a, b, al));
+}
+
+static int cands_add(struct Cands *c, const char *id, size_t id_len, const char *title,
+                     size_t title_len, const char *text, size_t text_len)
+{
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? 2 * c->cap : 16;
+        struct Cand *v = realloc(c->v, cap * sizeof *v);
+        if (!v)
+            return RET_ENOMEM;
+        c->v = v;
+        c->cap = cap;
+    }
+    c->v[c->n] = (struct Cand){ id, id_len, title, title_len, text, text_len, 0.0, c->n };
+    c->n++;
+    c->bytes += text_len;
+    return RET_OK;
+}
+
+static int by_cand_id(const void *a, const void *b)
+{
+    const struct Cand *x = a, *y = b;
+    size_t n = x->id_len < y->id_len ? x->id_len : y->id_len;
+    int c = n ? memcmp(x->id, y->id, n) : 0;
+    return c ? c : (x->id_len > y->id_len) - (x->id_len < y->id_len);
+}
+
+/* The stored documents a query reads: those ids names, else those with a hit (first hit
+ * first), until their text passes max_bytes (then c->counted is cleared). */
+static int cands_from_store(struct Cands *c, struct StoreReader *rd, const char *coll,
+                            const struct RequestParams *p, const struct SearchHit *hits,
+                            size_t n_hits, size_t max_bytes, char *err, size_t errlen)
+{
+    size_t n = p->n_ids ? p->n_ids : n_hits, first = c->n;
+    for (size_t i = 0; i < n; i++) {
+        const char *id = p->n_ids ? p->ids[i].p : hits[i].doc_id;
+        size_t id_len = p->n_ids ? p->ids[i].len : hits[i].doc_id_len;
+        int seen = 0;
+        for (size_t j = 0; j < c->n && !seen; j++)
+            seen = same_id(c->v[j].id, c->v[j].id_len, id, id_len);
+        if (seen)
+            continue;
+        if (c->bytes > max_bytes) {
+            c->counted = 0;
+            break;
+        }
+        struct StoreDocView dv;
+        int st = store_get_doc(rd, coll, id, id_len, &dv, err, errlen);
+        if (st == RET_ENOTFOUND)
+            continue;  /* an id the collection does not hold matches nothing, as in the search */
+        if (st || (st = cands_add(c, id, id_len, dv.title, dv.title_len, dv.text, dv.text_len)))
+            return st;
+    }
+    if (!p->n_ids) {
+        /* found by the search: in id order, so the layout does not depend on the question */
+        qsort(c->v + first, c->n - first, sizeof *c->v, by_cand_id);
+        for (size_t i = first; i < c->n; i++)
+            c->v[i].order = i;
+    }
+    return RET_OK;
+}
+
+static int by_cand_score(const void *a, const void *b)
+{
+    const struct Cand *x = a, *y = b;
+    if (x->score != y->score)
+        return x->score < y->score ? 1 : -1;
+    return (x->order > y->order) - (x->order < y->order);
+}
+
+static int by_cand_order(const void *a, const void *b)
+{
+    const struct Cand *x = a, *y = b;
+    return (x->order > y->order) - (x->order < y->order);
+}
+
+/* Every candidate whole, if they fit the budget together: *ok = 1 and r->ctx set. Laid out
+ * best first (by their best chunk's score; documents the search found nothing in last, as
+ * sent), or with "order": "document" in document order: inline documents as sent, then stored
+ * ones as ids lists them, or by id. */
+static int place_whole(const struct PrepShared *sh, struct Request *r, struct Cands *c,
+                       const struct SearchHit *hits, size_t n_hits, int *ok, char *err,
+                       size_t errlen)
+{
+    const struct RequestParams *p = &r->p;
+    *ok = 0;
+    if (!c->counted || c->n == 0 || c->tokens > (size_t)p->max_context_tokens)
+        return RET_OK;
+    for (size_t i = 0; i < c->n; i++)
+        for (size_t h = 0; h < n_hits; h++)
+            if (same_id(hits[h].doc_id, hits[h].doc_id_len, c->v[i].id, c->v[i].id_len) &&
+                hits[h].score > c->v[i].score)
+                c->v[i].score = hits[h].score;
+    qsort(c->v, c->n, sizeof *c->v, p->order_document ? by_cand_order : by_cand_score);
+    struct CtxChunk *whole = calloc(c->n, sizeof *whole);
+    if (!whole)
+        return RET_ENOMEM;
+    for (size_t i = 0; i < c->n; i++)
+        whole[i] = (struct CtxChunk){ c->v[i].id, c->v[i].id_len, c->v[i].title, c->v[i].title_len,
+                                      c->v[i].text, c->v[i].text_len, 0, 0, c->v[i].text_len,
+                                      c->v[i].score, 1 };
+    struct CtxOptions co = { .budget = (size_t)p->max_context_tokens, .order = CTX_ORDER_RANK,
+                             .no_truncate = 1 };
+    int st = ctx_assemble(&sh->tc, p->question.p, p->question.len, whole, c->n, &co, &r->ctx,
+                          err, errlen);
+    free(whole);
+    if (st == RET_EBUDGET)
+        return RET_OK;  /* the frame alone does not fit: the chunk path says so */
+    if (st)
+        return st;
+    if (r->ctx->n_skipped > 0) {
+        ctx_destroy(&r->ctx);  /* the labels tipped it over: place chunks instead */
+        return RET_OK;
+    }
+    *ok = 1;
+    return RET_OK;
+}
+
 void stage_query(const struct PrepShared *sh, struct Request *r)
 {
     const struct RequestParams *p = &r->p;
     char err[512];
     struct MemIndex *mi = NULL;
     struct StoreReader *rd = NULL;
-    size_t k = (size_t)p->top_k;
+    size_t k = p->top_k > 0 ? (size_t)p->top_k : budget_hits(p->max_context_tokens);
     struct SearchHit *hits = calloc(2 * k, sizeof *hits);
     struct CtxChunk *chunks = calloc(2 * k, sizeof *chunks);
+    struct Cands cands = { .counted = 1 };
     const char **ids = NULL;
     size_t *id_lens = NULL;
-    size_t n_hits = 0;
+    size_t n_hits = 0, n_inline = 0;
+    size_t max_bytes = (size_t)p->max_context_tokens * COUNT_BYTES_PER_TOKEN;
+    char coll[INDEX_MAX_COLLECTION_BYTES + 1];
     int st;
     if (!hits || !chunks) {
         fail(sh, r, RET_ENOMEM, "out of memory");
@@ -123,19 +276,20 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
         index_options_default(&io);
         io.chunk.target_tokens = (uint32_t)r->chunk_tokens;
         io.chunk.overlap_tokens = (uint32_t)r->chunk_overlap;
-        size_t n = 0;
         st = memidx_build(p->docs, p->n_docs, &io, 0, &sh->tc, &mi, err, sizeof err);
         if (!st)
-            st = memidx_search(mi, p->question.p, p->question.len, &so, hits, k, &n, NULL, err,
-                               sizeof err);
+            st = memidx_search(mi, p->question.p, p->question.len, &so, hits, k, &n_inline, NULL,
+                               err, sizeof err);
+        for (size_t i = 0; !st && i < p->n_docs; i++)
+            st = cands_add(&cands, p->docs[i].id, p->docs[i].id_len, p->docs[i].title,
+                           p->docs[i].title_len, p->docs[i].text, p->docs[i].text_len);
         if (st) {
             fail(sh, r, st, err);
             goto done;
         }
-        n_hits += n;
+        n_hits += n_inline;
     }
     if (p->collection.len) {
-        char coll[INDEX_MAX_COLLECTION_BYTES + 1];
         coll_name(r, coll);
         if (p->n_ids) {
             ids = calloc(p->n_ids, sizeof *ids);
@@ -157,27 +311,59 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
         if (!st)
             st = store_search(rd, coll, p->question.p, p->question.len, &so, hits + n_hits, k, &n,
                               NULL, err, sizeof err);
+        if (!st)
+            st = cands_from_store(&cands, rd, coll, p, hits + n_hits, n, max_bytes, err, sizeof err);
         if (st) {
             fail(sh, r, st, err);
             goto done;
         }
         n_hits += n;
     }
+    /* The candidates' tokens, unless there is too much text to count (then they cannot fit
+     * whole anyway). */
+    if (cands.bytes > max_bytes)
+        cands.counted = 0;
+    for (size_t i = 0; cands.counted && i < cands.n; i++) {
+        size_t t;
+        if (tokcount_count(&sh->tc, cands.v[i].text, cands.v[i].text_len, &t)) {
+            fail(sh, r, RET_ETOKEN, "the token counter failed on a document");
+            goto done;
+        }
+        cands.tokens += t;
+    }
+    struct ReadStats *rs = &r->read;
+    rs->documents = cands.n;
+    rs->doc_tokens = cands.counted ? (long long)cands.tokens : -1;
+    /* Inline and stored hits come from two indexes: BM25 scores of one query, merged by score. */
     for (size_t i = 0; i < n_hits; i++)
         hit_to_chunk(&hits[i], &chunks[i]);
-    /* Inline and stored hits come from two indexes: BM25 scores of one query, merged by score. */
     if (p->n_docs && p->collection.len)
         qsort(chunks, n_hits, sizeof *chunks, by_score);
+    size_t n_found = n_hits;
     if (n_hits > k)
         n_hits = k;
-    struct CtxOptions co = { .budget = (size_t)p->max_context_tokens,
-                             .order = p->order_document ? CTX_ORDER_DOCUMENT : CTX_ORDER_RANK };
-    st = ctx_assemble(&sh->tc, p->question.p, p->question.len, chunks, n_hits, &co, &r->ctx, err,
-                      sizeof err);
-    if (st) {
+    rs->chunks_matched = n_hits;
+    /* Without a top_k cap, documents that fit the budget together go in whole. */
+    int whole = 0;
+    if (p->top_k == 0 &&
+        (st = place_whole(sh, r, &cands, hits, n_found, &whole, err, sizeof err))) {
         fail(sh, r, st, err);
         goto done;
     }
+    if (!whole) {
+        struct CtxOptions co = { .budget = (size_t)p->max_context_tokens,
+                                 .order = p->order_document ? CTX_ORDER_DOCUMENT : CTX_ORDER_RANK };
+        st = ctx_assemble(&sh->tc, p->question.p, p->question.len, chunks, n_hits, &co, &r->ctx,
+                          err, sizeof err);
+        if (st) {
+            fail(sh, r, st, err);
+            goto done;
+        }
+    }
+    rs->whole = whole;
+    rs->chunks_placed = whole ? n_hits : r->ctx->n_cites;
+    for (size_t i = 0; i < r->ctx->n_cites; i++)
+        rs->placed_tokens += r->ctx->cites[i].tokens.end - r->ctx->cites[i].tokens.start;
     /* the words of the text the model is given, for the answer's lexical support */
     if (words_set_new(&r->doc_words)) {
         fail(sh, r, RET_ENOMEM, "out of memory");
@@ -193,6 +379,7 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
 done:
     store_read_end(&rd);
     memidx_destroy(&mi);
+    free(cands.v);
     free(hits);
     free(chunks);
     free(ids);

@@ -88,7 +88,7 @@ void ctx_chunks_from_hits(const struct SearchHit *hits, size_t n, struct CtxChun
     for (size_t i = 0; i < n; i++)
         out[i] = (struct CtxChunk){ hits[i].doc_id, hits[i].doc_id_len, hits[i].title, hits[i].title_len,
                                     hits[i].text, hits[i].text_len, hits[i].chunk, hits[i].byte_start,
-                                    hits[i].byte_end, hits[i].score };
+                                    hits[i].byte_end, hits[i].score, 0 };
 }
 
 void ctx_destroy(struct Context **pc)
@@ -246,6 +246,7 @@ int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t que
         ci->byte_end = c->byte_start + pl[i].text_len;
         ci->score = c->score;
         ci->truncated = pl[i].truncated;
+        ci->whole = c->whole && !pl[i].truncated;
         EMIT(pl[i].label, pl[i].n_label, pl[i].label_text, pl[i].label_len);
         ci->tokens.start = tk;
         ci->bytes.start = tx;

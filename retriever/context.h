@@ -23,6 +23,7 @@ struct CtxChunk {
     uint32_t chunk;                 /* index in its document */
     uint64_t byte_start, byte_end;  /* in the document */
     double score;
+    int whole;                      /* the text is the whole document */
 };
 
 struct CtxOptions {
@@ -41,6 +42,7 @@ struct CtxCitation {
     uint64_t byte_start, byte_end;  /* in the document (a truncated chunk ends earlier) */
     double score;
     int truncated;                  /* only a prefix of the chunk fitted */
+    int whole;                      /* the whole document (CtxChunk.whole) */
     struct CtxSpan tokens;          /* the chunk text's tokens in Context.tokens */
     struct CtxSpan bytes;           /* the chunk text's bytes in Context.text */
 };

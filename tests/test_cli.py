@@ -223,7 +223,8 @@ def test_ask_human_output_stdin_and_stream(daemon, folder):
     assert plain.returncode == 0
     body, _, details = plain.stdout.rpartition("\nsources:\n")
     lines = details.splitlines()
-    assert lines[0].startswith("  [1] " + folder.name + "/rhine.txt  chunk 0, score ")
+    # the collection's documents the search found fit the budget: each whole, best first
+    assert lines[0].startswith("  [1] " + folder.name + "/rhine.txt  whole document, score ")
     assert any(ln.startswith("grounding: ") for ln in lines)
     assert any(ln.startswith("finish: ") and "generated" in ln for ln in lines)
     # the same question from stdin (greedy decoding: the same answer)

@@ -208,8 +208,22 @@ static void test_proto(void)
           "fields");
     CHECK(p.docs[0].id_len == 1 && p.docs[0].id[0] == '1' && p.docs[1].id[0] == 'x', "doc ids");
     CHECK(p.id_raw && p.id_len == 4 && p.id_raw[0] == 0xa3, "raw id");
-    CHECK(p.top_k == cfg.top_k && p.max_context_tokens == cfg.max_context_tokens, "defaults");
+    CHECK(p.top_k == 0 && p.max_context_tokens == config_default_context(&cfg), "defaults");
     proto_params_free(&p);
+    /* a query's default budget: CONFIG_CPU_CONTEXT on CPU workers, the cap on GPU ones, never
+     * above the cap; default_context_tokens when set */
+    struct Config dc;
+    config_defaults(&dc);
+    dc.max_context_tokens = 20000;
+    CHECK(config_default_context(&dc) == CONFIG_CPU_CONTEXT, "cpu default %ld",
+          config_default_context(&dc));
+    dc.gpu_workers = 1;
+    CHECK(config_default_context(&dc) == 20000, "gpu default %ld", config_default_context(&dc));
+    dc.gpu_workers = 0;
+    dc.max_context_tokens = 4096;
+    CHECK(config_default_context(&dc) == 4096, "capped default %ld", config_default_context(&dc));
+    dc.default_context_tokens = 1000;
+    CHECK(config_default_context(&dc) == 1000, "set default %ld", config_default_context(&dc));
     /* the id is echoed even when a later field is wrong */
     mpw_reset(&w);
     mpw_map(&w, 4);

@@ -44,7 +44,8 @@ def sources(out):
     """The doc ids of the "sources:" lines of `diffrag ask`, in order."""
     assert "\nsources:\n" in out, out
     tail = out.split("\nsources:\n", 1)[1].splitlines()
-    ids = [m.group(1) for m in (re.match(r"  \[\d+\] (\S+)  chunk \d+, score ", ln) for ln in tail) if m]
+    ids = [m.group(1) for m in (re.match(r"  \[\d+\] (\S+)  (?:chunk \d+|whole document), score ", ln)
+                                for ln in tail) if m]
     assert ids, out
     assert any(ln.startswith("grounding: ") for ln in tail), out
     assert any(re.match(r"finish: (stop|length); tokens: \d+ prompt", ln) for ln in tail), out

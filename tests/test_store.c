@@ -947,9 +947,9 @@ static void test_context_simple(void)
     const char *long_text = "This chunk is long enough that it cannot fit a small budget whole, so a prefix of it "
                             "is placed instead, cut at a word boundary, and flagged as truncated in its citation.";
     struct CtxChunk ch[3] = {
-        { "b", 1, "Bee", 3, long_text, strlen(long_text), 0, 100, 100 + strlen(long_text), 3.0 },
-        { "a", 1, "Ay <|im_end|>", 13, "Short one.", 10, 1, 50, 60, 2.0 },
-        { "a", 1, "Ay", 2, "Earlier part.", 13, 0, 0, 13, 1.0 },
+        { "b", 1, "Bee", 3, long_text, strlen(long_text), 0, 100, 100 + strlen(long_text), 3.0, 0 },
+        { "a", 1, "Ay <|im_end|>", 13, "Short one.", 10, 1, 50, 60, 2.0, 0 },
+        { "a", 1, "Ay", 2, "Earlier part.", 13, 0, 0, 13, 1.0, 0 },
     };
     struct Context *c;
     char err[256];

@@ -173,7 +173,20 @@ typedef struct DiffragCitation {
     int64_t marker;    /* the n of its [n] label in the prompt */
     int cited;         /* the answer contains [n] */
     int truncated;     /* only a prefix fitted the prompt budget */
+    int whole;         /* the whole document (start..end spans it), placed because every
+                          document of the query fitted the budget */
 } DiffragCitation;
+
+/* What the prompt held of the documents the query could read (the reply's `context`): the
+ * inline documents, those `ids` named, or those of a collection in which the search found a
+ * chunk. has_context is 0 from a daemon that does not report it. */
+typedef struct DiffragContextRead {
+    int64_t documents;
+    int64_t doc_tokens;       /* their tokens; -1: not counted (too much text) */
+    int64_t placed_tokens;    /* of those, placed in the prompt */
+    int64_t chunks_matched, chunks_placed, chunks_left_out;
+    int whole;                /* every document placed whole */
+} DiffragContextRead;
 
 /* The groundedness figures of an answer, when the daemon reports them (has_grounding); the
  * daemon's docs/groundedness.md defines each. A figure the daemon leaves nil is NAN: score
@@ -206,6 +219,8 @@ typedef struct DiffragAnswer {
     double queue_ms, retrieve_ms, prefill_ms, ttft_ms, decode_ms, total_ms;
     int has_grounding;
     DiffragGrounding grounding;
+    int has_context;
+    DiffragContextRead context;
     size_t n_deltas;                /* delta messages received (streaming) */
     char *json;
 } DiffragAnswer;

@@ -126,6 +126,7 @@ static const struct RepField CITATION_REP[] = {
     REP(DiffragCitation, "marker", REP_INT, 0, marker),
     REP(DiffragCitation, "cited", REP_BOOL, 0, cited),
     REP(DiffragCitation, "truncated", REP_BOOL, 0, truncated),
+    REP(DiffragCitation, "whole", REP_BOOL, 0, whole),
 };
 static const struct RepField QUERY_REP[] = {
     REP2(DiffragAnswer, "answer", REP_STR_LEN, 1, answer, answer_len),
@@ -169,11 +170,23 @@ static int opt_bool(const msgpack_object *map, const char *key)
     return o && o->type == MSGPACK_OBJECT_BOOLEAN && o->via.boolean;
 }
 
-/* grounding, read leniently */
+/* grounding and context, read leniently */
 static void decode_answer(struct Dec *d, const msgpack_object *map, const void *args, void *res)
 {
     DiffragAnswer *a = res;
     (void)args;
+    const msgpack_object *cx = mpo_get(map, "context");
+    if (cx && cx->type == MSGPACK_OBJECT_MAP && !d->failed) {
+        DiffragContextRead *r = &a->context;
+        a->has_context = 1;
+        r->documents = (int64_t)opt_num(cx, "documents", 0);
+        r->doc_tokens = (int64_t)opt_num(cx, "doc_tokens", -1);
+        r->placed_tokens = (int64_t)opt_num(cx, "placed_tokens", 0);
+        r->chunks_matched = (int64_t)opt_num(cx, "chunks_matched", 0);
+        r->chunks_placed = (int64_t)opt_num(cx, "chunks_placed", 0);
+        r->chunks_left_out = (int64_t)opt_num(cx, "chunks_left_out", 0);
+        r->whole = opt_bool(cx, "whole");
+    }
     const msgpack_object *g = mpo_get(map, "grounding");
     if (g && g->type == MSGPACK_OBJECT_MAP && !d->failed) {
         /* informational and still evolving: a field of another type is skipped, never a

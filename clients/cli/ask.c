@@ -46,6 +46,26 @@ static const char *base_name(const char *path)
     return s && s[1] ? s + 1 : path;
 }
 
+/* One line when the prompt left out part of the documents: how much was read, and how to read
+ * more. */
+static void print_read(const DiffragAnswer *r)
+{
+    const DiffragContextRead *x = &r->context;
+    if (!r->has_context || x->whole)
+        return;
+    int left = x->chunks_left_out > 0 ||
+               (x->doc_tokens >= 0 && x->placed_tokens < x->doc_tokens);
+    if (!left)
+        return;
+    char of[64] = "";
+    if (x->doc_tokens >= 0)
+        snprintf(of, sizeof of, " of %lld", (long long)x->doc_tokens);
+    printf("read: %lld%s document tokens: %lld of %lld matching chunks placed, %lld left out; "
+           "a larger --max-context-tokens reads more\n", (long long)x->placed_tokens, of,
+           (long long)x->chunks_placed, (long long)x->chunks_matched,
+           (long long)x->chunks_left_out);
+}
+
 static void print_details(const DiffragAnswer *r)
 {
     if (r->n_citations == 0)
@@ -56,10 +76,15 @@ static void print_details(const DiffragAnswer *r)
         const DiffragCitation *c = &r->citations[i];
         printf("  [%lld] ", (long long)c->marker);
         cli_print_safe(c->doc_id, strlen(c->doc_id), 0);
-        printf("  chunk %lld, score %.2f, bytes %lld-%lld%s%s\n", (long long)c->chunk, c->score,
-               (long long)c->start, (long long)c->end, c->cited ? ", cited" : "",
-               c->truncated ? ", truncated" : "");
+        if (c->whole)
+            printf("  whole document, score %.2f, bytes %lld-%lld%s\n", c->score,
+                   (long long)c->start, (long long)c->end, c->cited ? ", cited" : "");
+        else
+            printf("  chunk %lld, score %.2f, bytes %lld-%lld%s%s\n", (long long)c->chunk,
+                   c->score, (long long)c->start, (long long)c->end, c->cited ? ", cited" : "",
+                   c->truncated ? ", truncated" : "");
     }
+    print_read(r);
     if (r->has_grounding && r->grounding.answer_tokens == 0 && r->completion_tokens == 0) {
         /* no token: no figure to show (they are all nil) */
         if (strcmp(r->finish_reason, "cancelled") == 0)

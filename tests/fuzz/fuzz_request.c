@@ -75,7 +75,7 @@ static void check_accepted(const struct RequestParams *p, const struct Config *c
         if (p->question.len < 1 || p->question.len > c->max_question_bytes ||
             !INSIDE(p->question.p, p->question.len))
             abort();
-        if (p->top_k < 1 || p->top_k > c->max_top_k || p->max_tokens < 1 ||
+        if (p->top_k < 0 || p->top_k > c->max_top_k || p->max_tokens < 1 ||
             p->max_tokens > c->max_tokens || p->max_context_tokens < 64 ||
             p->max_context_tokens > config_max_context(c))
             abort();

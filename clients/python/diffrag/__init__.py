@@ -18,7 +18,7 @@ from .client import Client
 from .errors import (BadRequest, Cancelled, ConnectionFailed, DeadlineExceeded, DiffragError,
                      InternalError, NotFound, Overloaded, ProtocolError, ServerError,
                      ShuttingDown, Timeout, TooLarge, UnsupportedVersion)
-from .types import (Answer, Citation, CollectionStats, DaemonStats, DeleteResult, Delta, DocInfo,
+from .types import (Answer, Citation, CollectionStats, ContextRead, DaemonStats, DeleteResult, Delta, DocInfo,
                     Document, DropResult, Grounding, IngestResult, ListResult, Pong, Timings,
                     Usage)
 
@@ -29,6 +29,6 @@ __all__ = [
     "DiffragError", "ServerError", "BadRequest", "TooLarge", "Overloaded", "NotFound",
     "DeadlineExceeded", "Cancelled", "ShuttingDown", "UnsupportedVersion", "InternalError",
     "ConnectionFailed", "Timeout", "ProtocolError",
-    "Answer", "Citation", "CollectionStats", "DaemonStats", "DeleteResult", "Delta", "DocInfo",
+    "Answer", "Citation", "CollectionStats", "ContextRead", "DaemonStats", "DeleteResult", "Delta", "DocInfo",
     "Document", "DropResult", "Grounding", "IngestResult", "ListResult", "Pong", "Timings", "Usage",
 ]

@@ -12,7 +12,7 @@ import zmq
 import zmq.utils.z85
 
 from .errors import ProtocolError, server_error
-from .types import (Answer, Citation, CollectionStats, DaemonStats, DeleteResult, DocInfo,
+from .types import (Answer, Citation, CollectionStats, ContextRead, DaemonStats, DeleteResult, DocInfo,
                     Document, DropResult, Grounding, IngestResult, ListResult, Pong, Timings,
                     Usage)
 
@@ -202,7 +202,8 @@ def parse_answer(m: Dict[str, Any]) -> Answer:
                               score=cf.num("score"), offsets=(off[0], off[1]),
                               marker=cf.int("marker", False) or 0,
                               cited=bool(cf.bool("cited", False)),
-                              truncated=bool(cf.bool("truncated", False))))
+                              truncated=bool(cf.bool("truncated", False)),
+                              whole=bool(cf.bool("whole", False))))
     u = f.sub("usage")
     usage = Usage(prompt_tokens=u.int("prompt_tokens"),
                   context_tokens=u.int("context_tokens", False) or 0,
@@ -229,8 +230,20 @@ def parse_answer(m: Dict[str, Any]) -> Answer:
                               answer_tokens=pick("answer_tokens", int),
                               flagged_tokens=pick("flagged_tokens", int),
                               detector=pick("detector", str), raw=g)
-    return Answer(id=m["id"], answer=answer, finish_reason=finish,
-                  citations=cites, usage=usage, timings=timings, grounding=grounding, raw=m)
+    cx = m.get("context")
+    context = None
+    if isinstance(cx, dict):
+        def count(key: str) -> Optional[int]:
+            v = cx.get(key)
+            return v if isinstance(v, int) and not isinstance(v, bool) else None
+        context = ContextRead(documents=count("documents") or 0, doc_tokens=count("doc_tokens"),
+                              placed_tokens=count("placed_tokens") or 0,
+                              chunks_matched=count("chunks_matched") or 0,
+                              chunks_placed=count("chunks_placed") or 0,
+                              chunks_left_out=count("chunks_left_out") or 0,
+                              whole=cx.get("whole") is True)
+    return Answer(id=m["id"], answer=answer, finish_reason=finish, citations=cites, usage=usage,
+                  timings=timings, grounding=grounding, context=context, raw=m)
 
 
 def parse_pong(m: Dict[str, Any], rtt_ms: float) -> Pong:

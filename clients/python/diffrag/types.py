@@ -18,6 +18,7 @@ class Citation:
     marker: int = 0
     cited: bool = False
     truncated: bool = False
+    whole: bool = False  # the whole document: every document of the query fitted the budget
 
 
 @dataclass
@@ -26,6 +27,21 @@ class Usage:
     context_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+
+
+@dataclass
+class ContextRead:
+    """What the prompt held of the documents the query could read: the inline ones, those
+    ``ids`` named, or those of a collection in which the search found a chunk. ``doc_tokens``
+    is None when the daemon did not count them (too much text)."""
+
+    documents: int = 0
+    doc_tokens: Optional[int] = None
+    placed_tokens: int = 0
+    chunks_matched: int = 0
+    chunks_placed: int = 0
+    chunks_left_out: int = 0
+    whole: bool = False
 
 
 @dataclass
@@ -79,6 +95,7 @@ class Answer:
     usage: Usage
     timings: Timings
     grounding: Optional[Grounding] = None
+    context: Optional[ContextRead] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
 

@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Answer accuracy against the context budget, through diffragd, on SQuAD 2.0 (dev, CC BY-SA 4.0).
+
+For each of the first --articles articles (in the order questions.jsonl first names them), a
+collection holds the article's own paragraphs and, as distractors, paragraphs of other
+articles (the paragraphs of split "test", which no question uses, in file order) until the
+collection holds about --corpus-tokens tokens. Each of the article's first --per-article
+answerable questions is asked over its collection, greedy, with max_context_tokens set to each
+budget, once with the chunks best first ("rank") and once in document order ("document"). When
+every document the search found fits the budget, the daemon places them whole (in document
+order). The oracle asks each question with its gold paragraph alone, as an inline document.
+
+  contains  the normalised answer holds a normalised gold answer as whole words (SQuAD's
+            normalisation: lower case, no punctuation, no articles, single spaces)
+  F1        SQuAD's token F1 against the best gold answer
+
+  tools/eval-rag.py                                   Qwen2.5-Coder-0.5B-Instruct, 2K..32K
+  tools/eval-rag.py --budgets 2048,4096 --articles 2 --per-article 3 --show
+"""
+import argparse
+import collections
+import json
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import eval_common as ec  # noqa: E402
+
+MAX_TOKENS = 32      # generated tokens per answer: SQuAD answers are a few words
+CHARS_PER_TOKEN = 4  # to size the corpus before the daemon counts it
+
+
+def token_f1(answer, golds):
+    """SQuAD's F1 of the answer against the best of the gold answers."""
+    a = ec.normalise(answer).split()
+    best = 0.0
+    for g in golds:
+        g = ec.normalise(g).split()
+        common = sum((collections.Counter(a) & collections.Counter(g)).values())
+        if not a or not g or common == 0:
+            continue
+        p, r = common / len(a), common / len(g)
+        best = max(best, 2 * p * r / (p + r))
+    return best
+
+
+def pick(passages, questions, n_articles, per_article):
+    """[(title, [questions])] for the first n_articles articles with answerable questions."""
+    chosen = collections.OrderedDict()
+    for q in questions:
+        if q["is_impossible"]:
+            continue
+        title = passages[q["gold_passage_id"]]["title"]
+        if title not in chosen:
+            if len(chosen) == n_articles:
+                continue
+            chosen[title] = []
+        if len(chosen[title]) < per_article:
+            chosen[title].append(q)
+    return list(chosen.items())
+
+
+def corpus(passages, title, target_tokens):
+    """The article's paragraphs, then distractors of other articles, as documents."""
+    own = [p for p in passages.values() if p["title"] == title]
+    others = [p for p in passages.values() if p["title"] != title and p.get("split") == "test"]
+    docs, chars = [], 0
+    for p in own + others:
+        if chars >= target_tokens * CHARS_PER_TOKEN and p["title"] != title:
+            break
+        docs.append({"id": p["id"], "title": p["title"].replace("_", " "), "text": p["text"]})
+        chars += len(p["text"])
+    return docs
+
+
+def judge(q, reply, budget, order):
+    if not reply.get("ok"):
+        raise ec.EvalError("%s: %s" % (q["id"], reply.get("error")))
+    a = reply["answer"]
+    cx = reply.get("context") or {}
+    gold = q["gold_passage_id"]
+    return {"id": q["id"], "budget": budget, "order": order, "answer": a,
+            "contains": ec.contains(a, q["answers"]), "f1": token_f1(a, q["answers"]),
+            "gold_placed": any(c["doc_id"] == gold for c in reply["citations"]),
+            "whole": bool(cx.get("whole")), "placed_tokens": cx.get("placed_tokens"),
+            "prompt_tokens": reply["usage"]["prompt_tokens"],
+            "cached_tokens": reply["usage"].get("cached_tokens", 0),
+            "ttft_ms": reply["timings"]["ttft_ms"]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(ec.QWEN_MODEL))
+    ap.add_argument("--budgets", default="2048,4096,8192,16384,32704",
+                    help="max_context_tokens values (32704: the Qwen model's 32,768 less the "
+                    "answer's 64)")
+    ap.add_argument("--orders", default="rank,document")
+    ap.add_argument("--articles", type=int, default=4)
+    ap.add_argument("--per-article", type=int, default=6)
+    ap.add_argument("--corpus-tokens", type=int, default=26000,
+                    help="about this many tokens of paragraphs per collection")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--squad", default=str(ec.DEFAULT_SQUAD))
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per question")
+    ap.add_argument("--json", help="write every result here (JSON lines)")
+    ap.add_argument("--show", action="store_true", help="print each result as it comes")
+    args = ap.parse_args()
+    budgets = [int(b) for b in args.budgets.split(",")]
+    orders = args.orders.split(",")
+    passages, questions = ec.load_squad(args.squad)
+    sets = pick(passages, questions, args.articles, args.per_article)
+    log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.show else (lambda s: None)
+    results = []
+    t0 = time.time()
+    try:
+        with tempfile.TemporaryDirectory(prefix="eval-rag-") as work, \
+                ec.LocalDaemon(work, args.model, threads=args.threads, max_tokens=64,
+                               grounding_calibration="none") as d, \
+                ec.Asker(d.endpoint, d.proc) as asker:
+            for i, (title, qs) in enumerate(sets):
+                docs = corpus(passages, title, args.corpus_tokens)
+                coll = "rag%d" % i
+                for j in range(0, len(docs), 64):
+                    r = asker.ask({"v": 1, "op": "ingest", "id": "ing%d-%d" % (i, j),
+                                   "collection": coll, "docs": docs[j:j + 64]}, 600)
+                    if not r.get("ok"):
+                        raise ec.EvalError("ingest: %s" % r.get("error"))
+                log("# %s: %d documents, %d questions" % (title, len(docs), len(qs)))
+                for q in qs:
+                    p = passages[q["gold_passage_id"]]
+                    msg = {"v": 1, "op": "query", "id": q["id"] + "-oracle",
+                           "question": q["question"], "max_tokens": MAX_TOKENS, "temperature": 0,
+                           "docs": [{"id": p["id"], "title": p["title"].replace("_", " "),
+                                     "text": p["text"]}]}
+                    results.append(judge(q, asker.ask(msg, args.timeout), 0, "oracle"))
+                    log(json.dumps(results[-1]))
+                for b in budgets:
+                    for o in orders:
+                        for q in qs:
+                            msg = {"v": 1, "op": "query", "id": "%s-%d-%s" % (q["id"], b, o),
+                                   "question": q["question"], "collection": coll,
+                                   "max_context_tokens": b, "order": o,
+                                   "max_tokens": MAX_TOKENS, "temperature": 0}
+                            results.append(judge(q, asker.ask(msg, args.timeout), b, o))
+                            log(json.dumps(results[-1]))
+    except ec.EvalError as e:
+        print("eval-rag: %s" % e, file=sys.stderr)
+        return 2
+    wall = time.time() - t0
+    if args.json:
+        with open(args.json, "w") as f:
+            for r in results:
+                f.write(json.dumps(r) + "\n")
+    n = sum(len(qs) for _, qs in sets)
+    print("model %s; %d articles, %d questions; collections of ~%d tokens; %.0f s in all" % (
+        pathlib.Path(args.model).name, len(sets), n, args.corpus_tokens, wall))
+    print("| budget | order | contains | F1 | gold paragraph placed | placed whole | "
+          "median prompt tokens | median TTFT ms |")
+    print("|---|---|---|---|---|---|---|---|")
+    rows = [(0, "oracle")] + [(b, o) for b in budgets for o in orders]
+    for b, o in rows:
+        rs = [r for r in results if r["budget"] == b and r["order"] == o]
+        if not rs:
+            continue
+        print("| %s | %s | %.2f | %.2f | %.2f | %.2f | %d | %.0f |" % (
+            b or "gold paragraph", o, sum(r["contains"] for r in rs) / len(rs),
+            sum(r["f1"] for r in rs) / len(rs), sum(r["gold_placed"] for r in rs) / len(rs),
+            sum(r["whole"] for r in rs) / len(rs),
+            statistics.median(r["prompt_tokens"] for r in rs),
+            statistics.median(r["ttft_ms"] for r in rs)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
