@@ -106,7 +106,7 @@ static size_t budget_hits(long budget)
     return k > 100000 ? 100000 : k;
 }
 
-/* Bytes of candidate documents counted at most, per budget token: past that the documents
+/* Bytes of stored candidate documents counted at most, per budget token: past that they
  * cannot fit whole (that would take more than 32 bytes a token), and counting them all could
  * cost more than the question. */
 enum { COUNT_BYTES_PER_TOKEN = 32 };
@@ -124,6 +124,7 @@ struct Cands {
     struct Cand *v;
     size_t n, cap;
     size_t bytes, tokens;
+    size_t store_bytes;        /* of bytes, the stored documents' */
     int counted;               /* tokens holds every candidate's count */
 };
 
@@ -172,7 +173,7 @@ static int cands_from_store(struct Cands *c, struct StoreReader *rd, const char 
             seen = same_id(c->v[j].id, c->v[j].id_len, id, id_len);
         if (seen)
             continue;
-        if (c->bytes > max_bytes) {
+        if (c->store_bytes > max_bytes) {
             c->counted = 0;
             break;
         }
@@ -182,6 +183,7 @@ static int cands_from_store(struct Cands *c, struct StoreReader *rd, const char 
             continue;  /* an id the collection does not hold matches nothing, as in the search */
         if (st || (st = cands_add(c, id, id_len, dv.title, dv.title_len, dv.text, dv.text_len)))
             return st;
+        c->store_bytes += dv.text_len;
     }
     if (!p->n_ids) {
         /* found by the search: in id order, so the layout does not depend on the question */
@@ -319,9 +321,10 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
         }
         n_hits += n;
     }
-    /* The candidates' tokens, unless there is too much text to count (then they cannot fit
-     * whole anyway). */
-    if (cands.bytes > max_bytes)
+    /* The candidates' tokens, unless the stored ones hold too much text to count (then they
+     * cannot fit whole anyway). Inline documents are always counted: the message bounds them,
+     * and their chunking has just read them as closely. */
+    if (cands.store_bytes > max_bytes)
         cands.counted = 0;
     for (size_t i = 0; cands.counted && i < cands.n; i++) {
         size_t t;

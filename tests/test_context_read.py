@@ -105,6 +105,14 @@ def test_collection_reads_named_or_found_documents_whole(tmp_path, default_model
         # over the budget: chunks, and the documents' tokens still reported
         r3 = ask(c, qs[0], collection="art", max_context_tokens=300)
         assert not r3["context"]["whole"] and r3["context"]["doc_tokens"] > 300, r3["context"]
+        # stored documents of more than 32 bytes a budget token are not counted (nil)
+        big = {"id": "big", "title": title, "text": "\n\n".join(p["text"] for p in paras) * 3}
+        assert len(big["text"].encode()) > 32 * 300
+        _, r = c.call({"v": 1, "op": "ingest", "collection": "art", "docs": [big]}, timeout=120)
+        assert r["ok"], r
+        r4 = ask(c, qs[0], collection="art", max_context_tokens=300)
+        assert r4["context"]["doc_tokens"] is None and r4["context"]["chunks_left_out"] > 0, \
+            r4["context"]
         assert d.stop() == 0
 
 
