@@ -578,24 +578,36 @@ static int read_tokens(const char *path, int32_t **ids, size_t *n)
     return 0;
 }
 
+/* The tokens of a file (*n > 0) and the options of a context for them plus `extra` positions;
+ * 1 after saying why not. */
+static int bench_setup(const char *tokens_path, int threads, enum KvType kv, int extra,
+                       int32_t **ids, size_t *n, struct EngineOpts *o)
+{
+    if (read_tokens(tokens_path, ids, n) != 0 || *n == 0) {
+        fprintf(stderr, "bench_kernels: cannot read tokens from %s\n", tokens_path);
+        free(*ids);
+        *ids = NULL;
+        return 1;
+    }
+    engine_opts_default(o);
+    o->n_threads = threads;
+    o->kv_type = kv;
+    o->n_ctx = (int)*n + extra;
+    return 0;
+}
+
 static int run_engine(const struct Model *m, const char *tokens_path, int threads, int chunk,
                       int n_decode, enum KvType kv)
 {
     int32_t *ids = NULL;
     size_t n = 0;
     char err[512];
-    if (read_tokens(tokens_path, &ids, &n) != 0 || n == 0) {
-        fprintf(stderr, "bench_kernels: cannot read tokens from %s\n", tokens_path);
-        free(ids);
-        return 1;
-    }
     struct EngineOpts o;
-    engine_opts_default(&o);
-    o.n_threads = threads;
+    /* the prompt, then one token per decode step: a prompt of the model's whole context
+     * (32,768 for Qwen2.5) fits */
+    if (bench_setup(tokens_path, threads, kv, n_decode, &ids, &n, &o))
+        return 1;
     o.chunk = chunk;
-    o.kv_type = kv;
-    o.n_ctx = (int)n + n_decode; /* the prompt, then one token per decode step: a prompt of
-                                    the model's whole context (32,768 for Qwen2.5) fits */
     struct Engine *e = NULL;
     if (engine_new(m, &o, &e, err, sizeof err) != ENGINE_OK) {
         fprintf(stderr, "bench_kernels: %s\n", err);
@@ -657,17 +669,10 @@ static int run_batch(const struct Model *m, const char *tokens_path, int threads
 {
     int32_t *ids = NULL;
     size_t n = 0;
-    char err[512];
-    if (read_tokens(tokens_path, &ids, &n) != 0 || n == 0) {
-        fprintf(stderr, "bench_kernels: cannot read tokens from %s\n", tokens_path);
-        free(ids);
-        return 1;
-    }
+    char err[512] = "";
     struct EngineOpts o;
-    engine_opts_default(&o);
-    o.n_threads = threads;
-    o.kv_type = kv;
-    o.n_ctx = (int)n + n_decode + 1;
+    if (bench_setup(tokens_path, threads, kv, n_decode + 1, &ids, &n, &o))
+        return 1;
     struct Engine *run = NULL;
     struct KvPool *pool = NULL;
     struct Engine **seq = calloc((size_t)batch, sizeof *seq);
