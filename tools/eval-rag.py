@@ -4,7 +4,8 @@
 For each of the first --articles articles (in the order questions.jsonl first names them), a
 collection holds the article's own paragraphs and, as distractors, paragraphs of other
 articles (the paragraphs of split "test", which no question uses, in file order) until the
-collection holds about --corpus-tokens tokens. Each of the article's first --per-article
+collection holds about --corpus-tokens tokens (an article longer than that keeps only the
+paragraphs that answer the questions asked past it). Each of the article's first --per-article
 answerable questions is asked over its collection, greedy, with max_context_tokens set to each
 budget, once with the chunks best first ("rank") and once in document order ("document"). When
 every document the search found fits the budget, the daemon places them whole (in document
@@ -63,14 +64,16 @@ def pick(passages, questions, n_articles, per_article):
     return list(chosen.items())
 
 
-def corpus(passages, title, target_tokens):
-    """The article's paragraphs, then distractors of other articles, as documents."""
+def corpus(passages, title, qs, target_tokens):
+    """The article's paragraphs (those that answer qs always), then distractors of other
+    articles, as documents, until about target_tokens."""
+    gold = {q["gold_passage_id"] for q in qs}
     own = [p for p in passages.values() if p["title"] == title]
     others = [p for p in passages.values() if p["title"] != title and p.get("split") == "test"]
     docs, chars = [], 0
     for p in own + others:
-        if chars >= target_tokens * CHARS_PER_TOKEN and p["title"] != title:
-            break
+        if chars >= target_tokens * CHARS_PER_TOKEN and p["id"] not in gold:
+            continue
         docs.append({"id": p["id"], "title": p["title"].replace("_", " "), "text": p["text"]})
         chars += len(p["text"])
     return docs
@@ -122,7 +125,7 @@ def main():
                                grounding_calibration="none") as d, \
                 ec.Asker(d.endpoint, d.proc) as asker:
             for i, (title, qs) in enumerate(sets):
-                docs = corpus(passages, title, args.corpus_tokens)
+                docs = corpus(passages, title, qs, args.corpus_tokens)
                 coll = "rag%d" % i
                 for j in range(0, len(docs), 64):
                     r = asker.ask({"v": 1, "op": "ingest", "id": "ing%d-%d" % (i, j),

@@ -1,0 +1,36 @@
+"""`make eval-rag` at a small scale with the tests' model: one SQuAD article's collection of
+about 2,500 tokens, two questions, a budget under the collection's size and one over it. Under
+it the best chunks fill the budget; over it every document the search found goes in whole, and
+in document order the second question takes the first's prompt from the prefix cache."""
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def test_eval_rag_small(tmp_path, default_model):
+    out = tmp_path / "rag.jsonl"
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "eval-rag.py"), "--model",
+                        str(default_model), "--articles", "1", "--per-article", "2",
+                        "--budgets", "1024,4096", "--corpus-tokens", "2500", "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    print(r.stdout, r.stderr[-3000:])
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    by = {}
+    for x in rows:
+        by.setdefault((x["budget"], x["order"]), []).append(x)
+    assert sorted(by) == [(0, "oracle"), (1024, "document"), (1024, "rank"), (4096, "document"),
+                          (4096, "rank")], sorted(by)
+    assert all(len(v) == 2 for v in by.values())
+    assert all(x["whole"] and x["gold_placed"] for x in by[(0, "oracle")])
+    assert not any(x["whole"] for x in by[(1024, "rank")] + by[(1024, "document")])
+    assert all(x["prompt_tokens"] <= 1024 for x in by[(1024, "rank")])
+    big = by[(4096, "rank")] + by[(4096, "document")]
+    assert all(x["whole"] and x["gold_placed"] for x in big), big
+    second = by[(4096, "document")][1]
+    assert second["cached_tokens"] >= second["prompt_tokens"] - 128, second
+    # the table: one row per budget and order, and the oracle's
+    table = [line for line in r.stdout.splitlines() if line.startswith("| ")]
+    assert len(table) == 1 + 1 + 4 and table[1].startswith("| gold paragraph | oracle |"), table
