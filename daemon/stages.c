@@ -217,8 +217,12 @@ static int place_whole(const struct PrepShared *sh, struct Request *r, struct Ca
                        size_t errlen)
 {
     const struct RequestParams *p = &r->p;
+    /* documents the request names (inline, or by ids) may take the cap; those a search found
+     * only the query's budget */
+    int named = p->collection.len == 0 || p->n_ids > 0;
+    size_t budget = (size_t)(named ? p->whole_tokens : p->max_context_tokens);
     *ok = 0;
-    if (!c->counted || c->n == 0 || c->tokens > (size_t)p->max_context_tokens)
+    if (!c->counted || c->n == 0 || c->tokens > budget)
         return RET_OK;
     for (size_t i = 0; i < c->n; i++)
         for (size_t h = 0; h < n_hits; h++)
@@ -233,8 +237,7 @@ static int place_whole(const struct PrepShared *sh, struct Request *r, struct Ca
         whole[i] = (struct CtxChunk){ c->v[i].id, c->v[i].id_len, c->v[i].title, c->v[i].title_len,
                                       c->v[i].text, c->v[i].text_len, 0, 0, c->v[i].text_len,
                                       c->v[i].score, 1 };
-    struct CtxOptions co = { .budget = (size_t)p->max_context_tokens, .order = CTX_ORDER_RANK,
-                             .no_truncate = 1 };
+    struct CtxOptions co = { .budget = budget, .order = CTX_ORDER_RANK, .no_truncate = 1 };
     int st = ctx_assemble(&sh->tc, p->question.p, p->question.len, whole, c->n, &co, &r->ctx,
                           err, errlen);
     free(whole);
@@ -263,7 +266,7 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
     const char **ids = NULL;
     size_t *id_lens = NULL;
     size_t n_hits = 0, n_inline = 0;
-    size_t max_bytes = (size_t)p->max_context_tokens * COUNT_BYTES_PER_TOKEN;
+    size_t max_bytes = (size_t)p->whole_tokens * COUNT_BYTES_PER_TOKEN;
     char coll[INDEX_MAX_COLLECTION_BYTES + 1];
     int st;
     if (!hits || !chunks) {
