@@ -89,7 +89,7 @@ static const struct Key keys[] = {
       "allows. Startup fails when max_context_tokens + max_tokens exceeds the model's context" },
     { "default_context_tokens", K_LONG, F(default_context_tokens), "0", 0, 131072, 1,
       "prompt budget in tokens of a query that does not say (at most max_context_tokens); 0 "
-      "(auto): 8192 with CPU workers, max_context_tokens with GPU ones" },
+      "(auto): 2048 with CPU workers, max_context_tokens with GPU ones" },
     { "max_tokens", K_LONG, F(max_tokens), "1024", 1, 131072, 1,
       "cap of a query's max_tokens (tokens generated)" },
     { "default_max_tokens", K_LONG, F(default_max_tokens), "256", 1, 131072, 1,

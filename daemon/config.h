@@ -84,7 +84,7 @@ long config_max_context(const struct Config *c);
 /* The prompt budget of a query that does not say: default_context_tokens, or when it is 0
  * (auto) CONFIG_CPU_CONTEXT tokens on CPU workers and the cap on GPU ones; never above the
  * cap. */
-enum { CONFIG_CPU_CONTEXT = 8192 };
+enum { CONFIG_CPU_CONTEXT = 2048 };
 long config_default_context(const struct Config *c);
 
 /* Checks relations between keys (defaults within caps, endpoints well-formed, ...); once

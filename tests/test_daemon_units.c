@@ -220,8 +220,9 @@ static void test_proto(void)
     dc.gpu_workers = 1;
     CHECK(config_default_context(&dc) == 20000, "gpu default %ld", config_default_context(&dc));
     dc.gpu_workers = 0;
-    dc.max_context_tokens = 4096;
-    CHECK(config_default_context(&dc) == 4096, "capped default %ld", config_default_context(&dc));
+    dc.max_context_tokens = CONFIG_CPU_CONTEXT - 100;
+    CHECK(config_default_context(&dc) == CONFIG_CPU_CONTEXT - 100, "capped default %ld",
+          config_default_context(&dc));
     dc.default_context_tokens = 1000;
     CHECK(config_default_context(&dc) == 1000, "set default %ld", config_default_context(&dc));
     /* the id is echoed even when a later field is wrong */
