@@ -381,10 +381,6 @@ int proto_decode_query(struct ProtoDec *d)
         get_bool(d, K_STREAM, &p->stream) ||
         get_int(d, K_DEADLINE, 1, PROTO_MAX_DEADLINE_MS, -1, &p->deadline_ms))
         return -1;
-    /* Without a budget of its own, a query reads the documents it names whole when they fit
-     * the cap (the model's context), and fills default_context_tokens with chunks otherwise. */
-    p->whole_tokens = d->val[K_MAX_CONTEXT] || config_max_context(cfg) < p->max_context_tokens
-                          ? p->max_context_tokens : config_max_context(cfg);
     struct Slice order = {0};
     if (get_str(d, K_ORDER, 1, 16, EC_BAD_REQUEST, &order))
         return -1;

@@ -44,8 +44,6 @@ struct RequestParams {
     struct Slice doc_id;                        /* get */
     struct Slice after; long limit;             /* list */
     long top_k, max_context_tokens, max_tokens;
-    long whole_tokens;                          /* query: the budget documents the request
-                                                   names (inline, ids) fit whole within */
     int order_document;                         /* query: chunks in document order */
     double temperature, top_p;
     uint64_t seed;

@@ -217,10 +217,7 @@ static int place_whole(const struct PrepShared *sh, struct Request *r, struct Ca
                        size_t errlen)
 {
     const struct RequestParams *p = &r->p;
-    /* documents the request names (inline, or by ids) may take the cap; those a search found
-     * only the query's budget */
-    int named = p->collection.len == 0 || p->n_ids > 0;
-    size_t budget = (size_t)(named ? p->whole_tokens : p->max_context_tokens);
+    size_t budget = (size_t)p->max_context_tokens;
     *ok = 0;
     if (!c->counted || c->n == 0 || c->tokens > budget)
         return RET_OK;
@@ -266,7 +263,7 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
     const char **ids = NULL;
     size_t *id_lens = NULL;
     size_t n_hits = 0, n_inline = 0;
-    size_t max_bytes = (size_t)p->whole_tokens * COUNT_BYTES_PER_TOKEN;
+    size_t max_bytes = (size_t)p->max_context_tokens * COUNT_BYTES_PER_TOKEN;
     char coll[INDEX_MAX_COLLECTION_BYTES + 1];
     int st;
     if (!hits || !chunks) {
