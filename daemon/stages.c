@@ -181,8 +181,12 @@ static int cands_from_store(struct Cands *c, struct StoreReader *rd, const char 
         int st = store_get_doc(rd, coll, id, id_len, &dv, err, errlen);
         if (st == RET_ENOTFOUND)
             continue;  /* an id the collection does not hold matches nothing, as in the search */
-        if (st || (st = cands_add(c, id, id_len, dv.title, dv.title_len, dv.text, dv.text_len)))
+        if (st)
             return st;
+        if ((st = cands_add(c, id, id_len, dv.title, dv.title_len, dv.text, dv.text_len))) {
+            snprintf(err, errlen, "out of memory");
+            return st;
+        }
         c->store_bytes += dv.text_len;
     }
     if (!p->n_ids) {
@@ -228,8 +232,10 @@ static int place_whole(const struct PrepShared *sh, struct Request *r, struct Ca
                 c->v[i].score = hits[h].score;
     qsort(c->v, c->n, sizeof *c->v, p->order_document ? by_cand_order : by_cand_score);
     struct CtxChunk *whole = calloc(c->n, sizeof *whole);
-    if (!whole)
+    if (!whole) {
+        snprintf(err, errlen, "out of memory");
         return RET_ENOMEM;
+    }
     for (size_t i = 0; i < c->n; i++)
         whole[i] = (struct CtxChunk){ c->v[i].id, c->v[i].id_len, c->v[i].title, c->v[i].title_len,
                                       c->v[i].text, c->v[i].text_len, 0, 0, c->v[i].text_len,
@@ -253,7 +259,7 @@ static int place_whole(const struct PrepShared *sh, struct Request *r, struct Ca
 void stage_query(const struct PrepShared *sh, struct Request *r)
 {
     const struct RequestParams *p = &r->p;
-    char err[512];
+    char err[512] = "";
     struct MemIndex *mi = NULL;
     struct StoreReader *rd = NULL;
     size_t k = p->top_k > 0 ? (size_t)p->top_k : budget_hits(p->max_context_tokens);
@@ -282,11 +288,15 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
         if (!st)
             st = memidx_search(mi, p->question.p, p->question.len, &so, hits, k, &n_inline, NULL,
                                err, sizeof err);
+        if (st) {
+            fail(sh, r, st, err);
+            goto done;
+        }
         for (size_t i = 0; !st && i < p->n_docs; i++)
             st = cands_add(&cands, p->docs[i].id, p->docs[i].id_len, p->docs[i].title,
                            p->docs[i].title_len, p->docs[i].text, p->docs[i].text_len);
         if (st) {
-            fail(sh, r, st, err);
+            fail(sh, r, st, "out of memory");
             goto done;
         }
         n_hits += n_inline;
