@@ -146,8 +146,9 @@ typedef struct DiffragQuery {
     size_t n_docs;
     const char *const *doc_ids;    /* with collection: only these documents (n_doc_ids) */
     size_t n_doc_ids;
-    int top_k;                     /* chunks retrieved */
-    int max_context_tokens;        /* prompt budget */
+    int top_k;                     /* at most this many chunks placed (0: the budget decides,
+                                      and documents that fit it go in whole) */
+    int max_context_tokens;        /* prompt budget: how much of the documents is read */
     int max_tokens;                /* tokens generated at most */
     double temperature;            /* 0: greedy */
     double top_p;                  /* 0: not sent (the daemon uses 1) */
