@@ -191,6 +191,8 @@ class Client:
               timeout: Optional[float] = None) -> Answer:
         """Answers ``question`` from ``collection`` and/or inline ``docs`` (each a str or a
         mapping with "text" and optional "id", "title"); blocks until the whole answer.
+        ``max_context_tokens`` decides how much of the documents is read (documents that fit go
+        in whole; ``Answer.context`` says what was left out); ``top_k`` only caps the chunks.
         ``order="document"`` lays the chosen chunks out by document and position rather than
         best first, so questions over the same documents share the prompt's cached prefix."""
         msg = P.query_request(id or self._next_id(), question, collection=collection, docs=docs,
