@@ -123,8 +123,8 @@ struct Cand {
 struct Cands {
     struct Cand *v;
     size_t n, cap;
-    size_t bytes, tokens;
-    size_t store_bytes;        /* of bytes, the stored documents' */
+    size_t tokens;
+    size_t store_bytes;        /* text of the stored documents among them */
     int counted;               /* tokens holds every candidate's count */
 };
 
@@ -146,7 +146,6 @@ static int cands_add(struct Cands *c, const char *id, size_t id_len, const char 
     }
     c->v[c->n] = (struct Cand){ id, id_len, title, title_len, text, text_len, 0.0, c->n };
     c->n++;
-    c->bytes += text_len;
     return RET_OK;
 }
 

@@ -31,6 +31,23 @@ static inline __m512 sum4(const __m512 *a)
     return _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
 }
 
+/* Sub-blocks 2c and 2c + 1 of a super-block (64 values at x[r] + at, decoded into w0..w3, 16
+ * each) for every input r: a sum per sub-block, scaled by its factor into the accumulators
+ * 2c and 2c + 1 (mod 4). Q4_K and Q5_K share it. */
+KQ_INLINE void pair_rows(__m512 w0, __m512 w1, __m512 w2, __m512 w3, const float *const *x,
+                         size_t at, const float *dl, int c, int nr, __m512 (*acc)[4])
+{
+    for (int r = 0; r < nr; r++) {
+        const float *xc = x[r] + at;
+        __m512 lo = _mm512_mul_ps(w0, _mm512_loadu_ps(xc));
+        lo = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xc + 16), lo);
+        __m512 hi = _mm512_mul_ps(w2, _mm512_loadu_ps(xc + 32));
+        hi = _mm512_fmadd_ps(w3, _mm512_loadu_ps(xc + 48), hi);
+        acc[r][(2 * c) & 3] = _mm512_fmadd_ps(_mm512_set1_ps(dl[0]), lo, acc[r][(2 * c) & 3]);
+        acc[r][(2 * c + 1) & 3] = _mm512_fmadd_ps(_mm512_set1_ps(dl[1]), hi, acc[r][(2 * c + 1) & 3]);
+    }
+}
+
 /* Q4_K without the unpacking buffer: nibbles straight from the loaded bytes to floats through
  * a 16-entry table (vpermps reads only an index's low 4 bits), one factor per 32 values. */
 KQ_INLINE void dot_q4k(const uint8_t *row, const float *const *x, const float *const *xsum,
@@ -58,15 +75,7 @@ KQ_INLINE void dot_q4k(const uint8_t *row, const float *const *x, const float *c
             __m512 w0 = _mm512_permutexvar_ps(v0, table), w1 = _mm512_permutexvar_ps(v1, table);
             __m512 w2 = _mm512_permutexvar_ps(_mm512_srli_epi32(v0, 4), table);
             __m512 w3 = _mm512_permutexvar_ps(_mm512_srli_epi32(v1, 4), table);
-            for (int r = 0; r < nr; r++) {
-                const float *xc = x[r] + (size_t)QK_K * b + 64 * c;
-                __m512 lo = _mm512_mul_ps(w0, _mm512_loadu_ps(xc));
-                lo = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xc + 16), lo);
-                __m512 hi = _mm512_mul_ps(w2, _mm512_loadu_ps(xc + 32));
-                hi = _mm512_fmadd_ps(w3, _mm512_loadu_ps(xc + 48), hi);
-                acc[r][(2 * c) & 3] = _mm512_fmadd_ps(_mm512_set1_ps(dl[2 * c]), lo, acc[r][(2 * c) & 3]);
-                acc[r][(2 * c + 1) & 3] = _mm512_fmadd_ps(_mm512_set1_ps(dl[2 * c + 1]), hi, acc[r][(2 * c + 1) & 3]);
-            }
+            pair_rows(w0, w1, w2, w3, x, (size_t)QK_K * b + 64 * c, dl + 2 * c, c, nr, acc);
         }
     }
     for (int r = 0; r < nr; r++) out[r] = _mm512_reduce_add_ps(sum4(acc[r])) - kq_hsum8(mv[r]);
@@ -113,15 +122,7 @@ KQ_INLINE void dot_q5k(const uint8_t *row, const float *const *x, const float *c
             __m512i u1 = _mm512_or_si512(_mm512_srli_epi32(v1, 4), bit4(h1, 2 * c + 1, b4));
             __m512 w0 = _mm512_permutex2var_ps(t_lo, l0, t_hi), w1 = _mm512_permutex2var_ps(t_lo, l1, t_hi);
             __m512 w2 = _mm512_permutex2var_ps(t_lo, u0, t_hi), w3 = _mm512_permutex2var_ps(t_lo, u1, t_hi);
-            for (int r = 0; r < nr; r++) {
-                const float *xc = x[r] + (size_t)QK_K * b + 64 * c;
-                __m512 lo = _mm512_mul_ps(w0, _mm512_loadu_ps(xc));
-                lo = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xc + 16), lo);
-                __m512 hi = _mm512_mul_ps(w2, _mm512_loadu_ps(xc + 32));
-                hi = _mm512_fmadd_ps(w3, _mm512_loadu_ps(xc + 48), hi);
-                acc[r][(2 * c) & 3] = _mm512_fmadd_ps(_mm512_set1_ps(dl[2 * c]), lo, acc[r][(2 * c) & 3]);
-                acc[r][(2 * c + 1) & 3] = _mm512_fmadd_ps(_mm512_set1_ps(dl[2 * c + 1]), hi, acc[r][(2 * c + 1) & 3]);
-            }
+            pair_rows(w0, w1, w2, w3, x, (size_t)QK_K * b + 64 * c, dl + 2 * c, c, nr, acc);
         }
     }
     for (int r = 0; r < nr; r++) out[r] = _mm512_reduce_add_ps(sum4(acc[r])) - kq_hsum8(mv[r]);
