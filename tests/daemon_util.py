@@ -1,4 +1,5 @@
 """Helpers for the diffragd end-to-end tests: tiny models, a daemon on loopback, a client."""
+import http.client
 import os
 import pathlib
 import signal
@@ -22,10 +23,21 @@ def sanitized():
     return asan_built(DIFFRAGD)
 
 
+_recent_ports = []
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on now, and not one this process handed out lately: the
+    kernel may give the same free port to two binds in a row, and a daemon whose client and
+    metrics ports coincide would answer its own readiness probe with ZeroMQ's greeting."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _recent_ports:
+            _recent_ports.append(port)
+            del _recent_ports[:-256]
+            return port
 
 
 def gen_model(path, *args):
@@ -63,7 +75,9 @@ def http_get(url, timeout=2.0):
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
-    except (urllib.error.URLError, ConnectionError, socket.timeout):
+    except (urllib.error.URLError, ConnectionError, socket.timeout,
+            http.client.HTTPException):
+        # HTTPException: something that is not an HTTP server holds the port (see free_port)
         return 0, ""
 
 
