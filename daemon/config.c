@@ -146,6 +146,10 @@ static const struct Key keys[] = {
       "deploy/grounding/ or the installed share directory; none: signals only, no score" },
     { "grounding_threshold", K_STR, F(grounding_threshold), "", 0, 0, 0,
       "score at or above which an answer is flagged (0..1); empty: the calibration's own" },
+    { "grounding_self_check", K_LONG, F(grounding_self_check), "0", 0, 1, 1,
+      "1: after each answer, ask the model whether the documents answer the question and "
+      "support the answer (a few dozen tokens over the cached prompt; docs/groundedness.md); "
+      "0: off" },
     { "grounding_heads", K_STR, F(grounding_heads), "auto", 0, 0, 0,
       "attention heads watched without a calibration: auto (every head of the layers at 1/2 "
       "and 3/4 depth) or LAYER:HEAD,LAYER:HEAD,..." },

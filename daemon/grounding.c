@@ -17,7 +17,7 @@
 
 static const char *const feature_names[GR_N_FEATURES] = {
     "mean_logprob", "min_logprob", "mean_entropy", "mean_margin", "lookback", "diff_doc_mass",
-    "unsupported_ratio",
+    "unsupported_ratio", "self_check",
 };
 
 const char *gr_feature_name(int f)
@@ -150,13 +150,17 @@ void gr_window_features(const struct GrSignals *s, size_t a, size_t b, double f[
     f[GR_LOOKBACK] = doc + gen != 0 ? doc / (doc + gen) : 0;
     f[GR_DIFF_DOC_MASS] = diff / k;
     f[GR_UNSUPPORTED_RATIO] = uns / k;
+    f[GR_SELF_CHECK] = !s->has_check ? NAN
+                       : s->check > GR_CHECK_CLIP ? GR_CHECK_CLIP
+                       : s->check < -GR_CHECK_CLIP ? -GR_CHECK_CLIP : s->check;
 }
 
 double gr_window_score(const struct GrCalibration *c, const double f[GR_N_FEATURES])
 {
     double z = c->bias;
     for (int j = 0; j < c->n_features; j++)
-        z += c->weight[j] * (f[c->feature[j]] - c->mean[j]) / c->scale[j];
+        if (!isnan(f[c->feature[j]]))
+            z += c->weight[j] * (f[c->feature[j]] - c->mean[j]) / c->scale[j];
     return 1.0 / (1.0 + exp(-z));
 }
 
@@ -183,6 +187,9 @@ void gr_summarize(const struct GrCalibration *cal, double threshold, const struc
     memset(out, 0, sizeof *out);
     out->answer_tokens = s->n;
     out->abstained = gr_abstained(answer, len);
+    out->has_check = s->has_check;
+    if (s->has_check)
+        out->self_check = 1.0 / (1.0 + exp(-s->check));
     size_t n = s->n;
     if (n > 0) {
         double doc = 0, gen = 0, lp = 0, lp_min = INFINITY, uns = 0;

@@ -14,8 +14,10 @@
 
 enum GrFeature {
     GR_MEAN_LOGPROB, GR_MIN_LOGPROB, GR_MEAN_ENTROPY, GR_MEAN_MARGIN, GR_LOOKBACK,
-    GR_DIFF_DOC_MASS, GR_UNSUPPORTED_RATIO, GR_N_FEATURES
+    GR_DIFF_DOC_MASS, GR_UNSUPPORTED_RATIO, GR_SELF_CHECK, GR_N_FEATURES
 };
+/* The self-check feature's log-odds are clipped to [-GR_CHECK_CLIP, GR_CHECK_CLIP]. */
+#define GR_CHECK_CLIP 20.0
 const char *gr_feature_name(int f);   /* "mean_logprob", ...; NULL out of range */
 
 #define GR_MAX_WATCH 1024          /* = ENGINE_MAX_WATCH */
@@ -66,6 +68,8 @@ struct GrSignals {
     const float *doc_mass, *gen_mass, *diff_doc_mass, *lookback;
     const uint32_t *text_end;
     const uint8_t *unsupported;        /* 0/1, from gr_lexical */
+    int has_check;                     /* the self-check ran */
+    double check;                      /* its log P(yes) - log P(no) */
 };
 
 /* ---- words and lexical support ---- */
@@ -87,10 +91,12 @@ struct GrWindow { size_t start, end; };   /* answer tokens [start, end) */
 /* The windows of an n-token answer (none when n = 0). Fills out[0..min(total, cap)) and
  * returns the total. */
 size_t gr_windows(size_t n, int window, int stride, struct GrWindow *out, size_t cap);
-/* The features of tokens [a, b), a < b <= s->n, in enum GrFeature order. */
+/* The features of tokens [a, b), a < b <= s->n, in enum GrFeature order. The self-check is
+ * the answer's, the same in every window, and NaN when it did not run. */
 void gr_window_features(const struct GrSignals *s, size_t a, size_t b,
                         double f[GR_N_FEATURES]);
-/* sigma(bias + sum_j weight_j (f_j - mean_j) / scale_j) over the calibration's features. */
+/* sigma(bias + sum_j weight_j (f_j - mean_j) / scale_j) over the calibration's features; a
+ * NaN feature (a self-check that did not run) adds nothing, as if it were at its mean. */
 double gr_window_score(const struct GrCalibration *c, const double f[GR_N_FEATURES]);
 
 /* The answer, whitespace-trimmed, begins with the prompt's refusal phrase (case-insensitive,
@@ -104,6 +110,8 @@ struct GrSummary {
     int abstained;
     int has_ratios;               /* answer_tokens > 0: the four figures below are defined */
     double lookback_ratio, unsupported_token_ratio, mean_logprob, min_logprob;
+    int has_check;
+    double self_check;            /* has_check: P(yes) / (P(yes) + P(no)) of the self-check */
     size_t answer_tokens, flagged_tokens;
 };
 

@@ -158,6 +158,9 @@ static void seq_finish(struct Worker *w, void *pair, struct Seq *q, int cancelle
     r.ttft_ms = q->rc.got_first ? q->rc.ttft_ms : 0;
     r.decode_ms = q->decoding ? now - q->t_prefilled : 0;
     r.sig = q->rc.sig.s;
+    /* the check runs alone, between steps: a few dozen tokens against the sequence's pages */
+    if (!cancelled && (r.finish == WF_STOP || r.finish == WF_LENGTH) && g.n_generated > 0)
+        r.has_check = !worker_self_check(w, &q->job, q->e, &r.check);
     worker_send_result(pair, &r);
     free(g.text);
     seq_free(w, q);

@@ -79,6 +79,7 @@ struct WireGround {
     size_t n_spans;
     const int32_t *watch;       /* (n_watch, 2): layer, head; NULL: the worker's default set */
     size_t n_watch;
+    int self_check;             /* run the self-check after the answer (docs/groundedness.md) */
 };
 
 #define WIRE_MAX_WATCH 1024
@@ -100,6 +101,7 @@ struct WireJob {
     int32_t *watch;           /* (n_watch, 2) when watch_given */
     size_t n_watch;
     int watch_given;          /* 0: the worker's default set */
+    int self_check;           /* the self-check after the answer */
 };
 
 /* The answer tokens' signals, struct of arrays of n each. */
@@ -122,6 +124,8 @@ struct WireResult {
     const char *code, *message;             /* finish == WF_ERROR; borrowed */
     size_t code_len, message_len;
     int has_signals;                        /* sig holds the answer tokens' signals */
+    int has_check;                          /* the self-check ran: check holds its verdict */
+    float check;                            /* log P(yes words) - log P(no words), finite */
     struct WireSignals sig;                 /* encode: borrowed; decode: owned */
 };
 

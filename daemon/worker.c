@@ -6,6 +6,7 @@
 #include "daemon/worker_internal.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -19,6 +20,7 @@
 #include "daemon/zutil.h"
 #include "model/generate.h"
 #include "model/tokenizer.h"
+#include "retriever/prompt.h"
 
 size_t worker_kv_bytes(const struct Worker *w)
 {
@@ -163,6 +165,73 @@ int worker_ground(const struct Model *m, struct Engine *e, const struct WireJob 
     return rc ? -1 : 0;
 }
 
+/* The check's tokens and the verdict words' ids, from the model's tokenizer. */
+static void check_init(struct Worker *w)
+{
+    const struct Tokenizer *t = w->m->tok;
+    const char *text = prompt_check();
+    size_t n;
+    w->n_check = 0;
+    if (tok_encode(t, text, strlen(text), TOK_PARSE_SPECIAL, w->check, WORKER_CHECK_MAX, &n) ||
+        n == 0 || n > WORKER_CHECK_MAX)
+        return;
+    for (int yes = 0; yes <= 1; yes++) {
+        int32_t *ids = yes ? w->yes_id : w->no_id;
+        int *k = yes ? &w->n_yes : &w->n_no;
+        *k = 0;
+        /* a word's first token (the whole word in the vocabularies of real models) */
+        for (const char *const *word = prompt_check_words(yes); *word && *k < 4; word++) {
+            int32_t id;
+            size_t m;
+            if (!tok_encode(t, *word, strlen(*word), 0, &id, 1, &m) && m >= 1)
+                ids[(*k)++] = id;
+        }
+    }
+    for (int i = 0; i < w->n_yes; i++)
+        for (int j = 0; j < w->n_no; j++)
+            if (w->yes_id[i] == w->no_id[j])
+                return;   /* a token that says both cannot tell them apart */
+    if (w->n_yes && w->n_no)
+        w->n_check = (int)n;
+}
+
+/* log of the sum of exp(lg[ids[i]] - mx) */
+static double log_sum(const float *lg, const int32_t *ids, int n, double mx)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++)
+        s += exp((double)lg[ids[i]] - mx);
+    return log(s);
+}
+
+int worker_self_check(struct Worker *w, const struct WireJob *job, struct Engine *e,
+                      float *logodds)
+{
+    char err[256];
+    if (!job->self_check || w->n_check == 0)
+        return -1;
+    if (engine_prefill(e, w->check, (size_t)w->n_check, err, sizeof err)) {
+        dlog(LL_DEBUG, "msg=\"self-check skipped\" worker=%d job=%llu error=\"%s\"", w->o.index,
+             (unsigned long long)job->job, err);
+        return -1;
+    }
+    const float *lg = engine_logits(e);
+    if (!lg)
+        return -1;
+    double mx = -INFINITY;
+    for (int i = 0; i < w->n_yes; i++)
+        if (lg[w->yes_id[i]] > mx) mx = lg[w->yes_id[i]];
+    for (int i = 0; i < w->n_no; i++)
+        if (lg[w->no_id[i]] > mx) mx = lg[w->no_id[i]];
+    if (!isfinite(mx))
+        return -1;
+    double v = log_sum(lg, w->yes_id, w->n_yes, mx) - log_sum(lg, w->no_id, w->n_no, mx);
+    if (!isfinite(v))
+        v = v > 0 ? 1e4 : -1e4;
+    *logodds = (float)(v > 1e4 ? 1e4 : v < -1e4 ? -1e4 : v);
+    return 0;
+}
+
 static void run_job(struct Worker *w, void *pair, uint64_t job_id, const void *body, size_t len)
 {
     struct WireJob job = { .job = job_id };
@@ -242,6 +311,8 @@ static void run_job(struct Worker *w, void *pair, uint64_t job_id, const void *b
     r.ttft_ms = rc.got_first ? rc.ttft_ms : 0;
     r.decode_ms = g.decode_ms;
     r.sig = rc.sig.s;
+    if ((r.finish == WF_STOP || r.finish == WF_LENGTH) && g.n_generated > 0)
+        r.has_check = !worker_self_check(w, &job, w->e, &r.check);
     worker_send_result(pair, &r);
     free(g.text);
     worker_sigbuf_free(&rc.sig);
@@ -632,6 +703,7 @@ int worker_start(void *zctx, const struct Model *m, const struct WorkerOpts *o,
     int rc = engine_new(m, &o->engine, &w->e, err, errlen);
     if (rc)
         goto err;
+    check_init(w);
     w->max_running = o->engine.device == ENGINE_CUDA ? 1
                      : o->max_running < 1 ? 1
                      : o->max_running > WIRE_MAX_RUNNING ? WIRE_MAX_RUNNING : o->max_running;

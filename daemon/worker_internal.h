@@ -11,6 +11,8 @@
 #include "daemon/worker.h"
 #include "model/generate.h"
 
+#define WORKER_CHECK_MAX 256
+
 struct Worker {
     void *zctx;
     const struct Model *m;
@@ -30,6 +32,13 @@ struct Worker {
     _Atomic int cancel_reason;    /* enum WireReason */
     size_t kv_bytes;
     int max_running;              /* jobs it takes at once: 1 on a GPU context */
+    /* the self-check (docs/groundedness.md): its tokens, and the ids of the verdict words'
+     * first tokens (n_check = 0: the vocabulary cannot tell the words apart, or the check
+     * does not fit WORKER_CHECK_MAX tokens; no check runs) */
+    int32_t check[WORKER_CHECK_MAX];
+    int n_check;
+    int32_t yes_id[4], no_id[4];
+    int n_yes, n_no;
 };
 
 /* The answer tokens' signals as they are generated (struct of arrays, grown by doubling). */
@@ -62,6 +71,14 @@ void worker_send_error(void *pair, uint64_t job, const char *code, const char *m
  * as generated). 0, or -1 with err. */
 int worker_ground(const struct Model *m, struct Engine *e, const struct WireJob *job, char *err,
                   size_t errlen);
+
+/* The self-check after an answer: appends the check's tokens to context e (which holds the
+ * prompt and the answer) and reads the verdict from the next token's logits, log P(yes words)
+ * - log P(no words). 0 with *logodds, or -1 when the job did not ask for it, the model cannot
+ * run it, or it failed (no room in the context or the pool, a device error): the reply then
+ * has no verdict, and the answer is not affected. */
+int worker_self_check(struct Worker *w, const struct WireJob *job, struct Engine *e,
+                      float *logodds);
 
 /* The CPU compute thread: runs the jobs that arrive on `pair` in batches until DISCONNECT
  * (every running request is then answered as cancelled) or a failure (its requests are lost

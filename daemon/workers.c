@@ -279,7 +279,8 @@ void workers_dispatch(struct Broker *b)
                 spans[2 * i + 1] = (uint32_t)r->ctx->cites[i].tokens.end;
             }
         struct WireGround wg = { .doc_spans = spans, .n_spans = r->ctx->n_cites,
-                                 .watch = b->o.watch, .n_watch = b->o.n_watch };
+                                 .watch = b->o.watch, .n_watch = b->o.n_watch,
+                                 .self_check = b->cfg->grounding_self_check != 0 };
         mpw_reset(mw);
         if (!spans)
             mw->failed = 1;

@@ -17,6 +17,25 @@ const char *prompt_doc_separator(void) { return "\n\n"; }
 const char *prompt_question_prefix(void) { return "Question: "; }
 const char *prompt_tail(void) { return "<|im_end|>\n<|im_start|>assistant\n"; }
 
+/* After the answer: the answer's turn closes, and a new user turn asks for a one-word verdict
+ * on both what can go wrong: documents that do not hold the answer, and an answer they do not
+ * support. */
+static const char CHECK[] =
+    "<|im_end|>\n"
+    "<|im_start|>user\n"
+    "Do the documents answer my question, and is your answer correct according to them? "
+    "Reply Yes or No."
+    "<|im_end|>\n"
+    "<|im_start|>assistant\n";
+
+const char *prompt_check(void) { return CHECK; }
+const char *const *prompt_check_words(int yes)
+{
+    static const char *const yes_words[] = { "Yes", "yes", NULL };
+    static const char *const no_words[] = { "No", "no", NULL };
+    return yes ? yes_words : no_words;
+}
+
 int prompt_label(int marker, const char *title, size_t title_len, char *out, size_t cap)
 {
     int n = snprintf(out, cap, "[%d]", marker);

@@ -392,6 +392,9 @@ def test_grounding_figures_parsed():
         assert isinstance(g, diffrag.Grounding)
         assert (g.score, g.flagged, g.abstained, g.flagged_tokens, g.detector) == \
             (0.82, True, False, 2, "smollm2-v1")
+        assert g.self_check is None   # the daemon did not run the self-check
+        reply["grounding"] = dict(GROUNDED["grounding"], self_check=0.375)
+        assert c.query("q", docs=["t"]).grounding.self_check == 0.375
         assert a.citations[0].cited and a.timings.ttft_ms == 12.5 and a.timings.queue_ms == 0.0
         reply["grounding"] = dict(GROUNDED["grounding"], detector={"name": "x"}, flagged=1)
         g = c.query("q", docs=["t"]).grounding

@@ -143,6 +143,14 @@ static void test_wire(void)
           "params");
     CHECK(j.seed == 1234567890123ull && j.stream == 1, "seed/stream");
     CHECK(j.n_stop == 2 && !strcmp(j.stop[0], "\n\n") && !strcmp(j.stop[1], "END"), "stop");
+    CHECK(!j.self_check, "no self-check unless asked");
+    wire_job_free(&j);
+    /* the self-check request crosses */
+    struct WireGround g = { .self_check = 1 };
+    mpw_reset(&w);
+    wire_job_encode(&w, toks, 5, 42, 0.7, 0.9, 1, stop, lens, 2, 0, &g);
+    CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) == 0 && j.self_check == 1,
+          "self-check asked: %s", err);
     wire_job_free(&j);
     /* a body that lies about its tokens is refused */
     mpw_reset(&w);
@@ -160,7 +168,14 @@ static void test_wire(void)
     struct WireResult back = { .job = 5 };
     CHECK(wire_result_decode(w.buf.data, w.buf.size, &back, err, sizeof err) == 0, "%s", err);
     CHECK(back.finish == WF_DEADLINE && back.text_len == 7 && !memcmp(back.text, "partial", 7) &&
-          back.completion_tokens == 3 && back.decode_ms == 3.25, "result");
+          back.completion_tokens == 3 && back.decode_ms == 3.25 && !back.has_check, "result");
+    /* the self-check's verdict, a log-odds of either sign */
+    r.has_check = 1;
+    r.check = -2.75f;
+    mpw_reset(&w);
+    wire_result_encode(&w, &r);
+    CHECK(wire_result_decode(w.buf.data, w.buf.size, &back, err, sizeof err) == 0 &&
+          back.has_check && back.check == -2.75f, "self-check verdict: %s", err);
     struct WireResult e = { .finish = WF_ERROR, .code = "too_large", .code_len = 9,
                             .message = "too big", .message_len = 7 };
     mpw_reset(&w);

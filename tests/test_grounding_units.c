@@ -161,7 +161,7 @@ static void test_calibration(void)
     bad_cal(10, "mean 0 0 0", "x.grounding:10: mean has 3 numbers; features names 7");
     bad_cal(11, "scale 1 1 1 1 0 1 1", "x.grounding:11: scale of lookback is 0");
     bad_cal(12, "weights 0 0 0 0 inf 0 0", "x.grounding:12: weights: \"inf\" is not a finite");
-    bad_cal(12, "weights 0 0 0 0 0 0 0 0", "x.grounding:12: weights has more than 7");
+    bad_cal(12, "weights 0 0 0 0 0 0 0 0 0", "x.grounding:12: weights has more than 8");
     bad_cal(14, "bias 1x", "x.grounding:14: bias: \"1x\" is not a finite number");
     bad_cal(13, "window 4", "x.grounding:13: window appears twice (first on line 5)");
     bad_cal(13, "colour blue", "x.grounding:13: unknown key \"colour\"");
@@ -247,6 +247,37 @@ static void test_features_and_score(void)
     CHECK(fabs(f[GR_UNSUPPORTED_RATIO] - 0.5) < 1e-12, "unsupported");
     gr_window_features(&s, 3, 5, f);   /* no mass at all */
     CHECK(f[GR_LOOKBACK] == 0, "lookback of no mass is 0");
+    /* the self-check: missing (NaN) unless it ran; its log-odds clipped to +-20 */
+    CHECK(isnan(f[GR_SELF_CHECK]), "no self-check: NaN");
+    {
+        struct GrSignals sc = s;
+        sc.has_check = 1;
+        sc.check = -1.25;
+        gr_window_features(&sc, 0, 4, f);
+        CHECK(f[GR_SELF_CHECK] == -1.25, "self-check %g", f[GR_SELF_CHECK]);
+        sc.check = 300;
+        gr_window_features(&sc, 0, 4, f);
+        CHECK(f[GR_SELF_CHECK] == GR_CHECK_CLIP, "self-check clipped %g", f[GR_SELF_CHECK]);
+        /* a calibration that weighs it: missing adds nothing, present moves the score */
+        struct GrCalibration k;
+        memset(&k, 0, sizeof k);
+        k.n_features = 1;
+        k.feature[0] = GR_SELF_CHECK;
+        k.mean[0] = 0.5; k.scale[0] = 2; k.weight[0] = -1; k.bias = 0.25;
+        sc.check = -3.5;
+        gr_window_features(&sc, 0, 4, f);
+        double z = 0.25 - 1 * (-3.5 - 0.5) / 2;
+        CHECK(fabs(gr_window_score(&k, f) - 1 / (1 + exp(-z))) < 1e-12, "self-check score");
+        sc.has_check = 0;
+        gr_window_features(&sc, 0, 4, f);
+        CHECK(fabs(gr_window_score(&k, f) - 1 / (1 + exp(-0.25))) < 1e-12, "missing: bias only");
+        struct GrSummary gs;
+        sc.has_check = 1;
+        sc.check = 0;
+        gr_summarize(NULL, 0.5, &sc, "abcdefgh", 8, NULL, &gs);
+        CHECK(gs.has_check && fabs(gs.self_check - 0.5) < 1e-12, "P(yes) of log-odds 0");
+    }
+    gr_window_features(&s, 3, 5, f);
 
     struct GrCalibration c;
     memset(&c, 0, sizeof c);

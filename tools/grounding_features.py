@@ -8,7 +8,10 @@ import re
 import numpy as np
 
 FEATURES = ("mean_logprob", "min_logprob", "mean_entropy", "mean_margin", "lookback",
-            "diff_doc_mass", "unsupported_ratio")
+            "diff_doc_mass", "unsupported_ratio", "self_check")
+
+# the self-check's log-odds are clipped to +-CHECK_CLIP (daemon/grounding.h GR_CHECK_CLIP)
+CHECK_CLIP = 20.0
 
 MAGIC = "diffrag-grounding"
 VERSION = 1
@@ -211,12 +214,27 @@ def signal_arrays(sig):
             raise ValueError("token_signals %r has %d values, %r has %d" %
                              (k, len(a), SIGNALS[0], n))
         out[k] = a
+    out["self_check"] = check_logodds(sig.get("self_check"))
     return out
 
 
+def check_logodds(p):
+    """The self_check feature, log P(yes) - log P(no) clipped, from the reply's
+    grounding.self_check, P(yes) / (P(yes) + P(no)); None (the check did not run): NaN."""
+    if p is None:
+        return math.nan
+    p = float(p)
+    if p <= 0.0:
+        return -CHECK_CLIP
+    if p >= 1.0:
+        return CHECK_CLIP
+    return min(CHECK_CLIP, max(-CHECK_CLIP, math.log(p) - math.log1p(-p)))
+
+
 def window_features(sig, a, b):
-    """The 7 features of tokens [a, b) in FEATURES order (sig: token_signals map, or the
-    arrays of signal_arrays)."""
+    """The 8 features of tokens [a, b) in FEATURES order (sig: token_signals map, or the
+    arrays of signal_arrays). The token_signals map may carry the reply's
+    grounding.self_check under "self_check"; without it that feature is NaN."""
     if not 0 <= a < b:
         raise ValueError("empty window [%d, %d)" % (a, b))
     s = sig if all(isinstance(sig.get(k), np.ndarray) for k in SIGNALS) else signal_arrays(sig)
@@ -227,8 +245,8 @@ def window_features(sig, a, b):
     gen = s["gen_mass"][a:b].sum()
     lookback = doc / (doc + gen) if doc + gen != 0 else 0.0
     return np.array([lp.mean(), lp.min(), s["entropy"][a:b].mean(), s["margin"][a:b].mean(),
-                     lookback, s["diff_doc_mass"][a:b].mean(), s["unsupported"][a:b].mean()],
-                    dtype=np.float64)
+                     lookback, s["diff_doc_mass"][a:b].mean(), s["unsupported"][a:b].mean(),
+                     s.get("self_check", math.nan)], dtype=np.float64)
 
 
 def request_windows(sig, window, stride):
@@ -246,9 +264,11 @@ def _sigmoid(z):
 
 
 def window_scores(cal, feats):
-    """Logistic scores of rows of window features (FEATURES order) under a calibration."""
+    """Logistic scores of rows of window features (FEATURES order) under a calibration; a NaN
+    feature (a self-check that did not run) adds nothing, as in the daemon."""
     cols = [FEATURES.index(f) for f in cal["features"]]
     x = (np.asarray(feats, dtype=np.float64)[:, cols] - cal["mean"]) / cal["scale"]
+    x = np.where(np.isnan(x), 0.0, x)
     return _sigmoid(cal["bias"] + x @ cal["weights"])
 
 
@@ -352,15 +372,22 @@ def fpr_at(labels, scores, threshold):
     return at_threshold(labels, scores, threshold)["fpr"]
 
 
-def best_f1_threshold(labels, scores):
+def best_f1_threshold(labels, scores, max_fpr=None):
     """(threshold, f1): the score threshold among the observed scores that maximises F1
-    (the lowest such threshold on ties); (0.5, None) without a positive label."""
+    (the lowest such threshold on ties); (0.5, None) without a positive label. With max_fpr,
+    only thresholds whose false-positive rate is at most max_fpr compete (the highest observed
+    score above every score when none is: nothing flagged)."""
     y, s = _check(labels, scores)
     if y.sum() == 0:
         return 0.5, None
     best = (None, -1.0)
     for t in np.unique(s):
-        f = at_threshold(y, s, t)["f1"]
+        m = at_threshold(y, s, t)
+        if max_fpr is not None and m["fpr"] is not None and m["fpr"] > max_fpr:
+            continue
+        f = m["f1"]
         if f is not None and f > best[1]:
             best = (float(t), f)
+    if best[0] is None:
+        return float(np.nextafter(s.max(), np.inf)), 0.0
     return best

@@ -205,6 +205,9 @@ typedef struct DiffragGrounding {
     int64_t answer_tokens;
     int64_t flagged_tokens;
     char *detector;                 /* the calibration's name, "none"; may be NULL */
+    double self_check;              /* the model's P(yes) when asked after the answer whether
+                                     * the documents answer the question and support the
+                                     * answer; NAN: the check did not run */
 } DiffragGrounding;
 
 typedef struct DiffragAnswer {

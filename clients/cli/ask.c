@@ -48,6 +48,15 @@ static const char *base_name(const char *path)
 
 /* One line when the prompt left out part of the documents: how much was read, and how to read
  * more. */
+/* ", self-check 0.46" (the model's P(yes) that the documents support the answer), or "". */
+static const char *self_check_text(const DiffragGrounding *g, char *buf, size_t cap)
+{
+    if (isnan(g->self_check))
+        return "";
+    snprintf(buf, cap, ", self-check %.2f", g->self_check);
+    return buf;
+}
+
 static void print_read(const DiffragAnswer *r)
 {
     const DiffragContextRead *x = &r->context;
@@ -85,6 +94,7 @@ static void print_details(const DiffragAnswer *r)
                    c->truncated ? ", truncated" : "");
     }
     print_read(r);
+    char check[48];
     if (r->has_grounding && r->grounding.answer_tokens == 0 && r->completion_tokens == 0) {
         /* no token: no figure to show (they are all nil) */
         if (strcmp(r->finish_reason, "cancelled") == 0)
@@ -94,18 +104,19 @@ static void print_details(const DiffragAnswer *r)
     } else if (r->has_grounding && !isnan(r->grounding.score)) {
         const DiffragGrounding *g = &r->grounding;
         printf("grounding: %s, score %.3f, lookback ratio %.3f, unsupported tokens %.3f "
-               "(%lld of %lld flagged), mean logprob %.2f%s%s%s\n",
+               "(%lld of %lld flagged), mean logprob %.2f%s%s%s%s\n",
                g->abstained ? "abstained" : g->flagged ? "FLAGGED: the answer may not rest on "
                "the sources" : "not flagged", g->score, g->lookback_ratio,
                g->unsupported_token_ratio, (long long)g->flagged_tokens,
-               (long long)g->answer_tokens, g->mean_logprob, g->detector ? " (detector " : "",
-               g->detector ? g->detector : "", g->detector ? ")" : "");
+               (long long)g->answer_tokens, g->mean_logprob, self_check_text(g, check, sizeof check),
+               g->detector ? " (detector " : "", g->detector ? g->detector : "",
+               g->detector ? ")" : "");
     } else if (r->has_grounding) {
         const DiffragGrounding *g = &r->grounding;
         printf("grounding: %snot scored (no calibrated detector for this model), lookback ratio "
-               "%.3f, unsupported tokens %.3f of %lld, mean logprob %.2f\n",
+               "%.3f, unsupported tokens %.3f of %lld, mean logprob %.2f%s\n",
                g->abstained ? "abstained, " : "", g->lookback_ratio, g->unsupported_token_ratio,
-               (long long)g->answer_tokens, g->mean_logprob);
+               (long long)g->answer_tokens, g->mean_logprob, self_check_text(g, check, sizeof check));
     } else {
         printf("grounding: not reported by this daemon\n");
     }

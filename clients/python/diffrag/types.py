@@ -61,7 +61,9 @@ class Grounding:
     """How far the answer rests on the documents, when the daemon reports it (the daemon's
     docs/groundedness.md defines each figure). ``score`` and ``flagged`` are None when the
     daemon has no calibrated detector for its model (``detector`` is then "none"); the ratios
-    and log-probabilities are None for an answer of no token."""
+    and log-probabilities are None for an answer of no token. ``self_check`` is the model's own
+    probability, asked after the answer, that the documents answer the question and support the
+    answer (None when the check did not run)."""
 
     score: Optional[float] = None
     flagged: Optional[bool] = None
@@ -70,6 +72,7 @@ class Grounding:
     unsupported_token_ratio: Optional[float] = None
     mean_logprob: Optional[float] = None
     min_logprob: Optional[float] = None
+    self_check: Optional[float] = None
     answer_tokens: Optional[int] = None
     flagged_tokens: Optional[int] = None
     detector: Optional[str] = None
