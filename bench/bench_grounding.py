@@ -1,19 +1,34 @@
 #!/usr/bin/env python3
-"""`make bench-grounding`: what the groundedness signals cost. Decodes the default model after
-prompts of real text (SQuAD passages) with the attention-mass measurement off and on (the
-daemon's default watch set: every head of two layers, `--watch auto`), the two variants
-interleaved run by run so both see the same machine state, and prints the median decode
-tokens/s of each and their ratio. The target (issue 5): the signals cost at most 5% of decode
-time. Writes nothing."""
+"""`make bench-grounding`: what the groundedness signals cost.
+
+1. Attention masses: decodes the small model after prompts of real text (SQuAD passages) with
+   the attention-mass measurement off and on (the daemon's default watch set: every head of
+   two layers, `--watch auto`), the two variants interleaved run by run so both see the same
+   machine state, and prints the median decode tokens/s of each and their ratio. Target: at
+   most 5% of decode time.
+2. The self-check: two diffragd serving the default model, one with `grounding_self_check`
+   on and one with it off, asked the same queries over about 4K tokens of SQuAD paragraphs
+   (each repetition new paragraphs, so no prefix cache helps either side), in turns; prints
+   the median request time of each and the check's share. Target: at most 10% of a request's
+   time at 4K tokens.
+
+Writes nothing."""
 import argparse
 import pathlib
 import statistics
 import subprocess
 import sys
+import json
 import tempfile
+import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from bench_engine import MODEL, RUN, logfmt, tokens  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests"))
+from bench_engine import MODEL, RUN, SQUAD, logfmt, tokens  # noqa: E402
+
+QWEN = ROOT / "models" / "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
+QUESTIONS = SQUAD.parent / "questions.jsonl"
 
 
 def decode_rate(ids_file, n_prompt, n_gen, threads, watch):
@@ -30,13 +45,85 @@ def decode_rate(ids_file, n_prompt, n_gen, threads, watch):
     return t["decode_tok_s"]
 
 
+def squad_sets(reps, chars):
+    """reps sets of consecutive SQuAD paragraphs of about `chars` characters each, none shared,
+    with an answerable question about the set's first paragraph."""
+    paras = [json.loads(line) for line in open(SQUAD, encoding="utf-8") if line.strip()]
+    qs = {}
+    for line in open(QUESTIONS, encoding="utf-8"):
+        q = json.loads(line)
+        if q.get("answers"):
+            qs.setdefault(q["gold_passage_id"], q["question"])
+    sets, i = [], 0
+    while len(sets) < reps and i < len(paras):
+        docs, n = [], 0
+        while n < chars and i < len(paras):
+            p = paras[i]
+            docs.append({"id": "p%d" % i, "title": p.get("title", ""), "text": p["text"]})
+            n += len(p["text"])
+            i += 1
+        pid = paras[i - len(docs)].get("id")
+        q = qs.get(pid) or "What is the first paragraph about?"
+        sets.append((docs, q))
+    if len(sets) < reps:
+        raise RuntimeError("not enough SQuAD paragraphs for %d sets" % reps)
+    return sets
+
+
+def self_check_cost(reps, threads, depth, max_tokens):
+    from daemon_util import Daemon, query
+    sets = squad_sets(reps, 4 * depth)   # about 4 characters a token in these paragraphs
+    common = dict(workers=1, threads=threads, log_level="warn", max_context_tokens=2 * depth)
+    with tempfile.TemporaryDirectory() as tmp:
+        for side in ("on", "off"):
+            (pathlib.Path(tmp) / side).mkdir()
+        with Daemon(pathlib.Path(tmp) / "on", QWEN, grounding_self_check=1, **common) as on, \
+                Daemon(pathlib.Path(tmp) / "off", QWEN, grounding_self_check=0, **common) as off:
+            t = {"on": [], "off": []}
+            prompt_tokens = []
+            for k, (docs, q) in enumerate(sets):
+                pair = [("on", on), ("off", off)] if k % 2 == 0 else [("off", off), ("on", on)]
+                answers = {}
+                for name, d in pair:
+                    msg = query(q, docs=docs, max_tokens=max_tokens, temperature=0,
+                                max_context_tokens=depth)
+                    t0 = time.time()
+                    _, r = d.client().call(msg, timeout=900)
+                    if not r.get("ok"):
+                        raise RuntimeError("query failed: %s" % r)
+                    t[name].append(1000 * (time.time() - t0))
+                    answers[name] = r
+                if answers["on"]["answer"] != answers["off"]["answer"]:
+                    raise RuntimeError("the self-check changed an answer")
+                if answers["on"]["grounding"]["self_check"] is None:
+                    raise RuntimeError("the self-check did not run")
+                prompt_tokens.append(answers["on"]["usage"]["prompt_tokens"])
+    mo, mn = statistics.median(t["off"]), statistics.median(t["on"])
+    cost = mn / mo - 1
+    print(f"self-check: request ms, off vs on, median of {reps} pairs in turns, {threads} threads, "
+          f"prompts of {min(prompt_tokens)}-{max(prompt_tokens)} tokens, at most {max_tokens} "
+          f"answer tokens, the default model")
+    print(f"self_check off_ms={mo:.0f} on_ms={mn:.0f} extra_ms={mn - mo:.0f} "
+          f"cost_pct={100 * cost:.1f}")
+    print(f"target: the self-check costs <= 10% of a request at {depth} tokens: "
+          f"{100 * cost:.1f}% -> {'met' if cost <= 0.10 else 'NOT met'}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--depths", default="2048,8192")
     ap.add_argument("--gen", type=int, default=48, help="tokens decoded per run")
+    ap.add_argument("--check-depth", type=int, default=4096,
+                    help="document tokens of the self-check's queries")
+    ap.add_argument("--check-reps", type=int, default=5)
+    ap.add_argument("--only", choices=["masses", "self-check"], help="one part only")
     a = ap.parse_args()
+    if a.only != "masses":
+        self_check_cost(a.check_reps, a.threads, a.check_depth, a.gen)
+    if a.only == "self-check":
+        return
     depths = [int(d) for d in a.depths.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         ids = tokens(max(depths), tmp)

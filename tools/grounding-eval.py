@@ -43,13 +43,17 @@ REFUSAL = "i cannot find the answer in the provided documents"
 
 # Feature sets compared in the report; "combined" is the calibration the daemon loads.
 SIGNAL_SETS = {
-    "combined": list(gf.FEATURES),
+    "combined": [f for f in gf.FEATURES if f != "self_check"],
+    "combined + self-check": list(gf.FEATURES),
     "log-probability": ["mean_logprob", "min_logprob", "mean_entropy", "mean_margin"],
     "lexical": ["unsupported_ratio"],
     "attention": ["lookback", "diff_doc_mass"],
+    "self-check": ["self_check"],
 }
-SET_COLOURS = {"combined": (0, 0, 0), "log-probability": (31, 119, 180),
-               "lexical": (255, 127, 14), "attention": (44, 160, 44)}
+SET_COLOURS = {"combined": (0, 0, 0), "combined + self-check": (148, 103, 189),
+               "log-probability": (31, 119, 180),
+               "lexical": (255, 127, 14), "attention": (44, 160, 44),
+               "self-check": (214, 39, 40)}
 CONDITIONS = ("present", "absent", "distractor", "conflict", "squad-answerable",
               "squad-unanswerable")
 
@@ -345,6 +349,9 @@ class LocalDaemon:
                 "metrics_listen": "127.0.0.1:%d" % mport, "workers": 1, "threads": threads,
                 "max_context_tokens": max_context, "chunk_tokens": min(2 * max_context, 65536),
                 "chunk_overlap": 0, "max_tokens": 256, "log_level": "warn",
+                # every signal is collected, the self-check too, so that the report measures
+                # each one's worth
+                "grounding_self_check": 1,
                 # a loaded machine can delay heartbeats: wait longer before giving a worker up
                 "heartbeat_liveness": 10}
         # without a calibration the daemon watches its default heads (`grounding_heads` auto)
@@ -450,6 +457,16 @@ def read_jsonl(path):
     if not path.exists():
         raise EvalError("%s missing" % path)
     return [json.loads(line) for line in open(path) if line.strip()]
+
+
+def read_results(path):
+    """The replies, each one's grounding.self_check carried into its token_signals map, where
+    tools/grounding_features.py reads it."""
+    out = read_jsonl(path)
+    for r in out:
+        if r.get("token_signals") is not None:
+            r["token_signals"]["self_check"] = (r.get("grounding") or {}).get("self_check")
+    return out
 
 
 def cmd_run(args):
@@ -571,19 +588,26 @@ def request_scores(cal, items):
     return np.array([gf.score(cal, res["token_signals"])[0] for res, _ in items])
 
 
-def train(items, features, window, stride, lam_grid=(0.01, 0.1, 1.0, 10.0), folds=5):
+def train(items, features, window, stride, lam_grid=(0.01, 0.1, 1.0, 10.0), folds=5,
+          max_fpr=None):
     """Fit on items ([(result, label)]): L2 strength by grouped k-fold on request AUROC, then a
-    final fit on all; threshold = the request score with maximal F1 on these items."""
+    final fit on all; threshold = the request score with maximal F1 on these items (among those
+    with a false-positive rate of at most max_fpr on them, when given)."""
     x_all, y, idx, w = answer_windows(items, window, stride)
     cols = [gf.FEATURES.index(f) for f in features]
     x = x_all[:, cols]
     labels = np.array([lab for _, lab in items])
 
     def fit(rows):
-        mean = x[rows].mean(0)
-        scale = x[rows].std(0)
+        # a self-check that did not run is NaN: left out of its mean and scale, and 0 (its
+        # mean) once standardised, as the daemon scores it
+        mean = np.nan_to_num(np.nanmean(x[rows], 0))
+        scale = np.nan_to_num(np.nanstd(x[rows], 0))
         scale[scale < 1e-12] = 1.0
         return mean, scale
+
+    def std(rows, mean, scale):
+        return np.nan_to_num((x[rows] - mean) / scale)
 
     def make_cal(mean, scale, weights, bias, threshold=0.5):
         return {"name": "fit", "model_sha256": "0" * 64, "window": window, "stride": stride,
@@ -596,7 +620,7 @@ def train(items, features, window, stride, lam_grid=(0.01, 0.1, 1.0, 10.0), fold
         for k in range(folds):
             tr = fold_of[idx] != k
             mean, scale = fit(tr)
-            wt, b = fit_logistic((x[tr] - mean) / scale, y[tr], w[tr], lam)
+            wt, b = fit_logistic(std(tr, mean, scale), y[tr], w[tr], lam)
             cal = make_cal(mean, scale, wt, b)
             held = [i for i in range(len(items)) if fold_of[i] == k]
             pred[held] = request_scores(cal, [items[i] for i in held])
@@ -606,9 +630,9 @@ def train(items, features, window, stride, lam_grid=(0.01, 0.1, 1.0, 10.0), fold
     lam = best[0]
     rows = np.ones(len(y), bool)
     mean, scale = fit(rows)
-    wt, b = fit_logistic((x - mean) / scale, y, w, lam)
+    wt, b = fit_logistic(std(rows, mean, scale), y, w, lam)
     cal = make_cal(mean, scale, wt, b)
-    threshold, f1 = gf.best_f1_threshold(labels, request_scores(cal, items))
+    threshold, f1 = gf.best_f1_threshold(labels, request_scores(cal, items), max_fpr)
     cal["threshold"] = float(threshold)
     return cal, {"lambda": lam, "cv_auroc": best[1], "fit_f1": f1}
 
@@ -646,8 +670,9 @@ def model_sha256(path):
 
 
 def default_watch(model):
-    """The daemon's default watched heads for a llama-architecture GGUF (`grounding_heads`
-    auto, engine_default_watch): every query head of the layers at 1/2 and 3/4 depth."""
+    """The daemon's default watched heads for a llama- or qwen2-architecture GGUF
+    (`grounding_heads` auto, engine_default_watch): every query head of the layers at 1/2 and
+    3/4 depth."""
     import gguf
     r = gguf.GGUFReader(str(model))
 
@@ -657,10 +682,10 @@ def default_watch(model):
             raise EvalError("%s has no %s" % (model, key))
         return f.parts[f.data[0]]
     arch = bytes(field("general.architecture")).decode()
-    if arch != "llama":
-        raise EvalError("default heads are known for llama models only; give --watch")
-    layers = int(field("llama.block_count")[0])
-    heads = int(field("llama.attention.head_count")[0])
+    if arch not in ("llama", "qwen2"):
+        raise EvalError("default heads are known for llama and qwen2 models only; give --watch")
+    layers = int(field(arch + ".block_count")[0])
+    heads = int(field(arch + ".attention.head_count")[0])
     picked = sorted({layers // 2, 3 * layers // 4})
     return [(l, h) for l in picked for h in range(heads)]
 
@@ -675,23 +700,30 @@ def parse_watch(text):
     return out
 
 
+def threshold_rule(args):
+    """How thresholds were chosen, beyond max F1: "" or " with a false-positive rate of at most X"."""
+    m = getattr(args, "max_fpr", None)
+    return "" if m is None else " with a false-positive rate of at most %g" % m
+
+
 def cmd_fit(args):
     cases = read_jsonl(args.cases)
-    results = read_jsonl(args.results)
+    results = read_results(args.results)
     rows, skipped = labelled(cases, results, "fit")
     labels = [lab for _, _, lab in rows]
     if len(set(labels)) < 2:
         raise EvalError("the fit split needs both labels (got %d answers, labels %s; "
                         "skipped %s)" % (len(rows), sorted(set(labels)), skipped))
     items = [(r, lab) for _, r, lab in rows]
-    cal, info = train(items, SIGNAL_SETS["combined"], args.window, args.stride)
+    cal, info = train(items, SIGNAL_SETS["combined"], args.window, args.stride,
+                      max_fpr=args.max_fpr)
     cal["name"] = args.name
     cal["model_sha256"] = model_sha256(args.model)
     cal["watch"] = default_watch(args.model) if args.watch == "auto" else parse_watch(args.watch)
     comment = ("Fitted by tools/grounding-eval.py fit on %d answers of the fit split "
                "(%d hallucinated): L2 %g (5-fold CV AUROC %.3f); threshold = max F1 on the fit "
-               "split (F1 %.3f)." % (len(items), sum(labels), info["lambda"], info["cv_auroc"],
-                                     info["fit_f1"]))
+               "split%s (F1 %.3f)." % (len(items), sum(labels), info["lambda"], info["cv_auroc"],
+                                       threshold_rule(args), info["fit_f1"]))
     gf.write_calibration(args.calibration_out, cal, comment)
     print("wrote %s: %s" % (args.calibration_out, comment))
 
@@ -817,7 +849,7 @@ def report_command(argv):
 
 def cmd_report(args, run_seconds=None):
     cases = read_jsonl(args.cases)
-    results = read_jsonl(args.results)
+    results = read_results(args.results)
     by_case = {c["id"]: c for c in cases}
     cal = gf.read_calibration(args.calibration)
     fit_rows, fit_skipped = labelled(cases, results, "fit")
@@ -833,7 +865,8 @@ def cmd_report(args, run_seconds=None):
         if name == "combined":
             c, info = cal, None
         else:
-            c, info = train(fit_items, features, cal["window"], cal["stride"])
+            c, info = train(fit_items, features, cal["window"], cal["stride"],
+                            max_fpr=getattr(args, "max_fpr", None))
         s = request_scores(c, test_items)
         sets[name] = {"cal": c, "info": info, "scores": s,
                       "all": group_metrics(y, s, c["threshold"])}
@@ -879,8 +912,10 @@ def cmd_report(args, run_seconds=None):
     L.append("- Daemon time over all %d replies: %.0f s%s" % (
         len(results), wall, "".join("; %d sent twice after a lost worker" % n for n in
                                     [sum(1 for r in results if r.get("retried"))] if n)))
-    L.append("- ROC plot: [grounding-roc.png](grounding-roc.png) (black combined, blue "
-             "log-probability, orange lexical, green attention; dashed grey chance)")
+    png = pathlib.Path(args.png).name
+    L.append("- ROC plot: [%s](%s) (black combined, purple combined + self-check, blue "
+             "log-probability, orange lexical, green attention, red self-check; dashed grey "
+             "chance)" % (png, png))
     L.append("")
     L.append("## Cases and labels")
     L.append("")
@@ -908,7 +943,7 @@ def cmd_report(args, run_seconds=None):
     L.append("## Held-out results")
     L.append("")
     L.append("Request score = maximum over windows; flag = score ≥ the set's threshold (max F1 "
-             "on the fit split). Positive = hallucinated.")
+             "on the fit split%s). Positive = hallucinated." % threshold_rule(args))
     L.append("")
     L.append("| signal set | features | AUROC | AUPRC | threshold | precision | recall | F1 | "
              "FPR |")
@@ -1048,6 +1083,10 @@ def main(argv=None):
                            help="heads the replies were collected with: auto (the daemon's "
                                 "default, every head of the layers at 1/2 and 3/4 depth) or "
                                 "LAYER:HEAD,...")
+        if "fit" in what or "report" in what:
+            p.add_argument("--max-fpr", type=float, default=None,
+                           help="thresholds: max F1 among those with at most this "
+                                "false-positive rate on the fit split (default: max F1)")
         if "report" in what:
             if "fit" not in what:
                 p.add_argument("--calibration", default=cal_path,
