@@ -150,6 +150,9 @@ static const struct Key keys[] = {
       "1: after each answer, ask the model whether the documents answer the question and "
       "support the answer (a few dozen tokens over the cached prompt; docs/groundedness.md); "
       "0: off" },
+    { "grounding_reliance", K_LONG, F(grounding_reliance), "0", 0, 1, 1,
+      "1: after each answer, score its tokens given the prompt without the documents (CPU "
+      "workers; a prefill of the frame, question and answer; docs/groundedness.md); 0: off" },
     { "grounding_heads", K_STR, F(grounding_heads), "auto", 0, 0, 0,
       "attention heads watched without a calibration: auto (every head of the layers at 1/2 "
       "and 3/4 depth) or LAYER:HEAD,LAYER:HEAD,..." },

@@ -17,7 +17,7 @@
 
 static const char *const feature_names[GR_N_FEATURES] = {
     "mean_logprob", "min_logprob", "mean_entropy", "mean_margin", "lookback", "diff_doc_mass",
-    "unsupported_ratio", "self_check",
+    "unsupported_ratio", "self_check", "context_reliance",
 };
 
 const char *gr_feature_name(int f)
@@ -153,6 +153,7 @@ void gr_window_features(const struct GrSignals *s, size_t a, size_t b, double f[
     f[GR_SELF_CHECK] = !s->has_check ? NAN
                        : s->check > GR_CHECK_CLIP ? GR_CHECK_CLIP
                        : s->check < -GR_CHECK_CLIP ? -GR_CHECK_CLIP : s->check;
+    f[GR_RELIANCE] = s->has_reliance ? s->reliance : NAN;
 }
 
 double gr_window_score(const struct GrCalibration *c, const double f[GR_N_FEATURES])
@@ -190,6 +191,8 @@ void gr_summarize(const struct GrCalibration *cal, double threshold, const struc
     out->has_check = s->has_check;
     if (s->has_check)
         out->self_check = 1.0 / (1.0 + exp(-s->check));
+    out->has_reliance = s->has_reliance;
+    out->context_reliance = s->reliance;
     size_t n = s->n;
     if (n > 0) {
         double doc = 0, gen = 0, lp = 0, lp_min = INFINITY, uns = 0;

@@ -14,7 +14,7 @@
 
 enum GrFeature {
     GR_MEAN_LOGPROB, GR_MIN_LOGPROB, GR_MEAN_ENTROPY, GR_MEAN_MARGIN, GR_LOOKBACK,
-    GR_DIFF_DOC_MASS, GR_UNSUPPORTED_RATIO, GR_SELF_CHECK, GR_N_FEATURES
+    GR_DIFF_DOC_MASS, GR_UNSUPPORTED_RATIO, GR_SELF_CHECK, GR_RELIANCE, GR_N_FEATURES
 };
 /* The self-check feature's log-odds are clipped to [-GR_CHECK_CLIP, GR_CHECK_CLIP]. */
 #define GR_CHECK_CLIP 20.0
@@ -70,6 +70,8 @@ struct GrSignals {
     const uint8_t *unsupported;        /* 0/1, from gr_lexical */
     int has_check;                     /* the self-check ran */
     double check;                      /* its log P(yes) - log P(no) */
+    int has_reliance;                  /* context reliance was measured */
+    double reliance;                   /* mean log-probability with the documents - without */
 };
 
 /* ---- words and lexical support ---- */
@@ -91,8 +93,8 @@ struct GrWindow { size_t start, end; };   /* answer tokens [start, end) */
 /* The windows of an n-token answer (none when n = 0). Fills out[0..min(total, cap)) and
  * returns the total. */
 size_t gr_windows(size_t n, int window, int stride, struct GrWindow *out, size_t cap);
-/* The features of tokens [a, b), a < b <= s->n, in enum GrFeature order. The self-check is
- * the answer's, the same in every window, and NaN when it did not run. */
+/* The features of tokens [a, b), a < b <= s->n, in enum GrFeature order. The self-check and
+ * the context reliance are the answer's, the same in every window, and NaN when not measured. */
 void gr_window_features(const struct GrSignals *s, size_t a, size_t b,
                         double f[GR_N_FEATURES]);
 /* sigma(bias + sum_j weight_j (f_j - mean_j) / scale_j) over the calibration's features; a
@@ -112,6 +114,8 @@ struct GrSummary {
     double lookback_ratio, unsupported_token_ratio, mean_logprob, min_logprob;
     int has_check;
     double self_check;            /* has_check: P(yes) / (P(yes) + P(no)) of the self-check */
+    int has_reliance;
+    double context_reliance;      /* has_reliance: GrSignals.reliance */
     size_t answer_tokens, flagged_tokens;
 };
 

@@ -375,7 +375,8 @@ char *metrics_render(struct Metrics *m, size_t *len)
     head(f, "diffrag_prefill_tokens_per_second", "histogram", "Prefill throughput per query.");
     hist_write(f, "diffrag_prefill_tokens_per_second", "", &m->prefill_tps);
 
-    head(f, "diffrag_prompt_tokens_total", "counter", "Prompt tokens prefilled.");
+    head(f, "diffrag_prompt_tokens_total", "counter",
+         "Prompt tokens of queries, those from the prefix cache included.");
     fprintf(f, "diffrag_prompt_tokens_total %llu\n", (unsigned long long)m->prompt_tokens);
     head(f, "diffrag_generated_tokens_total", "counter", "Tokens generated.");
     fprintf(f, "diffrag_generated_tokens_total %llu\n", (unsigned long long)m->generated_tokens);

@@ -118,6 +118,7 @@ static int ground(const struct Broker *b, const struct Request *r, const struct 
         .diff_doc_mass = ws->f[WS_DIFF_DOC_MASS], .lookback = ws->f[WS_LOOKBACK],
         .text_end = ws->text_end, .unsupported = g->unsupported,
         .has_check = res->has_check, .check = res->check,
+        .has_reliance = res->has_reliance, .reliance = res->reliance,
     };
     if (n)
         gr_lexical(r->doc_words, text, len, ws->text_end, n, g->unsupported);
@@ -156,7 +157,7 @@ static void put_grounding(const struct Broker *b, struct MpWriter *w, const stru
 {
     const struct GrSummary *s = &g->sum;
     mpw_cstr(w, "grounding");
-    mpw_map(w, 11);
+    mpw_map(w, 12);
     put_opt_double(w, "score", s->scored, s->score);
     mpw_cstr(w, "flagged");
     if (s->scored)
@@ -169,6 +170,7 @@ static void put_grounding(const struct Broker *b, struct MpWriter *w, const stru
     put_opt_double(w, "mean_logprob", s->has_ratios, s->mean_logprob);
     put_opt_double(w, "min_logprob", s->has_ratios, s->min_logprob);
     put_opt_double(w, "self_check", s->has_check, s->self_check);
+    put_opt_double(w, "context_reliance", s->has_reliance, s->context_reliance);
     mpw_kv_uint(w, "answer_tokens", s->answer_tokens);
     mpw_kv_uint(w, "flagged_tokens", s->flagged_tokens);
     mpw_kv_cstr(w, "detector", b->o.calibration ? b->o.calibration->name : "none");

@@ -171,8 +171,8 @@ void wire_job_encode(struct MpWriter *w, const int32_t *tokens, size_t n_tokens,
                      const size_t *stop_lens, size_t n_stop, int stream,
                      const struct WireGround *g)
 {
-    int watch = g && g->watch, check = g && g->self_check;
-    mpw_map(w, 8 + (watch ? 1 : 0) + (check ? 1 : 0));
+    int watch = g && g->watch, check = g && g->self_check, bare = g && g->bare && g->n_bare;
+    mpw_map(w, 8 + (watch ? 1 : 0) + (check ? 1 : 0) + (bare ? 1 : 0));
     /* int32 little-endian: the x86/arm in-memory layout, converted where it is not */
     mpw_cstr(w, "tokens");
     put_words_bin(w, tokens, n_tokens);
@@ -193,6 +193,10 @@ void wire_job_encode(struct MpWriter *w, const int32_t *tokens, size_t n_tokens,
     }
     if (check)
         mpw_kv_bool(w, "self_check", 1);
+    if (bare) {
+        mpw_cstr(w, "bare");
+        put_words_bin(w, g->bare, g->n_bare);
+    }
 }
 
 void wire_job_free(struct WireJob *j)
@@ -200,6 +204,7 @@ void wire_job_free(struct WireJob *j)
     free(j->tokens);
     free(j->doc_spans);
     free(j->watch);
+    free(j->bare);
     for (size_t i = 0; i < j->n_stop; i++)
         free(j->stop[i]);
     free(j->stop);
@@ -255,6 +260,11 @@ int wire_job_decode(const void *buf, size_t len, struct WireJob *out, char *err,
         } else if (key_is(&k, "self_check")) {
             if (v.type != MP_BOOL) goto bad;
             out->self_check = v.v.b;
+        } else if (key_is(&k, "bare")) {
+            if (v.type != MP_BIN || v.len % 4 || v.len == 0 || out->bare) goto bad;
+            out->n_bare = v.len / 4;
+            out->bare = get_words_bin(&v, out->n_bare);
+            if (!out->bare) goto nomem;
         } else if (key_is(&k, "stop")) {
             if (v.type != MP_ARRAY || v.v.n > WIRE_MAX_STOP || out->stop) goto bad;
             out->stop = calloc(v.v.n + 1, sizeof *out->stop);
@@ -306,7 +316,8 @@ bad:
 void wire_result_encode(struct MpWriter *w, const struct WireResult *r)
 {
     int is_err = r->finish == WF_ERROR;
-    mpw_map(w, 8 + (is_err ? 2 : 0) + (r->has_signals ? 1 : 0) + (r->has_check ? 1 : 0));
+    mpw_map(w, 8 + (is_err ? 2 : 0) + (r->has_signals ? 1 : 0) + (r->has_check ? 1 : 0) +
+               (r->has_reliance ? 1 : 0));
     mpw_kv_cstr(w, "finish", wire_finish_name(r->finish));
     mpw_kv_str(w, "text", r->text ? r->text : "", r->text ? r->text_len : 0);
     mpw_kv_int(w, "prompt_tokens", r->prompt_tokens);
@@ -317,6 +328,8 @@ void wire_result_encode(struct MpWriter *w, const struct WireResult *r)
     mpw_kv_double(w, "decode_ms", r->decode_ms);
     if (r->has_check)
         mpw_kv_double(w, "self_check", r->check);
+    if (r->has_reliance)
+        mpw_kv_double(w, "reliance", r->reliance);
     if (r->has_signals) {
         mpw_cstr(w, "signals");
         mpw_map(w, WS_N_FLOAT + 2);
@@ -447,6 +460,10 @@ int wire_result_decode(const void *buf, size_t len, struct WireResult *out, char
             if (num(&v, &d) || !isfinite(d) || fabs(d) > 1e6 || out->has_check) goto bad;
             out->has_check = 1;
             out->check = (float)d;
+        } else if (key_is(&k, "reliance")) {
+            if (num(&v, &d) || fabs(d) > 1e6 || out->has_reliance) goto bad;
+            out->has_reliance = 1;
+            out->reliance = (float)d;
         } else if (key_is(&k, "signals")) {
             if (v.type != MP_MAP || out->has_signals) goto bad;
             out->has_signals = 1;

@@ -80,6 +80,9 @@ struct WireGround {
     const int32_t *watch;       /* (n_watch, 2): layer, head; NULL: the worker's default set */
     size_t n_watch;
     int self_check;             /* run the self-check after the answer (docs/groundedness.md) */
+    const int32_t *bare;        /* the prompt without its documents, for context reliance;
+                                   NULL: not measured */
+    size_t n_bare;
 };
 
 #define WIRE_MAX_WATCH 1024
@@ -102,6 +105,8 @@ struct WireJob {
     size_t n_watch;
     int watch_given;          /* 0: the worker's default set */
     int self_check;           /* the self-check after the answer */
+    int32_t *bare;            /* the prompt without its documents (context reliance); NULL: none */
+    size_t n_bare;
 };
 
 /* The answer tokens' signals, struct of arrays of n each. */
@@ -126,6 +131,9 @@ struct WireResult {
     int has_signals;                        /* sig holds the answer tokens' signals */
     int has_check;                          /* the self-check ran: check holds its verdict */
     float check;                            /* log P(yes words) - log P(no words), finite */
+    int has_reliance;                       /* reliance holds the context reliance */
+    float reliance;                         /* mean log-probability of the answer tokens with
+                                               the documents minus without them, finite */
     struct WireSignals sig;                 /* encode: borrowed; decode: owned */
 };
 

@@ -232,6 +232,42 @@ int worker_self_check(struct Worker *w, const struct WireJob *job, struct Engine
     return 0;
 }
 
+int worker_reliance(struct Worker *w, const struct WireJob *job, struct Engine *e,
+                    const int32_t *ans, size_t k, const float *lp_with, float *out)
+{
+    char err[256];
+    if (!job->bare || job->n_bare == 0 || k == 0 || engine_opts(e)->device != ENGINE_CPU)
+        return -1;
+    size_t n = job->n_bare + k;
+    int32_t *toks = malloc(n * sizeof *toks);
+    float *nll = malloc(n * sizeof *nll);
+    int rc = -1;
+    if (!toks || !nll)
+        goto out;
+    memcpy(toks, job->bare, job->n_bare * sizeof *toks);
+    memcpy(toks + job->n_bare, ans, k * sizeof *toks);
+    engine_reset(e);
+    if (engine_score_positions(e, toks, n, nll, NULL, err, sizeof err)) {
+        dlog(LL_DEBUG, "msg=\"context reliance skipped\" worker=%d job=%llu error=\"%s\"",
+             w->o.index, (unsigned long long)job->job, err);
+        goto out;
+    }
+    double with = 0, without = 0;
+    for (size_t j = 0; j < k; j++) {
+        with += lp_with[j];
+        without -= nll[job->n_bare + j - 1];   /* position n_bare + j - 1 predicts ans[j] */
+    }
+    double v = (with - without) / (double)k;
+    if (isfinite(v)) {
+        *out = (float)(v > 1e4 ? 1e4 : v < -1e4 ? -1e4 : v);
+        rc = 0;
+    }
+out:
+    free(toks);
+    free(nll);
+    return rc;
+}
+
 static void run_job(struct Worker *w, void *pair, uint64_t job_id, const void *body, size_t len)
 {
     struct WireJob job = { .job = job_id };

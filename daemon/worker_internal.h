@@ -79,6 +79,13 @@ int worker_ground(const struct Model *m, struct Engine *e, const struct WireJob 
  * has no verdict, and the answer is not affected. */
 int worker_self_check(struct Worker *w, const struct WireJob *job, struct Engine *e,
                       float *logodds);
+/* Context reliance (docs/groundedness.md), after the answer and its self-check: resets CPU
+ * context e and scores the k answer tokens `ans` after the job's prompt without its documents;
+ * *out = mean(lp_with[0..k)) - mean(log p(ans[j] | bare prompt, ans[0..j))). 0, or -1 when the
+ * job did not ask for it, on a GPU context, or when it failed (no room, out of memory): the
+ * reply then has none. */
+int worker_reliance(struct Worker *w, const struct WireJob *job, struct Engine *e,
+                    const int32_t *ans, size_t k, const float *lp_with, float *out);
 
 /* The CPU compute thread: runs the jobs that arrive on `pair` in batches until DISCONNECT
  * (every running request is then answered as cancelled) or a failure (its requests are lost

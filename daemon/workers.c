@@ -281,12 +281,27 @@ void workers_dispatch(struct Broker *b)
         struct WireGround wg = { .doc_spans = spans, .n_spans = r->ctx->n_cites,
                                  .watch = b->o.watch, .n_watch = b->o.n_watch,
                                  .self_check = b->cfg->grounding_self_check != 0 };
+        /* context reliance: the same prompt without its documents (frame, question, turn) */
+        const struct Context *cx = r->ctx;
+        int32_t *bare = NULL;
+        if (b->cfg->grounding_reliance && cx->documents.end > cx->documents.start) {
+            size_t n_bare = cx->n_tokens - (cx->documents.end - cx->documents.start);
+            bare = malloc(n_bare * sizeof *bare);
+            if (bare) {
+                memcpy(bare, cx->tokens, cx->documents.start * sizeof *bare);
+                memcpy(bare + cx->documents.start, cx->tokens + cx->documents.end,
+                       (cx->n_tokens - cx->documents.end) * sizeof *bare);
+                wg.bare = bare;
+                wg.n_bare = n_bare;
+            }
+        }
         mpw_reset(mw);
         if (!spans)
             mw->failed = 1;
         wire_job_encode(mw, r->ctx->tokens, r->ctx->n_tokens, (int)r->p.max_tokens, r->p.temperature,
                         r->p.top_p, r->p.seed, stops, stop_lens, r->p.n_stop, r->p.stream, &wg);
         free(spans);
+        free(bare);
         request_unqueue(b, r);
         if (mw->failed) {
             reply_error(b, r, EC_INTERNAL, "out of memory encoding the job");

@@ -18,9 +18,9 @@ from daemon_util import Daemon, query
 # file, so a query gets the same prompt from each (and the automatic pool stays small)
 CONTEXT = 1024
 MAX_TOKENS = 256
-# the self-check on: its verdict too must not depend on the batch
+# the self-check and context reliance on: they too must not depend on the batch
 COMMON = dict(workers=1, threads=2, max_context_tokens=CONTEXT, max_tokens=MAX_TOKENS,
-              grounding_self_check=1)
+              grounding_self_check=1, grounding_reliance=1)
 # compared between a batched reply and the one-at-a-time reply of the same query
 SAME = ("answer", "finish_reason", "citations", "token_signals", "grounding")
 SAME_USAGE = ("prompt_tokens", "context_tokens", "completion_tokens")
@@ -327,12 +327,12 @@ def test_small_pool_preempts_and_recovers(tmp_path, default_model, squad_dir, se
               repr(got.get("answer", got.get("error"))))
         if got["ok"]:
             ok += 1
-            # the self-check after an answer takes only pages that are free; in a full pool it
-            # does not run (nil), and everything else is as one at a time
-            if got["grounding"]["self_check"] is None and ref["grounding"]["self_check"] is not None:
-                no_room += 1
-                got = dict(got, grounding=dict(got["grounding"],
-                                               self_check=ref["grounding"]["self_check"]))
+            # the self-check and the reliance after an answer take only pages that are free;
+            # in a full pool they do not run (nil), and everything else is as one at a time
+            for k in ("self_check", "context_reliance"):
+                if got["grounding"][k] is None and ref["grounding"][k] is not None:
+                    no_room += 1
+                    got = dict(got, grounding=dict(got["grounding"], **{k: ref["grounding"][k]}))
             try:
                 assert_same(got, ref, m["id"])
             except AssertionError as e:
@@ -342,7 +342,7 @@ def test_small_pool_preempts_and_recovers(tmp_path, default_model, squad_dir, se
             assert got["error"]["code"] == "overloaded", got
             assert ref["usage"]["prompt_tokens"] + m["max_tokens"] > pool_positions, (got, ref)
     print("pool of %d pages (%s on /metrics): %d of %d answered, preemptions: %s, self-checks "
-          "without room: %d" % (pages, pool, ok, len(msgs), preempted, no_room))
+          "or reliances without room: %d" % (pages, pool, ok, len(msgs), preempted, no_room))
     assert preempted is not None, "no diffrag_preemptions_total on /metrics"
     assert pool == pages, pool
     assert not differ, "%d of %d answers differ from one at a time (preemptions: %s):\n%s" % (

@@ -21,8 +21,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 import grounding_features as gf  # noqa: E402
 
 GROUNDING_KEYS = {"score", "flagged", "abstained", "lookback_ratio", "unsupported_token_ratio",
-                  "mean_logprob", "min_logprob", "self_check", "answer_tokens", "flagged_tokens",
-                  "detector"}
+                  "mean_logprob", "min_logprob", "self_check", "context_reliance",
+                  "answer_tokens", "flagged_tokens", "detector"}
 SIGNAL_KEYS = {"text", "logprob", "entropy", "margin", "doc_mass", "gen_mass", "diff_doc_mass",
                "lookback", "unsupported"}
 DOCS = [{"id": "rhine", "title": "Rhine",
@@ -84,10 +84,10 @@ def write_calibration(path, model_sha, name="tiny-test", threshold=0.5, watch="0
         "model_sha256 %s\n"
         "window 4\nstride 2\nthreshold %s\nwatch %s\n"
         "features unsupported_ratio mean_logprob min_logprob mean_entropy mean_margin lookback "
-        "diff_doc_mass self_check\n"
-        "mean 0.3 -5 -7 5 0.05 0.4 0.1 0.2\n"
-        "scale 0.4 1.5 2 1 0.05 0.2 0.1 0.3\n"
-        "weights 0.7 -0.9 -0.4 0.8 -0.3 -1.1 -0.6 -0.5\n"
+        "diff_doc_mass self_check context_reliance\n"
+        "mean 0.3 -5 -7 5 0.05 0.4 0.1 0.2 0.5\n"
+        "scale 0.4 1.5 2 1 0.05 0.2 0.1 0.3 2\n"
+        "weights 0.7 -0.9 -0.4 0.8 -0.3 -1.1 -0.6 -0.5 -0.4\n"
         "bias -0.2\n" % (name, model_sha, threshold, watch))
     return path
 
@@ -116,6 +116,8 @@ def check_shape(r):
         assert isinstance(g[k], float), (k, g[k])
     # P(yes) of the self-check's verdict when it ran (grounding_self_check = 1), else nil
     assert g["self_check"] is None or 0 < g["self_check"] < 1, g["self_check"]
+    # context reliance when measured (grounding_reliance = 1): a finite difference of means
+    assert g["context_reliance"] is None or math.isfinite(g["context_reliance"]), g
     assert SIGNAL_KEYS <= set(ts) and set(ts) <= SIGNAL_KEYS | {"score"}, set(ts)
     assert all(len(ts[k]) == n for k in ts), {k: len(v) for k, v in ts.items()}
     assert "".join(ts["text"]) == r["answer"]
@@ -153,7 +155,7 @@ def flagged_union(windows, scores, threshold):
 
 def test_signals_without_a_detector(tmp_path, model):
     with Daemon(tmp_path, model, workers=1, grounding_calibration="none",
-                grounding_self_check=1) as d:
+                grounding_self_check=1, grounding_reliance=1) as d:
         c = d.client()
         r = ask(c, QUESTIONS[0], temperature=1, seed=2)
         g, ts = check_shape(r)
@@ -195,7 +197,7 @@ def test_calibrated_score_matches_numpy_and_metrics_move(tmp_path, model):
     cal_path = write_calibration(tmp_path / "tiny.grounding", sha256(model))
     cal = gf.read_calibration(str(cal_path))
     with Daemon(tmp_path, model, workers=2, grounding_calibration=cal_path,
-                grounding_self_check=1) as d:
+                grounding_self_check=1, grounding_reliance=1) as d:
         c = d.client()
         names = ("diffrag_grounding_checked_requests_total",
                  "diffrag_hallucination_flagged_requests_total", "diffrag_abstained_requests_total",
@@ -210,7 +212,9 @@ def test_calibrated_score_matches_numpy_and_metrics_move(tmp_path, model):
             g, ts = check_shape(r)
             assert g["detector"] == "tiny-test" and isinstance(g["score"], float)
             assert isinstance(g["self_check"], float), g
-            score, wscores = gf.score(cal, dict(ts, self_check=g["self_check"]))
+            assert isinstance(g["context_reliance"], float), g
+            score, wscores = gf.score(cal, dict(ts, self_check=g["self_check"],
+                                                context_reliance=g["context_reliance"]))
             wins = gf.windows(g["answer_tokens"], cal["window"], cal["stride"])
             max_diff = max(max_diff, abs(score - g["score"]))
             assert abs(score - g["score"]) < 1e-5, (score, g["score"])
@@ -253,13 +257,14 @@ def test_calibrated_score_matches_numpy_and_metrics_move(tmp_path, model):
 
 
 def test_self_check_leaves_the_answer_as_it_was(tmp_path, model):
-    """`grounding_self_check = 0` (the default): no verdict (nil), and the same answers and
-    token signals as with the check on, whose prefill comes after the answer; a score without
-    the verdict is the score with the feature at its mean (it adds nothing)."""
+    """`grounding_self_check = 0` and `grounding_reliance = 0` (the defaults): no verdict and no
+    reliance (nil), and the same answers and token signals as with both on, which run after
+    the answer; a score without them is the score with those features at their means (they add
+    nothing). A query whose prompt holds no document has no reliance to measure."""
     cal_path = write_calibration(tmp_path / "tiny.grounding", sha256(model))
     cal = gf.read_calibration(str(cal_path))
     with Daemon(tmp_path, model, workers=1, grounding_calibration=cal_path,
-                grounding_self_check=1) as d:
+                grounding_self_check=1, grounding_reliance=1) as d:
         on = [ask(d.client(), q, seed=i) for i, q in enumerate(QUESTIONS[:3])]
     with Daemon(tmp_path, model, workers=1, grounding_calibration=cal_path) as d:
         off = [ask(d.client(), q, seed=i) for i, q in enumerate(QUESTIONS[:3])]
@@ -269,11 +274,21 @@ def test_self_check_leaves_the_answer_as_it_was(tmp_path, model):
             if k != "score":
                 assert a["token_signals"][k] == b["token_signals"][k], k
         assert isinstance(a["grounding"]["self_check"], float)
-        assert b["grounding"]["self_check"] is None
+        assert isinstance(a["grounding"]["context_reliance"], float)
+        assert b["grounding"]["self_check"] is None and b["grounding"]["context_reliance"] is None
         assert abs(b["grounding"]["score"] - gf.score(cal, b["token_signals"])[0]) < 1e-5
         at_mean = 1 / (1 + math.exp(-cal["mean"][cal["features"].index("self_check")]))
+        rel_mean = cal["mean"][cal["features"].index("context_reliance")]
         assert abs(b["grounding"]["score"] -
-                   gf.score(cal, dict(b["token_signals"], self_check=at_mean))[0]) < 1e-5
+                   gf.score(cal, dict(b["token_signals"], self_check=at_mean,
+                                      context_reliance=rel_mean))[0]) < 1e-5
+    with Daemon(tmp_path, model, workers=1, grounding_calibration=cal_path,
+                grounding_self_check=1, grounding_reliance=1) as d:
+        # no chunk shares a word with this question: nothing placed, no reliance
+        _, r = d.client().call(query("Zyx?", DOCS, top_k=1, max_tokens=8,
+                                     include=["token_signals"]), timeout=60)
+        assert r["ok"] and not r["citations"], r
+        assert r["grounding"]["context_reliance"] is None, r["grounding"]
 
 
 def test_threshold_override_flags_every_scored_answer(tmp_path, model):
@@ -352,13 +367,13 @@ def test_auto_finds_the_calibration_of_the_model(tmp_path, model, monkeypatch):
 def test_remote_worker_returns_the_same_figures(tmp_path, model):
     cal_path = write_calibration(tmp_path / "tiny.grounding", sha256(model))
     with Daemon(tmp_path, model, workers=1, grounding_calibration=cal_path,
-                grounding_self_check=1) as local:
+                grounding_self_check=1, grounding_reliance=1) as local:
         want = [ask(local.client(), q) for q in QUESTIONS[:2]]
     assert all(isinstance(w["grounding"]["self_check"], float) for w in want)
     wport = free_port()
     # the broker asks for the self-check in each job; the remote worker runs it
     d = Daemon(tmp_path, model, workers=0, worker_listen="tcp://127.0.0.1:%d" % wport,
-               grounding_calibration=cal_path, grounding_self_check=1)
+               grounding_calibration=cal_path, grounding_self_check=1, grounding_reliance=1)
     log = open(tmp_path / "worker.log", "wb")
     worker = None
     try:

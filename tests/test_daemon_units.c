@@ -146,11 +146,13 @@ static void test_wire(void)
     CHECK(!j.self_check, "no self-check unless asked");
     wire_job_free(&j);
     /* the self-check request crosses */
-    struct WireGround g = { .self_check = 1 };
+    int32_t bare[3] = { 1, 2, 3 };
+    struct WireGround g = { .self_check = 1, .bare = bare, .n_bare = 3 };
     mpw_reset(&w);
     wire_job_encode(&w, toks, 5, 42, 0.7, 0.9, 1, stop, lens, 2, 0, &g);
     CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) == 0 && j.self_check == 1,
           "self-check asked: %s", err);
+    CHECK(j.n_bare == 3 && !memcmp(j.bare, bare, sizeof bare), "the prompt without documents");
     wire_job_free(&j);
     /* a body that lies about its tokens is refused */
     mpw_reset(&w);
@@ -172,10 +174,13 @@ static void test_wire(void)
     /* the self-check's verdict, a log-odds of either sign */
     r.has_check = 1;
     r.check = -2.75f;
+    r.has_reliance = 1;
+    r.reliance = 0.625f;
     mpw_reset(&w);
     wire_result_encode(&w, &r);
     CHECK(wire_result_decode(w.buf.data, w.buf.size, &back, err, sizeof err) == 0 &&
-          back.has_check && back.check == -2.75f, "self-check verdict: %s", err);
+          back.has_check && back.check == -2.75f && back.has_reliance &&
+          back.reliance == 0.625f, "self-check verdict and reliance: %s", err);
     struct WireResult e = { .finish = WF_ERROR, .code = "too_large", .code_len = 9,
                             .message = "too big", .message_len = 7 };
     mpw_reset(&w);

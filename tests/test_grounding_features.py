@@ -76,10 +76,11 @@ def test_window_features_by_hand():
     expect = [sum(s["logprob"][sl]) / 5, min(s["logprob"][sl]), sum(s["entropy"][sl]) / 5,
               sum(s["margin"][sl]) / 5, doc / (doc + gen), sum(s["diff_doc_mass"][sl]) / 5,
               sum(s["unsupported"][sl]) / 5]
-    assert len(f) == len(gf.FEATURES) == 8
+    assert len(f) == len(gf.FEATURES) == 9
     np.testing.assert_allclose(f[:7], expect, rtol=0, atol=1e-12)
     # without a self-check its feature is NaN; with one, the clipped log-odds of P(yes)
-    assert math.isnan(f[7])
+    assert math.isnan(f[7]) and math.isnan(f[8])
+    assert gf.window_features(dict(s, context_reliance=1.75), 2, 7)[8] == 1.75
     for p, want in ((0.8, math.log(4.0)), (0.5, 0.0), (1e-12, -20.0), (1.0, 20.0), (0.0, -20.0)):
         got = gf.window_features(dict(s, self_check=p), 2, 7)[7]
         assert abs(got - want) < 1e-9, (p, got, want)
@@ -119,14 +120,15 @@ def test_window_features_refuse_bad_input():
 def calibration(**kw):
     cal = {"name": "unit-v1", "model_sha256": "ab" * 32, "window": 8, "stride": 4,
            "threshold": 0.5, "watch": [(15, 0), (22, 8)], "features": list(gf.FEATURES),
-           "mean": np.linspace(-1, 1, 8), "scale": np.linspace(0.5, 2, 8),
-           "weights": np.array([-0.8, -0.3, 0.4, -0.5, -1.2, -0.7, 2.0, -0.6]), "bias": -0.25}
+           "mean": np.linspace(-1, 1, 9), "scale": np.linspace(0.5, 2, 9),
+           "weights": np.array([-0.8, -0.3, 0.4, -0.5, -1.2, -0.7, 2.0, -0.6, 0.3]),
+           "bias": -0.25}
     cal.update(kw)
     return cal
 
 
 def test_score_is_the_max_of_logistic_windows():
-    s = dict(signals(19, seed=3), self_check=0.3)
+    s = dict(signals(19, seed=3), self_check=0.3, context_reliance=-0.4)
     cal = calibration()
     score, per_window = gf.score(cal, s)
     ws = gf.windows(19, 8, 4)
@@ -141,7 +143,7 @@ def test_score_is_the_max_of_logistic_windows():
 
 def test_score_uses_the_named_features_in_their_order():
     s = signals(11, seed=5)
-    full = calibration(weights=np.zeros(8), bias=0.0)
+    full = calibration(weights=np.zeros(9), bias=0.0)
     full["weights"][gf.FEATURES.index("unsupported_ratio")] = 1.5
     full["weights"][gf.FEATURES.index("lookback")] = -2.0
     i, j = gf.FEATURES.index("lookback"), gf.FEATURES.index("unsupported_ratio")
@@ -198,7 +200,7 @@ def test_calibration_parses():
 
 
 def test_calibration_round_trip_is_exact(tmp_path):
-    cal = calibration(weights=np.array([1 / 3, -2 / 7, 1e-17, 3e5, -0.1, 0.7, 2.0, -1e-3]))
+    cal = calibration(weights=np.array([1 / 3, -2 / 7, 1e-17, 3e5, -0.1, 0.7, 2.0, -1e-3, 5.0]))
     path = tmp_path / "c.grounding"
     gf.write_calibration(path, cal, comment="fitted on\nsomething")
     text = path.read_text()

@@ -8,7 +8,7 @@ import re
 import numpy as np
 
 FEATURES = ("mean_logprob", "min_logprob", "mean_entropy", "mean_margin", "lookback",
-            "diff_doc_mass", "unsupported_ratio", "self_check")
+            "diff_doc_mass", "unsupported_ratio", "self_check", "context_reliance")
 
 # the self-check's log-odds are clipped to +-CHECK_CLIP (daemon/grounding.h GR_CHECK_CLIP)
 CHECK_CLIP = 20.0
@@ -215,6 +215,8 @@ def signal_arrays(sig):
                              (k, len(a), SIGNALS[0], n))
         out[k] = a
     out["self_check"] = check_logodds(sig.get("self_check"))
+    r = sig.get("context_reliance")
+    out["context_reliance"] = math.nan if r is None else float(r)
     return out
 
 
@@ -232,9 +234,10 @@ def check_logodds(p):
 
 
 def window_features(sig, a, b):
-    """The 8 features of tokens [a, b) in FEATURES order (sig: token_signals map, or the
+    """The 9 features of tokens [a, b) in FEATURES order (sig: token_signals map, or the
     arrays of signal_arrays). The token_signals map may carry the reply's
-    grounding.self_check under "self_check"; without it that feature is NaN."""
+    grounding.self_check under "self_check" and grounding.context_reliance under
+    "context_reliance"; without them those features are NaN."""
     if not 0 <= a < b:
         raise ValueError("empty window [%d, %d)" % (a, b))
     s = sig if all(isinstance(sig.get(k), np.ndarray) for k in SIGNALS) else signal_arrays(sig)
@@ -246,7 +249,8 @@ def window_features(sig, a, b):
     lookback = doc / (doc + gen) if doc + gen != 0 else 0.0
     return np.array([lp.mean(), lp.min(), s["entropy"][a:b].mean(), s["margin"][a:b].mean(),
                      lookback, s["diff_doc_mass"][a:b].mean(), s["unsupported"][a:b].mean(),
-                     s.get("self_check", math.nan)], dtype=np.float64)
+                     s.get("self_check", math.nan), s.get("context_reliance", math.nan)],
+                    dtype=np.float64)
 
 
 def request_windows(sig, window, stride):

@@ -208,6 +208,8 @@ typedef struct DiffragGrounding {
     double self_check;              /* the model's P(yes) when asked after the answer whether
                                      * the documents answer the question and support the
                                      * answer; NAN: the check did not run */
+    double context_reliance;        /* mean log-probability of the answer's tokens with the
+                                     * documents minus without them; NAN: not measured */
 } DiffragGrounding;
 
 typedef struct DiffragAnswer {

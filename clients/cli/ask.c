@@ -48,12 +48,17 @@ static const char *base_name(const char *path)
 
 /* One line when the prompt left out part of the documents: how much was read, and how to read
  * more. */
-/* ", self-check 0.46" (the model's P(yes) that the documents support the answer), or "". */
+/* ", self-check 0.46" (the model's P(yes) that the documents support the answer) and
+ * ", context reliance 1.20" (mean log-probability of the answer with the documents minus
+ * without), each when the daemon measured it; or "". */
 static const char *self_check_text(const DiffragGrounding *g, char *buf, size_t cap)
 {
-    if (isnan(g->self_check))
-        return "";
-    snprintf(buf, cap, ", self-check %.2f", g->self_check);
+    int n = 0;
+    buf[0] = 0;
+    if (!isnan(g->self_check))
+        n = snprintf(buf, cap, ", self-check %.2f", g->self_check);
+    if (!isnan(g->context_reliance) && n >= 0 && (size_t)n < cap)
+        snprintf(buf + n, cap - (size_t)n, ", context reliance %.2f", g->context_reliance);
     return buf;
 }
 
@@ -94,7 +99,7 @@ static void print_details(const DiffragAnswer *r)
                    c->truncated ? ", truncated" : "");
     }
     print_read(r);
-    char check[48];
+    char check[96];
     if (r->has_grounding && r->grounding.answer_tokens == 0 && r->completion_tokens == 0) {
         /* no token: no figure to show (they are all nil) */
         if (strcmp(r->finish_reason, "cancelled") == 0)

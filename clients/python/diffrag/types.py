@@ -63,7 +63,9 @@ class Grounding:
     daemon has no calibrated detector for its model (``detector`` is then "none"); the ratios
     and log-probabilities are None for an answer of no token. ``self_check`` is the model's own
     probability, asked after the answer, that the documents answer the question and support the
-    answer (None when the check did not run)."""
+    answer (None when the check did not run); ``context_reliance`` how much more likely the
+    answer's tokens are with the documents than without them (mean log-probability difference;
+    None when not measured)."""
 
     score: Optional[float] = None
     flagged: Optional[bool] = None
@@ -73,6 +75,7 @@ class Grounding:
     mean_logprob: Optional[float] = None
     min_logprob: Optional[float] = None
     self_check: Optional[float] = None
+    context_reliance: Optional[float] = None
     answer_tokens: Optional[int] = None
     flagged_tokens: Optional[int] = None
     detector: Optional[str] = None
