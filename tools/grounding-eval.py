@@ -43,14 +43,17 @@ REFUSAL = "i cannot find the answer in the provided documents"
 
 # Feature sets compared in the report; "combined" is the calibration the daemon loads.
 SIGNAL_SETS = {
-    "combined": [f for f in gf.FEATURES if f != "self_check"],
-    "combined + self-check": list(gf.FEATURES),
+    "combined": [f for f in gf.FEATURES if f not in ("self_check", "context_reliance")],
+    "combined + reliance": [f for f in gf.FEATURES if f != "self_check"],
+    "combined + self-check": [f for f in gf.FEATURES if f != "context_reliance"],
     "log-probability": ["mean_logprob", "min_logprob", "mean_entropy", "mean_margin"],
     "lexical": ["unsupported_ratio"],
     "attention": ["lookback", "diff_doc_mass"],
     "self-check": ["self_check"],
+    "context reliance": ["context_reliance"],
 }
 SET_COLOURS = {"combined": (0, 0, 0), "combined + self-check": (148, 103, 189),
+               "combined + reliance": (140, 86, 75), "context reliance": (227, 119, 194),
                "log-probability": (31, 119, 180),
                "lexical": (255, 127, 14), "attention": (44, 160, 44),
                "self-check": (214, 39, 40)}
@@ -351,7 +354,7 @@ class LocalDaemon:
                 "chunk_overlap": 0, "max_tokens": 256, "log_level": "warn",
                 # every signal is collected, the self-check too, so that the report measures
                 # each one's worth
-                "grounding_self_check": 1,
+                "grounding_self_check": 1, "grounding_reliance": 1,
                 # a loaded machine can delay heartbeats: wait longer before giving a worker up
                 "heartbeat_liveness": 10}
         # without a calibration the daemon watches its default heads (`grounding_heads` auto)
@@ -460,12 +463,14 @@ def read_jsonl(path):
 
 
 def read_results(path):
-    """The replies, each one's grounding.self_check carried into its token_signals map, where
-    tools/grounding_features.py reads it."""
+    """The replies, each one's grounding.self_check and grounding.context_reliance carried
+    into its token_signals map, where tools/grounding_features.py reads them."""
     out = read_jsonl(path)
     for r in out:
         if r.get("token_signals") is not None:
-            r["token_signals"]["self_check"] = (r.get("grounding") or {}).get("self_check")
+            g = r.get("grounding") or {}
+            r["token_signals"]["self_check"] = g.get("self_check")
+            r["token_signals"]["context_reliance"] = g.get("context_reliance")
     return out
 
 
@@ -913,9 +918,9 @@ def cmd_report(args, run_seconds=None):
         len(results), wall, "".join("; %d sent twice after a lost worker" % n for n in
                                     [sum(1 for r in results if r.get("retried"))] if n)))
     png = pathlib.Path(args.png).name
-    L.append("- ROC plot: [%s](%s) (black combined, purple combined + self-check, blue "
-             "log-probability, orange lexical, green attention, red self-check; dashed grey "
-             "chance)" % (png, png))
+    L.append("- ROC plot: [%s](%s) (black combined, purple combined + self-check, brown "
+             "combined + reliance, blue log-probability, orange lexical, green attention, red "
+             "self-check, pink context reliance; dashed grey chance)" % (png, png))
     L.append("")
     L.append("## Cases and labels")
     L.append("")
