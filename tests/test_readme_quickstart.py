@@ -62,6 +62,8 @@ def sample_matches(out):
     for line in sample[1:]:
         if line.startswith("grounding: "):  # its figures depend on the daemon's detector
             pat = r"grounding: .*"
+        elif line.startswith("read: "):  # its form depends on the budget and the store
+            pat = r"read: \d+ .*document tokens: .*"
         else:
             parts = re.split(r"(\d+|docs/[\w-]+\.md|(?<=finish: )(?:stop|length))", line)
             pat = "".join(re.escape(p) if i % 2 == 0 else r"\d+" if p.isdigit() else r"\S+"
