@@ -49,7 +49,8 @@ def test_daemon_on_the_host_emulation(tmp_path):
     dimension 64 (whose lambdas are not 0), beside the same model on the CPU: the daemon puts
     the model and a KV pool for its workers on the device, answers greedy and sampled queries
     through the device's sampling pass, and returns groundedness signals whose distribution
-    figures for the first token agree with the CPU's."""
+    figures for the first token agree with the CPU's; the self-check runs on the device too, and
+    context reliance on the CPU only."""
     import math
 
     from daemon_util import Daemon, gen_model, query
@@ -65,7 +66,8 @@ def test_daemon_on_the_host_emulation(tmp_path):
     replies = {}
     for device in ("cuda", "cpu"):
         (tmp_path / device).mkdir()
-        with Daemon(tmp_path / device, model, workers=2, device=device, env=env) as d:
+        with Daemon(tmp_path / device, model, workers=2, device=device, env=env,
+                    grounding_self_check=1, grounding_reliance=1) as d:
             if device == "cuda":
                 log = d.log_text()
                 assert "host emulation of the GPU table" in log, log[-2000:]
@@ -91,7 +93,17 @@ def test_daemon_on_the_host_emulation(tmp_path):
         assert abs(ts["entropy"][0] - tc["entropy"][0]) < 0.05, (ts["entropy"][0], tc["entropy"][0])
         for k in ("doc_mass", "diff_doc_mass"):
             assert abs(ts[k][0] - tc[k][0]) < 0.03, (k, ts[k][0], tc[k][0])
-        print(name, "cuda (emulated):", repr(g["answer"]), "cpu:", repr(c["answer"]))
+        # the self-check runs on the device's context too (a prefill after the answer); the
+        # context reliance, which needs every position's logits, only on CPU workers
+        assert 0 < g["grounding"]["self_check"] < 1 and 0 < c["grounding"]["self_check"] < 1, \
+            (g["grounding"], c["grounding"])
+        if g["answer"] == c["answer"]:   # the same answer: the same verdict, within bf16's error
+            assert abs(g["grounding"]["self_check"] - c["grounding"]["self_check"]) < 0.01
+        assert g["grounding"]["context_reliance"] is None, g["grounding"]
+        assert math.isfinite(c["grounding"]["context_reliance"]), c["grounding"]
+        print(name, "cuda (emulated):", repr(g["answer"]), "cpu:", repr(c["answer"]),
+              "self-check %.4f vs %.4f" % (g["grounding"]["self_check"],
+                                           c["grounding"]["self_check"]))
 
 
 def test_qwen2_biases_on_the_host_emulation(tmp_path):
