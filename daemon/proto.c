@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "daemon/ops.h"
+#include "retriever/context.h"
 #include "text/utf8.h"
 
 static const char *const ec_names[EC_COUNT] = { "ok", "bad_request", "too_large", "overloaded",
@@ -385,9 +386,11 @@ int proto_decode_query(struct ProtoDec *d)
     if (get_str(d, K_ORDER, 1, 16, EC_BAD_REQUEST, &order))
         return -1;
     if (order.len == 8 && !memcmp(order.p, "document", 8))
-        p->order_document = 1;
+        p->order = CTX_ORDER_DOCUMENT;
+    else if (order.len == 7 && !memcmp(order.p, "nearest", 7))
+        p->order = CTX_ORDER_NEAREST;
     else if (order.len && !(order.len == 4 && !memcmp(order.p, "rank", 4)))
-        FAIL(d, EC_BAD_REQUEST, "order must be \"rank\" or \"document\"");
+        FAIL(d, EC_BAD_REQUEST, "order must be \"rank\", \"document\" or \"nearest\"");
     if (d->val[K_SEED]) {
         struct MpCursor c;
         struct MpObj o;

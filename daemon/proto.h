@@ -44,7 +44,8 @@ struct RequestParams {
     struct Slice doc_id;                        /* get */
     struct Slice after; long limit;             /* list */
     long top_k, max_context_tokens, max_tokens;
-    int order_document;                         /* query: chunks in document order */
+    int order;                                  /* query: enum CtxOrder (rank, document,
+                                                   nearest) */
     double temperature, top_p;
     uint64_t seed;
     struct Slice stop[PROTO_MAX_STOP];

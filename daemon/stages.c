@@ -213,8 +213,9 @@ static int by_cand_order(const void *a, const void *b)
 
 /* Every candidate whole, if they fit the budget together: *ok = 1 and r->ctx set. Laid out
  * best first (by their best chunk's score; documents the search found nothing in last, as
- * sent), or with "order": "document" in document order: inline documents as sent, then stored
- * ones as ids lists them, or by id. */
+ * sent), with "order": "nearest" the other way round (the best next to the question), or
+ * with "order": "document" in document order: inline documents as sent, then stored ones as
+ * ids lists them, or by id. */
 static int place_whole(const struct PrepShared *sh, struct Request *r, struct Cands *c,
                        const struct SearchHit *hits, size_t n_hits, int *ok, char *err,
                        size_t errlen)
@@ -229,7 +230,7 @@ static int place_whole(const struct PrepShared *sh, struct Request *r, struct Ca
             if (same_id(hits[h].doc_id, hits[h].doc_id_len, c->v[i].id, c->v[i].id_len) &&
                 hits[h].score > c->v[i].score)
                 c->v[i].score = hits[h].score;
-    qsort(c->v, c->n, sizeof *c->v, p->order_document ? by_cand_order : by_cand_score);
+    qsort(c->v, c->n, sizeof *c->v, p->order == CTX_ORDER_DOCUMENT ? by_cand_order : by_cand_score);
     struct CtxChunk *whole = calloc(c->n, sizeof *whole);
     if (!whole) {
         snprintf(err, errlen, "out of memory");
@@ -239,7 +240,10 @@ static int place_whole(const struct PrepShared *sh, struct Request *r, struct Ca
         whole[i] = (struct CtxChunk){ c->v[i].id, c->v[i].id_len, c->v[i].title, c->v[i].title_len,
                                       c->v[i].text, c->v[i].text_len, 0, 0, c->v[i].text_len,
                                       c->v[i].score, 1 };
-    struct CtxOptions co = { .budget = budget, .order = CTX_ORDER_RANK, .no_truncate = 1 };
+    /* document order is the candidates' own; nearest lays them out best last */
+    struct CtxOptions co = { .budget = budget, .no_truncate = 1,
+                             .order = p->order == CTX_ORDER_NEAREST ? CTX_ORDER_NEAREST
+                                                                    : CTX_ORDER_RANK };
     int st = ctx_assemble(&sh->tc, p->question.p, p->question.len, whole, c->n, &co, &r->ctx,
                           err, errlen);
     free(whole);
@@ -364,7 +368,7 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
     }
     if (!whole) {
         struct CtxOptions co = { .budget = (size_t)p->max_context_tokens,
-                                 .order = p->order_document ? CTX_ORDER_DOCUMENT : CTX_ORDER_RANK };
+                                 .order = (enum CtxOrder)p->order };
         st = ctx_assemble(&sh->tc, p->question.p, p->question.len, chunks, n_hits, &co, &r->ctx,
                           err, sizeof err);
         if (st) {

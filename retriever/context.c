@@ -180,8 +180,16 @@ int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t que
         if (!n_placed)
             placed_free(p);
     }
-    if (o->order == CTX_ORDER_DOCUMENT && n_placed > 1) {
-        qsort_r(pl, n_placed, sizeof *pl, cmp_doc_order, (void *)chunks);
+    if (o->order != CTX_ORDER_RANK && n_placed > 1) {
+        if (o->order == CTX_ORDER_DOCUMENT) {
+            qsort_r(pl, n_placed, sizeof *pl, cmp_doc_order, (void *)chunks);
+        } else {
+            for (size_t i = 0, j = n_placed - 1; i < j; i++, j--) {
+                struct Placed t = pl[i];
+                pl[i] = pl[j];
+                pl[j] = t;
+            }
+        }
         /* Markers follow the new order; longer numbers may cost a token: drop the worst-ranked
          * chunks until the prompt fits again. */
         for (;;) {

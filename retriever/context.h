@@ -13,6 +13,8 @@
 enum CtxOrder {
     CTX_ORDER_RANK = 0,      /* best first */
     CTX_ORDER_DOCUMENT = 1,  /* chosen best first, then laid out by document id and position */
+    CTX_ORDER_NEAREST = 2,   /* chosen best first, then laid out worst first: the best chunk
+                                ends the documents, next to the question */
 };
 
 /* A ranked chunk offered for the prompt (e.g. a SearchHit); all borrowed for the call. */

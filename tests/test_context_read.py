@@ -66,6 +66,10 @@ def test_documents_that_fit_go_in_whole(tmp_path, default_model, squad_dir):
         assert all(x["whole"] for x in r3["citations"]) and r3["context"]["documents"] == 2
         r4 = ask(c, paras[1]["text"][:80], small, order="document")
         assert [x["doc_id"] for x in r4["citations"]] == ["z-first", "a-second"], r4["citations"]
+        # nearest: best last, next to the question, markers in prompt order
+        r4n = ask(c, paras[1]["text"][:80], small, order="nearest")
+        assert [x["doc_id"] for x in r4n["citations"]] == ["z-first", "a-second"], r4n["citations"]
+        assert [x["marker"] for x in r4n["citations"]] == [1, 2]
         # then another question over them gets the same prompt up to the question
         r4b = ask(c, paras[0]["text"][:80], small, order="document")
         assert r4b["usage"]["cached_tokens"] >= r4b["usage"]["context_tokens"] - 128, r4b["usage"]
@@ -77,6 +81,13 @@ def test_documents_that_fit_go_in_whole(tmp_path, default_model, squad_dir):
         assert cx["doc_tokens"] == r1["context"]["doc_tokens"], cx
         assert 0 < cx["placed_tokens"] < 600 and r5["usage"]["prompt_tokens"] <= 600, (cx, r5["usage"])
         assert cx["chunks_placed"] == placed(r5) and not any(x["whole"] for x in r5["citations"])
+        # the same chunks nearest the question: as many prompt tokens, the citations reversed
+        # (their markers follow the prompt, and what the answer cites may differ)
+        r5n = ask(c, qs[0], big, max_context_tokens=600, order="nearest")
+        assert r5n["context"] == cx and r5n["usage"]["prompt_tokens"] == r5["usage"]["prompt_tokens"]
+        strip = lambda cs: [{k: v for k, v in x.items() if k not in ("marker", "cited")} for x in cs]
+        assert strip(r5n["citations"]) == strip(r5["citations"])[::-1], (r5n["citations"],
+                                                                         r5["citations"])
         # the labels and separators take the rest of the documents' part of the prompt
         assert cx["placed_tokens"] < r5["usage"]["context_tokens"], (cx, r5["usage"])
         # a top_k caps the chunks even when the document would fit

@@ -920,9 +920,12 @@ static void check_assembly(const struct TokenCounter *tc, const char *q, const s
         }
         if (order == CTX_ORDER_RANK && i > 0)
             order_ok &= c->cites[i - 1].rank < ci->rank;
+        if (order == CTX_ORDER_NEAREST && i > 0)
+            order_ok &= c->cites[i - 1].rank > ci->rank;
     }
     CHECK(spans_ok, "budget %zu: a span does not decode to its chunk's text as placed", budget);
-    CHECK(order_ok, "budget %zu: citations out of %s order", budget, order == CTX_ORDER_RANK ? "rank" : "document");
+    CHECK(order_ok, "budget %zu: citations out of %s order", budget,
+          order == CTX_ORDER_RANK ? "rank" : order == CTX_ORDER_NEAREST ? "nearest" : "document");
     /* Greedy fill: when chunks were left out, what is left over is less than one chunk's cost. */
     if (c->n_skipped > 0 && c->n_cites > 0 && order == CTX_ORDER_RANK) {
         size_t slack = budget - c->n_tokens;
@@ -964,6 +967,13 @@ static void test_context_simple(void)
         specials += (uint32_t)c->tokens[i] >= 0x7F000000u;
     CHECK(specials == 5, "only the frame's 5 special tokens are control tokens (got %d)", specials);
     CHECK(strstr(c->text, PROMPT_REFUSAL) != NULL, "instruction carries the refusal phrase");
+    ctx_destroy(&c);
+    /* nearest: the same chunks, the best one last, next to the question; markers in prompt order */
+    o.order = CTX_ORDER_NEAREST;
+    CHECK(ctx_assemble(&tc, "Why?", 4, ch, 3, &o, &c, err, sizeof err) == RET_OK, "assemble: %s", err);
+    CHECK(c->n_cites == 3 && c->cites[0].rank == 2 && c->cites[1].rank == 1 && c->cites[2].rank == 0 &&
+          c->cites[2].marker == 3, "nearest order: worst first, best last");
+    CHECK(c->cites[2].tokens.end < c->question.start, "the best chunk before the question");
     ctx_destroy(&c);
     size_t fixed = 0, t;
     tokcount_count(&tc, prompt_head(), strlen(prompt_head()), &t); fixed += t;
@@ -1114,9 +1124,10 @@ static void test_context_model(void)
                 n = kept;
             }
             ctx_chunks_from_hits(hits, n, ch);
-            for (int order = 0; order < 2; order++) {
-                if (order == 1 && bi % 3 != 0)
-                    continue; /* document order on a third of the budgets keeps the run short */
+            for (int order = 0; order < 3; order++) {
+                if (order != CTX_ORDER_RANK && bi % 3 != (size_t)order - 1)
+                    continue; /* document and nearest order each on a third of the budgets
+                                 keep the run short */
                 check_assembly(&tc, q, ch, n, budget, (enum CtxOrder)order, fixed, &cst);
             }
         }

@@ -160,9 +160,10 @@ typedef struct DiffragQuery {
     const char *id;                /* the request id (to cancel it from a callback); NULL:
                                     * generated. Must be unique among this client's requests
                                     * in flight. */
-    const char *order;             /* "rank" or "document" (chunks by document and position:
-                                    * questions over the same chunks share the cached prompt
-                                    * prefix); NULL: the daemon's ("rank") */
+    const char *order;             /* "rank", "nearest" (best last, next to the question) or
+                                    * "document" (chunks by document and position: questions
+                                    * over the same chunks share the cached prompt prefix);
+                                    * NULL: the daemon's ("rank") */
 } DiffragQuery;
 
 typedef struct DiffragCitation {

@@ -100,7 +100,8 @@ static const struct Cmd CMDS[] = {
       "      --seed N             sampling seed\n"
       "      --stop STR           stop generating before STR (repeatable)\n"
       "      --deadline S         the daemon's time budget in seconds\n"
-      "      --order rank|document  chunks best first (default), or by document and position\n"
+      "      --order ORDER        rank: chunks best first (default); nearest: best last,\n"
+      "                           next to the question; document: by document and position\n"
       "                           (questions over the same documents then share the cached\n"
       "                           prompt prefix)\n"
       "Ctrl-C cancels the query on the daemon and prints what was generated.\n" },
@@ -535,8 +536,9 @@ int main(int argc, char **argv)
             a.deadline_ms = (int)(secs * 1000 + 0.5);
             break;
         case O_ORDER:
-            if (strcmp(optarg, "rank") && strcmp(optarg, "document"))
-                return cli_usage_error(cn, "--order wants rank or document, not \"%s\"", optarg);
+            if (strcmp(optarg, "rank") && strcmp(optarg, "document") && strcmp(optarg, "nearest"))
+                return cli_usage_error(cn, "--order wants rank, nearest or document, not \"%s\"",
+                                       optarg);
             a.order = optarg;
             break;
         case O_BATCH:

@@ -194,7 +194,8 @@ class Client:
         ``max_context_tokens`` decides how much of the documents is read (documents that fit go
         in whole; ``Answer.context`` says what was left out); ``top_k`` only caps the chunks.
         ``order="document"`` lays the chosen chunks out by document and position rather than
-        best first, so questions over the same documents share the prompt's cached prefix."""
+        best first, so questions over the same documents share the prompt's cached prefix;
+        ``order="nearest"`` lays them out best last, next to the question."""
         msg = P.query_request(id or self._next_id(), question, collection=collection, docs=docs,
                               ids=ids, top_k=top_k, max_context_tokens=max_context_tokens,
                               max_tokens=max_tokens, temperature=temperature, top_p=top_p,
