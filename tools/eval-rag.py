@@ -7,7 +7,8 @@ articles (the paragraphs of split "test", which no question uses, in file order)
 collection holds about --corpus-tokens tokens (an article longer than that keeps only the
 paragraphs that answer the questions asked past it). Each of the article's first --per-article
 answerable questions is asked over its collection, greedy, with max_context_tokens set to each
-budget, once with the chunks best first ("rank") and once in document order ("document"). When
+budget, once in each of --orders: chunks best first ("rank"), in document order ("document"),
+or best last, next to the question ("nearest"). When
 every document the search found fits the budget, the daemon places them whole (in document
 order). The oracle asks each question with its gold paragraph alone, as an inline document.
 
