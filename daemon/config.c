@@ -90,6 +90,9 @@ static const struct Key keys[] = {
     { "default_context_tokens", K_LONG, F(default_context_tokens), "0", 0, 131072, 1,
       "prompt budget in tokens of a query that does not say (at most max_context_tokens); 0 "
       "(auto): 2048 with CPU workers, max_context_tokens with GPU ones" },
+    { "relevance_floor", K_DOUBLE, F(relevance_floor), "0.5", 0, 1, 1,
+      "a query's chunks scoring under this share of its best chunk's BM25 score are not "
+      "placed, however much budget is left (0: every chunk found may fill it)" },
     { "max_tokens", K_LONG, F(max_tokens), "1024", 1, 131072, 1,
       "cap of a query's max_tokens (tokens generated)" },
     { "default_max_tokens", K_LONG, F(default_max_tokens), "256", 1, 131072, 1,

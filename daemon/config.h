@@ -33,6 +33,8 @@ struct Config {
     size_t max_question_bytes;
     long max_context_tokens, max_tokens, default_max_tokens;
     long default_context_tokens;                 /* 0: auto (config_default_context) */
+    double relevance_floor;                      /* chunks under this share of the best
+                                                    chunk's score are not placed */
     long top_k, max_top_k;
     long chunk_tokens, chunk_overlap, prefill_chunk;
     size_t kv_budget_bytes;

@@ -25,11 +25,11 @@ const char *ec_name(enum ErrCode c)
 /* The keys the protocol knows; values are found in a first pass, then decoded by name. */
 enum Key { K_V, K_OP, K_ID, K_QUESTION, K_DOCS, K_COLLECTION, K_IDS, K_TOP_K, K_MAX_CONTEXT,
            K_MAX_TOKENS, K_TEMPERATURE, K_TOP_P, K_SEED, K_STOP, K_STREAM, K_DEADLINE, K_TARGET,
-           K_DOC_ID, K_AFTER, K_LIMIT, K_INCLUDE, K_ORDER, K_COUNT };
+           K_DOC_ID, K_AFTER, K_LIMIT, K_INCLUDE, K_ORDER, K_RELEVANCE, K_COUNT };
 static const char *const key_names[K_COUNT] = {
     "v", "op", "id", "question", "docs", "collection", "ids", "top_k", "max_context_tokens",
     "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "deadline_ms", "target",
-    "doc_id", "after", "limit", "include", "order" };
+    "doc_id", "after", "limit", "include", "order", "relevance_floor" };
 
 struct ProtoDec {
     const uint8_t *end;
@@ -379,6 +379,7 @@ int proto_decode_query(struct ProtoDec *d)
         get_int(d, K_MAX_TOKENS, 1, 1L << 30, cfg->max_tokens, &p->max_tokens) ||
         get_double(d, K_TEMPERATURE, 0, 0, 10, &p->temperature) ||
         get_double(d, K_TOP_P, 0, 1, 1, &p->top_p) ||
+        get_double(d, K_RELEVANCE, 0, 0, 1, &p->relevance_floor) ||
         get_bool(d, K_STREAM, &p->stream) ||
         get_int(d, K_DEADLINE, 1, PROTO_MAX_DEADLINE_MS, -1, &p->deadline_ms))
         return -1;
@@ -486,6 +487,7 @@ int proto_decode(const void *buf, size_t len, const struct Config *cfg, struct R
     p->max_tokens = cfg->default_max_tokens < cfg->max_tokens ? cfg->default_max_tokens
                                                               : cfg->max_tokens;
     p->top_p = 1;
+    p->relevance_floor = cfg->relevance_floor;
     p->limit = 100;
     struct ProtoDec d = { .end = (const uint8_t *)buf + len, .cfg = cfg, .p = p, .code = code,
                      .err = err, .errlen = errlen };

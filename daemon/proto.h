@@ -44,6 +44,7 @@ struct RequestParams {
     struct Slice doc_id;                        /* get */
     struct Slice after; long limit;             /* list */
     long top_k, max_context_tokens, max_tokens;
+    double relevance_floor;                     /* query: share of the best chunk's score */
     int order;                                  /* query: enum CtxOrder (rank, document,
                                                    nearest) */
     double temperature, top_p;

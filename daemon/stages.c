@@ -358,6 +358,15 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
     size_t n_found = n_hits;
     if (n_hits > k)
         n_hits = k;
+    /* the relevance floor: chunks (best first) under a share of the best one's score are not
+     * offered, however much budget is left; they do not count as matched */
+    if (n_hits > 1 && p->relevance_floor > 0) {
+        double floor_score = p->relevance_floor * chunks[0].score;
+        size_t m = 1;
+        while (m < n_hits && chunks[m].score >= floor_score)
+            m++;
+        n_hits = m;
+    }
     rs->chunks_matched = n_hits;
     /* Without a top_k cap, documents that fit the budget together go in whole. */
     int whole = 0;

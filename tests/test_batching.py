@@ -84,7 +84,9 @@ def two_paragraph_queries(squad_dir, n, min_chars=1200, max_chars=2300):
 
 def ask(qid, question, docs, **kw):
     kw.setdefault("max_tokens", 24)
-    return query(question, docs, id=qid, temperature=0, top_k=8, include=["token_signals"], **kw)
+    # relevance_floor 0: every matching chunk is placed, so the prompts are as long as chosen
+    return query(question, docs, id=qid, temperature=0, top_k=8, include=["token_signals"],
+                 relevance_floor=0, **kw)
 
 
 def one_at_a_time(d, msgs, timeout=300):

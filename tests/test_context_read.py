@@ -44,8 +44,10 @@ def test_documents_that_fit_go_in_whole(tmp_path, default_model, squad_dir):
     big = [{"id": "article", "title": title, "text": text}]
     small = [{"id": "z-first", "text": paras[0]["text"]},
              {"id": "a-second", "text": paras[1]["text"]}]
+    # relevance_floor 0 here: the budget alone decides how many chunks fill the prompt (the
+    # floor has its own test below)
     with Daemon(tmp_path, default_model, workers=1, threads=2, max_context_tokens=6144,
-                max_tokens=64) as d:
+                max_tokens=64, relevance_floor=0) as d:
         c = d.client()
         # one document that fits: whole, one citation spanning it, nothing left out
         r1 = ask(c, qs[0], big)
@@ -133,7 +135,7 @@ def test_default_context_budget_and_cli_line(tmp_path, default_model, squad_dir)
     f.write_text("\n\n".join(p["text"] for p in paras))
     (tmp_path / "d").mkdir()
     with Daemon(tmp_path / "d", default_model, workers=1, threads=2, max_context_tokens=6144,
-                default_context_tokens=512, max_tokens=64) as d:
+                default_context_tokens=512, max_tokens=64, relevance_floor=0) as d:
         c = d.client()
         # a query that does not say gets default_context_tokens, inline documents or stored
         r = ask(c, qs[0], [{"id": "a", "text": f.read_text()}])
@@ -159,3 +161,32 @@ def test_default_context_budget_and_cli_line(tmp_path, default_model, squad_dir)
     assert "document tokens" in line and "left out" in line and "--max-context-tokens" in line
     assert not any(l.startswith("read: ") for l in whole.splitlines()), whole
     assert "whole document" in whole, whole
+
+
+def test_relevance_floor_keeps_weak_chunks_out(tmp_path, default_model, squad_dir):
+    """With the default relevance_floor (0.5), chunks scoring under half the best one's BM25
+    score are not placed, however much budget is left, and do not count as matched; a query's
+    relevance_floor overrides it, 0 letting every match fill the budget. Documents that fit the
+    budget together still go in whole."""
+    title, paras, qs = article(squad_dir, 8)
+    docs = [{"id": "p%d" % i, "title": title, "text": p["text"]} for i, p in enumerate(paras)]
+    with Daemon(tmp_path, default_model, workers=1, threads=2, max_context_tokens=6144,
+                max_tokens=64) as d:
+        c = d.client()
+        # a budget under the documents' total, so chunks are chosen rather than the documents
+        # placed whole (which the floor does not touch: documents that fit all go in)
+        floor = ask(c, qs[0], docs, max_context_tokens=700)
+        full = ask(c, qs[0], docs, max_context_tokens=700, relevance_floor=0)
+        some = ask(c, qs[0], docs, max_context_tokens=700, relevance_floor=0.9)
+        assert not floor["context"]["whole"] and not full["context"]["whole"], floor["context"]
+        scores = [x["score"] for x in floor["citations"]]
+        assert scores and min(scores) >= 0.5 * max(scores) - 1e-9, scores
+        assert full["context"]["chunks_matched"] > floor["context"]["chunks_matched"], \
+            (full["context"], floor["context"])
+        assert floor["context"]["chunks_matched"] >= some["context"]["chunks_matched"] >= 1
+        assert floor["usage"]["prompt_tokens"] < full["usage"]["prompt_tokens"]
+        assert min(x["score"] for x in full["citations"]) < 0.5 * max(scores)
+        _, bad = c.call(query(qs[0], docs, relevance_floor=1.5), timeout=60)
+        assert not bad["ok"] and bad["error"]["code"] == "bad_request", bad
+        assert "relevance_floor" in bad["error"]["message"], bad
+        assert d.stop() == 0

@@ -43,8 +43,10 @@ def test_cached_answers_equal_cold_answers(tmp_path, default_model, squad_dir):
     runs = {}
     for cache in (1, 0):
         (tmp_path / f"cache{cache}").mkdir()
+        # relevance_floor 0: the two questions place the same chunks, whatever their scores
         with Daemon(tmp_path / f"cache{cache}", default_model, workers=1, threads=2,
-                    max_context_tokens=3072, max_tokens=64, prefix_cache=cache) as d:
+                    max_context_tokens=3072, max_tokens=64, prefix_cache=cache,
+                    relevance_floor=0) as d:
             runs[cache] = ask(d, docs, questions)
             _, bad = d.client().call(query(q1, docs, id="bad", order="sideways"), timeout=60)
             assert not bad["ok"] and bad["error"]["code"] == "bad_request", bad
@@ -92,7 +94,7 @@ def test_cli_order_document_shares_the_prefix(tmp_path, default_model, squad_dir
         files += ["-d", str(f)]
     (tmp_path / "d").mkdir()
     with Daemon(tmp_path / "d", default_model, workers=1, threads=2, max_context_tokens=3072,
-                max_tokens=64) as d:
+                max_tokens=64, relevance_floor=0) as d:
         def ask(q, *extra):
             return subprocess.run([str(BUILD / "diffrag"), "--endpoint", d.endpoint, "ask", "--json",
                                    "--max-tokens", "8", "--top-k", "50", *extra, *files, q],
