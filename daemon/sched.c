@@ -158,16 +158,8 @@ static void seq_finish(struct Worker *w, void *pair, struct Seq *q, int cancelle
     r.ttft_ms = q->rc.got_first ? q->rc.ttft_ms : 0;
     r.decode_ms = q->decoding ? now - q->t_prefilled : 0;
     r.sig = q->rc.sig.s;
-    /* the check runs alone, between steps: a few dozen tokens against the sequence's pages */
-    if (!cancelled && (r.finish == WF_STOP || r.finish == WF_LENGTH) && g.n_generated > 0) {
-        r.has_check = !worker_self_check(w, &q->job, q->e, &r.check);
-        /* then the answer without the documents, in the same context (its sequence ends) */
-        size_t k = q->n_hist - q->n_prompt;
-        if (k > r.sig.n)
-            k = r.sig.n;
-        r.has_reliance = !worker_reliance(w, &q->job, q->e, q->hist + q->n_prompt, k,
-                                          r.sig.f[WS_LOGPROB], &r.reliance);
-    }
+    /* alone, between steps: a few dozen tokens against the sequence's pages */
+    worker_after_answer(w, &q->job, q->e, q->hist + q->n_prompt, q->n_hist - q->n_prompt, &r);
     worker_send_result(pair, &r);
     free(g.text);
     seq_free(w, q);

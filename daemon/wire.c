@@ -456,8 +456,8 @@ int wire_result_decode(const void *buf, size_t len, struct WireResult *out, char
             out->message = v.s;
             out->message_len = v.len;
         } else if (key_is(&k, "self_check")) {
-            /* a log-odds: any finite number */
-            if (num(&v, &d) || !isfinite(d) || fabs(d) > 1e6 || out->has_check) goto bad;
+            /* a log-odds: any finite number (num refuses the others) */
+            if (num(&v, &d) || fabs(d) > 1e6 || out->has_check) goto bad;
             out->has_check = 1;
             out->check = (float)d;
         } else if (key_is(&k, "reliance")) {

@@ -195,6 +195,12 @@ static void check_init(struct Worker *w)
         w->n_check = (int)n;
 }
 
+/* A log-odds or log-probability difference (not NaN) as the wire carries it: within +-1e4. */
+static float clamp_log(double v)
+{
+    return (float)(v > 1e4 ? 1e4 : v < -1e4 ? -1e4 : v);
+}
+
 /* log of the sum of exp(lg[ids[i]] - mx) */
 static double log_sum(const float *lg, const int32_t *ids, int n, double mx)
 {
@@ -204,7 +210,11 @@ static double log_sum(const float *lg, const int32_t *ids, int n, double mx)
     return log(s);
 }
 
-int worker_self_check(struct Worker *w, const struct WireJob *job, struct Engine *e,
+/* The self-check: appends the check's tokens to context e (which holds the prompt and the
+ * answer) and reads the verdict from the next token's logits, log P(yes words) - log P(no
+ * words). 0 with *logodds, or -1 when the job did not ask for it, the model cannot run it, or
+ * it failed (no room in the context or the pool, a device error). */
+static int self_check(struct Worker *w, const struct WireJob *job, struct Engine *e,
                       float *logodds)
 {
     char err[256];
@@ -225,14 +235,16 @@ int worker_self_check(struct Worker *w, const struct WireJob *job, struct Engine
         if (lg[w->no_id[i]] > mx) mx = lg[w->no_id[i]];
     if (!isfinite(mx))
         return -1;
-    double v = log_sum(lg, w->yes_id, w->n_yes, mx) - log_sum(lg, w->no_id, w->n_no, mx);
-    if (!isfinite(v))
-        v = v > 0 ? 1e4 : -1e4;
-    *logodds = (float)(v > 1e4 ? 1e4 : v < -1e4 ? -1e4 : v);
+    *logodds = clamp_log(log_sum(lg, w->yes_id, w->n_yes, mx) -
+                         log_sum(lg, w->no_id, w->n_no, mx));
     return 0;
 }
 
-int worker_reliance(struct Worker *w, const struct WireJob *job, struct Engine *e,
+/* Context reliance: resets CPU context e and scores the k answer tokens `ans` after the job's
+ * prompt without its documents; *out = mean(lp_with[0..k)) - mean(log p(ans[j] | bare prompt,
+ * ans[0..j))). 0, or -1 when the job did not ask for it, on a GPU context, or when it failed
+ * (no room, out of memory). */
+static int reliance(struct Worker *w, const struct WireJob *job, struct Engine *e,
                     const int32_t *ans, size_t k, const float *lp_with, float *out)
 {
     char err[256];
@@ -259,13 +271,24 @@ int worker_reliance(struct Worker *w, const struct WireJob *job, struct Engine *
     }
     double v = (with - without) / (double)k;
     if (isfinite(v)) {
-        *out = (float)(v > 1e4 ? 1e4 : v < -1e4 ? -1e4 : v);
+        *out = clamp_log(v);
         rc = 0;
     }
 out:
     free(toks);
     free(nll);
     return rc;
+}
+
+void worker_after_answer(struct Worker *w, const struct WireJob *job, struct Engine *e,
+                         const int32_t *ans, size_t k, struct WireResult *r)
+{
+    if ((r->finish != WF_STOP && r->finish != WF_LENGTH) || r->completion_tokens == 0)
+        return;
+    r->has_check = !self_check(w, job, e, &r->check);
+    if (k > r->sig.n)
+        k = r->sig.n;
+    r->has_reliance = !reliance(w, job, e, ans, k, r->sig.f[WS_LOGPROB], &r->reliance);
 }
 
 static void run_job(struct Worker *w, void *pair, uint64_t job_id, const void *body, size_t len)
@@ -347,8 +370,8 @@ static void run_job(struct Worker *w, void *pair, uint64_t job_id, const void *b
     r.ttft_ms = rc.got_first ? rc.ttft_ms : 0;
     r.decode_ms = g.decode_ms;
     r.sig = rc.sig.s;
-    if ((r.finish == WF_STOP || r.finish == WF_LENGTH) && g.n_generated > 0)
-        r.has_check = !worker_self_check(w, &job, w->e, &r.check);
+    /* a GPU context: its answer's token ids stay in the generator (and reliance needs a CPU) */
+    worker_after_answer(w, &job, w->e, NULL, 0, &r);
     worker_send_result(pair, &r);
     free(g.text);
     worker_sigbuf_free(&rc.sig);

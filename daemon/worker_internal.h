@@ -72,20 +72,15 @@ void worker_send_error(void *pair, uint64_t job, const char *code, const char *m
 int worker_ground(const struct Model *m, struct Engine *e, const struct WireJob *job, char *err,
                   size_t errlen);
 
-/* The self-check after an answer: appends the check's tokens to context e (which holds the
- * prompt and the answer) and reads the verdict from the next token's logits, log P(yes words)
- * - log P(no words). 0 with *logodds, or -1 when the job did not ask for it, the model cannot
- * run it, or it failed (no room in the context or the pool, a device error): the reply then
- * has no verdict, and the answer is not affected. */
-int worker_self_check(struct Worker *w, const struct WireJob *job, struct Engine *e,
-                      float *logodds);
-/* Context reliance (docs/groundedness.md), after the answer and its self-check: resets CPU
- * context e and scores the k answer tokens `ans` after the job's prompt without its documents;
- * *out = mean(lp_with[0..k)) - mean(log p(ans[j] | bare prompt, ans[0..j))). 0, or -1 when the
- * job did not ask for it, on a GPU context, or when it failed (no room, out of memory): the
- * reply then has none. */
-int worker_reliance(struct Worker *w, const struct WireJob *job, struct Engine *e,
-                    const int32_t *ans, size_t k, const float *lp_with, float *out);
+/* The signals measured after an answer that ended with stop or length and has a token
+ * (docs/groundedness.md), each when the job asks for it: the self-check, appended to context
+ * e (which holds the prompt and the answer), then context reliance, which resets e (its
+ * sequence is over) and rescores the answer's first k tokens `ans` (at most r->sig.n; none on
+ * a GPU context) after the prompt without its documents. Sets r->has_check/check and
+ * r->has_reliance/reliance; a signal that cannot run (no room, a device error) is left out,
+ * and the answer is not affected. */
+void worker_after_answer(struct Worker *w, const struct WireJob *job, struct Engine *e,
+                         const int32_t *ans, size_t k, struct WireResult *r);
 
 /* The CPU compute thread: runs the jobs that arrive on `pair` in batches until DISCONNECT
  * (every running request is then answered as cancelled) or a failure (its requests are lost

@@ -25,6 +25,7 @@ import hashlib
 import json
 import math
 import re
+import shutil
 import subprocess
 import time
 import urllib.parse
@@ -34,7 +35,7 @@ import pytest
 from conftest import ROOT
 from daemon_util import Daemon, free_port, gen_model, http_get, query
 
-PROMETHEUS = "/usr/bin/prometheus"
+PROMETHEUS = shutil.which("prometheus")   # Debian's package (tools/install-deps.sh)
 SCRAPE_INTERVAL_S = 1
 DASHBOARD_RATE_INTERVAL = "1m"
 DOC = {"id": "rhine", "title": "Rhine",
@@ -90,6 +91,7 @@ class Prometheus:
         self.log = None
 
     def start(self, timeout=60.0):
+        assert PROMETHEUS, "prometheus (Debian package prometheus) is required"
         for attempt in range(3):
             self.port = free_port()
             self.url = "http://127.0.0.1:%d" % self.port
