@@ -189,8 +189,10 @@ class Diffragd:
         self.order = True
         self.stopping = False
         self.lock = threading.Lock()
+        # relevance_floor 0: every chunk the budget holds is placed, so the prompts are the
+        # sizes this benchmark means (serving, not retrieval)
         cfg = dict(threads=threads, max_context_tokens=MAX_CONTEXT, max_tokens=MAX_TOKENS,
-                   max_top_k=TOP_K, log_level="warn")
+                   max_top_k=TOP_K, relevance_floor=0, log_level="warn")
         cfg.update(keys)
         workers = cfg.pop("workers")
         self.daemon = Daemon(tmp, MODEL, workers=workers, **cfg)
@@ -486,6 +488,7 @@ def on_signal(signum, frame):
 
 
 def main():
+    global MODEL
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2, help="compute threads of each engine")
     ap.add_argument("--only", choices=("diffragd", "llama-server", "both"), default="both")
@@ -494,7 +497,11 @@ def main():
     ap.add_argument("--reps", type=int, help="repetitions of each figure (default 3, quick 1)")
     ap.add_argument("--step-tokens", type=int, default=0,
                     help="diffragd's step_tokens (0: its default)")
+    ap.add_argument("--model", type=pathlib.Path,
+                    help="GGUF file both engines serve (default %s)" % MODEL.relative_to(ROOT))
     a = ap.parse_args()
+    if a.model:
+        MODEL = a.model.resolve()
     reps = a.reps or (1 if a.quick else 3)
     long_tokens = 2000 if a.quick else 6800
     tp_doc_tokens, tp_answer = (250, 32) if a.quick else (520, 64)
@@ -507,7 +514,7 @@ def main():
                    "(10-20 minutes on two cores), or pass --only diffragd"
                    % LLAMA_SERVER.relative_to(ROOT))
     if not MODEL.exists():
-        raise Fail("%s is missing: run `make model`" % MODEL.relative_to(ROOT))
+        raise Fail("%s is missing: run `make model`" % MODEL)
     for prog in ([DIFFRAGD] if want_dd else []) + [RUN]:
         if not os.access(prog, os.X_OK):
             raise Fail("%s is not built: run `make`" % prog)

@@ -116,12 +116,16 @@ static const struct Key keys[] = {
       "memory a worker context (KV cache + scratch) may take; 0: unlimited. Startup fails "
       "when max_context_tokens + max_tokens would not fit" },
     { "max_running", K_LONG, F(max_running), "8", 1, 256, 0,
-      "requests a CPU worker runs at once, their decode tokens batched in one product per "
-      "step (continuous batching); 1: one at a time. A GPU worker runs one" },
+      "requests a worker (CPU or GPU) runs at once, their decode tokens batched in one product "
+      "per step (continuous batching); 1: one at a time" },
     { "step_tokens", K_LONG, F(step_tokens), "64", 1, 65536, 0,
       "tokens per engine step while a request is decoding: its next token and every other's, "
       "then prefill chunks of the others (stall-free streaming); a step with no request "
       "decoding takes a whole prefill_chunk. At most prefill_chunk" },
+    { "step_ms", K_LONG, F(step_ms), "100", 0, 60000, 0,
+      "while a request is decoding, a step also takes no more prefill tokens than the worker's "
+      "measured speed fits in this many milliseconds (at least 8): a stream's tokens keep "
+      "coming on a slow machine or model; 0: step_tokens alone" },
     { "kv_pool_bytes", K_SIZE, F(kv_pool_bytes), "0", 0, 1e15, 0,
       "the in-process workers' KV page pool (64 positions a page); 0 (auto): a full context for "
       "every running request, at most half the memory (at least one context per worker). When "

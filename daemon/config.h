@@ -39,7 +39,7 @@ struct Config {
     long chunk_tokens, chunk_overlap, prefill_chunk;
     size_t kv_budget_bytes;
     long prefix_cache;                           /* 1: reuse cached prompt prefixes */
-    long max_running, step_tokens;               /* continuous batching */
+    long max_running, step_tokens, step_ms;      /* continuous batching */
     size_t kv_pool_bytes;                        /* 0: auto */
     size_t prefix_cache_bytes;                   /* KV pool pages beyond the workers' own */
     long max_depth;

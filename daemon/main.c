@@ -554,10 +554,20 @@ static int start_workers(void *zctx, struct Model *m, const struct Config *c, in
     wo.heartbeat_ms = (int)c->heartbeat_ms;
     wo.liveness = (int)c->heartbeat_liveness;
     engine_opts_from(c, n, &wo.engine);
-    /* the device: with cuda the weights go to the GPU once, with a KV pool for every worker */
+    /* the device: with cuda the weights go to the GPU once, with a KV pool shared by every
+     * worker's sequences: kv_pool_bytes (bf16 keys and values), or a full context for every
+     * request the workers run at once */
     char note[512];
     enum EngineDevice dev;
-    if (engine_device_select(m, c->device, (long)n * wo.engine.n_ctx, &dev, note, sizeof note)) {
+    long gpu_positions = (long)n * (long)c->max_running * wo.engine.n_ctx;
+    if (m && c->kv_pool_bytes) {
+        const struct ModelConfig *mc = &m->cfg;
+        size_t pos_bytes = (size_t)2 * mc->n_layer * mc->n_kv_head * mc->head_dim * 2;
+        gpu_positions = (long)(c->kv_pool_bytes / pos_bytes);
+    }
+    if (gpu_positions < 1)
+        gpu_positions = 1;
+    if (engine_device_select(m, c->device, gpu_positions, &dev, note, sizeof note)) {
         dlog(LL_ERROR, "msg=\"cannot use the compute device\" device=%s error=\"%s\"", c->device,
              note);
         return -1;
@@ -566,6 +576,7 @@ static int start_workers(void *zctx, struct Model *m, const struct Config *c, in
     if (c->prefill_chunk == 0)
         wo.engine.chunk = dev == ENGINE_CUDA ? 8192 : 512;
     wo.step_tokens = (int)c->step_tokens;
+    wo.step_ms = (int)c->step_ms;
     wo.max_running = (int)c->max_running;
     wo.stats = &worker_stats;
     if (device)
@@ -824,6 +835,8 @@ static int run_daemon(struct Config *c, int argc, char **argv)
     if (n_workers > 0)
         metrics_set_backend(metrics, device == ENGINE_CUDA ? "cuda" : "cpu");
     metrics_set_kv_pool(metrics, kv_pool);
+    if (c->gpu_workers)
+        metrics_set_gpu_model(metrics, m);
     metrics_set_worker_stats(metrics, &worker_stats);
     if (c->metrics_listen[0] && metrics_http_start(metrics, c->metrics_listen, &http, err, sizeof err)) {
         dlog(LL_ERROR, "msg=\"cannot serve metrics\" error=\"%s\"", err);
@@ -837,6 +850,7 @@ static int run_daemon(struct Config *c, int argc, char **argv)
     for (int i = 0; i < n_workers; i++)
         worker_stop(&workers[i]);
     metrics_set_kv_pool(metrics, NULL);
+    metrics_set_gpu_model(metrics, NULL);
     kvpool_destroy(&kv_pool);
     broker_farewell(broker);
     prep_join(&prep);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "daemon/worker.h"
+#include "model/engine_gpu.h"
 #include "model/kvpool.h"
 #include "retriever/store.h"
 
@@ -65,6 +66,7 @@ struct Metrics {
     uint64_t prompt_tokens, generated_tokens, worker_lost;
     uint64_t cache_queried, cache_hit;   /* prompt tokens of answered queries; from the cache */
     struct KvPool *kv_pool;     /* the in-process workers' KV pool; NULL: none */
+    const struct Model *gpu_model; /* or the model whose GPU pool they use */
     struct WorkerStats *wstats; /* their batch schedulers' figures; NULL: none */
     uint64_t auth_ok, auth_refused;
     int queue_depth, inflight, workers_idle, workers_busy, running;
@@ -254,6 +256,13 @@ void metrics_set_kv_pool(struct Metrics *m, struct KvPool *pool)
 {
     pthread_mutex_lock(&m->mu);
     m->kv_pool = pool;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_set_gpu_model(struct Metrics *m, const struct Model *model)
+{
+    pthread_mutex_lock(&m->mu);
+    m->gpu_model = model;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -461,6 +470,20 @@ char *metrics_render(struct Metrics *m, size_t *len)
              "Cached pages evicted (least recently used) for new requests.");
         fprintf(f, "diffrag_kv_pool_evicted_pages_total %llu\n",
                 (unsigned long long)ks.evicted_pages);
+    } else if (m->gpu_model) {
+        int pages = 0, free_pages = 0;
+        if (model_gpu_info(m->gpu_model, NULL, &pages, &free_pages) && pages > 0) {
+            head(f, "diffrag_kv_pool_pages", "gauge",
+                 "Pages of the workers' KV pool on the GPU (64 positions each), by state: used by "
+                 "a request, cached (none: the GPU keeps no prefixes), free.");
+            fprintf(f, "diffrag_kv_pool_pages{state=\"used\"} %d\n", pages - free_pages);
+            fprintf(f, "diffrag_kv_pool_pages{state=\"cached\"} 0\n");
+            fprintf(f, "diffrag_kv_pool_pages{state=\"free\"} %d\n", free_pages);
+            head(f, "diffrag_kv_pool_usage_ratio", "gauge",
+                 "Share of the KV pool's pages used by requests (cached pages not counted).");
+            fprintf(f, "diffrag_kv_pool_usage_ratio %.6f\n",
+                    (double)(pages - free_pages) / (double)pages);
+        }
     }
     if (m->wstats) {
         struct WorkerStats *ws = m->wstats;

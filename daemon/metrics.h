@@ -49,6 +49,10 @@ void metrics_set_store(struct Metrics *m, struct Store *store);
  * NULL before it is freed. */
 struct KvPool;
 void metrics_set_kv_pool(struct Metrics *m, struct KvPool *pool);
+/* The model whose GPU KV pool /metrics shows instead (workers on a GPU); borrowed, NULL before
+ * the model leaves the device. */
+struct Model;
+void metrics_set_gpu_model(struct Metrics *m, const struct Model *model);
 /* The in-process workers' batch figures (diffrag_preemptions_total, diffrag_step_tokens);
  * borrowed, it must outlive the HTTP server. */
 struct WorkerStats;

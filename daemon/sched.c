@@ -1,15 +1,16 @@
-/* The CPU batch scheduler of a worker's compute thread (daemon/worker_internal.h).
+/* The batch scheduler of a worker's compute thread (daemon/worker_internal.h).
  *
  * Up to max_running requests at once. Each engine step takes the next decode token of every
- * request that is decoding and, within the step's token budget (step_tokens while a request
- * decodes, else the context's prefill chunk), prompt chunks of the others in the order they
- * came (Sarathi-Serve's stall-free batching: a long prompt never stops the others' tokens for
- * more than one short step). New jobs and cancels are read between steps. A request that has
+ * request that is decoding and, within the step's token budget (while a request decodes,
+ * step_tokens and no more than fit step_ms at the speed the last steps measured; else the
+ * context's prefill chunk), prompt chunks of the others in the order they came
+ * (Sarathi-Serve's stall-free batching: a long prompt never stops the others' tokens for more
+ * than one short step). New jobs and cancels are read between steps. A request that has
  * not started takes only pages that are free; when the pool has none for a started one, the
  * request that came last is preempted: its pages go back, and it is recomputed later, its
  * prompt in prefill chunks and the tokens it had generated fed again one per step as the
  * decode tokens they were, so every position gets the same keys and values as before and the
- * answer goes on exactly as it would have. */
+ * answer goes on exactly as it would have (on a GPU, within the products' rounding). */
 #include "daemon/worker_internal.h"
 
 #include <errno.h>
@@ -197,7 +198,29 @@ struct Sched {
     struct Seq *run[WIRE_MAX_RUNNING];
     int n;
     uint64_t next_order;
+    /* step_ms's estimates, exponential averages (0: none yet): seconds of a step of decode
+     * tokens alone, and seconds each prefill token adds to such a step */
+    double t_decode, t_token;
 };
+
+/* Prefill tokens a step beside decoding requests takes at least, however slow: the prompt
+ * still advances. */
+enum { STEP_MIN_PREFILL = 8 };
+
+static double ema(double avg, double v) { return avg > 0 ? 0.7 * avg + 0.3 * v : v; }
+
+/* After a step of nd decode and np prefill tokens that took t seconds. */
+static void sched_timed(struct Sched *sc, int nd, int np, double t)
+{
+    if (nd > 0 && np == 0) {
+        sc->t_decode = ema(sc->t_decode, t);
+    } else if (np > 0 && (nd > 0 || sc->t_token == 0)) {
+        /* a prefill-only step (whole chunks, cheaper per token) only starts the estimate */
+        double per = (t - (nd > 0 ? sc->t_decode : 0)) / np;
+        if (per > 0)
+            sc->t_token = ema(sc->t_token, per);
+    }
+}
 
 static void sched_remove(struct Sched *sc, int i)
 {
@@ -282,11 +305,20 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
     char err[512];
     /* while a sequence is decoding, steps stay short so its tokens keep coming (stall-free);
      * otherwise a prompt prefills in whole chunks */
-    int budget = engine_opts(w->e)->chunk, no_new = 0;
+    int budget = engine_opts(w->e)->chunk, no_new = 0, decoding = 0;
     for (int i = 0; i < sc->n; i++)
-        if (sc->run[i]->started && sc->run[i]->done >= sc->run[i]->n_prompt &&
-            w->o.step_tokens > 0 && w->o.step_tokens < budget)
-            budget = w->o.step_tokens;
+        decoding += sc->run[i]->started && sc->run[i]->done >= sc->run[i]->n_prompt;
+    if (decoding && w->o.step_tokens > 0 && w->o.step_tokens < budget)
+        budget = w->o.step_tokens;
+    if (decoding && w->o.step_ms > 0 && sc->t_token > 0) {
+        /* and no more prefill tokens than fit step_ms at the speed measured lately */
+        double room = w->o.step_ms / 1e3 - sc->t_decode;
+        double fit = room > 0 ? room / sc->t_token : 0;
+        int cap = decoding + (fit > STEP_MIN_PREFILL ? (fit < budget ? (int)fit : budget)
+                                                     : STEP_MIN_PREFILL);
+        if (cap < budget)
+            budget = cap;
+    }
     for (int attempt = 0; attempt < 4 * WIRE_MAX_RUNNING; attempt++) {
         /* finished by a cancel between steps */
         for (int i = 0; i < sc->n;)
@@ -349,6 +381,7 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
         if (k == 0)
             return 0;
         int failed = -1;
+        double t0 = zu_now_ms();
         int rc = engine_step(w->e, it, k, &failed, err, sizeof err);
         if (rc == ENGINE_EBUDGET && failed >= 0) {
             struct Seq *f = who[failed];
@@ -404,9 +437,12 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
             }
             return 1;
         }
-        int tokens = 0;
-        for (int j = 0; j < k; j++)
+        int tokens = 0, nd = 0;
+        for (int j = 0; j < k; j++) {
             tokens += it[j].n;
+            nd += !it[j].prefill;
+        }
+        sched_timed(sc, nd, tokens - nd, (zu_now_ms() - t0) / 1e3);
         stats_step(w->o.stats, tokens);
         for (int j = 0; j < k; j++) {
             struct Seq *q = who[j];

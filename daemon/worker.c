@@ -1,7 +1,7 @@
 /* A worker's two threads: the I/O thread (broker socket, heartbeats, reconnects with back-off,
- * cancels) and the compute thread (on a CPU the batch scheduler of daemon/sched.c; on a GPU one
- * request at a time, here), joined by an inproc PAIR socket. Cancels reach the scheduler as
- * messages between steps, and a GPU request through engine_cancel and an atomic. */
+ * cancels) and the compute thread (the batch scheduler of daemon/sched.c, on the CPU or a
+ * GPU), joined by an inproc PAIR socket. Cancels reach the scheduler as messages between
+ * steps. */
 #include "daemon/worker.h"
 #include "daemon/worker_internal.h"
 
@@ -84,11 +84,6 @@ static void sigbuf_add(struct SigBuf *b, const struct GenToken *t, uint32_t text
     b->s.text_end[i] = text_end;
 }
 
-static int cancel_requested(struct Worker *w, uint64_t job)
-{
-    return atomic_load(&w->cancel_job) == job;
-}
-
 int worker_on_token(void *user, const struct GenToken *t)
 {
     struct RunCtx *rc = user;
@@ -108,7 +103,7 @@ int worker_on_token(void *user, const struct GenToken *t)
     } else {
         sigbuf_add(&rc->sig, t, rc->released);
     }
-    return rc->cancelled ? *rc->cancelled : cancel_requested(rc->w, rc->job);
+    return *rc->cancelled;
 }
 
 void worker_send_result(void *pair, const struct WireResult *r)
@@ -132,11 +127,6 @@ void worker_send_error(void *pair, uint64_t job, const char *code, const char *m
     struct WireResult r = { .job = job, .finish = WF_ERROR, .code = code, .code_len = strlen(code),
                             .message = msg, .message_len = strlen(msg) };
     worker_send_result(pair, &r);
-}
-
-static enum WireFinish cancel_finish(struct Worker *w)
-{
-    return atomic_load(&w->cancel_reason) == WIRE_REASON_DEADLINE ? WF_DEADLINE : WF_CANCELLED;
 }
 
 int worker_ground(const struct Model *m, struct Engine *e, const struct WireJob *job, char *err,
@@ -291,93 +281,6 @@ void worker_after_answer(struct Worker *w, const struct WireJob *job, struct Eng
     r->has_reliance = !reliance(w, job, e, ans, k, r->sig.f[WS_LOGPROB], &r->reliance);
 }
 
-static void run_job(struct Worker *w, void *pair, uint64_t job_id, const void *body, size_t len)
-{
-    struct WireJob job = { .job = job_id };
-    char err[512];
-    if (wire_job_decode(body, len, &job, err, sizeof err)) {
-        worker_send_error(pair, job_id, "internal", err);
-        return;
-    }
-    if (fault_hit(FAULT_WORKER_ENGINE_ERROR)) {
-        worker_send_error(pair, job_id, "internal", "the engine failed (injected fault)");
-        wire_job_free(&job);
-        return;
-    }
-    const struct EngineOpts *eo = engine_opts(w->e);
-    if (job.n_tokens + 1 > (size_t)eo->n_ctx) {
-        snprintf(err, sizeof err, "the prompt has %zu tokens; this worker's context holds %d",
-                 job.n_tokens, eo->n_ctx);
-        worker_send_error(pair, job_id, "too_large", err);
-        wire_job_free(&job);
-        return;
-    }
-    if (worker_ground(w->m, w->e, &job, err, sizeof err)) {
-        worker_send_error(pair, job_id, "internal", err);
-        wire_job_free(&job);
-        return;
-    }
-    struct RunCtx rc = { .w = w, .pair = pair, .job = job_id, .stream = job.stream,
-                         .t0 = zu_now_ms() };
-    struct WireResult r = { .job = job_id, .prompt_tokens = (int64_t)job.n_tokens,
-                            .has_signals = 1 };
-    engine_reset(w->e);
-    /* A cancel that came before the reset was wiped by it; the atomic still says so. */
-    int st = cancel_requested(w, job_id) ? ENGINE_ECANCELLED
-                                         : engine_prefill(w->e, job.tokens, job.n_tokens, err, sizeof err);
-    r.prefill_ms = zu_now_ms() - rc.t0;
-    r.cached_tokens = engine_cached(w->e);
-    if (st == ENGINE_ECANCELLED) {
-        r.finish = cancel_finish(w);
-        worker_send_result(pair, &r);
-        wire_job_free(&job);
-        return;
-    }
-    if (st) {
-        worker_send_error(pair, job_id, st == ENGINE_ECTX ? "too_large" : "internal", err);
-        wire_job_free(&job);
-        return;
-    }
-    struct GenParams p;
-    memset(&p, 0, sizeof p);
-    p.max_tokens = job.max_tokens;
-    sampler_params_default(&p.sampler);
-    p.sampler.temperature = job.temperature;
-    p.sampler.top_p = job.top_p;
-    p.sampler.seed = job.seed;
-    p.stop = (const char *const *)job.stop;
-    p.n_stop = job.n_stop;
-    p.prefilled = 1;
-    struct GenResult g;
-    st = generate(w->e, job.tokens, job.n_tokens, &p, worker_on_token, &rc, &g, err, sizeof err);
-    if (st || rc.sig.oom) {
-        worker_send_error(pair, job_id, "internal", st ? err : "out of memory for the token signals");
-        if (!st)
-            free(g.text);
-        worker_sigbuf_free(&rc.sig);
-        wire_job_free(&job);
-        return;
-    }
-    switch (g.finish) {
-    case FINISH_STOP: r.finish = WF_STOP; break;
-    case FINISH_LENGTH: r.finish = WF_LENGTH; break;
-    case FINISH_CANCELLED: r.finish = cancel_finish(w); break;
-    default: r.finish = WF_ERROR; r.code = "internal"; r.code_len = 8; break;
-    }
-    r.text = g.text;
-    r.text_len = g.text_len;
-    r.completion_tokens = g.n_generated;
-    r.ttft_ms = rc.got_first ? rc.ttft_ms : 0;
-    r.decode_ms = g.decode_ms;
-    r.sig = rc.sig.s;
-    /* a GPU context: its answer's token ids stay in the generator (and reliance needs a CPU) */
-    worker_after_answer(w, &job, w->e, NULL, 0, &r);
-    worker_send_result(pair, &r);
-    free(g.text);
-    worker_sigbuf_free(&rc.sig);
-    wire_job_free(&job);
-}
-
 static void *compute_main(void *arg)
 {
     struct Worker *w = arg;
@@ -389,38 +292,7 @@ static void *compute_main(void *arg)
             zmq_close(pair);
         return NULL;
     }
-    if (engine_opts(w->e)->device == ENGINE_CPU) {
-        sched_run(w, pair);
-        zu_send_cmd(pair, NULL, 0, WIRE_DISCONNECT, NULL, 0, 0);
-        zmq_close(pair);
-        return NULL;
-    }
-    /* a GPU context runs one request at a time */
-    for (;;) {
-        struct ZuMsg m;
-        if (zu_recv(pair, &m, 0)) {
-            if (errno == EINTR)
-                continue;
-            break;
-        }
-        uint8_t cmd = m.n >= 1 && zu_size(&m, 0) == 1 ? *(const uint8_t *)zu_data(&m, 0) : 0;
-        if (cmd == WIRE_DISCONNECT) {
-            zu_close(&m);
-            break;
-        }
-        if (cmd == WIRE_JOB && fault_hit(FAULT_WORKER_THREAD_EXIT)) {
-            dlog(LL_WARN, "msg=\"compute thread exits (injected fault)\" worker=%d", w->o.index);
-            zu_close(&m);
-            break;
-        }
-        if (cmd == WIRE_JOB && m.n == 2 && zu_size(&m, 1) >= 8) {
-            const uint8_t *b = zu_data(&m, 1);
-            run_job(w, pair, wire_get_u64(b), b + 8, zu_size(&m, 1) - 8);
-            /* the sequence's pages go back to the pool (its prompt's pages stay cached) */
-            engine_reset(w->e);
-        }
-        zu_close(&m);
-    }
+    sched_run(w, pair);
     zu_send_cmd(pair, NULL, 0, WIRE_DISCONNECT, NULL, 0, 0);  /* bye: the I/O thread may exit */
     zmq_close(pair);
     return NULL;
@@ -543,15 +415,11 @@ static void send_job_error(void *dealer, uint64_t job, const char *message)
     mpw_destroy(&mw);
 }
 
-/* Asks the compute thread to stop a job: the batch scheduler reads the CANCEL between steps;
- * a GPU context's single request sees the atomic at its next chunk or step. */
+/* Asks the compute thread to stop a job: the batch scheduler reads the CANCEL between steps. */
 static void request_cancel(struct Worker *w, uint64_t job, int reason)
 {
-    atomic_store(&w->cancel_reason, reason);
-    atomic_store(&w->cancel_job, job);
     uint8_t r = (uint8_t)reason;
     zu_send_job(w->pair_io, NULL, 0, WIRE_CANCEL, job, &r, 1, 0);
-    engine_cancel(w->e);
 }
 
 /* The jobs the I/O thread handed to the compute thread and has not seen answered. A job of a
@@ -763,8 +631,7 @@ int worker_start(void *zctx, const struct Model *m, const struct WorkerOpts *o,
     if (rc)
         goto err;
     check_init(w);
-    w->max_running = o->engine.device == ENGINE_CUDA ? 1
-                     : o->max_running < 1 ? 1
+    w->max_running = o->max_running < 1 ? 1
                      : o->max_running > WIRE_MAX_RUNNING ? WIRE_MAX_RUNNING : o->max_running;
     struct EngineMemory mem;
     engine_estimate(m, &o->engine, &mem);

@@ -27,9 +27,10 @@ struct WorkerStats {
 
 struct WorkerOpts {
     const char *endpoint;      /* the broker's worker endpoint; copied */
-    int max_running;           /* sequences batched at once (CPU; a GPU context runs one) */
+    int max_running;           /* sequences batched at once */
     int step_tokens;           /* a step's tokens while a sequence is decoding (at most the
                                   context's chunk, which bounds the other steps) */
+    int step_ms;               /* and no more than fit this long at the measured speed; 0: off */
     struct WorkerStats *stats; /* shared counters, or NULL */
     int heartbeat_ms;          /* interval of heartbeats both ways */
     int liveness;              /* silent intervals after which the broker is presumed dead */

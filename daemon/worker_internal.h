@@ -1,5 +1,5 @@
-/* The worker's insides, shared by daemon/worker.c (its threads, the GPU path) and
- * daemon/sched.c (the CPU batch scheduler). Not a public header. */
+/* The worker's insides, shared by daemon/worker.c (its threads) and
+ * daemon/sched.c (the batch scheduler). Not a public header. */
 #ifndef DIFFRAG_WORKER_INTERNAL_H
 #define DIFFRAG_WORKER_INTERNAL_H
 
@@ -16,8 +16,8 @@
 struct Worker {
     void *zctx;
     const struct Model *m;
-    struct Engine *e;           /* the context; CPU: the runner of the batch's sequences */
-    struct Engine *seq_e[WIRE_MAX_RUNNING]; /* CPU: sequence contexts, made as needed */
+    struct Engine *e;           /* the context: the runner of the batch's sequences */
+    struct Engine *seq_e[WIRE_MAX_RUNNING]; /* idle sequence contexts, made as needed */
     int n_seq_e;
     struct WorkerOpts o;
     char endpoint[512];
@@ -28,10 +28,8 @@ struct Worker {
     void *ctl;                  /* PULL: worker_stop's wake-up */
     pthread_t io_thread, compute_thread;
     int io_started, compute_started;
-    _Atomic uint64_t cancel_job;  /* the job the I/O thread asked to stop (0: none) */
-    _Atomic int cancel_reason;    /* enum WireReason */
     size_t kv_bytes;
-    int max_running;              /* jobs it takes at once: 1 on a GPU context */
+    int max_running;              /* jobs it takes at once */
     /* the self-check (docs/groundedness.md): its tokens, and the ids of the verdict words'
      * first tokens (n_check = 0: the vocabulary cannot tell the words apart, or the check
      * does not fit WORKER_CHECK_MAX tokens; no check runs) */
@@ -82,7 +80,7 @@ int worker_ground(const struct Model *m, struct Engine *e, const struct WireJob 
 void worker_after_answer(struct Worker *w, const struct WireJob *job, struct Engine *e,
                          const int32_t *ans, size_t k, struct WireResult *r);
 
-/* The CPU compute thread: runs the jobs that arrive on `pair` in batches until DISCONNECT
+/* The compute thread: runs the jobs that arrive on `pair` in batches until DISCONNECT
  * (every running request is then answered as cancelled) or a failure (its requests are lost
  * with it; the I/O thread answers them). */
 void sched_run(struct Worker *w, void *pair);

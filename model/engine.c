@@ -212,14 +212,17 @@ static void rope_init(struct Engine *e)
 }
 
 /* A GPU context: the device sequence, and host memory for the RoPE tables, logits and masses
- * (laid out as the CPU scratch's cos, sin and logits so the shared code reads them alike). */
-static int gpu_engine_new(struct Engine *e, char *err, size_t errlen)
+ * (laid out as the CPU scratch's cos, sin and logits so the shared code reads them alike).
+ * With a runner, a member of its batches (engine_new_seq): the runner's steps compute its
+ * tokens, so it keeps only the logits and the masses. */
+static int gpu_engine_new(struct Engine *e, struct Engine *runner, char *err, size_t errlen)
 {
     const struct ModelConfig *c = &e->m->cfg;
-    int rc = gpu_seq_new(e->m, e->opts.n_ctx, e->opts.chunk, &e->gpu, err, errlen);
+    int rc = runner ? gpu_seq_new_member(runner->gpu, &e->gpu, err, errlen)
+                    : gpu_seq_new(e->m, e->opts.n_ctx, e->opts.chunk, &e->gpu, err, errlen);
     if (rc) return rc == -2 ? ENGINE_EBUDGET : ENGINE_EDEVICE;
-    size_t half = (size_t)(c->rope.n_rot / 2);
-    e->block = malloc(((size_t)e->opts.chunk * half * 2 + (size_t)c->vocab) * sizeof(float));
+    size_t half = (size_t)(c->rope.n_rot / 2), rows = runner ? 0 : (size_t)e->opts.chunk;
+    e->block = malloc((rows * half * 2 + (size_t)c->vocab) * sizeof(float));
     e->inv_freq = calloc(half + 1, sizeof(double));
     e->cls = calloc((size_t)e->opts.n_ctx, 1);
     e->wq_off = calloc((size_t)c->n_layer + 1, sizeof *e->wq_off);
@@ -231,9 +234,9 @@ static int gpu_engine_new(struct Engine *e, char *err, size_t errlen)
         !e->gpu_watch || !e->gpu_cand)
         return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory");
     e->s.cos = e->block;
-    e->s.sin = e->s.cos + (size_t)e->opts.chunk * half;
-    e->s.logits = e->s.sin + (size_t)e->opts.chunk * half;
-    e->runner = e;
+    e->s.sin = e->s.cos + rows * half;
+    e->s.logits = e->s.sin + rows * half;
+    e->runner = runner ? runner : e;
     e->logits = e->s.logits;
     rope_init(e);
     atomic_init(&e->cancel, 0);
@@ -277,7 +280,7 @@ int engine_new(const struct Model *m, const struct EngineOpts *o, struct Engine 
     e->opts = opts;
     const struct ModelConfig *c = &m->cfg;
     if (opts.device == ENGINE_CUDA) {
-        int rc = gpu_engine_new(e, err, errlen);
+        int rc = gpu_engine_new(e, NULL, err, errlen);
         if (rc != ENGINE_OK) {
             engine_destroy(&e);
             return rc;
@@ -331,7 +334,7 @@ void engine_destroy(struct Engine **pe)
     struct Engine *e = *pe;
     if (!e) return;
     if (e->kv) kvpool_release(e->kv, e->pages, e->n_pages);
-    if (e->runner != e) {
+    if (e->runner != e && !e->gpu) {
         /* a sequence of engine_new_seq: the runner's threads and scratch are not its own */
         free(e->logits);
         e->pool = NULL;
@@ -469,37 +472,6 @@ static void fill_masses(struct Engine *e, int l, const float *lam_row)
     }
 }
 
-/* The chunk on the GPU: the same steps, the masses copied back for the watched layers. */
-static int forward_chunk_gpu(struct Engine *e, const int32_t *tokens, int n, int want_logits)
-{
-    const struct ModelConfig *c = &e->m->cfg;
-    double t_start = now_s();
-    rope_tables(e, n, e->n_past, 0);
-    for (int l = 0; l < c->n_layer; l++) e->gpu_watch[l] = e->wq_off[l + 1] > e->wq_off[l];
-    int rc = gpu_seq_forward(e->gpu, tokens, n, e->n_past, e->s.cos, e->s.sin, e->gpu_watch,
-                             e->n_marked, want_logits, e->gpu_mass, e->gpu_lam, e->gpu_err,
-                             sizeof e->gpu_err);
-    if (rc) return ENGINE_EDEVICE;
-    if (want_logits) e->logits_on_host = 0;
-    for (int l = 0; l < c->n_layer; l++) {
-        if (!e->gpu_watch[l]) continue;
-        for (int i = e->wq_off[l]; i < e->wq_off[l + 1]; i++) {
-            const float *src = e->gpu_mass + ((size_t)l * c->n_q_head + e->wq[i]) * 2;
-            e->wq_mass[2 * i] = src[0];
-            e->wq_mass[2 * i + 1] = src[1];
-        }
-        fill_masses(e, l, e->gpu_lam + (size_t)l * c->n_head);
-    }
-    for (int i = 0; i < n; i++)
-        e->stats.attention_flop += 4.0 * (e->n_past + i + 1) * c->head_dim * c->n_q_head * c->n_layer;
-    e->n_past += n;
-    e->mass_valid = e->n_watch > 0;
-    e->stats.device_s += gpu_seq_last_seconds(e->gpu);
-    e->stats.total_s += now_s() - t_start;
-    e->stats.tokens += n;
-    return ENGINE_OK;
-}
-
 /* rows[t][0..len) += bias for the chunk's n rows (qwen2's q, k and v); nothing when NULL. A
  * pass over the chunk's q, k and v, small beside the product that wrote them. */
 static void add_bias(float *rows, size_t len, int n, const float *bias)
@@ -514,6 +486,12 @@ static void add_bias(float *rows, size_t len, int n, const float *bias)
 /* Pages for positions up to end - 1. ENGINE_EBUDGET with err when the pool has none left. */
 static int take_pages(struct Engine *e, int end, char *err, size_t errlen)
 {
+    if (e->gpu) {
+        int rc = gpu_seq_reserve(e->gpu, end, e->gpu_err, sizeof e->gpu_err);
+        return rc == 0 ? ENGINE_OK
+                       : errmsg_set(err, errlen, rc == -2 ? ENGINE_EBUDGET : ENGINE_ECTX, "%s",
+                                    e->gpu_err);
+    }
     int need = (int)kvpool_pages_for(end);
     while (e->n_pages < need) {
         if (kvpool_alloc(e->kv, &e->pages[e->n_pages]))
@@ -545,6 +523,58 @@ struct StepSeg {
     const int32_t *tokens;
     int n, prefill, want_logits, row0;
 };
+
+/* A step on the GPU (runner r's device sequence computes every segment's rows; see
+ * gpu_seq_step), the masses copied back for the watched layers. On a failure every segment's
+ * context holds the device's error. */
+static int forward_step_gpu(struct Engine *r, struct StepSeg *segs, int ns)
+{
+    enum { MAX_SEGS = 256 };
+    const struct ModelConfig *c = &r->m->cfg;
+    double t_start = now_s();
+    struct GpuStepSeg gs[MAX_SEGS];
+    int n = 0;
+    if (ns > MAX_SEGS) ns = MAX_SEGS;
+    for (int i = 0; i < ns; i++) {
+        struct Engine *e = segs[i].e;
+        segs[i].row0 = n;
+        rope_tables(r, segs[i].n, e->n_past, n);
+        for (int l = 0; l < c->n_layer; l++) e->gpu_watch[l] = e->wq_off[l + 1] > e->wq_off[l];
+        gs[i] = (struct GpuStepSeg){.seq = e->gpu, .tokens = segs[i].tokens, .n = segs[i].n,
+                                    .pos0 = e->n_past, .watch = e->gpu_watch,
+                                    .n_marked = e->n_marked, .want_logits = segs[i].want_logits,
+                                    .mass = e->gpu_mass, .lam = e->gpu_lam};
+        n += segs[i].n;
+    }
+    int rc = gpu_seq_step(r->gpu, gs, ns, r->s.cos, r->s.sin, r->gpu_err, sizeof r->gpu_err);
+    if (rc) {
+        for (int i = 0; i < ns; i++)
+            snprintf(segs[i].e->gpu_err, sizeof segs[i].e->gpu_err, "%s", r->gpu_err);
+        return rc == -2 ? ENGINE_EBUDGET : ENGINE_EDEVICE;
+    }
+    for (int i = 0; i < ns; i++) {
+        struct Engine *e = segs[i].e;
+        if (segs[i].want_logits) e->logits_on_host = 0;
+        for (int l = 0; l < c->n_layer; l++) {
+            if (!e->gpu_watch[l]) continue;
+            for (int j = e->wq_off[l]; j < e->wq_off[l + 1]; j++) {
+                const float *src = e->gpu_mass + ((size_t)l * c->n_q_head + e->wq[j]) * 2;
+                e->wq_mass[2 * j] = src[0];
+                e->wq_mass[2 * j + 1] = src[1];
+            }
+            fill_masses(e, l, e->gpu_lam + (size_t)l * c->n_head);
+        }
+        for (int t = 0; t < segs[i].n; t++)
+            r->stats.attention_flop += 4.0 * (e->n_past + t + 1) * c->head_dim * c->n_q_head *
+                                       c->n_layer;
+        e->n_past += segs[i].n;
+        e->mass_valid = e->n_watch > 0;
+    }
+    r->stats.device_s += gpu_seq_last_seconds(r->gpu);
+    r->stats.total_s += now_s() - t_start;
+    r->stats.tokens += n;
+    return ENGINE_OK;
+}
 
 /* The step's products: the prefill rows [0, np) through the many-row products (each row's
  * arithmetic independent of the others), the decode rows [np, n) each as its own one-row
@@ -709,9 +739,9 @@ static int forward_step(struct Engine *r, struct StepSeg *segs, int ns)
 static int forward_chunk(struct Engine *e, const int32_t *tokens, int n, int want_logits,
                          int rowwise)
 {
-    if (e->gpu) return forward_chunk_gpu(e, tokens, n, want_logits);
     struct StepSeg g = {.e = e, .tokens = tokens, .n = n, .prefill = rowwise,
                         .want_logits = want_logits};
+    if (e->gpu) return forward_step_gpu(e->runner, &g, 1);
     return forward_step(e->runner, &g, 1);
 }
 
@@ -735,10 +765,8 @@ static int append_tokens(struct Engine *e, const int32_t *tokens, size_t n, int 
         if (atomic_exchange(&e->cancel, 0))
             return errmsg_set(err, errlen, ENGINE_ECANCELLED, "cancelled after %zu of %zu tokens", i, n);
         int len = n - i < (size_t)e->opts.chunk ? (int)(n - i) : e->opts.chunk;
-        if (!e->gpu) {
-            int rc = take_pages(e, e->n_past + len, err, errlen);
-            if (rc) return rc;
-        }
+        int rc = take_pages(e, e->n_past + len, err, errlen);
+        if (rc) return rc;
         if (forward_chunk(e, tokens + i, len, i + (size_t)len == n, prefill) != ENGINE_OK) {
             /* the failed chunk's positions may be half written: the sequence ends before it */
             return errmsg_set(err, errlen, ENGINE_EDEVICE, "after %zu of %zu tokens: %s", i, n,
@@ -767,6 +795,7 @@ int engine_take_cached(struct Engine *e, const int32_t *prompt, size_t n)
 
 int engine_pages_needed(const struct Engine *e, int n)
 {
+    if (e->gpu) return gpu_seq_pages_needed(e->gpu, e->n_past + n);
     if (!e->kv) return 0;
     int need = (int)kvpool_pages_for(e->n_past + n) - e->n_pages;
     return need > 0 ? need : 0;
@@ -774,6 +803,11 @@ int engine_pages_needed(const struct Engine *e, int n)
 
 long engine_pages_available(const struct Engine *e)
 {
+    if (e->gpu) {
+        int free_pages = 0;
+        model_gpu_info(e->m, NULL, NULL, &free_pages);
+        return free_pages;
+    }
     if (!e->kv) return 0;
     struct KvPoolStats st;
     kvpool_stats(e->kv, &st);
@@ -783,11 +817,24 @@ long engine_pages_available(const struct Engine *e)
 int engine_new_seq(struct Engine *r, struct Engine **out, char *err, size_t errlen)
 {
     *out = NULL;
-    if (!r || r->gpu || r->runner != r)
-        return errmsg_set(err, errlen, ENGINE_EINPUT, "sequences of a batch run on a CPU context");
+    if (!r || r->runner != r)
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "sequences of a batch are made by the "
+                          "context that runs the batch");
     const struct ModelConfig *c = &r->m->cfg;
     struct Engine *e = calloc(1, sizeof *e);
     if (!e) return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory");
+    if (r->gpu) {
+        e->m = r->m;
+        e->be = r->be;
+        e->opts = r->opts;
+        int rc = gpu_engine_new(e, r, err, errlen);
+        if (rc != ENGINE_OK) {
+            engine_destroy(&e);
+            return rc;
+        }
+        *out = e;
+        return ENGINE_OK;
+    }
     e->runner = r;
     e->m = r->m;
     e->be = r->be;
@@ -821,9 +868,9 @@ int engine_step(struct Engine *r, const struct EngineBatchItem *items, int n_ite
 {
     enum { MAX_ITEMS = 256 };
     if (failed) *failed = -1;
-    if (!r || r->gpu || r->runner != r || n_items < 1 || n_items > MAX_ITEMS)
-        return errmsg_set(err, errlen, ENGINE_EINPUT, "a step takes 1..%d sequences of a CPU "
-                          "context", MAX_ITEMS);
+    if (!r || r->runner != r || n_items < 1 || n_items > MAX_ITEMS)
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "a step takes 1..%d sequences of the "
+                          "context that runs it", MAX_ITEMS);
     struct StepSeg segs[MAX_ITEMS];
     int rows = 0, k = 0;
     /* the prefill items first, then the decode ones */
@@ -858,6 +905,11 @@ int engine_step(struct Engine *r, const struct EngineBatchItem *items, int n_ite
             if (failed) *failed = i;
             return rc;
         }
+    }
+    if (r->gpu) {
+        int rc = forward_step_gpu(r, segs, k);
+        return rc == ENGINE_OK ? ENGINE_OK
+                               : errmsg_set(err, errlen, rc, "a step on the GPU: %s", r->gpu_err);
     }
     if (forward_step(r, segs, k) != ENGINE_OK)
         return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory for a step's logits");
@@ -990,6 +1042,7 @@ const struct EngineOpts *engine_opts(const struct Engine *e) { return &e->opts; 
 void engine_reset(struct Engine *e)
 {
     if (e->kv) kvpool_release(e->kv, e->pages, e->n_pages);
+    if (e->gpu) gpu_seq_release(e->gpu);
     e->n_pages = e->n_named = e->prefill_end = e->n_cached = 0;
     e->n_past = 0;
     e->mass_valid = 0;

@@ -81,15 +81,16 @@ int engine_cached(const struct Engine *e);
  * the longest cached run of full pages that starts `prompt` (n tokens), leaving at least the
  * last token to compute, and returns the positions taken (0 otherwise). */
 int engine_take_cached(struct Engine *e, const int32_t *prompt, size_t n);
-/* CPU contexts: pages the sequence would take to append n more tokens, and pages its pool
- * could give now (free or cached: nobody uses them). */
+/* Pages the sequence would take to append n more tokens, and pages its pool could give now
+ * (CPU: free or cached, nobody uses them; GPU: free in the device's pool). */
 int engine_pages_needed(const struct Engine *e, int n);
 long engine_pages_available(const struct Engine *e);
 
-/* ---- Batches: several sequences computed together (CPU) ----
- * A sequence of a batch computes with its runner's threads and scratch and has its own pages,
- * tokens, spans, watched heads, masses and logits; every single-sequence call above works on
- * it too, as long as one thread at a time uses the runner and its sequences. */
+/* ---- Batches: several sequences computed together ----
+ * A sequence of a batch computes with its runner's threads and scratch (GPU: the runner's
+ * device context and activations) and has its own pages, tokens, spans, watched heads, masses
+ * and logits; every single-sequence call above works on it too, as long as one thread at a
+ * time uses the runner and its sequences. */
 int engine_new_seq(struct Engine *runner, struct Engine **out, char *err, size_t errlen);
 
 struct EngineBatchItem {
@@ -101,10 +102,11 @@ struct EngineBatchItem {
     int logits;                /* 1: compute the last token's logits (engine_logits) */
 };
 /* One step over the items, whose tokens together are at most the runner's chunk: their
- * products run as one product over the step's tokens (the prefill tokens through the many-row
- * products, the decode tokens each as its own one-row product) and attention runs per
- * sequence over its own pages, so each sequence computes exactly, bit for bit, what it would
- * alone. No item's sequence is advanced when an error is returned: ENGINE_EINPUT (bad item),
+ * products run as one product over the step's tokens (CPU: the prefill tokens through the
+ * many-row products, the decode tokens each as its own one-row product) and attention runs per
+ * sequence over its own pages. On the CPU each sequence computes exactly, bit for bit, what it
+ * would alone; on a GPU the products' rounding may depend on how many rows they have (the
+ * library picks its kernels by shape). No item's sequence is advanced when an error is returned: ENGINE_EINPUT (bad item),
  * ENGINE_ECTX (an item passes its context), ENGINE_EBUDGET (the pool has no free page for an
  * item: the caller may free another sequence's pages and retry), ENGINE_ENOMEM; *failed (when
  * non-NULL) is then the index of the item at fault, or -1. */

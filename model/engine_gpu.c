@@ -51,12 +51,13 @@ struct GpuModel {
 struct GpuSeq {
     const struct Model *m;
     struct GpuModel *g;
-    struct GpuCtx *ctx;
-    int n_ctx, chunk, n_pages;
-    int32_t *pages_h;
+    struct GpuCtx *ctx;                   /* its own, or (a batch member) its runner's */
+    int own_ctx;
+    int n_ctx, chunk, n_pages, max_pages; /* chunk 0: a batch member, no activations */
+    int32_t *pages_h;                     /* the pages it holds, in position order */
     int32_t *pages;                       /* device page table */
     void *block;                          /* every activation, one allocation */
-    float *x, *qkv, *gu, *cos, *sin, *logits, *mass, *lam, *swork;
+    float *x, *qkv, *gu, *cos, *sin, *logits, *lrows, *mass, *lam, *swork;
     struct GpuSampleHead *shead;          /* the sampling pass's head, then its candidates */
     uint16_t *xb, *q, *att, *h;
     int32_t *tok;
@@ -247,12 +248,18 @@ const char *model_gpu_info(const struct Model *m, size_t *weight_bytes, int *pag
 
 /* The activation block: sizes in bytes, each piece 256-byte aligned. Row counts of the
  * buffers attention reads by whole query tiles (q) are rounded up to GPU_QTILE. */
-enum { B_X, B_QKV, B_GU, B_COS, B_LOGITS, B_MASS, B_LAM, B_XB, B_Q, B_ATT, B_H, B_TOK, B_CLS,
-       B_PAGES, B_SWORK, B_SHEAD, B_N };
+enum { B_X, B_QKV, B_GU, B_COS, B_LOGITS, B_LROWS, B_MASS, B_LAM, B_XB, B_Q, B_ATT, B_H, B_TOK,
+       B_CLS, B_PAGES, B_SWORK, B_SHEAD, B_N };
+
+/* Rows of the LM head's product in one go: the last positions of that many sequences of a
+ * step (their logits then go to each sequence's own buffer). */
+enum { GPU_STEP_LOGITS = 32 };
 
 static void seq_layout(const struct ModelConfig *c, int n_ctx, int chunk, size_t off[B_N + 1])
 {
-    size_t n = (size_t)chunk, np = (n + GPU_QTILE - 1) / GPU_QTILE * GPU_QTILE;
+    /* q is read by whole query tiles from any sequence's first row of a step: one tile more */
+    size_t n = (size_t)chunk, np = n ? (n + GPU_QTILE - 1) / GPU_QTILE * GPU_QTILE + GPU_QTILE : 0;
+    size_t lr = n < GPU_STEP_LOGITS ? n : GPU_STEP_LOGITS;
     size_t hd = (size_t)c->head_dim, nq = c->n_q_head * hd, no = c->n_head * hd;
     size_t wide = (size_t)c->dim > no ? (size_t)c->dim : no;
     size_t sz[B_N] = {
@@ -261,6 +268,7 @@ static void seq_layout(const struct ModelConfig *c, int n_ctx, int chunk, size_t
         [B_GU] = n * 2 * c->ffn_dim * 4,
         [B_COS] = n * (c->rope.n_rot / 2) * 4 * 2,
         [B_LOGITS] = (size_t)c->vocab * 4,
+        [B_LROWS] = lr * c->vocab * 4,
         [B_MASS] = (size_t)c->n_layer * c->n_q_head * 2 * 4,
         [B_LAM] = (size_t)c->n_layer * c->n_head * 4,
         [B_XB] = n * wide * 2,
@@ -295,7 +303,7 @@ void gpu_seq_free(struct GpuSeq **ps)
     if (s->pages_h && s->n_pages) gpu_pool_give(&s->g->pool, s->n_pages, s->pages_h);
     if (s->ctx) {
         s->g->api->free(s->ctx, s->block);
-        s->g->api->ctx_destroy(s->ctx);
+        if (s->own_ctx) s->g->api->ctx_destroy(s->ctx);
     }
     free(s->pages_h);
     free(s);
@@ -305,24 +313,28 @@ void gpu_seq_free(struct GpuSeq **ps)
 const char *const gpu_attention_kernels[GPU_ATTENTION_KERNELS] = {
     "mma", "reference", "wgmma", "wgmma-pipe", "wgmma-tma", "wgmma-tma-pipe"};
 
-int gpu_seq_new(const struct Model *m, int n_ctx, int chunk, struct GpuSeq **out, char *err,
-                size_t errlen)
+/* The attention kernels DIFFRAG_GPU_ATTENTION names: the default (mma.sync), the Hopper
+ * prefill (wgmma, its pipelined form, and both fed by TMA), or the first forms kept as a
+ * cross-check. 0.. or -1 with err. */
+static int attention_kernel(char *err, size_t errlen)
+{
+    const char *ak = getenv("DIFFRAG_GPU_ATTENTION");
+    if (!ak || !*ak) return 0;
+    for (int k = 0; k < GPU_ATTENTION_KERNELS; k++)
+        if (!strcmp(ak, gpu_attention_kernels[k])) return k;
+    snprintf(err, errlen, "DIFFRAG_GPU_ATTENTION=%.64s: expected mma, wgmma, wgmma-pipe, "
+             "wgmma-tma, wgmma-tma-pipe or reference", ak);
+    return -1;
+}
+
+/* A sequence on context ctx (owned when own_ctx), or on a new one when ctx is NULL; chunk 0
+ * makes a batch member, without activations of its own. It holds no page yet. */
+static int seq_make(const struct Model *m, struct GpuCtx *ctx, int n_ctx, int chunk,
+                    struct GpuSeq **out, char *err, size_t errlen)
 {
     *out = NULL;
-    /* the attention kernels: the default (mma.sync), the Hopper prefill (wgmma, its
-     * pipelined form, and both fed by TMA), or the first forms kept as a cross-check */
-    const char *ak = getenv("DIFFRAG_GPU_ATTENTION");
-    int kernel = 0;
-    if (ak && *ak) {
-        kernel = -1;
-        for (int k = 0; k < GPU_ATTENTION_KERNELS; k++)
-            if (!strcmp(ak, gpu_attention_kernels[k])) kernel = k;
-        if (kernel < 0) {
-            snprintf(err, errlen, "DIFFRAG_GPU_ATTENTION=%.64s: expected mma, wgmma, wgmma-pipe, "
-                     "wgmma-tma, wgmma-tma-pipe or reference", ak);
-            return -1;
-        }
-    }
+    int kernel = attention_kernel(err, errlen);
+    if (kernel < 0) return -1;
     struct GpuModel *g = m->gpu;
     if (!g) {
         snprintf(err, errlen, "the model is not on a GPU (model_gpu_load)");
@@ -339,28 +351,25 @@ int gpu_seq_new(const struct Model *m, int n_ctx, int chunk, struct GpuSeq **out
     s->g = g;
     s->n_ctx = n_ctx;
     s->chunk = chunk;
-    int need = (n_ctx + GPU_PAGE - 1) / GPU_PAGE;
-    s->pages_h = malloc((size_t)need * sizeof *s->pages_h);
+    s->max_pages = (n_ctx + GPU_PAGE - 1) / GPU_PAGE;
+    s->pages_h = malloc((size_t)s->max_pages * sizeof *s->pages_h);
     if (!s->pages_h) {
         free(s);
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    if (gpu_pool_take(&g->pool, need, s->pages_h)) {
-        int fr = gpu_pool_free_pages(&g->pool);
-        snprintf(err, errlen, "a %d-token context needs %d KV pages (%.1f MiB) and the GPU pool "
-                 "has %d of %d free", n_ctx, need, need * g->page_elems * 2 / 1048576.0, fr,
-                 g->pool.n_pages);
-        free(s->pages_h);
-        free(s);
-        return -2;
-    }
-    s->n_pages = need;
     const struct GpuApi *a = g->api;
     size_t off[B_N + 1];
     seq_layout(c, n_ctx, chunk, off);
-    if (a->ctx_new(g->device, &s->ctx, err, errlen) ||
-        a->alloc(s->ctx, off[B_N], &s->block, err, errlen)) {
+    if (ctx) {
+        s->ctx = ctx;
+    } else if (a->ctx_new(g->device, &s->ctx, err, errlen)) {
+        gpu_seq_free(&s);
+        return -1;
+    } else {
+        s->own_ctx = 1;
+    }
+    if (a->alloc(s->ctx, off[B_N], &s->block, err, errlen)) {
         gpu_seq_free(&s);
         return -1;
     }
@@ -371,6 +380,7 @@ int gpu_seq_new(const struct Model *m, int n_ctx, int chunk, struct GpuSeq **out
     s->cos = (float *)(b + off[B_COS]);
     s->sin = s->cos + (size_t)chunk * (c->rope.n_rot / 2);
     s->logits = (float *)(b + off[B_LOGITS]);
+    s->lrows = (float *)(b + off[B_LROWS]);
     s->mass = (float *)(b + off[B_MASS]);
     s->lam = (float *)(b + off[B_LAM]);
     s->xb = (uint16_t *)(b + off[B_XB]);
@@ -384,15 +394,56 @@ int gpu_seq_new(const struct Model *m, int n_ctx, int chunk, struct GpuSeq **out
     s->shead = (struct GpuSampleHead *)(b + off[B_SHEAD]);
     s->qkv_stride = qkv_cols(c);
     s->kernel = kernel;
-    /* the query rows past a chunk's end are read by whole tiles: keep them finite */
-    a->fill_u16(s->ctx, s->q, 0, (off[B_ATT] - off[B_Q]) / 2);
-    a->upload(s->ctx, s->pages, s->pages_h, (size_t)need * 4);
+    /* the query rows past a step's rows are read by whole tiles: keep them finite */
+    if (chunk) a->fill_u16(s->ctx, s->q, 0, (off[B_ATT] - off[B_Q]) / 2);
     if (a->sync(s->ctx, err, errlen)) {
         gpu_seq_free(&s);
         return -1;
     }
     *out = s;
     return 0;
+}
+
+int gpu_seq_new(const struct Model *m, int n_ctx, int chunk, struct GpuSeq **out, char *err,
+                size_t errlen)
+{
+    return seq_make(m, NULL, n_ctx, chunk < 1 ? 1 : chunk, out, err, errlen);
+}
+
+int gpu_seq_new_member(struct GpuSeq *runner, struct GpuSeq **out, char *err, size_t errlen)
+{
+    return seq_make(runner->m, runner->ctx, runner->n_ctx, 0, out, err, errlen);
+}
+
+int gpu_seq_pages_needed(const struct GpuSeq *s, int n_pos)
+{
+    int need = (n_pos + GPU_PAGE - 1) / GPU_PAGE - s->n_pages;
+    return need > 0 ? need : 0;
+}
+
+int gpu_seq_reserve(struct GpuSeq *s, int n_pos, char *err, size_t errlen)
+{
+    if (n_pos > s->n_ctx) {
+        snprintf(err, errlen, "%d positions do not fit a %d-token context", n_pos, s->n_ctx);
+        return -1;
+    }
+    int need = gpu_seq_pages_needed(s, n_pos);
+    if (!need) return 0;
+    if (gpu_pool_take(&s->g->pool, need, s->pages_h + s->n_pages)) {
+        int fr = gpu_pool_free_pages(&s->g->pool);
+        snprintf(err, errlen, "%d more KV pages (%.1f MiB) and the GPU pool has %d of %d free",
+                 need, need * s->g->page_elems * 2 / 1048576.0, fr, s->g->pool.n_pages);
+        return -2;
+    }
+    s->g->api->upload(s->ctx, s->pages + s->n_pages, s->pages_h + s->n_pages, (size_t)need * 4);
+    s->n_pages += need;
+    return 0;
+}
+
+void gpu_seq_release(struct GpuSeq *s)
+{
+    if (s->n_pages) gpu_pool_give(&s->g->pool, s->n_pages, s->pages_h);
+    s->n_pages = 0;
 }
 
 int gpu_seq_set_spans(struct GpuSeq *s, const uint8_t *cls, size_t n, char *err, size_t errlen)
@@ -404,70 +455,129 @@ int gpu_seq_set_spans(struct GpuSeq *s, const uint8_t *cls, size_t n, char *err,
 
 double gpu_seq_last_seconds(const struct GpuSeq *s) { return s->last_s; }
 
+int gpu_seq_step(struct GpuSeq *r, const struct GpuStepSeg *sg, int ns, const float *cos,
+                 const float *sin, char *err, size_t errlen)
+{
+    const struct Model *m = r->m;
+    const struct ModelConfig *c = &m->cfg;
+    const struct GpuApi *a = r->g->api;
+    struct GpuCtx *x = r->ctx;
+    struct GpuModel *g = r->g;
+    int d = c->dim, hd = c->head_dim, nq = c->n_q_head * hd, nkv = c->n_kv_head * hd;
+    int no = c->n_head * hd, F = c->ffn_dim, half = c->rope.n_rot / 2;
+    int diff = c->arch == ARCH_DIFFV2;
+    int n = 0;
+    for (int i = 0; i < ns; i++) {
+        const struct GpuStepSeg *q = &sg[i];
+        if (!q->seq || q->seq->g != g || q->seq->ctx != x || q->n < 1 || q->pos0 < 0 ||
+            q->pos0 + q->n > q->seq->n_ctx) {
+            snprintf(err, errlen, "step segment %d: not a sequence of this context, or its "
+                     "positions do not fit", i);
+            return -1;
+        }
+        n += q->n;
+    }
+    if (ns < 1 || n > r->chunk) {
+        snprintf(err, errlen, "a step of %d tokens in %d sequences; this context takes 1..%d "
+                 "tokens", n, ns, r->chunk);
+        return -1;
+    }
+    for (int i = 0; i < ns; i++) {
+        int rc = gpu_seq_reserve(sg[i].seq, sg[i].pos0 + sg[i].n, err, errlen);
+        if (rc) return rc;
+    }
+    a->timer_start(x);
+    for (int i = 0, row = 0; i < ns; row += sg[i].n, i++)
+        a->upload(x, r->tok + row, sg[i].tokens, (size_t)sg[i].n * 4);
+    a->upload(x, r->cos, cos, (size_t)n * half * 4);
+    a->upload(x, r->sin, sin, (size_t)n * half * 4);
+    a->embed(x, g->embd, r->tok, n, d, r->x);
+    for (int l = 0; l < c->n_layer; l++) {
+        const struct GpuLayer *L = &g->layers[l];
+        /* the products over every row of the step; RoPE and attention per sequence, over its
+         * own pages */
+        a->rmsnorm(x, r->x, d, L->attn_norm, n, d, c->norm_eps, r->xb);
+        a->gemm(x, r->xb, n, d, L->wqkvl, r->qkv_stride, r->qkv, r->qkv_stride, 0.f);
+        const float *lam_col = diff ? r->qkv + nq + 2 * nkv : NULL;
+        for (int i = 0, row = 0; i < ns; row += sg[i].n, i++) {
+            const struct GpuStepSeg *q = &sg[i];
+            struct GpuSeq *s = q->seq;
+            struct GpuRopeArgs rs = {
+                .qkv = r->qkv + (size_t)row * r->qkv_stride, .qkv_stride = r->qkv_stride,
+                .bias = L->bqkv, .q_out = r->q + (size_t)row * nq, .n_tok = q->n,
+                .pos0 = q->pos0, .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head,
+                .head_dim = hd, .n_rot = c->rope.n_rot, .layout = c->rope.layout,
+                .cos = r->cos + (size_t)row * half, .sin = r->sin + (size_t)row * half,
+                .pool = g->pool_mem, .pages = s->pages, .page_elems = g->page_elems, .layer = l,
+            };
+            a->rope_store(x, &rs);
+            int watched = q->watch && q->watch[l];
+            const float *lam_rows = lam_col ? lam_col + (size_t)row * r->qkv_stride : NULL;
+            struct GpuAttnArgs at = {
+                .q = r->q + (size_t)row * nq, .out = r->att + (size_t)row * no,
+                .pool = g->pool_mem, .pages = s->pages, .page_elems = g->page_elems,
+                .pool_pages = g->pool.n_pages, .layer = l, .n_tok = q->n, .pos0 = q->pos0,
+                .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
+                .scale = 1.f / sqrtf((float)hd), .lambda = lam_rows,
+                .lambda_stride = r->qkv_stride, .cls = s->cls, .n_marked = q->n_marked,
+                .mass = watched ? s->mass + (size_t)l * c->n_q_head * 2 : NULL,
+                .kernel = r->kernel,
+            };
+            a->attention(x, &at);
+            /* the next layer's product overwrites these lambdas: keep the last position's on
+             * the device (a copy the host need not wait for) */
+            if (watched && diff && q->lam)
+                a->copy(x, s->lam + (size_t)l * c->n_head,
+                        lam_rows + (size_t)(q->n - 1) * r->qkv_stride, (size_t)c->n_head * 4);
+        }
+        a->gemm(x, r->att, n, no, L->wo, d, r->x, d, 1.f);
+        a->rmsnorm(x, r->x, d, L->ffn_norm, n, d, c->norm_eps, r->xb);
+        a->gemm(x, r->xb, n, d, L->wgu, 2 * F, r->gu, 2 * F, 0.f);
+        a->swiglu(x, r->gu, n, F, r->h);
+        a->gemm(x, r->h, n, F, L->wdown, d, r->x, d, 1.f);
+    }
+    /* the LM head over the last positions of the sequences that want logits, up to
+     * GPU_STEP_LOGITS rows in one product; each row then goes to its sequence */
+    int lr = r->chunk < GPU_STEP_LOGITS ? r->chunk : GPU_STEP_LOGITS;
+    int who[GPU_STEP_LOGITS], k = 0;
+    for (int i = 0, row = 0; i <= ns; i++) {
+        if (i < ns && sg[i].want_logits) {
+            a->rmsnorm(x, r->x + (size_t)(row + sg[i].n - 1) * d, d, g->output_norm, 1, d,
+                       c->norm_eps, r->xb + (size_t)k * d);
+            who[k++] = i;
+        }
+        if (k && (k == lr || i == ns)) {
+            a->gemm(x, r->xb, k, d, g->output, c->vocab, r->lrows, c->vocab, 0.f);
+            for (int j = 0; j < k; j++)
+                a->copy(x, sg[who[j]].seq->logits, r->lrows + (size_t)j * c->vocab,
+                        (size_t)c->vocab * 4);
+            k = 0;
+        }
+        if (i < ns) row += sg[i].n;
+    }
+    /* the watched layers' masses and lambdas in one copy each per sequence, after the last
+     * layer (the other layers' entries come along unread) */
+    for (int i = 0; i < ns; i++) {
+        const struct GpuStepSeg *q = &sg[i];
+        int any = 0;
+        for (int l = 0; q->watch && l < c->n_layer; l++) any |= q->watch[l];
+        if (q->mass && any)
+            a->download(x, q->mass, q->seq->mass, (size_t)c->n_layer * c->n_q_head * 8);
+        if (q->lam && any && diff)
+            a->download(x, q->lam, q->seq->lam, (size_t)c->n_layer * c->n_head * 4);
+    }
+    r->last_s = a->timer_stop(x);
+    return a->sync(x, err, errlen);
+}
+
 int gpu_seq_forward(struct GpuSeq *s, const int32_t *tokens, int n, int pos0, const float *cos,
                     const float *sin, const uint8_t *watch, int n_marked, int want_logits,
                     float *mass, float *lam, char *err, size_t errlen)
 {
-    const struct Model *m = s->m;
-    const struct ModelConfig *c = &m->cfg;
-    const struct GpuApi *a = s->g->api;
-    struct GpuCtx *x = s->ctx;
-    struct GpuModel *g = s->g;
-    int d = c->dim, hd = c->head_dim, nq = c->n_q_head * hd, nkv = c->n_kv_head * hd;
-    int no = c->n_head * hd, F = c->ffn_dim, half = c->rope.n_rot / 2;
-    int diff = c->arch == ARCH_DIFFV2;
-    a->timer_start(x);
-    a->upload(x, s->tok, tokens, (size_t)n * 4);
-    a->upload(x, s->cos, cos, (size_t)n * half * 4);
-    a->upload(x, s->sin, sin, (size_t)n * half * 4);
-    a->embed(x, g->embd, s->tok, n, d, s->x);
-    for (int l = 0; l < c->n_layer; l++) {
-        const struct GpuLayer *L = &g->layers[l];
-        a->rmsnorm(x, s->x, d, L->attn_norm, n, d, c->norm_eps, s->xb);
-        a->gemm(x, s->xb, n, d, L->wqkvl, s->qkv_stride, s->qkv, s->qkv_stride, 0.f);
-        struct GpuRopeArgs rs = {
-            .qkv = s->qkv, .qkv_stride = s->qkv_stride, .bias = L->bqkv, .q_out = s->q,
-            .n_tok = n, .pos0 = pos0,
-            .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
-            .n_rot = c->rope.n_rot, .layout = c->rope.layout, .cos = s->cos, .sin = s->sin,
-            .pool = g->pool_mem, .pages = s->pages, .page_elems = g->page_elems, .layer = l,
-        };
-        a->rope_store(x, &rs);
-        const float *lam_col = diff ? s->qkv + nq + 2 * nkv : NULL;
-        int watched = watch && watch[l];
-        struct GpuAttnArgs at = {
-            .q = s->q, .out = s->att, .pool = g->pool_mem, .pages = s->pages,
-            .page_elems = g->page_elems, .pool_pages = g->pool.n_pages, .layer = l, .n_tok = n,
-            .pos0 = pos0, .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
-            .scale = 1.f / sqrtf((float)hd), .lambda = lam_col, .lambda_stride = s->qkv_stride,
-            .cls = s->cls, .n_marked = n_marked,
-            .mass = watched ? s->mass + (size_t)l * c->n_q_head * 2 : NULL,
-            .kernel = s->kernel,
-        };
-        a->attention(x, &at);
-        /* the next layer's product overwrites these lambdas: keep the last position's on the
-         * device (a copy the host need not wait for, as it would for a copy to the host) */
-        if (watched && diff && lam)
-            a->copy(x, s->lam + (size_t)l * c->n_head, lam_col + (size_t)(n - 1) * s->qkv_stride,
-                    (size_t)c->n_head * 4);
-        a->gemm(x, s->att, n, no, L->wo, d, s->x, d, 1.f);
-        a->rmsnorm(x, s->x, d, L->ffn_norm, n, d, c->norm_eps, s->xb);
-        a->gemm(x, s->xb, n, d, L->wgu, 2 * F, s->gu, 2 * F, 0.f);
-        a->swiglu(x, s->gu, n, F, s->h);
-        a->gemm(x, s->h, n, F, L->wdown, d, s->x, d, 1.f);
-    }
-    if (want_logits) {
-        a->rmsnorm(x, s->x + (size_t)(n - 1) * d, d, g->output_norm, 1, d, c->norm_eps, s->xb);
-        a->gemm(x, s->xb, 1, d, g->output, c->vocab, s->logits, c->vocab, 0.f);
-    }
-    /* the watched layers' masses and lambdas in one copy each, after the last layer (the
-     * other layers' entries come along unread) */
-    int any = 0;
-    for (int l = 0; watch && l < c->n_layer; l++) any |= watch[l];
-    if (mass && any) a->download(x, mass, s->mass, (size_t)c->n_layer * c->n_q_head * 8);
-    if (lam && any && diff) a->download(x, lam, s->lam, (size_t)c->n_layer * c->n_head * 4);
-    s->last_s = a->timer_stop(x);
-    return a->sync(x, err, errlen);
+    struct GpuStepSeg one = {.seq = s, .tokens = tokens, .n = n, .pos0 = pos0, .watch = watch,
+                             .n_marked = n_marked, .want_logits = want_logits, .mass = mass,
+                             .lam = lam};
+    return gpu_seq_step(s, &one, 1, cos, sin, err, errlen);
 }
 
 int gpu_seq_logits(struct GpuSeq *s, float *logits, char *err, size_t errlen)

@@ -30,21 +30,50 @@ void gpu_seq_estimate(const struct ModelConfig *c, int n_ctx, int chunk, size_t 
                       size_t *scratch_bytes);
 
 struct GpuSeq;
-/* 0, -1 (err) on a device failure, -2 (err) when the pool lacks the pages. */
 /* The attention kernels DIFFRAG_GPU_ATTENTION names, by their GpuAttnArgs.kernel number. */
 #define GPU_ATTENTION_KERNELS 6
 extern const char *const gpu_attention_kernels[GPU_ATTENTION_KERNELS];
 
+/* A sequence of up to n_ctx positions with its own GPU context (stream, cuBLAS handle) and
+ * activations for steps of up to `chunk` tokens. 0, or -1 (err) on a device failure. */
 int gpu_seq_new(const struct Model *m, int n_ctx, int chunk, struct GpuSeq **out, char *err,
                 size_t errlen);
+/* A batch member of `runner`: its pages, page table, spans, logits, masses and sampling
+ * buffers, on the runner's context and without activations; its tokens are computed in the
+ * runner's steps (gpu_seq_step), and it is freed before the runner. */
+int gpu_seq_new_member(struct GpuSeq *runner, struct GpuSeq **out, char *err, size_t errlen);
 void gpu_seq_free(struct GpuSeq **s);
 int gpu_seq_set_spans(struct GpuSeq *s, const uint8_t *cls, size_t n, char *err, size_t errlen);
 
-/* n tokens at positions pos0..: cos/sin are the host RoPE tables (n, n_rot/2). With
- * want_logits the last position's logits are computed (they stay on the device: see
- * gpu_seq_logits and gpu_seq_sample); for each layer with
- * watch[l] != 0, mass[l * n_q_head * 2 ..] receives the last position's masses per query head
- * (doc, generated) and lam[l * n_head ..] its DIFF V2 lambda logits. 0, or -1 with err. */
+/* A sequence takes KV pages from the model's pool as its positions grow. gpu_seq_reserve makes
+ * room for positions 0..n_pos-1: 0; -2 (err, nothing taken) when the pool lacks the pages;
+ * -1 (err) past the context. gpu_seq_release gives every page back (the sequence starts
+ * over); gpu_seq_pages_needed says how many more pages n_pos positions take. */
+int gpu_seq_reserve(struct GpuSeq *s, int n_pos, char *err, size_t errlen);
+void gpu_seq_release(struct GpuSeq *s);
+int gpu_seq_pages_needed(const struct GpuSeq *s, int n_pos);
+
+/* One sequence's share of a step: n tokens at positions pos0..; with want_logits its last
+ * position's logits are computed (they stay on the device: see gpu_seq_logits and
+ * gpu_seq_sample); for each layer with watch[l] != 0, mass[l * n_q_head * 2 ..] receives the
+ * last position's masses per query head (doc, generated) and lam[l * n_head ..] its DIFF V2
+ * lambda logits. */
+struct GpuStepSeg {
+    struct GpuSeq *seq;
+    const int32_t *tokens;
+    int n, pos0;
+    const uint8_t *watch;
+    int n_marked, want_logits;
+    float *mass, *lam;
+};
+/* One forward pass over the segments on the runner's context: the products over all the
+ * step's rows at once, RoPE and attention per sequence over its own pages, the LM head over
+ * the rows that want logits. Each segment's sequence is the runner or one of its members; cos
+ * and sin are the host RoPE tables of all the rows (n, n_rot/2), segment by segment. Takes the
+ * pages each sequence needs first. 0; -2 (err) when the pool lacks pages; -1 (err). */
+int gpu_seq_step(struct GpuSeq *runner, const struct GpuStepSeg *segs, int ns, const float *cos,
+                 const float *sin, char *err, size_t errlen);
+/* gpu_seq_step of one segment of sequence s itself. */
 int gpu_seq_forward(struct GpuSeq *s, const int32_t *tokens, int n, int pos0, const float *cos,
                     const float *sin, const uint8_t *watch, int n_marked, int want_logits,
                     float *mass, float *lam, char *err, size_t errlen);

@@ -131,6 +131,27 @@ def gather(pending, timeout):
     return deltas, finals
 
 
+def send_then_cancel(pairs, cs, target="stop", timeout=600):
+    """Sends every (client, message) of `pairs` in order, then cancels `target` (sent by client
+    cs) once its first message has come (a delta, unless it is already done): ({id: [delta
+    texts]}, {id: final reply}) with the cancel's reply under "cancel-" + target."""
+    for c, m in pairs:
+        c.send(m)
+    first = cs.recv(300)
+    streaming = "delta" in first and "ok" not in first
+    pending = {}
+    for c, m in pairs:
+        pending.setdefault(c, []).append(m["id"])
+    pending[cs] = [i for i in pending[cs] if i != target or streaming] + ["cancel-" + target]
+    cs.send({"v": 1, "op": "cancel", "id": "cancel-" + target, "target": target})
+    deltas, finals = gather(pending, timeout=timeout)
+    if streaming:
+        deltas[target] = [first["delta"]] + deltas.get(target, [])
+    else:
+        finals[target] = first
+    return deltas, finals
+
+
 def assert_same(got, ref, what):
     """A batched reply equals the one-at-a-time reply of the same query."""
     assert got["ok"] is True, (what, got)
@@ -244,20 +265,7 @@ def test_cancel_and_deadline_leave_the_others_unchanged(tmp_path, default_model,
     msgs = [late, stop] + others
     with Daemon(tmp_path, default_model, max_running=8, **COMMON) as d:
         clients = [d.client() for _ in msgs]
-        for c, m in zip(clients, msgs):
-            c.send(m)
-        # the cancel follows the first message for `stop` (a delta, unless it is already done)
-        cs = clients[1]
-        first = cs.recv(300)
-        streaming = "delta" in first and "ok" not in first
-        pending = {c: [m["id"]] for c, m in zip(clients, msgs)}
-        pending[cs] = ["stop", "cancel-stop"] if streaming else ["cancel-stop"]
-        cs.send({"v": 1, "op": "cancel", "id": "cancel-stop", "target": "stop"})
-        deltas, finals = gather(pending, timeout=600)
-        if streaming:
-            deltas["stop"] = [first["delta"]] + deltas.get("stop", [])
-        else:
-            finals["stop"] = first
+        deltas, finals = send_then_cancel(list(zip(clients, msgs)), clients[1])
         assert_idle(d)
         assert d.stop() == 0, d.log_text()[-2000:]
     plain = [dict(m, stream=False) for m in msgs]
@@ -372,3 +380,47 @@ def test_prompt_larger_than_the_pool_is_overloaded(tmp_path, default_model, squa
     assert r_long["ok"] is False and r_long["error"]["code"] == "overloaded", r_long
     assert ref_short["usage"]["prompt_tokens"] + 16 <= 4 * 64, ref_short["usage"]
     assert_same(r_short, ref_short, "short")
+
+
+def test_step_ms_keeps_the_steps_beside_a_stream_short(tmp_path, default_model, squad_dir,
+                                                       serial):
+    """step_ms 1, far below any step's time: once the worker has measured a step, a step beside
+    a decoding request takes at most 8 prefill tokens (step_tokens alone would take 64), and
+    the answers stay those of one at a time."""
+    (q_long, docs_long), = two_paragraph_queries(squad_dir, 1)
+    (q_s, docs_s), = one_paragraph_queries(squad_dir, 1, skip=30)
+    stream = ask("s", q_s + " Explain in detail, with every name and year.", docs_s,
+                 max_tokens=200, stream=True)
+    long = ask("l", q_long, docs_long, max_tokens=4)
+
+    def buckets(d):
+        out = {}
+        for line in d.metrics().splitlines():
+            if line.startswith("diffrag_step_tokens_bucket{"):
+                le = line.split('le="')[1].split('"')[0]
+                out[le] = float(line.rsplit(" ", 1)[1])
+        return out
+
+    with Daemon(tmp_path, default_model, max_running=8, step_ms=1, **COMMON) as d:
+        cs, cl = d.client(), d.client()
+        cs.send(stream)
+        first = cs.recv(300)
+        assert "delta" in first and "ok" not in first, first
+        before = buckets(d)
+        cl.send(long)
+        deltas, finals = gather({cs: ["s"], cl: ["l"]}, timeout=600)
+        after = buckets(d)
+        assert d.stop() == 0, d.log_text()[-2000:]
+    ref_s, ref_l = one_at_a_time(serial, [dict(stream, stream=False), long])
+    assert_same(finals["l"], ref_l, "long")
+    assert_same(finals["s"], ref_s, "stream")
+    prompt = ref_l["usage"]["prompt_tokens"]
+    steps = after["+Inf"] - before["+Inf"]
+    over16 = steps - (after["16"] - before["16"])
+    print("long prompt of %d tokens beside the stream: %d steps, %d of them over 16 tokens"
+          % (prompt, steps, over16))
+    assert finals["s"]["usage"]["completion_tokens"] > prompt / 9 + 5, finals["s"]["usage"]
+    # the long prompt went in pieces of at most 8 tokens (beside the stream's one), nothing
+    # larger than 16 tokens while the stream ran
+    assert steps >= prompt / 9, (steps, prompt)
+    assert over16 == 0, (over16, before, after)

@@ -138,3 +138,108 @@ def test_qwen2_biases_on_the_host_emulation(tmp_path):
           f"{err_unbiased:.3e}")
     assert err <= 2e-2 and np.argmax(gpu) == np.argmax(cpu), err
     assert err_unbiased > 10 * err, (err, err_unbiased)
+
+
+def test_gpu_batching_on_the_host_emulation(tmp_path, squad_dir):
+    """The batch scheduler drives GPU workers too (on the host emulation of the GPU table): 16
+    queries at once on a worker with max_running 16 get the same greedy answers, token signals
+    and groundedness (the self-check included) as one at a time, in far fewer engine steps than
+    tokens; a cancel in the running batch leaves the others' answers unchanged; with a device
+    pool of a few pages the requests take pages as they grow, are preempted and recomputed, all
+    answered as alone, and the pool is back to idle afterwards. The emulation computes each
+    product's rows alone here (DIFFRAG_HOSTGPU_ROWWISE), so a batched answer must equal the
+    one-at-a-time answer exactly, figures included; on a GPU, cuBLAS may round a row differently
+    with another number of rows (docs/configuration.md)."""
+    from daemon_util import Daemon, gen_model, query
+    from test_batching import (assert_same, gather, metric_sum, one_paragraph_queries,
+                               send_then_cancel, settle)
+
+    model = gen_model(tmp_path / "tiny-diffv2-hd64.gguf", "--arch", "diffv2", "--layers", 2,
+                      "--dim", 128, "--heads", 2, "--kv-heads", 1, "--head-dim", 64,
+                      "--ffn", 256, "--vocab", 512, "--seed", 11, "--untied")
+    lib = (BUILD / "tests" / "libdiffrag_hostgpu.so").resolve()
+    env = {"DIFFRAG_CUDA_LIB": str(lib), "OPENBLAS_NUM_THREADS": "1",
+           "DIFFRAG_HOSTGPU_ROWWISE": "1"}
+    common = dict(workers=1, threads=2, device="cuda", env=env, max_context_tokens=1024,
+                  max_tokens=64, grounding_self_check=1)
+
+    def ask(qid, question, docs, **kw):
+        kw.setdefault("max_tokens", 24)
+        return query(question, docs, id=qid, temperature=0, top_k=8, relevance_floor=0,
+                     include=["token_signals"], **kw)
+
+    # short paragraphs: this model's tokenizer has 512 entries (about a token per character)
+    qs = one_paragraph_queries(squad_dir, 17, max_chars=500)
+    msgs = [ask("g%d" % i, q, docs) for i, (q, docs) in enumerate(qs[:16])]
+    stop = ask("stop", qs[16][0], qs[16][1], max_tokens=60, stream=True)
+
+    def pages_used(d):
+        return settle(d, "diffrag_kv_pool_pages", 0.0, state="used")
+
+    def alone(d, ms):
+        c = d.client()
+        out = []
+        for m in ms:
+            _, r = c.call(m, timeout=300)
+            assert r["ok"], (m["id"], r)
+            out.append(r)
+        return out
+
+    (tmp_path / "serial").mkdir()
+    with Daemon(tmp_path / "serial", model, max_running=1, **common) as d:
+        refs = alone(d, msgs + [dict(stop, stream=False)])
+        assert pages_used(d) == 0.0
+        assert d.stop() == 0, d.log_text()[-2000:]
+    ref_stop = refs.pop()
+
+    (tmp_path / "batched").mkdir()
+    with Daemon(tmp_path / "batched", model, max_running=16, **common) as d:
+        assert "host emulation of the GPU table" in d.log_text()
+        clients = [d.client() for _ in msgs]
+        cs = d.client()
+        _, finals = send_then_cancel([(cs, stop)] + list(zip(clients, msgs)), cs)
+        text = d.metrics()
+        steps = metric_sum(d, "diffrag_step_tokens_count", text)
+        assert pages_used(d) == 0.0, "device pages in use after every reply"
+        assert d.stop() == 0, d.log_text()[-2000:]
+    for m, ref in zip(msgs, refs):
+        got = finals[m["id"]]
+        print(m["id"], ref["usage"]["prompt_tokens"], repr(got.get("answer", got)))
+        assert_same(got, ref, m["id"])
+        assert got["grounding"]["self_check"] is not None, got["grounding"]
+    generated = sum(r["usage"]["completion_tokens"] for r in refs)
+    print("batched on the emulated GPU: %s steps for %d generated tokens" % (steps, generated))
+    assert steps is not None and steps < generated / 2, (steps, generated)
+    got = finals["stop"]
+    assert got["ok"], got
+    if finals["cancel-stop"]["ok"]:
+        assert got["finish_reason"] == "cancelled", got
+        assert ref_stop["answer"].startswith(got["answer"]), (got["answer"], ref_stop["answer"])
+    else:
+        assert_same(got, ref_stop, "stop")
+
+    # a pool of 12 pages (768 positions) for 16 requests of up to ~250 positions each
+    pages = 12
+    pos_bytes = 2 * 2 * 1 * 64 * 2          # keys and values, 2 layers, 1 KV head of 64, bf16
+    (tmp_path / "small").mkdir()
+    with Daemon(tmp_path / "small", model, max_running=16, kv_pool_bytes=pages * 64 * pos_bytes,
+                max_queue=64, **common) as d:
+        clients = [d.client() for _ in msgs]
+        for c, m in zip(clients, msgs):
+            c.send(m)
+        _, finals = gather({c: [m["id"]] for c, m in zip(clients, msgs)}, timeout=600)
+        preempted = metric_sum(d, "diffrag_preemptions_total")
+        free = d.metric("diffrag_kv_pool_pages", state="free")
+        assert pages_used(d) == 0.0
+        assert d.stop() == 0, d.log_text()[-2000:]
+    print("device pool of %d pages: preemptions %s, free after %s" % (pages, preempted, free))
+    assert preempted and preempted > 0, preempted
+    assert free == pages, free
+    for m, ref in zip(msgs, refs):
+        got = finals[m["id"]]
+        assert got["ok"], got
+        # the self-check takes only free pages: in a full pool it may not run (nil)
+        if got["grounding"]["self_check"] is None:
+            got = dict(got, grounding=dict(got["grounding"],
+                                           self_check=ref["grounding"]["self_check"]))
+        assert_same(got, ref, m["id"])

@@ -697,6 +697,66 @@ static void check_model(const struct Model *m, const char *form, const int32_t *
     engine_destroy(&eg);
 }
 
+/* The batch scheduler's step on the GPU (engine_step over member sequences of one context): 4
+ * prompts of different lengths prefilled in one step, then 6 decode steps of all four at once,
+ * against each sequence alone in a context of its own. The products then have other numbers of
+ * rows, so the logits may differ by rounding, which bf16 activations carry through the layers
+ * (the bound of the CPU comparison above); the greedy tokens must agree. */
+static void check_batch(const struct Model *m, const char *form, const int32_t *prompt, int n)
+{
+    enum { NS = 4, STEPS = 6 };
+    int vocab = m->cfg.vocab;
+    struct Engine *r = open_ctx(m, ENGINE_CUDA, 2048, 2048, 1);
+    struct Engine *seq[NS] = {0}, *alone[NS] = {0};
+    struct EngineBatchItem it[NS];
+    int32_t tok[NS];
+    char err[512];
+    double worst = 0;
+    int agree = 0, total = 0, failed = -1, rc = 0;
+    for (int i = 0; i < NS && !rc; i++) {
+        int len = n - 37 * i > 8 ? n - 37 * i : 8;
+        alone[i] = open_ctx(m, ENGINE_CUDA, 2048, 2048, 1);
+        rc = engine_new_seq(r, &seq[i], err, sizeof err);
+        if (!rc) rc = engine_prefill(alone[i], prompt, (size_t)len, err, sizeof err);
+        it[i] = (struct EngineBatchItem){seq[i], prompt, len, 1, 1};
+    }
+    if (!rc) rc = engine_step(r, it, NS, &failed, err, sizeof err);
+    for (int s = 0; s <= STEPS && !rc; s++) {
+        for (int i = 0; i < NS; i++) {
+            const float *la = engine_logits(alone[i]), *lb = engine_logits(seq[i]);
+            if (!la || !lb) {
+                rc = -1;
+                snprintf(err, sizeof err, "logits could not be read");
+                break;
+            }
+            double e = rel_err(lb, la, (size_t)vocab);
+            if (!(e <= worst)) worst = e;
+            tok[i] = argmax(la, vocab);
+            agree += tok[i] == argmax(lb, vocab);
+            total++;
+        }
+        if (rc || s == STEPS) break;
+        for (int i = 0; i < NS && !rc; i++) {
+            it[i] = (struct EngineBatchItem){seq[i], &tok[i], 1, 0, 1};
+            rc = engine_decode(alone[i], tok[i], err, sizeof err);
+        }
+        if (!rc) rc = engine_step(r, it, NS, &failed, err, sizeof err);
+    }
+    if (rc)
+        check(0, "batch step, %s: %s (item %d)", form, err, failed);
+    else
+        check(worst <= 5e-2 && agree >= total - 1, "batch step, %s: %d sequences (prompts of "
+              "%d..%d tokens) prefilled in one step, then %d decode steps of all of them, against "
+              "each alone: worst relative error of the logits %.2e (<= 5e-2), greedy token agrees "
+              "at %d of %d", form, NS, n - 37 * (NS - 1) > 8 ? n - 37 * (NS - 1) : 8, n, STEPS, worst,
+              agree, total);
+    for (int i = 0; i < NS; i++) {
+        engine_destroy(&seq[i]);
+        engine_destroy(&alone[i]);
+    }
+    engine_destroy(&r);
+}
+
 /* ---- 3. speed ---- */
 
 static double median(double *v, int n)
@@ -1032,6 +1092,54 @@ static void time_decode_pair(const struct Model *ma, const struct Model *mb, con
     free(ids);
 }
 
+/* Decode through the batch scheduler's step: `ns` member sequences of one context, each
+ * prefilled to `depth` tokens, then `steps` steps of one token for every one of them; the
+ * aggregate tokens/s (median step), against one of them stepping alone. */
+static void time_batch_decode(const struct Model *m, int ns, int depth, int steps, double *tps_batch,
+                              double *tps_one)
+{
+    enum { MAX_NS = 64 };
+    if (ns > MAX_NS) ns = MAX_NS;
+    /* (a step takes ns rows: the context's chunk, at most its length, must hold them) */
+    int n_ctx = depth + steps + 8 > 2 * MAX_NS ? depth + steps + 8 : 2 * MAX_NS;
+    struct Engine *r = open_ctx(m, ENGINE_CUDA, n_ctx, 8192, 1);
+    struct Engine *seq[MAX_NS] = {0};
+    struct EngineBatchItem it[MAX_NS];
+    int32_t tok[MAX_NS];
+    char err[512];
+    int32_t *ids = xmalloc((size_t)depth * 4);
+    double *tb = xmalloc((size_t)steps * sizeof(double)), *t1 = xmalloc((size_t)steps * sizeof(double));
+    int rc = 0;
+    for (int i = 0; i < ns && !rc; i++) {
+        for (int j = 0; j < depth; j++) ids[j] = (int32_t)((urand() + 1) * 0.5f * (m->cfg.vocab - 1));
+        rc = engine_new_seq(r, &seq[i], err, sizeof err);
+        if (!rc) rc = engine_prefill(seq[i], ids, (size_t)depth, err, sizeof err);
+        if (!rc) tok[i] = argmax(engine_logits(seq[i]), m->cfg.vocab);
+    }
+    for (int s = 0; s < steps && !rc; s++) {
+        for (int pass = 0; pass < 2 && !rc; pass++) {
+            int k = pass ? 1 : ns;
+            for (int i = 0; i < k; i++) it[i] = (struct EngineBatchItem){seq[i], &tok[i], 1, 0, 1};
+            double t0 = now_s();
+            rc = engine_step(r, it, k, NULL, err, sizeof err);
+            for (int i = 0; i < k && !rc; i++) tok[i] = argmax(engine_logits(seq[i]), m->cfg.vocab);
+            (pass ? t1 : tb)[s] = now_s() - t0;
+        }
+    }
+    if (rc) {
+        check(0, "batched decode timing: %s", err);
+        *tps_batch = *tps_one = NAN;
+    } else {
+        *tps_batch = ns / median(tb, steps);
+        *tps_one = 1.0 / median(t1, steps);
+    }
+    for (int i = 0; i < ns; i++) engine_destroy(&seq[i]);
+    engine_destroy(&r);
+    free(ids);
+    free(tb);
+    free(t1);
+}
+
 int main(int argc, char **argv)
 {
     /* a line at a time: if a kernel hangs and run.sh's timeout stops this process, the output
@@ -1170,6 +1278,8 @@ int main(int argc, char **argv)
             check_model(&df.m, what, prompt, (int)n, threads);
         }
         unsetenv("DIFFRAG_GPU_ATTENTION");
+        check_batch(m, "GQA form", prompt, (int)n);
+        check_batch(&df.m, "DIFF V2 form", prompt, (int)n);
         printf("(%.1f s)\n", now_s() - t0);
         /* The speed figures open contexts of up to 131072 positions, past the training context
          * of the default model on purpose (times, not answers): a linear RoPE override says so
@@ -1242,6 +1352,8 @@ int main(int argc, char **argv)
             unsetenv("DIFFRAG_GPU_ATTENTION");
             double smp_dev, smp_host;
             time_sampling(m, (shrink > 1 ? 2 : 200), &smp_dev, &smp_host);
+            double tps_b16, tps_b1;
+            time_batch_decode(m, 16, K4, (shrink > 1 ? 2 : 64), &tps_b16, &tps_b1);
             printf("\n| measure | value |\n|---|---|\n");
             static const char *const timed[] = {"mma", "wmma"};
             for (int k = 0; k < 2; k++) {
@@ -1287,6 +1399,9 @@ int main(int argc, char **argv)
             printf("| a sampled token with its signals (T 0.8, top-k 40): pass on the device / logits "
                    "copied and sampled on the host (median of 200) | %.3f / %.3f ms |\n", smp_dev,
                    smp_host);
+            printf("| decode through the batch step at depth 4K, GQA form: 16 sequences in one step "
+                   "(aggregate) / one alone (median of 64 steps; logits copied back) | %.1f / %.1f "
+                   "tokens/s |\n", tps_b16, tps_b1);
         }
         diff_form_free(&df);
         model_destroy(&m);

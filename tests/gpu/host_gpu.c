@@ -135,7 +135,17 @@ static void gemm(struct GpuCtx *c, const uint16_t *x, int n, int k, const uint16
     for (size_t i = 0; i < (size_t)m * k; i++) wf[i] = bf(w[i]);
     if (beta == 0.f)   /* what was there (unwritten memory included) does not count */
         for (int t = 0; t < n; t++) memset(y + (size_t)t * ldy, 0, (size_t)m * sizeof *y);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k, 1.f, xf, k, wf, k, beta, y, ldy);
+    /* DIFFRAG_HOSTGPU_ROWWISE=1: each row as its own product, so its rounding does not depend
+     * on the rows beside it (the scheduler's batches then compute exactly what they would
+     * alone, which its test compares); else one product, whose rounding may, as cuBLAS's */
+    const char *rw = getenv("DIFFRAG_HOSTGPU_ROWWISE");
+    if (rw && !strcmp(rw, "1"))
+        for (int t = 0; t < n; t++)
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, m, k, 1.f, wf, k, xf + (size_t)t * k, 1,
+                        beta, y + (size_t)t * ldy, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k, 1.f, xf, k, wf, k, beta,
+                    y, ldy);
     free(xf);
     free(wf);
 }
