@@ -18,9 +18,11 @@ from daemon_util import Daemon, query
 # file, so a query gets the same prompt from each (and the automatic pool stays small)
 CONTEXT = 1024
 MAX_TOKENS = 256
-# the self-check and context reliance on: they too must not depend on the batch
+# the self-check and context reliance on: they too must not depend on the batch. step_ms 0:
+# the steps' sizes then do not depend on the machine's speed (under a sanitizer a 100 ms
+# budget leaves 8 prefill tokens a step), so the step counts below mean the same everywhere
 COMMON = dict(workers=1, threads=2, max_context_tokens=CONTEXT, max_tokens=MAX_TOKENS,
-              grounding_self_check=1, grounding_reliance=1)
+              grounding_self_check=1, grounding_reliance=1, step_ms=0)
 # compared between a batched reply and the one-at-a-time reply of the same query
 SAME = ("answer", "finish_reason", "citations", "token_signals", "grounding")
 SAME_USAGE = ("prompt_tokens", "context_tokens", "completion_tokens")
@@ -401,7 +403,7 @@ def test_step_ms_keeps_the_steps_beside_a_stream_short(tmp_path, default_model, 
                 out[le] = float(line.rsplit(" ", 1)[1])
         return out
 
-    with Daemon(tmp_path, default_model, max_running=8, step_ms=1, **COMMON) as d:
+    with Daemon(tmp_path, default_model, max_running=8, **dict(COMMON, step_ms=1)) as d:
         cs, cl = d.client(), d.client()
         cs.send(stream)
         first = cs.recv(300)
