@@ -160,8 +160,9 @@ def test_gpu_batching_on_the_host_emulation(tmp_path, squad_dir):
     lib = (BUILD / "tests" / "libdiffrag_hostgpu.so").resolve()
     env = {"DIFFRAG_CUDA_LIB": str(lib), "OPENBLAS_NUM_THREADS": "1",
            "DIFFRAG_HOSTGPU_ROWWISE": "1"}
+    # step_ms 0: the steps' sizes do not depend on the machine's speed (see test_batching.py)
     common = dict(workers=1, threads=2, device="cuda", env=env, max_context_tokens=1024,
-                  max_tokens=64, grounding_self_check=1)
+                  max_tokens=64, grounding_self_check=1, step_ms=0)
 
     def ask(qid, question, docs, **kw):
         kw.setdefault("max_tokens", 24)
