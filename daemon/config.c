@@ -127,9 +127,10 @@ static const struct Key keys[] = {
       "measured speed fits in this many milliseconds (at least 8): a stream's tokens keep "
       "coming on a slow machine or model; 0: step_tokens alone" },
     { "kv_pool_bytes", K_SIZE, F(kv_pool_bytes), "0", 0, 1e15, 0,
-      "the in-process workers' KV page pool (64 positions a page); 0 (auto): a full context for "
-      "every running request, at most half the memory (at least one context per worker). When "
-      "pages run out the latest request is preempted and recomputed later" },
+      "the in-process workers' KV page pool (64 positions a page; on a GPU, in device memory); "
+      "0 (auto): a full context for every running request, on the CPU at most half the memory "
+      "(at least one context per worker). When pages run out the latest request is preempted "
+      "and recomputed later" },
     { "prefix_cache", K_LONG, F(prefix_cache), "1", 0, 1, 0,
       "1: a prompt that starts like an earlier one takes that prefix's keys and values from the "
       "KV pool instead of computing them again (exact: the answer is the same); 0: off" },
