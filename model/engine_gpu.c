@@ -1,5 +1,6 @@
-/* The forward pass on a GPU: the same steps as forward_chunk in model/engine.c, each one
- * operation of the GPU table over the whole chunk. The residual stream stays f32; the inputs
+/* The forward pass on a GPU: the same steps as forward_step in model/engine.c, each one
+ * operation of the GPU table over all the step's rows (RoPE, the KV store and attention once
+ * per sequence of the step, over its own pages). The residual stream stays f32; the inputs
  * of products and attention are bf16. q, k, v and lambda come from one fused product, gate
  * and up from another, and the two residual adds are products accumulating into the stream
  * (beta = 1). */

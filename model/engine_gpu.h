@@ -1,7 +1,8 @@
 /* The forward pass on a GPU (kernels/gpu.h): the model's weights uploaded once as bf16 with a
  * paged KV pool beside them (model_gpu_load), and per engine context a sequence (struct
- * GpuSeq) with its own GPU context (stream, cuBLAS handle), page table and activations. The
- * engine (model/engine.c) calls this when its options ask for a GPU. */
+ * GpuSeq) with its own GPU context (stream, cuBLAS handle), page table and activations; the
+ * sequences of a batch are members of such a context, computed in its steps. The engine
+ * (model/engine.c) calls this when its options ask for a GPU. */
 #ifndef DIFFRAG_ENGINE_GPU_H
 #define DIFFRAG_ENGINE_GPU_H
 
