@@ -122,10 +122,11 @@ bench-grounding: all $(MODEL_FILE) $(QWEN_FILE) venv
 	$(VENV_PATH) $(PYTHON) bench/bench_grounding.py
 
 # diffragd beside llama.cpp's llama-server (built by `sh bench/build-llama-bench.sh`) on the
-# small model, same threads: prefix reuse (TTFT of a second question over the same ~7K tokens
-# of documents / the first's), 16 concurrent clients' tokens/s, and the p99 inter-token gap of
-# a stream while a long prompt prefills, against their targets. BENCH_ARGS=--quick: a smoke run.
-bench-serving: all $(MODEL_FILE) venv
+# default model (about 15 minutes on two cores), same threads: prefix reuse (TTFT of a second
+# question over the same ~7K tokens of documents / the first's), 16 concurrent clients'
+# tokens/s, and the p99 inter-token gap of a stream while a long prompt prefills, against
+# their targets. BENCH_ARGS=--quick: a smoke run; --model another GGUF file.
+bench-serving: all $(QWEN_FILE) venv
 	BUILD=$(BUILD) $(VENV_PATH) $(PYTHON) bench/bench_serving.py $(BENCH_ARGS)
 .PHONY: bench-serving
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """`make bench-serving`: diffragd beside llama.cpp's llama-server, serving the same GGUF file
-(SmolLM2-135M-Instruct Q4_1) on the same number of threads, as clients on this machine see them.
+(the default model, Qwen2.5-Coder-0.5B-Instruct Q4_K_M; --model another, e.g. the tests'
+SmolLM2-135M-Instruct for a run a few times shorter) on the same number of threads, as clients
+on this machine see them.
 
 1. Prefix reuse: a first question over about 7K tokens of documents, then a second, different
    question over the same documents; the second's time to first token divided by the first's
@@ -57,7 +59,7 @@ import zmq  # noqa: E402
 
 from daemon_util import DIFFRAGD, Daemon  # noqa: E402
 
-MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL = ROOT / "models" / "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
 SQUAD = ROOT.parent / "shared" / "data" / "squad2" / "passages.jsonl"
 LLAMA_SERVER = ROOT / "build" / "llama.cpp" / "bin" / "llama-server"
 RUN = BUILD / "diffrag-run"
