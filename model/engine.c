@@ -549,7 +549,8 @@ static int forward_step_gpu(struct Engine *r, struct StepSeg *segs, int ns)
     int rc = gpu_seq_step(r->gpu, gs, ns, r->s.cos, r->s.sin, r->gpu_err, sizeof r->gpu_err);
     if (rc) {
         for (int i = 0; i < ns; i++)
-            snprintf(segs[i].e->gpu_err, sizeof segs[i].e->gpu_err, "%s", r->gpu_err);
+            if (segs[i].e != r)
+                snprintf(segs[i].e->gpu_err, sizeof segs[i].e->gpu_err, "%s", r->gpu_err);
         return rc == -2 ? ENGINE_EBUDGET : ENGINE_EDEVICE;
     }
     for (int i = 0; i < ns; i++) {
