@@ -499,6 +499,8 @@ def main():
     ap.add_argument("--reps", type=int, help="repetitions of each figure (default 3, quick 1)")
     ap.add_argument("--step-tokens", type=int, default=0,
                     help="diffragd's step_tokens (0: its default)")
+    ap.add_argument("--step-ms", type=int, default=-1,
+                    help="diffragd's step_ms (-1: its default; 0: off)")
     ap.add_argument("--model", type=pathlib.Path,
                     help="GGUF file both engines serve (default %s)" % MODEL.relative_to(ROOT))
     a = ap.parse_args()
@@ -539,8 +541,11 @@ def main():
     if want_dd:
         workers, has_running = diffragd_config()
         steps = {"step_tokens": a.step_tokens} if a.step_tokens else {}
-        label = "diffragd workers=%d%s" % (workers, " step_tokens=%d" % a.step_tokens
-                                           if a.step_tokens else "")
+        if a.step_ms >= 0:
+            steps["step_ms"] = a.step_ms
+        label = "diffragd workers=%d%s%s" % (workers, " step_tokens=%d" % a.step_tokens
+                                             if a.step_tokens else "",
+                                             " step_ms=%d" % a.step_ms if a.step_ms >= 0 else "")
         engines.append(("diffragd", lambda tmp: Diffragd(tmp, a.threads, label,
                                                           workers=workers, **steps), True))
         if has_running:
