@@ -23,6 +23,7 @@
 #include "daemon/worker.h"
 #include "daemon/zap.h"
 #include "daemon/zutil.h"
+#include "kernels/gpu.h"
 #include "model/engine_gpu.h"
 #include "model/gguf.h"
 #include "model/kvpool.h"
@@ -561,9 +562,10 @@ static int start_workers(void *zctx, struct Model *m, const struct Config *c, in
     enum EngineDevice dev;
     long gpu_positions = (long)n * (long)c->max_running * wo.engine.n_ctx;
     if (m && c->kv_pool_bytes) {
-        const struct ModelConfig *mc = &m->cfg;
-        size_t pos_bytes = (size_t)2 * mc->n_layer * mc->n_kv_head * mc->head_dim * 2;
-        gpu_positions = (long)(c->kv_pool_bytes / pos_bytes);
+        /* the bytes of one device page (a one-position sequence takes one) */
+        size_t page_bytes, scratch;
+        gpu_seq_estimate(&m->cfg, 1, 1, &page_bytes, &scratch);
+        gpu_positions = (long)(c->kv_pool_bytes / page_bytes) * GPU_PAGE;
     }
     if (gpu_positions < 1)
         gpu_positions = 1;

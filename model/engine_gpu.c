@@ -54,7 +54,7 @@ struct GpuSeq {
     struct GpuModel *g;
     struct GpuCtx *ctx;                   /* its own, or (a batch member) its runner's */
     int own_ctx;
-    int n_ctx, chunk, n_pages, max_pages; /* chunk 0: a batch member, no activations */
+    int n_ctx, chunk, n_pages;            /* chunk 0: a batch member, no activations */
     int32_t *pages_h;                     /* the pages it holds, in position order */
     int32_t *pages;                       /* device page table */
     void *block;                          /* every activation, one allocation */
@@ -301,7 +301,7 @@ void gpu_seq_free(struct GpuSeq **ps)
 {
     struct GpuSeq *s = *ps;
     if (!s) return;
-    if (s->pages_h && s->n_pages) gpu_pool_give(&s->g->pool, s->n_pages, s->pages_h);
+    gpu_seq_release(s);
     if (s->ctx) {
         s->g->api->free(s->ctx, s->block);
         if (s->own_ctx) s->g->api->ctx_destroy(s->ctx);
@@ -352,8 +352,7 @@ static int seq_make(const struct Model *m, struct GpuCtx *ctx, int n_ctx, int ch
     s->g = g;
     s->n_ctx = n_ctx;
     s->chunk = chunk;
-    s->max_pages = (n_ctx + GPU_PAGE - 1) / GPU_PAGE;
-    s->pages_h = malloc((size_t)s->max_pages * sizeof *s->pages_h);
+    s->pages_h = malloc((size_t)((n_ctx + GPU_PAGE - 1) / GPU_PAGE) * sizeof *s->pages_h);
     if (!s->pages_h) {
         free(s);
         snprintf(err, errlen, "out of memory");
