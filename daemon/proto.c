@@ -25,11 +25,12 @@ const char *ec_name(enum ErrCode c)
 /* The keys the protocol knows; values are found in a first pass, then decoded by name. */
 enum Key { K_V, K_OP, K_ID, K_QUESTION, K_DOCS, K_COLLECTION, K_IDS, K_TOP_K, K_MAX_CONTEXT,
            K_MAX_TOKENS, K_TEMPERATURE, K_TOP_P, K_SEED, K_STOP, K_STREAM, K_DEADLINE, K_TARGET,
-           K_DOC_ID, K_AFTER, K_LIMIT, K_INCLUDE, K_ORDER, K_RELEVANCE, K_COUNT };
+           K_DOC_ID, K_AFTER, K_LIMIT, K_INCLUDE, K_ORDER, K_RELEVANCE, K_HISTORY, K_SYSTEM,
+           K_COUNT };
 static const char *const key_names[K_COUNT] = {
     "v", "op", "id", "question", "docs", "collection", "ids", "top_k", "max_context_tokens",
     "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "deadline_ms", "target",
-    "doc_id", "after", "limit", "include", "order", "relevance_floor" };
+    "doc_id", "after", "limit", "include", "order", "relevance_floor", "history", "system" };
 
 struct ProtoDec {
     const uint8_t *end;
@@ -343,6 +344,78 @@ static int decode_docs(struct ProtoDec *d, int need_ids)
     return 0;
 }
 
+/* "history": earlier turns {"role": "user" | "assistant", "content": str}, oldest first.
+ * Unknown keys in a turn are ignored, as in a request. */
+static int decode_history(struct ProtoDec *d)
+{
+    struct MpCursor c;
+    struct MpObj o;
+    struct RequestParams *p = d->p;
+    if (!d->val[K_HISTORY])
+        return 0;
+    read_at(d, K_HISTORY, &c, &o);
+    if (o.type != MP_ARRAY)
+        FAIL(d, EC_BAD_REQUEST, "history must be an array of maps {\"role\", \"content\"}, not %s",
+             mp_type_name(o.type));
+    if (o.v.n > PROTO_MAX_HISTORY)
+        FAIL(d, EC_TOO_LARGE, "history has %u turns; the limit is %d", o.v.n, PROTO_MAX_HISTORY);
+    if (o.v.n == 0)
+        return 0;
+    p->history = calloc(o.v.n, sizeof *p->history);
+    if (!p->history)
+        FAIL(d, EC_INTERNAL, "out of memory");
+    for (uint32_t i = 0; i < o.v.n; i++) {
+        struct MpObj m;
+        mp_next(&c, &m);
+        if (m.type != MP_MAP)
+            FAIL(d, EC_BAD_REQUEST, "history[%u] must be a map {\"role\", \"content\"}, not %s", i,
+                 mp_type_name(m.type));
+        struct CtxTurn *t = &p->history[i];
+        int have_role = 0, have_content = 0;
+        for (uint32_t f = 0; f < m.v.n; f++) {
+            struct MpObj k, v;
+            mp_next(&c, &k);
+            mp_next(&c, &v);
+            if (k.type != MP_STR)
+                FAIL(d, EC_BAD_REQUEST, "history[%u] has a key that is not a string", i);
+            char what[48];
+            if (k.len == 4 && !memcmp(k.s, "role", 4)) {
+                snprintf(what, sizeof what, "history[%u].role", i);
+                if (have_role++)
+                    FAIL(d, EC_BAD_REQUEST, "%s appears twice", what);
+                if (v.type != MP_STR)
+                    FAIL(d, EC_BAD_REQUEST, "%s must be a string, not %s", what, mp_type_name(v.type));
+                if (v.len == 4 && !memcmp(v.s, "user", 4))
+                    t->assistant = 0;
+                else if (v.len == 9 && !memcmp(v.s, "assistant", 9))
+                    t->assistant = 1;
+                else if (v.len == 6 && !memcmp(v.s, "system", 6))
+                    FAIL(d, EC_BAD_REQUEST, "%s must be \"user\" or \"assistant\" (a system "
+                         "message goes in the query's \"system\")", what);
+                else
+                    FAIL(d, EC_BAD_REQUEST, "%s must be \"user\" or \"assistant\"", what);
+            } else if (k.len == 7 && !memcmp(k.s, "content", 7)) {
+                struct Slice s;
+                snprintf(what, sizeof what, "history[%u].content", i);
+                if (have_content++)
+                    FAIL(d, EC_BAD_REQUEST, "%s appears twice", what);
+                if (check_str(d, what, &v, 1, d->cfg->max_question_bytes, EC_TOO_LARGE, &s))
+                    return -1;
+                t->text = s.p;
+                t->len = s.len;
+            }
+            if (v.type == MP_ARRAY || v.type == MP_MAP)
+                mp_skip_body(&c, &v);
+        }
+        if (!have_role)
+            FAIL(d, EC_BAD_REQUEST, "history[%u] has no role", i);
+        if (!have_content)
+            FAIL(d, EC_BAD_REQUEST, "history[%u] has no content", i);
+        p->n_history++;
+    }
+    return 0;
+}
+
 int proto_decode_ping(struct ProtoDec *d)
 {
     (void)d;
@@ -357,7 +430,8 @@ int proto_decode_query(struct ProtoDec *d)
         FAIL(d, EC_BAD_REQUEST, "query needs a question");
     if (get_str(d, K_QUESTION, 1, cfg->max_question_bytes, EC_TOO_LARGE, &p->question) ||
         check_collection(d) || decode_ids(d) || decode_stop(d) || decode_docs(d, 0) ||
-        decode_include(d))
+        decode_include(d) || decode_history(d) ||
+        get_str(d, K_SYSTEM, 1, cfg->max_question_bytes, EC_TOO_LARGE, &p->system))
         return -1;
     if (p->n_docs == 0 && p->collection.len == 0)
         FAIL(d, EC_BAD_REQUEST, "query needs docs (inline documents) or a collection");
@@ -596,10 +670,12 @@ void proto_params_free(struct RequestParams *p)
     free(p->docs);
     free(p->auto_ids);
     free(p->ids);
+    free(p->history);
     p->docs = NULL;
     p->auto_ids = NULL;
     p->ids = NULL;
-    p->n_docs = p->n_ids = 0;
+    p->history = NULL;
+    p->n_docs = p->n_ids = p->n_history = 0;
 }
 
 void proto_reply_head(struct MpWriter *w, size_t n_fields, const uint8_t *id, size_t id_len, int ok)

@@ -9,6 +9,7 @@
 
 #include "daemon/config.h"
 #include "daemon/mp.h"
+#include "retriever/context.h"
 #include "retriever/index.h"
 
 #define PROTO_VERSION 1
@@ -18,6 +19,7 @@
 #define PROTO_MAX_LIST_LIMIT 1000
 #define PROTO_MAX_DEADLINE_MS 86400000L
 #define PROTO_MAX_INCLUDE 8               /* entries of a query's "include" */
+#define PROTO_MAX_HISTORY 256             /* turns of a query's "history" */
 
 /* The ops; daemon/ops.c holds each one's row (name, decoder, stage, handler). */
 enum Op { OP_PING, OP_QUERY, OP_INGEST, OP_DELETE, OP_DROP, OP_GET, OP_LIST, OP_STATS, OP_CANCEL,
@@ -32,7 +34,8 @@ const char *ec_name(enum ErrCode c);   /* "ok", "bad_request", ... */
 struct Slice { const char *p; size_t len; };
 
 /* A decoded request. Every pointer borrows the message buffer given to proto_decode, except
- * the arrays docs, ids and auto_ids, which proto_params_free releases. */
+ * the arrays docs, ids, auto_ids and history, which proto_params_free releases (the turns'
+ * texts borrow the buffer too). */
 struct RequestParams {
     enum Op op;
     const uint8_t *id_raw; size_t id_len;       /* the id value's msgpack bytes; NULL: none */
@@ -54,6 +57,9 @@ struct RequestParams {
     int stream;
     long deadline_ms;                           /* 0: none */
     int include_token_signals;                  /* query: "include": ["token_signals"] */
+    struct Slice system;                        /* query: the client's system text; len 0:
+                                                   none */
+    struct CtxTurn *history; size_t n_history;  /* query: earlier turns, oldest first */
     const uint8_t *target_raw; size_t target_len; /* cancel: the id of the request to stop */
 };
 

@@ -135,11 +135,11 @@ static void put_opt_double(struct MpWriter *w, const char *key, int have, double
         mpw_nil(w);
 }
 
-/* What the prompt holds of the documents (struct ReadStats). */
-static void put_read(struct MpWriter *w, const struct ReadStats *rs)
+/* What the prompt holds of the documents (struct ReadStats) and of the earlier turns. */
+static void put_read(struct MpWriter *w, const struct ReadStats *rs, const struct Context *ctx)
 {
     mpw_cstr(w, "context");
-    mpw_map(w, 7);
+    mpw_map(w, 9);
     mpw_kv_uint(w, "documents", rs->documents);
     mpw_cstr(w, "doc_tokens");
     if (rs->doc_tokens >= 0)
@@ -151,6 +151,8 @@ static void put_read(struct MpWriter *w, const struct ReadStats *rs)
     mpw_kv_uint(w, "chunks_placed", rs->chunks_placed);
     mpw_kv_uint(w, "chunks_left_out", rs->chunks_matched - rs->chunks_placed);
     mpw_kv_bool(w, "whole", rs->whole);
+    mpw_kv_uint(w, "history_turns", ctx->n_turns);
+    mpw_kv_uint(w, "history_left_out", ctx->n_turns_skipped);
 }
 
 static void put_grounding(const struct Broker *b, struct MpWriter *w, const struct Grounded *g)
@@ -274,7 +276,7 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
         mpw_kv_bool(w, "truncated", c->truncated);
         mpw_kv_bool(w, "whole", c->whole);
     }
-    put_read(w, &r->read);
+    put_read(w, &r->read, ctx);
     mpw_cstr(w, "usage");
     mpw_map(w, 4);
     mpw_kv_uint(w, "prompt_tokens", ctx->n_tokens);

@@ -243,7 +243,9 @@ static int place_whole(const struct PrepShared *sh, struct Request *r, struct Ca
     /* document order is the candidates' own; nearest lays them out best last */
     struct CtxOptions co = { .budget = budget, .no_truncate = 1,
                              .order = p->order == CTX_ORDER_NEAREST ? CTX_ORDER_NEAREST
-                                                                    : CTX_ORDER_RANK };
+                                                                    : CTX_ORDER_RANK,
+                             .system = p->system.p, .system_len = p->system.len,
+                             .history = p->history, .n_history = p->n_history };
     int st = ctx_assemble(&sh->tc, p->question.p, p->question.len, whole, c->n, &co, &r->ctx,
                           err, errlen);
     free(whole);
@@ -377,7 +379,9 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
     }
     if (!whole) {
         struct CtxOptions co = { .budget = (size_t)p->max_context_tokens,
-                                 .order = (enum CtxOrder)p->order };
+                                 .order = (enum CtxOrder)p->order,
+                                 .system = p->system.p, .system_len = p->system.len,
+                                 .history = p->history, .n_history = p->n_history };
         st = ctx_assemble(&sh->tc, p->question.p, p->question.len, chunks, n_hits, &co, &r->ctx,
                           err, sizeof err);
         if (st) {
@@ -389,7 +393,8 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
     rs->chunks_placed = whole ? n_hits : r->ctx->n_cites;
     for (size_t i = 0; i < r->ctx->n_cites; i++)
         rs->placed_tokens += r->ctx->cites[i].tokens.end - r->ctx->cites[i].tokens.start;
-    /* the words of the text the model is given, for the answer's lexical support */
+    /* the words of the documents the model is given, for the answer's lexical support (the
+     * earlier turns of a conversation are not documents: their words support nothing) */
     if (words_set_new(&r->doc_words)) {
         fail(sh, r, RET_ENOMEM, "out of memory");
         goto done;

@@ -1,6 +1,8 @@
-/* Context assembly: encode the fixed frame, then place chunks best-first while their label,
- * text and separator fit the budget (skipping ones that do not, trying the rest), optionally
- * reorder by document, and concatenate everything into one token array with exact spans. */
+/* Context assembly: encode the fixed frame (with a client's system text), place the earlier
+ * turns of a conversation newest first within half of what is left, then place chunks
+ * best-first while their label, text and separator fit the budget (skipping ones that do not,
+ * trying the rest), optionally reorder by document, and concatenate everything into one token
+ * array with exact spans. */
 #include "retriever/context.h"
 
 #include <stdlib.h>
@@ -114,6 +116,59 @@ static void placed_free(struct Placed *p)
     p->text_len = 0;
 }
 
+/* A separately encoded piece of the prompt and its text (borrowed). */
+struct Piece {
+    int32_t *ids; size_t n;
+    const char *text; size_t len;
+};
+
+static int piece_encode(const struct TokenCounter *tc, struct Piece *p, const char *text,
+                        size_t len, unsigned flags)
+{
+    p->text = text;
+    p->len = len;
+    return tokcount_encode_alloc(tc, text, len, flags, &p->ids, &p->n);
+}
+
+static void piece_free(struct Piece *p)
+{
+    free(p->ids);
+    p->ids = NULL;
+    p->n = 0;
+}
+
+/* The frame's pieces before the documents. Without a system text or earlier turns P_HEAD is
+ * the whole head (encoded as one, as it always was) and the others stay empty; with them the
+ * head is cut into P_HEAD (system turn and instruction), P_CLOSE and P_DOCS_HEAD. */
+enum { P_HEAD, P_SYS_SEP, P_SYS, P_CLOSE, P_USER, P_ASSISTANT, P_DOCS_HEAD, P_COUNT };
+
+static int encode_frame(const struct TokenCounter *tc, const struct CtxOptions *o,
+                        struct Piece *fr)
+{
+    int st;
+    if (o->system_len == 0 && o->n_history == 0) {
+        const char *head = prompt_head();
+        return piece_encode(tc, &fr[P_HEAD], head, strlen(head), TC_SPECIAL | TC_ADD_BOS);
+    }
+    const char *close = prompt_turn_close(), *user = prompt_turn_open(0),
+               *assistant = prompt_turn_open(1), *docs = prompt_documents_head(),
+               *sep = prompt_system_separator();
+    if ((st = piece_encode(tc, &fr[P_HEAD], prompt_system_open(), prompt_system_open_len(),
+                           TC_SPECIAL | TC_ADD_BOS)) ||
+        (st = piece_encode(tc, &fr[P_CLOSE], close, strlen(close), TC_SPECIAL)) ||
+        (st = piece_encode(tc, &fr[P_DOCS_HEAD], docs, strlen(docs), TC_SPECIAL)))
+        return st;
+    if (o->system_len &&
+        ((st = piece_encode(tc, &fr[P_SYS_SEP], sep, strlen(sep), 0)) ||
+         (st = piece_encode(tc, &fr[P_SYS], o->system, o->system_len, 0))))
+        return st;
+    if (o->n_history &&
+        ((st = piece_encode(tc, &fr[P_USER], user, strlen(user), TC_SPECIAL)) ||
+         (st = piece_encode(tc, &fr[P_ASSISTANT], assistant, strlen(assistant), TC_SPECIAL))))
+        return st;
+    return RET_OK;
+}
+
 int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t question_len,
                  const struct CtxChunk *chunks, size_t n_chunks, const struct CtxOptions *o,
                  struct Context **out, char *err, size_t errlen)
@@ -124,30 +179,59 @@ int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t que
     for (size_t i = 0; i < n_chunks; i++)
         if ((!chunks[i].text && chunks[i].text_len) || (!chunks[i].doc_id && chunks[i].doc_id_len))
             return ret_fail(err, errlen, RET_EINPUT, "chunk %zu has no text or id", i);
-    const char *head = prompt_head(), *sep = prompt_doc_separator(), *qp = prompt_question_prefix(),
-               *tail = prompt_tail();
-    int32_t *h_ids = NULL, *s_ids = NULL, *qp_ids = NULL, *q_ids = NULL, *t_ids = NULL;
-    size_t nh = 0, ns = 0, nqp = 0, nq = 0, nt = 0, n_placed = 0;
+    if (!o->system && o->system_len)
+        return ret_fail(err, errlen, RET_EINPUT, "no system text");
+    if (!o->history && o->n_history)
+        return ret_fail(err, errlen, RET_EINPUT, "no history");
+    for (size_t i = 0; i < o->n_history; i++)
+        if ((!o->history[i].text && o->history[i].len) ||
+            (o->history[i].assistant != 0 && o->history[i].assistant != 1))
+            return ret_fail(err, errlen, RET_EINPUT, "history turn %zu has no text or role", i);
+    const char *sep = prompt_doc_separator(), *qp = prompt_question_prefix(), *tail = prompt_tail();
+    int32_t *s_ids = NULL, *qp_ids = NULL, *q_ids = NULL, *t_ids = NULL;
+    size_t ns = 0, nqp = 0, nq = 0, nt = 0, n_placed = 0;
+    struct Piece fr[P_COUNT];
+    memset(fr, 0, sizeof fr);
     struct Placed *pl = calloc(n_chunks ? n_chunks : 1, sizeof *pl);
+    struct Piece *turns = calloc(o->n_history ? o->n_history : 1, sizeof *turns);
     struct Context *ctx = calloc(1, sizeof *ctx);
     int st = RET_OK;
-    if (!pl || !ctx) {
+    if (!pl || !turns || !ctx) {
         st = RET_ENOMEM;
         goto fail;
     }
-    if ((st = tokcount_encode_alloc(tc, head, strlen(head), TC_SPECIAL | TC_ADD_BOS, &h_ids, &nh)) ||
+    if ((st = encode_frame(tc, o, fr)) ||
         (st = tokcount_encode_alloc(tc, sep, strlen(sep), 0, &s_ids, &ns)) ||
         (st = tokcount_encode_alloc(tc, qp, strlen(qp), 0, &qp_ids, &nqp)) ||
         (st = tokcount_encode_alloc(tc, question, question_len, 0, &q_ids, &nq)) ||
         (st = tokcount_encode_alloc(tc, tail, strlen(tail), TC_SPECIAL, &t_ids, &nt)))
         goto fail;
-    size_t fixed = nh + nqp + nq + nt;
+    size_t fixed = nqp + nq + nt;
+    for (int k = 0; k < P_COUNT; k++)
+        if (k != P_USER && k != P_ASSISTANT)
+            fixed += fr[k].n;
     if (fixed > o->budget) {
         st = ret_fail(err, errlen, RET_EBUDGET,
-                      "the instruction, question and frame take %zu tokens; the budget is %zu",
-                      fixed, o->budget);
+                      "the instruction, %squestion and frame take %zu tokens; the budget is %zu",
+                      o->system_len ? "system text, " : "", fixed, o->budget);
         goto out_err;
     }
+    /* Earlier turns, newest first, whole, within half of what the fixed part leaves: the
+     * documents keep at least the other half. */
+    size_t turns_cap = (o->budget - fixed) / 2, turns_used = 0, first_turn = o->n_history;
+    for (size_t i = o->n_history; i-- > 0;) {
+        const struct CtxTurn *t = &o->history[i];
+        if ((st = piece_encode(tc, &turns[i], t->text, t->len, 0)))
+            goto fail;
+        size_t cost = fr[t->assistant ? P_ASSISTANT : P_USER].n + turns[i].n + fr[P_CLOSE].n;
+        if (turns_used + cost > turns_cap) {
+            piece_free(&turns[i]);
+            break;
+        }
+        turns_used += cost;
+        first_turn = i;
+    }
+    fixed += turns_used;
     size_t remaining = o->budget - fixed;
     for (size_t i = 0; i < n_chunks && remaining > ns; i++) {
         struct Placed *p = &pl[n_placed];
@@ -212,7 +296,13 @@ int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t que
         }
     }
     /* Lay out tokens and text. */
-    size_t n_tok = fixed, n_text = strlen(head) + strlen(qp) + question_len + strlen(tail);
+    size_t n_tok = fixed, n_text = strlen(qp) + question_len + strlen(tail);
+    for (int k = 0; k < P_COUNT; k++)
+        if (k != P_USER && k != P_ASSISTANT)
+            n_text += fr[k].len;
+    for (size_t i = first_turn; i < o->n_history; i++)
+        n_text += fr[o->history[i].assistant ? P_ASSISTANT : P_USER].len + turns[i].len +
+                  fr[P_CLOSE].len;
     for (size_t i = 0; i < n_placed; i++) {
         n_tok += pl[i].n_label + pl[i].n + ns;
         n_text += pl[i].label_len + pl[i].text_len + strlen(sep);
@@ -233,7 +323,17 @@ int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t que
         if (len) \
             memcpy(ctx->text + tx, (s), (len)); \
         tx += (len); } while (0)
-    EMIT(h_ids, nh, head, strlen(head));
+#define EMIT_PIECE(pc) EMIT((pc)->ids, (pc)->n, (pc)->text, (pc)->len)
+    for (int k = P_HEAD; k <= P_CLOSE; k++)
+        EMIT_PIECE(&fr[k]);
+    ctx->history.start = tk;
+    for (size_t i = first_turn; i < o->n_history; i++) {
+        EMIT_PIECE(&fr[o->history[i].assistant ? P_ASSISTANT : P_USER]);
+        EMIT_PIECE(&turns[i]);
+        EMIT_PIECE(&fr[P_CLOSE]);
+    }
+    ctx->history.end = tk;
+    EMIT_PIECE(&fr[P_DOCS_HEAD]);
     ctx->documents.start = tk;
     for (size_t i = 0; i < n_placed; i++) {
         const struct CtxChunk *c = &chunks[pl[i].rank];
@@ -269,28 +369,34 @@ int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t que
     EMIT(q_ids, nq, question, question_len);
     ctx->question.end = tk;
     EMIT(t_ids, nt, tail, strlen(tail));
+#undef EMIT_PIECE
 #undef EMIT
     ctx->text[tx] = 0;
     ctx->n_tokens = tk;
     ctx->text_len = tx;
     ctx->n_offered = n_chunks;
     ctx->n_skipped = n_chunks - n_placed; /* includes chunks never tried once the budget ran out */
-    for (size_t i = 0; i < n_chunks; i++)
-        placed_free(&pl[i]);
-    free(pl);
-    free(h_ids); free(s_ids); free(qp_ids); free(q_ids); free(t_ids);
+    ctx->n_turns = o->n_history - first_turn;
+    ctx->n_turns_skipped = first_turn;
     *out = ctx;
-    return RET_OK;
+    ctx = NULL;
+    goto done;
 fail:
     if (st == RET_ENOMEM)
         ret_fail(err, errlen, st, "out of memory assembling the context");
     else
         ret_fail(err, errlen, st, "the token counter failed assembling the context");
 out_err:
+    ctx_destroy(&ctx);
+done:
     for (size_t i = 0; pl && i < n_chunks; i++)
         placed_free(&pl[i]);
     free(pl);
-    free(h_ids); free(s_ids); free(qp_ids); free(q_ids); free(t_ids);
-    ctx_destroy(&ctx);
+    for (size_t i = 0; turns && i < o->n_history; i++)
+        piece_free(&turns[i]);
+    free(turns);
+    for (int k = 0; k < P_COUNT; k++)
+        piece_free(&fr[k]);
+    free(s_ids); free(qp_ids); free(q_ids); free(t_ids);
     return st;
 }

@@ -1,6 +1,8 @@
 /* Context assembly: given a question, ranked chunks and a token budget, build the prompt as a
  * token array (separately encoded segments, concatenated) so the token span of each placed
- * chunk decodes exactly to its text, and return those spans with their citations. */
+ * chunk decodes exactly to its text, and return those spans with their citations. A client's
+ * system text and the earlier turns of a conversation, when given, go in before the
+ * documents (retriever/prompt.h has the layout). */
 #ifndef DIFFRAG_CONTEXT_H
 #define DIFFRAG_CONTEXT_H
 
@@ -28,10 +30,24 @@ struct CtxChunk {
     int whole;                      /* the text is the whole document */
 };
 
+/* An earlier turn of the conversation; the text is borrowed for the call. */
+struct CtxTurn {
+    int assistant;                  /* 0: the user's turn; 1: the assistant's */
+    const char *text; size_t len;
+};
+
 struct CtxOptions {
     size_t budget;          /* total prompt tokens allowed (everything, frame included) */
     enum CtxOrder order;
     int no_truncate;        /* 0: when no chunk fits whole, place a prefix of the best one */
+    /* The client's system text, after the instruction in the system turn (NULL, 0: none),
+     * and the earlier turns, oldest first (NULL, 0: none); both borrowed for the call. The
+     * system text is part of the fixed cost. Turns are placed newest first, whole, while
+     * together they take at most half of what the fixed cost leaves of the budget; the
+     * first that does not fit ends them, so the placed turns are the most recent ones. With
+     * neither, the prompt is the same as without these fields. */
+    const char *system; size_t system_len;
+    const struct CtxTurn *history; size_t n_history;
 };
 
 struct CtxSpan { size_t start, end; };  /* [start, end) */
@@ -55,12 +71,17 @@ struct Context {
     struct CtxCitation *cites; size_t n_cites; /* in prompt order */
     struct CtxSpan question;            /* the question's tokens */
     struct CtxSpan documents;           /* tokens from the first label to the last separator */
+    struct CtxSpan history;             /* the placed earlier turns, frame included (empty:
+                                           none) */
     size_t n_offered, n_skipped;        /* chunks given; chunks that did not fit */
+    size_t n_turns, n_turns_skipped;    /* earlier turns placed; given but left out (the
+                                           oldest ones) */
 };
 
 /* Assemble. The prompt never has more than o->budget tokens as counted by tc. Returns RET_OK;
- * RET_EBUDGET when the instruction, question and frame alone exceed the budget (the message
- * gives both numbers); RET_EINPUT (NULL question, bad chunk); RET_ETOKEN; RET_ENOMEM.
+ * RET_EBUDGET when the instruction, system text, question and frame alone exceed the budget
+ * (the message gives both numbers); RET_EINPUT (NULL question, bad chunk, bad turn); RET_ETOKEN;
+ * RET_ENOMEM.
  * *out is owned by the caller: free with ctx_destroy. */
 int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t question_len,
                  const struct CtxChunk *chunks, size_t n_chunks, const struct CtxOptions *o,

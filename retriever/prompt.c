@@ -17,6 +17,23 @@ const char *prompt_doc_separator(void) { return "\n\n"; }
 const char *prompt_question_prefix(void) { return "Question: "; }
 const char *prompt_tail(void) { return "<|im_end|>\n<|im_start|>assistant\n"; }
 
+/* HEAD stays one literal (tools/eval-longctx.py reads it from this file); its pieces are cut
+ * out of it at the end of the system turn. */
+static const char TURN_CLOSE[] = "<|im_end|>\n";
+
+const char *prompt_system_open(void) { return HEAD; }
+size_t prompt_system_open_len(void) { return (size_t)(strstr(HEAD, TURN_CLOSE) - HEAD); }
+const char *prompt_system_separator(void) { return "\n\n"; }
+const char *prompt_turn_open(int assistant)
+{
+    return assistant ? "<|im_start|>assistant\n" : "<|im_start|>user\n";
+}
+const char *prompt_turn_close(void) { return TURN_CLOSE; }
+const char *prompt_documents_head(void)
+{
+    return HEAD + prompt_system_open_len() + strlen(TURN_CLOSE);
+}
+
 /* After the answer: the answer's turn closes, and a new user turn asks for a one-word verdict
  * on both what can go wrong: documents that do not hold the answer, and an answer they do not
  * support. */

@@ -10,8 +10,20 @@
  * and, for the self-check after an answer, a closing of its turn and a second user turn
  * (prompt_check).
  *
- * Only the head and tail are encoded with special-token parsing; titles, chunks and the
- * question never are, so text in a document cannot forge a turn boundary. */
+ * A client's system text and earlier turns of a conversation go between the instruction and
+ * the documents; the head is then laid out in its pieces, cut where a special token starts so
+ * that, encoded apart, they give the head's own tokens:
+ *
+ *   <|im_start|>system\n INSTRUCTION                   (prompt_system_open)
+ *   \n\n  SYSTEM TEXT                                   (prompt_system_separator, the client's)
+ *   <|im_end|>\n                                        (prompt_turn_close)
+ *   <|im_start|>user\n  CONTENT  <|im_end|>\n           (per earlier turn: prompt_turn_open,
+ *   <|im_start|>assistant\n  CONTENT  <|im_end|>\n       the content, prompt_turn_close)
+ *   <|im_start|>user\nDocuments:\n\n                    (prompt_documents_head)
+ *
+ * Only the frame pieces are encoded with special-token parsing; titles, chunks, the question,
+ * the system text and the turns' contents never are, so text in them cannot forge a turn
+ * boundary. */
 #ifndef DIFFRAG_PROMPT_H
 #define DIFFRAG_PROMPT_H
 
@@ -24,6 +36,17 @@ const char *prompt_head(void);            /* frame + instruction + "Documents:\n
 const char *prompt_doc_separator(void);   /* after each chunk's text */
 const char *prompt_question_prefix(void); /* before the question */
 const char *prompt_tail(void);            /* after the question: closes the user turn */
+
+/* The head in pieces (see the layout above): the head is exactly
+ * prompt_system_open()[0..prompt_system_open_len()) + prompt_turn_close() +
+ * prompt_documents_head(). prompt_system_open is not NUL-terminated at its length (it points
+ * into the head). */
+const char *prompt_system_open(void);
+size_t prompt_system_open_len(void);
+const char *prompt_system_separator(void);   /* between the instruction and a system text */
+const char *prompt_turn_open(int assistant); /* "<|im_start|>user\n" or "...assistant\n" */
+const char *prompt_turn_close(void);         /* "<|im_end|>\n" */
+const char *prompt_documents_head(void);     /* the user turn's opening, "Documents:\n\n" */
 
 /* The self-check (docs/groundedness.md): appended after the answer's tokens, it closes the
  * answer's turn and asks whether the documents answer the question and support the answer; the model's

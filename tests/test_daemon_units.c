@@ -1,6 +1,7 @@
 /* Unit tests of the daemon's pure parts: the msgpack reader (round trips, every truncation,
- * random bytes, nesting limits), the broker <-> worker bodies, request decoding, configuration
- * values, logfmt quoting, CurveZMQ key files and fault-point periods. */
+ * random bytes, nesting limits), the broker <-> worker bodies, request decoding (a query's
+ * conversation history and system text included), configuration values, logfmt quoting,
+ * CurveZMQ key files and fault-point periods. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -264,6 +265,119 @@ static void test_proto(void)
     mpw_destroy(&e);
 }
 
+/* A query with "history" and "system": the turns are read in order (unknown keys in a turn
+ * ignored), and every malformed turn is refused with the turn named. */
+enum HistCase { HC_OK, HC_ROLE_SYSTEM, HC_ROLE_OTHER, HC_CONTENT_INT, HC_CONTENT_EMPTY,
+                HC_CONTENT_LONG, HC_NO_ROLE, HC_NO_CONTENT, HC_NOT_MAP, HC_NOT_ARRAY, HC_TOO_MANY,
+                HC_SYSTEM_EMPTY, HC_SYSTEM_INT, HC_DUP_ROLE, HC_COUNT };
+
+static void write_history_query(struct MpWriter *w, enum HistCase hc)
+{
+    mpw_reset(w);
+    mpw_map(w, 7);
+    mpw_kv_uint(w, "v", 1);
+    mpw_kv_cstr(w, "op", "query");
+    mpw_kv_cstr(w, "question", "And how long?");
+    mpw_cstr(w, "docs");
+    mpw_array(w, 1);
+    mpw_map(w, 1);
+    mpw_kv_cstr(w, "text", "The Rhine is 1,230 km long.");
+    mpw_cstr(w, "system");
+    if (hc == HC_SYSTEM_EMPTY)
+        mpw_cstr(w, "");
+    else if (hc == HC_SYSTEM_INT)
+        mpw_uint(w, 3);
+    else
+        mpw_cstr(w, "Be brief.");
+    mpw_kv_uint(w, "max_tokens", 4);
+    mpw_cstr(w, "history");
+    if (hc == HC_NOT_ARRAY) {
+        mpw_cstr(w, "user: hi");
+        return;
+    }
+    size_t n = hc == HC_TOO_MANY ? PROTO_MAX_HISTORY + 1 : 3;
+    mpw_array(w, n);
+    for (size_t i = 0; i < n; i++) {
+        int last = i == n - 1;
+        if (last && hc == HC_NOT_MAP) {
+            mpw_cstr(w, "assistant");
+            continue;
+        }
+        int no_role = last && hc == HC_NO_ROLE, no_content = last && hc == HC_NO_CONTENT;
+        mpw_map(w, (no_role || no_content ? 1 : 2) + (i == 1) + (last && hc == HC_DUP_ROLE));
+        if (!no_role) {
+            const char *role = i % 2 ? "assistant" : "user";
+            if (last && hc == HC_ROLE_SYSTEM)
+                role = "system";
+            else if (last && hc == HC_ROLE_OTHER)
+                role = "tool";
+            mpw_kv_cstr(w, "role", role);
+        }
+        if (last && hc == HC_DUP_ROLE)
+            mpw_kv_cstr(w, "role", "user");
+        if (!no_content) {
+            if (last && hc == HC_CONTENT_INT)
+                mpw_kv_uint(w, "content", 5);
+            else if (last && hc == HC_CONTENT_EMPTY)
+                mpw_kv_cstr(w, "content", "");
+            else if (last && hc == HC_CONTENT_LONG)
+                mpw_kv_cstr(w, "content", "this content is longer than the forty bytes allowed");
+            else
+                mpw_kv_cstr(w, "content", i == 0 ? "Where does the Rhine flow?" : "Into the sea.");
+        }
+        if (i == 1) {   /* an unknown key (here a map) is skipped */
+            mpw_cstr(w, "name");
+            mpw_map(w, 1);
+            mpw_kv_cstr(w, "k", "v");
+        }
+    }
+}
+
+static void test_proto_history(void)
+{
+    struct Config cfg;
+    config_defaults(&cfg);
+    cfg.max_question_bytes = 40;
+    struct MpWriter w;
+    mpw_init(&w);
+    struct RequestParams p;
+    enum ErrCode code;
+    char err[256];
+    write_history_query(&w, HC_OK);
+    CHECK(proto_decode(w.buf.data, w.buf.size, &cfg, &p, &code, err, sizeof err) == 0, "%s", err);
+    CHECK(p.n_history == 3 && !p.history[0].assistant && p.history[1].assistant && !p.history[2].assistant &&
+          p.history[0].len == 26 && !memcmp(p.history[0].text, "Where does the Rhine flow?", 26) &&
+          p.history[1].len == 13 && !memcmp(p.history[1].text, "Into the sea.", 13) &&
+          p.system.len == 9 && !memcmp(p.system.p, "Be brief.", 9) && p.max_tokens == 4,
+          "history and system decoded, oldest first, the unknown key skipped");
+    proto_params_free(&p);
+    CHECK(p.history == NULL && p.n_history == 0, "freed");
+    static const struct { enum HistCase hc; enum ErrCode code; const char *says; } bad[] = {
+        { HC_ROLE_SYSTEM, EC_BAD_REQUEST, "history[2].role must be \"user\" or \"assistant\" (a system" },
+        { HC_ROLE_OTHER, EC_BAD_REQUEST, "history[2].role must be \"user\" or \"assistant\"" },
+        { HC_CONTENT_INT, EC_BAD_REQUEST, "history[2].content must be a string, not" },
+        { HC_CONTENT_EMPTY, EC_BAD_REQUEST, "history[2].content is empty" },
+        { HC_CONTENT_LONG, EC_TOO_LARGE, "history[2].content has 51 bytes; the limit is 40" },
+        { HC_NO_ROLE, EC_BAD_REQUEST, "history[2] has no role" },
+        { HC_NO_CONTENT, EC_BAD_REQUEST, "history[2] has no content" },
+        { HC_NOT_MAP, EC_BAD_REQUEST, "history[2] must be a map" },
+        { HC_NOT_ARRAY, EC_BAD_REQUEST, "history must be an array" },
+        { HC_TOO_MANY, EC_TOO_LARGE, "history has 257 turns; the limit is 256" },
+        { HC_SYSTEM_EMPTY, EC_BAD_REQUEST, "system is empty" },
+        { HC_SYSTEM_INT, EC_BAD_REQUEST, "system must be a string" },
+        { HC_DUP_ROLE, EC_BAD_REQUEST, "history[2].role appears twice" },
+    };
+    cfg.max_message_bytes = 1 << 20;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_history_query(&w, bad[i].hc);
+        int rc = proto_decode(w.buf.data, w.buf.size, &cfg, &p, &code, err, sizeof err);
+        CHECK(rc != 0 && code == bad[i].code && strstr(err, bad[i].says), "case %zu: %s (%s), wanted %s (%s)", i,
+              ec_name(code), err, ec_name(bad[i].code), bad[i].says);
+        proto_params_free(&p);
+    }
+    mpw_destroy(&w);
+}
+
 static void test_config(void)
 {
     struct Config c;
@@ -391,6 +505,7 @@ int main(void)
     test_mp_random_bytes();
     test_wire();
     test_proto();
+    test_proto_history();
     test_config();
     test_quote();
     test_keys();

@@ -1,6 +1,8 @@
 /* libFuzzer target: context assembly. The input is split at 0x00 bytes into a question and
- * chunk texts (ids/titles from the next fields); the first byte picks the budget and order.
- * Checks: never over budget, spans inside the prompt and in order. */
+ * chunk texts (ids/titles from the next fields); the first byte picks the budget, the second
+ * the order, truncation, how many fields after the question are also earlier turns (0..7,
+ * alternating roles) and whether the last field is a system text.
+ * Checks: never over budget, spans inside the prompt and in order, every turn counted. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,6 +28,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!z) break;
         p = z + 1;
     }
+    struct CtxTurn turns[7];
+    size_t n_turns = 0;
+    for (size_t i = 1; i < nf && n_turns < (size_t)((data[1] >> 2) & 7); i++, n_turns++)
+        turns[n_turns] = (struct CtxTurn){ (int)(n_turns & 1), fields[i], lens[i] };
+    o.history = turns;
+    o.n_history = n_turns;
+    if ((data[1] >> 5) & 1) {
+        o.system = fields[nf - 1];
+        o.system_len = lens[nf - 1];
+    }
     struct CtxChunk chunks[21];
     size_t nc = 0;
     for (size_t i = 1; i + 2 < nf + 2 && nc < 21 && i < nf; i += 3) {
@@ -47,6 +59,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (ct->bytes.start > ct->bytes.end || ct->bytes.end > c->text_len) __builtin_trap();
         }
         if (c->question.end > c->n_tokens) __builtin_trap();
+        if (c->history.start > c->history.end || c->history.end > c->documents.start ||
+            c->n_turns + c->n_turns_skipped != n_turns) __builtin_trap();
         ctx_destroy(&c);
     }
     return 0;

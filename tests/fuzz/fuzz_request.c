@@ -83,6 +83,15 @@ static void check_accepted(const struct RequestParams *p, const struct Config *c
             abort();
         if (p->n_docs == 0 && p->collection.len == 0)
             abort();
+        if (p->system.len > c->max_question_bytes ||
+            (p->system.len && !INSIDE(p->system.p, p->system.len)) || p->n_history > PROTO_MAX_HISTORY)
+            abort();
+        for (size_t i = 0; i < p->n_history; i++) {
+            const struct CtxTurn *t = &p->history[i];
+            if (t->len < 1 || t->len > c->max_question_bytes || !INSIDE(t->text, t->len) ||
+                (t->assistant != 0 && t->assistant != 1))
+                abort();
+        }
     }
     if (p->op == OP_LIST && (p->limit < 1 || p->limit > PROTO_MAX_LIST_LIMIT))
         abort();

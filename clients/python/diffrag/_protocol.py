@@ -52,9 +52,12 @@ def query_request(rid: Any, question: str, *, collection: Optional[str],
                   max_tokens: Optional[int], temperature: Optional[float],
                   top_p: Optional[float], seed: Optional[int],
                   stop: Union[str, Sequence[str], None], deadline_ms: Optional[int],
-                  stream: bool, order: Optional[str] = None) -> Dict[str, Any]:
+                  stream: bool, order: Optional[str] = None,
+                  history: Optional[Iterable[Mapping[str, Any]]] = None,
+                  system: Optional[str] = None) -> Dict[str, Any]:
     if not isinstance(question, str) or not question:
         raise ValueError("a query needs a question")
+    turns = None if history is None else [dict(t) for t in history]
     doc_list = None if docs is None else [_doc(d, i, False, False) for i, d in enumerate(docs)]
     if not doc_list and collection is None:
         raise ValueError("a query needs documents (docs) or a collection, or both")
@@ -63,7 +66,8 @@ def query_request(rid: Any, question: str, *, collection: Optional[str],
                    top_k=top_k, max_context_tokens=max_context_tokens, max_tokens=max_tokens,
                    temperature=temperature, top_p=top_p, seed=seed,
                    stop=stop if isinstance(stop, (str, type(None))) else list(stop),
-                   deadline_ms=deadline_ms, order=order, stream=True if stream else None)
+                   deadline_ms=deadline_ms, order=order, history=turns or None, system=system,
+                   stream=True if stream else None)
 
 
 def ingest_request(rid: Any, collection: str, docs: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
@@ -243,7 +247,9 @@ def parse_answer(m: Dict[str, Any]) -> Answer:
                               chunks_matched=count("chunks_matched") or 0,
                               chunks_placed=count("chunks_placed") or 0,
                               chunks_left_out=count("chunks_left_out") or 0,
-                              whole=cx.get("whole") is True)
+                              whole=cx.get("whole") is True,
+                              history_turns=count("history_turns") or 0,
+                              history_left_out=count("history_left_out") or 0)
     return Answer(id=m["id"], answer=answer, finish_reason=finish, citations=cites, usage=usage,
                   timings=timings, grounding=grounding, context=context, raw=m)
 

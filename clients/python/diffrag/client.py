@@ -188,19 +188,24 @@ class Client:
               top_p: Optional[float] = None, seed: Optional[int] = None,
               stop: Union[str, Sequence[str], None] = None, deadline_ms: Optional[int] = None,
               order: Optional[str] = None, id: Optional[str] = None,
-              timeout: Optional[float] = None) -> Answer:
+              timeout: Optional[float] = None,
+              history: Optional[Iterable[Mapping[str, Any]]] = None,
+              system: Optional[str] = None) -> Answer:
         """Answers ``question`` from ``collection`` and/or inline ``docs`` (each a str or a
         mapping with "text" and optional "id", "title"); blocks until the whole answer.
         ``max_context_tokens`` decides how much of the documents is read (documents that fit go
         in whole; ``Answer.context`` says what was left out); ``top_k`` only caps the chunks.
         ``order="document"`` lays the chosen chunks out by document and position rather than
         best first, so questions over the same documents share the prompt's cached prefix;
-        ``order="nearest"`` lays them out best last, next to the question."""
+        ``order="nearest"`` lays them out best last, next to the question. ``history``: the
+        earlier turns of a conversation, oldest first, each ``{"role": "user" | "assistant",
+        "content": str}`` (the newest that fit go in; ``Answer.context`` counts them);
+        ``system``: an instruction of your own, added after the daemon's."""
         msg = P.query_request(id or self._next_id(), question, collection=collection, docs=docs,
                               ids=ids, top_k=top_k, max_context_tokens=max_context_tokens,
                               max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                               seed=seed, stop=stop, deadline_ms=deadline_ms, order=order,
-                              stream=False)
+                              history=history, system=system, stream=False)
         m = self._call(msg, self.query_timeout if timeout is None else timeout)
         return P.parse_answer(m)
 
@@ -211,7 +216,9 @@ class Client:
                top_p: Optional[float] = None, seed: Optional[int] = None,
                stop: Union[str, Sequence[str], None] = None, deadline_ms: Optional[int] = None,
                order: Optional[str] = None, id: Optional[str] = None,
-               timeout: Optional[float] = None) -> Iterator[Union[Delta, Answer]]:
+               timeout: Optional[float] = None,
+               history: Optional[Iterable[Mapping[str, Any]]] = None,
+               system: Optional[str] = None) -> Iterator[Union[Delta, Answer]]:
         """Like :meth:`query`, streaming: yields a :class:`Delta` per generated piece of text,
         then the final :class:`Answer` (whose ``answer`` is the deltas joined). Leaving the
         loop early (break, an exception, Ctrl-C) cancels the query on the daemon."""
@@ -220,7 +227,7 @@ class Client:
                               top_k=top_k, max_context_tokens=max_context_tokens,
                               max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                               seed=seed, stop=stop, deadline_ms=deadline_ms, order=order,
-                              stream=True)
+                              history=history, system=system, stream=True)
         wait = self.query_timeout if timeout is None else timeout
         self._register(rid)
         done = False

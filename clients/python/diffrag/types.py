@@ -33,7 +33,8 @@ class Usage:
 class ContextRead:
     """What the prompt held of the documents the query could read: the inline ones, those
     ``ids`` named, or those of a collection in which the search found a chunk. ``doc_tokens``
-    is None when the daemon did not count them (too much text)."""
+    is None when the daemon did not count them (too much text). ``history_turns`` earlier turns
+    of the conversation were placed, ``history_left_out`` (the oldest) were not."""
 
     documents: int = 0
     doc_tokens: Optional[int] = None
@@ -42,6 +43,8 @@ class ContextRead:
     chunks_placed: int = 0
     chunks_left_out: int = 0
     whole: bool = False
+    history_turns: int = 0
+    history_left_out: int = 0
 
 
 @dataclass
