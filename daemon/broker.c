@@ -314,11 +314,11 @@ static void admit(struct Broker *b, struct Request *r)
     q_push(&b->prepq_head, &b->prepq_tail, r, 0);
 }
 
-static void handle_clients(struct Broker *b)
+static void handle_clients(struct Broker *b, void *sock)
 {
     for (int budget = 0; budget < 256; budget++) {
         struct ZuMsg m;
-        if (zu_recv(b->front, &m, ZMQ_DONTWAIT))
+        if (zu_recv(sock, &m, ZMQ_DONTWAIT))
             return;
         size_t id_len = zu_size(&m, 0);
         if (m.n_total < 2 || id_len == 0 || id_len > REQ_MAX_IDENT) {
@@ -332,6 +332,7 @@ static void handle_clients(struct Broker *b)
         }
         zmq_msg_init(&r->body);
         mpw_init(&r->reply);
+        r->sock = sock;
         memcpy(r->ident, zu_data(&m, 0), id_len);
         r->ident_len = id_len;
         r->t_recv = now_ms();
@@ -431,12 +432,13 @@ int broker_run(struct Broker *b)
         long timeout = (long)(wake - now) + 1;
         if (timeout < 0) timeout = 0;
         if (timeout > 250) timeout = 250;   /* signals may land on another thread's stack */
-        zmq_pollitem_t items[3] = {
+        zmq_pollitem_t items[4] = {
             { b->back, 0, ZMQ_POLLIN, 0 },
             { b->prep, 0, ZMQ_POLLIN, 0 },
             { b->front, 0, ZMQ_POLLIN, 0 },
+            { b->http, 0, ZMQ_POLLIN, 0 },
         };
-        int n = zmq_poll(items, 3, timeout);
+        int n = zmq_poll(items, 4, timeout);
         if (n < 0 && errno != EINTR) {
             dlog(LL_ERROR, "msg=\"poll failed\" error=\"%s\"", zmq_strerror(errno));
             break;
@@ -446,7 +448,9 @@ int broker_run(struct Broker *b)
         if (n > 0 && (items[1].revents & ZMQ_POLLIN))
             handle_prep(b);
         if (n > 0 && (items[2].revents & ZMQ_POLLIN))
-            handle_clients(b);
+            handle_clients(b, b->front);
+        if (n > 0 && (items[3].revents & ZMQ_POLLIN))
+            handle_clients(b, b->http);
         now = now_ms();
         check_deadlines(b, now);
         workers_heartbeat(b, now);
@@ -482,7 +486,8 @@ int broker_new(const struct BrokerOpts *o, struct Broker **out, char *err, size_
     b->front = zmq_socket(o->zctx, ZMQ_ROUTER);
     b->back = zmq_socket(o->zctx, ZMQ_ROUTER);
     b->prep = zmq_socket(o->zctx, ZMQ_ROUTER);
-    if (!b->preps || !b->front || !b->back || !b->prep) {
+    b->http = zmq_socket(o->zctx, ZMQ_ROUTER);
+    if (!b->preps || !b->front || !b->back || !b->prep || !b->http) {
         snprintf(err, errlen, "cannot create sockets: %s", zmq_strerror(errno));
         goto err;
     }
@@ -515,6 +520,10 @@ int broker_new(const struct BrokerOpts *o, struct Broker **out, char *err, size_
             goto err;
         }
     }
+    /* The HTTP gateway's connections: one DEALER per HTTP request, in this process. */
+    zmq_setsockopt(b->http, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(b->http, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(b->http, ZMQ_RCVHWM, &client_rcvhwm, sizeof client_rcvhwm);
     zmq_setsockopt(b->back, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(b->back, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(b->back, ZMQ_RCVHWM, &hwm, sizeof hwm);
@@ -523,7 +532,8 @@ int broker_new(const struct BrokerOpts *o, struct Broker **out, char *err, size_
         snprintf(err, errlen, "cannot listen on %s: %s", o->cfg->listen, zmq_strerror(errno));
         goto err;
     }
-    if (zmq_bind(b->back, BROKER_WORKERS_INPROC) || zmq_bind(b->prep, BROKER_PREP_INPROC)) {
+    if (zmq_bind(b->back, BROKER_WORKERS_INPROC) || zmq_bind(b->prep, BROKER_PREP_INPROC) ||
+        zmq_bind(b->http, BROKER_HTTP_INPROC)) {
         snprintf(err, errlen, "cannot bind inproc sockets: %s", zmq_strerror(errno));
         goto err;
     }
@@ -556,6 +566,7 @@ void broker_destroy(struct Broker **bp)
     if (b->front) zmq_close(b->front);
     if (b->back) zmq_close(b->back);
     if (b->prep) zmq_close(b->prep);
+    if (b->http) zmq_close(b->http);
     mpw_destroy(&b->w);
     free(b->preps);
     free(b);

@@ -17,6 +17,7 @@
 
 #define BROKER_WORKERS_INPROC "inproc://diffrag-workers"
 #define BROKER_PREP_INPROC "inproc://diffrag-prep"
+#define BROKER_HTTP_INPROC "inproc://diffrag-http"   /* the HTTP API's requests (openai.c) */
 #define BROKER_CLIENT_RCVHWM 64   /* messages libzmq queues per client connection */
 
 struct BrokerOpts {

@@ -32,6 +32,7 @@ struct Broker {
     struct BrokerOpts o;
     struct Config *cfg;
     void *front, *back, *prep;
+    void *http;                             /* ROUTER on BROKER_HTTP_INPROC: the HTTP API */
     struct Request all;                     /* sentinel of the live list */
     int n_live, n_pending;                  /* n_pending: in either queue or an I/O thread */
     struct Request *prepq_head, *prepq_tail; /* waiting for an I/O thread (RS_PREP_WAIT) */

@@ -52,6 +52,30 @@ static const struct Key keys[] = {
       "ZeroMQ endpoint where remote workers (diffragd --worker) connect; empty: none" },
     { "metrics_listen", K_STR, F(metrics_listen), "127.0.0.1:9400", 0, 0, 0,
       "HOST:PORT for /metrics, /healthz and /readyz over HTTP; empty: off" },
+    { "http_listen", K_STR, F(http_listen), "127.0.0.1:7480", 0, 0, 0,
+      "HOST:PORT of the OpenAI-compatible HTTP API (POST /v1/chat/completions, GET /v1/models; "
+      "docs/openai.md); empty: off. Off loopback it needs http_api_key_file or "
+      "http_allow_remote = 1" },
+    { "http_api_key_file", K_STR, F(http_api_key_file), "", 0, 0, 0,
+      "file of API keys, one a line (# comments): HTTP requests must send one as "
+      "`Authorization: Bearer KEY` or get 401; empty: no key asked" },
+    { "http_allow_remote", K_LONG, F(http_allow_remote), "0", 0, 1, 0,
+      "1: serve the HTTP API off loopback without http_api_key_file (behind a proxy that "
+      "authenticates); 0: refuse to start so" },
+    { "http_max_connections", K_LONG, F(http_max_connections), "64", 1, 4096, 0,
+      "HTTP API connections open at once (each answered on its own thread); at the limit a new "
+      "one replaces the connection that has waited longest without a complete request" },
+    { "http_timeout", K_DOUBLE, F(http_timeout), "10", 0.5, 3600, 0,
+      "seconds an HTTP API client has to send a whole request (headers and body) from "
+      "connecting or its last answer; a slower one is disconnected" },
+    { "http_tls_cert_file", K_STR, F(http_tls_cert_file), "", 0, 0, 0,
+      "PEM certificate (chain) of the HTTP API: set with http_tls_key_file, it speaks HTTPS; "
+      "empty: plain HTTP" },
+    { "http_tls_key_file", K_STR, F(http_tls_key_file), "", 0, 0, 0,
+      "PEM private key of http_tls_cert_file" },
+    { "default_collection", K_STR, F(default_collection), "", 0, 0, 0,
+      "the collection an HTTP API request reads when it names no documents; empty: such a "
+      "request is refused" },
     { "connect", K_STR, F(connect), "", 0, 0, 0,
       "worker mode only: the broker's worker endpoint to join, e.g. tcp://HOST:7401" },
     { "curve_secret_key_file", K_STR, F(curve_secret_key_file), "", 0, 0, 0,
@@ -82,7 +106,7 @@ static const struct Key keys[] = {
     { "max_docs", K_LONG, F(max_docs), "256", 1, 1000000, 1,
       "documents (or ids) per request, inline or ingested" },
     { "max_question_bytes", K_SIZE, F(max_question_bytes), "4096", 1, 1048576, 1,
-      "longest question in bytes" },
+      "longest question in bytes; also the longest system text and history turn of a query" },
     { "max_context_tokens", K_LONG, F(max_context_tokens), "0", 0, 131072, 1,
       "cap of a query's prompt budget in tokens: frame, documents, question; 0 "
       "(auto): the model's usable context minus max_tokens, lowered to what kv_budget_bytes "
@@ -477,8 +501,21 @@ int config_validate(const struct Config *c, char *err, size_t errlen)
         return -1;
     if (c->connect[0] && config_check_zmq_endpoint("connect", c->connect, 0, err, errlen))
         return -1;
-    if (c->metrics_listen[0] && config_check_metrics_listen(c->metrics_listen, err, errlen))
+    if (c->metrics_listen[0] && config_check_http_listen("metrics_listen", c->metrics_listen, err, errlen))
         return -1;
+    if (c->http_listen[0] && config_check_http_listen("http_listen", c->http_listen, err, errlen))
+        return -1;
+    if (c->http_listen[0] && !c->http_api_key_file[0] && !c->http_allow_remote &&
+        !config_endpoint_loopback(c->http_listen)) {
+        snprintf(err, errlen, "http_listen %s is not on loopback: set http_api_key_file (clients "
+                 "then send a key), or http_allow_remote = 1 when a proxy in front "
+                 "authenticates", c->http_listen);
+        return -1;
+    }
+    if (!c->http_tls_cert_file[0] != !c->http_tls_key_file[0]) {
+        snprintf(err, errlen, "http_tls_cert_file and http_tls_key_file go together");
+        return -1;
+    }
     if (c->curve_allowed_keys[0] && !c->curve_secret_key_file[0]) {
         snprintf(err, errlen, "curve_allowed_keys needs curve_secret_key_file (the daemon's own "
                  "key): without it clients are not authenticated at all");

@@ -17,6 +17,14 @@ struct Config {
     char listen[CONFIG_STR_MAX];
     char worker_listen[CONFIG_STR_MAX];
     char metrics_listen[CONFIG_STR_MAX];
+    char http_listen[CONFIG_STR_MAX];            /* the OpenAI-compatible API; "": off */
+    char http_api_key_file[CONFIG_STR_MAX];
+    char http_tls_cert_file[CONFIG_STR_MAX];
+    char http_tls_key_file[CONFIG_STR_MAX];
+    long http_allow_remote;                      /* 1: no key, yet off loopback */
+    long http_max_connections;
+    double http_timeout;                         /* seconds to send a whole request */
+    char default_collection[CONFIG_STR_MAX];     /* the API's collection when none is named */
     char connect[CONFIG_STR_MAX];
     char curve_secret_key_file[CONFIG_STR_MAX];
     char curve_allowed_keys[CONFIG_STR_MAX];
@@ -101,9 +109,9 @@ int config_validate(const struct Config *c, char *err, size_t errlen);
  * connect, any host name. Other transports need only something after the scheme. */
 int config_check_zmq_endpoint(const char *key, const char *endpoint, int bind_side, char *err,
                               size_t errlen);
-/* metrics_listen: HOST:PORT with HOST an IP address of this machine or localhost (the metrics
- * server takes no interface names). */
-int config_check_metrics_listen(const char *hostport, char *err, size_t errlen);
+/* metrics_listen, http_listen (named by key): HOST:PORT with HOST an IP address of this
+ * machine or localhost (the HTTP servers take no interface names). */
+int config_check_http_listen(const char *key, const char *hostport, char *err, size_t errlen);
 
 /* Whether a listen address reaches only this machine: a tcp:// endpoint or a metrics
  * HOST:PORT whose host is 127.0.0.0/8, ::1, localhost or an interface flagged loopback (lo);

@@ -167,17 +167,17 @@ int config_check_zmq_endpoint(const char *key, const char *e, int bind_side, cha
     return 0;
 }
 
-int config_check_metrics_listen(const char *hp, char *err, size_t errlen)
+int config_check_http_listen(const char *key, const char *hp, char *err, size_t errlen)
 {
     char host[256];
     const char *port_text;
     unsigned char addr[sizeof(struct in6_addr)];
     if (split_hostport(hp, host, sizeof host, &port_text) || !host[0]) {
-        snprintf(err, errlen, "metrics_listen: \"%s\" is not HOST:PORT", hp);
+        snprintf(err, errlen, "%s: \"%s\" is not HOST:PORT", key, hp);
         return -1;
     }
     if (parse_port(port_text) < 0) {
-        snprintf(err, errlen, "metrics_listen: port \"%s\" of \"%s\" is not 1..65535", port_text, hp);
+        snprintf(err, errlen, "%s: port \"%s\" of \"%s\" is not 1..65535", key, port_text, hp);
         return -1;
     }
     if (!strcmp(host, "localhost"))
@@ -185,11 +185,11 @@ int config_check_metrics_listen(const char *hp, char *err, size_t errlen)
     int family = inet_pton(AF_INET, host, addr) == 1 ? AF_INET
                : inet_pton(AF_INET6, host, addr) == 1 ? AF_INET6 : 0;
     if (!family) {
-        snprintf(err, errlen, "metrics_listen: \"%s\" is not an IP address", host);
+        snprintf(err, errlen, "%s: \"%s\" is not an IP address", key, host);
         return -1;
     }
     if (!address_bindable(family, addr)) {
-        snprintf(err, errlen, "metrics_listen: %s is not an address of this machine", host);
+        snprintf(err, errlen, "%s: %s is not an address of this machine", key, host);
         return -1;
     }
     return 0;

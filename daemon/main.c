@@ -19,6 +19,7 @@
 #include "daemon/fault.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
+#include "daemon/openai.h"
 #include "daemon/prep.h"
 #include "daemon/worker.h"
 #include "daemon/zap.h"
@@ -682,6 +683,7 @@ static int run_daemon(struct Config *c, int argc, char **argv)
     struct Store *store = NULL;
     struct Metrics *metrics = NULL;
     struct MetricsHttp *http = NULL;
+    struct OpenAi *api = NULL;
     struct Broker *broker = NULL;
     struct PrepPool *prep = NULL;
     struct Grounding *ground = calloc(1, sizeof *ground);
@@ -799,6 +801,9 @@ static int run_daemon(struct Config *c, int argc, char **argv)
 
     block_signals(1);
     zctx = zmq_ctx_new();
+    /* the HTTP API opens a socket per request in flight, beside the daemon's own */
+    if (zctx && c->http_listen[0])
+        zmq_ctx_set(zctx, ZMQ_MAX_SOCKETS, 1024 + (int)c->http_max_connections);
     /* sockets made afterwards inherit it; IPv4 addresses still bind */
     if (zctx && (config_endpoint_ipv6(c->listen) || config_endpoint_ipv6(c->worker_listen)))
         zmq_ctx_set(zctx, ZMQ_IPV6, 1);
@@ -844,10 +849,28 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         dlog(LL_ERROR, "msg=\"cannot serve metrics\" error=\"%s\"", err);
         exit(1);
     }
+    if (c->http_listen[0]) {
+        struct OpenAiOpts ao = {
+            .listen = c->http_listen, .api_key_file = c->http_api_key_file,
+            .tls_cert_file = c->http_tls_cert_file, .tls_key_file = c->http_tls_key_file,
+            .max_connections = (int)c->http_max_connections, .timeout_s = c->http_timeout,
+            .max_body_bytes = c->max_message_bytes, .default_collection = c->default_collection,
+            .model_name = model_name, .zctx = zctx, .metrics = metrics,
+        };
+        if (openai_start(&ao, &api, err, sizeof err)) {
+            dlog(LL_ERROR, "msg=\"cannot serve the HTTP API\" error=\"%s\"", err);
+            exit(1);
+        }
+        if (!config_endpoint_loopback(c->http_listen) && !c->http_tls_cert_file[0])
+            dlog(LL_WARN, "msg=\"the HTTP API on %s is plain HTTP: API keys and documents cross "
+                 "the network in clear; set http_tls_cert_file or put a TLS proxy in front\"",
+                 c->http_listen);
+    }
     block_signals(0);
-    dlog(LL_INFO, "msg=\"listening\" listen=%s metrics=\"%s\" io_threads=%ld", c->listen,
-         c->metrics_listen, c->io_threads);
+    dlog(LL_INFO, "msg=\"listening\" listen=%s metrics=\"%s\" http=\"%s\" io_threads=%ld", c->listen,
+         c->metrics_listen, c->http_listen, c->io_threads);
     broker_run(broker);
+    openai_stop(&api);
     metrics_http_stop(&http);
     for (int i = 0; i < n_workers; i++)
         worker_stop(&workers[i]);

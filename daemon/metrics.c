@@ -14,23 +14,25 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/http.h"
 #include "daemon/worker.h"
 #include "model/engine_gpu.h"
 #include "model/kvpool.h"
 #include "retriever/store.h"
 
 #define MAX_BUCKETS 20
+/* The HTTP API's statuses and endpoints, as /metrics labels them. */
+static const int http_statuses[] = { 200, 400, 401, 404, 405, 413, 429, 500, 503, 504 };
+#define HTTP_N_STATUS (int)(sizeof http_statuses / sizeof http_statuses[0])
+static const char *const http_endpoints[] = { "chat_completions", "models", "other" };
+static const char *const finish_names[] = { "stop", "length", "cancelled", "deadline" };
 /* The HTTP endpoint's limits (docs/security.md#the-metrics-endpoint). A scraper or a probe
  * needs one connection at a time and a few milliseconds. */
 #define METRICS_MAX_CONNECTIONS 128     /* open at once, all clients */
 #define METRICS_MAX_PER_IP 32           /* open at once from one IP address */
 #define METRICS_REQUEST_DEADLINE_S 5.0  /* a whole request, first byte to last of the reply */
 #define METRICS_IDLE_TIMEOUT_S 5u       /* no byte either way (kept as a second guard) */
-#define METRICS_SWEEP_MS 200            /* how often deadlines are checked */
-#define METRICS_LISTEN_BACKLOG 1024     /* a burst of connects waits in the kernel, not dropped */
 #define METRICS_CONNECTION_MEMORY (16 * 1024)
-/* Room for the open connections and as many dropped ones the server has not yet reaped. */
-#define METRICS_HTTP_SLOTS (2 * METRICS_MAX_CONNECTIONS)
 
 struct Hist {
     const double *bounds;
@@ -69,6 +71,10 @@ struct Metrics {
     const struct Model *gpu_model; /* or the model whose GPU pool they use */
     struct WorkerStats *wstats; /* their batch schedulers' figures; NULL: none */
     uint64_t auth_ok, auth_refused;
+    uint64_t finished[4];       /* queries answered, by finish reason (enum WireFinish) */
+    uint64_t http[3][HTTP_N_STATUS]; /* HTTP API responses: endpoint x status */
+    uint64_t http_disconnects;
+    int http_open;
     int queue_depth, inflight, workers_idle, workers_busy, running;
     uint64_t kv_bytes;
     int model_loaded, store_open, draining;
@@ -165,6 +171,8 @@ void metrics_query(struct Metrics *m, const struct QueryObs *q)
     m->cache_queried += q->prompt_tokens;
     m->cache_hit += q->cached_tokens;
     m->generated_tokens += q->generated_tokens;
+    if (q->finish >= 0 && q->finish < 4)
+        m->finished[q->finish]++;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -201,6 +209,34 @@ int metrics_set_detector(struct Metrics *m, const char *calibration, const char 
     m->threshold = t;
     pthread_mutex_unlock(&m->mu);
     return 0;
+}
+
+void metrics_http_request(struct Metrics *m, const char *endpoint, int status)
+{
+    int e = 0, k = 0;
+    while (e < 2 && strcmp(endpoint, http_endpoints[e]))
+        e++;
+    while (k < HTTP_N_STATUS - 1 && http_statuses[k] != status)
+        k++;
+    if (http_statuses[k] != status)
+        k = status >= 500 ? 7 : 1;   /* not expected: counted as 500 or 400 */
+    pthread_mutex_lock(&m->mu);
+    m->http[e][k]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_http_disconnect(struct Metrics *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->http_disconnects++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_http_connections(struct Metrics *m, int open)
+{
+    pthread_mutex_lock(&m->mu);
+    m->http_open = open;
+    pthread_mutex_unlock(&m->mu);
 }
 
 void metrics_worker_lost(struct Metrics *m)
@@ -396,6 +432,25 @@ char *metrics_render(struct Metrics *m, size_t *len)
     head(f, "diffrag_prefix_cache_hit_tokens_total", "counter",
          "Of them, tokens whose keys and values came from the prefix cache.");
     fprintf(f, "diffrag_prefix_cache_hit_tokens_total %llu\n", (unsigned long long)m->cache_hit);
+    head(f, "diffrag_query_finish_total", "counter",
+         "Queries answered with generation, by how the answer ended (stop, length, cancelled, "
+         "deadline).");
+    for (int i = 0; i < 4; i++)
+        fprintf(f, "diffrag_query_finish_total{reason=\"%s\"} %llu\n", finish_names[i],
+                (unsigned long long)m->finished[i]);
+    head(f, "diffrag_http_requests_total", "counter",
+         "Responses of the OpenAI-compatible HTTP API, by endpoint and status.");
+    for (int e = 0; e < 3; e++)
+        for (int k = 0; k < HTTP_N_STATUS; k++)
+            if (m->http[e][k] || (e == 0 && http_statuses[k] == 200))
+                fprintf(f, "diffrag_http_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n",
+                        http_endpoints[e], http_statuses[k], (unsigned long long)m->http[e][k]);
+    head(f, "diffrag_http_client_disconnects_total", "counter",
+         "HTTP API clients that left before their answer ended; each one's query was cancelled.");
+    fprintf(f, "diffrag_http_client_disconnects_total %llu\n",
+            (unsigned long long)m->http_disconnects);
+    head(f, "diffrag_http_connections", "gauge", "HTTP API connections open.");
+    fprintf(f, "diffrag_http_connections %d\n", m->http_open);
     head(f, "diffrag_worker_lost_total", "counter", "Workers presumed dead (silent past the heartbeat timeout, or gone).");
     fprintf(f, "diffrag_worker_lost_total %llu\n", (unsigned long long)m->worker_lost);
     head(f, "diffrag_auth_handshakes_total", "counter",
@@ -519,127 +574,13 @@ char *metrics_render(struct Metrics *m, size_t *len)
 
 /* ---- HTTP ---- */
 
-/* Connections are tracked so that a slow client cannot hold the endpoint: each one gets a
- * deadline for its whole request (not only an idle timeout, which bytes trickled in every few
- * seconds keep resetting), and at a limit a new connection takes the place of the oldest one
- * of its IP address (or of all) instead of being refused. A probe or a scrape sends its
- * request at once and is answered within milliseconds, so it is served; a connection that
- * has held a slot longest without finishing a request is the one that goes. One polling
- * thread serves every socket (epoll where available), so held sockets cost no thread. */
-struct HttpConn {
-    int used, closing;          /* closing: shut down here, MHD has not reported it closed */
-    int fd;
-    int family;                 /* AF_INET or AF_INET6 */
-    unsigned char ip[16];       /* client address (4 or 16 bytes used) */
-    double since;               /* accept, or end of the last request on this connection */
-};
-
+/* One polling thread serves every socket (epoll where available), so held sockets cost no
+ * thread; the guard (http.h) drops slow clients. */
 struct MetricsHttp {
     struct MHD_Daemon *d;
     struct Metrics *m;
-    pthread_mutex_t mu;         /* conns, stop */
-    pthread_cond_t wake;
-    pthread_t sweeper;
-    int sweeper_started, stop;
-    struct HttpConn conns[METRICS_HTTP_SLOTS];
+    struct HttpGuard *guard;
 };
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-/* Ends a connection from any thread: MHD sees the socket hang up on its next poll and closes
- * it. Called under mu, on a slot MHD has not reported closed; MHD reports a connection closed
- * (conn_notify, which takes mu) before it closes the descriptor, so fd is still this
- * connection's socket and not a reused number. */
-static void conn_drop(struct HttpConn *k)
-{
-    shutdown(k->fd, SHUT_RDWR);
-    k->closing = 1;
-}
-
-static int same_ip(const struct HttpConn *a, const struct HttpConn *b)
-{
-    return a->family == b->family
-        && !memcmp(a->ip, b->ip, a->family == AF_INET ? 4 : 16);
-}
-
-/* Makes room for k (registered, not yet counted) under the per-address and total limits by
- * dropping the longest-held other connection of the same address, then of all. */
-static void conns_admit(struct MetricsHttp *h, struct HttpConn *k)
-{
-    for (;;) {
-        int total = 0, per_ip = 0;
-        struct HttpConn *oldest_ip = NULL, *oldest = NULL;
-        for (int i = 0; i < METRICS_HTTP_SLOTS; i++) {
-            struct HttpConn *o = &h->conns[i];
-            if (!o->used || o->closing || o == k)
-                continue;
-            total++;
-            if (!oldest || o->since < oldest->since)
-                oldest = o;
-            if (same_ip(o, k)) {
-                per_ip++;
-                if (!oldest_ip || o->since < oldest_ip->since)
-                    oldest_ip = o;
-            }
-        }
-        if (per_ip >= METRICS_MAX_PER_IP && oldest_ip)
-            conn_drop(oldest_ip);
-        else if (total >= METRICS_MAX_CONNECTIONS && oldest)
-            conn_drop(oldest);
-        else
-            return;
-    }
-}
-
-static void conn_notify(void *cls, struct MHD_Connection *c, void **socket_context,
-                        enum MHD_ConnectionNotificationCode toe)
-{
-    struct MetricsHttp *h = cls;
-    pthread_mutex_lock(&h->mu);
-    if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
-        struct HttpConn *k = *socket_context;
-        if (k)
-            memset(k, 0, sizeof *k);
-        *socket_context = NULL;
-        pthread_mutex_unlock(&h->mu);
-        return;
-    }
-    const union MHD_ConnectionInfo *fi = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    const union MHD_ConnectionInfo *ai = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    struct HttpConn *k = NULL;
-    for (int i = 0; i < METRICS_HTTP_SLOTS && !k; i++)
-        if (!h->conns[i].used)
-            k = &h->conns[i];
-    if (!fi) {
-        pthread_mutex_unlock(&h->mu);
-        return;
-    }
-    if (!k) {   /* cannot happen while MHD's own limit is METRICS_HTTP_SLOTS; refuse */
-        shutdown(fi->connect_fd, SHUT_RDWR);
-        pthread_mutex_unlock(&h->mu);
-        return;
-    }
-    memset(k, 0, sizeof *k);
-    k->used = 1;
-    k->fd = fi->connect_fd;
-    k->since = now_s();
-    const struct sockaddr *sa = ai ? ai->client_addr : NULL;
-    if (sa && sa->sa_family == AF_INET) {
-        k->family = AF_INET;
-        memcpy(k->ip, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, 4);
-    } else if (sa && sa->sa_family == AF_INET6) {
-        k->family = AF_INET6;
-        memcpy(k->ip, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, 16);
-    }
-    *socket_context = k;
-    conns_admit(h, k);
-    pthread_mutex_unlock(&h->mu);
-}
 
 /* A request ended (answered, or cut): the next one on this connection gets a fresh deadline. */
 static void request_done(void *cls, struct MHD_Connection *c, void **state,
@@ -648,36 +589,7 @@ static void request_done(void *cls, struct MHD_Connection *c, void **state,
     (void)state;
     (void)toe;
     struct MetricsHttp *h = cls;
-    const union MHD_ConnectionInfo *si = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    pthread_mutex_lock(&h->mu);
-    if (si && si->socket_context) {
-        struct HttpConn *k = si->socket_context;
-        k->since = now_s();
-    }
-    pthread_mutex_unlock(&h->mu);
-}
-
-/* Closes every connection past its deadline, a few times a second. */
-static void *sweep_main(void *arg)
-{
-    struct MetricsHttp *h = arg;
-    pthread_mutex_lock(&h->mu);
-    while (!h->stop) {
-        struct timespec t;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        t.tv_nsec += METRICS_SWEEP_MS * 1000000L;
-        t.tv_sec += t.tv_nsec / 1000000000L;
-        t.tv_nsec %= 1000000000L;
-        pthread_cond_timedwait(&h->wake, &h->mu, &t);
-        double cut = now_s() - METRICS_REQUEST_DEADLINE_S;
-        for (int i = 0; i < METRICS_HTTP_SLOTS; i++) {
-            struct HttpConn *k = &h->conns[i];
-            if (k->used && !k->closing && k->since < cut)
-                conn_drop(k);
-        }
-    }
-    pthread_mutex_unlock(&h->mu);
-    return NULL;
+    http_guard_request_done(h->guard, c);
 }
 
 static enum MHD_Result respond(struct MHD_Connection *c, unsigned status, char *body, size_t len,
@@ -736,54 +648,11 @@ int metrics_http_start(struct Metrics *m, const char *hostport, struct MetricsHt
                        char *err, size_t errlen)
 {
     *out = NULL;
-    char host[256];
-    const char *colon = strrchr(hostport, ':');
-    if (!colon || (size_t)(colon - hostport) >= sizeof host) {
-        snprintf(err, errlen, "metrics_listen: \"%s\" is not HOST:PORT", hostport);
-        return -1;
-    }
-    memcpy(host, hostport, (size_t)(colon - hostport));
-    host[colon - hostport] = 0;
-    if (host[0] == '[' && host[strlen(host) - 1] == ']') {
-        memmove(host, host + 1, strlen(host));
-        host[strlen(host) - 1] = 0;
-    }
-    if (!strcmp(host, "localhost"))
-        strcpy(host, "127.0.0.1");
-    int port = atoi(colon + 1);
-    struct sockaddr_in a4;
-    struct sockaddr_in6 a6;
-    const struct sockaddr *sa;
     unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD;
-    memset(&a4, 0, sizeof a4);
-    memset(&a6, 0, sizeof a6);
-    if (inet_pton(AF_INET, host, &a4.sin_addr) == 1) {
-        a4.sin_family = AF_INET;
-        a4.sin_port = htons((uint16_t)port);
-        sa = (const struct sockaddr *)&a4;
-    } else if (inet_pton(AF_INET6, host, &a6.sin6_addr) == 1) {
-        a6.sin6_family = AF_INET6;
-        a6.sin6_port = htons((uint16_t)port);
-        sa = (const struct sockaddr *)&a6;
-        flags |= MHD_USE_IPv6;
-    } else {
-        snprintf(err, errlen, "metrics_listen: \"%s\" is not an IP address", host);
-        return -1;
-    }
-    /* Bound here rather than by libmicrohttpd, so a failure names its cause (EADDRINUSE,
-     * EADDRNOTAVAIL, EACCES) instead of a guess. */
-    socklen_t salen = sa->sa_family == AF_INET ? sizeof a4 : sizeof a6;
-    int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
-    if (fd < 0) {
-        snprintf(err, errlen, "cannot serve metrics on %s: %s", hostport, strerror(errno));
-        return -1;
-    }
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (sa->sa_family == AF_INET6)
-        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
-    if (bind(fd, sa, salen) || listen(fd, METRICS_LISTEN_BACKLOG)) {
-        snprintf(err, errlen, "cannot serve metrics on %s: %s", hostport, strerror(errno));
-        close(fd);
+    int fd;
+    char why[256];
+    if (http_bind("metrics_listen", hostport, &fd, &flags, why, sizeof why)) {
+        snprintf(err, errlen, "cannot serve metrics: %s", why);
         return -1;
     }
     struct MetricsHttp *h = calloc(1, sizeof *h);
@@ -793,40 +662,29 @@ int metrics_http_start(struct Metrics *m, const char *hostport, struct MetricsHt
         return -1;
     }
     h->m = m;
-    pthread_mutex_init(&h->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&h->wake, &ca);
-    pthread_condattr_destroy(&ca);
-    /* MHD's own cap counts dropped connections until it reaps them; conns_admit keeps the
-     * open ones within METRICS_MAX_CONNECTIONS and METRICS_MAX_PER_IP. The endpoint reads no
-     * request body, so 16 KiB a connection is plenty. */
+    if (http_guard_new(METRICS_MAX_CONNECTIONS, METRICS_MAX_PER_IP, METRICS_REQUEST_DEADLINE_S,
+                       &h->guard, why, sizeof why)) {
+        snprintf(err, errlen, "cannot serve metrics: %s", why);
+        close(fd);
+        free(h);
+        return -1;
+    }
+    /* The endpoint reads no request body, so 16 KiB a connection is plenty. */
     h->d = MHD_start_daemon(flags, 0, NULL, NULL, handle, h, MHD_OPTION_LISTEN_SOCKET, fd,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)METRICS_HTTP_SLOTS,
+                            MHD_OPTION_CONNECTION_LIMIT, http_guard_slots(h->guard),
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)METRICS_CONNECTION_MEMORY,
                             MHD_OPTION_CONNECTION_TIMEOUT, METRICS_IDLE_TIMEOUT_S,
-                            MHD_OPTION_NOTIFY_CONNECTION, conn_notify, h,
+                            MHD_OPTION_NOTIFY_CONNECTION, http_guard_notify, h->guard,
                             MHD_OPTION_NOTIFY_COMPLETED, request_done, h, MHD_OPTION_END);
     if (!h->d) {
         snprintf(err, errlen, "cannot serve metrics on %s: the HTTP server did not start", hostport);
         close(fd);
-        goto err;
+        http_guard_destroy(&h->guard);
+        free(h);
+        return -1;
     }
-    if (pthread_create(&h->sweeper, NULL, sweep_main, h)) {
-        snprintf(err, errlen, "cannot serve metrics on %s: no thread for request deadlines",
-                 hostport);
-        MHD_stop_daemon(h->d);   /* closes fd too */
-        goto err;
-    }
-    h->sweeper_started = 1;
     *out = h;
     return 0;
-err:
-    pthread_cond_destroy(&h->wake);
-    pthread_mutex_destroy(&h->mu);
-    free(h);
-    return -1;
 }
 
 void metrics_http_stop(struct MetricsHttp **hp)
@@ -834,16 +692,8 @@ void metrics_http_stop(struct MetricsHttp **hp)
     struct MetricsHttp *h = hp ? *hp : NULL;
     if (!h)
         return;
-    if (h->sweeper_started) {
-        pthread_mutex_lock(&h->mu);
-        h->stop = 1;
-        pthread_cond_signal(&h->wake);
-        pthread_mutex_unlock(&h->mu);
-        pthread_join(h->sweeper, NULL);
-    }
     MHD_stop_daemon(h->d);
-    pthread_cond_destroy(&h->wake);
-    pthread_mutex_destroy(&h->mu);
+    http_guard_destroy(&h->guard);
     free(h);
     *hp = NULL;
 }

@@ -25,6 +25,7 @@ struct QueryObs {
     double queue_s, retrieval_s, ttft_s, tpot_s, prefill_tps;
     uint64_t prompt_tokens, generated_tokens, context_tokens;
     uint64_t cached_tokens;   /* of the prompt tokens, those taken from the prefix cache */
+    int finish;               /* how it ended: enum WireFinish (stop, length, cancelled, deadline) */
 };
 void metrics_query(struct Metrics *m, const struct QueryObs *q);
 void metrics_worker_lost(struct Metrics *m);
@@ -33,6 +34,12 @@ void metrics_grounding(struct Metrics *m, const struct GrSummary *g);
 /* The detector in use, for diffrag_hallucination_detector_info: the calibration's name (or
  * "none") and its threshold as text (or "none"); copied. 0 or -1 (out of memory). */
 int metrics_set_detector(struct Metrics *m, const char *calibration, const char *threshold);
+/* The HTTP API (openai.c, any thread): a response by endpoint ("chat_completions", "models",
+ * "other") and HTTP status; a client that left before its answer ended (its query cancelled);
+ * the connections open now. */
+void metrics_http_request(struct Metrics *m, const char *endpoint, int status);
+void metrics_http_disconnect(struct Metrics *m);
+void metrics_http_connections(struct Metrics *m, int open);
 /* One CurveZMQ handshake decided by the ZAP handler (any thread). */
 void metrics_auth(struct Metrics *m, int allowed);
 

@@ -13,6 +13,7 @@
 
 void reply_send(struct Broker *b, const struct Request *r, const void *body, size_t len)
 {
+    (void)b;   /* the reply goes to the socket r came on: the client's, or the HTTP API's */
     const void *bufs[3];
     size_t lens[3];
     int n = 0;
@@ -20,7 +21,7 @@ void reply_send(struct Broker *b, const struct Request *r, const void *body, siz
     if (r->req_envelope) { bufs[n] = ""; lens[n++] = 0; }
     bufs[n] = body; lens[n++] = len;
     /* ROUTER drops a reply to a client that left (or whose queue is full) instead of blocking */
-    zu_send(b->front, bufs, lens, n, ZMQ_DONTWAIT);
+    zu_send(r->sock, bufs, lens, n, ZMQ_DONTWAIT);
 }
 
 void reply_id_text(const struct Request *r, char *out, size_t cap)
@@ -54,8 +55,9 @@ void reply_finish(struct Broker *b, struct Request *r, enum ErrCode code, const 
     if (level <= dlog_level) {
         char id[300];
         reply_id_text(r, id, sizeof id);
-        dlog_write(level, "op=%s id=%s code=%s total_ms=%.3f%s%s", op_name(r->p.op), id,
-                   ec_name(code), total, extra && extra[0] ? " " : "", extra ? extra : "");
+        dlog_write(level, "op=%s id=%s%s code=%s total_ms=%.3f%s%s", op_name(r->p.op), id,
+                   r->sock == b->http ? " via=http" : "", ec_name(code), total,
+                   extra && extra[0] ? " " : "", extra ? extra : "");
     }
     if (reply)
         reply_send(b, r, reply, reply_len);
@@ -307,6 +309,7 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
         .prefill_tps = res->prefill_ms > 0 ? (double)ctx->n_tokens / (res->prefill_ms / 1e3) : -1,
         .prompt_tokens = ctx->n_tokens, .generated_tokens = (uint64_t)res->completion_tokens,
         .context_tokens = ctx->n_tokens, .cached_tokens = (uint64_t)res->cached_tokens,
+        .finish = (int)res->finish,
     };
     metrics_query(b->o.metrics, &q);
     const struct GrSummary *gs = &g.sum;

@@ -42,6 +42,8 @@ struct Request {
     struct Request *prev, *next;      /* every live request (broker) */
     struct Request *qnext;            /* the queue it waits in */
     zmq_msg_t body;                   /* the request bytes */
+    void *sock;                       /* the client socket it came on (the broker's front or
+                                         HTTP gateway socket), which its replies go to */
     uint8_t ident[REQ_MAX_IDENT];     /* client routing id */
     size_t ident_len;
     int req_envelope;                 /* REQ client: an empty delimiter frame; no streaming */

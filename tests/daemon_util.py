@@ -129,12 +129,15 @@ class Daemon:
         self.tmp = pathlib.Path(tmp_path)
         self.port = free_port()
         self.metrics_port = free_port()
+        self.http_port = free_port()
         self.endpoint = "tcp://127.0.0.1:%d" % self.port
         self.metrics_url = "http://127.0.0.1:%d" % self.metrics_port
+        self.http_url = "http://127.0.0.1:%d" % self.http_port
         self.data_dir = self.tmp / ("store-%d" % self.port)
         self.log_path = self.tmp / ("diffragd-%d.log" % self.port)
         opts = {"model": model, "data_dir": self.data_dir, "listen": self.endpoint,
-                "metrics_listen": "127.0.0.1:%d" % self.metrics_port, "workers": workers,
+                "metrics_listen": "127.0.0.1:%d" % self.metrics_port,
+                "http_listen": "127.0.0.1:%d" % self.http_port, "workers": workers,
                 "threads": threads, "log_level": "info"}
         opts.update(keys)
         self.argv = [str(DIFFRAGD), "--config", "/dev/null"]
@@ -169,13 +172,19 @@ class Daemon:
     def _new_ports(self):
         """Fresh ports for the listen endpoints this object chose; False if the caller chose them."""
         i, j = self.argv.index("--listen") + 1, self.argv.index("--metrics_listen") + 1
+        h = self.argv.index("--http_listen") + 1
         if (self.argv[i] != self.endpoint
-                or self.argv[j] != "127.0.0.1:%d" % self.metrics_port):
+                or self.argv[j] != "127.0.0.1:%d" % self.metrics_port
+                or self.argv[h] not in ("", "127.0.0.1:%d" % self.http_port)):
             return False
         self.port, self.metrics_port = free_port(), free_port()
         self.endpoint = "tcp://127.0.0.1:%d" % self.port
         self.metrics_url = "http://127.0.0.1:%d" % self.metrics_port
         self.argv[i], self.argv[j] = self.endpoint, "127.0.0.1:%d" % self.metrics_port
+        if self.argv[h]:
+            self.http_port = free_port()
+            self.http_url = "http://127.0.0.1:%d" % self.http_port
+            self.argv[h] = "127.0.0.1:%d" % self.http_port
         return True
 
     def wait_ready(self, timeout=60.0):

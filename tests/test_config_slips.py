@@ -52,6 +52,11 @@ REFUSED = [
     (("--metrics-listen", "127.0.0.1:99999"), 2, "metrics_listen: port"),
     (("--metrics-listen", "127.0.0.1:0"), 2, "metrics_listen: port"),
     (("--metrics-listen", "metrics.example:9400"), 2, "is not an IP address"),
+    (("--http-listen", "127.0.0.1:0"), 2, "http_listen: port"),
+    (("--http-listen", "api.example:7480"), 2, "is not an IP address"),
+    (("--http-listen", "0.0.0.0:7480"), 2, "is not on loopback: set http_api_key_file"),
+    (("--http-tls-cert-file", "/dev/null"), 2, "http_tls_cert_file and http_tls_key_file go together"),
+    (("--http-timeout", "0"), 2, "http_timeout"),
     (("--worker", "--connect", "tcp://broker.example:70000"), 2, "connect: port"),
     (("--max-question-bytes", "1.5"), 2, 'max_question_bytes: "1.5" is not a whole number'),
     (("--max-message-bytes", "1.1k"), 2, "not a whole number of bytes"),
@@ -74,6 +79,7 @@ def test_check_config_accepts(model):
           ("--listen", "tcp://lo:7400"), ("--listen", "tcp://*:7400"),
           ("--listen", "tcp://[::]:7400"), ("--grounding-heads", "1:3"),
           ("--kv-budget-bytes", "64MiB"), ("--metrics-listen", "localhost:9400"),
+          ("--http-listen", "0.0.0.0:7480", "--http-allow-remote", "1"), ("--http-listen", ""),
           ("--worker", "--connect", "tcp://broker.example:7401")]
     for args in ok:
         p = check(model, *args)

@@ -7,6 +7,7 @@ DIFFRAG_ENDPOINT naming the daemon and the documented addresses replaced by the 
 with the project's `.venv/bin/python3` replaced by a fresh virtual environment's (so `pip install`
 installs there, offline).
 Every command of the section must have a check here."""
+import json
 import os
 import re
 import signal
@@ -112,6 +113,12 @@ CHECKS = [
     (r"\.venv/bin/python3 examples/ask_folder.py tcp://127.0.0.1:7400 examples ", 1,
      lambda out, c: out.startswith("stored 1 documents") and
      "[1] sample-paragraph.txt" in out.split("sources:")[1]),
+    (r"curl -s http://127.0.0.1:7480/v1/chat/completions ", 1,
+     lambda out, c: json.loads(out)["choices"][0]["message"]["content"] and
+     all(is_doc(x["doc_id"]) for x in json.loads(out)["diffrag"]["citations"]) and
+     json.loads(out)["diffrag"]["citations"]),
+    (r"\.venv/bin/python3 - <<'EOF'\nfrom openai import OpenAI\n", 1,
+     lambda out, c: out.strip().splitlines()[-1] == "sources: ['examples/sample-paragraph.txt']"),
     (r"curl -s http://127.0.0.1:9400/metrics \| grep ", 0,
      lambda out, c: re.search(r'^diffrag_requests_total\{op="query",code="ok"\} %d$'
                               % c["asks"], out, re.M) and
@@ -130,7 +137,7 @@ def test_readme_quickstart(tmp_path, default_model):
     commands = section_commands()
     assert commands[0] == "make run", commands
     checks = [check_for(c) for c in commands[1:]]  # every command is known before starting
-    port, mport = free_port(), free_port()
+    port, mport, hport = free_port(), free_port(), free_port()
     ep = "tcp://127.0.0.1:%d" % port
     venv = tmp_path / "venv"
     offline_venv(venv)
@@ -143,7 +150,8 @@ def test_readme_quickstart(tmp_path, default_model):
     log = open(tmp_path / "run.log", "wb")
     # `make run` = make deps all model (done by the test environment) + tools/run-daemon.sh
     daemon = subprocess.Popen(["sh", "tools/run-daemon.sh", "--listen", ep,
-                               "--metrics-listen", "127.0.0.1:%d" % mport, "--workers", "1",
+                               "--metrics-listen", "127.0.0.1:%d" % mport,
+                               "--http-listen", "127.0.0.1:%d" % hport, "--workers", "1",
                                "--default-max-tokens", "24", "--top-k", "2",
                                "--log-level", "warn"],
                               cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -157,8 +165,9 @@ def test_readme_quickstart(tmp_path, default_model):
         assert 'into "docs"' in started and 'build/diffrag ask "How do I cancel a query?"' in started
         ctx = {"ep": ep, "venv": venv, "asks": 0}
         for cmd, (asks, chk) in zip(commands[1:], checks):
-            run = cmd.replace("tcp://127.0.0.1:7400", ep).replace("127.0.0.1:9400",
-                                                                  "127.0.0.1:%d" % mport)
+            run = cmd.replace("tcp://127.0.0.1:7400", ep).replace(
+                "127.0.0.1:9400", "127.0.0.1:%d" % mport).replace("127.0.0.1:7480",
+                                                                  "127.0.0.1:%d" % hport)
             # the project's .venv (which `make venv` keeps) stands for this test's own
             # environment, so that the client package installs there, offline
             run = run.replace(".venv/bin/python3", str(venv / "bin" / "python3"))

@@ -1,7 +1,8 @@
 #!/bin/sh
 # `make run`: ingests the project's own docs/ into the collection "docs" of the store in var/,
 # then runs diffragd in the foreground on its embedded defaults (the default model
-# Qwen2.5-Coder-0.5B-Instruct, tcp://127.0.0.1:7400, metrics on 127.0.0.1:9400). Ctrl-C drains
+# Qwen2.5-Coder-0.5B-Instruct, tcp://127.0.0.1:7400, metrics on 127.0.0.1:9400, the OpenAI-compatible
+# API on 127.0.0.1:7480 reading the collection "docs" by default). Ctrl-C drains
 # in-flight requests and stops it.
 # DIFFRAG_MODEL names another model: the store counts its chunks in that model's tokens and
 # diffragd serves it (the two must agree). DIFFRAG_DATA_DIR names another store directory;
@@ -17,5 +18,7 @@ cat <<'MSG'
 diffragd: starting; ask it about diffrag from another terminal, e.g.
   build/diffrag ask "How do I cancel a query?"
   make venv && .venv/bin/python3 -c 'import zmq, msgpack; s = zmq.Context().socket(zmq.DEALER); s.connect("tcp://127.0.0.1:7400"); s.send(msgpack.packb({"v": 1, "op": "query", "collection": "docs", "question": "How do I cancel a query?"})); r = msgpack.unpackb(s.recv()); print(r["answer"]); print([c["doc_id"] for c in r["citations"]])'
+  curl -s http://127.0.0.1:7480/v1/chat/completions -d '{"model": "diffrag", "messages": [{"role": "user", "content": "How do I cancel a query?"}]}'
 MSG
-exec "$BIN/diffragd" --config /dev/null --data-dir "$DATA_DIR" --model "$MODEL" "$@"
+exec "$BIN/diffragd" --config /dev/null --data-dir "$DATA_DIR" --model "$MODEL" \
+    --default-collection docs "$@"

@@ -1,0 +1,50 @@
+/* What diffragd's two HTTP listeners (the metrics endpoint, metrics.c, and the OpenAI-compatible
+ * API, openai.c) share over libmicrohttpd: binding HOST:PORT with errors that name their cause,
+ * and a guard that keeps slow clients from holding the listener.
+ *
+ * The guard tracks every connection. Each gets a deadline for its whole request (not only an
+ * idle timeout, which bytes trickled in every few seconds keep resetting), and at a limit a new
+ * connection takes the place of the one that has waited longest without finishing a request,
+ * first of its own IP address, then of all, instead of being refused. A client that sends its
+ * request at once is served; a slowloris holds nothing for long. A connection whose request is
+ * being answered (http_guard_busy) is exempt: its time is the answer's, bounded elsewhere. */
+#ifndef DIFFRAG_HTTP_H
+#define DIFFRAG_HTTP_H
+
+#include <stddef.h>
+
+#include <microhttpd.h>
+
+#define HTTP_LISTEN_BACKLOG 1024   /* a burst of connects waits in the kernel, not dropped */
+
+/* Binds and listens on "HOST:PORT" (an IPv4 or IPv6 literal, or "localhost"). key names the
+ * setting in errors. *fd receives the socket; *mhd_flags gets MHD_USE_IPv6 for an IPv6
+ * address. 0, or -1 with err. */
+int http_bind(const char *key, const char *hostport, int *fd, unsigned *mhd_flags, char *err,
+              size_t errlen);
+
+struct HttpGuard;
+
+/* max_open: connections open at once; max_per_ip: of them, from one address; deadline_s: the
+ * time from a connection's accept (or the end of its last request) to the end of its next one.
+ * Starts the sweeper thread. 0, or -1 with err. */
+int http_guard_new(int max_open, int max_per_ip, double deadline_s, struct HttpGuard **out,
+                   char *err, size_t errlen);
+/* The connection limit to give libmicrohttpd (MHD_OPTION_CONNECTION_LIMIT): room for the open
+ * connections and as many dropped ones the server has not reaped yet. */
+unsigned http_guard_slots(const struct HttpGuard *g);
+/* Register as MHD_OPTION_NOTIFY_CONNECTION with the guard as its closure. */
+void http_guard_notify(void *cls, struct MHD_Connection *c, void **socket_context,
+                       enum MHD_ConnectionNotificationCode toe);
+/* Call from the MHD_OPTION_NOTIFY_COMPLETED callback: the next request on the connection gets
+ * a fresh deadline, and the connection is no longer busy. */
+void http_guard_request_done(struct HttpGuard *g, struct MHD_Connection *c);
+/* The connection's request is complete and being answered: exempt from its deadline and from
+ * being dropped for a new connection until http_guard_request_done. */
+void http_guard_busy(struct HttpGuard *g, struct MHD_Connection *c);
+/* Connections open now (for a gauge). */
+int http_guard_open(struct HttpGuard *g);
+/* Stops the sweeper. Call after MHD_stop_daemon. NULL is a no-op; *g becomes NULL. */
+void http_guard_destroy(struct HttpGuard **g);
+
+#endif

@@ -1,0 +1,1317 @@
+/* The OpenAI-compatible HTTP API (openai.h, docs/openai.md): requests read and checked, turned
+ * into the msgpack protocol's `query`, sent to the broker, and its replies turned back into
+ * chat completions or Server-Sent Events. */
+#include "daemon/openai.h"
+
+#include <errno.h>
+#include <microhttpd.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "daemon/broker.h"
+#include "daemon/http.h"
+#include "daemon/log.h"
+#include "daemon/mp.h"
+#include "text/json.h"
+
+#define API_MAX_KEYS 1024
+#define API_KEY_MAX_LEN 1024
+#define API_JSON_DEPTH 32             /* nesting a request body may have */
+#define API_MAX_MESSAGES 1024         /* messages of one request */
+#define API_POLL_MS 100               /* how often a waiting request looks at its client */
+#define API_CANCEL_WAIT_MS 5000       /* for the final reply of a query cancelled on disconnect */
+#define API_CONNECTION_MEMORY (64 * 1024)  /* per connection, for the request's headers */
+#define API_TLS_FILE_MAX (1 << 20)
+
+struct OpenAi {
+    struct MHD_Daemon *d;
+    struct HttpGuard *guard;
+    struct Metrics *metrics;
+    void *zctx;
+    char *model;
+    char *default_collection;          /* NULL: none */
+    size_t max_body;
+    unsigned char (*keys)[32];         /* SHA-256 of each accepted key */
+    size_t n_keys;
+    char *tls_cert, *tls_key;          /* PEM text; NULL: plain HTTP */
+    long created;                      /* when the model was loaded (/v1/models) */
+    unsigned idle_s;                   /* the connections' idle timeout */
+    atomic_int stopping;
+};
+
+enum Route { R_NONE, R_CHAT, R_MODELS, R_MODEL };
+
+/* One HTTP request, from its headers to its last byte. */
+struct ApiReq {
+    struct OpenAi *api;
+    struct MHD_Connection *conn;
+    enum Route route;
+    int fd;                        /* the client's socket: polled for a hang-up */
+    int answered;                  /* a response is queued: the rest of the body is dropped */
+    char *body;
+    size_t len, cap;
+    int too_large;
+    /* the query */
+    void *sock;                    /* DEALER to the broker; NULL before sending */
+    int stream, include_usage;
+    int final_seen;                /* the broker's final reply came */
+    int gone;                      /* the client hung up */
+    int ended;                     /* the stream's last event is written */
+    char id[40];
+    long created;
+    int role_sent;
+    struct JsonBuf out;            /* stream text not yet handed to the server */
+    size_t out_off;
+};
+
+/* ---- small helpers ---- */
+
+static enum MHD_Result respond(struct ApiReq *q, unsigned status, struct JsonBuf *body,
+                               const char *retry_after, int www_auth)
+{
+    q->answered = 1;
+    if (body->oom || !body->p) {
+        json_buf_free(body);
+        return MHD_NO;
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(body->len, body->p,
+                                                             MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        json_buf_free(body);
+        return MHD_NO;
+    }
+    body->p = NULL;
+    json_buf_free(body);
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    if (retry_after)
+        MHD_add_response_header(r, "Retry-After", retry_after);
+    if (www_auth)
+        MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    enum MHD_Result ret = MHD_queue_response(q->conn, status, r);
+    MHD_destroy_response(r);
+    metrics_http_request(q->api->metrics, q->route == R_CHAT ? "chat_completions"
+                         : q->route == R_NONE ? "other" : "models", (int)status);
+    return ret;
+}
+
+/* OpenAI's error object: {"error": {"message", "type", "param", "code"}}. */
+static enum MHD_Result respond_error(struct ApiReq *q, unsigned status, const char *type,
+                                     const char *code, const char *param, const char *msg)
+{
+    struct JsonBuf b = { 0 };
+    json_buf_puts(&b, "{\"error\":{\"message\":");
+    json_buf_string(&b, msg, strlen(msg));
+    json_buf_puts(&b, ",\"type\":");
+    json_buf_string(&b, type, strlen(type));
+    json_buf_puts(&b, ",\"param\":");
+    if (param)
+        json_buf_string(&b, param, strlen(param));
+    else
+        json_buf_puts(&b, "null");
+    json_buf_puts(&b, ",\"code\":");
+    if (code)
+        json_buf_string(&b, code, strlen(code));
+    else
+        json_buf_puts(&b, "null");
+    json_buf_puts(&b, "}}\n");
+    if (status >= 400 && status != 401)
+        dlog(LL_DEBUG, "msg=\"http request refused\" status=%u code=%s", status, code ? code : "-");
+    return respond(q, status, &b, status == 429 || status == 503 ? "1" : NULL, status == 401);
+}
+
+static enum MHD_Result bad_request(struct ApiReq *q, const char *param, const char *msg)
+{
+    return respond_error(q, 400, "invalid_request_error", "bad_request", param, msg);
+}
+
+/* The HTTP status and error type of a protocol error code. */
+static unsigned status_of(const char *code, const char **type)
+{
+    static const struct { const char *code; unsigned status; const char *type; } map[] = {
+        { "bad_request", 400, "invalid_request_error" },
+        { "too_large", 413, "invalid_request_error" },
+        { "not_found", 404, "not_found_error" },
+        { "overloaded", 429, "overloaded_error" },
+        { "deadline_exceeded", 504, "timeout_error" },
+        { "cancelled", 503, "server_error" },
+        { "shutting_down", 503, "server_error" },
+    };
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (!strcmp(code, map[i].code)) {
+            *type = map[i].type;
+            return map[i].status;
+        }
+    *type = "server_error";
+    return 500;
+}
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+
+/* Whether the client has hung up (or its connection failed). */
+static int client_gone(int fd)
+{
+    if (fd < 0)
+        return 0;
+    struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* ---- msgpack replies ---- */
+
+/* Positions *val at the value of `key` in the map buf[0..len) holds. 1 found, 0 not. */
+static int mp_find(const void *buf, size_t len, const char *key, struct MpCursor *val)
+{
+    struct MpCursor c;
+    struct MpObj o, k;
+    mp_cursor_init(&c, buf, len);
+    if (mp_next(&c, &o) || o.type != MP_MAP)
+        return 0;
+    size_t kl = strlen(key);
+    for (uint32_t i = 0; i < o.v.n; i++) {
+        if (mp_next(&c, &k))
+            return 0;
+        if (k.type == MP_STR && k.len == kl && !memcmp(k.s, key, kl)) {
+            *val = c;
+            return 1;
+        }
+        if ((k.type == MP_ARRAY || k.type == MP_MAP) && mp_skip_body(&c, &k))
+            return 0;
+        if (mp_skip(&c))
+            return 0;
+    }
+    return 0;
+}
+
+static int mp_get_str(const void *buf, size_t len, const char *key, const char **s, size_t *n)
+{
+    struct MpCursor c;
+    struct MpObj o;
+    if (!mp_find(buf, len, key, &c) || mp_next(&c, &o) || o.type != MP_STR)
+        return 0;
+    *s = o.s;
+    *n = o.len;
+    return 1;
+}
+
+static long long mp_get_int(const void *buf, size_t len, const char *key)
+{
+    struct MpCursor c;
+    struct MpObj o;
+    if (!mp_find(buf, len, key, &c) || mp_next(&c, &o))
+        return 0;
+    return o.type == MP_UINT ? (long long)o.v.u : o.type == MP_INT ? (long long)o.v.i : 0;
+}
+
+/* One msgpack value as JSON (the reply's citations, context, grounding, timings). */
+static int mp_to_json(struct MpCursor *c, struct JsonBuf *b, int depth)
+{
+    struct MpObj o;
+    if (depth > MP_MAX_DEPTH || mp_next(c, &o))
+        return -1;
+    char num[32];
+    switch (o.type) {
+    case MP_NIL: json_buf_puts(b, "null"); return 0;
+    case MP_BOOL: json_buf_puts(b, o.v.b ? "true" : "false"); return 0;
+    case MP_UINT:
+        snprintf(num, sizeof num, "%llu", (unsigned long long)o.v.u);
+        json_buf_puts(b, num);
+        return 0;
+    case MP_INT:
+        snprintf(num, sizeof num, "%lld", (long long)o.v.i);
+        json_buf_puts(b, num);
+        return 0;
+    case MP_FLOAT: json_buf_double(b, o.v.f); return 0;
+    case MP_STR: json_buf_string(b, o.s, o.len); return 0;
+    case MP_BIN:
+    case MP_EXT: json_buf_puts(b, "null"); return 0;
+    case MP_ARRAY:
+        json_buf_puts(b, "[");
+        for (uint32_t i = 0; i < o.v.n; i++) {
+            if (i)
+                json_buf_puts(b, ",");
+            if (mp_to_json(c, b, depth + 1))
+                return -1;
+        }
+        json_buf_puts(b, "]");
+        return 0;
+    case MP_MAP:
+        json_buf_puts(b, "{");
+        for (uint32_t i = 0; i < o.v.n; i++) {
+            struct MpObj k;
+            if (mp_next(c, &k) || k.type != MP_STR)
+                return -1;
+            if (i)
+                json_buf_puts(b, ",");
+            json_buf_string(b, k.s, k.len);
+            json_buf_puts(b, ":");
+            if (mp_to_json(c, b, depth + 1))
+                return -1;
+        }
+        json_buf_puts(b, "}");
+        return 0;
+    }
+    return -1;
+}
+
+/* "key":VALUE for a key of the reply map, or "key":null without it. */
+static void copy_field(struct JsonBuf *b, const void *buf, size_t len, const char *key, int comma)
+{
+    struct MpCursor c;
+    if (comma)
+        json_buf_puts(b, ",");
+    json_buf_string(b, key, strlen(key));
+    json_buf_puts(b, ":");
+    size_t at = b->len;
+    if (!mp_find(buf, len, key, &c) || mp_to_json(&c, b, 0)) {
+        if (!b->oom && b->p) {
+            b->len = at;
+            b->p[at] = 0;
+        }
+        json_buf_puts(b, "null");
+    }
+}
+
+/* OpenAI's finish_reason for the protocol's: a cancelled answer ended as asked ("stop"), one
+ * cut by its deadline ended early as by a limit ("length"); the `diffrag` object keeps the
+ * protocol's own. */
+static const char *finish_of(const void *buf, size_t len)
+{
+    const char *s;
+    size_t n;
+    if (!mp_get_str(buf, len, "finish_reason", &s, &n))
+        return "stop";
+    if ((n == 6 && !memcmp(s, "length", 6)) || (n == 8 && !memcmp(s, "deadline", 8)))
+        return "length";
+    return "stop";
+}
+
+static void put_usage(struct JsonBuf *b, const void *buf, size_t len)
+{
+    struct MpCursor u;
+    long long prompt = 0, completion = 0, cached = 0;
+    if (mp_find(buf, len, "usage", &u)) {
+        const void *ub = u.p;
+        size_t ul = (size_t)(u.end - u.p);
+        prompt = mp_get_int(ub, ul, "prompt_tokens");
+        completion = mp_get_int(ub, ul, "completion_tokens");
+        cached = mp_get_int(ub, ul, "cached_tokens");
+    }
+    char t[256];
+    snprintf(t, sizeof t, "\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%lld,"
+             "\"total_tokens\":%lld,\"prompt_tokens_details\":{\"cached_tokens\":%lld}}",
+             prompt, completion, prompt + completion, cached);
+    json_buf_puts(b, t);
+}
+
+/* The `diffrag` object of a completion: citations, what the prompt read, grounding, timings
+ * and the protocol's finish_reason. */
+static void put_diffrag(struct JsonBuf *b, const void *buf, size_t len)
+{
+    json_buf_puts(b, "\"diffrag\":{");
+    copy_field(b, buf, len, "finish_reason", 0);
+    copy_field(b, buf, len, "citations", 1);
+    copy_field(b, buf, len, "context", 1);
+    copy_field(b, buf, len, "grounding", 1);
+    copy_field(b, buf, len, "timings", 1);
+    json_buf_puts(b, "}");
+}
+
+static void put_head(struct JsonBuf *b, const struct ApiReq *q, const char *object)
+{
+    char t[160];
+    json_buf_puts(b, "{\"id\":");
+    json_buf_string(b, q->id, strlen(q->id));
+    snprintf(t, sizeof t, ",\"object\":\"%s\",\"created\":%ld,\"model\":", object, q->created);
+    json_buf_puts(b, t);
+    json_buf_string(b, q->api->model, strlen(q->api->model));
+}
+
+/* ---- the request ---- */
+
+/* Appends a message's content (a string, or an array of text parts) to out. NULL, or why not. */
+static const char *content_text(json_t *content, struct JsonBuf *out)
+{
+    if (json_is_string(content)) {
+        json_buf_put(out, json_string_value(content), json_string_length(content));
+        return NULL;
+    }
+    if (!json_is_array(content))
+        return "content must be a string or an array of text parts";
+    size_t i;
+    json_t *part;
+    json_array_foreach(content, i, part) {
+        json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
+        if (!json_is_object(part) || !json_is_string(type))
+            return "each content part must be an object with a type";
+        if (strcmp(json_string_value(type), "text"))
+            return "only text content parts are supported";
+        if (!json_is_string(text))
+            return "a text content part needs a string text";
+        if (i)
+            json_buf_puts(out, "\n");
+        json_buf_put(out, json_string_value(text), json_string_length(text));
+    }
+    return NULL;
+}
+
+/* A JSON value as msgpack, for the fields passed on unchanged (the daemon's decoder then checks
+ * them and names what is wrong). In `docs`, a string is a document's text. */
+static void put_json(struct MpWriter *w, json_t *v, int docs)
+{
+    size_t i;
+    const char *k;
+    json_t *e;
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        mpw_map(w, json_object_size(v));
+        json_object_foreach(v, k, e) {
+            mpw_cstr(w, k);
+            put_json(w, e, 0);
+        }
+        break;
+    case JSON_ARRAY:
+        mpw_array(w, json_array_size(v));
+        json_array_foreach(v, i, e) {
+            if (docs && json_is_string(e)) {
+                mpw_map(w, 1);
+                mpw_kv_str(w, "text", json_string_value(e), json_string_length(e));
+            } else {
+                put_json(w, e, 0);
+            }
+        }
+        break;
+    case JSON_STRING: mpw_str(w, json_string_value(v), json_string_length(v)); break;
+    case JSON_INTEGER: mpw_int(w, (int64_t)json_integer_value(v)); break;
+    case JSON_REAL: mpw_double(w, json_real_value(v)); break;
+    case JSON_TRUE: mpw_bool(w, 1); break;
+    case JSON_FALSE: mpw_bool(w, 0); break;
+    case JSON_NULL: mpw_nil(w); break;
+    }
+}
+
+/* A field, JSON null counting as absent (as OpenAI's API treats it). */
+static json_t *field(json_t *root, const char *key)
+{
+    json_t *v = json_object_get(root, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+/* Turns the chat request root into the msgpack query in w. NULL, or the message of a 400 (and
+ * *param the field). */
+static const char *translate(struct ApiReq *q, json_t *root, struct MpWriter *w, char *msg,
+                             size_t cap, const char **param)
+{
+    static const char *const ext_keys[] = { "collection", "docs", "ids", "top_k",
+                                            "max_context_tokens", "order", "relevance_floor",
+                                            "deadline_ms" };
+    struct MpWriter f;         /* the map's entries; counted in n */
+    size_t n = 0;
+    struct JsonBuf system = { 0 }, text = { 0 };
+    const char *why = NULL;
+    mpw_init(&f);
+    if (!json_is_object(root)) {
+        why = "the body must be a JSON object";
+        goto out;
+    }
+    json_t *messages = field(root, "messages"), *m;
+    *param = "messages";
+    if (!messages) {
+        why = "messages is required";
+        goto out;
+    }
+    if (!json_is_array(messages) || json_array_size(messages) == 0) {
+        why = "messages must be a non-empty array";
+        goto out;
+    }
+    if (json_array_size(messages) > API_MAX_MESSAGES) {
+        snprintf(msg, cap, "messages holds %zu entries; at most %d are read",
+                 json_array_size(messages), API_MAX_MESSAGES);
+        why = msg;
+        goto out;
+    }
+    size_t last = json_array_size(messages) - 1, i, n_turns = 0;
+    json_array_foreach(messages, i, m) {
+        json_t *role = json_object_get(m, "role");
+        if (!json_is_object(m) || !json_is_string(role)) {
+            snprintf(msg, cap, "messages[%zu] must be an object with a string role", i);
+            why = msg;
+            goto out;
+        }
+        const char *r = json_string_value(role);
+        int is_user = !strcmp(r, "user"), is_asst = !strcmp(r, "assistant");
+        int is_sys = !strcmp(r, "system") || !strcmp(r, "developer");
+        if (!is_user && !is_asst && !is_sys) {
+            snprintf(msg, cap, "messages[%zu]: role \"%.32s\" is not supported (system, "
+                     "developer, user, assistant; diffrag calls no tools)", i, r);
+            why = msg;
+            goto out;
+        }
+        if (i == last && !is_user) {
+            why = "the last message must be the user's question";
+            goto out;
+        }
+        json_t *content = field(m, "content");
+        if (!content && is_asst && i < last)
+            continue;   /* an assistant turn of tool calls only: nothing to keep */
+        if (!content) {
+            snprintf(msg, cap, "messages[%zu] has no content", i);
+            why = msg;
+            goto out;
+        }
+        struct JsonBuf *dst = is_sys ? &system : &text;
+        if (is_sys && system.len)
+            json_buf_puts(&system, "\n\n");
+        const char *bad = content_text(content, dst);
+        if (bad) {
+            snprintf(msg, cap, "messages[%zu]: %s", i, bad);
+            why = msg;
+            goto out;
+        }
+        if (!is_sys && i < last) {
+            n_turns += text.len > 0;   /* an empty turn adds nothing: left out */
+            json_buf_free(&text);      /* written below, turn by turn */
+        }
+    }
+    /* the question: the last message's text */
+    json_buf_free(&text);
+    if (content_text(field(json_array_get(messages, last), "content"), &text)) {
+        why = "the last message's content is not text";
+        goto out;
+    }
+    mpw_kv_str(&f, "question", text.p ? text.p : "", text.len);
+    n++;
+    if (system.len) {
+        mpw_kv_str(&f, "system", system.p, system.len);
+        n++;
+    }
+    if (n_turns) {
+        mpw_cstr(&f, "history");
+        mpw_array(&f, n_turns);
+        n++;
+        json_array_foreach(messages, i, m) {
+            const char *r = json_string_value(json_object_get(m, "role"));
+            json_t *content = field(m, "content");
+            if (i == last || (strcmp(r, "user") && strcmp(r, "assistant")) || !content)
+                continue;
+            json_buf_free(&text);
+            content_text(content, &text);
+            if (!text.len)
+                continue;
+            mpw_map(&f, 2);
+            mpw_kv_cstr(&f, "role", r);
+            mpw_kv_str(&f, "content", text.p ? text.p : "", text.len);
+        }
+    }
+    /* the standard fields */
+    json_t *v;
+    if ((v = field(root, "model")) && !json_is_string(v)) {
+        *param = "model";
+        why = "model must be a string";
+        goto out;
+    }
+    if ((v = field(root, "n")) && (!json_is_integer(v) || json_integer_value(v) != 1)) {
+        *param = "n";
+        why = "n: diffrag gives one choice a request (n = 1)";
+        goto out;
+    }
+    json_t *mt = field(root, "max_completion_tokens");
+    *param = mt ? "max_completion_tokens" : "max_tokens";
+    if (!mt)
+        mt = field(root, "max_tokens");
+    if (mt) {
+        if (!json_is_integer(mt)) {
+            snprintf(msg, cap, "%s must be an integer", *param);
+            why = msg;
+            goto out;
+        }
+        mpw_cstr(&f, "max_tokens");
+        put_json(&f, mt, 0);
+        n++;
+    }
+    static const char *const numbers[] = { "temperature", "top_p" };
+    for (size_t k = 0; k < 2; k++)
+        if ((v = field(root, numbers[k]))) {
+            *param = numbers[k];
+            if (!json_is_number(v)) {
+                snprintf(msg, cap, "%s must be a number", numbers[k]);
+                why = msg;
+                goto out;
+            }
+            mpw_kv_double(&f, numbers[k], json_number_value(v));
+            n++;
+        }
+    if ((v = field(root, "seed"))) {
+        *param = "seed";
+        if (!json_is_integer(v) || json_integer_value(v) < 0) {
+            why = "seed must be a non-negative integer";
+            goto out;
+        }
+        mpw_cstr(&f, "seed");
+        put_json(&f, v, 0);
+        n++;
+    }
+    if ((v = field(root, "stop"))) {
+        mpw_cstr(&f, "stop");
+        put_json(&f, v, 0);
+        n++;
+    }
+    if ((v = field(root, "stream")) && !json_is_boolean(v)) {
+        *param = "stream";
+        why = "stream must be a boolean";
+        goto out;
+    }
+    q->stream = v && json_is_true(v);
+    if ((v = field(root, "stream_options"))) {
+        json_t *iu = json_object_get(v, "include_usage");
+        *param = "stream_options";
+        if (!json_is_object(v) || (iu && !json_is_boolean(iu))) {
+            why = "stream_options must be an object; include_usage a boolean";
+            goto out;
+        }
+        q->include_usage = iu && json_is_true(iu);
+    }
+    /* fields diffrag does not serve, refused rather than ignored where ignoring them would
+     * change what the client gets back */
+    if (((v = field(root, "tools")) && json_array_size(v) > 0) ||
+        ((v = field(root, "functions")) && json_array_size(v) > 0)) {
+        *param = "tools";
+        why = "diffrag does not call tools: send no tools";
+        goto out;
+    }
+    if ((v = field(root, "logprobs")) && json_is_true(v)) {
+        *param = "logprobs";
+        why = "logprobs are not served here; ask the msgpack protocol for token_signals "
+              "(docs/protocol.md)";
+        goto out;
+    }
+    if ((v = field(root, "response_format"))) {
+        json_t *t = json_object_get(v, "type");
+        *param = "response_format";
+        if (!json_is_string(t) || strcmp(json_string_value(t), "text")) {
+            why = "response_format: only {\"type\": \"text\"} is served";
+            goto out;
+        }
+    }
+    /* the documents */
+    json_t *ext = field(root, "diffrag");
+    int has_docs = 0;
+    if (ext) {
+        *param = "diffrag";
+        if (!json_is_object(ext)) {
+            why = "diffrag must be an object";
+            goto out;
+        }
+        const char *k;
+        json_object_foreach(ext, k, v) {
+            size_t e = 0;
+            while (e < sizeof ext_keys / sizeof ext_keys[0] && strcmp(k, ext_keys[e]))
+                e++;
+            if (e == sizeof ext_keys / sizeof ext_keys[0]) {
+                snprintf(msg, cap, "diffrag.%.64s is not a field (collection, docs, ids, top_k, "
+                         "max_context_tokens, order, relevance_floor, deadline_ms)", k);
+                why = msg;
+                goto out;
+            }
+            if (json_is_null(v))
+                continue;
+            mpw_cstr(&f, k);
+            put_json(&f, v, !strcmp(k, "docs"));
+            n++;
+            has_docs |= !strcmp(k, "docs") || !strcmp(k, "collection");
+        }
+    }
+    if (!has_docs) {
+        if (!q->api->default_collection) {
+            *param = "diffrag";
+            why = "no documents: name diffrag.collection or send diffrag.docs (this daemon has "
+                  "no default_collection)";
+            goto out;
+        }
+        mpw_kv_cstr(&f, "collection", q->api->default_collection);
+        n++;
+    }
+    mpw_map(w, n + 4);
+    mpw_kv_uint(w, "v", 1);
+    mpw_kv_cstr(w, "op", "query");
+    mpw_kv_uint(w, "id", 1);
+    mpw_kv_bool(w, "stream", q->stream);
+    mpw_raw(w, f.buf.data, f.buf.size);
+    if (f.failed || w->failed)
+        why = "out of memory";
+out:
+    mpw_destroy(&f);
+    json_buf_free(&system);
+    json_buf_free(&text);
+    if (system.oom || text.oom)
+        why = "out of memory";
+    return why;
+}
+
+/* ---- talking to the broker ---- */
+
+/* The broker's next message for q in *m (initialised here). 0; -1 when the client hung up
+ * (q->gone) or the API stops. */
+static int next_msg(struct ApiReq *q, zmq_msg_t *m)
+{
+    for (;;) {
+        zmq_pollitem_t it = { q->sock, 0, ZMQ_POLLIN, 0 };
+        int n = zmq_poll(&it, 1, API_POLL_MS);
+        if (n > 0) {
+            zmq_msg_init(m);
+            if (zmq_msg_recv(m, q->sock, ZMQ_DONTWAIT) >= 0)
+                return 0;
+            zmq_msg_close(m);
+        }
+        if (n < 0 && errno != EINTR)
+            return -1;
+        if (client_gone(q->fd)) {
+            q->gone = 1;
+            return -1;
+        }
+        if (atomic_load(&q->api->stopping))
+            return -1;
+    }
+}
+
+static int is_final(const zmq_msg_t *m)
+{
+    struct MpCursor c;
+    return mp_find(zmq_msg_data((zmq_msg_t *)m), zmq_msg_size((zmq_msg_t *)m), "ok", &c);
+}
+
+/* The query is still running for a client that left: cancel it, and wait (a while) for its
+ * final reply so the broker has answered it before the socket closes. */
+static void cancel_query(struct ApiReq *q)
+{
+    struct MpWriter w;
+    mpw_init(&w);
+    mpw_map(&w, 3);
+    mpw_kv_uint(&w, "v", 1);
+    mpw_kv_cstr(&w, "op", "cancel");
+    mpw_kv_uint(&w, "target", 1);
+    if (!w.failed)
+        zmq_send(q->sock, w.buf.data, w.buf.size, ZMQ_DONTWAIT);
+    mpw_destroy(&w);
+    metrics_http_disconnect(q->api->metrics);
+    /* when the API stops, the broker has answered every request it admitted and reads no more */
+    double until = atomic_load(&q->api->stopping) ? 0 : now_ms() + API_CANCEL_WAIT_MS;
+    while (now_ms() < until) {
+        zmq_pollitem_t it = { q->sock, 0, ZMQ_POLLIN, 0 };
+        if (zmq_poll(&it, 1, API_POLL_MS) <= 0)
+            continue;
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, q->sock, ZMQ_DONTWAIT) >= 0 && is_final(&m) &&
+            mp_get_int(zmq_msg_data(&m), zmq_msg_size(&m), "id") == 1) {
+            zmq_msg_close(&m);
+            break;
+        }
+        zmq_msg_close(&m);
+    }
+}
+
+static void close_query(struct ApiReq *q)
+{
+    if (!q->sock)
+        return;
+    if (!q->final_seen)
+        cancel_query(q);
+    zmq_close(q->sock);
+    q->sock = NULL;
+}
+
+/* An error reply of the broker as an HTTP response. */
+static enum MHD_Result respond_reply_error(struct ApiReq *q, const zmq_msg_t *m)
+{
+    const void *buf = zmq_msg_data((zmq_msg_t *)m);
+    size_t len = zmq_msg_size((zmq_msg_t *)m);
+    struct MpCursor e;
+    const char *code = "internal", *msg = "the daemon failed to answer", *type;
+    size_t code_len = strlen(code), msg_len = strlen(msg);
+    if (mp_find(buf, len, "error", &e)) {
+        const void *eb = e.p;
+        size_t el = (size_t)(e.end - e.p);
+        mp_get_str(eb, el, "code", &code, &code_len);
+        mp_get_str(eb, el, "message", &msg, &msg_len);
+    }
+    char c[32], t[1024];
+    snprintf(c, sizeof c, "%.*s", (int)(code_len < 31 ? code_len : 31), code);
+    snprintf(t, sizeof t, "%.*s", (int)(msg_len < 1023 ? msg_len : 1023), msg);
+    unsigned status = status_of(c, &type);
+    return respond_error(q, status, type, c, NULL, t);
+}
+
+/* The whole completion of a final reply. */
+static enum MHD_Result respond_completion(struct ApiReq *q, const zmq_msg_t *m)
+{
+    const void *buf = zmq_msg_data((zmq_msg_t *)m);
+    size_t len = zmq_msg_size((zmq_msg_t *)m);
+    const char *answer = "";
+    size_t alen = 0;
+    mp_get_str(buf, len, "answer", &answer, &alen);
+    struct JsonBuf b = { 0 };
+    put_head(&b, q, "chat.completion");
+    json_buf_puts(&b, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
+    json_buf_string(&b, answer, alen);
+    json_buf_puts(&b, "},\"logprobs\":null,\"finish_reason\":\"");
+    json_buf_puts(&b, finish_of(buf, len));
+    json_buf_puts(&b, "\"}],");
+    put_usage(&b, buf, len);
+    json_buf_puts(&b, ",");
+    put_diffrag(&b, buf, len);
+    json_buf_puts(&b, "}\n");
+    return respond(q, 200, &b, NULL, 0);
+}
+
+/* Stream events for one broker message: a delta's chunk, or the final reply's last chunks and
+ * [DONE]. */
+static void stream_event(struct ApiReq *q, const zmq_msg_t *m)
+{
+    const void *buf = zmq_msg_data((zmq_msg_t *)m);
+    size_t len = zmq_msg_size((zmq_msg_t *)m);
+    struct JsonBuf *b = &q->out;
+    const char *s;
+    size_t n;
+    if (!q->role_sent) {
+        json_buf_puts(b, "data: ");
+        put_head(b, q, "chat.completion.chunk");
+        json_buf_puts(b, ",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\","
+                         "\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+        q->role_sent = 1;
+    }
+    if (!is_final(m)) {
+        if (!mp_get_str(buf, len, "delta", &s, &n) || !n)
+            return;
+        json_buf_puts(b, "data: ");
+        put_head(b, q, "chat.completion.chunk");
+        json_buf_puts(b, ",\"choices\":[{\"index\":0,\"delta\":{\"content\":");
+        json_buf_string(b, s, n);
+        json_buf_puts(b, "},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+        return;
+    }
+    q->final_seen = 1;
+    struct MpCursor c;
+    struct MpObj o;
+    int ok = mp_find(buf, len, "ok", &c) && !mp_next(&c, &o) && o.type == MP_BOOL && o.v.b;
+    if (!ok) {
+        /* an error after the stream began (a lost worker): OpenAI's error event */
+        struct MpCursor e;
+        const char *code = "internal", *msg = "the daemon failed to answer", *type;
+        size_t cl = strlen(code), ml = strlen(msg);
+        if (mp_find(buf, len, "error", &e)) {
+            mp_get_str(e.p, (size_t)(e.end - e.p), "code", &code, &cl);
+            mp_get_str(e.p, (size_t)(e.end - e.p), "message", &msg, &ml);
+        }
+        char cb[32];
+        snprintf(cb, sizeof cb, "%.*s", (int)(cl < 31 ? cl : 31), code);
+        status_of(cb, &type);
+        json_buf_puts(b, "data: {\"error\":{\"message\":");
+        json_buf_string(b, msg, ml);
+        json_buf_puts(b, ",\"type\":");
+        json_buf_string(b, type, strlen(type));
+        json_buf_puts(b, ",\"param\":null,\"code\":");
+        json_buf_string(b, cb, strlen(cb));
+        json_buf_puts(b, "}}\n\n");
+    } else {
+        json_buf_puts(b, "data: ");
+        put_head(b, q, "chat.completion.chunk");
+        json_buf_puts(b, ",\"choices\":[{\"index\":0,\"delta\":{},\"logprobs\":null,"
+                         "\"finish_reason\":\"");
+        json_buf_puts(b, finish_of(buf, len));
+        json_buf_puts(b, "\"}],");
+        put_diffrag(b, buf, len);
+        json_buf_puts(b, "}\n\n");
+        if (q->include_usage) {
+            json_buf_puts(b, "data: ");
+            put_head(b, q, "chat.completion.chunk");
+            json_buf_puts(b, ",\"choices\":[],");
+            put_usage(b, buf, len);
+            json_buf_puts(b, "}\n\n");
+        }
+    }
+    json_buf_puts(b, "data: [DONE]\n\n");
+    q->ended = 1;
+}
+
+/* The stream's body, asked for by the connection's thread, which may wait here. */
+static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max)
+{
+    (void)pos;
+    struct ApiReq *q = cls;
+    for (;;) {
+        if (q->out.oom)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (q->out_off < q->out.len) {
+            size_t n = q->out.len - q->out_off;
+            if (n > max)
+                n = max;
+            memcpy(out, q->out.p + q->out_off, n);
+            q->out_off += n;
+            return (ssize_t)n;
+        }
+        json_buf_free(&q->out);
+        q->out_off = 0;
+        if (q->ended)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        zmq_msg_t m;
+        if (next_msg(q, &m))
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        stream_event(q, &m);
+        zmq_msg_close(&m);
+    }
+}
+
+/* A complete chat request: read, sent to the broker, answered. */
+static enum MHD_Result answer_chat(struct ApiReq *q)
+{
+    if (q->too_large) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (max_message_bytes)",
+                 q->api->max_body);
+        return respond_error(q, 413, "invalid_request_error", "too_large", NULL, msg);
+    }
+    json_t *root = NULL;
+    char err[512], msg[512];
+    const char *param = NULL;
+    if (json_parse(q->body ? q->body : "", q->len, API_JSON_DEPTH, &root, err, sizeof err))
+        return bad_request(q, NULL, err);
+    struct MpWriter w;
+    mpw_init(&w);
+    const char *why = translate(q, root, &w, msg, sizeof msg, &param);
+    json_decref(root);
+    free(q->body);
+    q->body = NULL;
+    if (why) {
+        mpw_destroy(&w);
+        return bad_request(q, param, why);
+    }
+    q->sock = zmq_socket(q->api->zctx, ZMQ_DEALER);
+    int linger = 0;
+    if (!q->sock || zmq_setsockopt(q->sock, ZMQ_LINGER, &linger, sizeof linger) ||
+        zmq_connect(q->sock, BROKER_HTTP_INPROC) ||
+        zmq_send(q->sock, w.buf.data, w.buf.size, 0) < 0) {
+        mpw_destroy(&w);
+        if (q->sock)
+            zmq_close(q->sock);
+        q->sock = NULL;
+        return respond_error(q, 500, "server_error", "internal", NULL,
+                             "cannot pass the request to the broker");
+    }
+    mpw_destroy(&w);
+    unsigned char rnd[12];
+    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
+        memset(rnd, 0, sizeof rnd);
+    int o = snprintf(q->id, sizeof q->id, "chatcmpl-");
+    for (size_t i = 0; i < sizeof rnd; i++)
+        o += snprintf(q->id + o, sizeof q->id - (size_t)o, "%02x", rnd[i]);
+    q->created = (long)time(NULL);
+    /* From here the time is the answer's (a long prefill, a stream's pauses), bounded by the
+     * query's own limits: neither the guard's deadline nor the idle timeout applies. */
+    http_guard_busy(q->api->guard, q->conn);
+    MHD_set_connection_option(q->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    zmq_msg_t m;
+    for (;;) {
+        if (next_msg(q, &m))
+            return MHD_NO;   /* the client left (its query is cancelled when the request ends) */
+        if (q->stream || is_final(&m))
+            break;
+        zmq_msg_close(&m);   /* not asked for: nothing but the final reply is awaited */
+    }
+    enum MHD_Result ret = MHD_NO;
+    if (is_final(&m)) {
+        q->final_seen = 1;
+        struct MpCursor c;
+        struct MpObj ok;
+        const void *buf = zmq_msg_data(&m);
+        int good = mp_find(buf, zmq_msg_size(&m), "ok", &c) && !mp_next(&c, &ok) &&
+                   ok.type == MP_BOOL && ok.v.b;
+        if (!good)
+            ret = respond_reply_error(q, &m);
+        else if (!q->stream)
+            ret = respond_completion(q, &m);
+        else
+            stream_event(q, &m);
+    } else {
+        stream_event(q, &m);
+    }
+    zmq_msg_close(&m);
+    if (q->answered)
+        return ret;
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024,
+                                                               stream_read, q, NULL);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    q->answered = 1;
+    ret = MHD_queue_response(q->conn, 200, r);
+    MHD_destroy_response(r);
+    metrics_http_request(q->api->metrics, "chat_completions", 200);
+    return ret;
+}
+
+static enum MHD_Result answer_models(struct ApiReq *q, const char *url)
+{
+    struct OpenAi *a = q->api;
+    char t[160];
+    struct JsonBuf b = { 0 };
+    const char *one = q->route == R_MODEL ? url + strlen("/v1/models/") : NULL;
+    if (one && strcmp(one, a->model)) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "the model \"%.200s\" is not served here (this daemon serves "
+                 "\"%.200s\")", one, a->model);
+        return respond_error(q, 404, "not_found_error", "not_found", "model", msg);
+    }
+    if (!one)
+        json_buf_puts(&b, "{\"object\":\"list\",\"data\":[");
+    json_buf_puts(&b, "{\"id\":");
+    json_buf_string(&b, a->model, strlen(a->model));
+    snprintf(t, sizeof t, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"diffrag\"}",
+             a->created);
+    json_buf_puts(&b, t);
+    json_buf_puts(&b, one ? "\n" : "]}\n");
+    return respond(q, 200, &b, NULL, 0);
+}
+
+/* ---- the server's callbacks ---- */
+
+static int key_ok(const struct OpenAi *a, const char *auth)
+{
+    if (!a->n_keys)
+        return 1;
+    if (!auth || strncasecmp(auth, "Bearer ", 7))
+        return 0;
+    const char *key = auth + 7;
+    while (*key == ' ')
+        key++;
+    unsigned char h[32];
+    unsigned int hl = 0;
+    if (!EVP_Digest(key, strlen(key), h, &hl, EVP_sha256(), NULL) || hl != 32)
+        return 0;
+    int ok = 0;
+    for (size_t i = 0; i < a->n_keys; i++)   /* every key compared, in constant time */
+        ok |= !CRYPTO_memcmp(h, a->keys[i], 32);
+    return ok;
+}
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url,
+                              const char *method, const char *version, const char *upload,
+                              size_t *upload_size, void **state)
+{
+    (void)version;
+    struct OpenAi *a = cls;
+    struct ApiReq *q = *state;
+    if (!q) {   /* first call: the headers */
+        q = calloc(1, sizeof *q);
+        if (!q)
+            return MHD_NO;
+        *state = q;
+        q->api = a;
+        q->conn = c;
+        q->fd = -1;
+        const union MHD_ConnectionInfo *fi = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (fi)
+            q->fd = fi->connect_fd;
+        int post = !strcmp(method, "POST"), get = !strcmp(method, "GET");
+        if (!strcmp(url, "/v1/chat/completions"))
+            q->route = R_CHAT;
+        else if (!strcmp(url, "/v1/models"))
+            q->route = R_MODELS;
+        else if (!strncmp(url, "/v1/models/", 11) && url[11])
+            q->route = R_MODEL;
+        if (!key_ok(a, MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                   MHD_HTTP_HEADER_AUTHORIZATION))) {
+            dlog(LL_INFO, "msg=\"http request refused\" status=401 reason=\"%s\"",
+                 MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION)
+                 ? "wrong key" : "no key");
+            return respond_error(q, 401, "invalid_request_error", "invalid_api_key", NULL,
+                                 "a valid API key is required: Authorization: Bearer KEY");
+        }
+        if (q->route == R_NONE)
+            return respond_error(q, 404, "not_found_error", "not_found", NULL,
+                                 "no such endpoint (POST /v1/chat/completions, GET /v1/models)");
+        if ((q->route == R_CHAT && !post) || (q->route != R_CHAT && !get))
+            return respond_error(q, 405, "invalid_request_error", "method_not_allowed", NULL,
+                                 q->route == R_CHAT ? "use POST" : "use GET");
+        if (q->route != R_CHAT)
+            return answer_models(q, url);
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                     MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > a->max_body) {
+            q->too_large = 1;
+            return answer_chat(q);
+        }
+        return MHD_YES;
+    }
+    if (q->answered) {   /* the rest of a body already answered */
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        size_t n = *upload_size;
+        *upload_size = 0;
+        if (q->too_large || q->len + n > a->max_body) {
+            /* a body without Content-Length past the cap: the rest is dropped as it comes, and
+             * the 413 follows its end (libmicrohttpd answers only before or after an upload);
+             * one that never ends is cut at http_timeout, as the connection is not busy */
+            q->too_large = 1;
+            free(q->body);
+            q->body = NULL;
+            q->len = q->cap = 0;
+            return MHD_YES;
+        }
+        if (q->len + n + 1 > q->cap) {
+            size_t cap = q->cap ? q->cap : 4096;
+            while (cap < q->len + n + 1)
+                cap *= 2;
+            if (cap > a->max_body + 1)
+                cap = a->max_body + 1;
+            char *p = realloc(q->body, cap);
+            if (!p)
+                return MHD_NO;
+            q->body = p;
+            q->cap = cap;
+        }
+        memcpy(q->body + q->len, upload, n);
+        q->len += n;
+        q->body[q->len] = 0;
+        return MHD_YES;
+    }
+    return answer_chat(q);
+}
+
+static void request_done(void *cls, struct MHD_Connection *c, void **state,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)toe;
+    struct OpenAi *a = cls;
+    struct ApiReq *q = *state;
+    http_guard_request_done(a->guard, c);
+    if (!q)
+        return;
+    if (q->sock)
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, a->idle_s);
+    close_query(q);
+    free(q->body);
+    json_buf_free(&q->out);
+    free(q);
+    *state = NULL;
+}
+
+static void conn_notify(void *cls, struct MHD_Connection *c, void **socket_context,
+                        enum MHD_ConnectionNotificationCode toe)
+{
+    struct OpenAi *a = cls;
+    http_guard_notify(a->guard, c, socket_context, toe);
+    metrics_http_connections(a->metrics, http_guard_open(a->guard));
+}
+
+/* ---- start, stop ---- */
+
+static int read_file(const char *path, char **out, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    *out = NULL;
+    if (!f) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    char *p = malloc(API_TLS_FILE_MAX + 1);
+    size_t n = p ? fread(p, 1, API_TLS_FILE_MAX + 1, f) : 0;
+    int bad = ferror(f);
+    fclose(f);
+    if (!p || bad || n > API_TLS_FILE_MAX || n == 0) {
+        snprintf(err, errlen, "%s: %s", path, !p ? "out of memory" : bad ? "read error"
+                 : n == 0 ? "empty" : "larger than 1 MiB");
+        free(p);
+        return -1;
+    }
+    p[n] = 0;
+    *out = p;
+    return 0;
+}
+
+/* One key a line; blank lines and # comments skipped; keys are printable ASCII without blanks. */
+static int load_keys(struct OpenAi *a, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "http_api_key_file %s: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (!fstat(fileno(f), &st) && (st.st_mode & 077))
+        dlog(LL_WARN, "msg=\"the API key file can be read by other users; chmod 600 it\" "
+             "file=\"%s\"", path);
+    a->keys = calloc(API_MAX_KEYS, sizeof *a->keys);
+    char line[API_KEY_MAX_LEN + 4];
+    int lineno = 0, rc = 0;
+    while (a->keys && fgets(line, sizeof line, f)) {
+        lineno++;
+        size_t n = strlen(line);
+        if (n == sizeof line - 1 && line[n - 1] != '\n') {
+            snprintf(err, errlen, "http_api_key_file %s:%d: longer than %d bytes", path, lineno,
+                     API_KEY_MAX_LEN);
+            rc = -1;
+            break;
+        }
+        while (n && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == ' ' ||
+                     line[n - 1] == '\t'))
+            line[--n] = 0;
+        char *k = line;
+        while (*k == ' ' || *k == '\t')
+            k++;
+        if (!*k || *k == '#')
+            continue;
+        for (char *p = k; *p; p++)
+            if (*p <= ' ' || *p > '~') {
+                snprintf(err, errlen, "http_api_key_file %s:%d: a key is printable ASCII "
+                         "without blanks", path, lineno);
+                rc = -1;
+                break;
+            }
+        if (rc)
+            break;
+        if (a->n_keys == API_MAX_KEYS) {
+            snprintf(err, errlen, "http_api_key_file %s: more than %d keys", path, API_MAX_KEYS);
+            rc = -1;
+            break;
+        }
+        unsigned int hl = 0;
+        if (!EVP_Digest(k, strlen(k), a->keys[a->n_keys], &hl, EVP_sha256(), NULL) || hl != 32) {
+            snprintf(err, errlen, "http_api_key_file: cannot hash a key");
+            rc = -1;
+            break;
+        }
+        a->n_keys++;
+    }
+    fclose(f);
+    if (!a->keys) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (!rc && !a->n_keys) {
+        snprintf(err, errlen, "http_api_key_file %s holds no key", path);
+        rc = -1;
+    }
+    return rc;
+}
+
+static void api_free(struct OpenAi *a)
+{
+    if (!a)
+        return;
+    http_guard_destroy(&a->guard);
+    free(a->model);
+    free(a->default_collection);
+    free(a->keys);
+    free(a->tls_cert);
+    free(a->tls_key);
+    free(a);
+}
+
+int openai_start(const struct OpenAiOpts *o, struct OpenAi **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct OpenAi *a = calloc(1, sizeof *a);
+    if (!a) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    a->metrics = o->metrics;
+    a->zctx = o->zctx;
+    a->max_body = o->max_body_bytes;
+    a->created = (long)time(NULL);
+    a->model = strdup(o->model_name);
+    if (o->default_collection && o->default_collection[0])
+        a->default_collection = strdup(o->default_collection);
+    if (!a->model || (o->default_collection && o->default_collection[0] && !a->default_collection)) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    if (o->api_key_file && o->api_key_file[0] && load_keys(a, o->api_key_file, err, errlen))
+        goto fail;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD;
+    int tls = o->tls_cert_file && o->tls_cert_file[0];
+    if (tls) {
+        if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+            snprintf(err, errlen, "http_tls_cert_file: this libmicrohttpd has no TLS; put a "
+                     "reverse proxy in front instead");
+            goto fail;
+        }
+        char why[512];
+        if (read_file(o->tls_cert_file, &a->tls_cert, why, sizeof why) ||
+            read_file(o->tls_key_file, &a->tls_key, why, sizeof why)) {
+            snprintf(err, errlen, "HTTP API TLS: %s", why);
+            goto fail;
+        }
+        flags |= MHD_USE_TLS;
+    }
+    char why[512];
+    if (http_guard_new(o->max_connections, o->max_connections, o->timeout_s, &a->guard, why,
+                       sizeof why)) {
+        snprintf(err, errlen, "cannot serve the HTTP API: %s", why);
+        goto fail;
+    }
+    int fd;
+    if (http_bind("http_listen", o->listen, &fd, &flags, why, sizeof why)) {
+        snprintf(err, errlen, "cannot serve the HTTP API: %s", why);
+        goto fail;
+    }
+    unsigned idle = (unsigned)(o->timeout_s + 0.999);
+    a->idle_s = idle;
+    if (tls)
+        a->d = MHD_start_daemon(flags, 0, NULL, NULL, handle, a, MHD_OPTION_LISTEN_SOCKET, fd,
+                                MHD_OPTION_CONNECTION_LIMIT, http_guard_slots(a->guard),
+                                MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)API_CONNECTION_MEMORY,
+                                MHD_OPTION_CONNECTION_TIMEOUT, idle,
+                                MHD_OPTION_NOTIFY_CONNECTION, conn_notify, a,
+                                MHD_OPTION_NOTIFY_COMPLETED, request_done, a,
+                                MHD_OPTION_HTTPS_MEM_CERT, a->tls_cert,
+                                MHD_OPTION_HTTPS_MEM_KEY, a->tls_key, MHD_OPTION_END);
+    else
+        a->d = MHD_start_daemon(flags, 0, NULL, NULL, handle, a, MHD_OPTION_LISTEN_SOCKET, fd,
+                                MHD_OPTION_CONNECTION_LIMIT, http_guard_slots(a->guard),
+                                MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)API_CONNECTION_MEMORY,
+                                MHD_OPTION_CONNECTION_TIMEOUT, idle,
+                                MHD_OPTION_NOTIFY_CONNECTION, conn_notify, a,
+                                MHD_OPTION_NOTIFY_COMPLETED, request_done, a, MHD_OPTION_END);
+    if (!a->d) {
+        snprintf(err, errlen, "cannot serve the HTTP API on %s: the HTTP server did not start%s",
+                 o->listen, tls ? " (are the TLS certificate and key valid PEM?)" : "");
+        close(fd);
+        goto fail;
+    }
+    *out = a;
+    return 0;
+fail:
+    api_free(a);
+    return -1;
+}
+
+void openai_stop(struct OpenAi **ap)
+{
+    struct OpenAi *a = ap ? *ap : NULL;
+    if (!a)
+        return;
+    atomic_store(&a->stopping, 1);
+    MHD_stop_daemon(a->d);
+    api_free(a);
+    *ap = NULL;
+}

@@ -1,0 +1,37 @@
+/* The OpenAI-compatible HTTP API (docs/openai.md): POST /v1/chat/completions and GET /v1/models
+ * over libmicrohttpd, one thread per connection. Each chat request becomes a msgpack `query`
+ * sent to the broker over BROKER_HTTP_INPROC on a DEALER socket of its own, so it passes the
+ * same admission queue, limits, deadlines, metrics and log line as a ZeroMQ client's; the
+ * answer (or its streamed deltas) comes back as a chat completion (or Server-Sent Events). A
+ * client that disconnects before its answer ends has its query cancelled. */
+#ifndef DIFFRAG_OPENAI_H
+#define DIFFRAG_OPENAI_H
+
+#include <stddef.h>
+
+#include "daemon/metrics.h"
+
+struct OpenAiOpts {
+    const char *listen;              /* HOST:PORT */
+    const char *api_key_file;        /* "" or NULL: no key asked */
+    const char *tls_cert_file;       /* "" or NULL: plain HTTP */
+    const char *tls_key_file;
+    int max_connections;
+    double timeout_s;                /* to send a whole request */
+    size_t max_body_bytes;           /* larger bodies: 413, unread */
+    const char *default_collection;  /* "" or NULL: none */
+    const char *model_name;          /* what /v1/models lists and replies name */
+    void *zctx;                      /* the broker's ZeroMQ context */
+    struct Metrics *metrics;         /* borrowed; outlives the API */
+};
+
+struct OpenAi;
+
+/* Reads the key file (refusing a malformed one) and the TLS files, binds and starts serving.
+ * Every string is copied. 0, or -1 with err. */
+int openai_start(const struct OpenAiOpts *o, struct OpenAi **out, char *err, size_t errlen);
+/* Stops serving: requests still waiting end (their queries cancelled), connections close,
+ * threads are joined. Call before the broker's sockets close. NULL is a no-op. */
+void openai_stop(struct OpenAi **a);
+
+#endif
