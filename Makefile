@@ -79,7 +79,7 @@ install: install-daemon install-clients
 # assembly and the daemon's request decoder. `make fuzz FUZZ_SECONDS=N` runs each for N s; an
 # UndefinedBehaviorSanitizer report stops the run like a crash (its input is saved).
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := fuzz_gguf fuzz_tokenizer fuzz_analyzer fuzz_context fuzz_request
+FUZZ_TARGETS := fuzz_gguf fuzz_tokenizer fuzz_analyzer fuzz_context fuzz_request fuzz_openai
 FUZZ_BUILD   := build/fuzz
 FUZZ_SAN     := -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer
 # The parsers under fuzz need no kernels: link only what they use (the text layer whole).
@@ -90,6 +90,9 @@ FUZZ_OBJS    := model/gguf model/model_ctx model/tokenizer model/tokenizer_encod
 # checks with.
 FUZZ_DAEMON_OBJS := daemon/proto daemon/ops daemon/stages daemon/mp daemon/wire daemon/config daemon/config_endpoint daemon/log daemon/grounding
 FUZZ_LINK_fuzz_request := $(patsubst %,$(FUZZ_BUILD)/%.o,$(FUZZ_DAEMON_OBJS)) -lmsgpackc -lcrypto
+# fuzz_openai: the HTTP API's request reader, then the same decoder over what it wrote.
+FUZZ_DAEMON_OBJS += daemon/openai_req
+FUZZ_LINK_fuzz_openai := $(FUZZ_LINK_fuzz_request) $(FUZZ_BUILD)/daemon/openai_req.o
 fuzz-build:
 	$(MAKE) BUILD=$(FUZZ_BUILD) CC=clang OPT=-O1 SAN="$(FUZZ_SAN)" \
 	    $(patsubst %,$(FUZZ_BUILD)/%.o,$(FUZZ_OBJS) $(FUZZ_DAEMON_OBJS) $(addprefix tests/fuzz/,$(FUZZ_TARGETS)))

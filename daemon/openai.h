@@ -10,6 +10,7 @@
 #include <stddef.h>
 
 #include "daemon/metrics.h"
+#include "daemon/mp.h"
 
 struct OpenAiOpts {
     const char *listen;              /* HOST:PORT */
@@ -33,5 +34,19 @@ int openai_start(const struct OpenAiOpts *o, struct OpenAi **out, char *err, siz
 /* Stops serving: requests still waiting end (their queries cancelled), connections close,
  * threads are joined. Call before the broker's sockets close. NULL is a no-op. */
 void openai_stop(struct OpenAi **a);
+
+/* What a chat request asks of its reply, besides the query. */
+struct OpenAiAsk {
+    int stream;          /* Server-Sent Events */
+    int include_usage;   /* stream_options.include_usage */
+};
+
+/* Reads a chat-completions request body (JSON) and writes the msgpack `query` it asks for into
+ * w (initialised by the caller), reading default_collection (NULL or "": none) when it names no
+ * documents. NULL, or why the request is refused (a 400: a message in msg or a constant) with
+ * *param the field at fault (or NULL). The daemon's own decoder checks the query after it. */
+const char *openai_translate(const char *body, size_t len, const char *default_collection,
+                             struct MpWriter *w, struct OpenAiAsk *ask, char *msg, size_t cap,
+                             const char **param);
 
 #endif

@@ -261,6 +261,30 @@ static int place_whole(const struct PrepShared *sh, struct Request *r, struct Ca
     return RET_OK;
 }
 
+/* What the search looks for: the question, and after a conversation's earlier turns the most
+ * recent user turn too, so that a follow-up ("how many people live there?") finds what the
+ * conversation is about. The prompt's question stays the question alone. Returns a malloc'ed
+ * text (*len its length), or NULL (out of memory). */
+static char *search_text(const struct RequestParams *p, size_t *len)
+{
+    const struct CtxTurn *prev = NULL;
+    for (size_t i = p->n_history; i-- > 0 && !prev;)
+        if (!p->history[i].assistant)
+            prev = &p->history[i];
+    size_t n = p->question.len + (prev ? 1 + prev->len : 0);
+    char *t = malloc(n + 1);
+    if (!t)
+        return NULL;
+    memcpy(t, p->question.p, p->question.len);
+    if (prev) {
+        t[p->question.len] = '\n';
+        memcpy(t + p->question.len + 1, prev->text, prev->len);
+    }
+    t[n] = 0;
+    *len = n;
+    return t;
+}
+
 void stage_query(const struct PrepShared *sh, struct Request *r)
 {
     const struct RequestParams *p = &r->p;
@@ -277,7 +301,9 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
     size_t max_bytes = (size_t)p->max_context_tokens * COUNT_BYTES_PER_TOKEN;
     char coll[INDEX_MAX_COLLECTION_BYTES + 1];
     int st;
-    if (!hits || !chunks) {
+    size_t search_len = 0;
+    char *search = search_text(p, &search_len);
+    if (!hits || !chunks || !search) {
         fail(sh, r, RET_ENOMEM, "out of memory");
         goto done;
     }
@@ -291,8 +317,8 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
         io.chunk.overlap_tokens = (uint32_t)r->chunk_overlap;
         st = memidx_build(p->docs, p->n_docs, &io, 0, &sh->tc, &mi, err, sizeof err);
         if (!st)
-            st = memidx_search(mi, p->question.p, p->question.len, &so, hits, k, &n_inline, NULL,
-                               err, sizeof err);
+            st = memidx_search(mi, search, search_len, &so, hits, k, &n_inline, NULL, err,
+                               sizeof err);
         if (st) {
             fail(sh, r, st, err);
             goto done;
@@ -326,8 +352,8 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
         size_t n = 0;
         st = store_read_begin(sh->store, &rd, err, sizeof err);
         if (!st)
-            st = store_search(rd, coll, p->question.p, p->question.len, &so, hits + n_hits, k, &n,
-                              NULL, err, sizeof err);
+            st = store_search(rd, coll, search, search_len, &so, hits + n_hits, k, &n, NULL, err,
+                              sizeof err);
         if (!st)
             st = cands_from_store(&cands, rd, coll, p, hits + n_hits, n, max_bytes, err, sizeof err);
         if (st) {
@@ -410,6 +436,7 @@ done:
     store_read_end(&rd);
     memidx_destroy(&mi);
     free(cands.v);
+    free(search);
     free(hits);
     free(chunks);
     free(ids);

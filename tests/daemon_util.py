@@ -18,6 +18,17 @@ from conftest import BUILD, ROOT, asan_built
 DIFFRAGD = BUILD / "diffragd"
 
 
+# Three short documents the daemon tests ask about.
+SAMPLE_DOCS = [
+    {"id": "rhine", "title": "Rhine", "text": "The Rhine is a European river that begins in the "
+     "Swiss canton of Graubünden and flows into the North Sea. It is about 1,230 km long."},
+    {"id": "paris", "title": "Paris", "text": "Paris is the capital and most populous city of "
+     "France, with an estimated population of 2,102,650 residents."},
+    {"id": "oxygen", "title": "Oxygen", "text": "Oxygen is a chemical element with symbol O and "
+     "atomic number 8. It is a highly reactive nonmetal and oxidizing agent."},
+]
+
+
 def sanitized():
     """Whether the diffragd under test is built with AddressSanitizer (BUILD=build/asan)."""
     return asan_built(DIFFRAGD)

@@ -10,16 +10,9 @@ import pytest
 import zmq
 
 from conftest import BUILD, ROOT
-from daemon_util import DIFFRAGD, Daemon, fast_model, http_get, query, slow_model
+from daemon_util import SAMPLE_DOCS, DIFFRAGD, Daemon, fast_model, http_get, query, slow_model
 
-DOCS = [
-    {"id": "rhine", "title": "Rhine", "text": "The Rhine is a European river that begins in the "
-     "Swiss canton of Graubünden and flows into the North Sea. It is about 1,230 km long."},
-    {"id": "paris", "title": "Paris", "text": "Paris is the capital and most populous city of "
-     "France, with an estimated population of 2,102,650 residents."},
-    {"id": "oxygen", "title": "Oxygen", "text": "Oxygen is a chemical element with symbol O and "
-     "atomic number 8. It is a highly reactive nonmetal and oxidizing agent."},
-]
+DOCS = SAMPLE_DOCS
 
 
 @pytest.fixture(scope="module")

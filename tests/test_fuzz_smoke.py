@@ -6,7 +6,8 @@ import pytest
 
 from conftest import ROOT
 
-TARGETS = ["fuzz_gguf", "fuzz_tokenizer", "fuzz_analyzer", "fuzz_context", "fuzz_request"]
+TARGETS = ["fuzz_gguf", "fuzz_tokenizer", "fuzz_analyzer", "fuzz_context", "fuzz_request",
+           "fuzz_openai"]
 
 
 @pytest.fixture(scope="module")

@@ -15,16 +15,9 @@ import time
 import openai
 import pytest
 
-from daemon_util import Daemon, query, slow_model
+from daemon_util import SAMPLE_DOCS, Daemon, query, slow_model
 
-DOCS = [
-    {"id": "rhine", "title": "Rhine", "text": "The Rhine is a European river that begins in the "
-     "Swiss canton of Graubünden and flows into the North Sea. It is about 1,230 km long."},
-    {"id": "paris", "title": "Paris", "text": "Paris is the capital and most populous city of "
-     "France, with an estimated population of 2,102,650 residents."},
-    {"id": "oxygen", "title": "Oxygen", "text": "Oxygen is a chemical element with symbol O and "
-     "atomic number 8. It is a highly reactive nonmetal and oxidizing agent."},
-]
+DOCS = SAMPLE_DOCS
 QUESTION = "How long is the Rhine?"
 
 
@@ -142,10 +135,11 @@ def test_default_collection_history_and_system(api):
         messages=[{"role": "system", "content": "Answer in one short sentence."},
                   {"role": "user", "content": "What is the capital of France?"},
                   {"role": "assistant", "content": "Paris [2]."},
-                  {"role": "user", "content": [{"type": "text", "text": "How many residents live there?"}]}])
+                  {"role": "user", "content": [{"type": "text", "text": "How many people live there?"}]}])
     ext = r.model_extra["diffrag"]
-    # no documents named: the default collection "kb" was searched
-    assert {c["doc_id"] for c in ext["citations"]} <= {"rhine", "paris", "oxygen"} and ext["citations"]
+    # no documents named: the default collection "kb" was searched, for the follow-up and the
+    # user's previous message (the follow-up alone shares no word with any document)
+    assert ext["citations"] and ext["citations"][0]["doc_id"] == "paris", ext["citations"]
     assert ext["context"]["history_turns"] == 2 and ext["context"]["history_left_out"] == 0
     assert r.choices[0].message.content
 

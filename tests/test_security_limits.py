@@ -79,24 +79,26 @@ def test_defaults_bind_loopback(tmp_path, model):
     r = subprocess.run([str(DIFFRAGD), "--config", "/dev/null", "--print-config"],
                        capture_output=True, text=True, timeout=30)
     cfg = dict(l.split(" = ", 1) for l in r.stdout.splitlines() if " = " in l and not l.startswith("#"))
-    print({k: cfg[k] for k in ("listen", "metrics_listen", "worker_listen", "curve_secret_key_file")})
+    print({k: cfg[k] for k in ("listen", "metrics_listen", "http_listen", "worker_listen",
+                               "curve_secret_key_file", "http_api_key_file")})
     assert cfg["listen"] == "tcp://127.0.0.1:7400"
     assert cfg["metrics_listen"] == "127.0.0.1:9400"
+    assert cfg["http_listen"] == "127.0.0.1:7480" and cfg["http_allow_remote"] == "0"
     assert cfg["worker_listen"] == '""' and cfg["curve_secret_key_file"] == '""'
-    # the same hosts, on ports of the test's own (another daemon may hold 7400/9400)
-    port, mport = free_port(), free_port()
+    # the same hosts, on ports of the test's own (another daemon may hold 7400/9400/7480)
+    port, mport, hport = free_port(), free_port(), free_port()
     d = Daemon(tmp_path, model, workers=1, threads=1, listen="tcp://127.0.0.1:%d" % port,
-               metrics_listen="127.0.0.1:%d" % mport)
+               metrics_listen="127.0.0.1:%d" % mport, http_listen="127.0.0.1:%d" % hport)
     d.endpoint, d.metrics_url = "tcp://127.0.0.1:%d" % port, "http://127.0.0.1:%d" % mport
     with d:
         addrs = listening_addresses(d.proc.pid)
         print("listening sockets:", addrs)
-        assert sorted(p for _, p in addrs) == sorted([port, mport])
+        assert sorted(p for _, p in addrs) == sorted([port, mport, hport])
         assert all(ip == "127.0.0.1" for ip, _ in addrs), addrs
         ip = host_address()
         print("host address:", ip)
         if ip:
-            for p in (port, mport):
+            for p in (port, mport, hport):
                 with socket.socket() as s:
                     s.settimeout(2)
                     assert s.connect_ex((ip, p)) != 0, "reachable on %s:%d" % (ip, p)
