@@ -86,6 +86,9 @@ def test_port_in_use(tmp_path, model):
             tmp_path, model, ["cannot serve metrics", "127.0.0.1:%d: Address already in use" % port],
             "c.sock",
             metrics_listen="127.0.0.1:%d" % port))
+        report("HTTP API port in use", start_fails(
+            tmp_path, model, ["cannot serve the HTTP API", "127.0.0.1:%d: Address already in use"
+                              % port], "d.sock", http_listen="127.0.0.1:%d" % port))
 
 
 def test_data_dir_unusable(tmp_path, model):
