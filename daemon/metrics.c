@@ -213,13 +213,15 @@ int metrics_set_detector(struct Metrics *m, const char *calibration, const char 
 
 void metrics_http_request(struct Metrics *m, const char *endpoint, int status)
 {
-    int e = 0, k = 0;
+    int e = 0, k = -1, fallback = status >= 500 ? 500 : 400;   /* an unlisted status */
     while (e < 2 && strcmp(endpoint, http_endpoints[e]))
         e++;
-    while (k < HTTP_N_STATUS - 1 && http_statuses[k] != status)
-        k++;
-    if (http_statuses[k] != status)
-        k = status >= 500 ? 7 : 1;   /* not expected: counted as 500 or 400 */
+    for (int i = 0; i < HTTP_N_STATUS && k < 0; i++)
+        if (http_statuses[i] == status)
+            k = i;
+    for (int i = 0; i < HTTP_N_STATUS && k < 0; i++)
+        if (http_statuses[i] == fallback)
+            k = i;
     pthread_mutex_lock(&m->mu);
     m->http[e][k]++;
     pthread_mutex_unlock(&m->mu);

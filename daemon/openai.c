@@ -23,6 +23,7 @@
 #include "daemon/http.h"
 #include "daemon/log.h"
 #include "daemon/mp.h"
+#include "daemon/zutil.h"
 #include "text/json.h"
 
 #define API_MAX_KEYS 1024
@@ -152,13 +153,6 @@ static unsigned status_of(const char *code, const char **type)
         }
     *type = "server_error";
     return 500;
-}
-
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
 }
 
 /* Whether the client has hung up (or its connection failed). */
@@ -387,8 +381,8 @@ static void cancel_query(struct ApiReq *q)
     mpw_destroy(&w);
     metrics_http_disconnect(q->api->metrics);
     /* when the API stops, the broker has answered every request it admitted and reads no more */
-    double until = atomic_load(&q->api->stopping) ? 0 : now_ms() + API_CANCEL_WAIT_MS;
-    while (now_ms() < until) {
+    double until = atomic_load(&q->api->stopping) ? 0 : zu_now_ms() + API_CANCEL_WAIT_MS;
+    while (zu_now_ms() < until) {
         zmq_pollitem_t it = { q->sock, 0, ZMQ_POLLIN, 0 };
         if (zmq_poll(&it, 1, API_POLL_MS) <= 0)
             continue;
@@ -413,25 +407,31 @@ static void close_query(struct ApiReq *q)
     q->sock = NULL;
 }
 
-/* An error reply of the broker as an HTTP response. */
-static enum MHD_Result respond_reply_error(struct ApiReq *q, const zmq_msg_t *m)
+/* The code and message of an error reply ("internal" and a generic message where it lacks
+ * them), NUL-terminated and cut to fit. */
+static void reply_error_fields(const zmq_msg_t *m, char code[32], char msg[1024])
 {
     const void *buf = zmq_msg_data((zmq_msg_t *)m);
     size_t len = zmq_msg_size((zmq_msg_t *)m);
     struct MpCursor e;
-    const char *code = "internal", *msg = "the daemon failed to answer", *type;
-    size_t code_len = strlen(code), msg_len = strlen(msg);
+    const char *c = "internal", *t = "the daemon failed to answer";
+    size_t cl = strlen(c), tl = strlen(t);
     if (mp_find(buf, len, "error", &e)) {
-        const void *eb = e.p;
-        size_t el = (size_t)(e.end - e.p);
-        mp_get_str(eb, el, "code", &code, &code_len);
-        mp_get_str(eb, el, "message", &msg, &msg_len);
+        mp_get_str(e.p, (size_t)(e.end - e.p), "code", &c, &cl);
+        mp_get_str(e.p, (size_t)(e.end - e.p), "message", &t, &tl);
     }
-    char c[32], t[1024];
-    snprintf(c, sizeof c, "%.*s", (int)(code_len < 31 ? code_len : 31), code);
-    snprintf(t, sizeof t, "%.*s", (int)(msg_len < 1023 ? msg_len : 1023), msg);
-    unsigned status = status_of(c, &type);
-    return respond_error(q, status, type, c, NULL, t);
+    snprintf(code, 32, "%.*s", (int)(cl < 31 ? cl : 31), c);
+    snprintf(msg, 1024, "%.*s", (int)(tl < 1023 ? tl : 1023), t);
+}
+
+/* An error reply of the broker as an HTTP response. */
+static enum MHD_Result respond_reply_error(struct ApiReq *q, const zmq_msg_t *m)
+{
+    char code[32], msg[1024];
+    const char *type;
+    reply_error_fields(m, code, msg);
+    unsigned status = status_of(code, &type);
+    return respond_error(q, status, type, code, NULL, msg);
 }
 
 /* The whole completion of a final reply. */
@@ -488,22 +488,16 @@ static void stream_event(struct ApiReq *q, const zmq_msg_t *m)
     int ok = mp_find(buf, len, "ok", &c) && !mp_next(&c, &o) && o.type == MP_BOOL && o.v.b;
     if (!ok) {
         /* an error after the stream began (a lost worker): OpenAI's error event */
-        struct MpCursor e;
-        const char *code = "internal", *msg = "the daemon failed to answer", *type;
-        size_t cl = strlen(code), ml = strlen(msg);
-        if (mp_find(buf, len, "error", &e)) {
-            mp_get_str(e.p, (size_t)(e.end - e.p), "code", &code, &cl);
-            mp_get_str(e.p, (size_t)(e.end - e.p), "message", &msg, &ml);
-        }
-        char cb[32];
-        snprintf(cb, sizeof cb, "%.*s", (int)(cl < 31 ? cl : 31), code);
-        status_of(cb, &type);
+        char code[32], msg[1024];
+        const char *type;
+        reply_error_fields(m, code, msg);
+        status_of(code, &type);
         json_buf_puts(b, "data: {\"error\":{\"message\":");
-        json_buf_string(b, msg, ml);
+        json_buf_string(b, msg, strlen(msg));
         json_buf_puts(b, ",\"type\":");
         json_buf_string(b, type, strlen(type));
         json_buf_puts(b, ",\"param\":null,\"code\":");
-        json_buf_string(b, cb, strlen(cb));
+        json_buf_string(b, code, strlen(code));
         json_buf_puts(b, "}}\n\n");
     } else {
         json_buf_puts(b, "data: ");
