@@ -145,6 +145,38 @@ struct RopeStoreArgs {
     size_t page_stride;
 };
 
+/* One layer's keys and values at positions pos0..pos0+n_tok-1 copied out of a cache or into
+ * one (chunk KV reuse). Packed rows hold, per KV head, the key and then the value, each
+ * head_dim elements in the cache's encoding followed, for KV_Q8, by its f32 scale:
+ * kv_row_bytes bytes a position, keys as stored (after RoPE). */
+struct KvCopyArgs {
+    void *kcache, *vcache;     /* this layer's caches, layout above */
+    enum KvType kv_type;
+    size_t kv_head_stride;
+    const int32_t *pages;      /* as in AttnArgs */
+    size_t page_stride;
+    int n_tok, pos0, n_kv_head, head_dim;
+    void *rows;                /* (n_tok) packed rows, row_stride bytes apart */
+    size_t row_stride;
+    /* kv_read: when k is non-NULL, the keys and values decoded to f32 rows of
+     * n_kv_head*head_dim floats (kv_stride apart) instead of packed rows. kv_write with a
+     * rotation: one such row each, as scratch. */
+    float *k, *v;
+    size_t kv_stride;
+    /* kv_write: when cos is non-NULL, every key is rotated by the one angle these n_rot/2
+     * cosines and sines give (layout as in RopeStoreArgs) on its way in; RoPE rotations
+     * compose, so a key stored at position p and rotated by q - p is the key at q. NULL: the
+     * rows are copied bit for bit. */
+    const float *cos, *sin;
+    int n_rot, layout;
+};
+
+static inline size_t kv_row_bytes(enum KvType t, int n_kv_head, int head_dim)
+{
+    return (size_t)n_kv_head * 2 *
+           ((size_t)head_dim * kv_elem_bytes(t) + (t == KV_Q8 ? sizeof(float) : 0));
+}
+
 /* Attention probability mass per position class for one query token (the groundedness
  * signals): for each listed query head h, the softmax of scale * q_h . k_j over keys
  * j < n_keys, summed over the marked positions j < n_marked with cls[j] == 1 (mass[2i]) and
@@ -192,6 +224,9 @@ struct Backend {
     /* The masses of `a`; `scratch` holds attention_mass_scratch(n_ctx, head_dim, n_q_head,
      * n_kv_head, threads) bytes. */
     void (*attention_mass)(struct ThreadPool *pool, const struct MassArgs *a, void *scratch);
+    /* The copies of KvCopyArgs, out of the cache and into it. */
+    void (*kv_read)(const struct KvCopyArgs *a);
+    void (*kv_write)(const struct KvCopyArgs *a);
     size_t (*attention_mass_scratch)(int n_ctx, int head_dim, int n_q_head, int n_kv_head,
                                      int threads);
 };

@@ -61,6 +61,7 @@ struct Engine {
     double *inv_freq;         /* (n_rot/2) RoPE frequencies after scaling */
     float rope_mscale;
     int n_past;
+    int rope_offset;          /* RoPE positions are the cache's plus this (engine_set_rope_offset) */
     struct EngineStats stats;
     atomic_int cancel;
     /* groundedness signals: watched heads, position classes, masses of the last position */
@@ -522,6 +523,8 @@ struct StepSeg {
     struct Engine *e;
     const int32_t *tokens;
     int n, prefill, want_logits, row0;
+    int pos0;                 /* CPU: the first token's position (forward_step: n_past) */
+    int quiet;                /* CPU: 1 = no masses measured (a blend's recomputed rows) */
 };
 
 /* A step on the GPU (runner r's device sequence computes every segment's rows; see
@@ -602,10 +605,12 @@ static void step_matmul(struct Engine *r, struct MatmulArgs *a, int np)
     }
 }
 
-/* One forward pass over segs[0..ns) on the CPU, computed with runner r's threads and scratch:
- * the prefill segments first, then the decode ones; at most r's chunk rows in all. The caller
- * has taken each sequence's pages. */
-static int forward_step(struct Engine *r, struct StepSeg *segs, int ns)
+/* Layer l of a step on the CPU over rows [0, n) of runner r's scratch (s->x holds their
+ * residual stream; rows [0, np) take the many-row products), computed with r's threads: each
+ * segment's queries and keys rotated and stored at its positions, then its attention over its
+ * sequence's cache. Segments of one sequence come in position order. */
+static void layer_step(struct Engine *r, int l, struct StepSeg *segs, int ns, int n, int np,
+                       double attn_flop)
 {
     const struct Model *m = r->m;
     const struct ModelConfig *c = &m->cfg;
@@ -616,86 +621,98 @@ static int forward_step(struct Engine *r, struct StepSeg *segs, int ns)
     size_t el = kv_elem_bytes(r->opts.kv_type);
     const struct KvPoolLayout *lay = &r->lay;
     int diff = c->arch == ARCH_DIFFV2;
-    double t_start = now_s(), t;
+    double t;
+    const struct LayerWeights *w = &m->layers[l];
+    void *kc = (char *)lay->base + (size_t)l * lay->layer_stride * el;
+    void *vc = (char *)lay->base + (lay->value_offset + (size_t)l * lay->layer_stride) * el;
+
+    be->rmsnorm(r->pool, s->xb, s->x, w->attn_norm, n, d, c->norm_eps);
+    struct MatmulArgs qkv = {
+        .x = s->xb, .x_stride = (size_t)d, .n = n, .k = d, .n_out = diff ? 4 : 3,
+        .out = {{&w->wq, s->q, (size_t)nq, 0}, {&w->wk, s->k, (size_t)nkv, 0},
+                {&w->wv, s->v, (size_t)nkv, 0}, {&w->wlambda, s->lam, (size_t)c->n_head, 0}},
+    };
+    step_matmul(r, &qkv, np);
+    add_bias(s->q, (size_t)nq, n, w->bq);
+    add_bias(s->k, (size_t)nkv, n, w->bk);
+    add_bias(s->v, (size_t)nkv, n, w->bv);
+    for (int i = 0; i < ns; i++) {
+        struct Engine *e = segs[i].e;
+        int r0 = segs[i].row0, sn = segs[i].n, pos0 = segs[i].pos0;
+        struct RopeStoreArgs rs = {
+            .q = s->q + (size_t)r0 * nq, .q_stride = (size_t)nq, .k = s->k + (size_t)r0 * nkv,
+            .v = s->v + (size_t)r0 * nkv, .kv_stride = (size_t)nkv, .n_tok = sn, .pos0 = pos0,
+            .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
+            .n_rot = c->rope.n_rot, .layout = c->rope.layout,
+            .cos = s->cos + (size_t)r0 * (c->rope.n_rot / 2),
+            .sin = s->sin + (size_t)r0 * (c->rope.n_rot / 2), .kcache = kc, .vcache = vc,
+            .kv_type = r->opts.kv_type, .kv_head_stride = lay->head_stride,
+            .pages = e->pages, .page_stride = lay->page_stride,
+        };
+        be->rope_store(r->pool, &rs);
+        if (!segs[i].quiet && e->wq_off[l + 1] > e->wq_off[l])
+            measure_layer(e, l, r0 + sn - 1, sn, kc);
+        struct AttnArgs a = {
+            .q = s->q + (size_t)r0 * nq, .q_stride = (size_t)nq,
+            .out = s->att + (size_t)r0 * no, .out_stride = (size_t)no,
+            .k = kc, .v = vc, .kv_head_stride = lay->head_stride, .pages = e->pages,
+            .page_stride = lay->page_stride, .kv_type = r->opts.kv_type, .n_tok = sn,
+            .pos0 = pos0, .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
+            .scale = 1.f / sqrtf((float)hd), .rowwise = segs[i].prefill,
+            .lambda = diff ? s->lam + (size_t)r0 * c->n_head : NULL,
+            .lambda_stride = (size_t)c->n_head,
+        };
+        t = now_s();
+        be->attention(r->pool, &a, s->attn);
+        r->stats.attention_s += now_s() - t;
+    }
+    r->stats.attention_flop += attn_flop;
+    struct MatmulArgs o = {
+        .x = s->att, .x_stride = (size_t)no, .n = n, .k = no, .n_out = 1,
+        .out = {{&w->wo, s->x, (size_t)d, 1}},
+    };
+    step_matmul(r, &o, np);
+
+    be->rmsnorm(r->pool, s->xb, s->x, w->ffn_norm, n, d, c->norm_eps);
+    struct MatmulArgs up = {
+        .x = s->xb, .x_stride = (size_t)d, .n = n, .k = d, .n_out = 2, .swiglu = 1,
+        .out = {{&w->w_gate, s->h, (size_t)F, 0}, {&w->w_up, NULL, 0, 0}},
+    };
+    step_matmul(r, &up, np);
+    struct MatmulArgs down = {
+        .x = s->h, .x_stride = (size_t)F, .n = n, .k = F, .n_out = 1,
+        .out = {{&w->w_down, s->x, (size_t)d, 1}},
+    };
+    step_matmul(r, &down, np);
+}
+
+/* One forward pass over segs[0..ns) on the CPU, computed with runner r's threads and scratch:
+ * the prefill segments first, then the decode ones; at most r's chunk rows in all. The caller
+ * has taken each sequence's pages. */
+static int forward_step(struct Engine *r, struct StepSeg *segs, int ns)
+{
+    const struct Model *m = r->m;
+    const struct ModelConfig *c = &m->cfg;
+    const struct Backend *be = r->be;
+    struct Scratch *s = &r->s;
+    int d = c->dim, hd = c->head_dim;
+    double t_start = now_s();
     int n = 0, np = 0;
     double attn_flop = 0;
     for (int i = 0; i < ns; i++) {
         struct StepSeg *g = &segs[i];
         g->row0 = n;
+        g->pos0 = g->e->n_past;
         memcpy(g->e->tok + g->e->n_past, g->tokens, (size_t)g->n * sizeof *g->tokens);
         for (int k = 0; k < g->n; k++) {
             be->weights_row(&m->tok_embd, g->tokens[k], s->x + (size_t)(n + k) * d);
             attn_flop += 4.0 * (g->e->n_past + k + 1) * hd * c->n_q_head;
         }
-        rope_tables(r, g->n, g->e->n_past, n);
+        rope_tables(r, g->n, g->e->n_past + g->e->rope_offset, n);
         n += g->n;
         if (g->prefill) np = n;
     }
-
-    for (int l = 0; l < c->n_layer; l++) {
-        const struct LayerWeights *w = &m->layers[l];
-        void *kc = (char *)lay->base + (size_t)l * lay->layer_stride * el;
-        void *vc = (char *)lay->base + (lay->value_offset + (size_t)l * lay->layer_stride) * el;
-
-        be->rmsnorm(r->pool, s->xb, s->x, w->attn_norm, n, d, c->norm_eps);
-        struct MatmulArgs qkv = {
-            .x = s->xb, .x_stride = (size_t)d, .n = n, .k = d, .n_out = diff ? 4 : 3,
-            .out = {{&w->wq, s->q, (size_t)nq, 0}, {&w->wk, s->k, (size_t)nkv, 0},
-                    {&w->wv, s->v, (size_t)nkv, 0}, {&w->wlambda, s->lam, (size_t)c->n_head, 0}},
-        };
-        step_matmul(r, &qkv, np);
-        add_bias(s->q, (size_t)nq, n, w->bq);
-        add_bias(s->k, (size_t)nkv, n, w->bk);
-        add_bias(s->v, (size_t)nkv, n, w->bv);
-        for (int i = 0; i < ns; i++) {
-            struct Engine *e = segs[i].e;
-            int r0 = segs[i].row0, sn = segs[i].n, pos0 = e->n_past;
-            struct RopeStoreArgs rs = {
-                .q = s->q + (size_t)r0 * nq, .q_stride = (size_t)nq, .k = s->k + (size_t)r0 * nkv,
-                .v = s->v + (size_t)r0 * nkv, .kv_stride = (size_t)nkv, .n_tok = sn, .pos0 = pos0,
-                .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
-                .n_rot = c->rope.n_rot, .layout = c->rope.layout,
-                .cos = s->cos + (size_t)r0 * (c->rope.n_rot / 2),
-                .sin = s->sin + (size_t)r0 * (c->rope.n_rot / 2), .kcache = kc, .vcache = vc,
-                .kv_type = r->opts.kv_type, .kv_head_stride = lay->head_stride,
-                .pages = e->pages, .page_stride = lay->page_stride,
-            };
-            be->rope_store(r->pool, &rs);
-            if (e->wq_off[l + 1] > e->wq_off[l])
-                measure_layer(e, l, r0 + sn - 1, sn, kc);
-            struct AttnArgs a = {
-                .q = s->q + (size_t)r0 * nq, .q_stride = (size_t)nq,
-                .out = s->att + (size_t)r0 * no, .out_stride = (size_t)no,
-                .k = kc, .v = vc, .kv_head_stride = lay->head_stride, .pages = e->pages,
-                .page_stride = lay->page_stride, .kv_type = r->opts.kv_type, .n_tok = sn,
-                .pos0 = pos0, .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
-                .scale = 1.f / sqrtf((float)hd), .rowwise = segs[i].prefill,
-                .lambda = diff ? s->lam + (size_t)r0 * c->n_head : NULL,
-                .lambda_stride = (size_t)c->n_head,
-            };
-            t = now_s();
-            be->attention(r->pool, &a, s->attn);
-            r->stats.attention_s += now_s() - t;
-        }
-        r->stats.attention_flop += attn_flop;
-        struct MatmulArgs o = {
-            .x = s->att, .x_stride = (size_t)no, .n = n, .k = no, .n_out = 1,
-            .out = {{&w->wo, s->x, (size_t)d, 1}},
-        };
-        step_matmul(r, &o, np);
-
-        be->rmsnorm(r->pool, s->xb, s->x, w->ffn_norm, n, d, c->norm_eps);
-        struct MatmulArgs up = {
-            .x = s->xb, .x_stride = (size_t)d, .n = n, .k = d, .n_out = 2, .swiglu = 1,
-            .out = {{&w->w_gate, s->h, (size_t)F, 0}, {&w->w_up, NULL, 0, 0}},
-        };
-        step_matmul(r, &up, np);
-        struct MatmulArgs down = {
-            .x = s->h, .x_stride = (size_t)F, .n = n, .k = F, .n_out = 1,
-            .out = {{&w->w_down, s->x, (size_t)d, 1}},
-        };
-        step_matmul(r, &down, np);
-    }
+    for (int l = 0; l < c->n_layer; l++) layer_step(r, l, segs, ns, n, np, attn_flop);
     /* The logits of the segments that want them: their last rows, each through the LM head
      * as its own one-row product. */
     int nl = 0;
@@ -785,7 +802,7 @@ static int append_tokens(struct Engine *e, const int32_t *tokens, size_t n, int 
 
 int engine_take_cached(struct Engine *e, const int32_t *prompt, size_t n)
 {
-    if (e->gpu || e->n_past != 0 || e->n_pages != 0 || n < 2) return 0;
+    if (e->gpu || e->n_past != 0 || e->n_pages != 0 || e->rope_offset || n < 2) return 0;
     /* the longest cached run of full pages, leaving the last token to compute */
     int m = kvpool_match(e->kv, prompt, n, (int)((n - 1) / KV_TILE), e->pages, e->page_hash);
     e->n_pages = e->n_named = m;
@@ -1045,7 +1062,7 @@ void engine_reset(struct Engine *e)
     if (e->kv) kvpool_release(e->kv, e->pages, e->n_pages);
     if (e->gpu) gpu_seq_release(e->gpu);
     e->n_pages = e->n_named = e->prefill_end = e->n_cached = 0;
-    e->n_past = 0;
+    e->n_past = e->rope_offset = 0;
     e->mass_valid = 0;
     atomic_store(&e->cancel, 0);
 }
@@ -1134,4 +1151,272 @@ int engine_default_watch(const struct Model *m, struct AttnWatch *out, int cap)
         for (int h = 0; h < heads && k < cap; h++) out[k++] = (struct AttnWatch){layers[i], h};
     }
     return k;
+}
+
+/* ---- chunk KV reuse ---- */
+
+size_t engine_kv_bytes(const struct Engine *e, int n)
+{
+    const struct ModelConfig *c = &e->m->cfg;
+    return kv_row_bytes(e->opts.kv_type, c->n_kv_head, c->head_dim) * (size_t)c->n_layer *
+           (size_t)(n > 0 ? n : 0);
+}
+
+/* The copy arguments of layer l's cache over n positions from pos0, packed rows at `rows`. */
+static struct KvCopyArgs kv_copy_args(struct Engine *e, int l, int pos0, int n, void *rows)
+{
+    const struct ModelConfig *c = &e->m->cfg;
+    size_t el = kv_elem_bytes(e->opts.kv_type);
+    const struct KvPoolLayout *lay = &e->lay;
+    return (struct KvCopyArgs){
+        .kcache = (char *)lay->base + (size_t)l * lay->layer_stride * el,
+        .vcache = (char *)lay->base + (lay->value_offset + (size_t)l * lay->layer_stride) * el,
+        .kv_type = e->opts.kv_type, .kv_head_stride = lay->head_stride, .pages = e->pages,
+        .page_stride = lay->page_stride, .n_tok = n, .pos0 = pos0, .n_kv_head = c->n_kv_head,
+        .head_dim = c->head_dim, .rows = rows,
+        .row_stride = kv_row_bytes(e->opts.kv_type, c->n_kv_head, c->head_dim),
+        .n_rot = c->rope.n_rot, .layout = c->rope.layout,
+    };
+}
+
+int engine_kv_export(struct Engine *e, int pos0, int n, void *out, char *err, size_t errlen)
+{
+    if (!e || !out || e->gpu)
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "exporting KV needs a CPU context");
+    if (pos0 < 0 || n < 1 || n > e->n_past - pos0)
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "positions %d..%d are not in the sequence "
+                          "(%d positions)", pos0, pos0 + n - 1, e->n_past);
+    size_t lb = engine_kv_bytes(e, n) / (size_t)e->m->cfg.n_layer;
+    for (int l = 0; l < e->m->cfg.n_layer; l++) {
+        struct KvCopyArgs a = kv_copy_args(e, l, pos0, n, (char *)out + (size_t)l * lb);
+        e->be->kv_read(&a);
+    }
+    return ENGINE_OK;
+}
+
+int engine_set_rope_offset(struct Engine *e, int offset, char *err, size_t errlen)
+{
+    if (!e || e->gpu || e->n_past != 0 || offset < 0 || offset > ENGINE_MAX_CTX)
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "a RoPE offset (0..%d) is set on an empty "
+                          "CPU sequence", ENGINE_MAX_CTX);
+    e->rope_offset = offset;
+    /* its pages hold other positions' keys than the prefix cache's: none is published */
+    e->prefill_end = offset ? -1 : 0;
+    return ENGINE_OK;
+}
+
+/* A part's stored KV into the sequence's cache at positions pos.., every key rotated from the
+ * position it was computed at to its new one (no rotation when they are the same: the copy is
+ * bit for bit). The rotation's table has no YaRN magnitude factor: the stored keys carry it
+ * already, and rotations compose. */
+static void blend_import(struct Engine *e, const struct EngineKvPart *p, int pos)
+{
+    struct Engine *r = e->runner;
+    struct Scratch *s = &r->s;
+    int half = e->m->cfg.rope.n_rot / 2;
+    long delta = (long)pos + e->rope_offset - p->kv_pos;
+    for (int i = 0; i < half && delta; i++) {
+        double phi = (double)delta * e->inv_freq[i];
+        s->cos[i] = (float)cos(phi);
+        s->sin[i] = (float)sin(phi);
+    }
+    size_t lb = engine_kv_bytes(e, p->kv_len ? p->kv_len : p->n) / (size_t)e->m->cfg.n_layer;
+    for (int l = 0; l < e->m->cfg.n_layer; l++) {
+        struct KvCopyArgs a = kv_copy_args(e, l, pos, p->n, (char *)p->kv + (size_t)l * lb);
+        if (delta) {
+            a.cos = s->cos;
+            a.sin = s->sin;
+            a.k = s->k;
+            a.v = s->v;
+        }
+        e->be->kv_write(&a);
+    }
+}
+
+/* Layer l over the blend region's selected rows (sel[i] for position p0 + i), in blocks of at
+ * most the chunk's rows, position order: each block's residual rows gathered from x into the
+ * scratch, the layer run with every contiguous run of rows as a segment at its positions, and
+ * the rows scattered back. */
+static void blend_layer(struct Engine *e, int l, float *x, const uint8_t *sel, int p0, int n_reg,
+                        struct StepSeg *segs)
+{
+    struct Engine *r = e->runner;
+    const struct ModelConfig *c = &e->m->cfg;
+    int d = c->dim, cap = r->opts.chunk;
+    for (int i = 0; i < n_reg;) {
+        int n = 0, ns = 0;
+        double flop = 0;
+        while (i < n_reg && n < cap) {
+            if (!sel[i]) {
+                i++;
+                continue;
+            }
+            int j = i;
+            while (j < n_reg && sel[j] && n + (j - i) < cap) j++;
+            segs[ns++] = (struct StepSeg){.e = e, .n = j - i, .prefill = 1, .row0 = n,
+                                          .pos0 = p0 + i, .quiet = 1};
+            memcpy(r->s.x + (size_t)n * d, x + (size_t)i * d, (size_t)(j - i) * d * sizeof *x);
+            rope_tables(r, j - i, p0 + i + e->rope_offset, n);
+            for (int t = i; t < j; t++) flop += 4.0 * (p0 + t + 1) * c->head_dim * c->n_q_head;
+            n += j - i;
+            i = j;
+        }
+        if (!n) break;
+        layer_step(r, l, segs, ns, n, n, flop);
+        for (int k = 0; k < ns; k++)
+            memcpy(x + (size_t)(segs[k].pos0 - p0) * d, r->s.x + (size_t)segs[k].row0 * d,
+                   (size_t)segs[k].n * d * sizeof *x);
+    }
+}
+
+/* The value deviation of every region row at layer 1: the squared distance between the value
+ * the row computes now, from its layer-0 output in x, and the value in the cache (the stored
+ * one). */
+static void blend_deviation(struct Engine *e, const float *x, int p0, int n_reg, float *dev)
+{
+    struct Engine *r = e->runner;
+    struct Scratch *s = &r->s;
+    const struct ModelConfig *c = &e->m->cfg;
+    const struct LayerWeights *w = &e->m->layers[1];
+    int d = c->dim, nkv = c->n_kv_head * c->head_dim, cap = r->opts.chunk;
+    for (int i = 0; i < n_reg; i += cap) {
+        int n = n_reg - i < cap ? n_reg - i : cap;
+        r->be->rmsnorm(r->pool, s->xb, x + (size_t)i * d, w->attn_norm, n, d, c->norm_eps);
+        struct MatmulArgs mv = {.x = s->xb, .x_stride = (size_t)d, .n = n, .k = d, .n_out = 1,
+                                .rowwise = 1, .out = {{&w->wv, s->v, (size_t)nkv, 0}}};
+        run_matmul(r, &mv);
+        add_bias(s->v, (size_t)nkv, n, w->bv);
+        struct KvCopyArgs a = kv_copy_args(e, 1, p0 + i, n, NULL);
+        a.k = s->q; /* the keys are read too, into scratch nobody needs now */
+        a.v = s->k;
+        a.kv_stride = (size_t)nkv;
+        r->be->kv_read(&a);
+        for (int t = 0; t < n; t++) {
+            double sum = 0;
+            const float *vf = s->v + (size_t)t * nkv, *vr = s->k + (size_t)t * nkv;
+            for (int k = 0; k < nkv; k++) sum += (double)(vf[k] - vr[k]) * (vf[k] - vr[k]);
+            dev[i + t] = (float)sum;
+        }
+    }
+}
+
+struct DevRank {
+    float dev;
+    int i;
+};
+
+static int dev_rank_cmp(const void *a, const void *b)
+{
+    const struct DevRank *x = a, *y = b;
+    if (x->dev != y->dev) return x->dev < y->dev ? 1 : -1;
+    return x->i - y->i;
+}
+
+int engine_blend(struct Engine *e, const struct EngineKvPart *parts, int n_parts, double recompute,
+                 struct EngineBlendStats *st, char *err, size_t errlen)
+{
+    if (st) memset(st, 0, sizeof *st);
+    if (!e || !parts || n_parts < 1 || !(recompute >= 0 && recompute <= 1))
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "a blend takes parts and a recompute share "
+                          "in [0, 1]");
+    if (e->gpu)
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "chunk KV reuse runs on CPU contexts");
+    const struct ModelConfig *c = &e->m->cfg;
+    long total = 0;
+    for (int k = 0; k < n_parts; k++) {
+        const struct EngineKvPart *p = &parts[k];
+        if (!p->tokens || p->n < 1 ||
+            (p->kv && (p->kv_pos < 0 || p->kv_pos > ENGINE_MAX_CTX || p->kv_len < 0 ||
+                       (p->kv_len && p->kv_len < p->n))))
+            return errmsg_set(err, errlen, ENGINE_EINPUT, "blend part %d: no tokens, or a stored "
+                              "position out of range", k);
+        for (int t = 0; t < p->n; t++)
+            if (p->tokens[t] < 0 || p->tokens[t] >= c->vocab)
+                return errmsg_set(err, errlen, ENGINE_EINPUT, "blend part %d: token %d is outside "
+                                  "the vocabulary (%d)", k, p->tokens[t], c->vocab);
+        total += p->n;
+    }
+    if (total > e->opts.n_ctx - e->n_past)
+        return errmsg_set(err, errlen, ENGINE_ECTX, "%ld tokens do not fit: the context holds %d "
+                          "and %d are in use", total, e->opts.n_ctx, e->n_past);
+    int n_reg = (int)total, p0 = e->n_past;
+    int rc = take_pages(e, p0 + n_reg, err, errlen);
+    if (rc) return rc;
+    struct Engine *r = e->runner;
+    double t_start = now_s();
+    uint8_t *sel = calloc((size_t)n_reg, 1);
+    float *x = NULL, *dev = NULL;
+    struct StepSeg *segs = malloc((size_t)r->opts.chunk * sizeof *segs);
+    struct DevRank *rank = NULL;
+    if (!sel || !segs) goto oom;
+
+    int forced = 0;
+    for (int k = 0, at = 0; k < n_parts; at += parts[k].n, k++) {
+        memcpy(e->tok + p0 + at, parts[k].tokens, (size_t)parts[k].n * sizeof *e->tok);
+        if (parts[k].kv) {
+            blend_import(e, &parts[k], p0 + at);
+        } else {
+            memset(sel + at, 1, (size_t)parts[k].n);
+            forced += parts[k].n;
+        }
+    }
+    int reusable = n_reg - forced;
+    int want = recompute >= 1 ? reusable : (int)ceil(recompute * reusable);
+    int check = want > 0 && want < reusable && c->n_layer > 1;
+    if (want == reusable) memset(sel, 1, (size_t)n_reg);
+    if (forced + want > 0) {
+        x = malloc((size_t)n_reg * c->dim * sizeof *x);
+        if (!x) goto oom;
+        for (int i = 0; i < n_reg; i++)
+            r->be->weights_row(&e->m->tok_embd, e->tok[p0 + i], x + (size_t)i * c->dim);
+        int l = 0;
+        if (check) {
+            /* layer 0 for every row, then the rows whose layer-1 values moved most */
+            dev = malloc((size_t)n_reg * sizeof *dev);
+            rank = malloc((size_t)reusable * sizeof *rank);
+            uint8_t *all = malloc((size_t)n_reg);
+            if (!dev || !rank || !all) {
+                free(all);
+                goto oom;
+            }
+            memset(all, 1, (size_t)n_reg);
+            blend_layer(e, 0, x, all, p0, n_reg, segs);
+            free(all);
+            blend_deviation(e, x, p0, n_reg, dev);
+            int nr = 0;
+            for (int i = 0; i < n_reg; i++)
+                if (!sel[i]) rank[nr++] = (struct DevRank){dev[i], i};
+            qsort(rank, (size_t)nr, sizeof *rank, dev_rank_cmp);
+            for (int k = 0; k < want; k++) sel[rank[k].i] = 1;
+            l = 1;
+        }
+        for (; l < c->n_layer; l++) {
+            if (atomic_exchange(&e->cancel, 0)) {
+                rc = errmsg_set(err, errlen, ENGINE_ECANCELLED, "blend cancelled at layer %d", l);
+                goto out;
+            }
+            blend_layer(e, l, x, sel, p0, n_reg, segs);
+        }
+    }
+    e->n_past = p0 + n_reg;
+    e->mass_valid = 0;
+    if (st) {
+        st->recomputed = forced + want;
+        st->reused = reusable - want;
+        st->forced = forced;
+        st->imported_bytes = engine_kv_bytes(e, reusable);
+    }
+    r->stats.total_s += now_s() - t_start;
+    r->stats.tokens += forced + want;
+    rc = ENGINE_OK;
+    goto out;
+oom:
+    rc = errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory for a blend of %d tokens", n_reg);
+out:
+    free(sel);
+    free(x);
+    free(dev);
+    free(rank);
+    free(segs);
+    return rc;
 }

@@ -165,6 +165,58 @@ struct EngineStats {
 void engine_stats(const struct Engine *e, struct EngineStats *out);
 void engine_stats_reset(struct Engine *e);
 
+/* ---- Chunk KV reuse (CacheBlend: arXiv 2405.16444; docs/kv-reuse.md) ----
+ * A span's keys and values, computed once, placed again in a later prompt at another position:
+ * each key rotated to its new position (RoPE rotations compose), and a share of the span's
+ * tokens recomputed to restore the attention across spans that the stored KV never saw.
+ * CPU contexts only. */
+
+/* Bytes of n positions' KV, every layer, in the context's cache encoding (KV_F16: 2 bytes an
+ * element; KV_Q8: 1, and an f32 scale per head and position; KV_F32: 4). */
+size_t engine_kv_bytes(const struct Engine *e, int n);
+/* Copies positions pos0..pos0+n-1 of the sequence's cache, every layer, into out
+ * (engine_kv_bytes(e, n) bytes): layer after layer, position after position, per KV head its
+ * key (after RoPE) and then its value. ENGINE_EINPUT for positions outside the sequence or a
+ * GPU context. */
+int engine_kv_export(struct Engine *e, int pos0, int n, void *out, char *err, size_t errlen);
+/* An empty CPU sequence whose RoPE positions run from `offset`: its tokens compute as they
+ * would at positions offset.. with nothing before them (the attention is over its own cache).
+ * Nothing it writes is published to the prefix cache, nor taken from it. Until
+ * engine_reset. */
+int engine_set_rope_offset(struct Engine *e, int offset, char *err, size_t errlen);
+
+struct EngineKvPart {
+    const int32_t *tokens;
+    int n;
+    const void *kv;           /* engine_kv_export's copy of kv_len >= n positions, whose first n
+                                 are these tokens, from a context of the same model and KV type
+                                 (a copy of a whole chunk serves its prefixes); NULL: the part
+                                 is computed */
+    int kv_len;               /* positions the copy holds; 0: n */
+    int kv_pos;               /* the RoPE position its first token had there */
+};
+
+struct EngineBlendStats {
+    int reused;               /* tokens whose stored KV stays */
+    int recomputed;           /* tokens computed at every layer (forced ones included) */
+    int forced;               /* tokens of parts without stored KV */
+    size_t imported_bytes;    /* stored KV bytes read */
+};
+
+/* Appends the parts' tokens to the sequence. The stored KV of each part is copied in with its
+ * keys rotated to their new positions; then, unless recompute is 0, layer 0 runs over every
+ * token of the region with attention over the whole sequence, each token's value at layer 1 is
+ * computed again and compared with the stored one, and the ceil(recompute * reusable) tokens
+ * whose values moved most, with every token of a part without KV, run through the remaining
+ * layers (their keys and values replace the stored ones). recompute = 1 computes what a
+ * prefill of the region would, bit for bit; recompute = 0 only copies. No logits: prefill at
+ * least one token after it (the question) for them. The region's pages are never published
+ * to the prefix cache, and no masses are measured inside it. ENGINE_EINPUT (bad part, GPU
+ * context), ENGINE_ECTX, ENGINE_EBUDGET, ENGINE_ENOMEM, ENGINE_ECANCELLED (the sequence then
+ * ends before the region). */
+int engine_blend(struct Engine *e, const struct EngineKvPart *parts, int n_parts, double recompute,
+                 struct EngineBlendStats *st, char *err, size_t errlen);
+
 /* ---- Attention signals for groundedness (docs/groundedness.md) ----
  * For a set of watched (layer, head) pairs the engine measures, at the last position of
  * every prefill chunk and decode step, the attention probability mass on the positions

@@ -35,3 +35,9 @@ $(BUILD)/tests/score_positions: $(BUILD)/tests/score_positions.o $(LIB_MODEL)
 BINS += $(BUILD)/tests/engine_serving
 $(BUILD)/tests/engine_serving: $(BUILD)/tests/engine_serving.o $(LIB_MODEL)
 	$(CC) $(LDFLAGS) $< -o $@ $(MODEL_LIBS) $(LDLIBS)
+
+# Chunk KV reuse against full prefills (tests/test_engine_blend.py runs it on tiny llama, qwen2
+# and DIFF V2 models, with and without YaRN, and on the default one); not a unit test.
+BINS += $(BUILD)/tests/engine_blend
+$(BUILD)/tests/engine_blend: $(BUILD)/tests/engine_blend.o $(LIB_MODEL)
+	$(CC) $(LDFLAGS) $< -o $@ $(MODEL_LIBS) $(LDLIBS)

@@ -320,3 +320,96 @@ void cpu_kv_store_rows(const struct RopeStoreArgs *a, int t0, int t1)
         }
     }
 }
+
+/* --- KV copies for chunk reuse (KvCopyArgs in kernels/backend.h) --- */
+
+/* Bytes of one head's key (or value) in a packed row, its Q8 scale included. */
+static size_t kv_head_bytes(const struct KvCopyArgs *a)
+{
+    return (size_t)a->head_dim * kv_elem_bytes(a->kv_type) +
+           (a->kv_type == KV_Q8 ? sizeof(float) : 0);
+}
+
+/* Copies one head's key and value at position pos between the cache and a packed row:
+ * out = 1 from the cache into the row, out = 0 from the row into the cache. */
+static void kv_copy_head(const struct KvCopyArgs *a, int g, int pos, uint8_t *row, int out)
+{
+    int hd = a->head_dim, col = pos % KV_TILE;
+    size_t eb = kv_elem_bytes(a->kv_type), hb = kv_head_bytes(a);
+    size_t tile = kv_tile_addr(a->pages, a->page_stride, a->kv_head_stride, a->kv_type, hd, g, pos);
+    uint8_t *kc = (uint8_t *)a->kcache + tile * eb, *vc = (uint8_t *)a->vcache + tile * eb;
+    uint8_t *kr = row + (size_t)g * 2 * hb, *vr = kr + hb;
+    for (int d = 0; d < hd; d++) {
+        uint8_t *src = kc + cpu_kv_key_index(a->kv_type, d, col) * eb;
+        if (out) memcpy(kr + (size_t)d * eb, src, eb);
+        else memcpy(src, kr + (size_t)d * eb, eb);
+    }
+    uint8_t *vsrc = vc + (size_t)col * hd * eb;
+    if (out) memcpy(vr, vsrc, (size_t)hd * eb);
+    else memcpy(vsrc, vr, (size_t)hd * eb);
+    if (a->kv_type == KV_Q8) {
+        float *ks = (float *)(void *)(kc + (size_t)hd * KV_TILE) + col;
+        float *vs = (float *)(void *)(vc + (size_t)hd * KV_TILE) + col;
+        if (out) {
+            memcpy(kr + (size_t)hd, ks, sizeof *ks);
+            memcpy(vr + (size_t)hd, vs, sizeof *vs);
+        } else {
+            memcpy(ks, kr + (size_t)hd, sizeof *ks);
+            memcpy(vs, vr + (size_t)hd, sizeof *vs);
+        }
+    }
+}
+
+void cpu_kv_read(const struct KvCopyArgs *a)
+{
+    int hd = a->head_dim;
+    for (int t = 0; t < a->n_tok; t++) {
+        int pos = a->pos0 + t, col = pos % KV_TILE;
+        for (int g = 0; g < a->n_kv_head; g++) {
+            if (!a->k) {
+                kv_copy_head(a, g, pos, (uint8_t *)a->rows + (size_t)t * a->row_stride, 1);
+                continue;
+            }
+            size_t tile = kv_tile_addr(a->pages, a->page_stride, a->kv_head_stride, a->kv_type,
+                                       hd, g, pos);
+            float *k = a->k + (size_t)t * a->kv_stride + (size_t)g * hd;
+            float *v = a->v + (size_t)t * a->kv_stride + (size_t)g * hd;
+            for (int d = 0; d < hd; d++) {
+                k[d] = cpu_kv_key(a->kcache, a->kv_type, tile, d, col, hd);
+                v[d] = cpu_kv_value(a->vcache, a->kv_type, tile, d, col, hd);
+            }
+        }
+    }
+}
+
+void cpu_kv_write_packed(const struct KvCopyArgs *a)
+{
+    for (int t = 0; t < a->n_tok; t++)
+        for (int g = 0; g < a->n_kv_head; g++)
+            kv_copy_head(a, g, a->pos0 + t, (uint8_t *)a->rows + (size_t)t * a->row_stride, 0);
+}
+
+void cpu_kv_unpack(const struct KvCopyArgs *a, int t, float *k, float *v)
+{
+    int hd = a->head_dim;
+    size_t hb = kv_head_bytes(a);
+    const uint8_t *row = (const uint8_t *)a->rows + (size_t)t * a->row_stride;
+    for (int g = 0; g < a->n_kv_head; g++)
+        for (int w = 0; w < 2; w++) {
+            const uint8_t *src = row + ((size_t)g * 2 + w) * hb;
+            float *dst = (w ? v : k) + (size_t)g * hd;
+            if (a->kv_type == KV_F32) {
+                memcpy(dst, src, (size_t)hd * sizeof(float));
+            } else if (a->kv_type == KV_F16) {
+                for (int d = 0; d < hd; d++) {
+                    uint16_t h;
+                    memcpy(&h, src + 2 * (size_t)d, sizeof h);
+                    dst[d] = f16_to_f32(h);
+                }
+            } else {
+                float sc;
+                memcpy(&sc, src + hd, sizeof sc);
+                for (int d = 0; d < hd; d++) dst[d] = (float)(int8_t)src[d] * sc;
+            }
+        }
+}

@@ -192,6 +192,11 @@ void cpu_attend_avx2(const struct AttnArgs *a, int g, int t0, int bq, int kb, in
                      float *ws, float *O, float *M, float *L);
 /* Rows t0..t1-1 of the chunk's keys and values into the cache (layout in backend.h). */
 void cpu_kv_store_rows(const struct RopeStoreArgs *a, int t0, int t1);
+/* kv_read; kv_write without a rotation (bit for bit); packed row t decoded to f32 keys and
+ * values (n_kv_head*head_dim each). */
+void cpu_kv_read(const struct KvCopyArgs *a);
+void cpu_kv_write_packed(const struct KvCopyArgs *a);
+void cpu_kv_unpack(const struct KvCopyArgs *a, int t, float *k, float *v);
 
 /* The scales of a KV_Q8 tile that starts at `tile` (int8 elements). */
 static inline const float *cpu_kv_q8_scales(const void *tile, int head_dim)

@@ -109,6 +109,29 @@ static void cpu_rope_store(struct ThreadPool *pool, const struct RopeStoreArgs *
     pool_run(pool, (a->n_tok + ROWS_PER_TASK - 1) / ROWS_PER_TASK, rope_store_task, &j);
 }
 
+/* kv_write: bit for bit without a rotation; with one, each position's key and value decoded,
+ * the key rotated, and both stored as a computed key and value are. */
+static void cpu_kv_write(const struct KvCopyArgs *a)
+{
+    if (!a->cos) {
+        cpu_kv_write_packed(a);
+        return;
+    }
+    float *k = a->k, *v = a->v, no_q[1] = {0};
+    size_t w = (size_t)a->n_kv_head * a->head_dim;
+    for (int t = 0; t < a->n_tok; t++) {
+        cpu_kv_unpack(a, t, k, v);
+        rope_heads(k, a->n_kv_head, a->head_dim, a->n_rot, a->layout, a->cos, a->sin);
+        struct RopeStoreArgs rs = {
+            .q = no_q, .k = k, .v = v, .kv_stride = w, .n_tok = 1, .pos0 = a->pos0 + t,
+            .n_kv_head = a->n_kv_head, .head_dim = a->head_dim, .kcache = a->kcache,
+            .vcache = a->vcache, .kv_type = a->kv_type, .kv_head_stride = a->kv_head_stride,
+            .pages = a->pages, .page_stride = a->page_stride,
+        };
+        cpu_kv_store_rows(&rs, 0, 1);
+    }
+}
+
 static void cpu_matmul(struct ThreadPool *pool, const struct MatmulArgs *a, void *scratch)
 {
     cpu_matmul_with(cpu_isa_best(), cpu_gemm_default(), pool, a, scratch);
@@ -133,4 +156,6 @@ const struct Backend backend_cpu = {
     .kv_head_stride = cpu_kv_head_stride,
     .attention_mass = cpu_attention_mass,
     .attention_mass_scratch = cpu_attention_mass_scratch,
+    .kv_read = cpu_kv_read,
+    .kv_write = cpu_kv_write,
 };

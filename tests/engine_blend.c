@@ -1,0 +1,350 @@
+/* Chunk KV reuse (engine_blend) against full prefills, on a given model (run by
+ * tests/test_engine_blend.py on tiny llama, qwen2 and DIFF V2 models, with and without YaRN,
+ * and on the default one), for every KV type:
+ *  - recompute share 1: the question's logits equal a full prefill's (1e-4 relative; the
+ *    rowwise form makes them bit for bit), with the chunks' stored KV computed elsewhere;
+ *    parts without stored KV are computed whatever the share;
+ *  - share 0 on a one-chunk prompt, the chunk stored after the same frame: the logits equal
+ *    the prefix-cached prefill's;
+ *  - RoPE re-rotation: a chunk's KV computed alone at position p, moved to q, equals the KV
+ *    computed alone at q: layer 0 (the rotation alone) within two f16 roundings (int8: two
+ *    steps), and every layer, with an f32 cache and f32 products, within f32 rounding;
+ *    forwards and backwards;
+ *  - a share in between recomputes the stated count and gives finite logits;
+ *  - bad parts are refused with a message and leave the sequence as it was.
+ * Usage: engine_blend MODEL.gguf */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/f16.h"
+#include "model/engine.h"
+#include "tests/check.h"
+
+enum { N_FRAME = 37, N_Q = 19, N_CHUNKS = 3 };
+static const int CHUNK_LEN[N_CHUNKS] = {150, 97, 70};
+
+static double rel_diff(const float *a, const float *b, int n)
+{
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        num = d > num ? d : num;
+        den = fabs(b[i]) > den ? fabs(b[i]) : den;
+    }
+    return den > 0 ? num / den : num;
+}
+
+static uint32_t rng = 12345;
+static int32_t rand_tok(int vocab)
+{
+    rng = rng * 1664525u + 1013904223u;
+    return (int32_t)((rng >> 8) % (uint32_t)vocab);
+}
+
+static struct Engine *open_ctx(const struct Model *m, enum KvType kv, int chunk)
+{
+    struct EngineOpts o;
+    engine_opts_default(&o);
+    o.n_ctx = 1024;
+    o.chunk = chunk;
+    o.kv_type = kv;
+    o.n_threads = 2;
+    struct Engine *e = NULL;
+    char err[256];
+    if (engine_new(m, &o, &e, err, sizeof err)) {
+        printf("engine_new: %s\n", err);
+        return NULL;
+    }
+    return e;
+}
+
+static int prefill(struct Engine *e, const int32_t *t, int n)
+{
+    char err[256];
+    int rc = engine_prefill(e, t, (size_t)n, err, sizeof err);
+    if (rc) printf("prefill: %s\n", err);
+    return rc;
+}
+
+/* The stored KV of a chunk placed after the frame: frame + chunk prefilled, the chunk's
+ * positions exported. */
+static void *chunk_kv(struct Engine *e, const int32_t *frame, const int32_t *chunk, int n)
+{
+    int32_t buf[N_FRAME + 200];
+    memcpy(buf, frame, sizeof *frame * N_FRAME);
+    memcpy(buf + N_FRAME, chunk, sizeof *chunk * (size_t)n);
+    engine_reset(e);
+    if (prefill(e, buf, N_FRAME + n)) return NULL;
+    void *kv = malloc(engine_kv_bytes(e, n));
+    char err[256];
+    if (kv && engine_kv_export(e, N_FRAME, n, kv, err, sizeof err)) {
+        printf("export: %s\n", err);
+        free(kv);
+        return NULL;
+    }
+    return kv;
+}
+
+/* The logits after frame, a blend of the parts and the question. */
+static int blend_logits(struct Engine *e, const int32_t *frame, const struct EngineKvPart *parts,
+                        int np, double share, const int32_t *q, float *out,
+                        struct EngineBlendStats *st)
+{
+    char err[256];
+    engine_reset(e);
+    if (prefill(e, frame, N_FRAME)) return -1;
+    if (engine_blend(e, parts, np, share, st, err, sizeof err)) {
+        printf("blend: %s\n", err);
+        return -1;
+    }
+    if (prefill(e, q, N_Q)) return -1;
+    memcpy(out, engine_logits(e), sizeof *out * (size_t)engine_model(e)->cfg.vocab);
+    return 0;
+}
+
+/* The largest difference of two exported copies over the first n_layers layers, in units of
+ * the f16 rounding step of each head's largest magnitude (int8: of its quantisation step),
+ * keys and values apart. */
+static void kv_compare(const struct Model *m, enum KvType kv, const void *a, const void *b, int n,
+                       int n_layers, double *key_ulps, double *val_ulps)
+{
+    const struct ModelConfig *c = &m->cfg;
+    int hd = c->head_dim;
+    size_t eb = kv_elem_bytes(kv), hb = (size_t)hd * eb + (kv == KV_Q8 ? 4 : 0);
+    *key_ulps = *val_ulps = 0;
+    for (size_t r = 0; r < (size_t)n_layers * n * c->n_kv_head * 2; r++) {
+        const unsigned char *pa = (const unsigned char *)a + r * hb;
+        const unsigned char *pb = (const unsigned char *)b + r * hb;
+        float xa[512], xb[512], big = 0, sa = 1, sb = 1;
+        if (kv == KV_Q8) {
+            memcpy(&sa, pa + hd, 4);
+            memcpy(&sb, pb + hd, 4);
+        }
+        for (int d = 0; d < hd && d < 512; d++) {
+            if (kv == KV_F32) {
+                memcpy(&xa[d], pa + 4 * d, 4);
+                memcpy(&xb[d], pb + 4 * d, 4);
+            } else if (kv == KV_F16) {
+                uint16_t ha, hb2;
+                memcpy(&ha, pa + 2 * d, 2);
+                memcpy(&hb2, pb + 2 * d, 2);
+                xa[d] = f16_to_f32(ha);
+                xb[d] = f16_to_f32(hb2);
+            } else {
+                xa[d] = (float)(signed char)pa[d] * sa;
+                xb[d] = (float)(signed char)pb[d] * sb;
+            }
+            big = fabsf(xb[d]) > big ? fabsf(xb[d]) : big;
+        }
+        double step = kv == KV_Q8 ? big / 127.0 : big * 0x1p-11;
+        for (int d = 0; d < hd && d < 512; d++) {
+            double u = step > 0 ? fabs((double)xa[d] - xb[d]) / step : 0;
+            double *w = r % 2 ? val_ulps : key_ulps;
+            if (u > *w) *w = u;
+        }
+    }
+}
+
+/* A chunk computed alone at position `at` (RoPE offset), exported. */
+static void *alone_kv(struct Engine *e, const int32_t *chunk, int n, int at)
+{
+    char err[256];
+    engine_reset(e);
+    if (engine_set_rope_offset(e, at, err, sizeof err)) {
+        printf("offset: %s\n", err);
+        return NULL;
+    }
+    if (prefill(e, chunk, n)) return NULL;
+    void *kv = malloc(engine_kv_bytes(e, n));
+    if (kv && engine_kv_export(e, 0, n, kv, err, sizeof err)) {
+        free(kv);
+        return NULL;
+    }
+    return kv;
+}
+
+static void check_kv_type(const struct Model *m, enum KvType kv, const char *name)
+{
+    const struct ModelConfig *c = &m->cfg;
+    int V = c->vocab;
+    struct Engine *src = open_ctx(m, kv, 512), *ref = open_ctx(m, kv, 512);
+    struct Engine *bl = open_ctx(m, kv, 48); /* a small chunk: blocks of several runs */
+    CHECK(src && ref && bl, "%s", name);
+    if (!src || !ref || !bl) return;
+    int32_t frame[N_FRAME], q[N_Q], chunks[N_CHUNKS][200];
+    for (int i = 0; i < N_FRAME; i++) frame[i] = rand_tok(V);
+    for (int i = 0; i < N_Q; i++) q[i] = rand_tok(V);
+    for (int k = 0; k < N_CHUNKS; k++)
+        for (int i = 0; i < CHUNK_LEN[k]; i++) chunks[k][i] = rand_tok(V);
+    void *kvs[N_CHUNKS];
+    for (int k = 0; k < N_CHUNKS; k++) {
+        kvs[k] = chunk_kv(src, frame, chunks[k], CHUNK_LEN[k]);
+        CHECK(kvs[k] != NULL, "%s", name);
+        if (!kvs[k]) return;
+    }
+    float *want = malloc(sizeof(float) * V), *got = malloc(sizeof(float) * V);
+
+    /* full prefill of frame, chunks 2, 0, 1 (each away from where it was stored), question */
+    static const int order[N_CHUNKS] = {2, 0, 1};
+    int32_t full[N_FRAME + 400 + N_Q];
+    int n = 0;
+    memcpy(full, frame, sizeof frame);
+    n += N_FRAME;
+    struct EngineKvPart parts[N_CHUNKS];
+    for (int j = 0; j < N_CHUNKS; j++) {
+        int k = order[j];
+        memcpy(full + n, chunks[k], sizeof(int32_t) * CHUNK_LEN[k]);
+        parts[j] = (struct EngineKvPart){chunks[k], CHUNK_LEN[k], kvs[k], 0, N_FRAME};
+        n += CHUNK_LEN[k];
+    }
+    memcpy(full + n, q, sizeof q);
+    n += N_Q;
+    engine_reset(ref);
+    CHECK(prefill(ref, full, n) == 0, "%s", name);
+    memcpy(want, engine_logits(ref), sizeof(float) * V);
+
+    struct EngineBlendStats st;
+    CHECK(blend_logits(bl, frame, parts, N_CHUNKS, 1.0, q, got, &st) == 0, "%s", name);
+    double d1 = rel_diff(got, want, V);
+    printf("%s: share 1, chunks moved: logits within %.2e of the full prefill (%s)\n", name, d1,
+           memcmp(got, want, sizeof(float) * V) ? "not bit for bit" : "bit for bit");
+    CHECK(d1 <= 1e-4, "%s", name);
+    CHECK(st.recomputed == 317 && st.reused == 0 && st.forced == 0, "%s", name);
+
+    /* parts without stored KV are computed, whatever the share */
+    struct EngineKvPart bare[N_CHUNKS];
+    for (int j = 0; j < N_CHUNKS; j++) bare[j] = (struct EngineKvPart){parts[j].tokens, parts[j].n, NULL, 0, 0};
+    CHECK(blend_logits(bl, frame, bare, N_CHUNKS, 0.0, q, got, &st) == 0, "%s", name);
+    double d2 = rel_diff(got, want, V);
+    printf("%s: parts without KV at share 0: within %.2e of the full prefill\n", name, d2);
+    CHECK(d2 <= 1e-4 && st.forced == 317 && st.recomputed == 317, "%s", name);
+
+    /* share 0 on a one-chunk prompt stored after the same frame: the prefix-cached logits */
+    int32_t one[N_FRAME + 200 + N_Q];
+    memcpy(one, frame, sizeof frame);
+    memcpy(one + N_FRAME, chunks[0], sizeof(int32_t) * CHUNK_LEN[0]);
+    memcpy(one + N_FRAME + CHUNK_LEN[0], q, sizeof q);
+    int n1 = N_FRAME + CHUNK_LEN[0] + N_Q;
+    engine_reset(src); /* frame + chunk 0 was prefilled on src: its pages are cached there */
+    CHECK(prefill(src, one, n1) == 0, "%s", name);
+    int cached = engine_cached(src);
+    memcpy(want, engine_logits(src), sizeof(float) * V);
+    struct EngineKvPart p0 = {chunks[0], CHUNK_LEN[0], kvs[0], 0, N_FRAME};
+    CHECK(blend_logits(bl, frame, &p0, 1, 0.0, q, got, &st) == 0, "%s", name);
+    double d3 = rel_diff(got, want, V);
+    printf("%s: share 0, one chunk: within %.2e of the prefix-cached prefill (%d positions "
+           "cached; %s)\n", name, d3, cached,
+           memcmp(got, want, sizeof(float) * V) ? "not bit for bit" : "bit for bit");
+    CHECK(cached > 0 && d3 <= 1e-4, "%s", name);
+    CHECK(st.reused == CHUNK_LEN[0] && st.recomputed == 0 &&
+          st.imported_bytes == engine_kv_bytes(bl, CHUNK_LEN[0]), "%s", name);
+
+    /* a prefix of a stored chunk (a truncated chunk) takes the copy's first positions */
+    int np0 = 100;
+    memcpy(one + N_FRAME + np0, q, sizeof q);
+    engine_reset(src);
+    CHECK(prefill(src, one, N_FRAME + np0 + N_Q) == 0, "%s", name);
+    memcpy(want, engine_logits(src), sizeof(float) * V);
+    struct EngineKvPart pre = {chunks[0], np0, kvs[0], CHUNK_LEN[0], N_FRAME};
+    CHECK(blend_logits(bl, frame, &pre, 1, 0.0, q, got, &st) == 0, "%s", name);
+    double d5 = rel_diff(got, want, V);
+    printf("%s: share 0, the first %d tokens of a stored chunk: within %.2e of the prefix-cached "
+           "prefill\n", name, np0, d5);
+    CHECK(d5 <= 1e-4 && st.reused == np0, "%s", name);
+
+    /* a share in between: the count, and finite logits */
+    CHECK(blend_logits(bl, frame, parts, N_CHUNKS, 0.15, q, got, &st) == 0, "%s", name);
+    int fin = 1;
+    for (int i = 0; i < V; i++) fin &= isfinite(got[i]);
+    double d4 = rel_diff(got, want, V);
+    (void)d4;
+    printf("%s: share 0.15: %d recomputed, %d reused\n", name, st.recomputed, st.reused);
+    CHECK(fin && st.recomputed == (int)ceil(0.15 * 317) && st.reused == 317 - st.recomputed, "%s", name);
+
+    /* RoPE re-rotation: alone at p, moved to q, against alone at q */
+    static const int moves[][2] = {{5, 3000}, {1234, 64}, {0, 1}, {700, 765}};
+    for (size_t i = 0; i < sizeof moves / sizeof moves[0]; i++) {
+        int p = moves[i][0], at = moves[i][1], nc = CHUNK_LEN[1];
+        void *kp = alone_kv(src, chunks[1], nc, p), *kq = alone_kv(src, chunks[1], nc, at);
+        CHECK(kp && kq, "%s", name);
+        if (!kp || !kq) break;
+        char err[256];
+        engine_reset(bl);
+        CHECK(engine_set_rope_offset(bl, at, err, sizeof err) == 0, "%s", name);
+        struct EngineKvPart mv = {chunks[1], nc, kp, 0, p};
+        CHECK(engine_blend(bl, &mv, 1, 0.0, NULL, err, sizeof err) == 0, "%s", name);
+        void *km = malloc(engine_kv_bytes(bl, nc));
+        CHECK(km && engine_kv_export(bl, 0, nc, km, err, sizeof err) == 0, "%s", name);
+        /* Layer 0 holds the rotation alone: its inputs do not depend on the position. The
+         * later layers see the earlier ones' stored keys, rounded apart at p and at q, so
+         * with a rounded cache they differ by more than one rounding (printed); with an f32
+         * cache every layer agrees to f32 rounding. */
+        double ku, vu, ka, va, ku0, vu0;
+        kv_compare(m, kv, km, kq, nc, 1, &ku, &vu);
+        kv_compare(m, kv, km, kq, nc, c->n_layer, &ka, &va);
+        kv_compare(m, kv, kp, kq, nc, 1, &ku0, &vu0);
+        const char *unit = kv == KV_Q8 ? "int8 steps" : "f16 steps";
+        printf("%s: KV moved %d -> %d against the KV computed there: layer 0 keys within %.3f "
+               "%s (unmoved: %.0f), values %.3f; every layer: keys %.3f, values %.3f\n", name,
+               p, at, ku, unit, ku0, vu, ka, va);
+        CHECK(ku <= 2.0 && vu == 0 && ku0 > 10 * (ku + 1), "%s", name);
+        /* every layer with an f32 cache and f32 products (DIFFRAG_GEMM=native): f32 rounding;
+         * the int8 products round activations to 8 bits, and a rounding that falls the
+         * other way at one layer moves the next ones further */
+        const char *gemm = getenv("DIFFRAG_GEMM");
+        if (kv == KV_F32 && gemm && !strcmp(gemm, "native"))
+            CHECK(ka <= 0.05 && va <= 0.05, "%s", name);
+        free(kp);
+        free(kq);
+        free(km);
+    }
+
+    /* refusals leave the sequence as it was */
+    char err[256];
+    engine_reset(bl);
+    CHECK(prefill(bl, frame, N_FRAME) == 0, "%s", name);
+    struct EngineKvPart badp = {chunks[0], CHUNK_LEN[0], kvs[0], 0, -1};
+    struct EngineKvPart badl = {chunks[0], CHUNK_LEN[0], kvs[0], 3, 0};
+    CHECK(engine_blend(bl, &badp, 1, 0.5, NULL, err, sizeof err) == ENGINE_EINPUT, "%s", name);
+    printf("%s: refused: %s\n", name, err);
+    CHECK(engine_blend(bl, &badl, 1, 0.5, NULL, err, sizeof err) == ENGINE_EINPUT, "%s", name);
+    CHECK(engine_blend(bl, parts, N_CHUNKS, 1.5, NULL, err, sizeof err) == ENGINE_EINPUT, "%s", name);
+    int32_t oob[2] = {0, V};
+    struct EngineKvPart badt = {oob, 2, NULL, 0, 0};
+    CHECK(engine_blend(bl, &badt, 1, 0.5, NULL, err, sizeof err) == ENGINE_EINPUT, "%s", name);
+    int32_t *zeros = calloc(1000, sizeof *zeros);
+    struct EngineKvPart huge = {zeros, 1000, NULL, 0, 0};
+    CHECK(zeros && engine_blend(bl, &huge, 1, 0.5, NULL, err, sizeof err) == ENGINE_ECTX, "%s", name);
+    free(zeros);
+    CHECK(engine_kv_export(bl, 10, N_FRAME, got, err, sizeof err) == ENGINE_EINPUT, "%s", name);
+    CHECK(engine_set_rope_offset(bl, 3, err, sizeof err) == ENGINE_EINPUT, "%s", name);
+    CHECK(engine_n_past(bl) == N_FRAME, "%s", name);
+
+    for (int k = 0; k < N_CHUNKS; k++) free(kvs[k]);
+    free(want);
+    free(got);
+    engine_destroy(&src);
+    engine_destroy(&ref);
+    engine_destroy(&bl);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s MODEL.gguf\n", argv[0]);
+        return 2;
+    }
+    struct Model *m = NULL;
+    char err[512];
+    if (model_load(argv[1], &m, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    check_kv_type(m, KV_F16, "f16");
+    check_kv_type(m, KV_F32, "f32");
+    if (m->cfg.head_dim % 2 == 0 && m->cfg.head_dim <= 256) check_kv_type(m, KV_Q8, "int8");
+    model_destroy(&m);
+    return check_report("chunk KV reuse against full prefills");
+}

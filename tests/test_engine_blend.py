@@ -1,0 +1,58 @@
+"""Acceptance of chunk KV reuse (engine_blend, docs/kv-reuse.md): with the recompute share at
+1 the question's logits equal a full prefill's with the chunks' stored KV computed elsewhere;
+at 0, on a one-chunk prompt, they equal the prefix-cached prefill's; a chunk's KV computed at
+position p and moved to q equals the KV computed at q within f16 rounding, for both RoPE
+layouts and with YaRN; every KV type; the default and the f32 prefill products.
+build/tests/engine_blend does the checks; this runs it per model and product path."""
+import os
+import subprocess
+
+import pytest
+
+from conftest import BUILD, ROOT
+from engine_util import gen_tiny
+
+BIN = BUILD / "tests" / "engine_blend"
+SMOL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+FORMS = {
+    "llama-adjacent-q4_1": ("--arch", "llama", "--layers", "3", "--dim", "64", "--heads", "4",
+                            "--dtype", "q4_1", "--seed", "3"),
+    "qwen2-neox-f16": ("--arch", "qwen2", "--layers", "3", "--dim", "64", "--heads", "4",
+                       "--kv-heads", "2", "--dtype", "f16", "--seed", "5"),
+    "qwen2-neox-yarn": ("--arch", "qwen2", "--layers", "3", "--dim", "64", "--heads", "4",
+                        "--kv-heads", "2", "--dtype", "q8_0", "--seed", "6",
+                        "--rope-scaling", "yarn", "--rope-factor", "4", "--rope-orig-ctx", "256"),
+    "llama-adjacent-yarn": ("--arch", "llama", "--layers", "3", "--dim", "64", "--heads", "4",
+                            "--dtype", "q4_1", "--seed", "7", "--rope-scaling", "yarn",
+                            "--rope-factor", "8", "--rope-orig-ctx", "128"),
+    "diffv2-q8_0": ("--arch", "diffv2", "--layers", "3", "--dim", "64", "--heads", "2",
+                    "--kv-heads", "1", "--head-dim", "32", "--dtype", "q8_0", "--seed", "4"),
+}
+
+
+def check(model, gemm):
+    env = dict(os.environ)
+    env.pop("DIFFRAG_GEMM", None)
+    if gemm:
+        env["DIFFRAG_GEMM"] = gemm
+    r = subprocess.run([str(BIN), str(model)], capture_output=True, text=True, timeout=600, env=env)
+    print(r.stdout)
+    assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    assert "0 failed" in r.stdout and "chunk KV reuse against full prefills" in r.stdout
+    for kv in ("f16", "f32"):
+        assert f"{kv}: share 1, chunks moved" in r.stdout
+        assert f"{kv}: KV moved 5 -> 3000" in r.stdout
+
+
+@pytest.mark.parametrize("gemm", [None, "native"], ids=["default-products", "f32-products"])
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_blend_against_full_prefill(tmp_path, form, gemm):
+    check(gen_tiny(tmp_path / f"{form}.gguf", *FORMS[form]), gemm)
+
+
+@pytest.mark.parametrize("gemm", [None, "native"], ids=["default-products", "f32-products"])
+def test_blend_default_model(gemm):
+    if not SMOL.exists():
+        pytest.fail(f"{SMOL} is missing: run `make model`")
+    check(SMOL, gemm)
