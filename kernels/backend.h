@@ -36,6 +36,9 @@ static inline size_t kv_tile_elems(enum KvType t, int head_dim)
 {
     return (size_t)head_dim * KV_TILE + (t == KV_Q8 ? KV_TILE * sizeof(float) : 0);
 }
+/* The position of query row t of an attention call (AttnArgs below). */
+#define ATTN_ROW_POS(a, t) ((a)->qpos ? (a)->qpos[t] : (a)->pos0 + (t))
+
 /* Elements from a KV head's start to the tile that holds position pos (contiguous caches). */
 static inline size_t kv_tile_at(enum KvType t, int head_dim, int pos)
 {
@@ -116,6 +119,10 @@ struct AttnArgs {
     size_t page_stride;        /* paged: elements between pages; 0: contiguous */
     enum KvType kv_type;
     int n_tok, pos0;
+    /* When non-NULL, query row t is at position qpos[t] (increasing; the cache holds keys up
+     * to the last) instead of pos0 + t: rows scattered over a sequence in one call (chunk KV
+     * reuse recomputes such rows). A row's arithmetic is the same either way. */
+    const int32_t *qpos;
     int rowwise;               /* 1: each row's arithmetic is that of a long chunk's, however
                                   few the tokens: the keys are never split (flash-decoding)
                                   and the tiles are always staged in f32 */
@@ -136,6 +143,7 @@ struct RopeStoreArgs {
     const float *v;
     size_t kv_stride;
     int n_tok, pos0, n_q_head, n_kv_head, head_dim;
+    const int32_t *pos;        /* when non-NULL, row t is stored at position pos[t], not pos0 + t */
     int n_rot, layout;         /* rotated dims per head; 0 adjacent pairs, 1 neox halves */
     const float *cos, *sin;    /* (n_tok, n_rot/2) */
     void *kcache, *vcache;

@@ -61,7 +61,8 @@ struct Engine {
     double *inv_freq;         /* (n_rot/2) RoPE frequencies after scaling */
     float rope_mscale;
     int n_past;
-    int rope_offset;          /* RoPE positions are the cache's plus this (engine_set_rope_offset) */
+    int rope_offset;          /* RoPE positions are the cache's plus this
+                                 (engine_set_rope_offset) */
     struct EngineStats stats;
     atomic_int cancel;
     /* groundedness signals: watched heads, position classes, masses of the last position */
@@ -368,20 +369,19 @@ void engine_destroy(struct Engine **pe)
     *pe = NULL;
 }
 
-/* cos and sin of (pos0 + t) * inv_freq[i] for the chunk's tokens, in double precision, into
- * cos/sin from row `row0`. The angle of position p = 32a + b is split as 32a f + b f and
- * recombined by the addition formulas, so a chunk of n tokens needs (n / 32 + 32) evaluations
+/* cos and sin of (pos0 + t) * inv_freq[i] for n positions, in double precision, times YaRN's
+ * magnitude factor, into cs and sn (n_rot/2 a position). The angle of position p = 32a + b is
+ * split as 32a f + b f and recombined by the addition formulas, so a chunk of n tokens needs (n / 32 + 32) evaluations
  * of each function per frequency instead of n: an 8,192-token chunk took 5.4 ms here, now
  * 1.7 ms, time a GPU prefill waits for. The split depends on the position only, not on where
  * the chunk starts, so a position's values are the same whatever chunk it falls in (which the
  * prefix cache and batching rely on). The two ways round the angle differently, by up to
  * |angle| * 1.1e-16 (1.4e-11 at 131,072 positions), against an f32 result's 6e-8. */
-static void rope_tables(struct Engine *e, int n, int pos0, int row0)
+static void rope_rows(const struct Engine *e, int n, int pos0, float *cs, float *sn)
 {
     enum { B = 32 };
     int half = e->m->cfg.rope.n_rot / 2;
     float ms = e->rope_mscale;
-    float *cs = e->s.cos + (size_t)row0 * half, *sn = e->s.sin + (size_t)row0 * half;
     for (int i = 0; i < half; i++) {
         double f = e->inv_freq[i], cb[B], sb[B];
         for (int b = 0; b < B; b++) {
@@ -398,6 +398,13 @@ static void rope_tables(struct Engine *e, int n, int pos0, int row0)
             }
         }
     }
+}
+
+/* The tables of n positions from pos0 into rows row0.. of the scratch's. */
+static void rope_tables(struct Engine *e, int n, int pos0, int row0)
+{
+    size_t half = (size_t)(e->m->cfg.rope.n_rot / 2);
+    rope_rows(e, n, pos0, e->s.cos + (size_t)row0 * half, e->s.sin + (size_t)row0 * half);
 }
 
 static double now_s(void)
@@ -524,6 +531,7 @@ struct StepSeg {
     const int32_t *tokens;
     int n, prefill, want_logits, row0;
     int pos0;                 /* CPU: the first token's position (forward_step: n_past) */
+    const int32_t *qpos;      /* CPU: when non-NULL, row t's position (increasing), not pos0 + t */
     int quiet;                /* CPU: 1 = no masses measured (a blend's recomputed rows) */
 };
 
@@ -643,7 +651,7 @@ static void layer_step(struct Engine *r, int l, struct StepSeg *segs, int ns, in
             .q = s->q + (size_t)r0 * nq, .q_stride = (size_t)nq, .k = s->k + (size_t)r0 * nkv,
             .v = s->v + (size_t)r0 * nkv, .kv_stride = (size_t)nkv, .n_tok = sn, .pos0 = pos0,
             .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
-            .n_rot = c->rope.n_rot, .layout = c->rope.layout,
+            .pos = segs[i].qpos, .n_rot = c->rope.n_rot, .layout = c->rope.layout,
             .cos = s->cos + (size_t)r0 * (c->rope.n_rot / 2),
             .sin = s->sin + (size_t)r0 * (c->rope.n_rot / 2), .kcache = kc, .vcache = vc,
             .kv_type = r->opts.kv_type, .kv_head_stride = lay->head_stride,
@@ -657,7 +665,8 @@ static void layer_step(struct Engine *r, int l, struct StepSeg *segs, int ns, in
             .out = s->att + (size_t)r0 * no, .out_stride = (size_t)no,
             .k = kc, .v = vc, .kv_head_stride = lay->head_stride, .pages = e->pages,
             .page_stride = lay->page_stride, .kv_type = r->opts.kv_type, .n_tok = sn,
-            .pos0 = pos0, .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
+            .pos0 = pos0, .qpos = segs[i].qpos, .n_q_head = c->n_q_head,
+            .n_kv_head = c->n_kv_head, .head_dim = hd,
             .scale = 1.f / sqrtf((float)hd), .rowwise = segs[i].prefill,
             .lambda = diff ? s->lam + (size_t)r0 * c->n_head : NULL,
             .lambda_stride = (size_t)c->n_head,
@@ -1235,37 +1244,33 @@ static void blend_import(struct Engine *e, const struct EngineKvPart *p, int pos
 
 /* Layer l over the blend region's selected rows (sel[i] for position p0 + i), in blocks of at
  * most the chunk's rows, position order: each block's residual rows gathered from x into the
- * scratch, the layer run with every contiguous run of rows as a segment at its positions, and
- * the rows scattered back. */
+ * scratch with their RoPE tables (rc, rs: the region's), the layer run over them as one
+ * segment of scattered positions, and the rows scattered back. */
 static void blend_layer(struct Engine *e, int l, float *x, const uint8_t *sel, int p0, int n_reg,
-                        struct StepSeg *segs)
+                        const float *rc, const float *rs, int32_t *qpos)
 {
     struct Engine *r = e->runner;
     const struct ModelConfig *c = &e->m->cfg;
     int d = c->dim, cap = r->opts.chunk;
+    size_t half = (size_t)(c->rope.n_rot / 2);
     for (int i = 0; i < n_reg;) {
-        int n = 0, ns = 0;
+        int n = 0;
         double flop = 0;
-        while (i < n_reg && n < cap) {
-            if (!sel[i]) {
-                i++;
-                continue;
-            }
-            int j = i;
-            while (j < n_reg && sel[j] && n + (j - i) < cap) j++;
-            segs[ns++] = (struct StepSeg){.e = e, .n = j - i, .prefill = 1, .row0 = n,
-                                          .pos0 = p0 + i, .quiet = 1};
-            memcpy(r->s.x + (size_t)n * d, x + (size_t)i * d, (size_t)(j - i) * d * sizeof *x);
-            rope_tables(r, j - i, p0 + i + e->rope_offset, n);
-            for (int t = i; t < j; t++) flop += 4.0 * (p0 + t + 1) * c->head_dim * c->n_q_head;
-            n += j - i;
-            i = j;
+        for (; i < n_reg && n < cap; i++) {
+            if (!sel[i]) continue;
+            qpos[n] = p0 + i;
+            memcpy(r->s.x + (size_t)n * d, x + (size_t)i * d, (size_t)d * sizeof *x);
+            memcpy(r->s.cos + (size_t)n * half, rc + (size_t)i * half, half * sizeof *rc);
+            memcpy(r->s.sin + (size_t)n * half, rs + (size_t)i * half, half * sizeof *rs);
+            flop += 4.0 * (p0 + i + 1) * c->head_dim * c->n_q_head;
+            n++;
         }
         if (!n) break;
-        layer_step(r, l, segs, ns, n, n, flop);
-        for (int k = 0; k < ns; k++)
-            memcpy(x + (size_t)(segs[k].pos0 - p0) * d, r->s.x + (size_t)segs[k].row0 * d,
-                   (size_t)segs[k].n * d * sizeof *x);
+        struct StepSeg seg = {.e = e, .n = n, .prefill = 1, .row0 = 0, .pos0 = qpos[0],
+                              .qpos = qpos, .quiet = 1};
+        layer_step(r, l, &seg, 1, n, n, flop);
+        for (int k = 0; k < n; k++)
+            memcpy(x + (size_t)(qpos[k] - p0) * d, r->s.x + (size_t)k * d, (size_t)d * sizeof *x);
     }
 }
 
@@ -1329,7 +1334,7 @@ int engine_blend(struct Engine *e, const struct EngineKvPart *parts, int n_parts
             (p->kv && (p->kv_pos < 0 || p->kv_pos > ENGINE_MAX_CTX || p->kv_len < 0 ||
                        (p->kv_len && p->kv_len < p->n))))
             return errmsg_set(err, errlen, ENGINE_EINPUT, "blend part %d: no tokens, or a stored "
-                              "position out of range", k);
+                              "position or length out of range", k);
         for (int t = 0; t < p->n; t++)
             if (p->tokens[t] < 0 || p->tokens[t] >= c->vocab)
                 return errmsg_set(err, errlen, ENGINE_EINPUT, "blend part %d: token %d is outside "
@@ -1345,10 +1350,10 @@ int engine_blend(struct Engine *e, const struct EngineKvPart *parts, int n_parts
     struct Engine *r = e->runner;
     double t_start = now_s();
     uint8_t *sel = calloc((size_t)n_reg, 1);
-    float *x = NULL, *dev = NULL;
-    struct StepSeg *segs = malloc((size_t)r->opts.chunk * sizeof *segs);
+    float *x = NULL, *dev = NULL, *rope_c = NULL, *rope_s = NULL;
+    int32_t *qpos = malloc((size_t)r->opts.chunk * sizeof *qpos);
     struct DevRank *rank = NULL;
-    if (!sel || !segs) goto oom;
+    if (!sel || !qpos) goto oom;
 
     int forced = 0;
     for (int k = 0, at = 0; k < n_parts; at += parts[k].n, k++) {
@@ -1365,8 +1370,12 @@ int engine_blend(struct Engine *e, const struct EngineKvPart *parts, int n_parts
     int check = want > 0 && want < reusable && c->n_layer > 1;
     if (want == reusable) memset(sel, 1, (size_t)n_reg);
     if (forced + want > 0) {
+        size_t half = (size_t)(c->rope.n_rot / 2);
         x = malloc((size_t)n_reg * c->dim * sizeof *x);
-        if (!x) goto oom;
+        rope_c = malloc((size_t)n_reg * half * sizeof *rope_c + 1);
+        rope_s = malloc((size_t)n_reg * half * sizeof *rope_s + 1);
+        if (!x || !rope_c || !rope_s) goto oom;
+        rope_rows(e, n_reg, p0 + e->rope_offset, rope_c, rope_s);
         for (int i = 0; i < n_reg; i++)
             r->be->weights_row(&e->m->tok_embd, e->tok[p0 + i], x + (size_t)i * c->dim);
         int l = 0;
@@ -1380,7 +1389,7 @@ int engine_blend(struct Engine *e, const struct EngineKvPart *parts, int n_parts
                 goto oom;
             }
             memset(all, 1, (size_t)n_reg);
-            blend_layer(e, 0, x, all, p0, n_reg, segs);
+            blend_layer(e, 0, x, all, p0, n_reg, rope_c, rope_s, qpos);
             free(all);
             blend_deviation(e, x, p0, n_reg, dev);
             int nr = 0;
@@ -1395,7 +1404,7 @@ int engine_blend(struct Engine *e, const struct EngineKvPart *parts, int n_parts
                 rc = errmsg_set(err, errlen, ENGINE_ECANCELLED, "blend cancelled at layer %d", l);
                 goto out;
             }
-            blend_layer(e, l, x, sel, p0, n_reg, segs);
+            blend_layer(e, l, x, sel, p0, n_reg, rope_c, rope_s, qpos);
         }
     }
     e->n_past = p0 + n_reg;
@@ -1417,6 +1426,8 @@ out:
     free(x);
     free(dev);
     free(rank);
-    free(segs);
+    free(qpos);
+    free(rope_c);
+    free(rope_s);
     return rc;
 }

@@ -23,4 +23,17 @@ $(BUILD)/bench_retriever: $(BUILD)/bench/bench_retriever.o $(LIB_RETRIEVER) $(LI
 bench-retriever: $(BUILD)/bench_retriever
 	$(BUILD)/bench_retriever $(BENCH_RETRIEVER_ARGS)
 
-.PHONY: bench-retriever
+# Chunk KV reuse against full prefills over retrieved SQuAD contexts (bench/bench_kvreuse.c):
+# built with everything so it always compiles, run by `make bench-kvreuse` on the default
+# model (about 40 minutes on 2 cores; BENCH_KVREUSE_ARGS=--budgets 8192 --questions 2 for a
+# short run).
+BINS += $(BUILD)/bench_kvreuse
+$(BUILD)/bench_kvreuse: $(BUILD)/bench/bench_kvreuse.o $(LIB_RETRIEVER) $(LIB_MODEL)
+	$(CC) $(LDFLAGS) $< -o $@ $(RETRIEVER_LIBS) $(MODEL_LIBS) $(LDLIBS)
+
+BENCH_KVREUSE_ARGS ?=
+bench-kvreuse: $(BUILD)/bench_kvreuse models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf
+	$(BUILD)/bench_kvreuse models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf ../shared/data/squad2 \
+	    $(BENCH_KVREUSE_ARGS)
+
+.PHONY: bench-retriever bench-kvreuse

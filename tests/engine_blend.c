@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "kernels/f16.h"
+#include "model/chunkkv.h"
 #include "model/engine.h"
 #include "tests/check.h"
 
@@ -215,7 +216,8 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
 
     /* parts without stored KV are computed, whatever the share */
     struct EngineKvPart bare[N_CHUNKS];
-    for (int j = 0; j < N_CHUNKS; j++) bare[j] = (struct EngineKvPart){parts[j].tokens, parts[j].n, NULL, 0, 0};
+    for (int j = 0; j < N_CHUNKS; j++)
+        bare[j] = (struct EngineKvPart){parts[j].tokens, parts[j].n, NULL, 0, 0};
     CHECK(blend_logits(bl, frame, bare, N_CHUNKS, 0.0, q, got, &st) == 0, "%s", name);
     double d2 = rel_diff(got, want, V);
     printf("%s: parts without KV at share 0: within %.2e of the full prefill\n", name, d2);
@@ -261,7 +263,8 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
     double d4 = rel_diff(got, want, V);
     (void)d4;
     printf("%s: share 0.15: %d recomputed, %d reused\n", name, st.recomputed, st.reused);
-    CHECK(fin && st.recomputed == (int)ceil(0.15 * 317) && st.reused == 317 - st.recomputed, "%s", name);
+    CHECK(fin && st.recomputed == (int)ceil(0.15 * 317) && st.reused == 317 - st.recomputed,
+          "%s", name);
 
     /* RoPE re-rotation: alone at p, moved to q, against alone at q */
     static const int moves[][2] = {{5, 3000}, {1234, 64}, {0, 1}, {700, 765}};
@@ -310,13 +313,15 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
     CHECK(engine_blend(bl, &badp, 1, 0.5, NULL, err, sizeof err) == ENGINE_EINPUT, "%s", name);
     printf("%s: refused: %s\n", name, err);
     CHECK(engine_blend(bl, &badl, 1, 0.5, NULL, err, sizeof err) == ENGINE_EINPUT, "%s", name);
-    CHECK(engine_blend(bl, parts, N_CHUNKS, 1.5, NULL, err, sizeof err) == ENGINE_EINPUT, "%s", name);
+    CHECK(engine_blend(bl, parts, N_CHUNKS, 1.5, NULL, err, sizeof err) == ENGINE_EINPUT, "%s",
+          name);
     int32_t oob[2] = {0, V};
     struct EngineKvPart badt = {oob, 2, NULL, 0, 0};
     CHECK(engine_blend(bl, &badt, 1, 0.5, NULL, err, sizeof err) == ENGINE_EINPUT, "%s", name);
     int32_t *zeros = calloc(1000, sizeof *zeros);
     struct EngineKvPart huge = {zeros, 1000, NULL, 0, 0};
-    CHECK(zeros && engine_blend(bl, &huge, 1, 0.5, NULL, err, sizeof err) == ENGINE_ECTX, "%s", name);
+    CHECK(zeros && engine_blend(bl, &huge, 1, 0.5, NULL, err, sizeof err) == ENGINE_ECTX, "%s",
+          name);
     free(zeros);
     CHECK(engine_kv_export(bl, 10, N_FRAME, got, err, sizeof err) == ENGINE_EINPUT, "%s", name);
     CHECK(engine_set_rope_offset(bl, 3, err, sizeof err) == ENGINE_EINPUT, "%s", name);
@@ -328,6 +333,90 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
     engine_destroy(&src);
     engine_destroy(&ref);
     engine_destroy(&bl);
+}
+
+/* The chunk store (model/chunkkv.h): a prompt of frame, three chunks with two-token labels
+ * before each, and a question, blended through the store at share 1, equals its full prefill;
+ * the same chunks in another order and with other labels are found, not made again; a budget
+ * that holds one chunk evicts and still blends correctly (what does not fit is computed). */
+static void check_store(const struct Model *m)
+{
+    const char *name = "chunk store";
+    int V = m->cfg.vocab;
+    struct Engine *e = open_ctx(m, KV_F16, 48), *ref = open_ctx(m, KV_F16, 512);
+    struct Engine *helper = NULL;
+    char err[256];
+    CHECK(e && ref && engine_new_seq(e, &helper, err, sizeof err) == 0, "%s", name);
+    if (!e || !ref || !helper) return;
+    int32_t chunks[N_CHUNKS][200], frame[N_FRAME], q[N_Q];
+    for (int i = 0; i < N_FRAME; i++) frame[i] = rand_tok(V);
+    for (int i = 0; i < N_Q; i++) q[i] = rand_tok(V);
+    for (int k = 0; k < N_CHUNKS; k++)
+        for (int i = 0; i < CHUNK_LEN[k]; i++) chunks[k][i] = rand_tok(V);
+    float *want = malloc(sizeof(float) * V), *got = malloc(sizeof(float) * V);
+    for (int budget_small = 0; budget_small < 2; budget_small++) {
+        struct ChunkKv *c = NULL;
+        size_t one = engine_kv_bytes(e, CHUNK_LEN[0]) + CHUNK_LEN[0] * sizeof(int32_t);
+        CHECK(chunkkv_new(budget_small ? one : (size_t)64 << 20, &c) == 0, "%s", name);
+        for (int round = 0; round < 2; round++) {
+            int32_t prompt[N_FRAME + 3 * 202 + N_Q];
+            uint32_t spans[2 * N_CHUNKS];
+            int n = N_FRAME;
+            memcpy(prompt, frame, sizeof frame);
+            for (int j = 0; j < N_CHUNKS; j++) {
+                int k = round ? N_CHUNKS - 1 - j : j;
+                prompt[n++] = rand_tok(V); /* a label of two tokens */
+                prompt[n++] = rand_tok(V);
+                spans[2 * j] = (uint32_t)n;
+                memcpy(prompt + n, chunks[k], sizeof(int32_t) * CHUNK_LEN[k]);
+                n += CHUNK_LEN[k];
+                spans[2 * j + 1] = (uint32_t)n;
+            }
+            int docs_end = n;
+            memcpy(prompt + n, q, sizeof q);
+            n += N_Q;
+            engine_reset(ref);
+            CHECK(prefill(ref, prompt, n) == 0, "%s", name);
+            memcpy(want, engine_logits(ref), sizeof(float) * V);
+            engine_reset(e);
+            struct ChunkKvBlend b;
+            int rc = chunkkv_blend(c, e, helper, prompt, N_FRAME, docs_end, spans, N_CHUNKS, 1.0,
+                                   &b, err, sizeof err);
+            CHECK(rc == 0, "%s: %s", name, err);
+            CHECK(prefill(e, prompt + docs_end, n - docs_end) == 0, "%s", name);
+            memcpy(got, engine_logits(e), sizeof(float) * V);
+            double d = rel_diff(got, want, V);
+            struct ChunkKvStats st;
+            chunkkv_stats(c, &st);
+            printf("%s, budget %s, round %d: %d chunks, %d made; logits within %.2e of the full "
+                   "prefill; store: %zu chunks, %zu bytes, %llu hits, %llu misses, %llu "
+                   "evicted\n", name, budget_small ? "of one chunk" : "64 MiB", round, b.chunks,
+                   b.computed, d, st.entries, st.bytes, (unsigned long long)st.hits,
+                   (unsigned long long)st.misses, (unsigned long long)st.evictions);
+            CHECK(d <= 1e-4 && b.chunks == N_CHUNKS, "%s", name);
+            CHECK(st.bytes <= (budget_small ? one : (size_t)64 << 20), "%s", name);
+            if (!budget_small)
+                CHECK(b.computed == (round ? 0 : N_CHUNKS) &&
+                      st.hits == (round ? N_CHUNKS : 0), "%s", name);
+            else
+                CHECK(st.entries <= 1 && b.computed <= 1, "%s", name);
+        }
+        /* spans out of order or outside the documents are refused */
+        int32_t p2[N_FRAME + 10];
+        memcpy(p2, frame, sizeof frame);
+        for (int i = 0; i < 10; i++) p2[N_FRAME + i] = rand_tok(V);
+        uint32_t bad[4] = {N_FRAME + 5, N_FRAME + 8, N_FRAME + 1, N_FRAME + 3};
+        engine_reset(e);
+        struct ChunkKvBlend b;
+        CHECK(chunkkv_blend(c, e, helper, p2, N_FRAME, N_FRAME + 9, bad, 2, 0.5, &b, err,
+                            sizeof err) == ENGINE_EINPUT, "%s", name);
+        chunkkv_destroy(&c);
+    }
+    free(want);
+    free(got);
+    engine_destroy(&helper);
+    engine_destroy(&e);
+    engine_destroy(&ref);
 }
 
 int main(int argc, char **argv)
@@ -345,6 +434,7 @@ int main(int argc, char **argv)
     check_kv_type(m, KV_F16, "f16");
     check_kv_type(m, KV_F32, "f32");
     if (m->cfg.head_dim % 2 == 0 && m->cfg.head_dim <= 256) check_kv_type(m, KV_Q8, "int8");
+    check_store(m);
     model_destroy(&m);
     return check_report("chunk KV reuse against full prefills");
 }

@@ -86,7 +86,7 @@ static void attend_scalar(const struct AttnArgs *a, int g, int t0, int bq, int k
         size_t base = kv_tile_addr(a->pages, a->page_stride, a->kv_head_stride, a->kv_type, hd,
                                    g, k0);
         for (int r = 0; r < R; r++) {
-            int nv = a->pos0 + t0 + r / G + 1 - k0;
+            int nv = ATTN_ROW_POS(a, t0 + r / G) + 1 - k0;
             nv = nv > nk ? nk : nv;
             if (nv <= 0) continue;
             const float *q = Q + (size_t)r * hd;
@@ -181,7 +181,7 @@ static void qblock_task(void *ctx, int task, int thread)
     float *O = ws + ws_floats(job->R, hd);
     float *M = O + round16((size_t)job->R * hd), *L = M + round16((size_t)job->R);
     state_init(R, hd, O, M, L);
-    job->attend(a, g, t0, bq, 0, a->pos0 + t0 + bq, ws, O, M, L);
+    job->attend(a, g, t0, bq, 0, ATTN_ROW_POS(a, t0 + bq - 1) + 1, ws, O, M, L);
     finish_rows(a, g, t0, bq, O, L);
 }
 
@@ -252,7 +252,7 @@ void cpu_attention_with(enum CpuIsa isa, struct ThreadPool *pool, const struct A
         return;
     }
     job.R = a->n_tok * G;
-    job.k_end = a->pos0 + a->n_tok;
+    job.k_end = ATTN_ROW_POS(a, a->n_tok - 1) + 1;
     job.seg = seg_len(job.k_end);
     job.n_seg = (job.k_end + job.seg - 1) / job.seg;
     job.part_floats = state_floats(SPLIT_MAX_TOK * G, hd);
@@ -295,7 +295,7 @@ void cpu_kv_store_rows(const struct RopeStoreArgs *a, int t0, int t1)
 {
     int hd = a->head_dim;
     for (int t = t0; t < t1; t++) {
-        int pos = a->pos0 + t, col = pos % KV_TILE;
+        int pos = a->pos ? a->pos[t] : a->pos0 + t, col = pos % KV_TILE;
         for (int g = 0; g < a->n_kv_head; g++) {
             size_t tile = kv_tile_addr(a->pages, a->page_stride, a->kv_head_stride, a->kv_type,
                                        hd, g, pos);

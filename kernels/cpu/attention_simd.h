@@ -269,7 +269,7 @@ void ATTEND(const struct AttnArgs *a, int g, int t0, int bq, int kb, int ke, flo
             int lim[RB], nvmax = 0;
             for (int r = 0; r < RB; r++) {
                 int t = (r0 + (r < rb ? r : 0)) / G;
-                int v = a->pos0 + t0 + t + 1 - k0;
+                int v = ATTN_ROW_POS(a, t0 + t) + 1 - k0;
                 v = v > nk ? nk : v;
                 lim[r] = v;
                 if (r < rb && v > nvmax) nvmax = v;

@@ -1,0 +1,470 @@
+/* `make bench-kvreuse`: chunk KV reuse (engine_blend, docs/kv-reuse.md) against full prefills.
+ *
+ * For each context budget (default 8K, 16K and 32K tokens) it asks SQuAD 2.0 questions (dev,
+ * CC BY-SA 4.0; answerable ones, spread over the file) over a retrieved context of that size:
+ * the question's own paragraph among paragraphs of other articles, one shared set of
+ * paragraphs a budget in a different order for each question (retrieval brings the same
+ * chunks back in other orders), the gold paragraph at a depth that moves from question to
+ * question. The prompt is the daemon's (retriever/context.h: frame, labelled chunks,
+ * question). Each question runs
+ *   off: the whole prompt prefilled (the prefix cache takes what it can: the frame);
+ *   on:  the frame prefilled, the documents blended (every chunk's stored KV, its label and
+ *        separator computed, the recompute share), the question prefilled;
+ * on one context, off and then on at each recompute share asked for (--shares), and the time
+ * to first token (the prompt's last logits) of each is taken; then the greedy answer (up to 24
+ * tokens) of each. "On" runs the daemon's path (model/chunkkv.h: the chunk store, blends
+ * from it). Every chunk's KV is made at its first use, after the frame, before the question
+ * that first uses it is timed (an untimed blend at share 0); that cost is printed apart.
+ * Prints per budget and share the median time to first token off and on and their ratio
+ * (target: 3x at 16K), the answers that contain a gold answer off and on, the answers equal to
+ * the full prefill's, the first answer tokens equal to its, the median KL divergence of the
+ * first token's distribution from the full prefill's, and the stored KV bytes a token.
+ *
+ * Usage: bench_kvreuse MODEL SQUAD_DIR [--budgets 8192,16384,32768] [--questions N]
+ *        [--shares 0.15,...] [--threads T] [--kv f16|q8] */
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "model/chunkkv.h"
+#include "model/engine.h"
+#include "model/model.h"
+#include "model/tokcount_model.h"
+#include "model/tokenizer.h"
+#include "retriever/context.h"
+#include "text/json.h"
+
+struct Passage {
+    char *id, *title, *text;
+    int article;          /* index of its title among the titles, in file order */
+};
+
+struct Question {
+    char *text, *gold;
+    char **answers;
+    int n_answers;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    if (b) b[n] = 0;
+    *len = (size_t)n;
+    return b;
+}
+
+static const char *jstr(json_t *o, const char *k)
+{
+    json_t *v = json_object_get(o, k);
+    return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+/* Each line of a .jsonl file as a parsed object, to `fn`. */
+static int each_line(const char *path, void (*fn)(json_t *, void *), void *user)
+{
+    size_t len;
+    char *b = read_file(path, &len), err[256];
+    if (!b) {
+        fprintf(stderr, "cannot read %s\n", path);
+        return -1;
+    }
+    for (char *p = b; p < b + len;) {
+        char *e = memchr(p, '\n', (size_t)(b + len - p));
+        if (!e) e = b + len;
+        json_t *o = NULL;
+        if (e > p && json_parse(p, (size_t)(e - p), JSON_MAX_DEPTH, &o, err, sizeof err) == 0) {
+            fn(o, user);
+            json_decref(o);
+        }
+        p = e + 1;
+    }
+    free(b);
+    return 0;
+}
+
+struct Data {
+    struct Passage *ps;
+    int n_ps, cap_ps;
+    struct Question *qs;
+    int n_qs, cap_qs;
+    char **titles;
+    int n_titles;
+};
+
+static void add_passage(json_t *o, void *user)
+{
+    struct Data *d = user;
+    const char *id = jstr(o, "id"), *title = jstr(o, "title"), *text = jstr(o, "text");
+    if (!id || !title || !text) return;
+    if (d->n_ps == d->cap_ps) {
+        d->cap_ps = d->cap_ps ? 2 * d->cap_ps : 1024;
+        d->ps = realloc(d->ps, (size_t)d->cap_ps * sizeof *d->ps);
+        d->titles = realloc(d->titles, (size_t)d->cap_ps * sizeof *d->titles);
+    }
+    int a = 0;
+    while (a < d->n_titles && strcmp(d->titles[a], title)) a++;
+    if (a == d->n_titles) d->titles[d->n_titles++] = strdup(title);
+    d->ps[d->n_ps++] = (struct Passage){strdup(id), strdup(title), strdup(text), a};
+}
+
+static void add_question(json_t *o, void *user)
+{
+    struct Data *d = user;
+    const char *q = jstr(o, "question"), *gold = jstr(o, "gold_passage_id");
+    json_t *ans = json_object_get(o, "answers");
+    if (!q || !gold || json_is_true(json_object_get(o, "is_impossible")) || !json_is_array(ans) ||
+        json_array_size(ans) == 0)
+        return;
+    if (d->n_qs == d->cap_qs) {
+        d->cap_qs = d->cap_qs ? 2 * d->cap_qs : 1024;
+        d->qs = realloc(d->qs, (size_t)d->cap_qs * sizeof *d->qs);
+    }
+    struct Question *x = &d->qs[d->n_qs++];
+    x->text = strdup(q);
+    x->gold = strdup(gold);
+    x->n_answers = (int)json_array_size(ans);
+    x->answers = calloc((size_t)x->n_answers, sizeof *x->answers);
+    for (int i = 0; i < x->n_answers; i++) {
+        json_t *a = json_array_get(ans, (size_t)i);
+        x->answers[i] = strdup(json_is_string(a) ? json_string_value(a) : "");
+    }
+}
+
+/* Lower-cased alphanumerics only, for "the answer contains a gold answer". */
+static void norm(const char *s, char *out, size_t cap)
+{
+    size_t n = 0;
+    for (; *s && n + 1 < cap; s++)
+        if (isalnum((unsigned char)*s)) out[n++] = (char)tolower((unsigned char)*s);
+    out[n] = 0;
+}
+
+static int contains_gold(const char *answer, const struct Question *q)
+{
+    char a[4096], g[1024];
+    norm(answer, a, sizeof a);
+    for (int i = 0; i < q->n_answers; i++) {
+        norm(q->answers[i], g, sizeof g);
+        if (g[0] && strstr(a, g)) return 1;
+    }
+    return 0;
+}
+
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb3f97185e4cbULL;
+    return x ^ (x >> 33);
+}
+
+static struct CtxChunk chunk_of(const struct Passage *p)
+{
+    size_t n = strlen(p->text);
+    return (struct CtxChunk){.doc_id = p->id, .doc_id_len = strlen(p->id), .title = p->title,
+                             .title_len = strlen(p->title), .text = p->text, .text_len = n,
+                             .byte_end = n};
+}
+
+/* KL(p || q) of the softmax distributions of two logits vectors, in nats. */
+static double kl_logits(const float *p, const float *q, int n)
+{
+    double mp = p[0], mq = q[0], zp = 0, zq = 0, kl = 0;
+    for (int i = 1; i < n; i++) {
+        if (p[i] > mp) mp = p[i];
+        if (q[i] > mq) mq = q[i];
+    }
+    for (int i = 0; i < n; i++) {
+        zp += exp(p[i] - mp);
+        zq += exp(q[i] - mq);
+    }
+    double lzp = log(zp) + mp, lzq = log(zq) + mq;
+    for (int i = 0; i < n; i++) {
+        double lp = p[i] - lzp, lq = q[i] - lzq;
+        kl += exp(lp) * (lp - lq);
+    }
+    return kl > 0 ? kl : 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The greedy answer after the prompt the context holds (its last logits current); returns its
+ * first token. */
+static int32_t answer(struct Engine *e, const struct Tokenizer *t, char *out, size_t cap)
+{
+    int32_t ids[24];
+    int n = 0;
+    char err[256];
+    const struct Model *m = engine_model(e);
+    while (n < 24) {
+        const float *lg = engine_logits(e);
+        int32_t best = 0;
+        for (int i = 1; i < m->cfg.vocab; i++)
+            if (lg[i] > lg[best]) best = i;
+        if (tok_is_end(t, best)) break;
+        ids[n++] = best;
+        if (engine_decode(e, best, err, sizeof err)) break;
+    }
+    size_t len = 0;
+    if (tok_decode(t, ids, (size_t)n, out, cap - 1, &len) != 0) len = 0;
+    out[len < cap - 1 ? len : cap - 1] = 0;
+    return n ? ids[0] : -1;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s MODEL SQUAD_DIR [--budgets 8192,16384,32768] [--questions N] "
+                        "[--shares S,...] [--threads T] [--kv f16|q8]\n", argv[0]);
+        return 2;
+    }
+    const char *model_path = argv[1], *squad = argv[2], *budgets_arg = "8192,16384,32768";
+    int n_q = 4, threads = 2;
+    const char *shares_arg = "0.15";
+    enum KvType kvt = KV_F16;
+    for (int i = 3; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--budgets")) budgets_arg = argv[i + 1];
+        else if (!strcmp(argv[i], "--questions")) n_q = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--shares")) shares_arg = argv[i + 1];
+        else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--kv")) kvt = !strcmp(argv[i + 1], "q8") ? KV_Q8 : KV_F16;
+        else {
+            fprintf(stderr, "unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
+    int budgets[8], nb = 0, max_b = 0;
+    for (const char *p = budgets_arg; *p && nb < 8;) {
+        budgets[nb] = atoi(p);
+        if (budgets[nb] > max_b) max_b = budgets[nb];
+        nb++;
+        p = strchr(p, ',');
+        if (!p) break;
+        p++;
+    }
+    enum { MAX_SHARES = 8 };
+    double shares[MAX_SHARES];
+    int ns = 0;
+    for (const char *p = shares_arg; *p && ns < MAX_SHARES;) {
+        shares[ns] = atof(p);
+        if (!(shares[ns] >= 0 && shares[ns] <= 1)) {
+            fprintf(stderr, "a share is in [0, 1]: %s\n", shares_arg);
+            return 2;
+        }
+        ns++;
+        p = strchr(p, ',');
+        if (!p) break;
+        p++;
+    }
+    char err[512], path[4096];
+    struct Data d = {0};
+    snprintf(path, sizeof path, "%s/passages.jsonl", squad);
+    if (each_line(path, add_passage, &d)) return 1;
+    snprintf(path, sizeof path, "%s/questions.jsonl", squad);
+    if (each_line(path, add_question, &d)) return 1;
+    if (d.n_qs < n_q || n_q < 1) {
+        fprintf(stderr, "%d answerable questions, %d asked for\n", d.n_qs, n_q);
+        return 1;
+    }
+    struct Model *m = NULL;
+    if (model_load(model_path, &m, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    struct TokenCounter tc;
+    tokcount_from_tokenizer(m->tok, &tc);
+    struct EngineOpts o;
+    engine_opts_default(&o);
+    o.n_ctx = max_b; /* each prompt leaves 32 of its budget for the answer */
+    o.kv_type = kvt;
+    o.n_threads = threads;
+    struct Engine *e = NULL, *helper = NULL;
+    struct ChunkKv *store = NULL;
+    if (engine_new(m, &o, &e, err, sizeof err) || engine_new_seq(e, &helper, err, sizeof err) ||
+        chunkkv_new((size_t)8 << 30, &store)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    printf("bench-kvreuse: %s, %d threads, KV %s, recompute shares %s, %d questions a budget\n",
+           model_path, threads, kvt == KV_Q8 ? "int8" : "f16", shares_arg, n_q);
+
+    for (int bi = 0; bi < nb; bi++) {
+        int budget = budgets[bi];
+        double t_off[64], t_on[MAX_SHARES][64], kl[MAX_SHARES][64];
+        float *lg_off = malloc((size_t)m->cfg.vocab * sizeof *lg_off);
+        int gold_off = 0, gold_on[MAX_SHARES] = {0}, agree[MAX_SHARES] = {0};
+        int first_agree[MAX_SHARES] = {0}, tokens_sum = 0;
+        long reused_sum[MAX_SHARES] = {0}, region_sum[MAX_SHARES] = {0};
+        double first_use_s = 0;
+        long first_use_chunks = 0;
+        int nq = n_q < 64 ? n_q : 64;
+        for (int qi = 0; qi < nq; qi++) {
+            const struct Question *q = &d.qs[(size_t)qi * d.n_qs / nq];
+            int gold = -1;
+            for (int i = 0; i < d.n_ps; i++)
+                if (!strcmp(d.ps[i].id, q->gold)) gold = i;
+            if (gold < 0) {
+                fprintf(stderr, "question %d: its paragraph %s is not in the passages\n", qi,
+                        q->gold);
+                return 1;
+            }
+            /* the gold paragraph among other articles' paragraphs (one set a budget, in this
+             * question's order), the gold at a depth that moves with the question */
+            struct CtxChunk *ch = calloc((size_t)d.n_ps + 1, sizeof *ch);
+            int *idx = calloc((size_t)d.n_ps, sizeof *idx);
+            int nc = 0;
+            for (int i = 0; i < d.n_ps; i++)
+                if (d.ps[i].article != d.ps[gold].article) idx[nc++] = i;
+            /* the budget's set: the first paragraphs of a fixed shuffle */
+            for (int i = nc - 1; i > 0; i--) {
+                int j = (int)(mix(0x5eedULL * 1000 + (uint64_t)i) % (uint64_t)(i + 1));
+                int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
+            }
+            int set = budget / 130 + 8; /* more than the budget holds: assembly stops it */
+            if (set > nc) set = nc;
+            for (int i = set - 1; i > 0; i--) {
+                int j = (int)(mix((uint64_t)qi * 7919 + (uint64_t)i) % (uint64_t)(i + 1));
+                int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
+            }
+            /* the gold paragraph at a depth that moves with the question, well inside what
+             * the budget holds (paragraphs are about 150 tokens) */
+            double frac = qi * 0.381966 - floor(qi * 0.381966);
+            int depth = (int)(frac * (budget / 200));
+            int n_ch = 0;
+            for (int i = 0; i < set; i++) {
+                if (i == depth) ch[n_ch++] = chunk_of(&d.ps[gold]);
+                ch[n_ch++] = chunk_of(&d.ps[idx[i]]);
+            }
+            struct CtxOptions co = {.budget = (size_t)budget - 32, .order = CTX_ORDER_RANK,
+                                    .no_truncate = 1};
+            struct Context *cx = NULL;
+            if (ctx_assemble(&tc, q->text, strlen(q->text), ch, (size_t)n_ch, &co, &cx, err,
+                             sizeof err)) {
+                fprintf(stderr, "assemble: %s\n", err);
+                return 1;
+            }
+            int nf = (int)cx->documents.start, n_all = (int)cx->n_tokens;
+            int tail0 = (int)cx->documents.end;
+            uint32_t *spans = malloc(2 * cx->n_cites * sizeof *spans + sizeof *spans);
+            for (size_t c = 0; c < cx->n_cites; c++) {
+                spans[2 * c] = (uint32_t)cx->cites[c].tokens.start;
+                spans[2 * c + 1] = (uint32_t)cx->cites[c].tokens.end;
+            }
+            /* the chunks' first use, untimed: a blend at share 0 makes the copies the store
+             * lacks (each a prefill of the frame, from the prefix cache, and the chunk) */
+            struct ChunkKvBlend cb;
+            engine_reset(e);
+            double tu = now_s();
+            if (chunkkv_blend(store, e, helper, cx->tokens, nf, tail0, spans, (int)cx->n_cites,
+                              0.0, &cb, err, sizeof err)) {
+                fprintf(stderr, "first use: %s\n", err);
+                return 1;
+            }
+            if (cb.computed) {
+                first_use_s += now_s() - tu;
+                first_use_chunks += cb.computed;
+            }
+            char a_off[2048], a_on[2048];
+            int32_t first_off;
+            /* off */
+            engine_reset(e);
+            double t0 = now_s();
+            if (engine_prefill(e, cx->tokens, (size_t)n_all, err, sizeof err)) {
+                fprintf(stderr, "prefill: %s\n", err);
+                return 1;
+            }
+            t_off[qi] = now_s() - t0;
+            memcpy(lg_off, engine_logits(e), (size_t)m->cfg.vocab * sizeof *lg_off);
+            first_off = answer(e, m->tok, a_off, sizeof a_off);
+            int g0 = contains_gold(a_off, q);
+            gold_off += g0;
+            tokens_sum += n_all;
+            printf("  %d tokens, off %.2f s: gold %d \"%.70s\"\n", n_all, t_off[qi], g0, a_off);
+            /* on, at each share */
+            for (int si = 0; si < ns; si++) {
+                engine_reset(e);
+                struct ChunkKvBlend st;
+                t0 = now_s();
+                if (chunkkv_blend(store, e, helper, cx->tokens, nf, tail0, spans,
+                                  (int)cx->n_cites, shares[si], &st, err, sizeof err) ||
+                    engine_prefill(e, cx->tokens + tail0, (size_t)(n_all - tail0), err,
+                                   sizeof err)) {
+                    fprintf(stderr, "blend: %s\n", err);
+                    return 1;
+                }
+                t_on[si][qi] = now_s() - t0;
+                kl[si][qi] = kl_logits(lg_off, engine_logits(e), m->cfg.vocab);
+                int32_t first_on = answer(e, m->tok, a_on, sizeof a_on);
+                int g1 = contains_gold(a_on, q);
+                gold_on[si] += g1;
+                agree[si] += !strcmp(a_off, a_on);
+                first_agree[si] += first_on == first_off;
+                reused_sum[si] += st.reused;
+                region_sum[si] += st.reused + st.recomputed;
+                printf("    share %.2f, on %.2f s (%d of %d reused), KL %.4f: gold %d \"%.70s\"\n",
+                       shares[si], t_on[si][qi], st.reused, st.reused + st.recomputed,
+                       kl[si][qi], g1, a_on);
+            }
+            fflush(stdout);
+            free(spans);
+            ctx_destroy(&cx);
+            free(ch);
+            free(idx);
+        }
+        double mo = median(t_off, nq);
+        printf("%8s %6s %8s %10s %10s %7s %9s %9s %9s %9s %8s %9s\n", "budget", "share", "tokens",
+               "ttft_off_s", "ttft_on_s", "ratio", "gold_off", "gold_on", "same_ans", "same_1st",
+               "reused", "KL_med");
+        for (int si = 0; si < ns; si++) {
+            double mn = median(t_on[si], nq);
+            printf("%8d %6.2f %8d %10.2f %10.2f %6.2fx %5d/%-3d %5d/%-3d %5d/%-3d %5d/%-3d "
+                   "%7.1f%% %9.4f\n", budget, shares[si], tokens_sum / nq, mo, mn, mo / mn,
+                   gold_off, nq, gold_on[si], nq, agree[si], nq, first_agree[si], nq,
+                   100.0 * reused_sum[si] / (region_sum[si] ? region_sum[si] : 1),
+                   median(kl[si], nq));
+        }
+        free(lg_off);
+        struct ChunkKvStats ss;
+        chunkkv_stats(store, &ss);
+        printf("         stored KV: %zu bytes a token; first use: %ld chunks made in %.1f s; the "
+               "store: %zu chunks, %.1f MiB\n", engine_kv_bytes(e, 1), first_use_chunks,
+               first_use_s, ss.entries, ss.bytes / 1048576.0);
+        fflush(stdout);
+    }
+    chunkkv_destroy(&store);
+    engine_destroy(&helper);
+    engine_destroy(&e);
+    model_destroy(&m);
+    return 0;
+}

@@ -1,0 +1,208 @@
+/* Chunk KV copies in memory and the blend of a prompt's documents from them (chunkkv.h). The
+ * copies sit in one array, found through a hash table of their keys; the budget is kept by
+ * evicting the least recently used copy not needed by the blend being assembled. */
+#include "model/chunkkv.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "text/errmsg.h"
+#include "text/hash.h"
+
+struct Copy {
+    uint64_t key, frame;       /* hash of frame and chunk; the frame's alone */
+    int32_t *tokens;           /* the chunk's tokens (compared on a hash match) */
+    int n, kv_pos;             /* tokens; the position its first token had */
+    void *kv;                  /* engine_kv_export's copy */
+    size_t bytes;              /* of kv and tokens */
+    uint64_t used;             /* tick of the last use */
+    uint64_t pin;              /* the blend that needs it (not evicted during it) */
+};
+
+struct ChunkKv {
+    size_t budget, bytes;
+    struct Copy *v;
+    size_t n, cap;
+    struct HashTable index;    /* key -> index in v (rebuilt after an eviction) */
+    uint64_t tick, blend;
+    struct ChunkKvStats st;
+};
+
+int chunkkv_new(size_t budget, struct ChunkKv **out)
+{
+    *out = NULL;
+    if (budget == 0) return ENGINE_EINPUT;
+    struct ChunkKv *c = calloc(1, sizeof *c);
+    if (!c || hash_init(&c->index, 64)) {
+        free(c);
+        return ENGINE_ENOMEM;
+    }
+    c->budget = budget;
+    *out = c;
+    return ENGINE_OK;
+}
+
+static void copy_free(struct Copy *p)
+{
+    free(p->tokens);
+    free(p->kv);
+}
+
+void chunkkv_destroy(struct ChunkKv **pc)
+{
+    struct ChunkKv *c = *pc;
+    if (!c) return;
+    for (size_t i = 0; i < c->n; i++) copy_free(&c->v[i]);
+    free(c->v);
+    hash_free(&c->index);
+    free(c);
+    *pc = NULL;
+}
+
+void chunkkv_stats(const struct ChunkKv *c, struct ChunkKvStats *out)
+{
+    *out = c->st;
+    out->bytes = c->bytes;
+    out->entries = c->n;
+}
+
+static int reindex(struct ChunkKv *c)
+{
+    hash_clear(&c->index);
+    for (size_t i = 0; i < c->n; i++)
+        if (!hash_insert(&c->index, c->v[i].key, i)) return -1;
+    return 0;
+}
+
+static struct Copy *find(struct ChunkKv *c, uint64_t key, uint64_t frame, const int32_t *t, int n)
+{
+    size_t pos;
+    for (struct HashSlot *s = hash_find(&c->index, key, &pos); s;
+         s = hash_next(&c->index, key, &pos)) {
+        struct Copy *p = &c->v[s->value];
+        if (p->frame == frame && p->n == n && !memcmp(p->tokens, t, (size_t)n * sizeof *t))
+            return p;
+    }
+    return NULL;
+}
+
+/* Room for `need` more bytes: the least recently used copies not pinned by this blend go.
+ * 0, or -1 when they cannot make enough room. */
+static int make_room(struct ChunkKv *c, size_t need)
+{
+    if (need > c->budget) return -1;
+    int evicted = 0;
+    while (c->bytes + need > c->budget) {
+        size_t lru = c->n;
+        for (size_t i = 0; i < c->n; i++)
+            if (c->v[i].pin != c->blend && (lru == c->n || c->v[i].used < c->v[lru].used))
+                lru = i;
+        if (lru == c->n) break;
+        c->bytes -= c->v[lru].bytes;
+        copy_free(&c->v[lru]);
+        c->v[lru] = c->v[--c->n];
+        c->st.evictions++;
+        evicted = 1;
+    }
+    if (evicted && reindex(c)) return -1;
+    return c->bytes + need > c->budget ? -1 : 0;
+}
+
+/* The copy of chunk t[0..n) after frame prompt[0..nf), made on helper. NULL when it cannot be
+ * made (no room, no pages, no memory). */
+static struct Copy *make_copy(struct ChunkKv *c, struct Engine *helper, const int32_t *prompt,
+                              int nf, const int32_t *t, int n, uint64_t key, uint64_t frame)
+{
+    char err[256];
+    size_t kvb = engine_kv_bytes(helper, n), bytes = kvb + (size_t)n * sizeof *t;
+    if (make_room(c, bytes)) return NULL;
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? 2 * c->cap : 64;
+        struct Copy *v = realloc(c->v, cap * sizeof *v);
+        if (!v) return NULL;
+        c->v = v;
+        c->cap = cap;
+    }
+    int32_t *buf = malloc((size_t)(nf + n) * sizeof *buf);
+    struct Copy p = {.key = key, .frame = frame, .n = n, .kv_pos = nf, .bytes = bytes,
+                     .used = ++c->tick, .pin = c->blend};
+    p.tokens = malloc((size_t)n * sizeof *t);
+    p.kv = malloc(kvb);
+    int ok = buf && p.tokens && p.kv;
+    if (ok) {
+        memcpy(buf, prompt, (size_t)nf * sizeof *buf);
+        memcpy(buf + nf, t, (size_t)n * sizeof *buf);
+        memcpy(p.tokens, t, (size_t)n * sizeof *t);
+        engine_reset(helper);
+        ok = engine_prefill(helper, buf, (size_t)(nf + n), err, sizeof err) == ENGINE_OK &&
+             engine_kv_export(helper, nf, n, p.kv, err, sizeof err) == ENGINE_OK;
+        engine_reset(helper);
+    }
+    free(buf);
+    if (!ok || !hash_insert(&c->index, key, c->n)) {
+        copy_free(&p);
+        return NULL;
+    }
+    c->v[c->n] = p;
+    c->bytes += bytes;
+    return &c->v[c->n++];
+}
+
+int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
+                  const int32_t *prompt, int docs_start, int docs_end, const uint32_t *spans,
+                  int n_spans, double share, struct ChunkKvBlend *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    int n0 = engine_n_past(e);
+    if (!c || !e || !helper || !prompt || docs_start < n0 || docs_end <= docs_start ||
+        n_spans < 0 || (n_spans && !spans))
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "a blend needs the documents after the "
+                          "sequence's tokens");
+    for (int i = 0, at = docs_start; i < n_spans; i++) {
+        if ((int)spans[2 * i] < at || spans[2 * i + 1] < spans[2 * i] ||
+            (int)spans[2 * i + 1] > docs_end)
+            return errmsg_set(err, errlen, ENGINE_EINPUT, "chunk span %d is outside the "
+                              "documents or out of order", i);
+        at = (int)spans[2 * i + 1];
+    }
+    int rc = engine_prefill(e, prompt + n0, (size_t)(docs_start - n0), err, errlen);
+    if (rc) return rc;
+    struct EngineKvPart *parts = calloc(2 * (size_t)n_spans + 1, sizeof *parts);
+    if (!parts) return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory for a blend");
+    uint64_t frame = hash_bytes(prompt, (size_t)docs_start * sizeof *prompt);
+    c->blend++;
+    int np = 0, at = docs_start;
+    for (int i = 0; i < n_spans; i++) {
+        int s0 = (int)spans[2 * i], n = (int)(spans[2 * i + 1] - spans[2 * i]);
+        if (s0 > at)
+            parts[np++] = (struct EngineKvPart){prompt + at, s0 - at, NULL, 0, 0};
+        at = s0 + n;
+        if (n == 0) continue;
+        const int32_t *t = prompt + s0;
+        uint64_t key = hash_u64(frame ^ hash_bytes(t, (size_t)n * sizeof *t));
+        if (key == HASH_EMPTY) key = 1;
+        struct Copy *p = find(c, key, frame, t, n);
+        if (p) {
+            c->st.hits++;
+        } else {
+            c->st.misses++;
+            p = make_copy(c, helper, prompt, docs_start, t, n, key, frame);
+            out->computed += p != NULL;
+        }
+        out->chunks++;
+        if (p) {
+            p->used = ++c->tick;
+            p->pin = c->blend;
+        }
+        parts[np++] = (struct EngineKvPart){t, n, p ? p->kv : NULL, 0, p ? p->kv_pos : 0};
+    }
+    if (docs_end > at) parts[np++] = (struct EngineKvPart){prompt + at, docs_end - at, NULL, 0, 0};
+    struct EngineBlendStats st;
+    rc = engine_blend(e, parts, np, share, &st, err, errlen);
+    free(parts);
+    if (rc) return rc;
+    out->reused = st.reused;
+    out->recomputed = st.recomputed;
+    out->bytes_read = st.imported_bytes;
+    return ENGINE_OK;
+}

@@ -1,0 +1,48 @@
+/* Chunk KV copies kept in memory for reuse across prompts, and the blend of a prompt's
+ * documents from them (docs/kv-reuse.md). A copy is a chunk's KV computed once, at its first
+ * use, after the prompt's fixed frame, and kept under a byte budget (least recently used
+ * first out); it is keyed by the frame's and the chunk's tokens, so a chunk that comes back
+ * in another prompt after the same frame finds its copy wherever it lands. One cache serves
+ * one model and KV type (a worker's); one thread uses it at a time. */
+#ifndef DIFFRAG_CHUNKKV_H
+#define DIFFRAG_CHUNKKV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/engine.h"
+
+struct ChunkKv;
+
+/* A cache of at most budget bytes of copies (> 0). ENGINE_OK or ENGINE_ENOMEM. */
+int chunkkv_new(size_t budget, struct ChunkKv **out);
+void chunkkv_destroy(struct ChunkKv **c);
+
+struct ChunkKvStats {
+    uint64_t hits, misses;     /* chunks found, chunks computed (or left to compute) */
+    uint64_t evictions;
+    size_t bytes, entries;     /* what the cache holds now */
+};
+void chunkkv_stats(const struct ChunkKv *c, struct ChunkKvStats *out);
+
+/* What one blend did. */
+struct ChunkKvBlend {
+    int reused, recomputed;    /* document tokens whose stored KV stayed; computed in the blend */
+    int chunks, computed;      /* chunks of the documents; of them, copies made now */
+    size_t bytes_read;         /* stored KV bytes placed */
+};
+
+/* Brings sequence e, which holds prompt[0..n_past) with n_past <= docs_start (nothing, or a
+ * cached prefix of the frame), to prompt[0..docs_end): the rest of the frame prompt[0..
+ * docs_start) prefilled, then the documents prompt[docs_start..docs_end) blended
+ * (engine_blend, recompute share `share`): each chunk span (spans[2i]..spans[2i+1], inside the
+ * documents, in order, not overlapping) from its copy, made on `helper` (an empty sequence of
+ * the same runner, or another context of the same model and KV type; it is reset) when the
+ * cache lacks it, and the tokens between spans (labels, separators) computed. A chunk whose
+ * copy cannot be made (no free page, the budget full of copies this blend uses) is computed
+ * in the blend. ENGINE_OK, or an engine error with err (e may then hold part of the frame). */
+int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
+                  const int32_t *prompt, int docs_start, int docs_end, const uint32_t *spans,
+                  int n_spans, double share, struct ChunkKvBlend *out, char *err, size_t errlen);
+
+#endif
