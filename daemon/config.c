@@ -161,6 +161,15 @@ static const struct Key keys[] = {
     { "prefix_cache_bytes", K_SIZE, F(prefix_cache_bytes), "0", 0, 1e15, 0,
       "memory for cached prompt prefixes beyond the workers' own KV pages (whose pages stay "
       "cached until a worker needs them); reserved, committed as it fills" },
+    { "kv_reuse", K_LONG, F(kv_reuse), "0", 0, 1, 0,
+      "1: CPU workers keep each document chunk's KV, computed at its first use, and blend a "
+      "prompt's documents from it, recomputing kv_reuse_recompute of their tokens "
+      "(docs/kv-reuse.md; answers change, see there); 0: every prompt is prefilled exactly" },
+    { "kv_reuse_recompute", K_DOUBLE, F(kv_reuse_recompute), "0.15", 0, 1, 0,
+      "share of the documents' tokens a blend recomputes (those whose values moved most); 1: "
+      "the exact prefill's result" },
+    { "kv_reuse_bytes", K_SIZE, F(kv_reuse_bytes), "1GiB", 1048576, 1e15, 0,
+      "memory each worker's chunk KV store may take (least recently used chunks go first)" },
     { "max_depth", K_LONG, F(max_depth), "16", 2, 64, 1,
       "deepest msgpack nesting accepted in a request" },
     { "max_stop", K_LONG, F(max_stop), "8", 0, 64, 1,

@@ -50,6 +50,9 @@ struct Config {
     long max_running, step_tokens, step_ms;      /* continuous batching */
     size_t kv_pool_bytes;                        /* 0: auto */
     size_t prefix_cache_bytes;                   /* KV pool pages beyond the workers' own */
+    long kv_reuse;                               /* 1: blend documents from chunk KV */
+    double kv_reuse_recompute;                   /* share of their tokens recomputed */
+    size_t kv_reuse_bytes;                       /* each worker's chunk KV store */
     long max_depth;
     long max_stop;
     double drain_timeout;

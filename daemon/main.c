@@ -582,6 +582,9 @@ static int start_workers(void *zctx, struct Model *m, const struct Config *c, in
     wo.step_ms = (int)c->step_ms;
     wo.max_running = (int)c->max_running;
     wo.stats = &worker_stats;
+    wo.kv_reuse = (int)c->kv_reuse;
+    wo.kv_reuse_recompute = c->kv_reuse_recompute;
+    wo.kv_reuse_bytes = c->kv_reuse_bytes;
     if (device)
         *device = dev;
     dlog(LL_INFO, "msg=\"compute device\" setting=%s device=%s note=\"%s\"", c->device,

@@ -561,6 +561,30 @@ char *metrics_render(struct Metrics *m, size_t *len)
         fprintf(f, "diffrag_step_tokens_sum %llu\n",
                 (unsigned long long)atomic_load(&ws->step_tokens));
         fprintf(f, "diffrag_step_tokens_count %llu\n", (unsigned long long)atomic_load(&ws->steps));
+        head(f, "diffrag_kv_reuse_tokens_total", "counter",
+             "Document tokens of blended prompts (kv_reuse): whose stored chunk KV stayed "
+             "(reused), computed in the blend (recomputed).");
+        fprintf(f, "diffrag_kv_reuse_tokens_total{kind=\"reused\"} %llu\n",
+                (unsigned long long)atomic_load(&ws->kv_reused));
+        fprintf(f, "diffrag_kv_reuse_tokens_total{kind=\"recomputed\"} %llu\n",
+                (unsigned long long)atomic_load(&ws->kv_recomputed));
+        head(f, "diffrag_kv_reuse_read_bytes_total", "counter",
+             "Stored chunk KV bytes placed into prompts.");
+        fprintf(f, "diffrag_kv_reuse_read_bytes_total %llu\n",
+                (unsigned long long)atomic_load(&ws->kv_bytes_read));
+        head(f, "diffrag_kv_reuse_chunks_total", "counter",
+             "Chunks of blended prompts whose KV was in the store (hit) or was made (miss).");
+        fprintf(f, "diffrag_kv_reuse_chunks_total{result=\"hit\"} %llu\n",
+                (unsigned long long)atomic_load(&ws->kv_hits));
+        fprintf(f, "diffrag_kv_reuse_chunks_total{result=\"miss\"} %llu\n",
+                (unsigned long long)atomic_load(&ws->kv_misses));
+        head(f, "diffrag_kv_reuse_store_bytes", "gauge",
+             "Bytes the workers' chunk KV stores hold (kv_reuse_bytes each at most).");
+        fprintf(f, "diffrag_kv_reuse_store_bytes %llu\n",
+                (unsigned long long)atomic_load(&ws->kv_store_bytes));
+        head(f, "diffrag_kv_reuse_store_chunks", "gauge", "Chunks the workers' chunk KV stores hold.");
+        fprintf(f, "diffrag_kv_reuse_store_chunks %llu\n",
+                (unsigned long long)atomic_load(&ws->kv_store_chunks));
     }
     head(f, "diffrag_store_damaged", "gauge",
          "1 when the store was found damaged and is served read-only, else 0.");

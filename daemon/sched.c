@@ -36,6 +36,7 @@ struct Seq {
     int decoding;               /* the first token was sampled */
     int cancelled, reason;
     int cached;
+    int no_blend;               /* a blend failed: the prompt is prefilled as it is */
     double t_prefilled;
     uint64_t order;
 };
@@ -287,6 +288,63 @@ static void stats_step(struct WorkerStats *st, int tokens)
     atomic_fetch_add(&st->step_bucket[b], 1);
 }
 
+/* Whether a sequence that starts now blends its documents from stored chunk KV (docs/
+ * kv-reuse.md): the worker keeps a chunk store, the job says where its documents are, and a
+ * question follows them. */
+static int seq_blends(const struct Worker *w, const struct Seq *q)
+{
+    return w->ckv && !q->no_blend && q->job.docs[1] > q->job.docs[0] &&
+           q->job.docs[1] < q->n_prompt;
+}
+
+/* The worker's chunk-reuse figures after a blend: the blend's own, and what the store's changed
+ * by since the last update. */
+static void stats_blend(struct Worker *w, const struct ChunkKvBlend *b)
+{
+    struct WorkerStats *st = w->o.stats;
+    struct ChunkKvStats now;
+    chunkkv_stats(w->ckv, &now);
+    if (st) {
+        atomic_fetch_add(&st->kv_reused, (uint64_t)b->reused);
+        atomic_fetch_add(&st->kv_recomputed, (uint64_t)b->recomputed);
+        atomic_fetch_add(&st->kv_bytes_read, (uint64_t)b->bytes_read);
+        atomic_fetch_add(&st->kv_hits, now.hits - w->ckv_last.hits);
+        atomic_fetch_add(&st->kv_misses, now.misses - w->ckv_last.misses);
+        /* unsigned wrap-around adds the (possibly negative) change */
+        atomic_fetch_add(&st->kv_store_bytes, (uint64_t)now.bytes - (uint64_t)w->ckv_last.bytes);
+        atomic_fetch_add(&st->kv_store_chunks,
+                         (uint64_t)now.entries - (uint64_t)w->ckv_last.entries);
+    }
+    w->ckv_last = now;
+}
+
+/* The blend of a sequence that has just started (holding its cached prefix): the rest of the
+ * frame prefilled, the documents blended; done then ends them. A failure is logged and the
+ * sequence starts over on the exact path (its pages back, no blend). */
+static void seq_blend(struct Worker *w, struct Seq *q)
+{
+    char err[256];
+    struct ChunkKvBlend b;
+    double t0 = zu_now_ms();
+    int rc = chunkkv_blend(w->ckv, q->e, w->ckv_helper, q->hist, (int)q->job.docs[0],
+                           (int)q->job.docs[1], q->job.doc_spans, (int)q->job.n_spans,
+                           w->o.kv_reuse_recompute, &b, err, sizeof err);
+    if (rc) {
+        dlog(LL_WARN, "msg=\"chunk KV reuse failed; the prompt is prefilled instead\" worker=%d "
+             "job=%llu error=\"%s\"", w->o.index, (unsigned long long)q->job.job, err);
+        engine_reset(q->e);
+        q->no_blend = 1;
+        q->done = engine_take_cached(q->e, q->hist, q->n_prompt);
+        stats_blend(w, &(struct ChunkKvBlend){0});
+        return;
+    }
+    q->done = q->job.docs[1];
+    stats_blend(w, &b);
+    dlog(LL_DEBUG, "msg=\"documents blended\" worker=%d job=%llu chunks=%d made=%d reused=%d "
+         "recomputed=%d ms=%.1f", w->o.index, (unsigned long long)q->job.job, b.chunks,
+         b.computed, b.reused, b.recomputed, zu_now_ms() - t0);
+}
+
 /* A sequence that has not started, or was preempted: its pages go back, it starts over. */
 static void seq_unstart(struct Seq *q)
 {
@@ -360,6 +418,12 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
                     continue;
                 size_t rest = q->n_prompt;
                 int n = rest < (size_t)left ? (int)rest : left;
+                int blend = seq_blends(w, q);
+                if (blend) {
+                    /* the blend takes the pages of the frame and documents at once */
+                    size_t tail = q->n_prompt - q->job.docs[1];
+                    n = (int)q->job.docs[1] + (tail < (size_t)left ? (int)tail : left);
+                }
                 int need = engine_pages_needed(q->e, n);
                 if (any_started && need > spare)
                     continue;
@@ -369,6 +433,8 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
                 if (q->cached < 0)
                     q->cached = (int)q->done;
                 q->started = 1;
+                if (blend && q->done <= q->job.docs[0])
+                    seq_blend(w, q);
             }
             size_t rest = q->n_prompt - q->done;
             int n = rest < (size_t)left ? (int)rest : left;

@@ -172,7 +172,8 @@ void wire_job_encode(struct MpWriter *w, const int32_t *tokens, size_t n_tokens,
                      const struct WireGround *g)
 {
     int watch = g && g->watch, check = g && g->self_check, bare = g && g->bare && g->n_bare;
-    mpw_map(w, 8 + (watch ? 1 : 0) + (check ? 1 : 0) + (bare ? 1 : 0));
+    int docs = g && g->docs[1] > g->docs[0];
+    mpw_map(w, 8 + (watch ? 1 : 0) + (check ? 1 : 0) + (bare ? 1 : 0) + (docs ? 1 : 0));
     /* int32 little-endian: the x86/arm in-memory layout, converted where it is not */
     mpw_cstr(w, "tokens");
     put_words_bin(w, tokens, n_tokens);
@@ -196,6 +197,10 @@ void wire_job_encode(struct MpWriter *w, const int32_t *tokens, size_t n_tokens,
     if (bare) {
         mpw_cstr(w, "bare");
         put_words_bin(w, g->bare, g->n_bare);
+    }
+    if (docs) {
+        mpw_cstr(w, "docs");
+        put_words_bin(w, g->docs, 2);
     }
 }
 
@@ -260,6 +265,14 @@ int wire_job_decode(const void *buf, size_t len, struct WireJob *out, char *err,
         } else if (key_is(&k, "self_check")) {
             if (v.type != MP_BOOL) goto bad;
             out->self_check = v.v.b;
+        } else if (key_is(&k, "docs")) {
+            if (v.type != MP_BIN || v.len != 8 || out->docs[1]) goto bad;
+            uint32_t *d2 = get_words_bin(&v, 2);
+            if (!d2) goto nomem;
+            out->docs[0] = d2[0];
+            out->docs[1] = d2[1];
+            free(d2);
+            if (out->docs[1] <= out->docs[0]) goto bad;
         } else if (key_is(&k, "bare")) {
             if (v.type != MP_BIN || v.len % 4 || v.len == 0 || out->bare) goto bad;
             out->n_bare = v.len / 4;
@@ -291,11 +304,20 @@ int wire_job_decode(const void *buf, size_t len, struct WireJob *out, char *err,
     }
     for (size_t i = 0; i < out->n_spans; i++)
         if (out->doc_spans[2 * i] > out->doc_spans[2 * i + 1] ||
-            out->doc_spans[2 * i + 1] > out->n_tokens) {
-            snprintf(err, errlen, "JOB document span %zu is outside the prompt", i);
+            out->doc_spans[2 * i + 1] > out->n_tokens ||
+            (out->docs[1] && (out->doc_spans[2 * i] < out->docs[0] ||
+                              out->doc_spans[2 * i + 1] > out->docs[1] ||
+                              (i && out->doc_spans[2 * i] < out->doc_spans[2 * i - 1])))) {
+            snprintf(err, errlen, "JOB document span %zu is outside the prompt or its documents, "
+                     "or out of order", i);
             wire_job_free(out);
             return -1;
         }
+    if (out->docs[1] > out->n_tokens) {
+        snprintf(err, errlen, "JOB documents end past the prompt");
+        wire_job_free(out);
+        return -1;
+    }
     for (size_t i = 0; i < out->n_watch; i++)
         if (out->watch[2 * i] < 0 || out->watch[2 * i + 1] < 0) {
             snprintf(err, errlen, "JOB watches a negative layer or head");

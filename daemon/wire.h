@@ -83,6 +83,8 @@ struct WireGround {
     const int32_t *bare;        /* the prompt without its documents, for context reliance;
                                    NULL: not measured */
     size_t n_bare;
+    uint32_t docs[2];           /* the documents' tokens [start, end): from the first label to
+                                   the last separator (chunk KV reuse); start == end: none */
 };
 
 #define WIRE_MAX_WATCH 1024
@@ -107,6 +109,8 @@ struct WireJob {
     int self_check;           /* the self-check after the answer */
     int32_t *bare;            /* the prompt without its documents (context reliance); NULL: none */
     size_t n_bare;
+    uint32_t docs[2];         /* the documents' tokens [start, end), every doc span inside;
+                                 start == end: not given */
 };
 
 /* The answer tokens' signals, struct of arrays of n each. */

@@ -389,6 +389,8 @@ static int restart_compute(struct Worker *w)
     /* the sequences the thread left are lost with it; their contexts go with the runner */
     while (w->n_seq_e > 0)
         engine_destroy(&w->seq_e[--w->n_seq_e]);
+    engine_destroy(&w->ckv_helper);
+    chunkkv_destroy(&w->ckv);
     engine_destroy(&w->e);
     int rc = engine_new(w->m, &w->o.engine, &w->e, err, sizeof err);
     if (rc == 0)
@@ -630,6 +632,19 @@ int worker_start(void *zctx, const struct Model *m, const struct WorkerOpts *o,
     int rc = engine_new(m, &o->engine, &w->e, err, errlen);
     if (rc)
         goto err;
+    if (o->kv_reuse) {
+        if (o->engine.device != ENGINE_CPU) {
+            snprintf(err, errlen, "kv_reuse runs on CPU workers; this one is on a GPU");
+            rc = ENGINE_EINPUT;
+            goto err;
+        }
+        if ((rc = chunkkv_new(o->kv_reuse_bytes ? o->kv_reuse_bytes : 1, &w->ckv)) ||
+            (rc = engine_new_seq(w->e, &w->ckv_helper, err, errlen))) {
+            if (rc == ENGINE_ENOMEM)
+                snprintf(err, errlen, "out of memory for the chunk KV store");
+            goto err;
+        }
+    }
     check_init(w);
     w->max_running = o->max_running < 1 ? 1
                      : o->max_running > WIRE_MAX_RUNNING ? WIRE_MAX_RUNNING : o->max_running;
@@ -686,6 +701,8 @@ void worker_stop(struct Worker **wp)
         zmq_close(w->ctl);
     while (w->n_seq_e > 0)
         engine_destroy(&w->seq_e[--w->n_seq_e]);
+    engine_destroy(&w->ckv_helper);
+    chunkkv_destroy(&w->ckv);
     engine_destroy(&w->e);
     memset(w->curve_secret, 0, sizeof w->curve_secret);
     free(w);

@@ -23,6 +23,11 @@ struct WorkerStats {
     _Atomic uint64_t preemptions;
     _Atomic uint64_t steps, step_tokens;
     _Atomic uint64_t step_bucket[WORKER_STEP_BUCKETS];
+    /* chunk KV reuse (docs/kv-reuse.md): document tokens whose stored KV stayed, tokens
+     * recomputed in blends, stored KV bytes placed, chunks found and made, and the bytes and
+     * chunks the workers' chunk stores hold now */
+    _Atomic uint64_t kv_reused, kv_recomputed, kv_bytes_read, kv_hits, kv_misses;
+    _Atomic uint64_t kv_store_bytes, kv_store_chunks;
 };
 
 struct WorkerOpts {
@@ -32,6 +37,12 @@ struct WorkerOpts {
                                   context's chunk, which bounds the other steps) */
     int step_ms;               /* and no more than fit this long at the measured speed; 0: off */
     struct WorkerStats *stats; /* shared counters, or NULL */
+    /* chunk KV reuse (CPU workers): 1 = a prompt's documents are blended from stored chunk
+     * KV (docs/kv-reuse.md), recomputing this share of their tokens; the worker's chunk store
+     * holds at most kv_reuse_bytes */
+    int kv_reuse;
+    double kv_reuse_recompute;
+    size_t kv_reuse_bytes;
     int heartbeat_ms;          /* interval of heartbeats both ways */
     int liveness;              /* silent intervals after which the broker is presumed dead */
     struct EngineOpts engine;  /* n_ctx, chunk (the step's token budget), kv type, memory

@@ -9,6 +9,7 @@
 
 #include "daemon/wire.h"
 #include "daemon/worker.h"
+#include "model/chunkkv.h"
 #include "model/generate.h"
 
 #define WORKER_CHECK_MAX 256
@@ -37,6 +38,10 @@ struct Worker {
     int n_check;
     int32_t yes_id[4], no_id[4];
     int n_yes, n_no;
+    /* chunk KV reuse: the chunk store and the sequence that makes its copies (NULL: off) */
+    struct ChunkKv *ckv;
+    struct Engine *ckv_helper;
+    struct ChunkKvStats ckv_last;   /* the store's figures at the last update of the stats */
 };
 
 /* The answer tokens' signals as they are generated (struct of arrays, grown by doubling). */

@@ -280,7 +280,9 @@ void workers_dispatch(struct Broker *b)
             }
         struct WireGround wg = { .doc_spans = spans, .n_spans = r->ctx->n_cites,
                                  .watch = b->o.watch, .n_watch = b->o.n_watch,
-                                 .self_check = b->cfg->grounding_self_check != 0 };
+                                 .self_check = b->cfg->grounding_self_check != 0,
+                                 .docs = { (uint32_t)r->ctx->documents.start,
+                                           (uint32_t)r->ctx->documents.end } };
         /* context reliance: the same prompt without its documents (frame, question, turn) */
         const struct Context *cx = r->ctx;
         int32_t *bare = NULL;

@@ -1,5 +1,6 @@
 """Helpers for the diffragd end-to-end tests: tiny models, a daemon on loopback, a client."""
 import http.client
+import json
 import os
 import pathlib
 import signal
@@ -11,6 +12,7 @@ import urllib.error
 import urllib.request
 
 import msgpack
+import pytest
 import zmq
 
 from conftest import BUILD, ROOT, asan_built
@@ -272,6 +274,25 @@ class Daemon:
             self.ctx.term()
         if not self.log.closed:
             self.log.close()
+
+
+def squad_article(squad_dir, nth=0):
+    """The nth SQuAD article (file order) with at least 4 paragraphs and 2 answerable
+    questions: its first 6 paragraphs and the first two of those questions."""
+    passages = [json.loads(l) for l in open(squad_dir / "passages.jsonl")]
+    questions = [json.loads(l) for l in open(squad_dir / "questions.jsonl")]
+    by_title = {}
+    for p in passages:
+        by_title.setdefault(p["title"], []).append(p)
+    seen = 0
+    for ps in by_title.values():
+        ids = {p["id"] for p in ps}
+        qs = [q for q in questions if q["gold_passage_id"] in ids and not q["is_impossible"]]
+        if len(ps) >= 4 and len(qs) >= 2:
+            if seen == nth:
+                return ps[:6], [qs[0]["question"], qs[1]["question"]]
+            seen += 1
+    pytest.fail("no SQuAD article %d with 4 paragraphs and 2 answerable questions" % nth)
 
 
 def query(question, docs=None, **kw):

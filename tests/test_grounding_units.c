@@ -501,6 +501,29 @@ static void test_wire_signals(void)
     wire_job_encode(&w, toks, 6, 8, 0, 1, 0, NULL, NULL, 0, 0, &g);
     CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) != 0 &&
           strstr(err, "span"), "span past the prompt: %s", err);
+    /* the documents' range (chunk KV reuse) crosses; spans outside it, or out of order, and a
+     * range past the prompt are refused */
+    g = (struct WireGround){ .doc_spans = spans, .n_spans = 2, .docs = { 1, 6 } };
+    mpw_reset(&w);
+    wire_job_encode(&w, toks, 6, 8, 0, 1, 0, NULL, NULL, 0, 0, &g);
+    CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) == 0 && j.docs[0] == 1 &&
+          j.docs[1] == 6, "documents range: %s", err);
+    wire_job_free(&j);
+    uint32_t docs_bad[][2] = { { 2, 6 }, { 1, 5 }, { 0, 7 } };
+    for (int i = 0; i < 3; i++) {
+        g = (struct WireGround){ .doc_spans = spans, .n_spans = 2,
+                                 .docs = { docs_bad[i][0], docs_bad[i][1] } };
+        mpw_reset(&w);
+        wire_job_encode(&w, toks, 6, 8, 0, 1, 0, NULL, NULL, 0, 0, &g);
+        CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) != 0,
+              "documents %u..%u refused", docs_bad[i][0], docs_bad[i][1]);
+    }
+    uint32_t swapped[4] = { 4, 6, 1, 3 };
+    g = (struct WireGround){ .doc_spans = swapped, .n_spans = 2, .docs = { 1, 6 } };
+    mpw_reset(&w);
+    wire_job_encode(&w, toks, 6, 8, 0, 1, 0, NULL, NULL, 0, 0, &g);
+    CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) != 0 &&
+          strstr(err, "order"), "spans out of order: %s", err);
 
     /* "añb.": tokens "a", "ñ", "b." */
     float vals[WS_N_FLOAT][3];

@@ -5,24 +5,7 @@ answer, citation and groundedness figure equals that of a daemon with the cache 
 counts the reused tokens and the pool is back at idle afterwards."""
 import json
 
-import pytest
-
-from daemon_util import Daemon, query
-
-
-def article(squad_dir):
-    passages = [json.loads(l) for l in open(squad_dir / "passages.jsonl")]
-    questions = [json.loads(l) for l in open(squad_dir / "questions.jsonl")]
-    by_title = {}
-    for p in passages:
-        by_title.setdefault(p["title"], []).append(p)
-    # the first article (in file order) with at least 4 paragraphs and 2 answerable questions
-    for title, ps in by_title.items():
-        ids = {p["id"] for p in ps}
-        qs = [q for q in questions if q["gold_passage_id"] in ids and not q["is_impossible"]]
-        if len(ps) >= 4 and len(qs) >= 2:
-            return ps[:6], [qs[0]["question"], qs[1]["question"]]
-    pytest.fail("no SQuAD article with 4 paragraphs and 2 answerable questions")
+from daemon_util import Daemon, query, squad_article
 
 
 def ask(d, docs, questions):
@@ -37,7 +20,7 @@ def ask(d, docs, questions):
 
 
 def test_cached_answers_equal_cold_answers(tmp_path, default_model, squad_dir):
-    paras, (q1, q2) = article(squad_dir)
+    paras, (q1, q2) = squad_article(squad_dir)
     docs = [{"id": p["id"], "title": p["title"], "text": p["text"]} for p in paras]
     questions = [q1, q2, q1]
     runs = {}
@@ -86,7 +69,7 @@ def test_cli_order_document_shares_the_prefix(tmp_path, default_model, squad_dir
     import subprocess
 
     from conftest import BUILD, ROOT
-    paras, (q1, q2) = article(squad_dir)
+    paras, (q1, q2) = squad_article(squad_dir)
     files = []
     for i, p in enumerate(paras[:3]):
         f = tmp_path / ("p%d.txt" % i)
