@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/stats.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/dequant.h"
 #include "kernels/f16.h"
@@ -47,18 +48,6 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(bench_clock, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* --- the FMA ceiling --- */

@@ -29,6 +29,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/stats.h"
 #include "model/chunkkv.h"
 #include "model/engine.h"
 #include "model/model.h"
@@ -205,18 +206,6 @@ static double kl_logits(const float *p, const float *q, int n)
         kl += exp(lp) * (lp - lq);
     }
     return kl > 0 ? kl : 0;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* The greedy answer after the prompt the context holds (its last logits current); returns its

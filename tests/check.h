@@ -8,6 +8,7 @@
 #ifndef DIFFRAG_TESTS_CHECK_H
 #define DIFFRAG_TESTS_CHECK_H
 
+#include <math.h>
 #include <stdio.h>
 
 static int check_count __attribute__((unused));
@@ -30,6 +31,19 @@ static inline int check_report(const char *name)
     printf("%s: %d checks, %d failed\n", name, check_count, check_failures);
     fflush(stdout);
     return check_failures ? 1 : 0;
+}
+
+/* max |a - b| / max |b| over n values (max |a - b| when b is all zero): the relative error
+ * the engine checks state their tolerances in. */
+static inline double check_rel_diff(const float *a, const float *b, int n)
+{
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        num = d > num ? d : num;
+        den = fabs(b[i]) > den ? fabs(b[i]) : den;
+    }
+    return den > 0 ? num / den : num;
 }
 
 #endif

@@ -26,17 +26,6 @@
 enum { N_FRAME = 37, N_Q = 19, N_CHUNKS = 3 };
 static const int CHUNK_LEN[N_CHUNKS] = {150, 97, 70};
 
-static double rel_diff(const float *a, const float *b, int n)
-{
-    double num = 0, den = 0;
-    for (int i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
-        num = d > num ? d : num;
-        den = fabs(b[i]) > den ? fabs(b[i]) : den;
-    }
-    return den > 0 ? num / den : num;
-}
-
 static uint32_t rng = 12345;
 static int32_t rand_tok(int vocab)
 {
@@ -208,7 +197,7 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
 
     struct EngineBlendStats st;
     CHECK(blend_logits(bl, frame, parts, N_CHUNKS, 1.0, q, got, &st) == 0, "%s", name);
-    double d1 = rel_diff(got, want, V);
+    double d1 = check_rel_diff(got, want, V);
     printf("%s: share 1, chunks moved: logits within %.2e of the full prefill (%s)\n", name, d1,
            memcmp(got, want, sizeof(float) * V) ? "not bit for bit" : "bit for bit");
     CHECK(d1 <= 1e-4, "%s", name);
@@ -219,7 +208,7 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
     for (int j = 0; j < N_CHUNKS; j++)
         bare[j] = (struct EngineKvPart){parts[j].tokens, parts[j].n, NULL, 0, 0};
     CHECK(blend_logits(bl, frame, bare, N_CHUNKS, 0.0, q, got, &st) == 0, "%s", name);
-    double d2 = rel_diff(got, want, V);
+    double d2 = check_rel_diff(got, want, V);
     printf("%s: parts without KV at share 0: within %.2e of the full prefill\n", name, d2);
     CHECK(d2 <= 1e-4 && st.forced == 317 && st.recomputed == 317, "%s", name);
 
@@ -235,7 +224,7 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
     memcpy(want, engine_logits(src), sizeof(float) * V);
     struct EngineKvPart p0 = {chunks[0], CHUNK_LEN[0], kvs[0], 0, N_FRAME};
     CHECK(blend_logits(bl, frame, &p0, 1, 0.0, q, got, &st) == 0, "%s", name);
-    double d3 = rel_diff(got, want, V);
+    double d3 = check_rel_diff(got, want, V);
     printf("%s: share 0, one chunk: within %.2e of the prefix-cached prefill (%d positions "
            "cached; %s)\n", name, d3, cached,
            memcmp(got, want, sizeof(float) * V) ? "not bit for bit" : "bit for bit");
@@ -251,7 +240,7 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
     memcpy(want, engine_logits(src), sizeof(float) * V);
     struct EngineKvPart pre = {chunks[0], np0, kvs[0], CHUNK_LEN[0], N_FRAME};
     CHECK(blend_logits(bl, frame, &pre, 1, 0.0, q, got, &st) == 0, "%s", name);
-    double d5 = rel_diff(got, want, V);
+    double d5 = check_rel_diff(got, want, V);
     printf("%s: share 0, the first %d tokens of a stored chunk: within %.2e of the prefix-cached "
            "prefill\n", name, np0, d5);
     CHECK(d5 <= 1e-4 && st.reused == np0, "%s", name);
@@ -260,7 +249,7 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
     CHECK(blend_logits(bl, frame, parts, N_CHUNKS, 0.15, q, got, &st) == 0, "%s", name);
     int fin = 1;
     for (int i = 0; i < V; i++) fin &= isfinite(got[i]);
-    double d4 = rel_diff(got, want, V);
+    double d4 = check_rel_diff(got, want, V);
     (void)d4;
     printf("%s: share 0.15: %d recomputed, %d reused\n", name, st.recomputed, st.reused);
     CHECK(fin && st.recomputed == (int)ceil(0.15 * 317) && st.reused == 317 - st.recomputed,
@@ -385,7 +374,7 @@ static void check_store(const struct Model *m)
             CHECK(rc == 0, "%s: %s", name, err);
             CHECK(prefill(e, prompt + docs_end, n - docs_end) == 0, "%s", name);
             memcpy(got, engine_logits(e), sizeof(float) * V);
-            double d = rel_diff(got, want, V);
+            double d = check_rel_diff(got, want, V);
             struct ChunkKvStats st;
             chunkkv_stats(c, &st);
             printf("%s, budget %s, round %d: %d chunks, %d made; logits within %.2e of the full "

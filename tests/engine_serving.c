@@ -18,17 +18,6 @@
 
 enum { N_BASE = 1000, ANSWER = 12 };
 
-static double rel_diff(const float *a, const float *b, int n)
-{
-    double num = 0, den = 0;
-    for (int i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
-        num = d > num ? d : num;
-        den = fabs(b[i]) > den ? fabs(b[i]) : den;
-    }
-    return den > 0 ? num / den : num;
-}
-
 struct Run {
     float *logits;
     struct AttnMass mass[ENGINE_MAX_WATCH];
@@ -133,7 +122,7 @@ static void compare_prompts(struct Model *m, enum KvType kv)
         }
         CHECK(a.cached == cases[c].want_cached && b.cached == 0, "%s kv %s: cached %d (want %d), "
               "cold %d", cases[c].what, kv_name(kv), a.cached, cases[c].want_cached, b.cached);
-        double d = rel_diff(a.logits, b.logits, V);
+        double d = check_rel_diff(a.logits, b.logits, V);
         worst = d > worst ? d : worst;
         if (memcmp(a.logits, b.logits, (size_t)V * sizeof(float))) bitwise = 0;
         CHECK(d <= 1e-5, "%s kv %s: logits differ by %.3g relative", cases[c].what, kv_name(kv), d);

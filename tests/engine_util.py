@@ -55,6 +55,21 @@ def last_logits(model, tokens, tmp_path, *args, name="logits.bin", env=F32_PRODU
     return np.fromfile(out, dtype="<f4")
 
 
+def run_check_binary(binary, model, gemm=None, timeout=600):
+    """Run a C check binary (build/tests/engine_*) on a model; gemm sets DIFFRAG_GEMM (None: the
+    default products, whatever the caller's environment says). Prints its stdout, asserts it
+    exited 0 and returns the stdout."""
+    env = dict(os.environ)
+    env.pop("DIFFRAG_GEMM", None)
+    if gemm:
+        env["DIFFRAG_GEMM"] = gemm
+    r = subprocess.run([str(binary), str(model)], capture_output=True, text=True,
+                       timeout=timeout, env=env)
+    print(r.stdout)
+    assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r.stdout
+
+
 def rel_err(a, b):
     """max |a - b| / max |b|: the relative error the tolerances are stated in."""
     a = np.asarray(a, dtype=np.float64)

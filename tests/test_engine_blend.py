@@ -4,13 +4,10 @@ at 0, on a one-chunk prompt, they equal the prefix-cached prefill's; a chunk's K
 position p and moved to q equals the KV computed at q within f16 rounding, for both RoPE
 layouts and with YaRN; every KV type; the default and the f32 prefill products.
 build/tests/engine_blend does the checks; this runs it per model and product path."""
-import os
-import subprocess
-
 import pytest
 
 from conftest import BUILD, ROOT
-from engine_util import gen_tiny
+from engine_util import gen_tiny, run_check_binary
 
 BIN = BUILD / "tests" / "engine_blend"
 SMOL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -32,17 +29,11 @@ FORMS = {
 
 
 def check(model, gemm):
-    env = dict(os.environ)
-    env.pop("DIFFRAG_GEMM", None)
-    if gemm:
-        env["DIFFRAG_GEMM"] = gemm
-    r = subprocess.run([str(BIN), str(model)], capture_output=True, text=True, timeout=600, env=env)
-    print(r.stdout)
-    assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    assert "0 failed" in r.stdout and "chunk KV reuse against full prefills" in r.stdout
+    out = run_check_binary(BIN, model, gemm)
+    assert "0 failed" in out and "chunk KV reuse against full prefills" in out
     for kv in ("f16", "f32"):
-        assert f"{kv}: share 1, chunks moved" in r.stdout
-        assert f"{kv}: KV moved 5 -> 3000" in r.stdout
+        assert f"{kv}: share 1, chunks moved" in out
+        assert f"{kv}: KV moved 5 -> 3000" in out
 
 
 @pytest.mark.parametrize("gemm", [None, "native"], ids=["default-products", "f32-products"])

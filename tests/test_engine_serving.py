@@ -7,13 +7,10 @@ returns to idle. Batches: 16 sequences of different prompts, their prefills cut 
 with the others' decode tokens, give every logit bit for bit as each sequence alone, and the
 same greedy answers. build/tests/engine_serving does the checks; this runs it per model and
 product path."""
-import os
-import subprocess
-
 import pytest
 
 from conftest import BUILD, ROOT
-from engine_util import gen_tiny
+from engine_util import gen_tiny, run_check_binary
 
 BIN = BUILD / "tests" / "engine_serving"
 SMOL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -29,15 +26,9 @@ FORMS = {
 
 
 def check(model, gemm):
-    env = dict(os.environ)
-    env.pop("DIFFRAG_GEMM", None)
-    if gemm:
-        env["DIFFRAG_GEMM"] = gemm
-    r = subprocess.run([str(BIN), str(model)], capture_output=True, text=True, timeout=600, env=env)
-    print(r.stdout)
-    assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    assert "0 failed" in r.stdout and "cached and cold prefills" in r.stdout
-    assert "batched and alone" in r.stdout
+    out = run_check_binary(BIN, model, gemm)
+    assert "0 failed" in out and "cached and cold prefills" in out
+    assert "batched and alone" in out
 
 
 @pytest.mark.parametrize("gemm", [None, "native"], ids=["default-products", "f32-products"])
