@@ -170,6 +170,10 @@ static const struct Key keys[] = {
       "the exact prefill's result" },
     { "kv_reuse_bytes", K_SIZE, F(kv_reuse_bytes), "1GiB", 1048576, 1e15, 0,
       "memory each worker's chunk KV store may take (least recently used chunks go first)" },
+    { "kv_reuse_store_bytes", K_SIZE, F(kv_reuse_store_bytes), "4GiB", 0, 1e15, 0,
+      "with kv_reuse, the chunk KV records the document store keeps beside stored chunks for the "
+      "daemon's own workers, across restarts (least recently used go first); 0: none, each "
+      "worker keeps its copies in memory only" },
     { "max_depth", K_LONG, F(max_depth), "16", 2, 64, 1,
       "deepest msgpack nesting accepted in a request" },
     { "max_stop", K_LONG, F(max_stop), "8", 0, 64, 1,

@@ -53,6 +53,7 @@ struct Config {
     long kv_reuse;                               /* 1: blend documents from chunk KV */
     double kv_reuse_recompute;                   /* share of their tokens recomputed */
     size_t kv_reuse_bytes;                       /* each worker's chunk KV store */
+    size_t kv_reuse_store_bytes;                 /* chunk KV records in the document store */
     long max_depth;
     long max_stop;
     double drain_timeout;

@@ -542,8 +542,8 @@ static int start_kv_pool(const struct Model *m, const struct Config *c, int n,
 static struct WorkerStats worker_stats;
 
 static int start_workers(void *zctx, struct Model *m, const struct Config *c, int n,
-                         const char *endpoint, const char *const curve[3], struct Worker **workers,
-                         enum EngineDevice *device, struct KvPool **pool)
+                         const char *endpoint, const char *const curve[3], struct Store *store,
+                         struct Worker **workers, enum EngineDevice *device, struct KvPool **pool)
 {
     struct WorkerOpts wo;
     memset(&wo, 0, sizeof wo);
@@ -585,6 +585,8 @@ static int start_workers(void *zctx, struct Model *m, const struct Config *c, in
     wo.kv_reuse = (int)c->kv_reuse;
     wo.kv_reuse_recompute = c->kv_reuse_recompute;
     wo.kv_reuse_bytes = c->kv_reuse_bytes;
+    wo.kv_store = c->kv_reuse_store_bytes ? store : NULL;
+    wo.kv_store_bytes = c->kv_reuse_store_bytes;
     if (device)
         *device = dev;
     dlog(LL_INFO, "msg=\"compute device\" setting=%s device=%s note=\"%s\"", c->device,
@@ -651,8 +653,8 @@ static int run_worker_mode(struct Config *c)
     if (zctx && config_endpoint_ipv6(c->connect))
         zmq_ctx_set(zctx, ZMQ_IPV6, 1);
     struct KvPool *pool = NULL;
-    int rc = start_workers(zctx, m, c, n, c->connect, c->curve_server_key[0] ? curve : NULL, workers,
-                           NULL, &pool);
+    int rc = start_workers(zctx, m, c, n, c->connect, c->curve_server_key[0] ? curve : NULL, NULL,
+                           workers, NULL, &pool);
     memset(secret, 0, sizeof secret);
     block_signals(0);
     if (rc == 0) {
@@ -832,8 +834,8 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         goto out;
     }
     if (prep_start(zctx, BROKER_PREP_INPROC, (int)c->io_threads, &shared, &prep, err, sizeof err) ||
-        start_workers(zctx, m, c, n_workers, BROKER_WORKERS_INPROC, NULL, workers, &device,
-                      &kv_pool)) {
+        start_workers(zctx, m, c, n_workers, BROKER_WORKERS_INPROC, NULL, store, workers,
+                      &device, &kv_pool)) {
         if (prep)
             dlog(LL_ERROR, "msg=\"start-up failed\"");
         else

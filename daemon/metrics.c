@@ -585,6 +585,26 @@ char *metrics_render(struct Metrics *m, size_t *len)
         head(f, "diffrag_kv_reuse_store_chunks", "gauge", "Chunks the workers' chunk KV stores hold.");
         fprintf(f, "diffrag_kv_reuse_store_chunks %llu\n",
                 (unsigned long long)atomic_load(&ws->kv_store_chunks));
+        head(f, "diffrag_kv_reuse_records_total", "counter",
+             "Chunk KV records of the document store (kv_reuse_store_bytes): copies taken from "
+             "them (loaded), records written, reads and writes that failed (error).");
+        fprintf(f, "diffrag_kv_reuse_records_total{op=\"loaded\"} %llu\n",
+                (unsigned long long)atomic_load(&ws->kv_loaded));
+        fprintf(f, "diffrag_kv_reuse_records_total{op=\"written\"} %llu\n",
+                (unsigned long long)atomic_load(&ws->kv_written));
+        fprintf(f, "diffrag_kv_reuse_records_total{op=\"error\"} %llu\n",
+                (unsigned long long)atomic_load(&ws->kv_store_errors));
+        uint64_t kv_bytes = 0, kv_records = 0;
+        struct StoreReader *rd = NULL;
+        if (m->store && !store_read_begin(m->store, &rd, NULL, 0)) {
+            store_kv_usage(rd, &kv_bytes, &kv_records, NULL, 0);
+            store_read_end(&rd);
+        }
+        head(f, "diffrag_kv_reuse_records_bytes", "gauge",
+             "Bytes of the chunk KV records the document store holds.");
+        fprintf(f, "diffrag_kv_reuse_records_bytes %llu\n", (unsigned long long)kv_bytes);
+        head(f, "diffrag_kv_reuse_records", "gauge", "Chunk KV records the document store holds.");
+        fprintf(f, "diffrag_kv_reuse_records %llu\n", (unsigned long long)kv_records);
     }
     head(f, "diffrag_store_damaged", "gauge",
          "1 when the store was found damaged and is served read-only, else 0.");

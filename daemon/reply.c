@@ -280,11 +280,12 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
     }
     put_read(w, &r->read, ctx);
     mpw_cstr(w, "usage");
-    mpw_map(w, 4);
+    mpw_map(w, 5);
     mpw_kv_uint(w, "prompt_tokens", ctx->n_tokens);
     mpw_kv_uint(w, "context_tokens", context_tokens);
     mpw_kv_uint(w, "completion_tokens", (uint64_t)res->completion_tokens);
     mpw_kv_uint(w, "cached_tokens", (uint64_t)res->cached_tokens);
+    mpw_kv_uint(w, "reused_tokens", (uint64_t)res->reused_tokens);
     mpw_cstr(w, "timings");
     mpw_map(w, 6);
     mpw_kv_double(w, "queue_ms", queue_ms);
@@ -317,13 +318,15 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
     char extra[1024], f_score[32], f_lb[32], f_uns[32], f_mlp[32], f_minlp[32];
     snprintf(extra, sizeof extra,
              "finish=%s queue_ms=%.3f retrieve_ms=%.3f prefill_ms=%.3f ttft_ms=%.3f decode_ms=%.3f "
-             "prompt_tokens=%zu cached_tokens=%lld context_tokens=%zu completion_tokens=%lld "
+             "prompt_tokens=%zu cached_tokens=%lld reused_tokens=%lld context_tokens=%zu "
+             "completion_tokens=%lld "
              "doc_tokens=%lld placed_tokens=%zu chunks_left_out=%zu whole=%s "
              "retried=%d detector=%s "
              "score=%s flagged=%s abstained=%s lookback_ratio=%s unsupported_token_ratio=%s "
              "mean_logprob=%s min_logprob=%s answer_tokens=%zu flagged_tokens=%zu",
              wire_finish_name(res->finish), queue_ms, r->retrieve_ms, res->prefill_ms, ttft,
-             res->decode_ms, ctx->n_tokens, (long long)res->cached_tokens, context_tokens,
+             res->decode_ms, ctx->n_tokens, (long long)res->cached_tokens,
+             (long long)res->reused_tokens, context_tokens,
              (long long)res->completion_tokens, r->read.doc_tokens, r->read.placed_tokens,
              r->read.chunks_matched - r->read.chunks_placed, r->read.whole ? "true" : "false",
              r->retried, b->o.calibration ? b->o.calibration->name : "none",

@@ -21,6 +21,8 @@
 #include "daemon/fault.h"
 #include "daemon/log.h"
 #include "daemon/zutil.h"
+#include "retriever/status.h"
+#include "retriever/store.h"
 
 struct Seq {
     struct WireJob job;
@@ -37,6 +39,7 @@ struct Seq {
     int cancelled, reason;
     int cached;
     int no_blend;               /* a blend failed: the prompt is prefilled as it is */
+    int reused;                 /* document tokens whose stored KV stayed in the last blend */
     double t_prefilled;
     uint64_t order;
 };
@@ -136,7 +139,8 @@ static void seq_finish(struct Worker *w, void *pair, struct Seq *q, int cancelle
 {
     struct GenResult g;
     struct WireResult r = { .job = q->job.job, .prompt_tokens = (int64_t)q->job.n_tokens,
-                            .cached_tokens = q->cached > 0 ? q->cached : 0, .has_signals = 1 };
+                            .cached_tokens = q->cached > 0 ? q->cached : 0,
+                            .reused_tokens = q->reused, .has_signals = 1 };
     double now = zu_now_ms();
     if (gen_end(&q->gen, cancelled, &g) || q->rc.sig.oom) {
         worker_send_error(pair, q->job.job, "internal", "out of memory for the answer");
@@ -318,6 +322,113 @@ static void stats_blend(struct Worker *w, const struct ChunkKvBlend *b)
     w->ckv_last = now;
 }
 
+/* ---- the document store's chunk KV records (docs/kv-reuse.md) ----
+ * Before a blend, each stored chunk of the prompt whose copy the chunk store lacks is looked
+ * up among the records; after it, the copies it made are written as records, and the use of
+ * those it found renewed, in one transaction. A record that does not match (another frame,
+ * tokens or encoding) or cannot be read is passed over: the blend makes the copy. */
+
+/* The record name of span i of q, or 0 when it is not a stored chunk. */
+static int span_ref(const struct Worker *w, const struct Seq *q, size_t i, struct StoreKvRef *ref)
+{
+    const uint32_t *r = q->job.chunk_refs;
+    if (!w->o.kv_store || !r || r[2 * i] == 0 ||
+        q->job.doc_spans[2 * i + 1] == q->job.doc_spans[2 * i])
+        return 0;
+    const int32_t *t = q->hist + q->job.doc_spans[2 * i];
+    int n = (int)(q->job.doc_spans[2 * i + 1] - q->job.doc_spans[2 * i]);
+    ref->coll = r[2 * i];
+    ref->chunk = r[2 * i + 1];
+    ref->key = w->kv_identity ^ chunkkv_key(q->hist, (int)q->job.docs[0], t, n);
+    return 1;
+}
+
+/* Brings the records of q's stored chunks into the chunk store; to_write[i] = 1 for those
+ * that have none (their copies, once the blend made them, are written). */
+static void records_load(struct Worker *w, struct Seq *q, unsigned char *to_write)
+{
+    struct StoreReader *rd = NULL;
+    char err[256];
+    struct WorkerStats *st = w->o.stats;
+    for (size_t i = 0; i < q->job.n_spans; i++) {
+        struct StoreKvRef ref;
+        to_write[i] = 0;
+        if (!span_ref(w, q, i, &ref))
+            continue;
+        const int32_t *t = q->hist + q->job.doc_spans[2 * i];
+        int n = (int)(q->job.doc_spans[2 * i + 1] - q->job.doc_spans[2 * i]);
+        if (chunkkv_has(w->ckv, q->hist, (int)q->job.docs[0], t, n))
+            continue;
+        if (!rd && store_read_begin(w->o.kv_store, &rd, err, sizeof err)) {
+            dlog(LL_WARN, "msg=\"cannot read chunk KV records\" worker=%d error=\"%s\"",
+                 w->o.index, err);
+            if (st) atomic_fetch_add(&st->kv_store_errors, 1);
+            return;
+        }
+        const void *data;
+        size_t len;
+        int rc = store_kv_get(rd, &ref, &data, &len, err, sizeof err);
+        to_write[i] = 1;
+        if (rc == RET_ENOTFOUND)
+            continue;
+        if (rc == RET_OK && chunkkv_insert(w->ckv, w->e, q->hist, (int)q->job.docs[0], t, n,
+                                           data, len, err, sizeof err) == ENGINE_OK) {
+            to_write[i] = 0;
+            if (st) atomic_fetch_add(&st->kv_loaded, 1);
+            continue;
+        }
+        dlog(LL_WARN, "msg=\"a chunk KV record was passed over\" worker=%d chunk=%u "
+             "error=\"%s\"", w->o.index, ref.chunk, err);
+        if (st) atomic_fetch_add(&st->kv_store_errors, 1);
+    }
+    store_read_end(&rd);
+}
+
+/* Writes the copies made for spans marked in to_write, and renews the use of the others. */
+static void records_save(struct Worker *w, struct Seq *q, const unsigned char *to_write)
+{
+    size_t n_spans = q->job.n_spans, n_put = 0, n_touch = 0;
+    struct StoreKvPut *puts = calloc(n_spans + 1, sizeof *puts);
+    struct StoreKvRef *touch = calloc(n_spans + 1, sizeof *touch);
+    struct ChunkKvRecord *recs = calloc(n_spans + 1, sizeof *recs);
+    char err[256];
+    struct WorkerStats *st = w->o.stats;
+    if (!puts || !touch || !recs) {
+        dlog(LL_WARN, "msg=\"out of memory writing chunk KV records\" worker=%d", w->o.index);
+        if (st) atomic_fetch_add(&st->kv_store_errors, 1);
+        free(puts);
+        free(touch);
+        free(recs);
+        return;
+    }
+    for (size_t i = 0; i < n_spans; i++) {
+        struct StoreKvRef ref;
+        if (!span_ref(w, q, i, &ref))
+            continue;
+        const int32_t *t = q->hist + q->job.doc_spans[2 * i];
+        int n = (int)(q->job.doc_spans[2 * i + 1] - q->job.doc_spans[2 * i]);
+        if (!to_write[i]) {
+            touch[n_touch++] = ref;
+        } else if (chunkkv_record(w->ckv, q->hist, (int)q->job.docs[0], t, n, &recs[n_put])) {
+            puts[n_put] = (struct StoreKvPut){ ref, recs[n_put].parts, recs[n_put].lens, 3 };
+            n_put++;
+        }
+    }
+    struct StoreKvReport rep;
+    if ((n_put || n_touch) &&
+        store_kv_write(w->o.kv_store, puts, n_put, touch, n_touch, w->o.kv_store_bytes, &rep,
+                       err, sizeof err)) {
+        dlog(LL_WARN, "msg=\"cannot write chunk KV records\" worker=%d error=\"%s\"", w->o.index,
+             err);
+        if (st) atomic_fetch_add(&st->kv_store_errors, 1);
+    } else if (n_put && st) {
+        atomic_fetch_add(&st->kv_written, rep.written);
+    }
+    free(puts);
+    free(touch);
+    free(recs);
+}
+
 /* The blend of a sequence that has just started (holding its cached prefix): the rest of the
  * frame prefilled, the documents blended; done then ends them. A failure is logged and the
  * sequence starts over on the exact path (its pages back, no blend). */
@@ -326,6 +437,10 @@ static void seq_blend(struct Worker *w, struct Seq *q)
     char err[256];
     struct ChunkKvBlend b;
     double t0 = zu_now_ms();
+    unsigned char *to_write = w->o.kv_store && q->job.chunk_refs ? calloc(q->job.n_spans + 1, 1)
+                                                                 : NULL;
+    if (to_write)
+        records_load(w, q, to_write);
     int rc = chunkkv_blend(w->ckv, q->e, w->ckv_helper, q->hist, (int)q->job.docs[0],
                            (int)q->job.docs[1], q->job.doc_spans, (int)q->job.n_spans,
                            w->o.kv_reuse_recompute, &b, err, sizeof err);
@@ -334,12 +449,18 @@ static void seq_blend(struct Worker *w, struct Seq *q)
              "job=%llu error=\"%s\"", w->o.index, (unsigned long long)q->job.job, err);
         engine_reset(q->e);
         q->no_blend = 1;
+        q->reused = 0;
         q->done = engine_take_cached(q->e, q->hist, q->n_prompt);
         stats_blend(w, &(struct ChunkKvBlend){0});
+        free(to_write);
         return;
     }
     q->done = q->job.docs[1];
+    q->reused = b.reused;
     stats_blend(w, &b);
+    if (to_write)
+        records_save(w, q, to_write);
+    free(to_write);
     dlog(LL_DEBUG, "msg=\"documents blended\" worker=%d job=%llu chunks=%d made=%d reused=%d "
          "recomputed=%d ms=%.1f", w->o.index, (unsigned long long)q->job.job, b.chunks,
          b.computed, b.reused, b.recomputed, zu_now_ms() - t0);

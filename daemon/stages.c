@@ -118,6 +118,7 @@ struct Cand {
     const char *text; size_t text_len;
     double score;              /* its best chunk's; 0 when the search found none */
     size_t order;              /* inline: request order, then stored documents */
+    uint64_t ref;              /* stored: collection id << 32 | first chunk id; inline: 0 */
 };
 
 struct Cands {
@@ -144,7 +145,7 @@ static int cands_add(struct Cands *c, const char *id, size_t id_len, const char 
         c->v = v;
         c->cap = cap;
     }
-    c->v[c->n] = (struct Cand){ id, id_len, title, title_len, text, text_len, 0.0, c->n };
+    c->v[c->n] = (struct Cand){ id, id_len, title, title_len, text, text_len, 0.0, c->n, 0 };
     c->n++;
     return RET_OK;
 }
@@ -160,7 +161,7 @@ static int by_cand_id(const void *a, const void *b)
 /* The stored documents a query reads: those ids names, else those with a hit (first hit
  * first), until their text passes max_bytes (then c->counted is cleared). */
 static int cands_from_store(struct Cands *c, struct StoreReader *rd, const char *coll,
-                            const struct RequestParams *p, const struct SearchHit *hits,
+                            uint32_t coll_id, const struct RequestParams *p, const struct SearchHit *hits,
                             size_t n_hits, size_t max_bytes, char *err, size_t errlen)
 {
     size_t n = p->n_ids ? p->n_ids : n_hits, first = c->n;
@@ -187,6 +188,7 @@ static int cands_from_store(struct Cands *c, struct StoreReader *rd, const char 
             return st;
         }
         c->store_bytes += dv.text_len;
+        c->v[c->n - 1].ref = (uint64_t)coll_id << 32 | dv.first_chunk;
     }
     if (!p->n_ids) {
         /* found by the search: in id order, so the layout does not depend on the question */
@@ -239,7 +241,7 @@ static int place_whole(const struct PrepShared *sh, struct Request *r, struct Ca
     for (size_t i = 0; i < c->n; i++)
         whole[i] = (struct CtxChunk){ c->v[i].id, c->v[i].id_len, c->v[i].title, c->v[i].title_len,
                                       c->v[i].text, c->v[i].text_len, 0, 0, c->v[i].text_len,
-                                      c->v[i].score, 1 };
+                                      c->v[i].score, 1, c->v[i].ref };
     /* document order is the candidates' own; nearest lays them out best last */
     struct CtxOptions co = { .budget = budget, .no_truncate = 1,
                              .order = p->order == CTX_ORDER_NEAREST ? CTX_ORDER_NEAREST
@@ -298,6 +300,7 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
     const char **ids = NULL;
     size_t *id_lens = NULL;
     size_t n_hits = 0, n_inline = 0;
+    uint32_t coll_id = 0;
     size_t max_bytes = (size_t)p->max_context_tokens * COUNT_BYTES_PER_TOKEN;
     char coll[INDEX_MAX_COLLECTION_BYTES + 1];
     int st;
@@ -350,12 +353,18 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
             so.n_doc_ids = p->n_ids;
         }
         size_t n = 0;
+        struct StoreCollStats cs = {0};
         st = store_read_begin(sh->store, &rd, err, sizeof err);
         if (!st)
             st = store_search(rd, coll, search, search_len, &so, hits + n_hits, k, &n, NULL, err,
                               sizeof err);
         if (!st)
-            st = cands_from_store(&cands, rd, coll, p, hits + n_hits, n, max_bytes, err, sizeof err);
+            st = store_collection_stats(rd, coll, &cs, err, sizeof err);
+        if (!st)
+            st = cands_from_store(&cands, rd, coll, cs.id, p, hits + n_hits, n, max_bytes, err,
+                                  sizeof err);
+        /* the stored chunks' names, for the worker's chunk KV records (docs/kv-reuse.md) */
+        coll_id = cs.id;
         if (st) {
             fail(sh, r, st, err);
             goto done;
@@ -379,8 +388,11 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
     rs->documents = cands.n;
     rs->doc_tokens = cands.counted ? (long long)cands.tokens : -1;
     /* Inline and stored hits come from two indexes: BM25 scores of one query, merged by score. */
-    for (size_t i = 0; i < n_hits; i++)
+    for (size_t i = 0; i < n_hits; i++) {
         hit_to_chunk(&hits[i], &chunks[i]);
+        if (i >= n_inline && coll_id)
+            chunks[i].ref = (uint64_t)coll_id << 32 | hits[i].chunk_id;
+    }
     if (p->n_docs && p->collection.len)
         qsort(chunks, n_hits, sizeof *chunks, by_score);
     size_t n_found = n_hits;

@@ -172,8 +172,9 @@ void wire_job_encode(struct MpWriter *w, const int32_t *tokens, size_t n_tokens,
                      const struct WireGround *g)
 {
     int watch = g && g->watch, check = g && g->self_check, bare = g && g->bare && g->n_bare;
-    int docs = g && g->docs[1] > g->docs[0];
-    mpw_map(w, 8 + (watch ? 1 : 0) + (check ? 1 : 0) + (bare ? 1 : 0) + (docs ? 1 : 0));
+    int docs = g && g->docs[1] > g->docs[0], refs = g && g->chunk_refs && g->n_spans;
+    mpw_map(w, 8 + (watch ? 1 : 0) + (check ? 1 : 0) + (bare ? 1 : 0) + (docs ? 1 : 0) +
+                   (refs ? 1 : 0));
     /* int32 little-endian: the x86/arm in-memory layout, converted where it is not */
     mpw_cstr(w, "tokens");
     put_words_bin(w, tokens, n_tokens);
@@ -202,6 +203,10 @@ void wire_job_encode(struct MpWriter *w, const int32_t *tokens, size_t n_tokens,
         mpw_cstr(w, "docs");
         put_words_bin(w, g->docs, 2);
     }
+    if (refs) {
+        mpw_cstr(w, "chunk_refs");
+        put_words_bin(w, g->chunk_refs, 2 * g->n_spans);
+    }
 }
 
 void wire_job_free(struct WireJob *j)
@@ -210,6 +215,7 @@ void wire_job_free(struct WireJob *j)
     free(j->doc_spans);
     free(j->watch);
     free(j->bare);
+    free(j->chunk_refs);
     for (size_t i = 0; i < j->n_stop; i++)
         free(j->stop[i]);
     free(j->stop);
@@ -220,6 +226,7 @@ int wire_job_decode(const void *buf, size_t len, struct WireJob *out, char *err,
 {
     struct MpCursor c;
     uint32_t n;
+    size_t n_refs = 0;
     uint64_t job = out->job;
     memset(out, 0, sizeof *out);
     out->job = job;
@@ -273,6 +280,11 @@ int wire_job_decode(const void *buf, size_t len, struct WireJob *out, char *err,
             out->docs[1] = d2[1];
             free(d2);
             if (out->docs[1] <= out->docs[0]) goto bad;
+        } else if (key_is(&k, "chunk_refs")) {
+            if (v.type != MP_BIN || v.len % 8 || out->chunk_refs) goto bad;
+            n_refs = v.len / 8;
+            out->chunk_refs = get_words_bin(&v, 2 * n_refs);
+            if (!out->chunk_refs) goto nomem;
         } else if (key_is(&k, "bare")) {
             if (v.type != MP_BIN || v.len % 4 || v.len == 0 || out->bare) goto bad;
             out->n_bare = v.len / 4;
@@ -313,6 +325,12 @@ int wire_job_decode(const void *buf, size_t len, struct WireJob *out, char *err,
             wire_job_free(out);
             return -1;
         }
+    if (out->chunk_refs && (n_refs != out->n_spans || !out->docs[1])) {
+        snprintf(err, errlen, "JOB chunk_refs has %zu entries for %zu document spans, or comes "
+                 "without docs", n_refs, out->n_spans);
+        wire_job_free(out);
+        return -1;
+    }
     if (out->docs[1] > out->n_tokens) {
         snprintf(err, errlen, "JOB documents end past the prompt");
         wire_job_free(out);
@@ -339,12 +357,14 @@ void wire_result_encode(struct MpWriter *w, const struct WireResult *r)
 {
     int is_err = r->finish == WF_ERROR;
     mpw_map(w, 8 + (is_err ? 2 : 0) + (r->has_signals ? 1 : 0) + (r->has_check ? 1 : 0) +
-               (r->has_reliance ? 1 : 0));
+               (r->has_reliance ? 1 : 0) + (r->reused_tokens > 0 ? 1 : 0));
     mpw_kv_cstr(w, "finish", wire_finish_name(r->finish));
     mpw_kv_str(w, "text", r->text ? r->text : "", r->text ? r->text_len : 0);
     mpw_kv_int(w, "prompt_tokens", r->prompt_tokens);
     mpw_kv_int(w, "completion_tokens", r->completion_tokens);
     mpw_kv_int(w, "cached_tokens", r->cached_tokens);
+    if (r->reused_tokens > 0)
+        mpw_kv_int(w, "reused_tokens", r->reused_tokens);
     mpw_kv_double(w, "prefill_ms", r->prefill_ms);
     mpw_kv_double(w, "ttft_ms", r->ttft_ms);
     mpw_kv_double(w, "decode_ms", r->decode_ms);
@@ -497,6 +517,7 @@ int wire_result_decode(const void *buf, size_t len, struct WireResult *out, char
             if (key_is(&k, "prompt_tokens")) out->prompt_tokens = (int64_t)d;
             else if (key_is(&k, "completion_tokens")) out->completion_tokens = (int64_t)d;
             else if (key_is(&k, "cached_tokens")) out->cached_tokens = (int64_t)d;
+            else if (key_is(&k, "reused_tokens")) out->reused_tokens = (int64_t)d;
             else if (key_is(&k, "prefill_ms")) out->prefill_ms = d;
             else if (key_is(&k, "ttft_ms")) out->ttft_ms = d;
             else if (key_is(&k, "decode_ms")) out->decode_ms = d;

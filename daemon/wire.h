@@ -11,10 +11,14 @@
  *                                      stream: bool, doc_spans: bin of uint32 LE pairs
  *                                      [start, end) (the documents' prompt tokens),
  *                                      [watch: bin of int32 LE pairs (layer, head); absent:
- *                                      the worker's default set]}
+ *                                      the worker's default set], [docs: bin of 2 uint32 LE,
+ *                                      the documents' tokens [start, end)], [chunk_refs: bin of
+ *                                      uint32 LE pairs (collection id, chunk id), one a doc
+ *                                      span, (0, 0): not a stored chunk]}
  *   WIRE_DELTA      0x04  w -> b       u64 job id | UTF-8 text released by one token
  *   WIRE_RESULT     0x05  w -> b       u64 job id | msgpack {finish, text, prompt_tokens,
- *                                      completion_tokens, cached_tokens, prefill_ms, ttft_ms,
+ *                                      completion_tokens, cached_tokens, [reused_tokens],
+ *                                      prefill_ms, ttft_ms,
  *                                      decode_ms,
  *                                      signals: {n, logprob, entropy, margin, doc_mass,
  *                                      gen_mass, diff_doc_mass, lookback: bin of n float32 LE,
@@ -85,6 +89,8 @@ struct WireGround {
     size_t n_bare;
     uint32_t docs[2];           /* the documents' tokens [start, end): from the first label to
                                    the last separator (chunk KV reuse); start == end: none */
+    const uint32_t *chunk_refs; /* (n_spans, 2): each span's stored chunk (collection id,
+                                   chunk id), (0, 0) for none; NULL: none is stored */
 };
 
 #define WIRE_MAX_WATCH 1024
@@ -111,6 +117,7 @@ struct WireJob {
     size_t n_bare;
     uint32_t docs[2];         /* the documents' tokens [start, end), every doc span inside;
                                  start == end: not given */
+    uint32_t *chunk_refs;     /* (n_spans, 2) stored chunks (WireGround); NULL: none */
 };
 
 /* The answer tokens' signals, struct of arrays of n each. */
@@ -129,6 +136,8 @@ struct WireResult {
     const char *text; size_t text_len;      /* borrowed (from the message when decoded) */
     int64_t prompt_tokens, completion_tokens;
     int64_t cached_tokens;                  /* prompt tokens from the prefix cache */
+    int64_t reused_tokens;                  /* document tokens whose stored chunk KV stayed in
+                                               a blend (docs/kv-reuse.md) */
     double prefill_ms, ttft_ms, decode_ms;
     const char *code, *message;             /* finish == WF_ERROR; borrowed */
     size_t code_len, message_len;

@@ -644,6 +644,8 @@ int worker_start(void *zctx, const struct Model *m, const struct WorkerOpts *o,
                 snprintf(err, errlen, "out of memory for the chunk KV store");
             goto err;
         }
+        if (o->kv_store)
+            w->kv_identity = chunkkv_identity(w->e);
     }
     check_init(w);
     w->max_running = o->max_running < 1 ? 1

@@ -28,6 +28,9 @@ struct WorkerStats {
      * chunks the workers' chunk stores hold now */
     _Atomic uint64_t kv_reused, kv_recomputed, kv_bytes_read, kv_hits, kv_misses;
     _Atomic uint64_t kv_store_bytes, kv_store_chunks;
+    /* chunk copies taken from the document store's KV records, records written, and writes
+     * or reads that failed (logged) */
+    _Atomic uint64_t kv_loaded, kv_written, kv_store_errors;
 };
 
 struct WorkerOpts {
@@ -43,6 +46,10 @@ struct WorkerOpts {
     int kv_reuse;
     double kv_reuse_recompute;
     size_t kv_reuse_bytes;
+    /* and the copies of stored chunks are kept as records in this document store (in-process
+     * workers; NULL: memory only), at most kv_store_bytes of them */
+    struct Store *kv_store;
+    uint64_t kv_store_bytes;
     int heartbeat_ms;          /* interval of heartbeats both ways */
     int liveness;              /* silent intervals after which the broker is presumed dead */
     struct EngineOpts engine;  /* n_ctx, chunk (the step's token budget), kv type, memory
@@ -53,6 +60,7 @@ struct WorkerOpts {
 };
 
 struct Worker;
+struct Store;
 
 /* Opens the engine context (ENGINE_EBUDGET and the figures in err when it would not fit the
  * budget) and starts the worker's threads, which connect and announce READY. zctx is the

@@ -42,6 +42,7 @@ struct Worker {
     struct ChunkKv *ckv;
     struct Engine *ckv_helper;
     struct ChunkKvStats ckv_last;   /* the store's figures at the last update of the stats */
+    uint64_t kv_identity;           /* chunkkv_identity of the context (with o.kv_store) */
 };
 
 /* The answer tokens' signals as they are generated (struct of arrays, grown by doubling). */

@@ -271,18 +271,25 @@ void workers_dispatch(struct Broker *b)
             stops[i] = r->p.stop[i].p;
             stop_lens[i] = r->p.stop[i].len;
         }
-        /* the documents' token spans: each placed chunk's text, not its label */
-        uint32_t *spans = malloc(2 * r->ctx->n_cites * sizeof *spans + sizeof *spans);
+        /* the documents' token spans: each placed chunk's text, not its label; and the stored
+         * chunks among them (collection id, chunk id), for their KV records */
+        uint32_t *spans = malloc(4 * r->ctx->n_cites * sizeof *spans + sizeof *spans);
+        uint32_t *refs = spans ? spans + 2 * r->ctx->n_cites : NULL;
+        int any_ref = 0;
         if (spans)
             for (size_t i = 0; i < r->ctx->n_cites; i++) {
                 spans[2 * i] = (uint32_t)r->ctx->cites[i].tokens.start;
                 spans[2 * i + 1] = (uint32_t)r->ctx->cites[i].tokens.end;
+                refs[2 * i] = (uint32_t)(r->ctx->cites[i].ref >> 32);
+                refs[2 * i + 1] = (uint32_t)r->ctx->cites[i].ref;
+                any_ref |= refs[2 * i] != 0;
             }
         struct WireGround wg = { .doc_spans = spans, .n_spans = r->ctx->n_cites,
                                  .watch = b->o.watch, .n_watch = b->o.n_watch,
                                  .self_check = b->cfg->grounding_self_check != 0,
                                  .docs = { (uint32_t)r->ctx->documents.start,
-                                           (uint32_t)r->ctx->documents.end } };
+                                           (uint32_t)r->ctx->documents.end },
+                                 .chunk_refs = any_ref ? refs : NULL };
         /* context reliance: the same prompt without its documents (frame, question, turn) */
         const struct Context *cx = r->ctx;
         int32_t *bare = NULL;

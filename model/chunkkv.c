@@ -6,8 +6,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/model.h"
 #include "text/errmsg.h"
 #include "text/hash.h"
+
+/* A copy as a record (chunkkv_record): this header, the tokens, the KV. */
+#define RECORD_MAGIC 0x314b4b43u       /* "CKK1" */
+#define RECORD_HEADER 32               /* u32 magic, n, kv_pos, 0; u64 frame hash, KV bytes */
+
+struct RecordHeader {
+    uint32_t magic, n, kv_pos, zero;
+    uint64_t frame, kv_bytes;
+};
+_Static_assert(sizeof(struct RecordHeader) == RECORD_HEADER, "record header layout");
 
 struct Copy {
     uint64_t key, frame;       /* hash of frame and chunk; the frame's alone */
@@ -17,6 +28,7 @@ struct Copy {
     size_t bytes;              /* of kv and tokens */
     uint64_t used;             /* tick of the last use */
     uint64_t pin;              /* the blend that needs it (not evicted during it) */
+    struct RecordHeader header;  /* chunkkv_record's first piece */
 };
 
 struct ChunkKv {
@@ -84,6 +96,12 @@ static struct Copy *find(struct ChunkKv *c, uint64_t key, uint64_t frame, const 
             return p;
     }
     return NULL;
+}
+
+static uint64_t copy_key(uint64_t frame, const int32_t *t, int n)
+{
+    uint64_t key = hash_u64(frame ^ hash_bytes(t, (size_t)n * sizeof *t));
+    return key == HASH_EMPTY ? 1 : key;
 }
 
 /* Room for `need` more bytes: the least recently used copies not pinned by this blend go.
@@ -179,8 +197,7 @@ int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
         at = s0 + n;
         if (n == 0) continue;
         const int32_t *t = prompt + s0;
-        uint64_t key = hash_u64(frame ^ hash_bytes(t, (size_t)n * sizeof *t));
-        if (key == HASH_EMPTY) key = 1;
+        uint64_t key = copy_key(frame, t, n);
         struct Copy *p = find(c, key, frame, t, n);
         if (p) {
             c->st.hits++;
@@ -204,5 +221,91 @@ int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
     out->reused = st.reused;
     out->recomputed = st.recomputed;
     out->bytes_read = st.imported_bytes;
+    return ENGINE_OK;
+}
+
+uint64_t chunkkv_identity(const struct Engine *e)
+{
+    const struct Model *m = engine_model(e);
+    /* the configuration's fields are all 4 bytes wide: no padding to hash */
+    uint64_t h = hash_bytes(&m->cfg, sizeof m->cfg);
+    h = hash_u64(h ^ hash_bytes(m->arena, m->arena_bytes));
+    return hash_u64(h ^ (uint64_t)engine_opts(e)->kv_type);
+}
+
+uint64_t chunkkv_key(const int32_t *prompt, int docs_start, const int32_t *t, int n)
+{
+    return copy_key(hash_bytes(prompt, (size_t)docs_start * sizeof *prompt), t, n);
+}
+
+static struct Copy *lookup(struct ChunkKv *c, const int32_t *prompt, int docs_start,
+                           const int32_t *t, int n)
+{
+    uint64_t frame = hash_bytes(prompt, (size_t)docs_start * sizeof *prompt);
+    return find(c, copy_key(frame, t, n), frame, t, n);
+}
+
+int chunkkv_has(struct ChunkKv *c, const int32_t *prompt, int docs_start, const int32_t *t, int n)
+{
+    return lookup(c, prompt, docs_start, t, n) != NULL;
+}
+
+int chunkkv_record(struct ChunkKv *c, const int32_t *prompt, int docs_start, const int32_t *t,
+                   int n, struct ChunkKvRecord *out)
+{
+    struct Copy *p = lookup(c, prompt, docs_start, t, n);
+    if (!p) return 0;
+    size_t tb = (size_t)n * sizeof *t;
+    p->header = (struct RecordHeader){RECORD_MAGIC, (uint32_t)n, (uint32_t)p->kv_pos, 0,
+                                      p->frame, p->bytes - tb};
+    *out = (struct ChunkKvRecord){{&p->header, p->tokens, p->kv},
+                                  {RECORD_HEADER, tb, p->bytes - tb}};
+    return 1;
+}
+
+int chunkkv_insert(struct ChunkKv *c, const struct Engine *e, const int32_t *prompt,
+                   int docs_start, const int32_t *t, int n, const void *rec, size_t len,
+                   char *err, size_t errlen)
+{
+    struct RecordHeader h;
+    size_t tb = (size_t)n * sizeof *t, kvb = engine_kv_bytes(e, n);
+    uint64_t frame = hash_bytes(prompt, (size_t)docs_start * sizeof *prompt);
+    if (len < RECORD_HEADER)
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "a chunk KV record of %zu bytes is too "
+                          "short", len);
+    memcpy(&h, rec, sizeof h);
+    const uint8_t *at = (const uint8_t *)rec + RECORD_HEADER;
+    if (h.magic != RECORD_MAGIC || h.zero != 0)
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "not a chunk KV record of this format");
+    if (h.n != (uint32_t)n || h.frame != frame || h.kv_bytes != kvb || len != RECORD_HEADER + tb + kvb ||
+        memcmp(at, t, tb))
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "the chunk KV record is of other tokens, "
+                          "another frame or another KV encoding");
+    if (h.kv_pos > (uint32_t)ENGINE_MAX_CTX)
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "the chunk KV record's position %u is out "
+                          "of range", h.kv_pos);
+    if (lookup(c, prompt, docs_start, t, n)) return ENGINE_OK;
+    if (make_room(c, tb + kvb))
+        return errmsg_set(err, errlen, ENGINE_ENOMEM, "no room for the chunk's KV in memory");
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? 2 * c->cap : 64;
+        struct Copy *v = realloc(c->v, cap * sizeof *v);
+        if (!v) return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory");
+        c->v = v;
+        c->cap = cap;
+    }
+    uint64_t key = copy_key(frame, t, n);
+    struct Copy p = {.key = key, .frame = frame, .n = n, .kv_pos = (int)h.kv_pos,
+                     .bytes = tb + kvb, .used = ++c->tick};
+    p.tokens = malloc(tb);
+    p.kv = malloc(kvb);
+    if (!p.tokens || !p.kv || !hash_insert(&c->index, key, c->n)) {
+        copy_free(&p);
+        return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory");
+    }
+    memcpy(p.tokens, t, tb);
+    memcpy(p.kv, at + tb, kvb);
+    c->v[c->n++] = p;
+    c->bytes += p.bytes;
     return ENGINE_OK;
 }

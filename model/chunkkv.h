@@ -45,4 +45,40 @@ int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
                   const int32_t *prompt, int docs_start, int docs_end, const uint32_t *spans,
                   int n_spans, double share, struct ChunkKvBlend *out, char *err, size_t errlen);
 
+/* ---- a tier below memory (docs/kv-reuse.md): copies kept as records elsewhere ----
+ * A caller that keeps copies beyond the cache (the daemon: in the document store, under each
+ * chunk) brings a record into the cache before a blend (chunkkv_insert) and keeps the copies
+ * a blend made (chunkkv_record). */
+
+/* A hash naming what a copy's numbers depend on besides the tokens: the model's weights and
+ * configuration (RoPE settings included) and the context's KV type. Reads every weight:
+ * once per context, not per request. */
+uint64_t chunkkv_identity(const struct Engine *e);
+
+/* The key of chunk t[0..n) after the frame prompt[0..docs_start) (as the blend uses it). */
+uint64_t chunkkv_key(const int32_t *prompt, int docs_start, const int32_t *t, int n);
+
+/* 1 when the cache holds the copy of chunk t[0..n) after frame prompt[0..docs_start). */
+int chunkkv_has(struct ChunkKv *c, const int32_t *prompt, int docs_start, const int32_t *t, int n);
+
+/* A copy as a record, in three pieces laid end to end: a header (format, tokens, position,
+ * frame hash, KV bytes), the tokens, the KV (engine_kv_export's layout). They borrow the
+ * cache until its next change. */
+struct ChunkKvRecord {
+    const void *parts[3];
+    size_t lens[3];
+};
+/* 1 and *out when the cache holds the copy, else 0. */
+int chunkkv_record(struct ChunkKv *c, const int32_t *prompt, int docs_start, const int32_t *t,
+                   int n, struct ChunkKvRecord *out);
+
+/* Takes a record (the pieces chunkkv_record gave, concatenated) as the copy of chunk t[0..n)
+ * after frame prompt[0..docs_start), for contexts like e: the record must say the same
+ * tokens, frame and KV size (e's encoding). ENGINE_OK; ENGINE_EINPUT with err when the
+ * record does not match or is malformed; ENGINE_ENOMEM when it does not fit the budget or
+ * memory. */
+int chunkkv_insert(struct ChunkKv *c, const struct Engine *e, const int32_t *prompt,
+                   int docs_start, const int32_t *t, int n, const void *rec, size_t len,
+                   char *err, size_t errlen);
+
 #endif

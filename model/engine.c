@@ -1359,7 +1359,10 @@ int engine_blend(struct Engine *e, const struct EngineKvPart *parts, int n_parts
     for (int k = 0, at = 0; k < n_parts; at += parts[k].n, k++) {
         memcpy(e->tok + p0 + at, parts[k].tokens, (size_t)parts[k].n * sizeof *e->tok);
         if (parts[k].kv) {
-            blend_import(e, &parts[k], p0 + at);
+            /* at share 1 every row is recomputed, layer by layer in position order, before
+             * anything reads it: the stored copy would only be overwritten */
+            if (recompute < 1)
+                blend_import(e, &parts[k], p0 + at);
         } else {
             memset(sel + at, 1, (size_t)parts[k].n);
             forced += parts[k].n;
@@ -1413,7 +1416,7 @@ int engine_blend(struct Engine *e, const struct EngineKvPart *parts, int n_parts
         st->recomputed = forced + want;
         st->reused = reusable - want;
         st->forced = forced;
-        st->imported_bytes = engine_kv_bytes(e, reusable);
+        st->imported_bytes = recompute < 1 ? engine_kv_bytes(e, reusable) : 0;
     }
     r->stats.total_s += now_s() - t_start;
     r->stats.tokens += forced + want;

@@ -90,7 +90,7 @@ void ctx_chunks_from_hits(const struct SearchHit *hits, size_t n, struct CtxChun
     for (size_t i = 0; i < n; i++)
         out[i] = (struct CtxChunk){ hits[i].doc_id, hits[i].doc_id_len, hits[i].title, hits[i].title_len,
                                     hits[i].text, hits[i].text_len, hits[i].chunk, hits[i].byte_start,
-                                    hits[i].byte_end, hits[i].score, 0 };
+                                    hits[i].byte_end, hits[i].score, 0, 0 };
 }
 
 void ctx_destroy(struct Context **pc)
@@ -350,6 +350,7 @@ int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t que
         ci->marker = (int)i + 1;
         ci->rank = pl[i].rank;
         ci->chunk = c->chunk;
+        ci->ref = c->ref;
         ci->byte_start = c->byte_start;
         ci->byte_end = c->byte_start + pl[i].text_len;
         ci->score = c->score;

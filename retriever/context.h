@@ -28,6 +28,8 @@ struct CtxChunk {
     uint64_t byte_start, byte_end;  /* in the document */
     double score;
     int whole;                      /* the text is the whole document */
+    uint64_t ref;                   /* the caller's name for it, copied to its citation (the
+                                       daemon: a stored chunk's collection and chunk ids) */
 };
 
 /* An earlier turn of the conversation; the text is borrowed for the call. */
@@ -61,6 +63,7 @@ struct CtxCitation {
     double score;
     int truncated;                  /* only a prefix of the chunk fitted */
     int whole;                      /* the whole document (CtxChunk.whole) */
+    uint64_t ref;                   /* CtxChunk.ref */
     struct CtxSpan tokens;          /* the chunk text's tokens in Context.tokens */
     struct CtxSpan bytes;           /* the chunk text's bytes in Context.text */
 };

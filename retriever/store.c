@@ -299,12 +299,14 @@ static int mkdir_p(const char *dir)
     return 0;
 }
 
-static const char *const DB_NAMES[] = { "meta", "stats", "docs", "chunks", "postings" };
+static const char *const DB_NAMES[] = { "meta", "stats", "docs", "chunks", "postings", "kv",
+                                        "kvuse" };
 
 static int open_dbs(struct Store *s, MDB_txn *txn, unsigned flags)
 {
-    MDB_dbi *dbis[] = { &s->db_meta, &s->db_stats, &s->db_docs, &s->db_chunks, &s->db_postings };
-    for (size_t i = 0; i < 5; i++) {
+    MDB_dbi *dbis[] = { &s->db_meta, &s->db_stats, &s->db_docs, &s->db_chunks, &s->db_postings,
+                        &s->db_kv, &s->db_kvuse };
+    for (size_t i = 0; i < sizeof dbis / sizeof dbis[0]; i++) {
         int rc = mdb_dbi_open(txn, DB_NAMES[i], flags, dbis[i]);
         if (rc)
             return rc;
@@ -351,11 +353,28 @@ static int open_schema(struct Store *s, char *err, size_t errlen)
             return ret_fail(err, errlen, RET_ECORRUPT,
                             "store at %s has no schema version record; refusing to read it", s->dir);
         }
+        if (version == 1) {
+            /* version 1 lacks the chunk KV databases: create them and say version 2 */
+            mdb_txn_abort(txn);
+            if ((rc = mdb_txn_begin(s->env, NULL, 0, &txn)))
+                return store_mdb_fail(err, errlen, rc, "upgrade the store");
+            uint8_t vb[4];
+            put_le32(vb, STORE_SCHEMA_VERSION);
+            MDB_val k = { 6, "schema" }, v = { 4, vb };
+            rc = open_dbs(s, txn, MDB_CREATE);
+            if (!rc) rc = mdb_put(txn, s->db_meta, &k, &v, 0);
+            if (rc) {
+                mdb_txn_abort(txn);
+                return store_mdb_fail(err, errlen, rc, "upgrade the store");
+            }
+            rc = mdb_txn_commit(txn);
+            return rc ? store_mdb_fail(err, errlen, rc, "upgrade the store") : RET_OK;
+        }
         if (version != STORE_SCHEMA_VERSION) {
             mdb_txn_abort(txn);
             return ret_fail(err, errlen, RET_EVERSION,
-                            "store at %s has schema version %u; this build reads version %u only "
-                            "(no migration is available: rebuild the store or use a matching build)",
+                            "store at %s has schema version %u; this build reads versions 1 (upgraded "
+                            "when opened) and %u only: rebuild the store or use a matching build",
                             s->dir, version, STORE_SCHEMA_VERSION);
         }
         rc = open_dbs(s, txn, 0);

@@ -7,6 +7,9 @@
  *             length in terms, tokens, doc id)
  *   postings  coll id | term | 0x00 -> term header (df, max tf, min length)
  *             coll id | term | 0x00 | first chunk id (u32 BE) -> posting block (postings.h)
+ *   kv        coll id | chunk id | key (u64 BE) -> a chunk's KV record (checksummed payload)
+ *   kvuse     the same key -> u64 use tick, u64 record bytes (least recently used goes first)
+ *   meta      "kv_bytes" -> u64 the KV records' total bytes, "kv_tick" -> u64 the last tick
  *
  * Chunk ids are allocated in increasing order and never reused, so new postings always append.
  * A write (a batch of puts or deletes) is one LMDB transaction: it is acknowledged (the call
@@ -27,7 +30,9 @@
 #include "retriever/index.h"
 #include "text/tokcount.h"
 
-#define STORE_SCHEMA_VERSION 1
+/* Version 2 added the chunk KV databases; a version 1 store is upgraded in place when opened
+ * (the empty databases are created, nothing else changes). */
+#define STORE_SCHEMA_VERSION 2
 
 struct StoreOptions {
     size_t map_size;        /* initial map size in bytes (default 64 MiB); grows on demand */
@@ -139,6 +144,7 @@ int store_search(struct StoreReader *r, const char *collection, const char *quer
 
 struct StoreVerifyReport {
     uint64_t collections, docs, chunks, postings, terms;
+    uint64_t kv_records, kv_bytes;  /* chunk KV records checked, and their bytes */
     uint64_t problems;          /* 0 when the store is consistent */
     char first_problem[256];
 };
@@ -146,10 +152,51 @@ struct StoreVerifyReport {
 /* Recompute every collection's statistics from its documents and chunks and check them
  * against the stored ones; re-analyse every chunk and check the postings hold exactly its
  * terms with their frequencies and length; check every posting points at a live chunk, every
- * chunk at a live document, every block decodes. `collection` NULL checks all.
+ * chunk at a live document, every block decodes; every chunk KV record belongs to a live chunk,
+ * has its use entry and checksum, and (all collections) their sizes add up to the total.
+ * `collection` NULL checks all.
  * RET_OK (consistent), RET_ECORRUPT (report says what), RET_ENOTFOUND, RET_EIO, RET_ENOMEM. */
 int store_verify(struct Store *s, const char *collection, struct StoreVerifyReport *rep,
                  char *err, size_t errlen);
+
+/* ---- chunk KV (store_kv.c; docs/kv-reuse.md) ----
+ * A stored chunk's KV, kept beside it: an opaque payload (model/chunkkv.h's record) under
+ * (collection id, chunk id, key), where key names the model, KV format, RoPE settings and
+ * the prompt frame the KV was computed after (the caller's hash). A record is written only
+ * while its chunk exists (checked in the writing transaction) and is deleted with it: a
+ * document's delete or replace, or the collection's drop, takes its chunks' records in the
+ * same transaction. The records' total is kept under a budget, least recently used first. */
+struct StoreKvRef { uint32_t coll, chunk; uint64_t key; };
+
+/* The record of ref: its payload, borrowing the reader's snapshot. RET_OK, RET_ENOTFOUND,
+ * RET_ECORRUPT (header or checksum wrong), RET_EIO. */
+int store_kv_get(struct StoreReader *r, const struct StoreKvRef *ref, const void **data,
+                 size_t *len, char *err, size_t errlen);
+
+struct StoreKvPut {
+    struct StoreKvRef ref;
+    const void *const *parts;       /* the payload, in pieces laid end to end */
+    const size_t *lens;
+    int n_parts;
+};
+struct StoreKvReport {
+    size_t written, skipped;        /* records written; skipped: chunk gone, or over budget */
+    size_t touched, evicted;        /* use ticks renewed; records evicted for the budget */
+    uint64_t bytes, records;        /* the store's KV total afterwards */
+};
+
+/* One durable transaction: puts[0..n_puts) written (replacing a record under the same ref)
+ * where their chunks exist, the use ticks of touch[0..n_touch) renewed where they exist, then
+ * least recently used records evicted until the total is at most `budget` bytes. rep is
+ * optional. RET_OK, RET_ELIMIT (map ceiling), RET_ECORRUPT (damaged store), RET_EIO,
+ * RET_ENOMEM. */
+int store_kv_write(struct Store *s, const struct StoreKvPut *puts, size_t n_puts,
+                   const struct StoreKvRef *touch, size_t n_touch, uint64_t budget,
+                   struct StoreKvReport *rep, char *err, size_t errlen);
+
+/* The KV records' total bytes and count. RET_OK, RET_EIO. */
+int store_kv_usage(struct StoreReader *r, uint64_t *bytes, uint64_t *records, char *err,
+                   size_t errlen);
 
 /* Compacting copy of the environment into directory `dest` (created; must be empty).
  * RET_OK, RET_EIO. */

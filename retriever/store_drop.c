@@ -1,6 +1,7 @@
 /* Dropping a whole collection: one write transaction removes its record from `stats` and every
- * key under its id in `docs`, `chunks` and `postings`. The id stays allocated in `meta`, so a
- * later collection of the same name gets a fresh id and never meets a stale key. */
+ * key under its id in `docs`, `chunks`, `postings` and the chunk KV databases. The id stays
+ * allocated in `meta`, so a later collection of the same name gets a fresh id and never meets
+ * a stale key. */
 #include "retriever/store_internal.h"
 
 #include <string.h>
@@ -56,8 +57,13 @@ static int drop_attempt(struct Store *s, const char *collection, uint64_t *n_doc
             goto out;
         }
     }
+    int rc = store_kv_drop(s, txn, rec.id, 0, UINT32_MAX);
+    if (rc) {
+        st = rc == MDB_MAP_FULL || rc == MDB_TXN_FULL ? rc : store_mdb_fail(err, errlen, rc, "delete chunk KV");
+        goto out;
+    }
     MDB_val k = { strlen(collection), (void *)collection };
-    int rc = mdb_del(txn, s->db_stats, &k, NULL);
+    rc = mdb_del(txn, s->db_stats, &k, NULL);
     if (rc) {
         st = rc == MDB_MAP_FULL || rc == MDB_TXN_FULL ? rc
                                                       : store_mdb_fail(err, errlen, rc, "delete collection record");

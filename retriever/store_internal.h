@@ -14,7 +14,7 @@
 
 struct Store {
     MDB_env *env;
-    MDB_dbi db_meta, db_stats, db_docs, db_chunks, db_postings;
+    MDB_dbi db_meta, db_stats, db_docs, db_chunks, db_postings, db_kv, db_kvuse;
     struct StoreOptions opt;
     char *dir;
     /* Held shared by every transaction, exclusively to change the map size (LMDB requires that
@@ -95,6 +95,18 @@ size_t key_doc(uint8_t *out, uint32_t coll, const char *id, size_t len);
 size_t key_chunk(uint8_t *out, uint32_t coll, uint32_t chunk_id);
 size_t key_term(uint8_t *out, uint32_t coll, const char *term, size_t len);          /* header */
 size_t key_block(uint8_t *out, uint32_t coll, const char *term, size_t len, uint32_t base);
+
+/* Chunk KV records (store_kv.c): key coll (BE) | chunk (BE) | key (BE u64); record = u32
+ * magic, u32 0, u64 hash of the payload, payload; use entry = u64 tick, u64 record bytes. */
+#define KV_KEY_SIZE 16
+#define KV_HEADER_SIZE 16
+#define KV_MAGIC 0x31564b44u      /* "DKV1" */
+size_t kv_key(uint8_t *out, uint32_t coll, uint32_t chunk, uint64_t key);
+/* RET_OK with the payload (borrowing v), or RET_ECORRUPT (header, size or checksum). */
+int kv_record_check(const MDB_val *v, const void **payload, size_t *len);
+/* Delete the KV records of chunks [first, end) of collection coll, in txn. 0 or an LMDB
+ * error. */
+int store_kv_drop(struct Store *s, MDB_txn *txn, uint32_t coll, uint32_t first, uint32_t end);
 
 /* Look up a collection record in txn: RET_OK, RET_ENOTFOUND (message "unknown collection"),
  * RET_ECORRUPT, RET_EIO. */

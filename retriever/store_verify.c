@@ -28,6 +28,7 @@ struct Verify {
     struct ChunkCheck *chunks;
     size_t n_chunks, cap_chunks;
     uint64_t seen_docs, seen_chunks, seen_postings_keys; /* entries visited, all collections */
+    uint64_t seen_kv, seen_kvuse;
 };
 
 static void problem(struct Verify *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -292,6 +293,66 @@ static int verify_postings(struct Verify *v, const struct CollRecord *rec, const
     return 0;
 }
 
+/* The collection's chunk KV records: each under a live chunk, whole (header and checksum),
+ * with a use entry of its size; each use entry with its record. */
+static int verify_kv(struct Verify *v, const struct CollRecord *rec, const char *name)
+{
+    MDB_cursor *cur;
+    int rc = mdb_cursor_open(v->txn, v->s->db_kv, &cur);
+    if (rc)
+        return rc;
+    uint8_t from[KV_KEY_SIZE];
+    MDB_val k = { kv_key(from, rec->id, 0, 0), from }, d;
+    for (rc = mdb_cursor_get(cur, &k, &d, MDB_SET_RANGE); rc == 0 && has_prefix(&k, rec->id);
+         rc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
+        v->seen_kv++;
+        v->rep->kv_records++;
+        v->rep->kv_bytes += d.mv_size;
+        if (k.mv_size != KV_KEY_SIZE) {
+            problem(v, "collection \"%s\": malformed chunk KV key", name);
+            continue;
+        }
+        uint32_t cid = get_be32((const uint8_t *)k.mv_data + 4);
+        const void *payload;
+        size_t len;
+        if (!find_chunk(v, cid))
+            problem(v, "collection \"%s\": KV record of chunk %u, which is not stored", name, cid);
+        if (kv_record_check(&d, &payload, &len))
+            problem(v, "collection \"%s\": the KV record of chunk %u is damaged (header or "
+                    "checksum)", name, cid);
+        MDB_val uk = k, ud;
+        int r2 = mdb_get(v->txn, v->s->db_kvuse, &uk, &ud);
+        if (r2 == MDB_NOTFOUND || (r2 == 0 && (ud.mv_size != 16 ||
+                                               get_le64((const uint8_t *)ud.mv_data + 8) != d.mv_size)))
+            problem(v, "collection \"%s\": the KV record of chunk %u has no use entry of its "
+                    "size", name, cid);
+        else if (r2)
+            rc = r2;
+        if (rc)
+            break;
+    }
+    mdb_cursor_close(cur);
+    if (rc && rc != MDB_NOTFOUND)
+        return rc;
+    if ((rc = mdb_cursor_open(v->txn, v->s->db_kvuse, &cur)))
+        return rc;
+    k = (MDB_val){ KV_KEY_SIZE, from };
+    for (rc = mdb_cursor_get(cur, &k, &d, MDB_SET_RANGE); rc == 0 && has_prefix(&k, rec->id);
+         rc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
+        v->seen_kvuse++;
+        MDB_val rk = k, rd;
+        int r2 = mdb_get(v->txn, v->s->db_kv, &rk, &rd);
+        if (r2 == MDB_NOTFOUND)
+            problem(v, "collection \"%s\": a KV use entry without its record", name);
+        else if (r2) {
+            rc = r2;
+            break;
+        }
+    }
+    mdb_cursor_close(cur);
+    return rc == MDB_NOTFOUND ? 0 : rc;
+}
+
 static int verify_collection(struct Verify *v, const char *name, size_t name_len, const MDB_val *val)
 {
     char nm[INDEX_MAX_COLLECTION_BYTES + 1];
@@ -315,6 +376,8 @@ static int verify_collection(struct Verify *v, const char *name, size_t name_len
         rc = verify_chunks(v, &rec, nm, an, &bag, &total_terms);
     if (!rc)
         rc = verify_postings(v, &rec, nm);
+    if (!rc)
+        rc = verify_kv(v, &rec, nm);
     analyzer_destroy(&an);
     termbag_free(&bag);
     if (rc)
@@ -380,6 +443,20 @@ int store_verify(struct Store *s, const char *collection, struct StoreVerifyRepo
             problem(&v, "records outside every collection: %zu docs, %zu chunks, %zu postings keys",
                     sd.ms_entries - v.seen_docs, sc.ms_entries - v.seen_chunks,
                     sp.ms_entries - v.seen_postings_keys);
+        MDB_stat skv, sku;
+        if (!rc) rc = mdb_stat(v.txn, s->db_kv, &skv);
+        if (!rc) rc = mdb_stat(v.txn, s->db_kvuse, &sku);
+        if (!rc && (skv.ms_entries != v.seen_kv || sku.ms_entries != v.seen_kvuse))
+            problem(&v, "chunk KV records outside every collection: %zu records, %zu use entries",
+                    skv.ms_entries - v.seen_kv, sku.ms_entries - v.seen_kvuse);
+        MDB_val tk = { 8, "kv_bytes" }, tv;
+        int r2 = rc ? rc : mdb_get(v.txn, s->db_meta, &tk, &tv);
+        uint64_t total = r2 == 0 && tv.mv_size == 8 ? get_le64(tv.mv_data) : 0;
+        if (!rc && r2 != 0 && r2 != MDB_NOTFOUND)
+            rc = r2;
+        else if (!rc && ((r2 == 0 && tv.mv_size != 8) || total != rep->kv_bytes))
+            problem(&v, "the chunk KV total says %llu bytes; the records hold %llu",
+                    (unsigned long long)total, (unsigned long long)rep->kv_bytes);
     }
     if (rc == ENOMEM)
         st = ret_fail(err, errlen, RET_ENOMEM, "out of memory while verifying");

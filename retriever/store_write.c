@@ -136,6 +136,10 @@ static int remove_doc(struct Batch *b, const MDB_val *docv, char *err, size_t er
         if (rc)
             return wfail(err, errlen, rc, "delete chunk");
     }
+    /* the chunks' KV records go with them */
+    int rc = store_kv_drop(s, b->txn, b->rec.id, h.first_chunk, h.first_chunk + h.n_chunks);
+    if (rc)
+        return wfail(err, errlen, rc, "delete chunk KV");
     b->rec.n_docs--;
     b->rec.n_chunks -= h.n_chunks;
     b->rec.total_terms -= terms_removed;

@@ -4,7 +4,14 @@ groundedness figure and token signal equals that of a daemon with reuse off (the
 computes what the prefill does, bit for bit), while the chunk store makes each chunk's KV once
 and finds it for the later questions; with a share of 0.15 most document tokens keep their
 stored KV, and /metrics counts the reused and recomputed tokens, the chunks found and made, and
-the store's size."""
+the store's size. For stored documents the copies are also kept as records beside their chunks
+in the document store: they outlive a restart, leave with their documents, and survive kill -9
+with the store consistent."""
+import random
+import re
+import subprocess
+import time
+
 from daemon_util import Daemon, query, squad_article
 
 
@@ -66,6 +73,7 @@ def test_blend_at_share_one_equals_the_exact_path(tmp_path, default_model, squad
     assert m["miss"] == m["chunks"] == n_chunks, m
     assert m["hit"] == 2 * n_chunks, m
     assert m["reused"] == 0 and m["recomputed"] > 0 and m["bytes"] > 0, m
+    assert all(r["usage"]["reused_tokens"] == 0 for r in on + off)
     assert m["used"] == 0, m
 
 
@@ -81,5 +89,128 @@ def test_blend_reuses_most_document_tokens(tmp_path, default_model, squad_dir):
     print(m, [r["answer"] for r in rs])
     docs_tokens = m["reused"] + m["recomputed"]
     assert docs_tokens > 0 and m["reused"] / docs_tokens > 0.6, m
+    # the replies say what /metrics counts
+    assert sum(r["usage"]["reused_tokens"] for r in rs) == m["reused"], [r["usage"] for r in rs]
     assert m["read"] > 0 and m["hit"] > 0 and m["miss"] > 0, m
     assert all(r["answer"].strip() for r in rs), rs
+
+
+# ---- the chunk KV records kept beside stored chunks (kv_reuse_store_bytes) ----------------
+
+def store_verify(build_dir, data_dir):
+    """`diffrag-store verify`: (problems, KV records) from its summary line."""
+    r = subprocess.run([str(build_dir / "diffrag-store"), "--data-dir", str(data_dir), "verify"],
+                       capture_output=True, text=True, timeout=600)
+    m = re.search(r"(\d+) KV records \((\d+) bytes\), (\d+) problems", r.stdout)
+    assert m, r.stdout + r.stderr
+    assert (r.returncode == 0) == (m.group(3) == "0"), r.stdout + r.stderr
+    return int(m.group(3)), int(m.group(1)), r.stdout + r.stderr
+
+
+def records(d):
+    return {op: d.metric("diffrag_kv_reuse_records_total", op=op)
+            for op in ("loaded", "written", "error")}
+
+
+def ask_collection(d, questions, **kw):
+    c = d.client()
+    out = []
+    for i, q in enumerate(questions):
+        _, r = c.call(query(q, None, collection="art", id=i, max_tokens=16, **kw), timeout=600)
+        assert r["ok"], r
+        out.append(r)
+    return out
+
+
+def test_records_outlive_a_restart_and_leave_with_their_documents(tmp_path, build_dir,
+                                                                   default_model, squad_dir):
+    paras, (q1, q2) = squad_article(squad_dir, nth=2)
+    docs = [{"id": p["id"], "title": p["title"], "text": p["text"]} for p in paras[:4]]
+    data = tmp_path / "data"
+    keys = dict(workers=1, threads=2, max_context_tokens=2048, max_tokens=16, relevance_floor=0,
+                kv_reuse=1, kv_reuse_recompute=0.15, data_dir=data)
+    # top_k places chunks; without it the four paragraphs fit and go in whole: both paths
+    asks = [(q1, {"top_k": 100}), (q2, {})]
+    (tmp_path / "a").mkdir()
+    with Daemon(tmp_path / "a", default_model, **keys) as d:
+        _, r = d.client().call({"v": 1, "op": "ingest", "collection": "art", "docs": docs},
+                               timeout=120)
+        assert r["ok"], r
+        first = [ask_collection(d, [q], **kw)[0] for q, kw in asks]
+        m1 = records(d)
+        held = d.metric("diffrag_kv_reuse_records")
+        assert d.stop() == 0
+    # one record a placed text: a one-chunk document placed whole is that chunk, the same record
+    placed = {(c["doc_id"], tuple(c["offsets"])) for r in first for c in r["citations"]}
+    n_placed = len(placed)
+    print("first run:", m1, held, [r["answer"] for r in first])
+    assert m1["written"] == n_placed == held and m1["loaded"] == 0 and m1["error"] == 0, m1
+    problems, n_records, out = store_verify(build_dir, data)
+    assert problems == 0 and n_records == n_placed, out
+
+    # a new daemon on the same store takes every copy from the records and makes none: the
+    # same bytes blended the same way give the same answers
+    (tmp_path / "b").mkdir()
+    with Daemon(tmp_path / "b", default_model, **keys) as d:
+        again = [ask_collection(d, [q], **kw)[0] for q, kw in asks]
+        m2 = records(d)
+        miss = d.metric("diffrag_kv_reuse_chunks_total", result="miss")
+        # deleting a document and replacing another take their chunks' records with them
+        c = d.client()
+        _, r = c.call({"v": 1, "op": "delete", "collection": "art", "ids": [docs[0]["id"]]})
+        assert r["ok"], r
+        changed = dict(docs[1], text=docs[1]["text"] + " This sentence was added later.")
+        _, r = c.call({"v": 1, "op": "ingest", "collection": "art", "docs": [changed]},
+                      timeout=120)
+        assert r["ok"], r
+        left = d.metric("diffrag_kv_reuse_records")
+        assert d.stop() == 0
+    print("second run:", m2, "miss", miss, [r["answer"] for r in again], "left", left)
+    assert m2["loaded"] == n_placed and m2["written"] == 0 and miss == 0, (m2, miss)
+    assert [r["answer"] for r in again] == [r["answer"] for r in first]
+    assert [r["citations"] for r in again] == [r["citations"] for r in first]
+    gone = {docs[0]["id"], docs[1]["id"]}
+    expect = sum(1 for doc_id, _ in placed if doc_id not in gone)
+    problems, n_records, out = store_verify(build_dir, data)
+    assert problems == 0 and n_records == expect == left, (expect, left, out)
+
+
+def test_sigkill_during_ingest_with_records(tmp_path, build_dir, default_model, squad_dir):
+    """kill -9 while documents are replaced and questions write records: the store verifies
+    (no record without its chunk, totals and checksums right) and opens again."""
+    paras, (q1, q2) = squad_article(squad_dir, nth=3)
+    docs = [{"id": p["id"], "title": p["title"], "text": p["text"]} for p in paras[:6]]
+    data = tmp_path / "data"
+    rng = random.Random(7)
+    written = 0
+    seen_records = 0
+    for it in range(5):
+        (tmp_path / str(it)).mkdir()
+        with Daemon(tmp_path / str(it), default_model, workers=1, threads=2,
+                    max_context_tokens=1536, max_tokens=8, relevance_floor=0, kv_reuse=1,
+                    data_dir=data) as d:
+            c = d.client()
+            if it == 0:
+                _, r = c.call({"v": 1, "op": "ingest", "collection": "art", "docs": docs},
+                              timeout=120)
+                assert r["ok"], r
+                # one question answered first, so records exist before the kills
+                _, r = c.call(query(q1, None, collection="art", top_k=100), timeout=600)
+                assert r["ok"], r
+            # questions and replacements in flight together, then the kill
+            for j in range(12):
+                if j % 2:
+                    v = dict(rng.choice(docs))
+                    v["text"] = v["text"] + " (revision %d.%d)" % (it, j)
+                    c.send({"v": 1, "op": "ingest", "collection": "art", "docs": [v]})
+                else:
+                    c.send(query(rng.choice([q1, q2]), None, collection="art", top_k=100))
+            time.sleep(rng.uniform(1.0, 5.0))
+            written += records(d)["written"]
+            d.proc.kill()
+            d.proc.wait()
+        problems, n_records, out = store_verify(build_dir, data)
+        print("kill %d: %s" % (it, out.strip().splitlines()[0]))
+        assert problems == 0, out
+        seen_records = max(seen_records, n_records)
+    assert written > 0 and seen_records > 0, (written, seen_records)

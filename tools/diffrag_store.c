@@ -529,10 +529,11 @@ static int cmd_verify(const struct StoreArgs *a, const struct StoreOptions *so, 
         return 1;
     }
     printf("verify: %llu collections, %llu documents, %llu chunks, %llu terms, %llu postings, "
-           "%llu problems (%.2f s)\n",
+           "%llu KV records (%llu bytes), %llu problems (%.2f s)\n",
            (unsigned long long)rep.collections, (unsigned long long)rep.docs,
            (unsigned long long)rep.chunks, (unsigned long long)rep.terms,
-           (unsigned long long)rep.postings, (unsigned long long)rep.problems, tool_now() - t0);
+           (unsigned long long)rep.postings, (unsigned long long)rep.kv_records,
+           (unsigned long long)rep.kv_bytes, (unsigned long long)rep.problems, tool_now() - t0);
     if (st) {
         fprintf(stderr, "diffrag-store: verify: %s\n", err);
         return 1;

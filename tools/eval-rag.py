@@ -16,8 +16,13 @@ order). The oracle asks each question with its gold paragraph alone, as an inlin
             normalisation: lower case, no punctuation, no articles, single spaces)
   F1        SQuAD's token F1 against the best gold answer
 
+With --kv-reuse SHARE the daemon blends each prompt's documents from stored chunk KV
+(kv_reuse = 1, kv_reuse_recompute = SHARE; docs/kv-reuse.md); run once with and once without
+it to compare.
+
   tools/eval-rag.py                                   Qwen2.5-Coder-0.5B-Instruct, 2K..32K
   tools/eval-rag.py --budgets 2048,4096 --articles 2 --per-article 3 --show
+  tools/eval-rag.py --budgets 4096 --orders rank --kv-reuse 0.15
 """
 import argparse
 import collections
@@ -92,6 +97,7 @@ def judge(q, reply, budget, order):
             "whole": bool(cx.get("whole")), "placed_tokens": cx.get("placed_tokens"),
             "prompt_tokens": reply["usage"]["prompt_tokens"],
             "cached_tokens": reply["usage"].get("cached_tokens", 0),
+            "reused_tokens": reply["usage"].get("reused_tokens", 0),
             "ttft_ms": reply["timings"]["ttft_ms"]}
 
 
@@ -112,6 +118,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per question")
     ap.add_argument("--json", help="write every result here (JSON lines)")
     ap.add_argument("--show", action="store_true", help="print each result as it comes")
+    ap.add_argument("--kv-reuse", type=float, metavar="SHARE",
+                    help="blend documents from stored chunk KV, recomputing this share")
     args = ap.parse_args()
     budgets = [int(b) for b in args.budgets.split(",")]
     orders = args.orders.split(",")
@@ -119,11 +127,13 @@ def main():
     sets = pick(passages, questions, args.articles, args.per_article)
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.show else (lambda s: None)
     results = []
+    reuse = {} if args.kv_reuse is None else {"kv_reuse": 1,
+                                              "kv_reuse_recompute": args.kv_reuse}
     t0 = time.time()
     try:
         with tempfile.TemporaryDirectory(prefix="eval-rag-") as work, \
                 ec.LocalDaemon(work, args.model, threads=args.threads, max_tokens=64,
-                               grounding_calibration="none") as d, \
+                               grounding_calibration="none", **reuse) as d, \
                 ec.Asker(d.endpoint, d.proc) as asker:
             for i, (title, qs) in enumerate(sets):
                 docs = corpus(passages, title, qs, args.corpus_tokens)
@@ -160,21 +170,23 @@ def main():
             for r in results:
                 f.write(json.dumps(r) + "\n")
     n = sum(len(qs) for _, qs in sets)
-    print("model %s; %d articles, %d questions; collections of ~%d tokens; %.0f s in all" % (
-        pathlib.Path(args.model).name, len(sets), n, args.corpus_tokens, wall))
+    print("model %s; %d articles, %d questions; collections of ~%d tokens; %s; %.0f s in all" % (
+        pathlib.Path(args.model).name, len(sets), n, args.corpus_tokens,
+        "chunk KV reuse at share %g" % args.kv_reuse if reuse else "no chunk KV reuse", wall))
     print("| budget | order | contains | F1 | gold paragraph placed | placed whole | "
-          "median prompt tokens | median TTFT ms |")
-    print("|---|---|---|---|---|---|---|---|")
+          "median prompt tokens | median reused tokens | median TTFT ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
     rows = [(0, "oracle")] + [(b, o) for b in budgets for o in orders]
     for b, o in rows:
         rs = [r for r in results if r["budget"] == b and r["order"] == o]
         if not rs:
             continue
-        print("| %s | %s | %.2f | %.2f | %.2f | %.2f | %d | %.0f |" % (
+        print("| %s | %s | %.2f | %.2f | %.2f | %.2f | %d | %d | %.0f |" % (
             b or "gold paragraph", o, sum(r["contains"] for r in rs) / len(rs),
             sum(r["f1"] for r in rs) / len(rs), sum(r["gold_placed"] for r in rs) / len(rs),
             sum(r["whole"] for r in rs) / len(rs),
             statistics.median(r["prompt_tokens"] for r in rs),
+            statistics.median(r["reused_tokens"] for r in rs),
             statistics.median(r["ttft_ms"] for r in rs)))
     return 0
 

@@ -230,6 +230,8 @@ typedef struct DiffragAnswer {
     DiffragContextRead context;
     size_t n_deltas;                /* delta messages received (streaming) */
     char *json;
+    int64_t reused_tokens;      /* document tokens blended from stored chunk KV (kv_reuse;
+                                   0: none, or an older daemon) */
 } DiffragAnswer;
 
 /* Called for every delta of a streaming query, in order; text is borrowed until the callback

@@ -138,6 +138,7 @@ static const struct RepField QUERY_REP[] = {
     REP(DiffragAnswer, "context_tokens", REP_INT, 0, context_tokens),
     REP(DiffragAnswer, "completion_tokens", REP_INT, 1, completion_tokens),
     REP(DiffragAnswer, "cached_tokens", REP_INT, 0, cached_tokens),
+    REP(DiffragAnswer, "reused_tokens", REP_INT, 0, reused_tokens),
     REP_END_MAP,
     REP_MAP("timings", 0),
     REP(DiffragAnswer, "queue_ms", REP_NUM, 0, queue_ms),

@@ -125,9 +125,12 @@ static void print_details(const DiffragAnswer *r)
     } else {
         printf("grounding: not reported by this daemon\n");
     }
-    char cached[48] = "";
+    char cached[112] = "";
     if (r->cached_tokens > 0)
         snprintf(cached, sizeof cached, ", %lld from the prefix cache", (long long)r->cached_tokens);
+    if (r->reused_tokens > 0)
+        snprintf(cached + strlen(cached), sizeof cached - strlen(cached),
+                 ", %lld blended from stored chunk KV", (long long)r->reused_tokens);
     printf("finish: %s; tokens: %lld prompt (%lld from documents%s), %lld generated; "
            "first token %.0f ms, total %.0f ms\n", r->finish_reason,
            (long long)r->prompt_tokens, (long long)r->context_tokens, cached,

@@ -212,7 +212,8 @@ def parse_answer(m: Dict[str, Any]) -> Answer:
     usage = Usage(prompt_tokens=u.int("prompt_tokens"),
                   context_tokens=u.int("context_tokens", False) or 0,
                   completion_tokens=u.int("completion_tokens"),
-                  cached_tokens=u.int("cached_tokens", False) or 0)
+                  cached_tokens=u.int("cached_tokens", False) or 0,
+                  reused_tokens=u.int("reused_tokens", False) or 0)
     t = f.sub("timings", False)
     timings = Timings(**{k: (t.num(k, False) or 0.0) for k in Timings.__dataclass_fields__}) \
         if t else Timings()

@@ -27,6 +27,7 @@ class Usage:
     context_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    reused_tokens: int = 0  # document tokens blended from stored chunk KV (kv_reuse)
 
 
 @dataclass
