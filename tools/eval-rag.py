@@ -18,11 +18,12 @@ order). The oracle asks each question with its gold paragraph alone, as an inlin
 
 With --kv-reuse SHARE the daemon blends each prompt's documents from stored chunk KV
 (kv_reuse = 1, kv_reuse_recompute = SHARE; docs/kv-reuse.md); run once with and once without
-it to compare.
+it to compare. With --relevance-floor 0 every budget is filled with chunks however weakly they
+match (the daemon's default floor, 0.5, stops at chunks under half the best one's score).
 
   tools/eval-rag.py                                   Qwen2.5-Coder-0.5B-Instruct, 2K..32K
   tools/eval-rag.py --budgets 2048,4096 --articles 2 --per-article 3 --show
-  tools/eval-rag.py --budgets 4096 --orders rank --kv-reuse 0.15
+  tools/eval-rag.py --budgets 16384 --orders rank --relevance-floor 0 --kv-reuse 0.15
 """
 import argparse
 import collections
@@ -118,6 +119,9 @@ def main():
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per question")
     ap.add_argument("--json", help="write every result here (JSON lines)")
     ap.add_argument("--show", action="store_true", help="print each result as it comes")
+    ap.add_argument("--relevance-floor", type=float, metavar="SHARE",
+                    help="the daemon's relevance_floor (0: the budget is filled with chunks "
+                    "however weak their match)")
     ap.add_argument("--kv-reuse", type=float, metavar="SHARE",
                     help="blend documents from stored chunk KV, recomputing this share")
     args = ap.parse_args()
@@ -127,13 +131,15 @@ def main():
     sets = pick(passages, questions, args.articles, args.per_article)
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.show else (lambda s: None)
     results = []
-    reuse = {} if args.kv_reuse is None else {"kv_reuse": 1,
-                                              "kv_reuse_recompute": args.kv_reuse}
+    keys = {} if args.kv_reuse is None else {"kv_reuse": 1,
+                                             "kv_reuse_recompute": args.kv_reuse}
+    if args.relevance_floor is not None:
+        keys["relevance_floor"] = args.relevance_floor
     t0 = time.time()
     try:
         with tempfile.TemporaryDirectory(prefix="eval-rag-") as work, \
                 ec.LocalDaemon(work, args.model, threads=args.threads, max_tokens=64,
-                               grounding_calibration="none", **reuse) as d, \
+                               grounding_calibration="none", **keys) as d, \
                 ec.Asker(d.endpoint, d.proc) as asker:
             for i, (title, qs) in enumerate(sets):
                 docs = corpus(passages, title, qs, args.corpus_tokens)
@@ -172,7 +178,8 @@ def main():
     n = sum(len(qs) for _, qs in sets)
     print("model %s; %d articles, %d questions; collections of ~%d tokens; %s; %.0f s in all" % (
         pathlib.Path(args.model).name, len(sets), n, args.corpus_tokens,
-        "chunk KV reuse at share %g" % args.kv_reuse if reuse else "no chunk KV reuse", wall))
+        "chunk KV reuse at share %g" % args.kv_reuse if args.kv_reuse is not None
+        else "no chunk KV reuse", wall))
     print("| budget | order | contains | F1 | gold paragraph placed | placed whole | "
           "median prompt tokens | median reused tokens | median TTFT ms |")
     print("|---|---|---|---|---|---|---|---|---|")
