@@ -25,6 +25,7 @@
 #include "daemon/zap.h"
 #include "daemon/zutil.h"
 #include "kernels/gpu.h"
+#include "model/chunkkv.h"
 #include "model/engine_gpu.h"
 #include "model/gguf.h"
 #include "model/kvpool.h"
@@ -587,6 +588,8 @@ static int start_workers(void *zctx, struct Model *m, const struct Config *c, in
     wo.kv_reuse_bytes = c->kv_reuse_bytes;
     wo.kv_store = c->kv_reuse_store_bytes ? store : NULL;
     wo.kv_store_bytes = c->kv_reuse_store_bytes;
+    if (wo.kv_reuse && wo.kv_store && m)
+        wo.kv_identity = chunkkv_identity(m, wo.engine.kv_type);
     if (device)
         *device = dev;
     dlog(LL_INFO, "msg=\"compute device\" setting=%s device=%s note=\"%s\"", c->device,

@@ -324,12 +324,18 @@ static void stats_blend(struct Worker *w, const struct ChunkKvBlend *b)
 
 /* ---- the document store's chunk KV records (docs/kv-reuse.md) ----
  * Before a blend, each stored chunk of the prompt whose copy the chunk store lacks is looked
- * up among the records; after it, the copies it made are written as records, and the use of
- * those it found renewed, in one transaction. A record that does not match (another frame,
- * tokens or encoding) or cannot be read is passed over: the blend makes the copy. */
+ * up among the records; after it, the copies it made are written as records, in one durable
+ * transaction that also renews the use of the records read since the last write (a blend that
+ * made no copy writes nothing: its uses wait for the next write, or for KV_TOUCH_BATCH of
+ * them; a use lost in a crash only ages a record). A record that does not match (another
+ * frame, tokens or encoding) or cannot be read is passed over: the blend makes the copy. */
 
-/* The record name of span i of q, or 0 when it is not a stored chunk. */
-static int span_ref(const struct Worker *w, const struct Seq *q, size_t i, struct StoreKvRef *ref)
+enum { KV_TOUCH_BATCH = 256 };
+
+/* The record name of span i of q after the frame whose hash is `frame`, or 0 when it is not
+ * a stored chunk. */
+static int span_ref(const struct Worker *w, const struct Seq *q, uint64_t frame, size_t i,
+                    struct StoreKvRef *ref)
 {
     const uint32_t *r = q->job.chunk_refs;
     if (!w->o.kv_store || !r || r[2 * i] == 0 ||
@@ -339,13 +345,13 @@ static int span_ref(const struct Worker *w, const struct Seq *q, size_t i, struc
     int n = (int)(q->job.doc_spans[2 * i + 1] - q->job.doc_spans[2 * i]);
     ref->coll = r[2 * i];
     ref->chunk = r[2 * i + 1];
-    ref->key = w->kv_identity ^ chunkkv_key(q->hist, (int)q->job.docs[0], t, n);
+    ref->key = w->o.kv_identity ^ chunkkv_key(frame, t, n);
     return 1;
 }
 
 /* Brings the records of q's stored chunks into the chunk store; to_write[i] = 1 for those
  * that have none (their copies, once the blend made them, are written). */
-static void records_load(struct Worker *w, struct Seq *q, unsigned char *to_write)
+static void records_load(struct Worker *w, struct Seq *q, uint64_t frame, unsigned char *to_write)
 {
     struct StoreReader *rd = NULL;
     char err[256];
@@ -353,11 +359,11 @@ static void records_load(struct Worker *w, struct Seq *q, unsigned char *to_writ
     for (size_t i = 0; i < q->job.n_spans; i++) {
         struct StoreKvRef ref;
         to_write[i] = 0;
-        if (!span_ref(w, q, i, &ref))
+        if (!span_ref(w, q, frame, i, &ref))
             continue;
         const int32_t *t = q->hist + q->job.doc_spans[2 * i];
         int n = (int)(q->job.doc_spans[2 * i + 1] - q->job.doc_spans[2 * i]);
-        if (chunkkv_has(w->ckv, q->hist, (int)q->job.docs[0], t, n))
+        if (chunkkv_has(w->ckv, frame, t, n))
             continue;
         if (!rd && store_read_begin(w->o.kv_store, &rd, err, sizeof err)) {
             dlog(LL_WARN, "msg=\"cannot read chunk KV records\" worker=%d error=\"%s\"",
@@ -371,8 +377,8 @@ static void records_load(struct Worker *w, struct Seq *q, unsigned char *to_writ
         to_write[i] = 1;
         if (rc == RET_ENOTFOUND)
             continue;
-        if (rc == RET_OK && chunkkv_insert(w->ckv, w->e, q->hist, (int)q->job.docs[0], t, n,
-                                           data, len, err, sizeof err) == ENGINE_OK) {
+        if (rc == RET_OK &&
+            chunkkv_insert(w->ckv, w->e, frame, t, n, data, len, err, sizeof err) == ENGINE_OK) {
             to_write[i] = 0;
             if (st) atomic_fetch_add(&st->kv_loaded, 1);
             continue;
@@ -384,48 +390,72 @@ static void records_load(struct Worker *w, struct Seq *q, unsigned char *to_writ
     store_read_end(&rd);
 }
 
-/* Writes the copies made for spans marked in to_write, and renews the use of the others. */
-static void records_save(struct Worker *w, struct Seq *q, const unsigned char *to_write)
+/* Keeps the use of a record for the next write; 0, or -1 out of memory (the use is lost). */
+static int touch_later(struct Worker *w, const struct StoreKvRef *ref)
 {
-    size_t n_spans = q->job.n_spans, n_put = 0, n_touch = 0;
-    struct StoreKvPut *puts = calloc(n_spans + 1, sizeof *puts);
-    struct StoreKvRef *touch = calloc(n_spans + 1, sizeof *touch);
-    struct ChunkKvRecord *recs = calloc(n_spans + 1, sizeof *recs);
-    char err[256];
+    if (w->n_kv_touch == w->cap_kv_touch) {
+        size_t cap = w->cap_kv_touch ? 2 * w->cap_kv_touch : 64;
+        struct StoreKvRef *v = realloc(w->kv_touch, cap * sizeof *v);
+        if (!v) return -1;
+        w->kv_touch = v;
+        w->cap_kv_touch = cap;
+    }
+    w->kv_touch[w->n_kv_touch++] = *ref;
+    return 0;
+}
+
+/* Writes the records in puts[0..n_put) with the uses kept so far, in one transaction (none
+ * when there is nothing to write). */
+void records_flush(struct Worker *w, const struct StoreKvPut *puts, size_t n_put)
+{
     struct WorkerStats *st = w->o.stats;
-    if (!puts || !touch || !recs) {
+    struct StoreKvReport rep;
+    char err[256];
+    if (!w->o.kv_store || (!n_put && !w->n_kv_touch))
+        return;
+    if (store_kv_write(w->o.kv_store, puts, n_put, w->kv_touch, w->n_kv_touch,
+                       w->o.kv_store_bytes, &rep, err, sizeof err)) {
+        dlog(LL_WARN, "msg=\"cannot write chunk KV records\" worker=%d error=\"%s\"",
+             w->o.index, err);
+        if (st) atomic_fetch_add(&st->kv_store_errors, 1);
+    } else if (n_put && st) {
+        atomic_fetch_add(&st->kv_written, rep.written);
+    }
+    w->n_kv_touch = 0;
+}
+
+/* Writes the copies made for spans marked in to_write; the uses of the others are kept for
+ * the next write. */
+static void records_save(struct Worker *w, struct Seq *q, uint64_t frame,
+                         const unsigned char *to_write)
+{
+    size_t n_spans = q->job.n_spans, n_put = 0;
+    struct StoreKvPut *puts = calloc(n_spans + 1, sizeof *puts);
+    struct ChunkKvRecord *recs = calloc(n_spans + 1, sizeof *recs);
+    struct WorkerStats *st = w->o.stats;
+    if (!puts || !recs) {
         dlog(LL_WARN, "msg=\"out of memory writing chunk KV records\" worker=%d", w->o.index);
         if (st) atomic_fetch_add(&st->kv_store_errors, 1);
         free(puts);
-        free(touch);
         free(recs);
         return;
     }
     for (size_t i = 0; i < n_spans; i++) {
         struct StoreKvRef ref;
-        if (!span_ref(w, q, i, &ref))
+        if (!span_ref(w, q, frame, i, &ref))
             continue;
         const int32_t *t = q->hist + q->job.doc_spans[2 * i];
         int n = (int)(q->job.doc_spans[2 * i + 1] - q->job.doc_spans[2 * i]);
         if (!to_write[i]) {
-            touch[n_touch++] = ref;
-        } else if (chunkkv_record(w->ckv, q->hist, (int)q->job.docs[0], t, n, &recs[n_put])) {
+            touch_later(w, &ref);
+        } else if (chunkkv_record(w->ckv, frame, t, n, &recs[n_put])) {
             puts[n_put] = (struct StoreKvPut){ ref, recs[n_put].parts, recs[n_put].lens, 3 };
             n_put++;
         }
     }
-    struct StoreKvReport rep;
-    if ((n_put || n_touch) &&
-        store_kv_write(w->o.kv_store, puts, n_put, touch, n_touch, w->o.kv_store_bytes, &rep,
-                       err, sizeof err)) {
-        dlog(LL_WARN, "msg=\"cannot write chunk KV records\" worker=%d error=\"%s\"", w->o.index,
-             err);
-        if (st) atomic_fetch_add(&st->kv_store_errors, 1);
-    } else if (n_put && st) {
-        atomic_fetch_add(&st->kv_written, rep.written);
-    }
+    if (n_put || w->n_kv_touch >= KV_TOUCH_BATCH)
+        records_flush(w, puts, n_put);
     free(puts);
-    free(touch);
     free(recs);
 }
 
@@ -437,10 +467,11 @@ static void seq_blend(struct Worker *w, struct Seq *q)
     char err[256];
     struct ChunkKvBlend b;
     double t0 = zu_now_ms();
+    uint64_t frame = chunkkv_frame(q->hist, (int)q->job.docs[0]);
     unsigned char *to_write = w->o.kv_store && q->job.chunk_refs ? calloc(q->job.n_spans + 1, 1)
                                                                  : NULL;
     if (to_write)
-        records_load(w, q, to_write);
+        records_load(w, q, frame, to_write);
     int rc = chunkkv_blend(w->ckv, q->e, w->ckv_helper, q->hist, (int)q->job.docs[0],
                            (int)q->job.docs[1], q->job.doc_spans, (int)q->job.n_spans,
                            w->o.kv_reuse_recompute, &b, err, sizeof err);
@@ -459,7 +490,7 @@ static void seq_blend(struct Worker *w, struct Seq *q)
     q->reused = b.reused;
     stats_blend(w, &b);
     if (to_write)
-        records_save(w, q, to_write);
+        records_save(w, q, frame, to_write);
     free(to_write);
     dlog(LL_DEBUG, "msg=\"documents blended\" worker=%d job=%llu chunks=%d made=%d reused=%d "
          "recomputed=%d ms=%.1f", w->o.index, (unsigned long long)q->job.job, b.chunks,

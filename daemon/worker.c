@@ -644,8 +644,6 @@ int worker_start(void *zctx, const struct Model *m, const struct WorkerOpts *o,
                 snprintf(err, errlen, "out of memory for the chunk KV store");
             goto err;
         }
-        if (o->kv_store)
-            w->kv_identity = chunkkv_identity(w->e);
     }
     check_init(w);
     w->max_running = o->max_running < 1 ? 1
@@ -703,6 +701,8 @@ void worker_stop(struct Worker **wp)
         zmq_close(w->ctl);
     while (w->n_seq_e > 0)
         engine_destroy(&w->seq_e[--w->n_seq_e]);
+    records_flush(w, NULL, 0);
+    free(w->kv_touch);
     engine_destroy(&w->ckv_helper);
     chunkkv_destroy(&w->ckv);
     engine_destroy(&w->e);

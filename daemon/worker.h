@@ -47,9 +47,11 @@ struct WorkerOpts {
     double kv_reuse_recompute;
     size_t kv_reuse_bytes;
     /* and the copies of stored chunks are kept as records in this document store (in-process
-     * workers; NULL: memory only), at most kv_store_bytes of them */
+     * workers; NULL: memory only), at most kv_store_bytes of them, named with kv_identity
+     * (chunkkv_identity of the model and the engine's KV type: computed once for all workers) */
     struct Store *kv_store;
     uint64_t kv_store_bytes;
+    uint64_t kv_identity;
     int heartbeat_ms;          /* interval of heartbeats both ways */
     int liveness;              /* silent intervals after which the broker is presumed dead */
     struct EngineOpts engine;  /* n_ctx, chunk (the step's token budget), kv type, memory

@@ -42,7 +42,9 @@ struct Worker {
     struct ChunkKv *ckv;
     struct Engine *ckv_helper;
     struct ChunkKvStats ckv_last;   /* the store's figures at the last update of the stats */
-    uint64_t kv_identity;           /* chunkkv_identity of the context (with o.kv_store) */
+    /* use ticks of chunk KV records read since the last write (renewed with the next one) */
+    struct StoreKvRef *kv_touch;
+    size_t n_kv_touch, cap_kv_touch;
 };
 
 /* The answer tokens' signals as they are generated (struct of arrays, grown by doubling). */
@@ -90,5 +92,10 @@ void worker_after_answer(struct Worker *w, const struct WireJob *job, struct Eng
  * (every running request is then answered as cancelled) or a failure (its requests are lost
  * with it; the I/O thread answers them). */
 void sched_run(struct Worker *w, void *pair);
+
+/* Writes the chunk KV records puts[0..n_put) and the record uses kept since the last write,
+ * in one transaction (none when there is nothing to write); sched.c. */
+struct StoreKvPut;
+void records_flush(struct Worker *w, const struct StoreKvPut *puts, size_t n_put);
 
 #endif

@@ -126,14 +126,14 @@ static int make_room(struct ChunkKv *c, size_t need)
     return c->bytes + need > c->budget ? -1 : 0;
 }
 
-/* The copy of chunk t[0..n) after frame prompt[0..nf), made on helper. NULL when it cannot be
- * made (no room, no pages, no memory). */
-static struct Copy *make_copy(struct ChunkKv *c, struct Engine *helper, const int32_t *prompt,
-                              int nf, const int32_t *t, int n, uint64_t key, uint64_t frame)
+/* A new copy of chunk t[0..n) (key, frame) whose first token was at kv_pos, with kvb bytes of
+ * KV for the caller to fill, appended after making room. NULL when it does not fit or memory
+ * runs out. */
+static struct Copy *copy_add(struct ChunkKv *c, uint64_t key, uint64_t frame, const int32_t *t,
+                             int n, int kv_pos, size_t kvb)
 {
-    char err[256];
-    size_t kvb = engine_kv_bytes(helper, n), bytes = kvb + (size_t)n * sizeof *t;
-    if (make_room(c, bytes)) return NULL;
+    size_t tb = (size_t)n * sizeof *t;
+    if (make_room(c, kvb + tb)) return NULL;
     if (c->n == c->cap) {
         size_t cap = c->cap ? 2 * c->cap : 64;
         struct Copy *v = realloc(c->v, cap * sizeof *v);
@@ -141,29 +141,52 @@ static struct Copy *make_copy(struct ChunkKv *c, struct Engine *helper, const in
         c->v = v;
         c->cap = cap;
     }
-    int32_t *buf = malloc((size_t)(nf + n) * sizeof *buf);
-    struct Copy p = {.key = key, .frame = frame, .n = n, .kv_pos = nf, .bytes = bytes,
+    struct Copy p = {.key = key, .frame = frame, .n = n, .kv_pos = kv_pos, .bytes = kvb + tb,
                      .used = ++c->tick, .pin = c->blend};
-    p.tokens = malloc((size_t)n * sizeof *t);
+    p.tokens = malloc(tb);
     p.kv = malloc(kvb);
-    int ok = buf && p.tokens && p.kv;
-    if (ok) {
-        memcpy(buf, prompt, (size_t)nf * sizeof *buf);
-        memcpy(buf + nf, t, (size_t)n * sizeof *buf);
-        memcpy(p.tokens, t, (size_t)n * sizeof *t);
-        engine_reset(helper);
-        ok = engine_prefill(helper, buf, (size_t)(nf + n), err, sizeof err) == ENGINE_OK &&
-             engine_kv_export(helper, nf, n, p.kv, err, sizeof err) == ENGINE_OK;
-        engine_reset(helper);
-    }
-    free(buf);
-    if (!ok || !hash_insert(&c->index, key, c->n)) {
+    if (!p.tokens || !p.kv || !hash_insert(&c->index, key, c->n)) {
         copy_free(&p);
         return NULL;
     }
+    memcpy(p.tokens, t, tb);
     c->v[c->n] = p;
-    c->bytes += bytes;
+    c->bytes += p.bytes;
     return &c->v[c->n++];
+}
+
+/* Takes back the copy copy_add just appended. */
+static void copy_drop_last(struct ChunkKv *c)
+{
+    struct Copy *p = &c->v[--c->n];
+    c->bytes -= p->bytes;
+    copy_free(p);
+    reindex(c);
+}
+
+/* The copy of chunk t[0..n) after frame prompt[0..nf), made on helper. NULL when it cannot be
+ * made (no room, no pages, no memory). */
+static struct Copy *make_copy(struct ChunkKv *c, struct Engine *helper, const int32_t *prompt,
+                              int nf, const int32_t *t, int n, uint64_t key, uint64_t frame)
+{
+    char err[256];
+    size_t kvb = engine_kv_bytes(helper, n);
+    if (make_room(c, kvb + (size_t)n * sizeof *t)) return NULL;
+    int32_t *buf = malloc((size_t)(nf + n) * sizeof *buf);
+    if (!buf) return NULL;
+    memcpy(buf, prompt, (size_t)nf * sizeof *buf);
+    memcpy(buf + nf, t, (size_t)n * sizeof *buf);
+    engine_reset(helper);
+    struct Copy *p = NULL;
+    if (engine_prefill(helper, buf, (size_t)(nf + n), err, sizeof err) == ENGINE_OK &&
+        (p = copy_add(c, key, frame, t, n, nf, kvb)) &&
+        engine_kv_export(helper, nf, n, p->kv, err, sizeof err) != ENGINE_OK) {
+        copy_drop_last(c);
+        p = NULL;
+    }
+    engine_reset(helper);
+    free(buf);
+    return p;
 }
 
 int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
@@ -187,7 +210,7 @@ int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
     if (rc) return rc;
     struct EngineKvPart *parts = calloc(2 * (size_t)n_spans + 1, sizeof *parts);
     if (!parts) return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory for a blend");
-    uint64_t frame = hash_bytes(prompt, (size_t)docs_start * sizeof *prompt);
+    uint64_t frame = chunkkv_frame(prompt, docs_start);
     c->blend++;
     int np = 0, at = docs_start;
     for (int i = 0; i < n_spans; i++) {
@@ -224,36 +247,33 @@ int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
     return ENGINE_OK;
 }
 
-uint64_t chunkkv_identity(const struct Engine *e)
+uint64_t chunkkv_identity(const struct Model *m, enum KvType kv_type)
 {
-    const struct Model *m = engine_model(e);
     /* the configuration's fields are all 4 bytes wide: no padding to hash */
     uint64_t h = hash_bytes(&m->cfg, sizeof m->cfg);
     h = hash_u64(h ^ hash_bytes(m->arena, m->arena_bytes));
-    return hash_u64(h ^ (uint64_t)engine_opts(e)->kv_type);
+    return hash_u64(h ^ (uint64_t)kv_type);
 }
 
-uint64_t chunkkv_key(const int32_t *prompt, int docs_start, const int32_t *t, int n)
+uint64_t chunkkv_frame(const int32_t *prompt, int docs_start)
 {
-    return copy_key(hash_bytes(prompt, (size_t)docs_start * sizeof *prompt), t, n);
+    return hash_bytes(prompt, (size_t)docs_start * sizeof *prompt);
 }
 
-static struct Copy *lookup(struct ChunkKv *c, const int32_t *prompt, int docs_start,
-                           const int32_t *t, int n)
+uint64_t chunkkv_key(uint64_t frame, const int32_t *t, int n)
 {
-    uint64_t frame = hash_bytes(prompt, (size_t)docs_start * sizeof *prompt);
-    return find(c, copy_key(frame, t, n), frame, t, n);
+    return copy_key(frame, t, n);
 }
 
-int chunkkv_has(struct ChunkKv *c, const int32_t *prompt, int docs_start, const int32_t *t, int n)
+int chunkkv_has(struct ChunkKv *c, uint64_t frame, const int32_t *t, int n)
 {
-    return lookup(c, prompt, docs_start, t, n) != NULL;
+    return find(c, copy_key(frame, t, n), frame, t, n) != NULL;
 }
 
-int chunkkv_record(struct ChunkKv *c, const int32_t *prompt, int docs_start, const int32_t *t,
-                   int n, struct ChunkKvRecord *out)
+int chunkkv_record(struct ChunkKv *c, uint64_t frame, const int32_t *t, int n,
+                   struct ChunkKvRecord *out)
 {
-    struct Copy *p = lookup(c, prompt, docs_start, t, n);
+    struct Copy *p = find(c, copy_key(frame, t, n), frame, t, n);
     if (!p) return 0;
     size_t tb = (size_t)n * sizeof *t;
     p->header = (struct RecordHeader){RECORD_MAGIC, (uint32_t)n, (uint32_t)p->kv_pos, 0,
@@ -263,13 +283,11 @@ int chunkkv_record(struct ChunkKv *c, const int32_t *prompt, int docs_start, con
     return 1;
 }
 
-int chunkkv_insert(struct ChunkKv *c, const struct Engine *e, const int32_t *prompt,
-                   int docs_start, const int32_t *t, int n, const void *rec, size_t len,
-                   char *err, size_t errlen)
+int chunkkv_insert(struct ChunkKv *c, const struct Engine *e, uint64_t frame, const int32_t *t,
+                   int n, const void *rec, size_t len, char *err, size_t errlen)
 {
     struct RecordHeader h;
     size_t tb = (size_t)n * sizeof *t, kvb = engine_kv_bytes(e, n);
-    uint64_t frame = hash_bytes(prompt, (size_t)docs_start * sizeof *prompt);
     if (len < RECORD_HEADER)
         return errmsg_set(err, errlen, ENGINE_EINPUT, "a chunk KV record of %zu bytes is too "
                           "short", len);
@@ -284,28 +302,11 @@ int chunkkv_insert(struct ChunkKv *c, const struct Engine *e, const int32_t *pro
     if (h.kv_pos > (uint32_t)ENGINE_MAX_CTX)
         return errmsg_set(err, errlen, ENGINE_EINPUT, "the chunk KV record's position %u is out "
                           "of range", h.kv_pos);
-    if (lookup(c, prompt, docs_start, t, n)) return ENGINE_OK;
-    if (make_room(c, tb + kvb))
-        return errmsg_set(err, errlen, ENGINE_ENOMEM, "no room for the chunk's KV in memory");
-    if (c->n == c->cap) {
-        size_t cap = c->cap ? 2 * c->cap : 64;
-        struct Copy *v = realloc(c->v, cap * sizeof *v);
-        if (!v) return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory");
-        c->v = v;
-        c->cap = cap;
-    }
     uint64_t key = copy_key(frame, t, n);
-    struct Copy p = {.key = key, .frame = frame, .n = n, .kv_pos = (int)h.kv_pos,
-                     .bytes = tb + kvb, .used = ++c->tick};
-    p.tokens = malloc(tb);
-    p.kv = malloc(kvb);
-    if (!p.tokens || !p.kv || !hash_insert(&c->index, key, c->n)) {
-        copy_free(&p);
-        return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory");
-    }
-    memcpy(p.tokens, t, tb);
-    memcpy(p.kv, at + tb, kvb);
-    c->v[c->n++] = p;
-    c->bytes += p.bytes;
+    if (find(c, key, frame, t, n)) return ENGINE_OK;
+    struct Copy *p = copy_add(c, key, frame, t, n, (int)h.kv_pos, kvb);
+    if (!p)
+        return errmsg_set(err, errlen, ENGINE_ENOMEM, "no room in memory for the chunk's KV");
+    memcpy(p->kv, at + tb, kvb);
     return ENGINE_OK;
 }

@@ -51,15 +51,19 @@ int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
  * a blend made (chunkkv_record). */
 
 /* A hash naming what a copy's numbers depend on besides the tokens: the model's weights and
- * configuration (RoPE settings included) and the context's KV type. Reads every weight:
- * once per context, not per request. */
-uint64_t chunkkv_identity(const struct Engine *e);
+ * configuration (RoPE settings included) and the KV type. Reads every weight: once per model
+ * and KV type, not per request or per context. */
+uint64_t chunkkv_identity(const struct Model *m, enum KvType kv_type);
 
-/* The key of chunk t[0..n) after the frame prompt[0..docs_start) (as the blend uses it). */
-uint64_t chunkkv_key(const int32_t *prompt, int docs_start, const int32_t *t, int n);
+/* The hash of the frame prompt[0..docs_start) (everything before the documents), which the
+ * calls below take: computed once a prompt. */
+uint64_t chunkkv_frame(const int32_t *prompt, int docs_start);
 
-/* 1 when the cache holds the copy of chunk t[0..n) after frame prompt[0..docs_start). */
-int chunkkv_has(struct ChunkKv *c, const int32_t *prompt, int docs_start, const int32_t *t, int n);
+/* The key of chunk t[0..n) after the frame whose hash is `frame` (as the blend uses it). */
+uint64_t chunkkv_key(uint64_t frame, const int32_t *t, int n);
+
+/* 1 when the cache holds the copy of chunk t[0..n) after that frame. */
+int chunkkv_has(struct ChunkKv *c, uint64_t frame, const int32_t *t, int n);
 
 /* A copy as a record, in three pieces laid end to end: a header (format, tokens, position,
  * frame hash, KV bytes), the tokens, the KV (engine_kv_export's layout). They borrow the
@@ -69,16 +73,14 @@ struct ChunkKvRecord {
     size_t lens[3];
 };
 /* 1 and *out when the cache holds the copy, else 0. */
-int chunkkv_record(struct ChunkKv *c, const int32_t *prompt, int docs_start, const int32_t *t,
-                   int n, struct ChunkKvRecord *out);
+int chunkkv_record(struct ChunkKv *c, uint64_t frame, const int32_t *t, int n,
+                   struct ChunkKvRecord *out);
 
 /* Takes a record (the pieces chunkkv_record gave, concatenated) as the copy of chunk t[0..n)
- * after frame prompt[0..docs_start), for contexts like e: the record must say the same
- * tokens, frame and KV size (e's encoding). ENGINE_OK; ENGINE_EINPUT with err when the
- * record does not match or is malformed; ENGINE_ENOMEM when it does not fit the budget or
- * memory. */
-int chunkkv_insert(struct ChunkKv *c, const struct Engine *e, const int32_t *prompt,
-                   int docs_start, const int32_t *t, int n, const void *rec, size_t len,
-                   char *err, size_t errlen);
+ * after the frame, for contexts like e: the record must say the same tokens, frame and KV
+ * size (e's encoding). ENGINE_OK; ENGINE_EINPUT with err when the record does not match or is
+ * malformed; ENGINE_ENOMEM when it does not fit the budget or memory. */
+int chunkkv_insert(struct ChunkKv *c, const struct Engine *e, uint64_t frame, const int32_t *t,
+                   int n, const void *rec, size_t len, char *err, size_t errlen);
 
 #endif

@@ -139,7 +139,17 @@ def test_records_outlive_a_restart_and_leave_with_their_documents(tmp_path, buil
         first = [ask_collection(d, [q], **kw)[0] for q, kw in asks]
         m1 = records(d)
         held = d.metric("diffrag_kv_reuse_records")
+        # a question whose chunks are all in memory writes nothing to the store: the uses of
+        # its records wait for the next write, here the worker's stop
+        mdb = data / "data.mdb"
+        before = (mdb.stat().st_mtime_ns, mdb.stat().st_size)
+        hits = d.metric("diffrag_kv_reuse_chunks_total", result="hit")
+        again_q1 = ask_collection(d, [q1], top_k=100)[0]
+        assert d.metric("diffrag_kv_reuse_chunks_total", result="hit") > hits
+        assert (mdb.stat().st_mtime_ns, mdb.stat().st_size) == before
+        assert again_q1["answer"] == first[0]["answer"]
         assert d.stop() == 0
+    assert mdb.stat().st_mtime_ns != before[0]
     # one record a placed text: a one-chunk document placed whole is that chunk, the same record
     placed = {(c["doc_id"], tuple(c["offsets"])) for r in first for c in r["citations"]}
     n_placed = len(placed)
