@@ -13,15 +13,21 @@
  * on one context, off and then on at each recompute share asked for (--shares), and the time
  * to first token (the prompt's last logits) of each is taken; then the greedy answer (up to 24
  * tokens) of each. "On" runs the daemon's path (model/chunkkv.h: the chunk store, blends
- * from it). Every chunk's KV is made at its first use, after the frame, before the question
+ * from it, the question as the probe that weighs which tokens are recomputed); with
+ * --selections probe,deviation it also runs without the probe (the tokens whose values moved
+ * most). Every chunk's KV is made at its first use, after the frame, before the question
  * that first uses it is timed (an untimed blend at share 0); that cost is printed apart.
- * Prints per budget and share the median time to first token off and on and their ratio
- * (target: 3x at 16K), the answers that contain a gold answer off and on, the answers equal to
- * the full prefill's, the first answer tokens equal to its, the median KL divergence of the
- * first token's distribution from the full prefill's, and the stored KV bytes a token.
+ * Then each "on" is blended again and fed the full prefill's answer, token by token, for the
+ * mean KL divergence of its next-token distributions from the full prefill's over the whole
+ * answer (the answer's divergence, which a first token alone understates).
+ * Prints per budget, share and selection the median time to first token off and on and their
+ * ratio (target: 3x at 16K), the answers that contain a gold answer off and on, the answers
+ * equal to the full prefill's, the first answer tokens equal to its, the median KL divergence
+ * of the first token's distribution and the mean over the answer (each the median over the
+ * questions), and the stored KV bytes a token.
  *
  * Usage: bench_kvreuse MODEL SQUAD_DIR [--budgets 8192,16384,32768] [--questions N]
- *        [--shares 0.15,...] [--threads T] [--kv f16|q8] */
+ *        [--shares 0.15,...] [--selections probe,deviation] [--threads T] [--kv f16|q8] */
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
@@ -208,16 +214,31 @@ static double kl_logits(const float *p, const float *q, int n)
     return kl > 0 ? kl : 0;
 }
 
+enum { ANSWER_MAX = 24 };
+
+/* An answer as the full prefill gave it: its tokens and the logits before each (and before
+ * the end, when it ended), for the answer's divergence. */
+struct Answer {
+    int32_t ids[ANSWER_MAX];
+    int n_ids, n_steps;
+    float *logits;            /* (ANSWER_MAX + 1, vocab) */
+};
+
 /* The greedy answer after the prompt the context holds (its last logits current); returns its
- * first token. */
-static int32_t answer(struct Engine *e, const struct Tokenizer *t, char *out, size_t cap)
+ * first token. With rec, the tokens and each step's logits are kept there. */
+static int32_t answer(struct Engine *e, const struct Tokenizer *t, char *out, size_t cap,
+                      struct Answer *rec)
 {
-    int32_t ids[24];
+    int32_t ids[ANSWER_MAX];
     int n = 0;
     char err[256];
     const struct Model *m = engine_model(e);
-    while (n < 24) {
+    if (rec) rec->n_steps = 0;
+    while (n < ANSWER_MAX) {
         const float *lg = engine_logits(e);
+        if (rec)
+            memcpy(rec->logits + (size_t)rec->n_steps++ * m->cfg.vocab, lg,
+                   (size_t)m->cfg.vocab * sizeof *lg);
         int32_t best = 0;
         for (int i = 1; i < m->cfg.vocab; i++)
             if (lg[i] > lg[best]) best = i;
@@ -225,27 +246,53 @@ static int32_t answer(struct Engine *e, const struct Tokenizer *t, char *out, si
         ids[n++] = best;
         if (engine_decode(e, best, err, sizeof err)) break;
     }
+    if (rec) {
+        memcpy(rec->ids, ids, (size_t)n * sizeof *ids);
+        rec->n_ids = n;
+        if (rec->n_steps > n + 1) rec->n_steps = n + 1;
+    }
     size_t len = 0;
     if (tok_decode(t, ids, (size_t)n, out, cap - 1, &len) != 0) len = 0;
     out[len < cap - 1 ? len : cap - 1] = 0;
     return n ? ids[0] : -1;
 }
 
+/* The mean KL divergence, over the answer's steps, of the next-token distributions of the
+ * context (its last logits current, after the prompt) fed the recorded answer from the
+ * recorded ones. */
+static double answer_kl(struct Engine *e, const struct Answer *a)
+{
+    int vocab = engine_model(e)->cfg.vocab;
+    char err[256];
+    double sum = 0;
+    int k = 0;
+    for (; k < a->n_steps; k++) {
+        sum += kl_logits(a->logits + (size_t)k * vocab, engine_logits(e), vocab);
+        if (k < a->n_ids && k + 1 < a->n_steps && engine_decode(e, a->ids[k], err, sizeof err)) {
+            k++;
+            break;
+        }
+    }
+    return k ? sum / k : 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
         fprintf(stderr, "usage: %s MODEL SQUAD_DIR [--budgets 8192,16384,32768] [--questions N] "
-                        "[--shares S,...] [--threads T] [--kv f16|q8]\n", argv[0]);
+                        "[--shares S,...] [--selections probe,deviation] [--threads T] "
+                        "[--kv f16|q8]\n", argv[0]);
         return 2;
     }
     const char *model_path = argv[1], *squad = argv[2], *budgets_arg = "8192,16384,32768";
     int n_q = 4, threads = 2;
-    const char *shares_arg = "0.15";
+    const char *shares_arg = "0.15", *sel_arg = "probe";
     enum KvType kvt = KV_F16;
     for (int i = 3; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--budgets")) budgets_arg = argv[i + 1];
         else if (!strcmp(argv[i], "--questions")) n_q = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--shares")) shares_arg = argv[i + 1];
+        else if (!strcmp(argv[i], "--selections")) sel_arg = argv[i + 1];
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--kv")) kvt = !strcmp(argv[i + 1], "q8") ? KV_Q8 : KV_F16;
         else {
@@ -276,6 +323,24 @@ int main(int argc, char **argv)
         if (!p) break;
         p++;
     }
+    /* the selections: with the question as the probe (the daemon's), or without */
+    int sels[2], n_sel = 0;
+    for (const char *p = sel_arg; *p && n_sel < 2;) {
+        size_t len = strcspn(p, ",");
+        if (len == 5 && !strncmp(p, "probe", 5)) sels[n_sel++] = 1;
+        else if (len == 9 && !strncmp(p, "deviation", 9)) sels[n_sel++] = 0;
+        else {
+            fprintf(stderr, "a selection is probe or deviation: %s\n", sel_arg);
+            return 2;
+        }
+        p += len + (p[len] == ',');
+    }
+    if (!n_sel) {
+        fprintf(stderr, "no selection in %s\n", sel_arg);
+        return 2;
+    }
+    enum { MAX_VAR = 2 * MAX_SHARES };
+    int nv = ns * n_sel;
     char err[512], path[4096];
     struct Data d = {0};
     snprintf(path, sizeof path, "%s/passages.jsonl", squad);
@@ -305,16 +370,23 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s\n", err);
         return 1;
     }
-    printf("bench-kvreuse: %s, %d threads, KV %s, recompute shares %s, %d questions a budget\n",
-           model_path, threads, kvt == KV_Q8 ? "int8" : "f16", shares_arg, n_q);
+    printf("bench-kvreuse: %s, %d threads, KV %s, recompute shares %s, selections %s, %d "
+           "questions a budget\n", model_path, threads, kvt == KV_Q8 ? "int8" : "f16",
+           shares_arg, sel_arg, n_q);
+    struct Answer rec = {.logits = malloc((size_t)(ANSWER_MAX + 1) * m->cfg.vocab *
+                                          sizeof(float))};
+    if (!rec.logits) {
+        fprintf(stderr, "out of memory\n");
+        return 1;
+    }
 
     for (int bi = 0; bi < nb; bi++) {
         int budget = budgets[bi];
-        double t_off[64], t_on[MAX_SHARES][64], kl[MAX_SHARES][64];
+        double t_off[64], t_on[MAX_VAR][64], kl[MAX_VAR][64], akl[MAX_VAR][64];
         float *lg_off = malloc((size_t)m->cfg.vocab * sizeof *lg_off);
-        int gold_off = 0, gold_on[MAX_SHARES] = {0}, agree[MAX_SHARES] = {0};
-        int first_agree[MAX_SHARES] = {0}, tokens_sum = 0;
-        long reused_sum[MAX_SHARES] = {0}, region_sum[MAX_SHARES] = {0};
+        int gold_off = 0, gold_on[MAX_VAR] = {0}, agree[MAX_VAR] = {0};
+        int first_agree[MAX_VAR] = {0}, tokens_sum = 0;
+        long reused_sum[MAX_VAR] = {0}, region_sum[MAX_VAR] = {0};
         double first_use_s = 0;
         long first_use_chunks = 0;
         int nq = n_q < 64 ? n_q : 64;
@@ -375,8 +447,8 @@ int main(int argc, char **argv)
             struct ChunkKvBlend cb;
             engine_reset(e);
             double tu = now_s();
-            if (chunkkv_blend(store, e, helper, cx->tokens, nf, tail0, spans, (int)cx->n_cites,
-                              0.0, &cb, err, sizeof err)) {
+            if (chunkkv_blend(store, e, helper, cx->tokens, nf, tail0, tail0, spans,
+                              (int)cx->n_cites, 0.0, &cb, err, sizeof err)) {
                 fprintf(stderr, "first use: %s\n", err);
                 return 1;
             }
@@ -395,35 +467,49 @@ int main(int argc, char **argv)
             }
             t_off[qi] = now_s() - t0;
             memcpy(lg_off, engine_logits(e), (size_t)m->cfg.vocab * sizeof *lg_off);
-            first_off = answer(e, m->tok, a_off, sizeof a_off);
+            first_off = answer(e, m->tok, a_off, sizeof a_off, &rec);
             int g0 = contains_gold(a_off, q);
             gold_off += g0;
             tokens_sum += n_all;
             printf("  %d tokens, off %.2f s: gold %d \"%.70s\"\n", n_all, t_off[qi], g0, a_off);
-            /* on, at each share */
-            for (int si = 0; si < ns; si++) {
-                engine_reset(e);
+            /* on, at each share and selection */
+            for (int vi = 0; vi < nv; vi++) {
+                double share = shares[vi / n_sel];
+                int probe = sels[vi % n_sel];
+                int n_prompt = probe ? n_all : tail0;
                 struct ChunkKvBlend st;
-                t0 = now_s();
-                if (chunkkv_blend(store, e, helper, cx->tokens, nf, tail0, spans,
-                                  (int)cx->n_cites, shares[si], &st, err, sizeof err) ||
-                    engine_prefill(e, cx->tokens + tail0, (size_t)(n_all - tail0), err,
-                                   sizeof err)) {
-                    fprintf(stderr, "blend: %s\n", err);
-                    return 1;
+                for (int pass = 0; pass < 2; pass++) {
+                    /* pass 0: the time to first token and the greedy answer; pass 1: the
+                     * same blend fed the full prefill's answer */
+                    engine_reset(e);
+                    t0 = now_s();
+                    if (chunkkv_blend(store, e, helper, cx->tokens, nf, tail0, n_prompt, spans,
+                                      (int)cx->n_cites, share, &st, err, sizeof err) ||
+                        engine_prefill(e, cx->tokens + tail0, (size_t)(n_all - tail0), err,
+                                       sizeof err)) {
+                        fprintf(stderr, "blend: %s\n", err);
+                        return 1;
+                    }
+                    if (pass) {
+                        akl[vi][qi] = answer_kl(e, &rec);
+                        break;
+                    }
+                    t_on[vi][qi] = now_s() - t0;
+                    kl[vi][qi] = kl_logits(lg_off, engine_logits(e), m->cfg.vocab);
+                    int32_t first_on = answer(e, m->tok, a_on, sizeof a_on, NULL);
+                    int g1 = contains_gold(a_on, q);
+                    gold_on[vi] += g1;
+                    agree[vi] += !strcmp(a_off, a_on);
+                    first_agree[vi] += first_on == first_off;
+                    reused_sum[vi] += st.reused;
+                    region_sum[vi] += st.reused + st.recomputed;
+                    printf("    share %.2f %s, on %.2f s (%d of %d reused; probe %.2f s), KL "
+                           "%.4f: gold %d \"%.70s\"\n", share, probe ? "probe" : "deviation",
+                           t_on[vi][qi], st.reused, st.reused + st.recomputed, st.probe_s,
+                           kl[vi][qi], g1, a_on);
                 }
-                t_on[si][qi] = now_s() - t0;
-                kl[si][qi] = kl_logits(lg_off, engine_logits(e), m->cfg.vocab);
-                int32_t first_on = answer(e, m->tok, a_on, sizeof a_on);
-                int g1 = contains_gold(a_on, q);
-                gold_on[si] += g1;
-                agree[si] += !strcmp(a_off, a_on);
-                first_agree[si] += first_on == first_off;
-                reused_sum[si] += st.reused;
-                region_sum[si] += st.reused + st.recomputed;
-                printf("    share %.2f, on %.2f s (%d of %d reused), KL %.4f: gold %d \"%.70s\"\n",
-                       shares[si], t_on[si][qi], st.reused, st.reused + st.recomputed,
-                       kl[si][qi], g1, a_on);
+                printf("      fed the full prefill's answer (%d tokens): mean KL %.4f\n",
+                       rec.n_ids, akl[vi][qi]);
             }
             fflush(stdout);
             free(spans);
@@ -432,16 +518,17 @@ int main(int argc, char **argv)
             free(idx);
         }
         double mo = median(t_off, nq);
-        printf("%8s %6s %8s %10s %10s %7s %9s %9s %9s %9s %8s %9s\n", "budget", "share", "tokens",
-               "ttft_off_s", "ttft_on_s", "ratio", "gold_off", "gold_on", "same_ans", "same_1st",
-               "reused", "KL_med");
-        for (int si = 0; si < ns; si++) {
-            double mn = median(t_on[si], nq);
-            printf("%8d %6.2f %8d %10.2f %10.2f %6.2fx %5d/%-3d %5d/%-3d %5d/%-3d %5d/%-3d "
-                   "%7.1f%% %9.4f\n", budget, shares[si], tokens_sum / nq, mo, mn, mo / mn,
-                   gold_off, nq, gold_on[si], nq, agree[si], nq, first_agree[si], nq,
-                   100.0 * reused_sum[si] / (region_sum[si] ? region_sum[si] : 1),
-                   median(kl[si], nq));
+        printf("%8s %6s %9s %8s %10s %10s %7s %9s %9s %9s %9s %8s %9s %9s\n", "budget",
+               "share", "selection", "tokens", "ttft_off_s", "ttft_on_s", "ratio", "gold_off",
+               "gold_on", "same_ans", "same_1st", "reused", "KL_med", "ansKL_med");
+        for (int vi = 0; vi < nv; vi++) {
+            double mn = median(t_on[vi], nq);
+            printf("%8d %6.2f %9s %8d %10.2f %10.2f %6.2fx %5d/%-3d %5d/%-3d %5d/%-3d %5d/%-3d "
+                   "%7.1f%% %9.4f %9.4f\n", budget, shares[vi / n_sel],
+                   sels[vi % n_sel] ? "probe" : "deviation", tokens_sum / nq, mo, mn, mo / mn,
+                   gold_off, nq, gold_on[vi], nq, agree[vi], nq, first_agree[vi], nq,
+                   100.0 * reused_sum[vi] / (region_sum[vi] ? region_sum[vi] : 1),
+                   median(kl[vi], nq), median(akl[vi], nq));
         }
         free(lg_off);
         struct ChunkKvStats ss;
@@ -451,6 +538,7 @@ int main(int argc, char **argv)
                first_use_s, ss.entries, ss.bytes / 1048576.0);
         fflush(stdout);
     }
+    free(rec.logits);
     chunkkv_destroy(&store);
     engine_destroy(&helper);
     engine_destroy(&e);

@@ -473,8 +473,8 @@ static void seq_blend(struct Worker *w, struct Seq *q)
     if (to_write)
         records_load(w, q, frame, to_write);
     int rc = chunkkv_blend(w->ckv, q->e, w->ckv_helper, q->hist, (int)q->job.docs[0],
-                           (int)q->job.docs[1], q->job.doc_spans, (int)q->job.n_spans,
-                           w->o.kv_reuse_recompute, &b, err, sizeof err);
+                           (int)q->job.docs[1], (int)q->n_prompt, q->job.doc_spans,
+                           (int)q->job.n_spans, w->o.kv_reuse_recompute, &b, err, sizeof err);
     if (rc) {
         dlog(LL_WARN, "msg=\"chunk KV reuse failed; the prompt is prefilled instead\" worker=%d "
              "job=%llu error=\"%s\"", w->o.index, (unsigned long long)q->job.job, err);
@@ -493,8 +493,9 @@ static void seq_blend(struct Worker *w, struct Seq *q)
         records_save(w, q, frame, to_write);
     free(to_write);
     dlog(LL_DEBUG, "msg=\"documents blended\" worker=%d job=%llu chunks=%d made=%d reused=%d "
-         "recomputed=%d ms=%.1f", w->o.index, (unsigned long long)q->job.job, b.chunks,
-         b.computed, b.reused, b.recomputed, zu_now_ms() - t0);
+         "recomputed=%d probed=%d probe_ms=%.1f ms=%.1f", w->o.index,
+         (unsigned long long)q->job.job, b.chunks, b.computed, b.reused, b.recomputed, b.probed,
+         b.probe_s * 1e3, zu_now_ms() - t0);
 }
 
 /* A sequence that has not started, or was preempted: its pages go back, it starts over. */

@@ -166,9 +166,9 @@ struct KvCopyArgs {
     int n_tok, pos0, n_kv_head, head_dim;
     void *rows;                /* (n_tok) packed rows, row_stride bytes apart */
     size_t row_stride;
-    /* kv_read: when k is non-NULL, the keys and values decoded to f32 rows of
-     * n_kv_head*head_dim floats (kv_stride apart) instead of packed rows. kv_write with a
-     * rotation: one such row each, as scratch. */
+    /* kv_read: when k or v is non-NULL, the keys into k and the values into v (either may be
+     * NULL: not read) decoded to f32 rows of n_kv_head*head_dim floats (kv_stride apart)
+     * instead of packed rows. kv_write with a rotation: one such row each, as scratch. */
     float *k, *v;
     size_t kv_stride;
     /* kv_write: when cos is non-NULL, every key is rotated by the one angle these n_rot/2
@@ -205,6 +205,26 @@ struct MassArgs {
     float *mass;               /* (n_heads, 2) out */
 };
 
+/* The attention that some query rows give a range of keys (a blend's probe, engine_blend): for
+ * each row t (its queries at q + t * q_stride, after RoPE, at position pos[t]) and each query
+ * head, the softmax of scale * q_h . k_j over the keys j <= pos[t]; the weights of the keys
+ * j in [k0, k1) summed over rows and heads into out[j - k0] (overwritten). */
+struct WeightsArgs {
+    const float *q;
+    size_t q_stride;
+    const int32_t *pos;        /* (n_rows) increasing */
+    int n_rows;
+    const void *k;             /* this layer's key cache, layout above */
+    size_t kv_head_stride;
+    const int32_t *pages;      /* as in AttnArgs */
+    size_t page_stride;
+    enum KvType kv_type;
+    int n_q_head, n_kv_head, head_dim;
+    float scale;
+    int k0, k1;
+    float *out;                /* (k1 - k0) */
+};
+
 struct Backend {
     const char *name;
     /* Weights as this backend wants them: bytes needed for a (rows, cols) matrix of `type`
@@ -237,6 +257,12 @@ struct Backend {
     void (*kv_write)(const struct KvCopyArgs *a);
     size_t (*attention_mass_scratch)(int n_ctx, int head_dim, int n_q_head, int n_kv_head,
                                      int threads);
+    /* The weights of `a`; `scratch` holds attention_weights_scratch(n_keys, head_dim,
+     * n_q_head, n_kv_head, threads) bytes, n_keys > every pos[t]. */
+    void (*attention_weights)(struct ThreadPool *pool, const struct WeightsArgs *a,
+                              void *scratch);
+    size_t (*attention_weights_scratch)(int n_keys, int head_dim, int n_q_head, int n_kv_head,
+                                        int threads);
 };
 
 extern const struct Backend backend_cpu;

@@ -190,13 +190,14 @@ static struct Copy *make_copy(struct ChunkKv *c, struct Engine *helper, const in
 }
 
 int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
-                  const int32_t *prompt, int docs_start, int docs_end, const uint32_t *spans,
-                  int n_spans, double share, struct ChunkKvBlend *out, char *err, size_t errlen)
+                  const int32_t *prompt, int docs_start, int docs_end, int n_prompt,
+                  const uint32_t *spans, int n_spans, double share, struct ChunkKvBlend *out,
+                  char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
     int n0 = engine_n_past(e);
     if (!c || !e || !helper || !prompt || docs_start < n0 || docs_end <= docs_start ||
-        n_spans < 0 || (n_spans && !spans))
+        n_prompt < docs_end || n_spans < 0 || (n_spans && !spans))
         return errmsg_set(err, errlen, ENGINE_EINPUT, "a blend needs the documents after the "
                           "sequence's tokens");
     for (int i = 0, at = docs_start; i < n_spans; i++) {
@@ -238,9 +239,12 @@ int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
     }
     if (docs_end > at) parts[np++] = (struct EngineKvPart){prompt + at, docs_end - at, NULL, 0, 0};
     struct EngineBlendStats st;
-    rc = engine_blend(e, parts, np, share, &st, err, errlen);
+    rc = engine_blend(e, parts, np, share, prompt + docs_end, n_prompt - docs_end, &st, err,
+                      errlen);
     free(parts);
     if (rc) return rc;
+    out->probed = st.probed;
+    out->probe_s = st.probe_s;
     out->reused = st.reused;
     out->recomputed = st.recomputed;
     out->bytes_read = st.imported_bytes;

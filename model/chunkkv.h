@@ -29,21 +29,25 @@ void chunkkv_stats(const struct ChunkKv *c, struct ChunkKvStats *out);
 struct ChunkKvBlend {
     int reused, recomputed;    /* document tokens whose stored KV stayed; computed in the blend */
     int chunks, computed;      /* chunks of the documents; of them, copies made now */
+    int probed;                /* question tokens run to choose the recomputed ones */
+    double probe_s;            /* and the seconds that took */
     size_t bytes_read;         /* stored KV bytes placed */
 };
 
 /* Brings sequence e, which holds prompt[0..n_past) with n_past <= docs_start (nothing, or a
  * cached prefix of the frame), to prompt[0..docs_end): the rest of the frame prompt[0..
  * docs_start) prefilled, then the documents prompt[docs_start..docs_end) blended
- * (engine_blend, recompute share `share`): each chunk span (spans[2i]..spans[2i+1], inside the
- * documents, in order, not overlapping) from its copy, made on `helper` (an empty sequence of
- * the same runner, or another context of the same model and KV type; it is reset) when the
- * cache lacks it, and the tokens between spans (labels, separators) computed. A chunk whose
- * copy cannot be made (no free page, the budget full of copies this blend uses) is computed
- * in the blend. ENGINE_OK, or an engine error with err (e may then hold part of the frame). */
+ * (engine_blend, recompute share `share`, the rest of the prompt prompt[docs_end..n_prompt),
+ * the question, as its probe): each chunk span (spans[2i]..spans[2i+1], inside the documents,
+ * in order, not overlapping) from its copy, made on `helper` (an empty sequence of the same
+ * runner, or another context of the same model and KV type; it is reset) when the cache lacks
+ * it, and the tokens between spans (labels, separators) computed. A chunk whose copy cannot be
+ * made (no free page, the budget full of copies this blend uses) is computed in the blend.
+ * ENGINE_OK, or an engine error with err (e may then hold part of the frame). */
 int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
-                  const int32_t *prompt, int docs_start, int docs_end, const uint32_t *spans,
-                  int n_spans, double share, struct ChunkKvBlend *out, char *err, size_t errlen);
+                  const int32_t *prompt, int docs_start, int docs_end, int n_prompt,
+                  const uint32_t *spans, int n_spans, double share, struct ChunkKvBlend *out,
+                  char *err, size_t errlen);
 
 /* ---- a tier below memory (docs/kv-reuse.md): copies kept as records elsewhere ----
  * A caller that keeps copies beyond the cache (the daemon: in the document store, under each

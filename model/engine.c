@@ -65,6 +65,8 @@ struct Engine {
                                  (engine_set_rope_offset) */
     struct EngineStats stats;
     atomic_int cancel;
+    /* a blend's probe (engine_blend): the attention its rows give the region, summed */
+    struct BlendProbe *probe;
     /* groundedness signals: watched heads, position classes, masses of the last position */
     struct AttnWatch *watch;  /* (n_watch) in the caller's order */
     int n_watch;
@@ -430,6 +432,8 @@ static void run_matmul(struct Engine *e, const struct MatmulArgs *a)
 }
 
 static void fill_masses(struct Engine *e, int l, const float *lam_row);
+static void probe_layer(struct Engine *e, int r0, int sn, const int32_t *qpos, int pos0,
+                        const void *kc);
 
 /* The watched heads of layer l at the last position of the sequence's n tokens in this step,
  * step row `row` (its queries are in s->q after RoPE, its keys already in the cache kc). */
@@ -533,6 +537,7 @@ struct StepSeg {
     int pos0;                 /* CPU: the first token's position (forward_step: n_past) */
     const int32_t *qpos;      /* CPU: when non-NULL, row t's position (increasing), not pos0 + t */
     int quiet;                /* CPU: 1 = no masses measured (a blend's recomputed rows) */
+    int probe;                /* CPU: 1 = the rows are a blend's probe (e->probe) */
 };
 
 /* A step on the GPU (runner r's device sequence computes every segment's rows; see
@@ -660,6 +665,7 @@ static void layer_step(struct Engine *r, int l, struct StepSeg *segs, int ns, in
         be->rope_store(r->pool, &rs);
         if (!segs[i].quiet && e->wq_off[l + 1] > e->wq_off[l])
             measure_layer(e, l, r0 + sn - 1, sn, kc);
+        if (segs[i].probe) probe_layer(e, r0, sn, segs[i].qpos, pos0, kc);
         struct AttnArgs a = {
             .q = s->q + (size_t)r0 * nq, .q_stride = (size_t)nq,
             .out = s->att + (size_t)r0 * no, .out_stride = (size_t)no,
@@ -693,6 +699,46 @@ static void layer_step(struct Engine *r, int l, struct StepSeg *segs, int ns, in
         .out = {{&w->w_down, s->x, (size_t)d, 1}},
     };
     step_matmul(r, &down, np);
+}
+
+/* A blend's probe (engine_blend): the tokens that will follow the region, run once through
+ * every layer after it, and the attention that its rows at positions >= first give each
+ * region position (the backend's attention_weights, from the cache as it stands then: layer 0
+ * computed, the stored KV above it), summed over the rows, query heads and layers. */
+struct BlendProbe {
+    int p0, n_reg, first;
+    float *sum;               /* (n_reg) the sums */
+    float *layer;             /* (n_reg) one layer's */
+    void *scratch;            /* attention_weights_scratch bytes */
+};
+
+/* Layer l's share of the probe: the rows of this step (r0.., sn of them, at qpos or pos0..)
+ * at positions >= first, their queries in the scratch and their keys already in the cache kc. */
+static void probe_layer(struct Engine *e, int r0, int sn, const int32_t *qpos, int pos0,
+                        const void *kc)
+{
+    struct BlendProbe *pb = e->probe;
+    const struct ModelConfig *c = &e->m->cfg;
+    int32_t pos[ENGINE_BLEND_PROBE_ROWS];
+    int n = 0, t0 = -1;
+    for (int t = 0; t < sn && n < ENGINE_BLEND_PROBE_ROWS; t++) {
+        int p = qpos ? qpos[t] : pos0 + t;
+        if (p < pb->first) continue;
+        if (t0 < 0) t0 = t;
+        pos[n++] = p;
+    }
+    if (!n) return;
+    size_t nq = (size_t)c->n_q_head * c->head_dim;
+    struct WeightsArgs wa = {
+        .q = e->runner->s.q + (size_t)(r0 + t0) * nq, .q_stride = nq, .pos = pos, .n_rows = n,
+        .k = kc, .kv_head_stride = e->lay.head_stride, .pages = e->pages,
+        .page_stride = e->lay.page_stride, .kv_type = e->opts.kv_type,
+        .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = c->head_dim,
+        .scale = 1.f / sqrtf((float)c->head_dim), .k0 = pb->p0, .k1 = pb->p0 + pb->n_reg,
+        .out = pb->layer,
+    };
+    e->be->attention_weights(e->runner->pool, &wa, pb->scratch);
+    for (int i = 0; i < pb->n_reg; i++) pb->sum[i] += pb->layer[i];
 }
 
 /* One forward pass over segs[0..ns) on the CPU, computed with runner r's threads and scratch:
@@ -1247,7 +1293,7 @@ static void blend_import(struct Engine *e, const struct EngineKvPart *p, int pos
  * scratch with their RoPE tables (rc, rs: the region's), the layer run over them as one
  * segment of scattered positions, and the rows scattered back. */
 static void blend_layer(struct Engine *e, int l, float *x, const uint8_t *sel, int p0, int n_reg,
-                        const float *rc, const float *rs, int32_t *qpos)
+                        const float *rc, const float *rs, int32_t *qpos, int probe)
 {
     struct Engine *r = e->runner;
     const struct ModelConfig *c = &e->m->cfg;
@@ -1267,7 +1313,7 @@ static void blend_layer(struct Engine *e, int l, float *x, const uint8_t *sel, i
         }
         if (!n) break;
         struct StepSeg seg = {.e = e, .n = n, .prefill = 1, .row0 = 0, .pos0 = qpos[0],
-                              .qpos = qpos, .quiet = 1};
+                              .qpos = qpos, .quiet = 1, .probe = probe};
         layer_step(r, l, &seg, 1, n, n, flop);
         for (int k = 0; k < n; k++)
             memcpy(x + (size_t)(qpos[k] - p0) * d, r->s.x + (size_t)k * d, (size_t)d * sizeof *x);
@@ -1292,7 +1338,6 @@ static void blend_deviation(struct Engine *e, const float *x, int p0, int n_reg,
         run_matmul(r, &mv);
         add_bias(s->v, (size_t)nkv, n, w->bv);
         struct KvCopyArgs a = kv_copy_args(e, 1, p0 + i, n, NULL);
-        a.k = s->q; /* the keys are read too, into scratch nobody needs now */
         a.v = s->k;
         a.kv_stride = (size_t)nkv;
         r->be->kv_read(&a);
@@ -1305,10 +1350,57 @@ static void blend_deviation(struct Engine *e, const float *x, int p0, int n_reg,
     }
 }
 
+/* The probe tok[0..n) at positions p0.. through every layer (its KV written there, beyond the
+ * region: the sequence ends before it, so nothing reads it until a prefill writes those
+ * positions again), the attention that its last rows give the region summed into out (n_reg
+ * floats). 0, or -1 out of memory. */
+static int run_probe(struct Engine *e, const int32_t *tok, int n, int p0, int n_reg, float *out)
+{
+    struct Engine *r = e->runner;
+    const struct ModelConfig *c = &e->m->cfg;
+    size_t half = (size_t)(c->rope.n_rot / 2);
+    int rows = n < ENGINE_BLEND_PROBE_ROWS ? n : ENGINE_BLEND_PROBE_ROWS;
+    struct BlendProbe pb = {.p0 = p0 - n_reg, .n_reg = n_reg, .first = p0 + n - rows, .sum = out};
+    float *x = malloc((size_t)n * c->dim * sizeof *x);
+    float *rc = malloc((size_t)n * half * sizeof *rc + 1);
+    float *rs = malloc((size_t)n * half * sizeof *rs + 1);
+    uint8_t *all = malloc((size_t)n);
+    int32_t *qpos = malloc((size_t)r->opts.chunk * sizeof *qpos);
+    pb.layer = malloc((size_t)n_reg * sizeof *pb.layer);
+    pb.scratch = malloc(e->be->attention_weights_scratch(p0 + n, c->head_dim, c->n_q_head,
+                                                         c->n_kv_head, pool_threads(r->pool)));
+    int ok = x && rc && rs && all && qpos && pb.layer && pb.scratch;
+    if (ok) {
+        memset(all, 1, (size_t)n);
+        memset(out, 0, (size_t)n_reg * sizeof *out);
+        rope_rows(e, n, p0 + e->rope_offset, rc, rs);
+        for (int i = 0; i < n; i++)
+            r->be->weights_row(&e->m->tok_embd, tok[i], x + (size_t)i * c->dim);
+        e->probe = &pb;
+        for (int l = 0; l < c->n_layer; l++) blend_layer(e, l, x, all, p0, n, rc, rs, qpos, 1);
+        e->probe = NULL;
+    }
+    free(x);
+    free(rc);
+    free(rs);
+    free(all);
+    free(qpos);
+    free(pb.layer);
+    free(pb.scratch);
+    return ok ? 0 : -1;
+}
+
 struct DevRank {
     float dev;
     int i;
 };
+
+/* A reusable token's weight in a blend with a probe: the attention the answer's rows give it
+ * times the distance its value moved, to first order the error it passes to their outputs. */
+static float probe_weight(float att, float dev)
+{
+    return att * sqrtf(dev);
+}
 
 static int dev_rank_cmp(const void *a, const void *b)
 {
@@ -1318,7 +1410,8 @@ static int dev_rank_cmp(const void *a, const void *b)
 }
 
 int engine_blend(struct Engine *e, const struct EngineKvPart *parts, int n_parts, double recompute,
-                 struct EngineBlendStats *st, char *err, size_t errlen)
+                 const int32_t *probe, int n_probe, struct EngineBlendStats *st, char *err,
+                 size_t errlen)
 {
     if (st) memset(st, 0, sizeof *st);
     if (!e || !parts || n_parts < 1 || !(recompute >= 0 && recompute <= 1))
@@ -1341,12 +1434,19 @@ int engine_blend(struct Engine *e, const struct EngineKvPart *parts, int n_parts
                                   "the vocabulary (%d)", k, p->tokens[t], c->vocab);
         total += p->n;
     }
+    if (n_probe < 0 || (n_probe && !probe))
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "a blend's probe needs its tokens");
+    for (int t = 0; t < n_probe; t++)
+        if (probe[t] < 0 || probe[t] >= c->vocab)
+            return errmsg_set(err, errlen, ENGINE_EINPUT, "probe token %d is outside the "
+                              "vocabulary (%d)", t, c->vocab);
     if (total > e->opts.n_ctx - e->n_past)
         return errmsg_set(err, errlen, ENGINE_ECTX, "%ld tokens do not fit: the context holds %d "
                           "and %d are in use", total, e->opts.n_ctx, e->n_past);
     int n_reg = (int)total, p0 = e->n_past;
     int rc = take_pages(e, p0 + n_reg, err, errlen);
     if (rc) return rc;
+
     struct Engine *r = e->runner;
     double t_start = now_s();
     uint8_t *sel = calloc((size_t)n_reg, 1);
@@ -1392,14 +1492,29 @@ int engine_blend(struct Engine *e, const struct EngineKvPart *parts, int n_parts
                 goto oom;
             }
             memset(all, 1, (size_t)n_reg);
-            blend_layer(e, 0, x, all, p0, n_reg, rope_c, rope_s, qpos);
+            blend_layer(e, 0, x, all, p0, n_reg, rope_c, rope_s, qpos, 0);
             free(all);
             blend_deviation(e, x, p0, n_reg, dev);
+            /* with a probe, how much the answer will read each token weighs in */
+            /* a probe that does not fit the context or the pool is left out */
+            if (n_probe > e->opts.n_ctx - p0 - n_reg ||
+                take_pages(e, p0 + n_reg + n_probe, NULL, 0))
+                n_probe = 0;
+            float *att = n_probe ? malloc((size_t)n_reg * sizeof *att) : NULL;
+            double t_probe = now_s();
+            if (att && run_probe(e, probe, n_probe, p0 + n_reg, n_reg, att)) {
+                free(att);
+                att = NULL;
+            }
+            if (st && att) st->probe_s = now_s() - t_probe;
             int nr = 0;
             for (int i = 0; i < n_reg; i++)
-                if (!sel[i]) rank[nr++] = (struct DevRank){dev[i], i};
+                if (!sel[i])
+                    rank[nr++] = (struct DevRank){att ? probe_weight(att[i], dev[i]) : dev[i], i};
             qsort(rank, (size_t)nr, sizeof *rank, dev_rank_cmp);
             for (int k = 0; k < want; k++) sel[rank[k].i] = 1;
+            if (st) st->probed = att ? n_probe : 0;
+            free(att);
             l = 1;
         }
         for (; l < c->n_layer; l++) {
@@ -1407,7 +1522,7 @@ int engine_blend(struct Engine *e, const struct EngineKvPart *parts, int n_parts
                 rc = errmsg_set(err, errlen, ENGINE_ECANCELLED, "blend cancelled at layer %d", l);
                 goto out;
             }
-            blend_layer(e, l, x, sel, p0, n_reg, rope_c, rope_s, qpos);
+            blend_layer(e, l, x, sel, p0, n_reg, rope_c, rope_s, qpos, 0);
         }
     }
     e->n_past = p0 + n_reg;

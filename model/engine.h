@@ -200,22 +200,35 @@ struct EngineBlendStats {
     int reused;               /* tokens whose stored KV stays */
     int recomputed;           /* tokens computed at every layer (forced ones included) */
     int forced;               /* tokens of parts without stored KV */
+    int probed;               /* probe tokens run to choose them (0: none) */
+    double probe_s;           /* seconds the probe took (part of the blend's) */
     size_t imported_bytes;    /* stored KV bytes read */
 };
+
+/* The probe rows whose attention weighs a blend's choice: the last ones, nearest the answer. */
+#define ENGINE_BLEND_PROBE_ROWS 8
 
 /* Appends the parts' tokens to the sequence. The stored KV of each part is copied in with its
  * keys rotated to their new positions; then, unless recompute is 0, layer 0 runs over every
  * token of the region with attention over the whole sequence, each token's value at layer 1 is
  * computed again and compared with the stored one, and the ceil(recompute * reusable) tokens
- * whose values moved most, with every token of a part without KV, run through the remaining
- * layers (their keys and values replace the stored ones). recompute = 1 computes what a
- * prefill of the region would, bit for bit; recompute = 0 only copies. No logits: prefill at
- * least one token after it (the question) for them. The region's pages are never published
- * to the prefix cache, and no masses are measured inside it. ENGINE_EINPUT (bad part, GPU
- * context), ENGINE_ECTX, ENGINE_EBUDGET, ENGINE_ENOMEM, ENGINE_ECANCELLED (the sequence then
- * ends before the region). */
+ * that matter most, with every token of a part without KV, run through the remaining layers
+ * (their keys and values replace the stored ones). Without a probe the tokens that matter most
+ * are those whose values moved most. With a probe (probe[0..n_probe): the tokens that will
+ * follow the region, the question), it runs once after the region through every layer, over
+ * the KV as it stands then, and a token's weight is the attention the probe's last
+ * ENGINE_BLEND_PROBE_ROWS rows give it (summed over heads and layers) times how far its value
+ * moved; the probe's KV is then left beyond the sequence's end, where the next prefill writes
+ * over it before anything reads it. A probe that does not fit the context or the pool is left
+ * out. recompute = 1 computes what a prefill of the region would, bit for bit; recompute = 0
+ * only copies (no probe runs at either). No logits: prefill at least one token after it (the
+ * question) for them. The region's pages are never published to the prefix cache, and no
+ * masses are measured inside it. ENGINE_EINPUT (bad part or probe token, GPU context),
+ * ENGINE_ECTX, ENGINE_EBUDGET, ENGINE_ENOMEM, ENGINE_ECANCELLED (the sequence then ends before
+ * the region). */
 int engine_blend(struct Engine *e, const struct EngineKvPart *parts, int n_parts, double recompute,
-                 struct EngineBlendStats *st, char *err, size_t errlen);
+                 const int32_t *probe, int n_probe, struct EngineBlendStats *st, char *err,
+                 size_t errlen);
 
 /* ---- Attention signals for groundedness (docs/groundedness.md) ----
  * For a set of watched (layer, head) pairs the engine measures, at the last position of

@@ -25,8 +25,8 @@ bench-retriever: $(BUILD)/bench_retriever
 
 # Chunk KV reuse against full prefills over retrieved SQuAD contexts (bench/bench_kvreuse.c):
 # built with everything so it always compiles, run by `make bench-kvreuse` on the default
-# model (about 40 minutes on 2 cores; BENCH_KVREUSE_ARGS=--budgets 8192 --questions 2 for a
-# short run).
+# model (about 50 minutes on 2 cores; BENCH_KVREUSE_ARGS=--budgets 8192 --questions 2 for a
+# short run, --selections probe,deviation to compare the blend's two ways of choosing).
 BINS += $(BUILD)/bench_kvreuse
 $(BUILD)/bench_kvreuse: $(BUILD)/bench/bench_kvreuse.o $(LIB_RETRIEVER) $(LIB_MODEL)
 	$(CC) $(LDFLAGS) $< -o $@ $(RETRIEVER_LIBS) $(MODEL_LIBS) $(LDLIBS)

@@ -10,7 +10,9 @@
  *    computed alone at q: layer 0 (the rotation alone) within two f16 roundings (int8: two
  *    steps), and every layer, with an f32 cache and f32 products, within f32 rounding;
  *    forwards and backwards;
- *  - a share in between recomputes the stated count and gives finite logits;
+ *  - a share in between recomputes the stated count and gives finite logits, the same again,
+ *    with the question as the probe that weighs the choice and without; a probe that does
+ *    not fit the context is left out;
  *  - bad parts are refused with a message and leave the sequence as it was.
  * Usage: engine_blend MODEL.gguf */
 #include <math.h>
@@ -77,15 +79,15 @@ static void *chunk_kv(struct Engine *e, const int32_t *frame, const int32_t *chu
     return kv;
 }
 
-/* The logits after frame, a blend of the parts and the question. */
+/* The logits after frame, a blend of the parts (with probe[0..n_probe)) and the question. */
 static int blend_logits(struct Engine *e, const int32_t *frame, const struct EngineKvPart *parts,
-                        int np, double share, const int32_t *q, float *out,
-                        struct EngineBlendStats *st)
+                        int np, double share, const int32_t *probe, int n_probe,
+                        const int32_t *q, float *out, struct EngineBlendStats *st)
 {
     char err[256];
     engine_reset(e);
     if (prefill(e, frame, N_FRAME)) return -1;
-    if (engine_blend(e, parts, np, share, st, err, sizeof err)) {
+    if (engine_blend(e, parts, np, share, probe, n_probe, st, err, sizeof err)) {
         printf("blend: %s\n", err);
         return -1;
     }
@@ -196,7 +198,7 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
     memcpy(want, engine_logits(ref), sizeof(float) * V);
 
     struct EngineBlendStats st;
-    CHECK(blend_logits(bl, frame, parts, N_CHUNKS, 1.0, q, got, &st) == 0, "%s", name);
+    CHECK(blend_logits(bl, frame, parts, N_CHUNKS, 1.0, q, N_Q, q, got, &st) == 0, "%s", name);
     double d1 = check_rel_diff(got, want, V);
     printf("%s: share 1, chunks moved: logits within %.2e of the full prefill (%s)\n", name, d1,
            memcmp(got, want, sizeof(float) * V) ? "not bit for bit" : "bit for bit");
@@ -207,7 +209,7 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
     struct EngineKvPart bare[N_CHUNKS];
     for (int j = 0; j < N_CHUNKS; j++)
         bare[j] = (struct EngineKvPart){parts[j].tokens, parts[j].n, NULL, 0, 0};
-    CHECK(blend_logits(bl, frame, bare, N_CHUNKS, 0.0, q, got, &st) == 0, "%s", name);
+    CHECK(blend_logits(bl, frame, bare, N_CHUNKS, 0.0, q, N_Q, q, got, &st) == 0, "%s", name);
     double d2 = check_rel_diff(got, want, V);
     printf("%s: parts without KV at share 0: within %.2e of the full prefill\n", name, d2);
     CHECK(d2 <= 1e-4 && st.forced == 317 && st.recomputed == 317, "%s", name);
@@ -223,7 +225,7 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
     int cached = engine_cached(src);
     memcpy(want, engine_logits(src), sizeof(float) * V);
     struct EngineKvPart p0 = {chunks[0], CHUNK_LEN[0], kvs[0], 0, N_FRAME};
-    CHECK(blend_logits(bl, frame, &p0, 1, 0.0, q, got, &st) == 0, "%s", name);
+    CHECK(blend_logits(bl, frame, &p0, 1, 0.0, q, N_Q, q, got, &st) == 0, "%s", name);
     double d3 = check_rel_diff(got, want, V);
     printf("%s: share 0, one chunk: within %.2e of the prefix-cached prefill (%d positions "
            "cached; %s)\n", name, d3, cached,
@@ -239,21 +241,41 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
     CHECK(prefill(src, one, N_FRAME + np0 + N_Q) == 0, "%s", name);
     memcpy(want, engine_logits(src), sizeof(float) * V);
     struct EngineKvPart pre = {chunks[0], np0, kvs[0], CHUNK_LEN[0], N_FRAME};
-    CHECK(blend_logits(bl, frame, &pre, 1, 0.0, q, got, &st) == 0, "%s", name);
+    CHECK(blend_logits(bl, frame, &pre, 1, 0.0, q, N_Q, q, got, &st) == 0, "%s", name);
     double d5 = check_rel_diff(got, want, V);
     printf("%s: share 0, the first %d tokens of a stored chunk: within %.2e of the prefix-cached "
            "prefill\n", name, np0, d5);
     CHECK(d5 <= 1e-4 && st.reused == np0, "%s", name);
 
-    /* a share in between: the count, and finite logits */
-    CHECK(blend_logits(bl, frame, parts, N_CHUNKS, 0.15, q, got, &st) == 0, "%s", name);
-    int fin = 1;
-    for (int i = 0; i < V; i++) fin &= isfinite(got[i]);
-    double d4 = check_rel_diff(got, want, V);
-    (void)d4;
-    printf("%s: share 0.15: %d recomputed, %d reused\n", name, st.recomputed, st.reused);
-    CHECK(fin && st.recomputed == (int)ceil(0.15 * 317) && st.reused == 317 - st.recomputed,
-          "%s", name);
+    /* a share in between, without a probe and with the question as one: the count, finite
+     * logits, the same logits again; the probe runs (and at shares 0 and 1 above it did not
+     * change a bit) */
+    float *alt = malloc(sizeof(float) * V);
+    CHECK(alt != NULL, "%s", name);
+    if (!alt) return;
+    for (int with = 0; with < 2; with++) {
+        CHECK(blend_logits(bl, frame, parts, N_CHUNKS, 0.15, with ? q : NULL, with ? N_Q : 0, q,
+                           got, &st) == 0, "%s", name);
+        int fin = 1;
+        for (int i = 0; i < V; i++) fin &= isfinite(got[i]);
+        printf("%s: share 0.15%s: %d recomputed, %d reused, %d probe tokens\n", name,
+               with ? ", the question as probe" : "", st.recomputed, st.reused, st.probed);
+        CHECK(fin && st.recomputed == (int)ceil(0.15 * 317) && st.reused == 317 - st.recomputed &&
+              st.probed == (with ? N_Q : 0), "%s", name);
+        CHECK(engine_n_past(bl) == N_FRAME + 317 + N_Q, "%s", name);
+        struct EngineBlendStats st2;
+        CHECK(blend_logits(bl, frame, parts, N_CHUNKS, 0.15, with ? q : NULL, with ? N_Q : 0, q,
+                           alt, &st2) == 0 && !memcmp(alt, got, sizeof(float) * V), "%s", name);
+    }
+    /* a probe that does not fit the context after the region is left out: the blend is the one
+     * without a probe */
+    CHECK(blend_logits(bl, frame, parts, N_CHUNKS, 0.15, NULL, 0, q, alt, &st) == 0, "%s", name);
+    int32_t *long_probe = calloc(1024, sizeof *long_probe);
+    CHECK(long_probe && blend_logits(bl, frame, parts, N_CHUNKS, 0.15, long_probe, 1024 - 317 -
+                                     N_FRAME + 1, q, got, &st) == 0, "%s", name);
+    CHECK(st.probed == 0 && !memcmp(alt, got, sizeof(float) * V), "%s", name);
+    free(long_probe);
+    free(alt);
 
     /* RoPE re-rotation: alone at p, moved to q, against alone at q */
     static const int moves[][2] = {{5, 3000}, {1234, 64}, {0, 1}, {700, 765}};
@@ -266,7 +288,7 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
         engine_reset(bl);
         CHECK(engine_set_rope_offset(bl, at, err, sizeof err) == 0, "%s", name);
         struct EngineKvPart mv = {chunks[1], nc, kp, 0, p};
-        CHECK(engine_blend(bl, &mv, 1, 0.0, NULL, err, sizeof err) == 0, "%s", name);
+        CHECK(engine_blend(bl, &mv, 1, 0.0, NULL, 0, NULL, err, sizeof err) == 0, "%s", name);
         void *km = malloc(engine_kv_bytes(bl, nc));
         CHECK(km && engine_kv_export(bl, 0, nc, km, err, sizeof err) == 0, "%s", name);
         /* Layer 0 holds the rotation alone: its inputs do not depend on the position. The
@@ -299,19 +321,28 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
     CHECK(prefill(bl, frame, N_FRAME) == 0, "%s", name);
     struct EngineKvPart badp = {chunks[0], CHUNK_LEN[0], kvs[0], 0, -1};
     struct EngineKvPart badl = {chunks[0], CHUNK_LEN[0], kvs[0], 3, 0};
-    CHECK(engine_blend(bl, &badp, 1, 0.5, NULL, err, sizeof err) == ENGINE_EINPUT, "%s", name);
-    printf("%s: refused: %s\n", name, err);
-    CHECK(engine_blend(bl, &badl, 1, 0.5, NULL, err, sizeof err) == ENGINE_EINPUT, "%s", name);
-    CHECK(engine_blend(bl, parts, N_CHUNKS, 1.5, NULL, err, sizeof err) == ENGINE_EINPUT, "%s",
+    CHECK(engine_blend(bl, &badp, 1, 0.5, NULL, 0, NULL, err, sizeof err) == ENGINE_EINPUT, "%s",
           name);
+    printf("%s: refused: %s\n", name, err);
+    CHECK(engine_blend(bl, &badl, 1, 0.5, NULL, 0, NULL, err, sizeof err) == ENGINE_EINPUT, "%s",
+          name);
+    CHECK(engine_blend(bl, parts, N_CHUNKS, 1.5, NULL, 0, NULL, err, sizeof err) ==
+          ENGINE_EINPUT, "%s", name);
     int32_t oob[2] = {0, V};
     struct EngineKvPart badt = {oob, 2, NULL, 0, 0};
-    CHECK(engine_blend(bl, &badt, 1, 0.5, NULL, err, sizeof err) == ENGINE_EINPUT, "%s", name);
+    CHECK(engine_blend(bl, &badt, 1, 0.5, NULL, 0, NULL, err, sizeof err) == ENGINE_EINPUT, "%s",
+          name);
     int32_t *zeros = calloc(1000, sizeof *zeros);
     struct EngineKvPart huge = {zeros, 1000, NULL, 0, 0};
-    CHECK(zeros && engine_blend(bl, &huge, 1, 0.5, NULL, err, sizeof err) == ENGINE_ECTX, "%s",
-          name);
+    CHECK(zeros && engine_blend(bl, &huge, 1, 0.5, NULL, 0, NULL, err, sizeof err) ==
+          ENGINE_ECTX, "%s", name);
     free(zeros);
+    int32_t badq[2] = {0, -1};
+    CHECK(engine_blend(bl, parts, N_CHUNKS, 0.5, badq, 2, NULL, err, sizeof err) ==
+          ENGINE_EINPUT, "%s", name);
+    printf("%s: refused: %s\n", name, err);
+    CHECK(engine_blend(bl, parts, N_CHUNKS, 0.5, NULL, 3, NULL, err, sizeof err) ==
+          ENGINE_EINPUT, "%s", name);
     CHECK(engine_kv_export(bl, 10, N_FRAME, got, err, sizeof err) == ENGINE_EINPUT, "%s", name);
     CHECK(engine_set_rope_offset(bl, 3, err, sizeof err) == ENGINE_EINPUT, "%s", name);
     CHECK(engine_n_past(bl) == N_FRAME, "%s", name);
@@ -369,8 +400,8 @@ static void check_store(const struct Model *m)
             memcpy(want, engine_logits(ref), sizeof(float) * V);
             engine_reset(e);
             struct ChunkKvBlend b;
-            int rc = chunkkv_blend(c, e, helper, prompt, N_FRAME, docs_end, spans, N_CHUNKS, 1.0,
-                                   &b, err, sizeof err);
+            int rc = chunkkv_blend(c, e, helper, prompt, N_FRAME, docs_end, n, spans, N_CHUNKS,
+                                   1.0, &b, err, sizeof err);
             CHECK(rc == 0, "%s: %s", name, err);
             CHECK(prefill(e, prompt + docs_end, n - docs_end) == 0, "%s", name);
             memcpy(got, engine_logits(e), sizeof(float) * V);
@@ -397,8 +428,8 @@ static void check_store(const struct Model *m)
         uint32_t bad[4] = {N_FRAME + 5, N_FRAME + 8, N_FRAME + 1, N_FRAME + 3};
         engine_reset(e);
         struct ChunkKvBlend b;
-        CHECK(chunkkv_blend(c, e, helper, p2, N_FRAME, N_FRAME + 9, bad, 2, 0.5, &b, err,
-                            sizeof err) == ENGINE_EINPUT, "%s", name);
+        CHECK(chunkkv_blend(c, e, helper, p2, N_FRAME, N_FRAME + 9, N_FRAME + 10, bad, 2, 0.5,
+                            &b, err, sizeof err) == ENGINE_EINPUT, "%s", name);
         chunkkv_destroy(&c);
     }
     free(want);

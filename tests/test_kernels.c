@@ -207,6 +207,52 @@ static double attn_case(const struct AttnCase *c)
             pool_destroy(&pool);
         }
     }
+    /* The weights that the last rows (up to 3) give a range of keys (attention_weights, a
+     * blend's probe): summed over rows and query heads, against the softmax in double from the
+     * cache's own values, with 1 and 3 threads. */
+    {
+        int nr = c->n_tok < 3 ? c->n_tok : 3, k0 = n_ctx / 4, k1 = 3 * n_ctx / 4 + 1;
+        int32_t rpos[3];
+        for (int t = 0; t < nr; t++) rpos[t] = c->pos0 + c->n_tok - nr + t;
+        double *ref = calloc((size_t)(k1 - k0), sizeof *ref), *p = malloc(sizeof(double) * n_ctx);
+        float *w = malloc(sizeof(float) * (size_t)(k1 - k0));
+        for (int t = 0; t < nr; t++)
+            for (int h = 0; h < c->n_q_head; h++) {
+                const float *qh = q + ((size_t)(c->n_tok - nr + t) * c->n_q_head + h) * hd;
+                double mx = -INFINITY, sum = 0;
+                for (int j = 0; j <= rpos[t]; j++) {
+                    const float *kj = kf + ((size_t)(h / G) * n_ctx + j) * hd;
+                    double sc = 0;
+                    for (int d = 0; d < hd; d++) sc += (double)qh[d] * kj[d];
+                    p[j] = sc / sqrt((double)hd);
+                    mx = p[j] > mx ? p[j] : mx;
+                }
+                for (int j = 0; j <= rpos[t]; j++) sum += (p[j] = exp(p[j] - mx));
+                for (int j = k0; j < k1 && j <= rpos[t]; j++) ref[j - k0] += p[j] / sum;
+            }
+        for (int threads = 1; threads <= 3; threads += 2) {
+            struct ThreadPool *pool = NULL;
+            CHECK(pool_new(threads, &pool) == 0, "pool_new(%d)", threads);
+            void *scratch = malloc(cpu_attention_weights_scratch(n_ctx, hd, c->n_q_head,
+                                                                 c->n_kv_head, threads));
+            struct WeightsArgs wa = {
+                .q = q + (size_t)(c->n_tok - nr) * c->n_q_head * hd,
+                .q_stride = (size_t)c->n_q_head * hd, .pos = rpos, .n_rows = nr, .k = kc,
+                .kv_head_stride = stride, .kv_type = c->kv, .n_q_head = c->n_q_head,
+                .n_kv_head = c->n_kv_head, .head_dim = hd, .scale = 1.f / sqrtf((float)hd),
+                .k0 = k0, .k1 = k1, .out = w,
+            };
+            backend_cpu.attention_weights(pool, &wa, scratch);
+            double err = rel_diff(w, ref, (size_t)(k1 - k0));
+            CHECK(err <= 1e-5, "attention weights threads=%d q_heads=%d kv=%s n_ctx=%d: "
+                  "relative error %.3e", threads, c->n_q_head, kv_name(c->kv), n_ctx, err);
+            free(scratch);
+            pool_destroy(&pool);
+        }
+        free(ref);
+        free(p);
+        free(w);
+    }
     /* Scattered rows (AttnArgs.qpos): every third row and the last, at their positions in one
      * call, give bit for bit what those rows give in the whole rowwise call, on every path. */
     if (c->n_tok >= 3) {
@@ -295,7 +341,8 @@ static void test_attention(void)
         if (e > worst) worst = e;
     }
     printf("attention: %zu cases on every supported path, 1-4 threads: max relative error %.3e; "
-           "scattered rows equal to the whole call's\n", sizeof cases / sizeof *cases, worst);
+           "scattered rows equal to the whole call's; the weights of a key range as a double "
+           "softmax gives them\n", sizeof cases / sizeof *cases, worst);
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -366,18 +366,19 @@ void cpu_kv_read(const struct KvCopyArgs *a)
     for (int t = 0; t < a->n_tok; t++) {
         int pos = a->pos0 + t, col = pos % KV_TILE;
         for (int g = 0; g < a->n_kv_head; g++) {
-            if (!a->k) {
+            if (!a->k && !a->v) {
                 kv_copy_head(a, g, pos, (uint8_t *)a->rows + (size_t)t * a->row_stride, 1);
                 continue;
             }
             size_t tile = kv_tile_addr(a->pages, a->page_stride, a->kv_head_stride, a->kv_type,
                                        hd, g, pos);
-            float *k = a->k + (size_t)t * a->kv_stride + (size_t)g * hd;
-            float *v = a->v + (size_t)t * a->kv_stride + (size_t)g * hd;
-            for (int d = 0; d < hd; d++) {
-                k[d] = cpu_kv_key(a->kcache, a->kv_type, tile, d, col, hd);
-                v[d] = cpu_kv_value(a->vcache, a->kv_type, tile, d, col, hd);
-            }
+            size_t at = (size_t)t * a->kv_stride + (size_t)g * hd;
+            if (a->k)
+                for (int d = 0; d < hd; d++)
+                    a->k[at + d] = cpu_kv_key(a->kcache, a->kv_type, tile, d, col, hd);
+            if (a->v)
+                for (int d = 0; d < hd; d++)
+                    a->v[at + d] = cpu_kv_value(a->vcache, a->kv_type, tile, d, col, hd);
         }
     }
 }

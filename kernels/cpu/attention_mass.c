@@ -1,9 +1,11 @@
 /* Attention probability mass per position class for one query token: the groundedness
- * signals (docs/groundedness.md). Tasks of (KV head, key segment): each converts a K tile to
- * f32 once for every listed query head of its group, scores the segment, and leaves per head
- * a partial softmax state (maximum, sum, document sum, generated sum) that the caller's
- * thread merges. The scores are the attention kernel's (same queries, same cache, same scale);
- * exponentials through vexpf so the loops vectorise. */
+ * signals (docs/groundedness.md); and the attention weights a few query rows give a range of
+ * keys (a blend's probe, docs/kv-reuse.md), from the same scores, summed per key.
+ * The masses: tasks of (KV head, key segment); each converts a K tile to f32 once for every
+ * listed query head of its group, scores the segment, and leaves per head a partial softmax
+ * state (maximum, sum, document sum, generated sum) that the caller's thread merges. The
+ * scores are the attention kernel's (same queries, same cache, same scale); exponentials
+ * through vexpf so the loops vectorise. */
 #include <math.h>
 #include <string.h>
 
@@ -41,21 +43,21 @@ size_t cpu_attention_mass_scratch(int n_ctx, int head_dim, int n_q_head, int n_k
            (size_t)(n_q_head + n_kv_head + 1) * sizeof(int);
 }
 
-/* The keys of the tile that starts at element `at` as f32, K[d][j] (hd x KV_TILE). */
-static void tile_to_f32(const struct MassArgs *a, size_t at, float *dst)
+/* The keys of the tile that starts at element `at` of cache k as f32, K[d][j] (hd x KV_TILE). */
+static void tile_to_f32_layout(const void *k, enum KvType kv_type, int hd, size_t at, float *dst)
 {
-    size_t n = (size_t)a->head_dim * KV_TILE;
-    if (a->kv_type == KV_F32) {
-        memcpy(dst, (const float *)a->k + at, n * sizeof(float));
+    size_t n = (size_t)hd * KV_TILE;
+    if (kv_type == KV_F32) {
+        memcpy(dst, (const float *)k + at, n * sizeof(float));
         return;
     }
-    if (a->kv_type == KV_Q8) {
-        for (int d = 0; d < a->head_dim; d++)
+    if (kv_type == KV_Q8) {
+        for (int d = 0; d < hd; d++)
             for (int j = 0; j < KV_TILE; j++)
-                dst[(size_t)d * KV_TILE + j] = cpu_kv_key(a->k, KV_Q8, at, d, j, a->head_dim);
+                dst[(size_t)d * KV_TILE + j] = cpu_kv_key(k, KV_Q8, at, d, j, hd);
         return;
     }
-    const uint16_t *src = (const uint16_t *)a->k + at;
+    const uint16_t *src = (const uint16_t *)k + at;
     size_t i = 0;
 #if defined(__F16C__)
     for (; i + 8 <= n; i += 8)
@@ -104,8 +106,9 @@ static void mass_task(void *ctx, int task, int thread)
     for (int k0 = kb; k0 < ke; k0 += KV_TILE) {
         int nk = ke - k0 < KV_TILE ? ke - k0 : KV_TILE;
         /* keys are stored transposed per tile, K[d][j]; unwritten columns are never read */
-        tile_to_f32(a, kv_tile_addr(a->pages, a->page_stride, a->kv_head_stride, a->kv_type, hd,
-                                    g, k0), Kf);
+        tile_to_f32_layout(a->k, a->kv_type, hd,
+                           kv_tile_addr(a->pages, a->page_stride, a->kv_head_stride, a->kv_type,
+                                        hd, g, k0), Kf);
         for (int i = 0; i < nh; i++) {
             const float *q = a->q + (size_t)a->heads[job->order[h0 + i]] * hd;
             float *restrict s = ws + (size_t)i * stride + (k0 - kb);
@@ -185,5 +188,94 @@ void cpu_attention_mass(struct ThreadPool *pool, const struct MassArgs *a, void 
         }
         a->mass[2 * i] = (float)(doc / l);
         a->mass[2 * i + 1] = (float)(gen / l);
+    }
+}
+
+/* ---- the weights a few rows give a range of keys (WeightsArgs) ----
+ * Tasks of (row, KV head): each converts the K tiles up to its row's position to f32 once for
+ * the group's query heads, scores them, takes each head's softmax and adds the weights of the
+ * range's keys to its thread's sums, which the caller's thread adds up. */
+
+struct WeightsJob {
+    const struct WeightsArgs *a;
+    float *scratch;
+    size_t per_thread;        /* floats: G score rows, a K tile, the thread's sums */
+    size_t stride;            /* of a score row */
+    int G;
+};
+
+size_t cpu_attention_weights_scratch(int n_keys, int head_dim, int n_q_head, int n_kv_head,
+                                     int threads)
+{
+    size_t stride = round16((size_t)n_keys + KV_TILE);
+    size_t per = (size_t)(n_q_head / n_kv_head) * stride + round16((size_t)head_dim * KV_TILE) +
+                 round16((size_t)n_keys);
+    return (per * (size_t)(threads > 0 ? threads : 1) + 16) * sizeof(float);
+}
+
+static void weights_task(void *ctx, int task, int thread)
+{
+    const struct WeightsJob *job = ctx;
+    const struct WeightsArgs *a = job->a;
+    int hd = a->head_dim, G = job->G, t = task / a->n_kv_head, g = task % a->n_kv_head;
+    int nk = a->pos[t] + 1;
+    float *ws = job->scratch + job->per_thread * (size_t)thread;
+    float *Kf = ws + (size_t)G * job->stride;
+    float *acc = Kf + round16((size_t)hd * KV_TILE);
+    for (int k0 = 0; k0 < nk; k0 += KV_TILE) {
+        int n = nk - k0 < KV_TILE ? nk - k0 : KV_TILE;
+        tile_to_f32_layout(a->k, a->kv_type, hd,
+                           kv_tile_addr(a->pages, a->page_stride, a->kv_head_stride, a->kv_type,
+                                        hd, g, k0), Kf);
+        for (int i = 0; i < G; i++) {
+            const float *q = a->q + (size_t)t * a->q_stride + (size_t)(g * G + i) * hd;
+            float *restrict s = ws + (size_t)i * job->stride + k0;
+            for (int j = 0; j < n; j++) s[j] = 0.f;
+            for (int d = 0; d < hd; d++) {
+                const float *restrict kd = Kf + (size_t)d * KV_TILE;
+                float qd = q[d] * a->scale;
+                for (int j = 0; j < n; j++) s[j] += qd * kd[j];
+            }
+        }
+    }
+    int e1 = a->k1 < nk ? a->k1 : nk;
+    for (int i = 0; i < G; i++) {
+        float *s = ws + (size_t)i * job->stride;
+        float mx = -INFINITY;
+        for (int j = 0; j < nk; j++) mx = s[j] > mx ? s[j] : mx;
+        double l = 0, none = 0;
+        for (int j = 0; j < nk; j += KV_TILE)
+            sums(s + j, NULL, nk - j < KV_TILE ? nk - j : KV_TILE, mx, &l, &none);
+        float inv = (float)(1.0 / l);
+        for (int j = a->k0; j < e1; j++) acc[j - a->k0] += s[j] * inv;
+    }
+}
+
+void cpu_attention_weights(struct ThreadPool *pool, const struct WeightsArgs *a, void *scratch)
+{
+    int range = a->k1 - a->k0;
+    if (range < 1) return;
+    memset(a->out, 0, (size_t)range * sizeof *a->out);
+    if (a->n_rows < 1) return;
+    int nk = a->pos[a->n_rows - 1] + 1;
+    struct WeightsJob job = {
+        .a = a,
+        .scratch = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63),
+        .stride = round16((size_t)nk + KV_TILE),
+        .G = a->n_q_head / a->n_kv_head,
+    };
+    job.per_thread = (size_t)job.G * job.stride + round16((size_t)a->head_dim * KV_TILE) +
+                     round16((size_t)nk);
+    int threads = pool_threads(pool) > 0 ? pool_threads(pool) : 1;
+    for (int th = 0; th < threads; th++) {
+        float *acc = job.scratch + job.per_thread * (size_t)th + (size_t)job.G * job.stride +
+                     round16((size_t)a->head_dim * KV_TILE);
+        memset(acc, 0, (size_t)range * sizeof *acc);
+    }
+    pool_run(pool, a->n_rows * a->n_kv_head, weights_task, &job);
+    for (int th = 0; th < threads; th++) {
+        const float *acc = job.scratch + job.per_thread * (size_t)th + (size_t)job.G * job.stride +
+                           round16((size_t)a->head_dim * KV_TILE);
+        for (int j = 0; j < range; j++) a->out[j] += acc[j];
     }
 }

@@ -156,6 +156,8 @@ const struct Backend backend_cpu = {
     .kv_head_stride = cpu_kv_head_stride,
     .attention_mass = cpu_attention_mass,
     .attention_mass_scratch = cpu_attention_mass_scratch,
+    .attention_weights = cpu_attention_weights,
+    .attention_weights_scratch = cpu_attention_weights_scratch,
     .kv_read = cpu_kv_read,
     .kv_write = cpu_kv_write,
 };
