@@ -257,12 +257,13 @@ struct Backend {
     void (*kv_write)(const struct KvCopyArgs *a);
     size_t (*attention_mass_scratch)(int n_ctx, int head_dim, int n_q_head, int n_kv_head,
                                      int threads);
-    /* The weights of `a`; `scratch` holds attention_weights_scratch(n_keys, head_dim,
-     * n_q_head, n_kv_head, threads) bytes, n_keys > every pos[t]. */
+    /* The weights of `a`, the same whatever the thread count; `scratch` holds
+     * attention_weights_scratch(n_keys, head_dim, n_q_head, n_kv_head, n_rows, threads)
+     * bytes, n_keys > every pos[t], n_rows >= a->n_rows. */
     void (*attention_weights)(struct ThreadPool *pool, const struct WeightsArgs *a,
                               void *scratch);
     size_t (*attention_weights_scratch)(int n_keys, int head_dim, int n_q_head, int n_kv_head,
-                                        int threads);
+                                        int n_rows, int threads);
 };
 
 extern const struct Backend backend_cpu;

@@ -1350,6 +1350,32 @@ static void blend_deviation(struct Engine *e, const float *x, int p0, int n_reg,
     }
 }
 
+/* Zero keys and values at layers 1 and up for the positions of the parts without stored KV:
+ * they are computed only after the probe, which would otherwise read whatever their pages
+ * held before (a zero key draws little attention, a zero value adds nothing). 0, or -1 out of
+ * memory. */
+static int blank_unstored(struct Engine *e, const struct EngineKvPart *parts, int n_parts,
+                          int p0)
+{
+    const struct ModelConfig *c = &e->m->cfg;
+    int longest = 0;
+    for (int k = 0; k < n_parts; k++)
+        if (!parts[k].kv && parts[k].n > longest) longest = parts[k].n;
+    if (!longest) return 0;
+    void *zeros = calloc((size_t)longest, kv_row_bytes(e->opts.kv_type, c->n_kv_head,
+                                                        c->head_dim));
+    if (!zeros) return -1;
+    for (int k = 0, at = p0; k < n_parts; at += parts[k].n, k++) {
+        if (parts[k].kv) continue;
+        for (int l = 1; l < c->n_layer; l++) {
+            struct KvCopyArgs a = kv_copy_args(e, l, at, parts[k].n, zeros);
+            e->be->kv_write(&a);
+        }
+    }
+    free(zeros);
+    return 0;
+}
+
 /* The probe tok[0..n) at positions p0.. through every layer (its KV written there, beyond the
  * region: the sequence ends before it, so nothing reads it until a prefill writes those
  * positions again), the attention that its last rows give the region summed into out (n_reg
@@ -1368,7 +1394,8 @@ static int run_probe(struct Engine *e, const int32_t *tok, int n, int p0, int n_
     int32_t *qpos = malloc((size_t)r->opts.chunk * sizeof *qpos);
     pb.layer = malloc((size_t)n_reg * sizeof *pb.layer);
     pb.scratch = malloc(e->be->attention_weights_scratch(p0 + n, c->head_dim, c->n_q_head,
-                                                         c->n_kv_head, pool_threads(r->pool)));
+                                                         c->n_kv_head, rows,
+                                                         pool_threads(r->pool)));
     int ok = x && rc && rs && all && qpos && pb.layer && pb.scratch;
     if (ok) {
         memset(all, 1, (size_t)n);
@@ -1502,7 +1529,8 @@ int engine_blend(struct Engine *e, const struct EngineKvPart *parts, int n_parts
                 n_probe = 0;
             float *att = n_probe ? malloc((size_t)n_reg * sizeof *att) : NULL;
             double t_probe = now_s();
-            if (att && run_probe(e, probe, n_probe, p0 + n_reg, n_reg, att)) {
+            if (att && (blank_unstored(e, parts, n_parts, p0) ||
+                        run_probe(e, probe, n_probe, p0 + n_reg, n_reg, att))) {
                 free(att);
                 att = NULL;
             }

@@ -247,25 +247,41 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
            "prefill\n", name, np0, d5);
     CHECK(d5 <= 1e-4 && st.reused == np0, "%s", name);
 
-    /* a share in between, without a probe and with the question as one: the count, finite
-     * logits, the same logits again; the probe runs (and at shares 0 and 1 above it did not
-     * change a bit) */
+    /* a share in between, without a probe and with the question as one, the chunks with
+     * two-token labels before them (parts without KV): the count, finite logits, and the same
+     * logits again after other tokens have filled the context's pages (nothing read from a
+     * page the blend did not write: the probe runs before the labels' upper layers are
+     * computed); the probe runs (and at shares 0 and 1 above it did not change a bit) */
     float *alt = malloc(sizeof(float) * V);
+    int32_t labels[N_CHUNKS][2], dirt[600];
+    for (int i = 0; i < 600; i++) dirt[i] = rand_tok(V);
+    struct EngineKvPart lparts[2 * N_CHUNKS];
+    for (int j = 0; j < N_CHUNKS; j++) {
+        labels[j][0] = rand_tok(V);
+        labels[j][1] = rand_tok(V);
+        lparts[2 * j] = (struct EngineKvPart){labels[j], 2, NULL, 0, 0};
+        lparts[2 * j + 1] = parts[j];
+    }
     CHECK(alt != NULL, "%s", name);
     if (!alt) return;
     for (int with = 0; with < 2; with++) {
-        CHECK(blend_logits(bl, frame, parts, N_CHUNKS, 0.15, with ? q : NULL, with ? N_Q : 0, q,
-                           got, &st) == 0, "%s", name);
+        CHECK(blend_logits(bl, frame, lparts, 2 * N_CHUNKS, 0.15, with ? q : NULL,
+                           with ? N_Q : 0, q, got, &st) == 0, "%s", name);
         int fin = 1;
         for (int i = 0; i < V; i++) fin &= isfinite(got[i]);
         printf("%s: share 0.15%s: %d recomputed, %d reused, %d probe tokens\n", name,
                with ? ", the question as probe" : "", st.recomputed, st.reused, st.probed);
-        CHECK(fin && st.recomputed == (int)ceil(0.15 * 317) && st.reused == 317 - st.recomputed &&
-              st.probed == (with ? N_Q : 0), "%s", name);
-        CHECK(engine_n_past(bl) == N_FRAME + 317 + N_Q, "%s", name);
+        CHECK(fin && st.forced == 2 * N_CHUNKS &&
+              st.recomputed == 2 * N_CHUNKS + (int)ceil(0.15 * 317) &&
+              st.reused == 317 - (st.recomputed - st.forced) && st.probed == (with ? N_Q : 0),
+              "%s", name);
+        CHECK(engine_n_past(bl) == N_FRAME + 317 + 2 * N_CHUNKS + N_Q, "%s", name);
+        engine_reset(bl);
+        CHECK(prefill(bl, dirt, 600) == 0, "%s", name);
         struct EngineBlendStats st2;
-        CHECK(blend_logits(bl, frame, parts, N_CHUNKS, 0.15, with ? q : NULL, with ? N_Q : 0, q,
-                           alt, &st2) == 0 && !memcmp(alt, got, sizeof(float) * V), "%s", name);
+        CHECK(blend_logits(bl, frame, lparts, 2 * N_CHUNKS, 0.15, with ? q : NULL,
+                           with ? N_Q : 0, q, alt, &st2) == 0 &&
+              !memcmp(alt, got, sizeof(float) * V), "%s", name);
     }
     /* a probe that does not fit the context after the region is left out: the blend is the one
      * without a probe */

@@ -193,24 +193,28 @@ void cpu_attention_mass(struct ThreadPool *pool, const struct MassArgs *a, void 
 
 /* ---- the weights a few rows give a range of keys (WeightsArgs) ----
  * Tasks of (row, KV head): each converts the K tiles up to its row's position to f32 once for
- * the group's query heads, scores them, takes each head's softmax and adds the weights of the
- * range's keys to its thread's sums, which the caller's thread adds up. */
+ * the group's query heads, scores them, takes each head's softmax and writes the weights of
+ * the range's keys, summed over its heads in order, to its own partial sums; the caller's
+ * thread adds the partial sums up in task order, so the result does not depend on which
+ * thread ran which task. */
 
 struct WeightsJob {
     const struct WeightsArgs *a;
     float *scratch;
-    size_t per_thread;        /* floats: G score rows, a K tile, the thread's sums */
+    size_t per_thread;        /* floats: G score rows and a K tile */
     size_t stride;            /* of a score row */
+    float *partial;           /* (tasks, range_stride) */
+    size_t range_stride;
     int G;
 };
 
 size_t cpu_attention_weights_scratch(int n_keys, int head_dim, int n_q_head, int n_kv_head,
-                                     int threads)
+                                     int n_rows, int threads)
 {
     size_t stride = round16((size_t)n_keys + KV_TILE);
-    size_t per = (size_t)(n_q_head / n_kv_head) * stride + round16((size_t)head_dim * KV_TILE) +
-                 round16((size_t)n_keys);
-    return (per * (size_t)(threads > 0 ? threads : 1) + 16) * sizeof(float);
+    size_t per = (size_t)(n_q_head / n_kv_head) * stride + round16((size_t)head_dim * KV_TILE);
+    size_t partial = (size_t)n_rows * n_kv_head * round16((size_t)n_keys);
+    return (per * (size_t)(threads > 0 ? threads : 1) + partial + 16) * sizeof(float);
 }
 
 static void weights_task(void *ctx, int task, int thread)
@@ -221,7 +225,7 @@ static void weights_task(void *ctx, int task, int thread)
     int nk = a->pos[t] + 1;
     float *ws = job->scratch + job->per_thread * (size_t)thread;
     float *Kf = ws + (size_t)G * job->stride;
-    float *acc = Kf + round16((size_t)hd * KV_TILE);
+    float *part = job->partial + job->range_stride * (size_t)task;
     for (int k0 = 0; k0 < nk; k0 += KV_TILE) {
         int n = nk - k0 < KV_TILE ? nk - k0 : KV_TILE;
         tile_to_f32_layout(a->k, a->kv_type, hd,
@@ -238,7 +242,8 @@ static void weights_task(void *ctx, int task, int thread)
             }
         }
     }
-    int e1 = a->k1 < nk ? a->k1 : nk;
+    int range = a->k1 - a->k0, e1 = a->k1 < nk ? a->k1 : nk;
+    memset(part, 0, (size_t)range * sizeof *part);
     for (int i = 0; i < G; i++) {
         float *s = ws + (size_t)i * job->stride;
         float mx = -INFINITY;
@@ -247,7 +252,7 @@ static void weights_task(void *ctx, int task, int thread)
         for (int j = 0; j < nk; j += KV_TILE)
             sums(s + j, NULL, nk - j < KV_TILE ? nk - j : KV_TILE, mx, &l, &none);
         float inv = (float)(1.0 / l);
-        for (int j = a->k0; j < e1; j++) acc[j - a->k0] += s[j] * inv;
+        for (int j = a->k0; j < e1; j++) part[j - a->k0] += s[j] * inv;
     }
 }
 
@@ -257,25 +262,20 @@ void cpu_attention_weights(struct ThreadPool *pool, const struct WeightsArgs *a,
     if (range < 1) return;
     memset(a->out, 0, (size_t)range * sizeof *a->out);
     if (a->n_rows < 1) return;
-    int nk = a->pos[a->n_rows - 1] + 1;
+    int nk = a->pos[a->n_rows - 1] + 1, threads = pool_threads(pool) > 0 ? pool_threads(pool) : 1;
+    int tasks = a->n_rows * a->n_kv_head;
     struct WeightsJob job = {
         .a = a,
         .scratch = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63),
         .stride = round16((size_t)nk + KV_TILE),
+        .range_stride = round16((size_t)range),
         .G = a->n_q_head / a->n_kv_head,
     };
-    job.per_thread = (size_t)job.G * job.stride + round16((size_t)a->head_dim * KV_TILE) +
-                     round16((size_t)nk);
-    int threads = pool_threads(pool) > 0 ? pool_threads(pool) : 1;
-    for (int th = 0; th < threads; th++) {
-        float *acc = job.scratch + job.per_thread * (size_t)th + (size_t)job.G * job.stride +
-                     round16((size_t)a->head_dim * KV_TILE);
-        memset(acc, 0, (size_t)range * sizeof *acc);
-    }
-    pool_run(pool, a->n_rows * a->n_kv_head, weights_task, &job);
-    for (int th = 0; th < threads; th++) {
-        const float *acc = job.scratch + job.per_thread * (size_t)th + (size_t)job.G * job.stride +
-                           round16((size_t)a->head_dim * KV_TILE);
-        for (int j = 0; j < range; j++) a->out[j] += acc[j];
+    job.per_thread = (size_t)job.G * job.stride + round16((size_t)a->head_dim * KV_TILE);
+    job.partial = job.scratch + job.per_thread * (size_t)threads;
+    pool_run(pool, tasks, weights_task, &job);
+    for (int k = 0; k < tasks; k++) {
+        const float *part = job.partial + job.range_stride * (size_t)k;
+        for (int j = 0; j < range; j++) a->out[j] += part[j];
     }
 }

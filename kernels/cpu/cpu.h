@@ -46,7 +46,7 @@ size_t cpu_kv_head_stride(int n_ctx, int head_dim, enum KvType type);
 void cpu_attention_mass(struct ThreadPool *pool, const struct MassArgs *a, void *scratch);
 void cpu_attention_weights(struct ThreadPool *pool, const struct WeightsArgs *a, void *scratch);
 size_t cpu_attention_weights_scratch(int n_keys, int head_dim, int n_q_head, int n_kv_head,
-                                     int threads);
+                                     int n_rows, int threads);
 size_t cpu_attention_mass_scratch(int n_ctx, int head_dim, int n_q_head, int n_kv_head,
                                   int threads);
 
