@@ -1510,7 +1510,8 @@ int engine_blend(struct Engine *e, const struct EngineKvPart *parts, int n_parts
             r->be->weights_row(&e->m->tok_embd, e->tok[p0 + i], x + (size_t)i * c->dim);
         int l = 0;
         if (check) {
-            /* layer 0 for every row, then the rows whose layer-1 values moved most */
+            /* layer 0 for every row, then the rows whose layer-1 values moved most, weighed
+             * by the attention the probe gives them when there is one */
             dev = malloc((size_t)n_reg * sizeof *dev);
             rank = malloc((size_t)reusable * sizeof *rank);
             uint8_t *all = malloc((size_t)n_reg);
@@ -1522,7 +1523,6 @@ int engine_blend(struct Engine *e, const struct EngineKvPart *parts, int n_parts
             blend_layer(e, 0, x, all, p0, n_reg, rope_c, rope_s, qpos, 0);
             free(all);
             blend_deviation(e, x, p0, n_reg, dev);
-            /* with a probe, how much the answer will read each token weighs in */
             /* a probe that does not fit the context or the pool is left out */
             if (n_probe > e->opts.n_ctx - p0 - n_reg ||
                 take_pages(e, p0 + n_reg + n_probe, NULL, 0))
