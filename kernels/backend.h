@@ -208,7 +208,7 @@ struct MassArgs {
 /* The attention that some query rows give a range of keys (a blend's probe, engine_blend): for
  * each row t (its queries at q + t * q_stride, after RoPE, at position pos[t]) and each query
  * head, the softmax of scale * q_h . k_j over the keys j <= pos[t]; the weights of the keys
- * j in [k0, k1) summed over rows and heads into out[j - k0] (overwritten). */
+ * j in [k0, k1) summed over rows and heads and added to out[j - k0]. */
 struct WeightsArgs {
     const float *q;
     size_t q_stride;
@@ -222,7 +222,7 @@ struct WeightsArgs {
     int n_q_head, n_kv_head, head_dim;
     float scale;
     int k0, k1;
-    float *out;                /* (k1 - k0) */
+    float *out;                /* (k1 - k0) sums, added to */
 };
 
 struct Backend {

@@ -708,7 +708,6 @@ static void layer_step(struct Engine *r, int l, struct StepSeg *segs, int ns, in
 struct BlendProbe {
     int p0, n_reg, first;
     float *sum;               /* (n_reg) the sums */
-    float *layer;             /* (n_reg) one layer's */
     void *scratch;            /* attention_weights_scratch bytes */
 };
 
@@ -735,10 +734,9 @@ static void probe_layer(struct Engine *e, int r0, int sn, const int32_t *qpos, i
         .page_stride = e->lay.page_stride, .kv_type = e->opts.kv_type,
         .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = c->head_dim,
         .scale = 1.f / sqrtf((float)c->head_dim), .k0 = pb->p0, .k1 = pb->p0 + pb->n_reg,
-        .out = pb->layer,
+        .out = pb->sum,
     };
     e->be->attention_weights(e->runner->pool, &wa, pb->scratch);
-    for (int i = 0; i < pb->n_reg; i++) pb->sum[i] += pb->layer[i];
 }
 
 /* One forward pass over segs[0..ns) on the CPU, computed with runner r's threads and scratch:
@@ -1392,11 +1390,10 @@ static int run_probe(struct Engine *e, const int32_t *tok, int n, int p0, int n_
     float *rs = malloc((size_t)n * half * sizeof *rs + 1);
     uint8_t *all = malloc((size_t)n);
     int32_t *qpos = malloc((size_t)r->opts.chunk * sizeof *qpos);
-    pb.layer = malloc((size_t)n_reg * sizeof *pb.layer);
     pb.scratch = malloc(e->be->attention_weights_scratch(p0 + n, c->head_dim, c->n_q_head,
                                                          c->n_kv_head, rows,
                                                          pool_threads(r->pool)));
-    int ok = x && rc && rs && all && qpos && pb.layer && pb.scratch;
+    int ok = x && rc && rs && all && qpos && pb.scratch;
     if (ok) {
         memset(all, 1, (size_t)n);
         memset(out, 0, (size_t)n_reg * sizeof *out);
@@ -1412,7 +1409,6 @@ static int run_probe(struct Engine *e, const int32_t *tok, int n, int p0, int n_
     free(rs);
     free(all);
     free(qpos);
-    free(pb.layer);
     free(pb.scratch);
     return ok ? 0 : -1;
 }

@@ -243,6 +243,7 @@ static double attn_case(const struct AttnCase *c)
                 .n_kv_head = c->n_kv_head, .head_dim = hd, .scale = 1.f / sqrtf((float)hd),
                 .k0 = k0, .k1 = k1, .out = w,
             };
+            memset(w, 0, sizeof(float) * (size_t)(k1 - k0));
             backend_cpu.attention_weights(pool, &wa, scratch);
             double err = rel_diff(w, ref, (size_t)(k1 - k0));
             CHECK(err <= 1e-5, "attention weights threads=%d q_heads=%d kv=%s n_ctx=%d: "

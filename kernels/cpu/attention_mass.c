@@ -66,6 +66,18 @@ static void tile_to_f32_layout(const void *k, enum KvType kv_type, int hd, size_
     for (; i < n; i++) dst[i] = f16_to_f32(src[i]);
 }
 
+/* s[j] = scale * q . K[.][j] for the n first keys of a tile in f32, K[d][j] (hd x KV_TILE). */
+static void score_tile(const float *q, float scale, const float *Kf, int hd, int n,
+                       float *restrict s)
+{
+    for (int j = 0; j < n; j++) s[j] = 0.f;
+    for (int d = 0; d < hd; d++) {
+        const float *restrict kd = Kf + (size_t)d * KV_TILE;
+        float qd = q[d] * scale;
+        for (int j = 0; j < n; j++) s[j] += qd * kd[j];
+    }
+}
+
 struct MassJob {
     const struct MassArgs *a;
     float *scratch;
@@ -109,16 +121,9 @@ static void mass_task(void *ctx, int task, int thread)
         tile_to_f32_layout(a->k, a->kv_type, hd,
                            kv_tile_addr(a->pages, a->page_stride, a->kv_head_stride, a->kv_type,
                                         hd, g, k0), Kf);
-        for (int i = 0; i < nh; i++) {
-            const float *q = a->q + (size_t)a->heads[job->order[h0 + i]] * hd;
-            float *restrict s = ws + (size_t)i * stride + (k0 - kb);
-            for (int j = 0; j < nk; j++) s[j] = 0.f;
-            for (int d = 0; d < hd; d++) {
-                const float *restrict kd = Kf + (size_t)d * KV_TILE;
-                float qd = q[d] * a->scale;
-                for (int j = 0; j < nk; j++) s[j] += qd * kd[j];
-            }
-        }
+        for (int i = 0; i < nh; i++)
+            score_tile(a->q + (size_t)a->heads[job->order[h0 + i]] * hd, a->scale, Kf, hd, nk,
+                       ws + (size_t)i * stride + (k0 - kb));
     }
     int n = ke - kb;
     int marked = a->n_marked < ke ? a->n_marked : ke;   /* keys [kb, marked) are marked */
@@ -231,16 +236,9 @@ static void weights_task(void *ctx, int task, int thread)
         tile_to_f32_layout(a->k, a->kv_type, hd,
                            kv_tile_addr(a->pages, a->page_stride, a->kv_head_stride, a->kv_type,
                                         hd, g, k0), Kf);
-        for (int i = 0; i < G; i++) {
-            const float *q = a->q + (size_t)t * a->q_stride + (size_t)(g * G + i) * hd;
-            float *restrict s = ws + (size_t)i * job->stride + k0;
-            for (int j = 0; j < n; j++) s[j] = 0.f;
-            for (int d = 0; d < hd; d++) {
-                const float *restrict kd = Kf + (size_t)d * KV_TILE;
-                float qd = q[d] * a->scale;
-                for (int j = 0; j < n; j++) s[j] += qd * kd[j];
-            }
-        }
+        for (int i = 0; i < G; i++)
+            score_tile(a->q + (size_t)t * a->q_stride + (size_t)(g * G + i) * hd, a->scale, Kf,
+                       hd, n, ws + (size_t)i * job->stride + k0);
     }
     int range = a->k1 - a->k0, e1 = a->k1 < nk ? a->k1 : nk;
     memset(part, 0, (size_t)range * sizeof *part);
@@ -259,9 +257,7 @@ static void weights_task(void *ctx, int task, int thread)
 void cpu_attention_weights(struct ThreadPool *pool, const struct WeightsArgs *a, void *scratch)
 {
     int range = a->k1 - a->k0;
-    if (range < 1) return;
-    memset(a->out, 0, (size_t)range * sizeof *a->out);
-    if (a->n_rows < 1) return;
+    if (range < 1 || a->n_rows < 1) return;
     int nk = a->pos[a->n_rows - 1] + 1, threads = pool_threads(pool) > 0 ? pool_threads(pool) : 1;
     int tasks = a->n_rows * a->n_kv_head;
     struct WeightsJob job = {
