@@ -39,6 +39,9 @@ struct BrokerOpts {
     const int32_t *watch;                    /* (n_watch, 2) layer, head pairs the workers
                                                 watch; NULL: each worker's default set */
     size_t n_watch;
+    const int32_t *hidden;                   /* (n_hidden) layers whose residual stream each
+                                                answer reports (docs/groundedness.md) */
+    size_t n_hidden;
     const char *curve_secret;        /* Z85 secret key: the client socket is a CURVE server;
                                       * NULL: plain. Read during broker_new only. */
     struct Zap *zap;                 /* the ZAP handler whose keys SIGHUP re-reads; NULL: none */

@@ -198,6 +198,10 @@ static const struct Key keys[] = {
     { "grounding_reliance", K_LONG, F(grounding_reliance), "0", 0, 1, 1,
       "1: after each answer, score its tokens given the prompt without the documents (CPU "
       "workers; a prefill of the frame, question and answer; docs/groundedness.md); 0: off" },
+    { "grounding_hidden_layers", K_STR, F(grounding_hidden_layers), "", 0, 0, 0,
+      "layers whose residual stream each answer reports to requests that include "
+      "hidden_states (L,L,...; at most 8; 0..layers; CPU workers), to fit a hidden-state "
+      "probe; empty: only the calibration's probe layer" },
     { "grounding_heads", K_STR, F(grounding_heads), "auto", 0, 0, 0,
       "attention heads watched without a calibration: auto (every head of the layers at 1/2 "
       "and 3/4 depth) or LAYER:HEAD,LAYER:HEAD,..." },
@@ -627,6 +631,15 @@ int config_validate(const struct Config *c, char *err, size_t errlen)
         char herr[256];
         if (gr_parse_heads(c->grounding_heads, heads, GR_MAX_WATCH, &n, herr, sizeof herr)) {
             snprintf(err, errlen, "grounding_heads: %s", herr);
+            return -1;
+        }
+    }
+    {
+        int layers[GR_MAX_HIDDEN], n;
+        char herr[256];
+        if (gr_parse_layers(c->grounding_hidden_layers, layers, GR_MAX_HIDDEN, &n, herr,
+                            sizeof herr)) {
+            snprintf(err, errlen, "grounding_hidden_layers: %s", herr);
             return -1;
         }
     }

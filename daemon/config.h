@@ -63,6 +63,7 @@ struct Config {
     char grounding_heads[8192];                  /* "auto" or L:H,L:H,... */
     long grounding_self_check;                   /* 1: the self-check after each answer */
     long grounding_reliance;                     /* 1: context reliance after each answer */
+    char grounding_hidden_layers[256];           /* "" or L,L,...: residual stream reported */
     char rope_scaling[16];                       /* "": the file's; none, linear, yarn */
     double rope_factor;                          /* 0: unset */
     long rope_orig_ctx;                          /* 0: the file's context_length */

@@ -17,7 +17,7 @@
 
 static const char *const feature_names[GR_N_FEATURES] = {
     "mean_logprob", "min_logprob", "mean_entropy", "mean_margin", "lookback", "diff_doc_mass",
-    "unsupported_ratio", "self_check", "context_reliance",
+    "unsupported_ratio", "self_check", "context_reliance", "hidden_probe",
 };
 
 const char *gr_feature_name(int f)
@@ -154,6 +154,7 @@ void gr_window_features(const struct GrSignals *s, size_t a, size_t b, double f[
                        : s->check > GR_CHECK_CLIP ? GR_CHECK_CLIP
                        : s->check < -GR_CHECK_CLIP ? -GR_CHECK_CLIP : s->check;
     f[GR_RELIANCE] = s->has_reliance ? s->reliance : NAN;
+    f[GR_PROBE] = s->has_probe ? s->probe : NAN;
 }
 
 double gr_window_score(const struct GrCalibration *c, const double f[GR_N_FEATURES])
@@ -182,6 +183,17 @@ int gr_abstained(const char *answer, size_t len)
     return 1;
 }
 
+double gr_probe_logit(const struct GrCalibration *c, const float *first, const float *mean,
+                      size_t dim)
+{
+    if (!c || c->probe_layer < 0 || (size_t)c->n_probe != 2 * dim)
+        return NAN;
+    double z = c->probe_bias;
+    for (size_t i = 0; i < dim; i++)
+        z += (double)c->probe_w[i] * first[i] + (double)c->probe_w[dim + i] * mean[i];
+    return z;
+}
+
 void gr_summarize(const struct GrCalibration *cal, double threshold, const struct GrSignals *s,
                   const char *answer, size_t len, double *token_score, struct GrSummary *out)
 {
@@ -193,6 +205,8 @@ void gr_summarize(const struct GrCalibration *cal, double threshold, const struc
         out->self_check = 1.0 / (1.0 + exp(-s->check));
     out->has_reliance = s->has_reliance;
     out->context_reliance = s->reliance;
+    out->has_probe = s->has_probe;
+    out->hidden_probe = 1.0 / (1.0 + exp(-s->probe));
     size_t n = s->n;
     if (n > 0) {
         double doc = 0, gen = 0, lp = 0, lp_min = INFINITY, uns = 0;
@@ -250,11 +264,13 @@ void gr_summarize(const struct GrCalibration *cal, double threshold, const struc
 
 /* ---- the calibration file ---- */
 
+/* Keys before CK_REQUIRED are required; the probe's three come together or not at all. */
 enum CalKey { CK_MAGIC, CK_NAME, CK_SHA, CK_WINDOW, CK_STRIDE, CK_THRESHOLD, CK_WATCH,
-              CK_FEATURES, CK_MEAN, CK_SCALE, CK_WEIGHTS, CK_BIAS, CK_COUNT };
+              CK_FEATURES, CK_MEAN, CK_SCALE, CK_WEIGHTS, CK_BIAS, CK_REQUIRED,
+              CK_PROBE_LAYER = CK_REQUIRED, CK_PROBE_WEIGHTS, CK_PROBE_BIAS, CK_COUNT };
 static const char *const cal_keys[CK_COUNT] = {
     "diffrag-grounding", "name", "model_sha256", "window", "stride", "threshold", "watch",
-    "features", "mean", "scale", "weights", "bias",
+    "features", "mean", "scale", "weights", "bias", "probe_layer", "probe_weights", "probe_bias",
 };
 
 struct CalParse {
@@ -350,6 +366,27 @@ static int parse_vector(struct CalParse *p, const char *key, const char *s, cons
                             (int)(tl < 40 ? tl : 40), t);
         (*n)++;
     }
+    return 0;
+}
+
+/* The probe's weights: two rows of the model's dim, at most GR_MAX_PROBE numbers. */
+static int parse_probe(struct CalParse *p, struct GrCalibration *c, const char *s, const char *end)
+{
+    const char *t;
+    size_t tl;
+    double v;
+    c->n_probe = 0;
+    while (next_token(&s, end, &t, &tl)) {
+        if (c->n_probe == GR_MAX_PROBE)
+            return cal_fail(p, p->line, "probe_weights has more than %d numbers", GR_MAX_PROBE);
+        if (parse_number(t, tl, &v) || fabs(v) > 1e30)
+            return cal_fail(p, p->line, "probe_weights: \"%.*s\" is not a finite number",
+                            (int)(tl < 40 ? tl : 40), t);
+        c->probe_w[c->n_probe++] = (float)v;
+    }
+    if (c->n_probe == 0 || c->n_probe % 2)
+        return cal_fail(p, p->line, "probe_weights has %d numbers; it needs two rows of the "
+                        "model's dim", c->n_probe);
     return 0;
 }
 
@@ -471,6 +508,7 @@ static int parse_line(struct CalParse *p, struct GrCalibration *c, const char *s
         return 0;
     case CK_THRESHOLD:
     case CK_BIAS:
+    case CK_PROBE_BIAS:
         if (one_token(p, key, s, end, &t, &tl))
             return -1;
         if (parse_number(t, tl, &dv))
@@ -478,8 +516,17 @@ static int parse_line(struct CalParse *p, struct GrCalibration *c, const char *s
                             (int)(tl < 40 ? tl : 40), t);
         if (k == CK_THRESHOLD && (dv < 0 || dv > 1))
             return cal_fail(p, p->line, "threshold %g is outside [0, 1]", dv);
-        *(k == CK_THRESHOLD ? &c->threshold : &c->bias) = dv;
+        *(k == CK_THRESHOLD ? &c->threshold : k == CK_BIAS ? &c->bias : &c->probe_bias) = dv;
         return 0;
+    case CK_PROBE_LAYER:
+        if (one_token(p, key, s, end, &t, &tl))
+            return -1;
+        if (parse_int(t, tl, 0, 65535, &iv))
+            return cal_fail(p, p->line, "probe_layer must be an integer from 0 to 65535");
+        c->probe_layer = (int)iv;
+        return 0;
+    case CK_PROBE_WEIGHTS:
+        return parse_probe(p, c, s, end);
     case CK_WATCH:
         return parse_watch(p, c, s, end);
     case CK_FEATURES:
@@ -500,6 +547,7 @@ int gr_calibration_parse(const char *text, size_t len, const char *origin,
     struct CalParse p = { .origin = origin ? origin : "calibration", .err = err, .errlen = errlen };
     int lines[CK_COUNT] = { 0 }, n_vec[3] = { 0 };
     memset(out, 0, sizeof *out);
+    out->probe_layer = -1;
     if (len > GR_MAX_FILE_BYTES)
         return cal_fail(&p, 0, "larger than %d bytes", GR_MAX_FILE_BYTES);
     const char *s = text, *end = text + len;
@@ -520,9 +568,16 @@ int gr_calibration_parse(const char *text, size_t len, const char *origin,
             return -1;
         s = nl ? nl + 1 : end;
     }
-    for (int k = 0; k < CK_COUNT; k++)
+    for (int k = 0; k < CK_REQUIRED; k++)
         if (!lines[k])
             return cal_fail(&p, 0, "%s is missing (every key is required)", cal_keys[k]);
+    int probe_keys = !!lines[CK_PROBE_LAYER] + !!lines[CK_PROBE_WEIGHTS] + !!lines[CK_PROBE_BIAS];
+    if (probe_keys != 0 && probe_keys != 3)
+        return cal_fail(&p, 0, "probe_layer, probe_weights and probe_bias come together");
+    for (int j = 0; j < out->n_features; j++)
+        if (out->feature[j] == GR_PROBE && !probe_keys)
+            return cal_fail(&p, lines[CK_FEATURES], "feature hidden_probe needs probe_layer, "
+                            "probe_weights and probe_bias");
     if (out->stride > out->window)
         return cal_fail(&p, lines[CK_STRIDE], "stride %d exceeds window %d (every token must be "
                         "in a window)", out->stride, out->window);
@@ -646,5 +701,46 @@ int gr_parse_heads(const char *s, struct GrHead *out, int cap, int *n, char *err
             return -1;
         }
         p++;
+    }
+}
+
+int gr_parse_layers(const char *s, int *out, int cap, int *n, char *err, size_t errlen)
+{
+    *n = 0;
+    const char *p = s;
+    while (*p == ' ')
+        p++;
+    if (!*p)
+        return 0;
+    for (;;) {
+        const char *t = p;
+        while (*p && *p != ',' && *p != ' ')
+            p++;
+        long l;
+        if (parse_int(t, (size_t)(p - t), 0, 65535, &l)) {
+            snprintf(err, errlen, "\"%.*s\" is not a layer number", (int)(p - t < 40 ? p - t : 40), t);
+            return -1;
+        }
+        if (*n == cap) {
+            snprintf(err, errlen, "more than %d layers", cap);
+            return -1;
+        }
+        for (int i = 0; i < *n; i++)
+            if (out[i] == l) {
+                snprintf(err, errlen, "layer %ld is listed twice", l);
+                return -1;
+            }
+        out[(*n)++] = (int)l;
+        while (*p == ' ')
+            p++;
+        if (!*p)
+            return 0;
+        if (*p != ',') {
+            snprintf(err, errlen, "separate layers with commas");
+            return -1;
+        }
+        p++;
+        while (*p == ' ')
+            p++;
     }
 }

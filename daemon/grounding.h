@@ -14,16 +14,19 @@
 
 enum GrFeature {
     GR_MEAN_LOGPROB, GR_MIN_LOGPROB, GR_MEAN_ENTROPY, GR_MEAN_MARGIN, GR_LOOKBACK,
-    GR_DIFF_DOC_MASS, GR_UNSUPPORTED_RATIO, GR_SELF_CHECK, GR_RELIANCE, GR_N_FEATURES
+    GR_DIFF_DOC_MASS, GR_UNSUPPORTED_RATIO, GR_SELF_CHECK, GR_RELIANCE, GR_PROBE, GR_N_FEATURES
 };
 /* The self-check feature's log-odds are clipped to [-GR_CHECK_CLIP, GR_CHECK_CLIP]. */
 #define GR_CHECK_CLIP 20.0
+/* The hidden-state probe's logit is clipped to [-GR_PROBE_CLIP, GR_PROBE_CLIP]. */
+#define GR_PROBE_CLIP 40.0
 const char *gr_feature_name(int f);   /* "mean_logprob", ...; NULL out of range */
 
 #define GR_MAX_WATCH 1024          /* = ENGINE_MAX_WATCH */
 #define GR_MAX_NAME 64
 #define GR_MAX_WINDOW 4096
 #define GR_MAX_FILE_BYTES (1 << 20)
+#define GR_MAX_PROBE 16384                /* probe weights: two rows of a dim up to 8192 */
 
 struct GrHead { int layer, head; };
 
@@ -38,6 +41,13 @@ struct GrCalibration {
     int feature[GR_N_FEATURES];        /* enum GrFeature, in the file's order, distinct */
     double mean[GR_N_FEATURES], scale[GR_N_FEATURES], weight[GR_N_FEATURES]; /* scale > 0 */
     double bias;
+    /* The hidden-state probe (optional; the feature hidden_probe needs it): its logit is
+     * probe_bias + probe_w . [the residual stream entering probe_layer at the prompt's last
+     * position ; its mean over the positions that gave the answer tokens]. */
+    int probe_layer;                   /* -1: none */
+    int n_probe;                       /* 2 * the model's dim */
+    float probe_w[GR_MAX_PROBE];
+    double probe_bias;
 };
 
 /* Parses a calibration file's text (len bytes; need not be NUL-terminated). 0, or -1 with
@@ -57,6 +67,10 @@ void gr_sha256_hex(const uint8_t digest[32], char out[65]);
 /* "auto" is not a list: parses LAYER:HEAD pairs separated by commas (spaces allowed), at
  * most cap, distinct, at least one. 0, or -1 with err. */
 int gr_parse_heads(const char *s, struct GrHead *out, int cap, int *n, char *err, size_t errlen);
+/* Layer numbers separated by commas (spaces allowed), at most cap, distinct; "" is none. 0, or
+ * -1 with err. */
+#define GR_MAX_HIDDEN 8                   /* = ENGINE_MAX_CAPTURE */
+int gr_parse_layers(const char *s, int *out, int cap, int *n, char *err, size_t errlen);
 
 /* ---- per-token signals ---- */
 
@@ -72,6 +86,8 @@ struct GrSignals {
     double check;                      /* its log P(yes) - log P(no) */
     int has_reliance;                  /* context reliance was measured */
     double reliance;                   /* mean log-probability with the documents - without */
+    int has_probe;                     /* the hidden-state probe ran */
+    double probe;                      /* its logit (gr_probe_logit) */
 };
 
 /* ---- words and lexical support ---- */
@@ -116,8 +132,15 @@ struct GrSummary {
     double self_check;            /* has_check: P(yes) / (P(yes) + P(no)) of the self-check */
     int has_reliance;
     double context_reliance;      /* has_reliance: GrSignals.reliance */
+    int has_probe;
+    double hidden_probe;          /* has_probe: sigma(GrSignals.probe) */
     size_t answer_tokens, flagged_tokens;
 };
+
+/* The probe's logit (GrCalibration.probe_*) over the two rows of its layer, each of dim
+ * floats; NAN when the calibration has no probe or its rows are not of this dim. */
+double gr_probe_logit(const struct GrCalibration *c, const float *first, const float *mean,
+                      size_t dim);
 
 /* Everything a reply reports about one answer. cal NULL: no detector (score and flag not
  * claimed). token_score (n entries, may be NULL) receives, with a calibration, each token's

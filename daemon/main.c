@@ -187,6 +187,8 @@ struct Grounding {
     int32_t watch[2 * GR_MAX_WATCH];
     size_t n_watch;
     int watch_given;          /* 0: the workers' default set */
+    int32_t hidden[GR_MAX_HIDDEN];  /* layers whose residual stream answers report */
+    size_t n_hidden;
 };
 
 static int is_explicit_calibration(const struct Config *c)
@@ -325,6 +327,39 @@ static int setup_grounding(const struct Config *c, const struct Model *m, struct
     }
     if (c->grounding_threshold[0])
         g->threshold = strtod(c->grounding_threshold, NULL);   /* validated with the config */
+    int layers[GR_MAX_HIDDEN], nl;
+    if (gr_parse_layers(c->grounding_hidden_layers, layers, GR_MAX_HIDDEN, &nl, err, sizeof err)) {
+        dlog(LL_ERROR, "msg=\"bad grounding_hidden_layers\" error=\"%s\"", err);
+        return -1;
+    }
+    for (int i = 0; i < nl; i++) {
+        if (m && layers[i] > m->cfg.n_layer) {
+            dlog(LL_ERROR, "msg=\"grounding_hidden_layers: layer outside the model\" layer=%d "
+                 "layers=%d", layers[i], m->cfg.n_layer);
+            return -1;
+        }
+        g->hidden[g->n_hidden++] = layers[i];
+    }
+    /* the probe's layer is captured for every answer */
+    if (g->calibrated && g->cal.probe_layer >= 0) {
+        if (m && (g->cal.probe_layer > m->cfg.n_layer || g->cal.n_probe != 2 * m->cfg.dim)) {
+            dlog(LL_ERROR, "msg=\"grounding calibration's probe does not fit the model\" "
+                 "file=\"%s\" probe_layer=%d probe_weights=%d layers=%d dim=%d", found,
+                 g->cal.probe_layer, g->cal.n_probe, m->cfg.n_layer, m->cfg.dim);
+            return -1;
+        }
+        size_t i = 0;
+        while (i < g->n_hidden && g->hidden[i] != g->cal.probe_layer)
+            i++;
+        if (i == g->n_hidden) {
+            if (g->n_hidden == GR_MAX_HIDDEN) {
+                dlog(LL_ERROR, "msg=\"grounding_hidden_layers leaves no room for the "
+                     "calibration's probe layer\" layers=%d", GR_MAX_HIDDEN);
+                return -1;
+            }
+            g->hidden[g->n_hidden++] = g->cal.probe_layer;
+        }
+    }
     if (m && g->watch_given) {
         int layers = m->cfg.n_layer;
         int heads = m->cfg.arch == ARCH_DIFFV2 ? m->cfg.n_head : m->cfg.n_q_head;
@@ -827,6 +862,7 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         .sig_term = &sig_term, .sig_hup = &sig_hup,
         .calibration = ground->calibrated ? &ground->cal : NULL, .threshold = ground->threshold,
         .watch = ground->watch_given ? ground->watch : NULL, .n_watch = ground->n_watch,
+        .hidden = ground->hidden, .n_hidden = ground->n_hidden,
         .curve_secret = curve ? secret : NULL, .zap = zap,
     };
     int broker_rc = !zctx ? -1 : broker_new(&bo, &broker, err, sizeof err);

@@ -289,6 +289,7 @@ void mpw_bin(struct MpWriter *w, const void *p, size_t len)
 void mpw_uint(struct MpWriter *w, uint64_t v) { MPW(msgpack_pack_uint64(&w->pk, v)); }
 void mpw_int(struct MpWriter *w, int64_t v) { MPW(msgpack_pack_int64(&w->pk, v)); }
 void mpw_double(struct MpWriter *w, double v) { MPW(msgpack_pack_double(&w->pk, v)); }
+void mpw_float(struct MpWriter *w, float v) { MPW(msgpack_pack_float(&w->pk, v)); }
 void mpw_bool(struct MpWriter *w, int v)
 {
     if (v)

@@ -73,6 +73,7 @@ void mpw_bin(struct MpWriter *w, const void *p, size_t len);
 void mpw_uint(struct MpWriter *w, uint64_t v);
 void mpw_int(struct MpWriter *w, int64_t v);
 void mpw_double(struct MpWriter *w, double v);
+void mpw_float(struct MpWriter *w, float v);      /* float 32 */
 void mpw_bool(struct MpWriter *w, int v);
 void mpw_nil(struct MpWriter *w);
 /* Append bytes that already are one encoded msgpack value (e.g. an id echoed verbatim). */

@@ -242,13 +242,16 @@ static int decode_include(struct ProtoDec *d)
             FAIL(d, EC_BAD_REQUEST, "include[%u] must be a string, not %s", i, mp_type_name(e.type));
         if (e.len == 13 && !memcmp(e.s, "token_signals", 13)) {
             d->p->include_token_signals = 1;
+        } else if (e.len == 13 && !memcmp(e.s, "hidden_states", 13)) {
+            d->p->include_hidden_states = 1;
         } else {
             char shown[40];
             size_t n = e.len < 32 ? e.len : 32, j = 0;
             for (size_t k = 0; k < n; k++)
                 shown[j++] = (e.s[k] >= 0x20 && e.s[k] < 0x7f) ? e.s[k] : '?';
             shown[j] = 0;
-            FAIL(d, EC_BAD_REQUEST, "include[%u]: unknown part \"%s\" (known: token_signals)", i,
+            FAIL(d, EC_BAD_REQUEST, "include[%u]: unknown part \"%s\" (known: token_signals, "
+                 "hidden_states)", i,
                  shown);
         }
     }

@@ -57,6 +57,7 @@ struct RequestParams {
     int stream;
     long deadline_ms;                           /* 0: none */
     int include_token_signals;                  /* query: "include": ["token_signals"] */
+    int include_hidden_states;                  /* query: "include": ["hidden_states"] */
     struct Slice system;                        /* query: the client's system text; len 0:
                                                    none */
     struct CtxTurn *history; size_t n_history;  /* query: earlier turns, oldest first */

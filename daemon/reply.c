@@ -4,6 +4,7 @@
  * (ping, the daemon's stats). */
 #include "daemon/broker_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +102,26 @@ struct Grounded {
     double *token_score;
 };
 
+/* The calibration's hidden-state probe over the result's rows of its layer (the broker asks
+ * every job for that layer); left out when the result has none (a GPU worker, no token). */
+static void probe(const struct Broker *b, const struct WireResult *res, struct GrSignals *s)
+{
+    const struct GrCalibration *c = b->o.calibration;
+    size_t nl = b->o.n_hidden, dim = nl ? res->n_hidden / (2 * nl) : 0;
+    if (!c || c->probe_layer < 0 || !dim || res->n_hidden != 2 * nl * dim)
+        return;
+    for (size_t i = 0; i < nl; i++)
+        if (b->o.hidden[i] == c->probe_layer) {
+            const float *rows = res->hidden + 2 * i * dim;
+            double z = gr_probe_logit(c, rows, rows + dim, dim);
+            if (isfinite(z)) {
+                s->has_probe = 1;
+                s->probe = z < -GR_PROBE_CLIP ? -GR_PROBE_CLIP : z > GR_PROBE_CLIP ? GR_PROBE_CLIP : z;
+            }
+            return;
+        }
+}
+
 static int ground(const struct Broker *b, const struct Request *r, const struct WireResult *res,
                   struct Grounded *g)
 {
@@ -122,6 +143,7 @@ static int ground(const struct Broker *b, const struct Request *r, const struct 
         .has_check = res->has_check, .check = res->check,
         .has_reliance = res->has_reliance, .reliance = res->reliance,
     };
+    probe(b, res, &g->sig);
     if (n)
         gr_lexical(r->doc_words, text, len, ws->text_end, n, g->unsupported);
     gr_summarize(b->o.calibration, b->o.threshold, &g->sig, text, len, g->token_score, &g->sum);
@@ -161,7 +183,7 @@ static void put_grounding(const struct Broker *b, struct MpWriter *w, const stru
 {
     const struct GrSummary *s = &g->sum;
     mpw_cstr(w, "grounding");
-    mpw_map(w, 12);
+    mpw_map(w, 13);
     put_opt_double(w, "score", s->scored, s->score);
     mpw_cstr(w, "flagged");
     if (s->scored)
@@ -175,6 +197,7 @@ static void put_grounding(const struct Broker *b, struct MpWriter *w, const stru
     put_opt_double(w, "min_logprob", s->has_ratios, s->min_logprob);
     put_opt_double(w, "self_check", s->has_check, s->self_check);
     put_opt_double(w, "context_reliance", s->has_reliance, s->context_reliance);
+    put_opt_double(w, "hidden_probe", s->has_probe, s->hidden_probe);
     mpw_kv_uint(w, "answer_tokens", s->answer_tokens);
     mpw_kv_uint(w, "flagged_tokens", s->flagged_tokens);
     mpw_kv_cstr(w, "detector", b->o.calibration ? b->o.calibration->name : "none");
@@ -186,6 +209,36 @@ static void put_float_array(struct MpWriter *w, const char *key, const float *v,
     mpw_array(w, n);
     for (size_t i = 0; i < n; i++)
         mpw_double(w, v[i]);
+}
+
+/* "hidden_states": the residual stream of the configured layers (grounding_hidden_layers),
+ * each as its first answer token's row and its mean over the answer; nil when the answer has
+ * none (no token, a GPU worker). */
+static void put_hidden_states(const struct Broker *b, struct MpWriter *w,
+                              const struct WireResult *res)
+{
+    size_t nl = b->o.n_hidden, dim = nl ? res->n_hidden / (2 * nl) : 0;
+    mpw_cstr(w, "hidden_states");
+    if (!dim || res->n_hidden != 2 * nl * dim) {
+        mpw_nil(w);
+        return;
+    }
+    mpw_map(w, 3);
+    mpw_cstr(w, "layers");
+    mpw_array(w, nl);
+    for (size_t i = 0; i < nl; i++)
+        mpw_int(w, b->o.hidden[i]);
+    const char *keys[2] = {"first", "mean"};
+    for (int k = 0; k < 2; k++) {
+        mpw_cstr(w, keys[k]);
+        mpw_array(w, nl);
+        for (size_t i = 0; i < nl; i++) {
+            const float *row = res->hidden + (2 * i + (size_t)k) * dim;
+            mpw_array(w, dim);
+            for (size_t j = 0; j < dim; j++)
+                mpw_float(w, row[j]);
+        }
+    }
 }
 
 /* "token_signals": equal-length arrays over the answer tokens. */
@@ -258,7 +311,8 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
     }
     struct MpWriter *w = &b->w;
     mpw_reset(w);
-    proto_reply_head(w, 7 + (r->p.include_token_signals ? 1 : 0), r->p.id_raw, r->p.id_len, 1);
+    proto_reply_head(w, 7 + (r->p.include_token_signals ? 1 : 0) +
+                        (r->p.include_hidden_states ? 1 : 0), r->p.id_raw, r->p.id_len, 1);
     mpw_kv_str(w, "answer", res->text ? res->text : "", res->text ? res->text_len : 0);
     mpw_kv_cstr(w, "finish_reason", wire_finish_name(res->finish));
     mpw_cstr(w, "citations");
@@ -297,6 +351,8 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
     put_grounding(b, w, &g);
     if (r->p.include_token_signals)
         put_token_signals(w, res, &g);
+    if (r->p.include_hidden_states)
+        put_hidden_states(b, w, res);
     free(g.unsupported);
     free(g.token_score);
     if (w->failed) {

@@ -164,9 +164,11 @@ static void seq_finish(struct Worker *w, void *pair, struct Seq *q, int cancelle
     r.ttft_ms = q->rc.got_first ? q->rc.ttft_ms : 0;
     r.decode_ms = q->decoding ? now - q->t_prefilled : 0;
     r.sig = q->rc.sig.s;
+    r.hidden = worker_sigbuf_hidden(&q->rc.sig, &r.n_hidden);
     /* alone, between steps: a few dozen tokens against the sequence's pages */
     worker_after_answer(w, &q->job, q->e, q->hist + q->n_prompt, q->n_hist - q->n_prompt, &r);
     worker_send_result(pair, &r);
+    free(r.hidden);
     free(g.text);
     seq_free(w, q);
 }

@@ -173,8 +173,9 @@ void wire_job_encode(struct MpWriter *w, const int32_t *tokens, size_t n_tokens,
 {
     int watch = g && g->watch, check = g && g->self_check, bare = g && g->bare && g->n_bare;
     int docs = g && g->docs[1] > g->docs[0], refs = g && g->chunk_refs && g->n_spans;
+    int hidden = g && g->hidden && g->n_hidden;
     mpw_map(w, 8 + (watch ? 1 : 0) + (check ? 1 : 0) + (bare ? 1 : 0) + (docs ? 1 : 0) +
-                   (refs ? 1 : 0));
+                   (refs ? 1 : 0) + (hidden ? 1 : 0));
     /* int32 little-endian: the x86/arm in-memory layout, converted where it is not */
     mpw_cstr(w, "tokens");
     put_words_bin(w, tokens, n_tokens);
@@ -207,6 +208,10 @@ void wire_job_encode(struct MpWriter *w, const int32_t *tokens, size_t n_tokens,
         mpw_cstr(w, "chunk_refs");
         put_words_bin(w, g->chunk_refs, 2 * g->n_spans);
     }
+    if (hidden) {
+        mpw_cstr(w, "hidden");
+        put_words_bin(w, g->hidden, g->n_hidden);
+    }
 }
 
 void wire_job_free(struct WireJob *j)
@@ -216,6 +221,7 @@ void wire_job_free(struct WireJob *j)
     free(j->watch);
     free(j->bare);
     free(j->chunk_refs);
+    free(j->hidden);
     for (size_t i = 0; i < j->n_stop; i++)
         free(j->stop[i]);
     free(j->stop);
@@ -285,6 +291,13 @@ int wire_job_decode(const void *buf, size_t len, struct WireJob *out, char *err,
             n_refs = v.len / 8;
             out->chunk_refs = get_words_bin(&v, 2 * n_refs);
             if (!out->chunk_refs) goto nomem;
+        } else if (key_is(&k, "hidden")) {
+            if (v.type != MP_BIN || v.len % 4 || v.len == 0 || v.len / 4 > WIRE_MAX_HIDDEN ||
+                out->hidden)
+                goto bad;
+            out->n_hidden = v.len / 4;
+            out->hidden = get_words_bin(&v, out->n_hidden);
+            if (!out->hidden) goto nomem;
         } else if (key_is(&k, "bare")) {
             if (v.type != MP_BIN || v.len % 4 || v.len == 0 || out->bare) goto bad;
             out->n_bare = v.len / 4;
@@ -342,6 +355,12 @@ int wire_job_decode(const void *buf, size_t len, struct WireJob *out, char *err,
             wire_job_free(out);
             return -1;
         }
+    for (size_t i = 0; i < out->n_hidden; i++)
+        if (out->hidden[i] < 0) {
+            snprintf(err, errlen, "JOB asks for a negative hidden layer");
+            wire_job_free(out);
+            return -1;
+        }
     return 0;
 nomem:
     snprintf(err, errlen, "out of memory");
@@ -357,7 +376,8 @@ void wire_result_encode(struct MpWriter *w, const struct WireResult *r)
 {
     int is_err = r->finish == WF_ERROR;
     mpw_map(w, 8 + (is_err ? 2 : 0) + (r->has_signals ? 1 : 0) + (r->has_check ? 1 : 0) +
-               (r->has_reliance ? 1 : 0) + (r->reused_tokens > 0 ? 1 : 0));
+               (r->has_reliance ? 1 : 0) + (r->reused_tokens > 0 ? 1 : 0) +
+               (r->n_hidden > 0 ? 1 : 0));
     mpw_kv_cstr(w, "finish", wire_finish_name(r->finish));
     mpw_kv_str(w, "text", r->text ? r->text : "", r->text ? r->text_len : 0);
     mpw_kv_int(w, "prompt_tokens", r->prompt_tokens);
@@ -383,6 +403,10 @@ void wire_result_encode(struct MpWriter *w, const struct WireResult *r)
         mpw_cstr(w, "text_end");
         put_words_bin(w, r->sig.text_end, r->sig.n);
     }
+    if (r->n_hidden > 0) {
+        mpw_cstr(w, "hidden");
+        put_words_bin(w, r->hidden, r->n_hidden);
+    }
     if (is_err) {
         mpw_kv_str(w, "code", r->code ? r->code : "internal", r->code ? r->code_len : 8);
         mpw_kv_str(w, "message", r->message ? r->message : "", r->message ? r->message_len : 0);
@@ -399,6 +423,9 @@ void wire_result_free(struct WireResult *r)
     r->sig.text_end = NULL;
     r->sig.n = 0;
     r->has_signals = 0;
+    free(r->hidden);
+    r->hidden = NULL;
+    r->n_hidden = 0;
 }
 
 /* The signals map: every array present once, n words long, floats finite. */
@@ -506,6 +533,23 @@ int wire_result_decode(const void *buf, size_t len, struct WireResult *out, char
             if (num(&v, &d) || fabs(d) > 1e6 || out->has_reliance) goto bad;
             out->has_reliance = 1;
             out->reliance = (float)d;
+        } else if (key_is(&k, "hidden")) {
+            if (v.type != MP_BIN || v.len % 4 || v.len == 0 ||
+                v.len / 4 > WIRE_MAX_HIDDEN_FLOATS || out->hidden)
+                goto bad;
+            out->n_hidden = v.len / 4;
+            out->hidden = get_words_bin(&v, out->n_hidden);
+            if (!out->hidden) {
+                snprintf(err, errlen, "out of memory");
+                wire_result_free(out);
+                return -1;
+            }
+            for (size_t j = 0; j < out->n_hidden; j++)
+                if (!isfinite(out->hidden[j])) {
+                    snprintf(err, errlen, "RESULT hidden[%zu] is not finite", j);
+                    wire_result_free(out);
+                    return -1;
+                }
         } else if (key_is(&k, "signals")) {
             if (v.type != MP_MAP || out->has_signals) goto bad;
             out->has_signals = 1;

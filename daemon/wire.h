@@ -91,9 +91,14 @@ struct WireGround {
                                    the last separator (chunk KV reuse); start == end: none */
     const uint32_t *chunk_refs; /* (n_spans, 2): each span's stored chunk (collection id,
                                    chunk id), (0, 0) for none; NULL: none is stored */
+    const int32_t *hidden;      /* layers whose residual stream the answer reports
+                                   (WireResult.hidden); NULL: none */
+    size_t n_hidden;
 };
 
 #define WIRE_MAX_WATCH 1024
+#define WIRE_MAX_HIDDEN 8             /* layers of WireGround.hidden (= ENGINE_MAX_CAPTURE) */
+#define WIRE_MAX_HIDDEN_FLOATS (1u << 20)
 
 /* A job as the worker runs it. tokens, stop strings, spans and watch are owned
  * (wire_job_free). */
@@ -118,6 +123,8 @@ struct WireJob {
     uint32_t docs[2];         /* the documents' tokens [start, end), every doc span inside;
                                  start == end: not given */
     uint32_t *chunk_refs;     /* (n_spans, 2) stored chunks (WireGround); NULL: none */
+    int32_t *hidden;          /* (n_hidden) layers to report (WireGround); NULL: none */
+    size_t n_hidden;
 };
 
 /* The answer tokens' signals, struct of arrays of n each. */
@@ -148,6 +155,12 @@ struct WireResult {
     float reliance;                         /* mean log-probability of the answer tokens with
                                                the documents minus without them, finite */
     struct WireSignals sig;                 /* encode: borrowed; decode: owned */
+    /* The residual stream of the job's hidden layers, in its order, each as two rows of the
+     * model's dim: at the prompt's last position (the one that gave the first answer token)
+     * and its mean over the positions that gave the answer tokens; n_hidden floats (0: none,
+     * e.g. on a GPU). encode: borrowed; decode: owned, every value finite. */
+    float *hidden;
+    size_t n_hidden;
 };
 
 static inline void wire_put_u64(uint8_t *p, uint64_t v)

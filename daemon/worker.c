@@ -34,7 +34,48 @@ void worker_sigbuf_free(struct SigBuf *b)
     for (int i = 0; i < WS_N_FLOAT; i++)
         free(b->s.f[i]);
     free(b->s.text_end);
+    free(b->hid_first);
+    free(b->hid_sum);
     memset(b, 0, sizeof *b);
+}
+
+/* Adds an answer token's captured rows: the first token's are kept, and every token's summed. */
+static void sigbuf_hidden(struct SigBuf *b, const struct GenToken *t, int dim)
+{
+    size_t n = (size_t)t->n_hidden * dim;
+    if (!b->hid_sum) {
+        b->hid_first = malloc(n * sizeof *b->hid_first);
+        b->hid_sum = calloc(n, sizeof *b->hid_sum);
+        if (!b->hid_first || !b->hid_sum) {
+            b->oom = 1;
+            return;
+        }
+        memcpy(b->hid_first, t->hidden, n * sizeof *b->hid_first);
+        b->hid_rows = t->n_hidden;
+        b->hid_dim = dim;
+    }
+    if (t->n_hidden != b->hid_rows)
+        return;
+    for (size_t i = 0; i < n; i++)
+        b->hid_sum[i] += t->hidden[i];
+}
+
+float *worker_sigbuf_hidden(const struct SigBuf *b, size_t *n)
+{
+    *n = 0;
+    if (!b->hid_sum || b->s.n == 0)
+        return NULL;
+    size_t d = (size_t)b->hid_dim;
+    float *out = malloc((size_t)b->hid_rows * 2 * d * sizeof *out);
+    if (!out)
+        return NULL;
+    for (int r = 0; r < b->hid_rows; r++) {
+        memcpy(out + (size_t)r * 2 * d, b->hid_first + (size_t)r * d, d * sizeof *out);
+        for (size_t i = 0; i < d; i++)
+            out[((size_t)r * 2 + 1) * d + i] = (float)(b->hid_sum[(size_t)r * d + i] / (double)b->s.n);
+    }
+    *n = (size_t)b->hid_rows * 2 * d;
+    return out;
 }
 
 static int sigbuf_grow(struct SigBuf *b)
@@ -102,6 +143,8 @@ int worker_on_token(void *user, const struct GenToken *t)
             rc->sig.s.text_end[rc->sig.s.n - 1] = rc->released;
     } else {
         sigbuf_add(&rc->sig, t, rc->released);
+        if (t->hidden && t->n_hidden > 0 && !rc->sig.oom)
+            sigbuf_hidden(&rc->sig, t, rc->w->m->cfg.dim);
     }
     return *rc->cancelled;
 }
@@ -142,6 +185,14 @@ int worker_ground(const struct Model *m, struct Engine *e, const struct WireJob 
             want[i] = (struct AttnWatch){ job->watch[2 * i], job->watch[2 * i + 1] };
     }
     if (engine_watch(e, want, n, err, errlen))
+        return -1;
+    /* the residual stream is captured on CPU contexts only; elsewhere the answer has none */
+    int layers[WIRE_MAX_HIDDEN], nh = 0;
+    if (engine_opts(e)->device == ENGINE_CPU)
+        for (size_t i = 0; i < job->n_hidden && i < WIRE_MAX_HIDDEN; i++)
+            if (job->hidden[i] <= m->cfg.n_layer)
+                layers[nh++] = job->hidden[i];
+    if (engine_capture(e, layers, nh, err, errlen))
         return -1;
     uint8_t *cls = calloc(job->n_tokens, 1);
     if (!cls) {

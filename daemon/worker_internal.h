@@ -52,6 +52,11 @@ struct SigBuf {
     struct WireSignals s;
     size_t cap;
     int oom;
+    /* the captured residual stream (WireResult.hidden): per layer, the first answer token's
+     * row and the sum of every answer token's, rows of dim */
+    int hid_rows, hid_dim;
+    float *hid_first;         /* (hid_rows, dim) */
+    double *hid_sum;          /* (hid_rows, dim) */
 };
 
 struct RunCtx {
@@ -67,6 +72,9 @@ struct RunCtx {
 };
 
 void worker_sigbuf_free(struct SigBuf *b);
+/* The answer's captured rows as WireResult.hidden wants them (malloc'd, *n floats), or NULL
+ * (*n = 0) when none were captured, the answer has no token, or memory ran out. */
+float *worker_sigbuf_hidden(const struct SigBuf *b, size_t *n);
 /* The generator's callback: streams the token's text and records its signals; non-zero when
  * the request is to stop. */
 int worker_on_token(void *user, const struct GenToken *t);

@@ -289,7 +289,8 @@ void workers_dispatch(struct Broker *b)
                                  .self_check = b->cfg->grounding_self_check != 0,
                                  .docs = { (uint32_t)r->ctx->documents.start,
                                            (uint32_t)r->ctx->documents.end },
-                                 .chunk_refs = any_ref ? refs : NULL };
+                                 .chunk_refs = any_ref ? refs : NULL,
+                                 .hidden = b->o.hidden, .n_hidden = b->o.n_hidden };
         /* context reliance: the same prompt without its documents (frame, question, turn) */
         const struct Context *cx = r->ctx;
         int32_t *bare = NULL;

@@ -79,6 +79,11 @@ struct Engine {
     uint8_t *cls;             /* (n_ctx) position classes */
     int n_marked;
     void *mass_scratch;
+    /* residual-stream capture (engine_capture): layers, and their rows at the last position */
+    int cap_layer[ENGINE_MAX_CAPTURE];
+    int n_cap;
+    float *hidden;            /* (n_cap, dim) */
+    int hidden_valid;
     /* GPU contexts: the device sequence, and the host side of its masses */
     struct GpuSeq *gpu;
     float *gpu_mass;          /* (n_layer, n_q_head, 2) */
@@ -367,6 +372,7 @@ void engine_destroy(struct Engine **pe)
     free(e->wq_watch);
     free(e->wq_mass);
     free(e->mass);
+    free(e->hidden);
     free(e);
     *pe = NULL;
 }
@@ -739,6 +745,22 @@ static void probe_layer(struct Engine *e, int r0, int sn, const int32_t *qpos, i
     e->be->attention_weights(e->runner->pool, &wa, pb->scratch);
 }
 
+/* Keeps, for each segment that captures layer l (engine_capture), its last row of the residual
+ * stream as it enters layer l (l = n_layer: after the last layer). A blend's quiet rows and its
+ * probe are not positions the caller evaluates, so they keep nothing. */
+static void capture_rows(struct Engine *r, int l, const struct StepSeg *segs, int ns)
+{
+    int d = r->m->cfg.dim;
+    for (int i = 0; i < ns; i++) {
+        struct Engine *e = segs[i].e;
+        if (segs[i].quiet || segs[i].probe) continue;
+        for (int j = 0; j < e->n_cap; j++)
+            if (e->cap_layer[j] == l)
+                memcpy(e->hidden + (size_t)j * d, r->s.x + (size_t)(segs[i].row0 + segs[i].n - 1) * d,
+                       (size_t)d * sizeof *e->hidden);
+    }
+}
+
 /* One forward pass over segs[0..ns) on the CPU, computed with runner r's threads and scratch:
  * the prefill segments first, then the decode ones; at most r's chunk rows in all. The caller
  * has taken each sequence's pages. */
@@ -765,7 +787,11 @@ static int forward_step(struct Engine *r, struct StepSeg *segs, int ns)
         n += g->n;
         if (g->prefill) np = n;
     }
-    for (int l = 0; l < c->n_layer; l++) layer_step(r, l, segs, ns, n, np, attn_flop);
+    for (int l = 0; l < c->n_layer; l++) {
+        capture_rows(r, l, segs, ns);
+        layer_step(r, l, segs, ns, n, np, attn_flop);
+    }
+    capture_rows(r, c->n_layer, segs, ns);
     /* The logits of the segments that want them: their last rows, each through the LM head
      * as its own one-row product. */
     int nl = 0;
@@ -773,6 +799,7 @@ static int forward_step(struct Engine *r, struct StepSeg *segs, int ns)
         struct StepSeg *g = &segs[i];
         g->e->n_past += g->n;
         g->e->mass_valid = g->e->n_watch > 0;
+        if (!g->quiet && !g->probe) g->e->hidden_valid = g->e->n_cap > 0;
         if (!g->want_logits) continue;
         be->rmsnorm(r->pool, s->xb + (size_t)nl * d, s->x + (size_t)(g->row0 + g->n - 1) * d,
                     m->output_norm, 1, d, c->norm_eps);
@@ -1117,6 +1144,7 @@ void engine_reset(struct Engine *e)
     e->n_pages = e->n_named = e->prefill_end = e->n_cached = 0;
     e->n_past = e->rope_offset = 0;
     e->mass_valid = 0;
+    e->hidden_valid = 0;
     atomic_store(&e->cancel, 0);
 }
 
@@ -1127,6 +1155,41 @@ void engine_stats(const struct Engine *e, struct EngineStats *out) { *out = e->s
 void engine_stats_reset(struct Engine *e) { memset(&e->stats, 0, sizeof e->stats); }
 
 /* ---- groundedness signals ---- */
+
+int engine_capture(struct Engine *e, const int *layers, int n, char *err, size_t errlen)
+{
+    const struct ModelConfig *c = &e->m->cfg;
+    if (n < 0 || n > ENGINE_MAX_CAPTURE)
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "capture at most %d layers",
+                          ENGINE_MAX_CAPTURE);
+    if (n > 0 && e->gpu)
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "the residual stream is captured on CPU "
+                          "contexts only");
+    for (int i = 0; i < n; i++) {
+        if (layers[i] < 0 || layers[i] > c->n_layer)
+            return errmsg_set(err, errlen, ENGINE_EINPUT, "captured layer %d is outside the "
+                              "model (0..%d)", layers[i], c->n_layer);
+        for (int j = 0; j < i; j++)
+            if (layers[j] == layers[i])
+                return errmsg_set(err, errlen, ENGINE_EINPUT, "layer %d is captured twice",
+                                  layers[i]);
+    }
+    float *h = NULL;
+    if (n > 0 && !(h = malloc((size_t)n * c->dim * sizeof *h)))
+        return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory");
+    free(e->hidden);
+    e->hidden = h;
+    e->n_cap = n;
+    for (int i = 0; i < n; i++) e->cap_layer[i] = layers[i];
+    e->hidden_valid = 0;
+    return ENGINE_OK;
+}
+
+const float *engine_hidden(const struct Engine *e, int *n)
+{
+    *n = e->hidden_valid ? e->n_cap : 0;
+    return e->hidden_valid ? e->hidden : NULL;
+}
 
 int engine_watch(struct Engine *e, const struct AttnWatch *w, int n, char *err, size_t errlen)
 {

@@ -263,6 +263,21 @@ int engine_set_spans(struct Engine *e, const uint8_t *cls, size_t n, char *err, 
  * *n receives their count. NULL when nothing is watched or nothing was evaluated since the
  * sequence was reset. Borrowed, valid until the next prefill/decode/reset. */
 const struct AttnMass *engine_attn_mass(const struct Engine *e, int *n);
+/* ---- The residual stream, for probes of the hidden state (docs/groundedness.md) ---- */
+#define ENGINE_MAX_CAPTURE 8
+
+/* Sets the layers whose residual stream the sequence keeps at the last position of every
+ * prefill chunk and decode step: layer l's row is the stream as it enters layer l (0: the
+ * token's embedding; n_layer: after the last layer, before the final norm). n = 0 turns the
+ * capture off. CPU contexts only: ENGINE_EINPUT on a GPU context (n > 0), for a layer outside
+ * 0..n_layer or given twice; ENGINE_ENOMEM. Kept across engine_reset. */
+int engine_capture(struct Engine *e, const int *layers, int n, char *err, size_t errlen);
+/* The captured rows (*n of them, dim floats each, in engine_capture's order) of the last
+ * position evaluated; NULL (and *n = 0) when nothing is captured or nothing was evaluated
+ * since the sequence was reset. Borrowed, valid until the next prefill/decode/reset. A blend's
+ * region leaves it as it was. */
+const float *engine_hidden(const struct Engine *e, int *n);
+
 /* The default watch set: every head of the layers at 1/2 and 3/4 depth. Fills out (at most
  * cap entries) and returns the count. */
 int engine_default_watch(const struct Model *m, struct AttnWatch *out, int cap);

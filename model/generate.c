@@ -98,6 +98,7 @@ int gen_next(struct GenState *g, struct Engine *e, int32_t *next, char *err, siz
     int rc = engine_sample(e, g->smp, &gt.id, &gt.sig, err, errlen);
     if (rc) return rc;
     gt.mass = engine_attn_mass(e, &gt.n_mass);
+    gt.hidden = engine_hidden(e, &gt.n_hidden);
     g->n_generated++;
     /* A control token (e.g. <|im_start|>) never belongs in an answer: it ends the turn like
      * EOS instead of leaking template text into the output. */

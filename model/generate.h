@@ -35,6 +35,10 @@ struct GenToken {
      * (engine_attn_mass); NULL and 0 when nothing is watched. Borrowed for the callback. */
     const struct AttnMass *mass;
     int n_mass;
+    /* The captured residual-stream rows at that position (engine_hidden: n_hidden rows of the
+     * model's dim); NULL and 0 when nothing is captured. Borrowed for the callback. */
+    const float *hidden;
+    int n_hidden;
 };
 /* Return non-zero to stop generation (finish reason: cancelled). */
 typedef int (*gen_token_fn)(void *user, const struct GenToken *t);

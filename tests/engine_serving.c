@@ -153,6 +153,87 @@ out:
     kvpool_destroy(&cold_pool);
 }
 
+/* The residual stream kept by engine_capture: the row entering layer 0 is the last token's
+ * embedding; the row after the last layer, through the final norm and the LM head, gives the
+ * engine's logits; a decode step's rows are its token's; a cached prefix leaves them as a cold
+ * prefill computes them; bad layers are refused; a reset forgets them. */
+static void capture(struct Model *m)
+{
+    char err[256];
+    const struct ModelConfig *c = &m->cfg;
+    int d = c->dim, V = c->vocab, L = c->n_layer;
+    struct EngineOpts o;
+    engine_opts_default(&o);
+    o.n_ctx = 256;
+    o.chunk = 48;
+    o.n_threads = 2;
+    struct Engine *e = NULL, *e2 = NULL;
+    CHECK(engine_new(m, &o, &e, err, sizeof err) == ENGINE_OK &&
+          engine_new(m, &o, &e2, err, sizeof err) == ENGINE_OK, "engines: %s", err);
+    if (!e || !e2) goto out;
+    int bad[2] = {0, L + 1}, dup[2] = {1, 1}, layers[3] = {0, L / 2, L};
+    CHECK(engine_capture(e, bad, 2, err, sizeof err) == ENGINE_EINPUT, "layer %d accepted", L + 1);
+    CHECK(engine_capture(e, dup, 2, err, sizeof err) == ENGINE_EINPUT, "a layer twice accepted");
+    CHECK(engine_capture(e, layers, ENGINE_MAX_CAPTURE + 1, err, sizeof err) == ENGINE_EINPUT,
+          "%d layers accepted", ENGINE_MAX_CAPTURE + 1);
+    CHECK(engine_capture(e, layers, 3, err, sizeof err) == ENGINE_OK &&
+          engine_capture(e2, layers, 3, err, sizeof err) == ENGINE_OK, "capture: %s", err);
+    int32_t p[100];
+    for (int i = 0; i < 100; i++) p[i] = (int32_t)((11 + (unsigned)i * 2654435761u % 9973u) % (unsigned)V);
+    int n = 0;
+    CHECK(engine_hidden(e, &n) == NULL && n == 0, "rows before any evaluation");
+    CHECK(engine_prefill(e, p, 100, err, sizeof err) == ENGINE_OK, "prefill: %s", err);
+    const float *h = engine_hidden(e, &n);
+    CHECK(h && n == 3, "%d rows after a prefill", n);
+    float *emb = malloc((size_t)d * sizeof *emb), *x = malloc((size_t)d * sizeof *x);
+    float *row = malloc((size_t)d * sizeof *row), *keep = malloc((size_t)3 * d * sizeof *keep);
+    if (!h || n != 3 || !emb || !x || !row || !keep) goto done;
+    memcpy(keep, h, (size_t)3 * d * sizeof *keep);
+    backend_cpu.weights_row(&m->tok_embd, p[99], emb);
+    CHECK(!memcmp(emb, keep, (size_t)d * sizeof *emb), "layer 0's row is not the last token's embedding");
+    /* the final norm and the LM head over the last row, against the engine's logits */
+    const float *hl = keep + (size_t)2 * d;
+    double ss = 0;
+    for (int i = 0; i < d; i++) ss += (double)hl[i] * hl[i];
+    double inv = 1.0 / sqrt(ss / d + c->norm_eps);
+    for (int i = 0; i < d; i++) x[i] = (float)(hl[i] * inv) * m->output_norm[i];
+    const float *lg = engine_logits(e);
+    double worst = 0, big = 0;
+    for (int v = 0; v < V; v++) {
+        backend_cpu.weights_row(&m->output, v, row);
+        double z = 0;
+        for (int i = 0; i < d; i++) z += (double)row[i] * x[i];
+        worst = fmax(worst, fabs(z - lg[v]));
+        big = fmax(big, fabs(lg[v]));
+    }
+    CHECK(worst <= 2e-2 * big, "the last layer's row gives logits %.3g away from the engine's "
+          "(largest %.3g)", worst, big);
+    /* the same prompt with its prefix from the cache gives the same rows */
+    CHECK(engine_prefill(e2, p, 100, err, sizeof err) == ENGINE_OK, "prefill: %s", err);
+    engine_reset(e2);
+    CHECK(engine_hidden(e2, &n) == NULL, "rows survive a reset");
+    CHECK(engine_prefill(e2, p, 100, err, sizeof err) == ENGINE_OK && engine_cached(e2) > 0,
+          "cached prefill: %s (cached %d)", err, engine_cached(e2));
+    h = engine_hidden(e2, &n);
+    double dh = h ? check_rel_diff(keep, h, 3 * d) : 1;
+    CHECK(h && n == 3 && dh <= 1e-5, "rows after a cached prefix differ by %.3g", dh);
+    /* a decode step: its token's rows */
+    CHECK(engine_decode(e, p[5], err, sizeof err) == ENGINE_OK, "decode: %s", err);
+    h = engine_hidden(e, &n);
+    backend_cpu.weights_row(&m->tok_embd, p[5], emb);
+    CHECK(h && n == 3 && !memcmp(emb, h, (size_t)d * sizeof *emb), "a decode step's layer-0 row");
+    printf("capture: layer 0 = the embedding, the last layer's row gives the logits within %.3g "
+           "of %.3g, cached prefix within %.3g\n", worst, big, dh);
+done:
+    free(emb);
+    free(x);
+    free(row);
+    free(keep);
+out:
+    engine_destroy(&e);
+    engine_destroy(&e2);
+}
+
 /* A pool of 6 pages shared by two 256-token contexts. */
 static void small_pool(struct Model *m)
 {
@@ -339,6 +420,7 @@ int main(int argc, char **argv)
     for (int k = 0; k < n_kinds; k++) compare_prompts(m, kinds[k]);
     for (int k = 0; k < n_kinds; k++) batch_equals_alone(m, kinds[k]);
     small_pool(m);
+    capture(m);
     model_destroy(&m);
     return check_report("engine_serving");
 }

@@ -257,12 +257,12 @@ def test_grounding_figures_shown():
            "12 ms, total 30 ms" in r.stdout
     # the self-check's verdict, when the daemon ran it
     checked = dict(GROUNDED, grounding=dict(GROUNDED["grounding"], self_check=0.4567,
-                                            context_reliance=1.234))
+                                            context_reliance=1.234, hidden_probe=0.3125))
     with FakeServer(lambda req: [checked] if req["op"] == "query" else pong(req)) as srv:
         r = cli("ask", "-c", "x", "How long is the Rhine?", endpoint=srv.endpoint)
     assert r.returncode == 0
-    assert ("mean logprob -1.50, self-check 0.46, context reliance 1.23 (detector smollm2-v1)\n"
-            in r.stdout), r.stdout
+    assert ("mean logprob -1.50, self-check 0.46, context reliance 1.23, hidden-state probe "
+            "0.31 (detector smollm2-v1)\n" in r.stdout), r.stdout
 
 
 def test_progress_line_while_a_long_ingest_runs(tmp_path):

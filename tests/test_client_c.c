@@ -295,7 +295,7 @@ static void send_answer(struct Fake *f, const char *id, const char *answer, cons
     pk_str(&pk, "future_field"); msgpack_pack_int(&pk, 7); /* unknown keys are ignored */
     if (grounding) {
         pk_str(&pk, "grounding");
-        msgpack_pack_map(&pk, 12);
+        msgpack_pack_map(&pk, 13);
         pk_str(&pk, "score"); msgpack_pack_double(&pk, 0.75);
         pk_str(&pk, "flagged"); msgpack_pack_true(&pk);
         pk_str(&pk, "abstained"); msgpack_pack_false(&pk);
@@ -305,6 +305,7 @@ static void send_answer(struct Fake *f, const char *id, const char *answer, cons
         pk_str(&pk, "min_logprob"); msgpack_pack_double(&pk, -6.0);
         pk_str(&pk, "self_check"); msgpack_pack_double(&pk, 0.375);
         pk_str(&pk, "context_reliance"); msgpack_pack_double(&pk, 1.5);
+        pk_str(&pk, "hidden_probe"); msgpack_pack_nil(&pk);
         pk_str(&pk, "answer_tokens"); msgpack_pack_int(&pk, 8);
         pk_str(&pk, "flagged_tokens"); msgpack_pack_int(&pk, 2);
         pk_kv_str(&pk, "detector", "test-detector");
@@ -721,7 +722,7 @@ static void test_fake_server(void)
         CHECK(a->has_grounding && a->grounding.flagged && !a->grounding.abstained &&
               a->grounding.score == 0.75 && a->grounding.min_logprob == -6.0 &&
               a->grounding.self_check == 0.375 && a->grounding.context_reliance == 1.5 &&
-              a->grounding.answer_tokens == 8 && a->grounding.flagged_tokens == 2 &&
+              isnan(a->grounding.hidden_probe) && a->grounding.answer_tokens == 8 && a->grounding.flagged_tokens == 2 &&
               a->grounding.detector && !strcmp(a->grounding.detector, "test-detector"), "grounding");
         CHECK(a->json && strstr(a->json, "\"future_field\": 7") && strstr(a->json, "\"grounding\": {"),
               "json %s", a->json);

@@ -397,6 +397,9 @@ def test_grounding_figures_parsed():
         assert c.query("q", docs=["t"]).grounding.self_check == 0.375
         reply["grounding"] = dict(GROUNDED["grounding"], context_reliance=-1.25)
         assert c.query("q", docs=["t"]).grounding.context_reliance == -1.25
+        assert c.query("q", docs=["t"]).grounding.hidden_probe is None
+        reply["grounding"] = dict(GROUNDED["grounding"], hidden_probe=0.25)
+        assert c.query("q", docs=["t"]).grounding.hidden_probe == 0.25
         assert a.citations[0].cited and a.timings.ttft_ms == 12.5 and a.timings.queue_ms == 0.0
         reply["grounding"] = dict(GROUNDED["grounding"], detector={"name": "x"}, flagged=1)
         g = c.query("q", docs=["t"]).grounding

@@ -22,7 +22,7 @@ import grounding_features as gf  # noqa: E402
 
 GROUNDING_KEYS = {"score", "flagged", "abstained", "lookback_ratio", "unsupported_token_ratio",
                   "mean_logprob", "min_logprob", "self_check", "context_reliance",
-                  "answer_tokens", "flagged_tokens", "detector"}
+                  "hidden_probe", "answer_tokens", "flagged_tokens", "detector"}
 SIGNAL_KEYS = {"text", "logprob", "entropy", "margin", "doc_mass", "gen_mass", "diff_doc_mass",
                "lookback", "unsupported"}
 DOCS = [{"id": "rhine", "title": "Rhine",
@@ -96,8 +96,9 @@ def ask(client, question, **kw):
     """A sampled answer (reproducible by its seed) with token_signals."""
     kw.setdefault("temperature", 1.0)
     kw.setdefault("seed", 1)
-    _, r = client.call(query(question, DOCS, max_tokens=kw.pop("max_tokens", 24),
-                             include=["token_signals"], **kw), timeout=60)
+    kw.setdefault("include", ["token_signals"])
+    _, r = client.call(query(question, DOCS, max_tokens=kw.pop("max_tokens", 24), **kw),
+                       timeout=60)
     assert r["ok"], r
     return r
 
@@ -254,6 +255,64 @@ def test_calibrated_score_matches_numpy_and_metrics_move(tmp_path, model):
         print("promtool:", p.returncode, p.stdout.strip(), p.stderr.strip())
         assert p.returncode == 0, p.stdout + p.stderr
         assert "detector=tiny-test score=%.4f" % replies[-1]["score"] in d.log_text()
+
+
+def test_hidden_state_probe_scores_as_numpy(tmp_path, model):
+    """grounding_hidden_layers: replies that include hidden_states carry the residual stream of
+    those layers (the first answer token's row and the answer's mean); a calibration with a
+    probe adds its layer, and the reply's hidden_probe and score are what NumPy computes from
+    those rows and the token signals."""
+    with Daemon(tmp_path, model, workers=1, grounding_calibration="none") as d:
+        r = ask(d.client(), QUESTIONS[0], include=["token_signals", "hidden_states"])
+        assert r["hidden_states"] is None and r["grounding"]["hidden_probe"] is None
+    with Daemon(tmp_path, model, workers=1, grounding_calibration="none",
+                grounding_hidden_layers="2,0") as d:
+        r = ask(d.client(), QUESTIONS[0], include=["token_signals", "hidden_states"])
+        h = r["hidden_states"]
+        assert h["layers"] == [2, 0] and len(h["first"]) == len(h["mean"]) == 2
+        dim = len(h["first"][0])
+        assert dim >= 8 and all(len(row) == dim for row in h["first"] + h["mean"])
+        assert r["grounding"]["answer_tokens"] > 1 and h["mean"][0] != h["first"][0]
+        assert all(math.isfinite(v) for row in h["first"] + h["mean"] for v in row)
+    rng = __import__("random").Random(5)
+    probe = " ".join("%.6f" % rng.uniform(-0.05, 0.05) for _ in range(2 * dim))
+    cal_path = write_calibration(tmp_path / "probe.grounding", sha256(model))
+    text = cal_path.read_text().replace(
+        "context_reliance\n", "context_reliance hidden_probe\n").replace(
+        "0.2 0.5\n", "0.2 0.5 0.1\n").replace("0.3 2\n", "0.3 2 0.7\n").replace(
+        "-0.5 -0.4\n", "-0.5 -0.4 1.3\n")
+    cal_path.write_text(text + "probe_layer 1\nprobe_weights %s\nprobe_bias -0.3\n" % probe)
+    cal = gf.read_calibration(str(cal_path))
+    assert "hidden_probe" in cal["features"] and cal["probe_layer"] == 1
+    with Daemon(tmp_path, model, workers=1, grounding_calibration=cal_path,
+                grounding_hidden_layers="2") as d:
+        probes = []
+        for i, q in enumerate(QUESTIONS[:3]):
+            r = ask(d.client(), q, seed=i, include=["token_signals", "hidden_states"])
+            g, ts = check_shape(r)
+            h = r["hidden_states"]
+            assert h["layers"] == [2, 1], h["layers"]   # the probe's layer joins the listed ones
+            z = gf.probe_logit(cal, h)
+            assert abs(g["hidden_probe"] - 1 / (1 + math.exp(-z))) < 1e-5, (g["hidden_probe"], z)
+            score, _ = gf.score(cal, dict(ts, hidden_probe=z))
+            assert abs(score - g["score"]) < 1e-5, (score, g["score"])
+            probes.append(g["hidden_probe"])
+        assert len({round(p, 6) for p in probes}) > 1, probes
+        print("hidden_probe:", [round(p, 4) for p in probes])
+    # a probe whose weights do not fit the model stops the start
+    cal_path.write_text(text + "probe_layer 1\nprobe_weights 1 2\nprobe_bias 0\n")
+    d = Daemon(tmp_path, model, workers=1, grounding_calibration=cal_path)
+    d.start(wait_ready=False)
+    try:
+        assert d.proc.wait(30) != 0
+    finally:
+        d.stop()
+    assert "probe does not fit the model" in d.log_text(), d.log_text()[-2000:]
+    # and a layer the model does not have
+    p = subprocess.run([str(DIFFRAGD), "--config", "/dev/null", "--model", str(model),
+                        "--grounding-hidden-layers", "1,x", "--check-config"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "grounding_hidden_layers" in p.stderr, p.stderr
 
 
 def test_self_check_leaves_the_answer_as_it_was(tmp_path, model):

@@ -154,7 +154,27 @@ static void test_wire(void)
     CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) == 0 && j.self_check == 1,
           "self-check asked: %s", err);
     CHECK(j.n_bare == 3 && !memcmp(j.bare, bare, sizeof bare), "the prompt without documents");
+    CHECK(j.n_hidden == 0 && !j.hidden, "no hidden layers unless asked");
     wire_job_free(&j);
+    /* the residual stream's layers cross; a negative one or too many are refused */
+    int32_t layers[2] = { 14, 0 };
+    struct WireGround gh = { .hidden = layers, .n_hidden = 2 };
+    mpw_reset(&w);
+    wire_job_encode(&w, toks, 5, 42, 0.7, 0.9, 1, stop, lens, 2, 0, &gh);
+    CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) == 0 && j.n_hidden == 2 &&
+          j.hidden[0] == 14 && j.hidden[1] == 0, "hidden layers: %s", err);
+    wire_job_free(&j);
+    layers[1] = -1;
+    mpw_reset(&w);
+    wire_job_encode(&w, toks, 5, 42, 0.7, 0.9, 1, stop, lens, 2, 0, &gh);
+    CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) != 0 &&
+          strstr(err, "negative hidden layer"), "negative layer: %s", err);
+    int32_t many[WIRE_MAX_HIDDEN + 1] = { 0 };
+    gh = (struct WireGround){ .hidden = many, .n_hidden = WIRE_MAX_HIDDEN + 1 };
+    mpw_reset(&w);
+    wire_job_encode(&w, toks, 5, 42, 0.7, 0.9, 1, stop, lens, 2, 0, &gh);
+    CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) != 0, "%d hidden layers",
+          WIRE_MAX_HIDDEN + 1);
     /* a body that lies about its tokens is refused */
     mpw_reset(&w);
     mpw_map(&w, 2);
@@ -182,6 +202,23 @@ static void test_wire(void)
     CHECK(wire_result_decode(w.buf.data, w.buf.size, &back, err, sizeof err) == 0 &&
           back.has_check && back.check == -2.75f && back.has_reliance &&
           back.reliance == 0.625f, "self-check verdict and reliance: %s", err);
+    CHECK(back.n_hidden == 0 && !back.hidden, "no hidden rows unless sent");
+    /* the residual stream's rows, as the worker sends them; a non-finite one is refused */
+    float rows[6] = { 1.5f, -2.0f, 0.0f, 3.25f, 1e-3f, -7.0f };
+    r.hidden = rows;
+    r.n_hidden = 6;
+    mpw_reset(&w);
+    wire_result_encode(&w, &r);
+    CHECK(wire_result_decode(w.buf.data, w.buf.size, &back, err, sizeof err) == 0 &&
+          back.n_hidden == 6 && !memcmp(back.hidden, rows, sizeof rows), "hidden rows: %s", err);
+    wire_result_free(&back);
+    rows[4] = NAN;
+    mpw_reset(&w);
+    wire_result_encode(&w, &r);
+    CHECK(wire_result_decode(w.buf.data, w.buf.size, &back, err, sizeof err) != 0 &&
+          strstr(err, "hidden[4] is not finite"), "NaN row: %s", err);
+    r.hidden = NULL;
+    r.n_hidden = 0;
     struct WireResult e = { .finish = WF_ERROR, .code = "too_large", .code_len = 9,
                             .message = "too big", .message_len = 7 };
     mpw_reset(&w);

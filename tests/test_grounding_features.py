@@ -76,11 +76,12 @@ def test_window_features_by_hand():
     expect = [sum(s["logprob"][sl]) / 5, min(s["logprob"][sl]), sum(s["entropy"][sl]) / 5,
               sum(s["margin"][sl]) / 5, doc / (doc + gen), sum(s["diff_doc_mass"][sl]) / 5,
               sum(s["unsupported"][sl]) / 5]
-    assert len(f) == len(gf.FEATURES) == 9
+    assert len(f) == len(gf.FEATURES) == 10
     np.testing.assert_allclose(f[:7], expect, rtol=0, atol=1e-12)
     # without a self-check its feature is NaN; with one, the clipped log-odds of P(yes)
-    assert math.isnan(f[7]) and math.isnan(f[8])
+    assert math.isnan(f[7]) and math.isnan(f[8]) and math.isnan(f[9])
     assert gf.window_features(dict(s, context_reliance=1.75), 2, 7)[8] == 1.75
+    assert gf.window_features(dict(s, hidden_probe=-2.5), 2, 7)[9] == -2.5
     for p, want in ((0.8, math.log(4.0)), (0.5, 0.0), (1e-12, -20.0), (1.0, 20.0), (0.0, -20.0)):
         got = gf.window_features(dict(s, self_check=p), 2, 7)[7]
         assert abs(got - want) < 1e-9, (p, got, want)
@@ -119,7 +120,8 @@ def test_window_features_refuse_bad_input():
 
 def calibration(**kw):
     cal = {"name": "unit-v1", "model_sha256": "ab" * 32, "window": 8, "stride": 4,
-           "threshold": 0.5, "watch": [(15, 0), (22, 8)], "features": list(gf.FEATURES),
+           "threshold": 0.5, "watch": [(15, 0), (22, 8)],
+           "features": [f for f in gf.FEATURES if f != "hidden_probe"],
            "mean": np.linspace(-1, 1, 9), "scale": np.linspace(0.5, 2, 9),
            "weights": np.array([-0.8, -0.3, 0.4, -0.5, -1.2, -0.7, 2.0, -0.6, 0.3]),
            "bias": -0.25}
@@ -197,6 +199,36 @@ def test_calibration_parses():
     assert cal["features"] == ["lookback", "unsupported_ratio", "mean_logprob"]
     np.testing.assert_array_equal(cal["scale"], [0.2, 0.3, 1.5])
     np.testing.assert_array_equal(cal["weights"], [-1, 2, -0.5])
+
+
+def test_hidden_state_probe_keys_and_logit(tmp_path):
+    probe = "probe_layer 3\nprobe_weights 0.5 -1 2 0.25\nprobe_bias -3\n"
+    cal = gf.parse_calibration(GOOD + probe)
+    assert cal["probe_layer"] == 3 and cal["probe_bias"] == -3
+    np.testing.assert_array_equal(cal["probe_weights"], [0.5, -1, 2, 0.25])
+    hidden = {"layers": [7, 3], "first": [[9, 9], [2, 1]], "mean": [[9, 9], [4, -8]]}
+    assert gf.probe_logit(cal, hidden) == -3 + 0.5 * 2 - 1 * 1 + 2 * 4 + 0.25 * -8
+    assert math.isnan(gf.probe_logit(cal, {"layers": [7], "first": [[1, 1]], "mean": [[1, 1]]}))
+    assert math.isnan(gf.probe_logit(cal, None))
+    assert math.isnan(gf.probe_logit(gf.parse_calibration(GOOD), hidden))
+    big = {"layers": [3], "first": [[1e6, 0]], "mean": [[0, 0]]}
+    assert gf.probe_logit(cal, big) == gf.PROBE_CLIP
+    for p, want in ((0.5, 0.0), (1.0, gf.PROBE_CLIP), (None, math.nan)):
+        got = gf.probe_from_reply(p)
+        assert (math.isnan(got) and math.isnan(want)) or abs(got - want) < 1e-12, (p, got)
+    path = tmp_path / "p.grounding"
+    gf.write_calibration(path, cal)
+    back = gf.read_calibration(path)
+    assert back["probe_layer"] == 3 and back["probe_bias"] == -3
+    np.testing.assert_array_equal(back["probe_weights"], cal["probe_weights"])
+    with pytest.raises(ValueError, match="come together"):
+        gf.parse_calibration(GOOD + "probe_layer 3\nprobe_bias 1\n")
+    with pytest.raises(ValueError, match="two rows"):
+        gf.parse_calibration(GOOD + "probe_layer 3\nprobe_weights 1 2 3\nprobe_bias 1\n")
+    with pytest.raises(ValueError, match="hidden_probe needs"):
+        gf.parse_calibration(GOOD.replace("mean_logprob\n", "mean_logprob hidden_probe\n")
+                             .replace("-1\nscale", "-1 0\nscale").replace("1.5\n", "1.5 1\n")
+                             .replace("-0.5\n", "-0.5 1\n"))
 
 
 def test_calibration_round_trip_is_exact(tmp_path):

@@ -161,7 +161,7 @@ static void test_calibration(void)
     bad_cal(10, "mean 0 0 0", "x.grounding:10: mean has 3 numbers; features names 7");
     bad_cal(11, "scale 1 1 1 1 0 1 1", "x.grounding:11: scale of lookback is 0");
     bad_cal(12, "weights 0 0 0 0 inf 0 0", "x.grounding:12: weights: \"inf\" is not a finite");
-    bad_cal(12, "weights 0 0 0 0 0 0 0 0 0 0", "x.grounding:12: weights has more than 9");
+    bad_cal(12, "weights 0 0 0 0 0 0 0 0 0 0 0", "x.grounding:12: weights has more than 10");
     bad_cal(14, "bias 1x", "x.grounding:14: bias: \"1x\" is not a finite number");
     bad_cal(13, "window 4", "x.grounding:13: window appears twice (first on line 5)");
     bad_cal(13, "colour blue", "x.grounding:13: unknown key \"colour\"");
@@ -171,6 +171,44 @@ static void test_calibration(void)
     CHECK(rc != 0 && strstr(err, "z:2: NUL byte"), "%s", err);
     CHECK(gr_calibration_load("/nonexistent/x.grounding", &c, err, sizeof err) != 0 &&
           strstr(err, "/nonexistent/x.grounding"), "%s", err);
+
+    /* the hidden-state probe: three keys together, two rows of weights; the feature needs it */
+    char text[4096];
+    snprintf(text, sizeof text, "%sprobe_layer 14\nprobe_weights 0.5 -1 2 0.25\nprobe_bias -3\n",
+             GOOD);
+    rc = gr_calibration_parse(text, strlen(text), "p", &c, err, sizeof err);
+    CHECK(rc == 0 && c.probe_layer == 14 && c.n_probe == 4 && c.probe_w[1] == -1.0f &&
+          c.probe_bias == -3, "probe: %s", rc ? err : "");
+    float first[2] = { 2, 1 }, mean[2] = { 4, -8 };
+    double z = gr_probe_logit(&c, first, mean, 2);
+    CHECK(z == -3 + 0.5 * 2 - 1 * 1 + 2 * 4 + 0.25 * -8, "probe logit %g", z);
+    CHECK(isnan(gr_probe_logit(&c, first, mean, 3)), "a probe of another dim");
+    rc = gr_calibration_parse(GOOD, strlen(GOOD), "x.grounding", &c, err, sizeof err);
+    CHECK(rc == 0 && c.probe_layer == -1 && isnan(gr_probe_logit(&c, first, mean, 2)),
+          "no probe: %s", rc ? err : "");
+    snprintf(text, sizeof text, "%sprobe_layer 14\nprobe_bias 1\n", GOOD);
+    rc = gr_calibration_parse(text, strlen(text), "p", &c, err, sizeof err);
+    CHECK(rc != 0 && strstr(err, "come together"), "a probe without weights: %s", err);
+    snprintf(text, sizeof text, "%sprobe_layer 14\nprobe_weights 1 2 3\nprobe_bias 1\n", GOOD);
+    rc = gr_calibration_parse(text, strlen(text), "p", &c, err, sizeof err);
+    CHECK(rc != 0 && strstr(err, "p:16: probe_weights has 3 numbers"), "odd weights: %s", err);
+    snprintf(text, sizeof text, "%sprobe_layer 14\nprobe_weights 1 nan\nprobe_bias 1\n", GOOD);
+    rc = gr_calibration_parse(text, strlen(text), "p", &c, err, sizeof err);
+    CHECK(rc != 0 && strstr(err, "\"nan\" is not a finite number"), "NaN weight: %s", err);
+    bad_cal(9, "features mean_logprob min_logprob mean_entropy mean_margin lookback "
+            "diff_doc_mass hidden_probe", "x.grounding:9: feature hidden_probe needs probe_layer");
+
+    int ls[8];
+    int nl;
+    CHECK(gr_parse_layers(" 4, 14,24", ls, 8, &nl, err, sizeof err) == 0 && nl == 3 && ls[1] == 14,
+          "layers: %s", err);
+    CHECK(gr_parse_layers("", ls, 8, &nl, err, sizeof err) == 0 && nl == 0, "no layers");
+    CHECK(gr_parse_layers("4,4", ls, 8, &nl, err, sizeof err) != 0 && strstr(err, "twice"), "%s", err);
+    CHECK(gr_parse_layers("4,x", ls, 8, &nl, err, sizeof err) != 0 &&
+          strstr(err, "\"x\" is not a layer number"), "%s", err);
+    CHECK(gr_parse_layers("1,2,3", ls, 2, &nl, err, sizeof err) != 0 && strstr(err, "more than 2"),
+          "%s", err);
+    CHECK(gr_parse_layers("1,", ls, 8, &nl, err, sizeof err) != 0, "trailing comma");
 
     struct GrHead h[4];
     int n;

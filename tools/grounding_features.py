@@ -8,15 +8,20 @@ import re
 import numpy as np
 
 FEATURES = ("mean_logprob", "min_logprob", "mean_entropy", "mean_margin", "lookback",
-            "diff_doc_mass", "unsupported_ratio", "self_check", "context_reliance")
+            "diff_doc_mass", "unsupported_ratio", "self_check", "context_reliance",
+            "hidden_probe")
 
 # the self-check's log-odds are clipped to +-CHECK_CLIP (daemon/grounding.h GR_CHECK_CLIP)
 CHECK_CLIP = 20.0
+# and the hidden-state probe's logit to +-PROBE_CLIP (GR_PROBE_CLIP)
+PROBE_CLIP = 40.0
 
 MAGIC = "diffrag-grounding"
 VERSION = 1
 KEYS = ("name", "model_sha256", "window", "stride", "threshold", "watch", "features", "mean",
         "scale", "weights", "bias")
+# the hidden-state probe's keys: all three or none
+PROBE_KEYS = ("probe_layer", "probe_weights", "probe_bias")
 
 # token_signals arrays a score needs
 SIGNALS = ("logprob", "entropy", "margin", "doc_mass", "gen_mass", "diff_doc_mass",
@@ -69,7 +74,7 @@ def parse_calibration(text):
                                  (lineno, rest.strip(), VERSION))
             magic_line = lineno
             continue
-        if key not in KEYS:
+        if key not in KEYS + PROBE_KEYS:
             raise ValueError("line %d: unknown key %r" % (lineno, key))
         if key in seen:
             raise ValueError("line %d: key %s repeated (first on line %d)" %
@@ -90,7 +95,16 @@ def parse_calibration(text):
             if len(vals) != 1:
                 raise ValueError("line %d: %s takes one integer" % (lineno, key))
             cal[key] = _integer(vals[0], lineno, key, 1)
-        elif key in ("threshold", "bias"):
+        elif key == "probe_layer":
+            if len(vals) != 1:
+                raise ValueError("line %d: probe_layer takes one integer" % lineno)
+            cal[key] = _integer(vals[0], lineno, key, 0)
+        elif key == "probe_weights":
+            cal[key] = np.array([_number(v, lineno, key) for v in vals], dtype=np.float64)
+            if len(vals) % 2:
+                raise ValueError("line %d: probe_weights has %d numbers; it needs two rows of "
+                                 "the model's dim" % (lineno, len(vals)))
+        elif key in ("threshold", "bias", "probe_bias"):
             if len(vals) != 1:
                 raise ValueError("line %d: %s takes one number" % (lineno, key))
             cal[key] = _number(vals[0], lineno, key)
@@ -123,6 +137,12 @@ def parse_calibration(text):
     for key in KEYS:
         if key not in seen:
             raise ValueError("line %d: key %s missing" % (end, key))
+    have = [k for k in PROBE_KEYS if k in seen]
+    if have and len(have) != len(PROBE_KEYS):
+        raise ValueError("line %d: %s come together" % (end, ", ".join(PROBE_KEYS)))
+    if "hidden_probe" in cal["features"] and not have:
+        raise ValueError("line %d: feature hidden_probe needs %s" %
+                         (seen["features"], ", ".join(PROBE_KEYS)))
     n = len(cal["features"])
     for key in ("mean", "scale", "weights"):
         if len(cal[key]) != n:
@@ -165,6 +185,11 @@ def format_calibration(cal, comment=None):
               "scale %s" % nums(cal["scale"]),
               "weights %s" % nums(cal["weights"]),
               "bias %s" % repr(float(cal["bias"]))]
+    if "probe_layer" in cal:
+        lines += ["probe_layer %d" % cal["probe_layer"],
+                  "probe_weights %s" % " ".join(repr(float(np.float32(x)))
+                                                for x in cal["probe_weights"]),
+                  "probe_bias %s" % repr(float(cal["probe_bias"]))]
     text = "\n".join(lines) + "\n"
     parse_calibration(text)  # never write a file the parser would refuse
     return text
@@ -217,7 +242,35 @@ def signal_arrays(sig):
     out["self_check"] = check_logodds(sig.get("self_check"))
     r = sig.get("context_reliance")
     out["context_reliance"] = math.nan if r is None else float(r)
+    z = sig.get("hidden_probe")
+    out["hidden_probe"] = math.nan if z is None else float(z)
     return out
+
+
+def probe_logit(cal, hidden):
+    """The calibration's hidden-state probe over a reply's hidden_states (the residual stream
+    of its layers: "first" and "mean" rows), clipped as the daemon clips it; NaN when the reply
+    has no row of the probe's layer or its rows are not of the probe's dim."""
+    if not hidden or "probe_layer" not in cal or cal["probe_layer"] not in hidden["layers"]:
+        return math.nan
+    i = hidden["layers"].index(cal["probe_layer"])
+    x = np.r_[np.asarray(hidden["first"][i], np.float64), np.asarray(hidden["mean"][i], np.float64)]
+    w = np.asarray(cal["probe_weights"], np.float64)
+    if len(x) != len(w):
+        return math.nan
+    return float(np.clip(cal["probe_bias"] + x @ w, -PROBE_CLIP, PROBE_CLIP))
+
+
+def probe_from_reply(p):
+    """The probe's logit from a reply's grounding.hidden_probe (its sigmoid); None: NaN."""
+    if p is None:
+        return math.nan
+    p = float(p)
+    if p <= 0.0:
+        return -PROBE_CLIP
+    if p >= 1.0:
+        return PROBE_CLIP
+    return min(PROBE_CLIP, max(-PROBE_CLIP, math.log(p) - math.log1p(-p)))
 
 
 def check_logodds(p):
@@ -234,7 +287,7 @@ def check_logodds(p):
 
 
 def window_features(sig, a, b):
-    """The 9 features of tokens [a, b) in FEATURES order (sig: token_signals map, or the
+    """The 10 features of tokens [a, b) in FEATURES order (sig: token_signals map, or the
     arrays of signal_arrays). The token_signals map may carry the reply's
     grounding.self_check under "self_check" and grounding.context_reliance under
     "context_reliance"; without them those features are NaN."""
@@ -249,7 +302,8 @@ def window_features(sig, a, b):
     lookback = doc / (doc + gen) if doc + gen != 0 else 0.0
     return np.array([lp.mean(), lp.min(), s["entropy"][a:b].mean(), s["margin"][a:b].mean(),
                      lookback, s["diff_doc_mass"][a:b].mean(), s["unsupported"][a:b].mean(),
-                     s.get("self_check", math.nan), s.get("context_reliance", math.nan)],
+                     s.get("self_check", math.nan), s.get("context_reliance", math.nan),
+                     s.get("hidden_probe", math.nan)],
                     dtype=np.float64)
 
 

@@ -211,6 +211,8 @@ typedef struct DiffragGrounding {
                                      * answer; NAN: the check did not run */
     double context_reliance;        /* mean log-probability of the answer's tokens with the
                                      * documents minus without them; NAN: not measured */
+    double hidden_probe;            /* the calibration's hidden-state probe: its probability
+                                     * that the answer is not supported; NAN: no probe */
 } DiffragGrounding;
 
 typedef struct DiffragAnswer {

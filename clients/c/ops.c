@@ -203,6 +203,7 @@ static void decode_answer(struct Dec *d, const msgpack_object *map, const void *
         gr->min_logprob = opt_num(g, "min_logprob", NAN);
         gr->self_check = opt_num(g, "self_check", NAN);
         gr->context_reliance = opt_num(g, "context_reliance", NAN);
+        gr->hidden_probe = opt_num(g, "hidden_probe", NAN);
         gr->answer_tokens = (int64_t)opt_num(g, "answer_tokens", 0);
         gr->flagged_tokens = (int64_t)opt_num(g, "flagged_tokens", 0);
         const msgpack_object *det = mpo_get(g, "detector");

@@ -48,9 +48,10 @@ static const char *base_name(const char *path)
 
 /* One line when the prompt left out part of the documents: how much was read, and how to read
  * more. */
-/* ", self-check 0.46" (the model's P(yes) that the documents support the answer) and
+/* ", self-check 0.46" (the model's P(yes) that the documents support the answer),
  * ", context reliance 1.20" (mean log-probability of the answer with the documents minus
- * without), each when the daemon measured it; or "". */
+ * without) and ", hidden-state probe 0.31" (its probability that the answer is unsupported),
+ * each when the daemon measured it; or "". */
 static const char *self_check_text(const DiffragGrounding *g, char *buf, size_t cap)
 {
     int n = 0;
@@ -58,7 +59,9 @@ static const char *self_check_text(const DiffragGrounding *g, char *buf, size_t 
     if (!isnan(g->self_check))
         n = snprintf(buf, cap, ", self-check %.2f", g->self_check);
     if (!isnan(g->context_reliance) && n >= 0 && (size_t)n < cap)
-        snprintf(buf + n, cap - (size_t)n, ", context reliance %.2f", g->context_reliance);
+        n += snprintf(buf + n, cap - (size_t)n, ", context reliance %.2f", g->context_reliance);
+    if (!isnan(g->hidden_probe) && n >= 0 && (size_t)n < cap)
+        snprintf(buf + n, cap - (size_t)n, ", hidden-state probe %.2f", g->hidden_probe);
     return buf;
 }
 

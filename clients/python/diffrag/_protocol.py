@@ -234,6 +234,7 @@ def parse_answer(m: Dict[str, Any]) -> Answer:
                               min_logprob=pick("min_logprob", int, float),
                               self_check=pick("self_check", int, float),
                               context_reliance=pick("context_reliance", int, float),
+                              hidden_probe=pick("hidden_probe", int, float),
                               answer_tokens=pick("answer_tokens", int),
                               flagged_tokens=pick("flagged_tokens", int),
                               detector=pick("detector", str), raw=g)

@@ -69,7 +69,8 @@ class Grounding:
     probability, asked after the answer, that the documents answer the question and support the
     answer (None when the check did not run); ``context_reliance`` how much more likely the
     answer's tokens are with the documents than without them (mean log-probability difference;
-    None when not measured)."""
+    None when not measured); ``hidden_probe`` the calibration's hidden-state probe, its
+    probability that the answer is not supported (None without a probe)."""
 
     score: Optional[float] = None
     flagged: Optional[bool] = None
@@ -80,6 +81,7 @@ class Grounding:
     min_logprob: Optional[float] = None
     self_check: Optional[float] = None
     context_reliance: Optional[float] = None
+    hidden_probe: Optional[float] = None
     answer_tokens: Optional[int] = None
     flagged_tokens: Optional[int] = None
     detector: Optional[str] = None
