@@ -7,7 +7,9 @@
    machine state, and prints the median decode tokens/s of each and their ratio. Target: at
    most 5% of decode time.
 2. The signals measured after the answer: diffragd serving the default model with none, with
-   the self-check (`grounding_self_check`) and with context reliance (`grounding_reliance`),
+   the self-check (`grounding_self_check`), with context reliance (`grounding_reliance`) and
+   with the calibration's hidden-state probe (the residual stream kept and shipped with the
+   result; the others run without a calibration),
    asked the same queries over about 4K tokens of SQuAD paragraphs (each repetition new
    paragraphs, so no prefix cache helps any of them) in a rotating order; prints the median
    request time of each and each signal's share. Target: at most 10% of a request's time at
@@ -73,8 +75,12 @@ def squad_sets(reps, chars):
 
 
 # the per-answer signals after the answer, each timed against a daemon with none
-AFTER_ANSWER = {"self-check": ("grounding_self_check", "self_check"),
-                "context reliance": ("grounding_reliance", "context_reliance")}
+# each signal: the daemon settings that turn it on, and its key in the reply's grounding
+AFTER_ANSWER = {"self-check": ({"grounding_self_check": 1, "grounding_calibration": "none"},
+                               "self_check"),
+                "context reliance": ({"grounding_reliance": 1, "grounding_calibration": "none"},
+                                     "context_reliance"),
+                "hidden-state probe": ({"grounding_calibration": "auto"}, "hidden_probe")}
 
 
 def after_answer_cost(reps, threads, depth, max_tokens):
@@ -91,7 +97,7 @@ def after_answer_cost(reps, threads, depth, max_tokens):
         for i, n in enumerate(names):
             d = pathlib.Path(tmp) / ("d%d" % i)
             d.mkdir()
-            keys = {AFTER_ANSWER[n][0]: 1} if n != "off" else {}
+            keys = AFTER_ANSWER[n][0] if n != "off" else {"grounding_calibration": "none"}
             daemons[n] = stack.enter_context(Daemon(d, QWEN, **keys, **common))
         for k, (docs, q) in enumerate(sets):
             order = names[k % len(names):] + names[:k % len(names)]

@@ -92,6 +92,17 @@ def write_calibration(path, model_sha, name="tiny-test", threshold=0.5, watch="0
     return path
 
 
+def refused_start(tmp_path, model, **kw):
+    """A daemon that must refuse to start: it exits non-zero; its log."""
+    d = Daemon(tmp_path, model, workers=1, **kw)
+    d.start(wait_ready=False)
+    try:
+        assert d.proc.wait(30) != 0
+    finally:
+        d.stop()
+    return d.log_text()
+
+
 def ask(client, question, **kw):
     """A sampled answer (reproducible by its seed) with token_signals."""
     kw.setdefault("temperature", 1.0)
@@ -301,13 +312,8 @@ def test_hidden_state_probe_scores_as_numpy(tmp_path, model):
         print("hidden_probe:", [round(p, 4) for p in probes])
     # a probe whose weights do not fit the model stops the start
     cal_path.write_text(text + "probe_layer 1\nprobe_weights 1 2\nprobe_bias 0\n")
-    d = Daemon(tmp_path, model, workers=1, grounding_calibration=cal_path)
-    d.start(wait_ready=False)
-    try:
-        assert d.proc.wait(30) != 0
-    finally:
-        d.stop()
-    assert "probe does not fit the model" in d.log_text(), d.log_text()[-2000:]
+    log = refused_start(tmp_path, model, grounding_calibration=cal_path)
+    assert "probe does not fit the model" in log, log[-2000:]
     # and a layer the model does not have
     p = subprocess.run([str(DIFFRAGD), "--config", "/dev/null", "--model", str(model),
                         "--grounding-hidden-layers", "1,x", "--check-config"],
@@ -379,13 +385,7 @@ def test_malformed_calibration_stops_the_start(tmp_path, model):
     lines = cal_path.read_text().splitlines()
     lines[4] = "window 0"
     cal_path.write_text("\n".join(lines) + "\n")
-    d = Daemon(tmp_path, model, workers=1, grounding_calibration=cal_path)
-    d.start(wait_ready=False)
-    try:
-        assert d.proc.wait(30) != 0
-    finally:
-        d.stop()
-    log = d.log_text()
+    log = refused_start(tmp_path, model, grounding_calibration=cal_path)
     assert "bad.grounding:5: window must be an integer from 1" in log, log[-2000:]
     p = subprocess.run([str(DIFFRAGD), "--config", "/dev/null", "--model", str(model),
                         "--grounding-calibration", str(cal_path), "--check-config"],
@@ -393,13 +393,8 @@ def test_malformed_calibration_stops_the_start(tmp_path, model):
     assert p.returncode == 2 and "bad.grounding:5:" in p.stderr, (p.returncode, p.stderr)
     # a watched head outside the model (2 layers of 4 heads) is refused as well
     write_calibration(cal_path, sha256(model), watch="0:0 2:1")
-    d = Daemon(tmp_path, model, workers=1, grounding_calibration=cal_path)
-    d.start(wait_ready=False)
-    try:
-        assert d.proc.wait(30) != 0
-    finally:
-        d.stop()
-    assert "watched head outside the model" in d.log_text() and "head=2:1" in d.log_text()
+    log = refused_start(tmp_path, model, grounding_calibration=cal_path)
+    assert "watched head outside the model" in log and "head=2:1" in log
     # and a grounding_heads setting that is not LAYER:HEAD pairs
     p = subprocess.run([str(DIFFRAGD), "--config", "/dev/null", "--model", str(model),
                         "--grounding-heads", "1:1;2", "--check-config"],

@@ -42,10 +42,12 @@ DIFFRAGD = ROOT / os.environ.get("BUILD", "build") / "diffragd"
 REFUSAL = "i cannot find the answer in the provided documents"
 
 # Feature sets compared in the report; "combined" is the calibration the daemon loads.
+# the engine's and the lexical signals; the hidden-state probe joins them when one is fitted
+BASE = [f for f in gf.FEATURES if f not in ("self_check", "context_reliance", "hidden_probe")]
 SIGNAL_SETS = {
-    "combined": [f for f in gf.FEATURES if f not in ("self_check", "context_reliance")],
-    "combined + reliance": [f for f in gf.FEATURES if f != "self_check"],
-    "combined + self-check": [f for f in gf.FEATURES if f != "context_reliance"],
+    "combined": BASE,
+    "combined + reliance": BASE + ["context_reliance"],
+    "combined + self-check": BASE + ["self_check"],
     "log-probability": ["mean_logprob", "min_logprob", "mean_entropy", "mean_margin"],
     "lexical": ["unsupported_ratio"],
     "attention": ["lookback", "diff_doc_mass"],
@@ -56,7 +58,8 @@ SET_COLOURS = {"combined": (0, 0, 0), "combined + self-check": (148, 103, 189),
                "combined + reliance": (140, 86, 75), "context reliance": (227, 119, 194),
                "log-probability": (31, 119, 180),
                "lexical": (255, 127, 14), "attention": (44, 160, 44),
-               "self-check": (214, 39, 40)}
+               "self-check": (214, 39, 40), "combined without the probe": (127, 127, 127),
+               "hidden-state probe": (23, 190, 207)}
 CONDITIONS = ("present", "absent", "distractor", "conflict", "squad-answerable",
               "squad-unanswerable")
 
@@ -274,6 +277,7 @@ def needle_cases(split, lengths, per_length, passages, tok_count, used_values):
 
 
 def squad_cases(split, count, passages, questions):
+    """`count` SQuAD questions of the split's articles, half of them unanswerable."""
     rng = np.random.default_rng(SEEDS[split] + 1)
     by_id = {p["id"]: p for p in passages}
     mine = [q for q in questions if article_split(by_id[q["gold_passage_id"]]["title"]) == split]
@@ -309,7 +313,10 @@ def cmd_generate(args):
     cases = []
     for split in args.splits:
         cases += needle_cases(split, args.lengths, args.per_length, passages, tok_count, used)
-        cases += squad_cases(split, args.squad_questions, passages, questions)
+        count = args.squad_questions
+        if split == "fit" and args.fit_squad_questions is not None:
+            count = args.fit_squad_questions
+        cases += squad_cases(split, count, passages, questions)
     out = pathlib.Path(args.cases)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w") as f:
@@ -394,10 +401,11 @@ class LocalDaemon:
         self.log.close()
 
 
-def query_message(case, max_tokens, max_context):
+def query_message(case, max_tokens, max_context, hidden=False):
     return {"v": 1, "op": "query", "id": case["id"], "question": case["question"],
             "docs": case["docs"], "top_k": 1, "max_context_tokens": max_context,
-            "max_tokens": max_tokens, "temperature": 0, "include": ["token_signals"]}
+            "max_tokens": max_tokens, "temperature": 0,
+            "include": ["token_signals"] + (["hidden_states"] if hidden else [])}
 
 
 def ask(sock, msg, timeout):
@@ -418,8 +426,10 @@ def error_code(reply):
     return e.get("code") if isinstance(e, dict) else e
 
 
-def run_cases(cases, endpoint, results_path, max_tokens, max_context, timeout, log=print):
-    """Send each case not yet in results_path; append one JSON line per reply."""
+def run_cases(cases, endpoint, results_path, max_tokens, max_context, timeout, log=print,
+              hidden=False):
+    """Send each case not yet in results_path; append one JSON line per reply (with the
+    residual stream of the daemon's grounding_hidden_layers when `hidden`)."""
     import zmq
     done = set()
     if results_path.exists():
@@ -435,16 +445,18 @@ def run_cases(cases, endpoint, results_path, max_tokens, max_context, timeout, l
         with open(results_path, "a") as out:
             for i, c in enumerate(todo):
                 t = time.time()
-                r = ask(sock, query_message(c, max_tokens, max_context), timeout)
+                r = ask(sock, query_message(c, max_tokens, max_context, hidden), timeout)
                 retried = not r.get("ok") and error_code(r) == "internal"
                 if retried:  # a lost worker: once more, as the daemon itself would
-                    r = ask(sock, query_message(c, max_tokens, max_context), timeout)
+                    r = ask(sock, query_message(c, max_tokens, max_context, hidden), timeout)
                 rec = {"id": c["id"], "wall_s": round(time.time() - t, 3), "ok": r.get("ok"),
                        "retried": retried,
                        "error": r.get("error"),
                        "answer": r.get("answer"), "finish_reason": r.get("finish_reason"),
                        "usage": r.get("usage"), "citations": r.get("citations"),
                        "grounding": r.get("grounding"), "token_signals": r.get("token_signals")}
+                if hidden:
+                    rec["hidden_states"] = r.get("hidden_states")
                 out.write(json.dumps(rec) + "\n")
                 out.flush()
                 if (i + 1) % 10 == 0 or i + 1 == len(todo):
@@ -471,6 +483,8 @@ def read_results(path):
             g = r.get("grounding") or {}
             r["token_signals"]["self_check"] = g.get("self_check")
             r["token_signals"]["context_reliance"] = g.get("context_reliance")
+            z = gf.probe_from_reply(g.get("hidden_probe"))
+            r["token_signals"]["hidden_probe"] = None if np.isnan(z) else z
     return out
 
 
@@ -480,14 +494,17 @@ def cmd_run(args):
     results.parent.mkdir(parents=True, exist_ok=True)
     if args.fresh and results.exists():
         results.unlink()
+    hidden = bool(args.hidden_layers)
     if args.endpoint:
         took = run_cases(cases, args.endpoint, results, args.max_tokens, args.max_context,
-                         args.timeout)
+                         args.timeout, hidden=hidden)
     else:
+        extra = args.daemon_arg + (["grounding_hidden_layers=" + args.hidden_layers]
+                                   if hidden else [])
         with LocalDaemon(results.parent / "daemon", args.model, args.calibration, args.threads,
-                         args.max_context, args.daemon_arg) as d:
+                         args.max_context, extra) as d:
             took = run_cases(cases, d.endpoint, results, args.max_tokens, args.max_context,
-                             args.timeout)
+                             args.timeout, hidden=hidden)
     print("ran %d cases in %.0f s" % (len(cases), took))
 
 
@@ -711,6 +728,75 @@ def threshold_rule(args):
     return "" if m is None else " with a false-positive rate of at most %g" % m
 
 
+def case_group(case):
+    """What answers share that a probe could memorise: a SQuAD question's article, a needle
+    case's haystack (its four conditions)."""
+    if case["kind"] == "squad":
+        return "squad " + case["docs"][0]["title"]
+    return "needle " + case["id"].rsplit("-", 1)[0]
+
+
+def probe_rows(rows, layer):
+    """(X, y, groups) of the rows whose reply has the residual stream of `layer`: X = [first
+    row ; mean row]; the others are left out."""
+    xs, ys, gs, keep = [], [], [], []
+    for k, (c, r, lab) in enumerate(rows):
+        h = r.get("hidden_states")
+        if not h or layer not in h["layers"]:
+            continue
+        i = h["layers"].index(layer)
+        xs.append(np.r_[h["first"][i], h["mean"][i]])
+        ys.append(lab)
+        gs.append(case_group(c))
+        keep.append(k)
+    return np.array(xs, np.float64), np.array(ys, np.float64), gs, keep
+
+
+def train_probe(rows, layer, lam_grid=(30.0, 100.0, 300.0, 1000.0, 3000.0), folds=5):
+    """The hidden-state probe: an L2-regularised logistic regression of the label on the
+    standardised [first ; mean] rows of `layer`, its strength chosen by k-fold cross-validation
+    grouped by case_group (request AUROC), then fitted on all rows and written back in the
+    units of the raw rows. Returns (probe keys for the calibration, out-of-fold logit of each
+    row (NaN for a row without the layer), info)."""
+    x, y, groups, keep = probe_rows(rows, layer)
+    if len(set(y.tolist())) < 2 or len(y) < 2 * folds:
+        raise EvalError("the probe needs answers of both labels with the residual stream of "
+                        "layer %d (run with --hidden-layers %d)" % (layer, layer))
+    names = sorted(set(groups))
+    order = np.random.default_rng(0).permutation(len(names))
+    fold = np.array([order[names.index(g)] % folds for g in groups])
+
+    def fit(tr, lam):
+        mu, sd = x[tr].mean(0), x[tr].std(0)
+        sd[sd < 1e-6] = 1.0
+        w, b = fit_logistic((x[tr] - mu) / sd, y[tr], np.ones(int(tr.sum())), lam)
+        return w / sd, b - float((w / sd) @ mu)
+
+    best = None
+    for lam in lam_grid:
+        oof = np.zeros(len(y))
+        for k in range(folds):
+            w, b = fit(fold != k, lam)
+            oof[fold == k] = x[fold == k] @ w + b
+        a = gf.auroc(y, oof) or 0.0
+        if best is None or a > best[1]:
+            best = (lam, a, oof)
+    lam, cv_auroc, oof = best
+    w, b = fit(np.ones(len(y), bool), lam)
+    logits = np.full(len(rows), np.nan)
+    logits[keep] = np.clip(oof, -gf.PROBE_CLIP, gf.PROBE_CLIP)
+    probe = {"probe_layer": layer, "probe_weights": w.astype(np.float32).astype(np.float64),
+             "probe_bias": b}
+    return probe, logits, {"lambda": lam, "cv_auroc": cv_auroc, "n": len(y)}
+
+
+def with_probe(rows, logits):
+    """Each row's token_signals get its probe logit (the daemon's feature hidden_probe)."""
+    for (_, r, _), z in zip(rows, logits):
+        if r.get("token_signals") is not None:
+            r["token_signals"]["hidden_probe"] = None if np.isnan(z) else float(z)
+
+
 def cmd_fit(args):
     cases = read_jsonl(args.cases)
     results = read_results(args.results)
@@ -719,9 +805,16 @@ def cmd_fit(args):
     if len(set(labels)) < 2:
         raise EvalError("the fit split needs both labels (got %d answers, labels %s; "
                         "skipped %s)" % (len(rows), sorted(set(labels)), skipped))
+    features = list(SIGNAL_SETS["combined"])
+    probe = None
+    if args.probe_layer is not None:
+        # out-of-fold logits feed the combination, so that it does not learn to trust the
+        # probe's fit-split confidence
+        probe, logits, pinfo = train_probe(rows, args.probe_layer)
+        with_probe(rows, logits)
+        features.append("hidden_probe")
     items = [(r, lab) for _, r, lab in rows]
-    cal, info = train(items, SIGNAL_SETS["combined"], args.window, args.stride,
-                      max_fpr=args.max_fpr)
+    cal, info = train(items, features, args.window, args.stride, max_fpr=args.max_fpr)
     cal["name"] = args.name
     cal["model_sha256"] = model_sha256(args.model)
     cal["watch"] = default_watch(args.model) if args.watch == "auto" else parse_watch(args.watch)
@@ -729,6 +822,11 @@ def cmd_fit(args):
                "(%d hallucinated): L2 %g (5-fold CV AUROC %.3f); threshold = max F1 on the fit "
                "split%s (F1 %.3f)." % (len(items), sum(labels), info["lambda"], info["cv_auroc"],
                                        threshold_rule(args), info["fit_f1"]))
+    if probe:
+        cal.update(probe)
+        comment += ("\nThe hidden-state probe: layer %d, L2 %g, grouped 5-fold CV AUROC %.3f "
+                    "over %d answers." % (args.probe_layer, pinfo["lambda"], pinfo["cv_auroc"],
+                                          pinfo["n"]))
     gf.write_calibration(args.calibration_out, cal, comment)
     print("wrote %s: %s" % (args.calibration_out, comment))
 
@@ -861,12 +959,22 @@ def cmd_report(args, run_seconds=None):
     test_rows, test_skipped = labelled(cases, results, "test")
     if not test_rows:
         raise EvalError("no labelled answers in the test split (skipped: %s)" % test_skipped)
+    signal_sets = dict(SIGNAL_SETS)
+    if "probe_layer" in cal:
+        # held out: the calibration's probe, as the daemon computes it; the fit split: the
+        # out-of-fold logits the calibration was fitted with
+        with_probe(test_rows, [gf.probe_logit(cal, r.get("hidden_states")) for _, r, _ in test_rows])
+        _, logits, _ = train_probe(fit_rows, cal["probe_layer"])
+        with_probe(fit_rows, logits)
+        signal_sets = {"combined": cal["features"], "combined without the probe": BASE}
+        signal_sets.update((k, v) for k, v in SIGNAL_SETS.items() if k != "combined")
+        signal_sets["hidden-state probe"] = ["hidden_probe"]
     fit_items = [(r, lab) for _, r, lab in fit_rows]
     test_items = [(r, lab) for _, r, lab in test_rows]
     y = np.array([lab for _, lab in test_items])
 
     sets = {}
-    for name, features in SIGNAL_SETS.items():
+    for name, features in signal_sets.items():
         if name == "combined":
             c, info = cal, None
         else:
@@ -956,7 +1064,7 @@ def cmd_report(args, run_seconds=None):
     for name, s in sets.items():
         m = s["all"]
         L.append("| %s | %s | %s | %s | %.3f | %s | %s | %s | %s |" % (
-            name, " ".join(SIGNAL_SETS[name]), fmt(m["auroc"]), fmt(m["auprc"]),
+            name, " ".join(signal_sets[name]), fmt(m["auroc"]), fmt(m["auprc"]),
             s["cal"]["threshold"], fmt(m["precision"]), fmt(m["recall"]), fmt(m["f1"]),
             fmt(m["fpr"])))
     L.append("")
@@ -1021,6 +1129,8 @@ def cmd_report(args, run_seconds=None):
 
 def cmd_all(args):
     t0 = time.time()
+    if args.probe_layer is not None and not args.hidden_layers:
+        args.hidden_layers = str(args.probe_layer)
     cmd_generate(args)
     args.fresh = not args.resume
     args.calibration = None  # collect the signals without a calibration, then fit
@@ -1063,6 +1173,9 @@ def main(argv=None):
             p.add_argument("--squad-questions", type=int, default=80,
                            help="SQuAD questions per split, half unanswerable "
                                 "(default: %(default)s)")
+            p.add_argument("--fit-squad-questions", type=int, default=None,
+                           help="SQuAD questions of the fit split, if not --squad-questions "
+                                "(a hidden-state probe learns from many)")
         if "run" in what:
             p.add_argument("--endpoint", help="a running diffragd instead of starting "
                            "build/diffragd (its chunk_tokens must be at least twice the longest "
@@ -1078,12 +1191,20 @@ def main(argv=None):
             p.add_argument("--daemon-arg", action="append", default=[],
                            metavar="KEY=VALUE", help="extra diffragd setting (repeatable)")
             p.add_argument("--fresh", action="store_true", help="discard earlier results")
+            p.add_argument("--hidden-layers", default="",
+                           help="L,L,...: keep each reply's residual stream at these layers "
+                                "(the daemon's grounding_hidden_layers), to fit the hidden-state "
+                                "probe")
         if "fit" in what:
             p.add_argument("--calibration-out", default=cal_path,
                            help="calibration file to write (default: %(default)s)")
             p.add_argument("--name", default="smollm2-135m-v1", help="calibration name")
             p.add_argument("--window", type=int, default=8)
             p.add_argument("--stride", type=int, default=4)
+            p.add_argument("--probe-layer", type=int, default=None,
+                           help="fit a hidden-state probe on the residual stream entering this "
+                                "layer (the replies must carry it: run --hidden-layers); "
+                                "default: no probe")
             p.add_argument("--watch", default="auto",
                            help="heads the replies were collected with: auto (the daemon's "
                                 "default, every head of the layers at 1/2 and 3/4 depth) or "

@@ -261,29 +261,27 @@ def probe_logit(cal, hidden):
     return float(np.clip(cal["probe_bias"] + x @ w, -PROBE_CLIP, PROBE_CLIP))
 
 
-def probe_from_reply(p):
-    """The probe's logit from a reply's grounding.hidden_probe (its sigmoid); None: NaN."""
+def clipped_logit(p, clip):
+    """log(p / (1 - p)) clipped to +-clip; None: NaN."""
     if p is None:
         return math.nan
     p = float(p)
     if p <= 0.0:
-        return -PROBE_CLIP
+        return -clip
     if p >= 1.0:
-        return PROBE_CLIP
-    return min(PROBE_CLIP, max(-PROBE_CLIP, math.log(p) - math.log1p(-p)))
+        return clip
+    return min(clip, max(-clip, math.log(p) - math.log1p(-p)))
+
+
+def probe_from_reply(p):
+    """The probe's logit from a reply's grounding.hidden_probe (its sigmoid); None: NaN."""
+    return clipped_logit(p, PROBE_CLIP)
 
 
 def check_logodds(p):
     """The self_check feature, log P(yes) - log P(no) clipped, from the reply's
     grounding.self_check, P(yes) / (P(yes) + P(no)); None (the check did not run): NaN."""
-    if p is None:
-        return math.nan
-    p = float(p)
-    if p <= 0.0:
-        return -CHECK_CLIP
-    if p >= 1.0:
-        return CHECK_CLIP
-    return min(CHECK_CLIP, max(-CHECK_CLIP, math.log(p) - math.log1p(-p)))
+    return clipped_logit(p, CHECK_CLIP)
 
 
 def window_features(sig, a, b):
