@@ -706,6 +706,14 @@ int config_check_model(const struct Config *c, char *err, size_t errlen)
     gguf_close(&g);
     if (rc)
         return -1;
+    int hl[GR_MAX_HIDDEN], nh = 0;
+    if (!gr_parse_layers(c->grounding_hidden_layers, hl, GR_MAX_HIDDEN, &nh, merr, sizeof merr))
+        for (int i = 0; i < nh; i++)
+            if (hl[i] > layers) {
+                snprintf(err, errlen, "grounding_hidden_layers: layer %d is outside the model "
+                         "(0..%d)", hl[i], layers);
+                return -1;
+            }
     struct ModelConfig mc;
     if (model_ctx_read(c->model, &mc, merr, sizeof merr) ||
         model_ctx_override(&mc, c->rope_scaling, (float)c->rope_factor, (int)c->rope_orig_ctx, merr,

@@ -314,11 +314,13 @@ def test_hidden_state_probe_scores_as_numpy(tmp_path, model):
     cal_path.write_text(text + "probe_layer 1\nprobe_weights 1 2\nprobe_bias 0\n")
     log = refused_start(tmp_path, model, grounding_calibration=cal_path)
     assert "probe does not fit the model" in log, log[-2000:]
-    # and a layer the model does not have
-    p = subprocess.run([str(DIFFRAGD), "--config", "/dev/null", "--model", str(model),
-                        "--grounding-hidden-layers", "1,x", "--check-config"],
-                       capture_output=True, text=True, timeout=60)
-    assert p.returncode == 2 and "grounding_hidden_layers" in p.stderr, p.stderr
+    # and layers that are not numbers, or that the model (2 layers) does not have
+    for value, rc, why in (("1,x", 2, "\"x\" is not a layer number"),
+                           ("1,3", 1, "layer 3 is outside")):
+        p = subprocess.run([str(DIFFRAGD), "--config", "/dev/null", "--model", str(model),
+                            "--grounding-hidden-layers", value, "--check-config"],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == rc and "grounding_hidden_layers: " + why in p.stderr, p.stderr
 
 
 def test_self_check_leaves_the_answer_as_it_was(tmp_path, model):
@@ -460,12 +462,15 @@ def test_remote_worker_returns_the_same_figures(tmp_path, model):
         d.__exit__(None, None, None)
 
 
-def test_remote_worker_reports_heads_it_does_not_have(tmp_path, model):
-    """A broker without the model cannot check grounding_heads; the worker refuses the job
-    with a message naming the head, and the client gets an error reply, not silence."""
+@pytest.mark.parametrize("setting,named", [({"grounding_heads": "0:0,7:1"}, "7:1"),
+                                           ({"grounding_hidden_layers": "1,9"}, "layer 9")])
+def test_remote_worker_reports_heads_it_does_not_have(tmp_path, model, setting, named):
+    """A broker without the model cannot check grounding_heads or grounding_hidden_layers;
+    the worker refuses the job with a message naming the head or layer, and the client gets
+    an error reply, not silence."""
     wport = free_port()
     d = Daemon(tmp_path, model, workers=0, worker_listen="tcp://127.0.0.1:%d" % wport,
-               grounding_calibration="none", grounding_heads="0:0,7:1")
+               grounding_calibration="none", **setting)
     log = open(tmp_path / "worker.log", "wb")
     worker = None
     try:
@@ -477,7 +482,7 @@ def test_remote_worker_reports_heads_it_does_not_have(tmp_path, model):
         d.wait_ready()
         _, r = d.client().call(query(QUESTIONS[0], DOCS, max_tokens=4), timeout=60)
         assert not r["ok"] and r["error"]["code"] == "internal", r
-        assert "7:1" in r["error"]["message"], r
+        assert named in r["error"]["message"], r
     finally:
         if worker:
             worker.terminate()
