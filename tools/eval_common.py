@@ -85,6 +85,8 @@ class LocalDaemon:
         self.log_path = self.workdir / ("diffragd-%d.log" % port)
         opts = {"model": model, "data_dir": self.workdir / ("store-%d" % port),
                 "listen": self.endpoint, "metrics_listen": "127.0.0.1:%d" % mport,
+                # its own HTTP API port, so that two evaluations can run side by side
+                "http_listen": "127.0.0.1:%d" % free_port(),
                 "workers": 1, "log_level": "warn",
                 # a loaded machine can delay heartbeats: wait longer before giving a worker up
                 "heartbeat_liveness": 10}

@@ -356,7 +356,8 @@ class LocalDaemon:
         # one chunk per haystack: the chunker ends a chunk at the first paragraph break past
         # half of chunk_tokens, so chunk_tokens is twice the prompt budget; no overlap
         opts = {"model": model, "data_dir": self.workdir / "store", "listen": self.endpoint,
-                "metrics_listen": "127.0.0.1:%d" % mport, "workers": 1, "threads": threads,
+                "metrics_listen": "127.0.0.1:%d" % mport,
+                "http_listen": "127.0.0.1:%d" % free_port(), "workers": 1, "threads": threads,
                 "max_context_tokens": max_context, "chunk_tokens": min(2 * max_context, 65536),
                 "chunk_overlap": 0, "max_tokens": 256, "log_level": "warn",
                 # every signal is collected, the self-check too, so that the report measures
