@@ -200,7 +200,7 @@ static const struct Key keys[] = {
       "workers; a prefill of the frame, question and answer; docs/groundedness.md); 0: off" },
     { "grounding_hidden_layers", K_STR, F(grounding_hidden_layers), "", 0, 0, 0,
       "layers whose residual stream each answer reports to requests that include "
-      "hidden_states (L,L,...; at most 8; 0..layers; CPU workers), to fit a hidden-state "
+      "hidden_states (L,L,...; at most 8; 0..layers), to fit a hidden-state "
       "probe; empty: only the calibration's probe layer" },
     { "grounding_heads", K_STR, F(grounding_heads), "auto", 0, 0, 0,
       "attention heads watched without a calibration: auto (every head of the layers at 1/2 "

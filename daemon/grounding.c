@@ -227,6 +227,10 @@ void gr_summarize(const struct GrCalibration *cal, double threshold, const struc
     }
     if (!cal || n == 0)
         return;
+    /* a probe's weights were fitted with it: without its rows the answer is not scored */
+    for (int j = 0; j < cal->n_features; j++)
+        if (cal->feature[j] == GR_PROBE && !s->has_probe)
+            return;
     if (token_score)
         for (size_t i = 0; i < n; i++)
             token_score[i] = 0;

@@ -143,7 +143,8 @@ double gr_probe_logit(const struct GrCalibration *c, const float *first, const f
                       size_t dim);
 
 /* Everything a reply reports about one answer. cal NULL: no detector (score and flag not
- * claimed). token_score (n entries, may be NULL) receives, with a calibration, each token's
+ * claimed); nor are they when the calibration's features include hidden_probe and the answer
+ * has no probe logit. token_score (n entries, may be NULL) receives, with a calibration, each token's
  * highest window score. Allocates nothing. */
 void gr_summarize(const struct GrCalibration *cal, double threshold, const struct GrSignals *s,
                   const char *answer, size_t len, double *token_score, struct GrSummary *out);

@@ -103,7 +103,7 @@ struct Grounded {
 };
 
 /* The calibration's hidden-state probe over the result's rows of its layer (the broker asks
- * every job for that layer); left out when the result has none (a GPU worker, no token). */
+ * every job for that layer); left out when the result has none (no token, a worker of an earlier version). */
 static void probe(const struct Broker *b, const struct WireResult *res, struct GrSignals *s)
 {
     const struct GrCalibration *c = b->o.calibration;
@@ -213,7 +213,7 @@ static void put_float_array(struct MpWriter *w, const char *key, const float *v,
 
 /* "hidden_states": the residual stream of the configured layers (grounding_hidden_layers),
  * each as its first answer token's row and its mean over the answer; nil when the answer has
- * none (no token, a GPU worker). */
+ * none (no token). */
 static void put_hidden_states(const struct Broker *b, struct MpWriter *w,
                               const struct WireResult *res)
 {
@@ -248,7 +248,8 @@ static void put_token_signals(struct MpWriter *w, const struct WireResult *res,
     const struct GrSignals *s = &g->sig;
     const char *text = res->text ? res->text : "";   /* text_end was checked against it */
     mpw_cstr(w, "token_signals");
-    mpw_map(w, 9 + (g->token_score ? 1 : 0));
+    int scored = g->token_score && g->sum.scored;
+    mpw_map(w, 9 + (scored ? 1 : 0));
     mpw_cstr(w, "text");
     mpw_array(w, s->n);
     for (size_t i = 0; i < s->n; i++) {
@@ -266,7 +267,7 @@ static void put_token_signals(struct MpWriter *w, const struct WireResult *res,
     mpw_array(w, s->n);
     for (size_t i = 0; i < s->n; i++)
         mpw_bool(w, s->unsupported[i]);
-    if (g->token_score) {
+    if (scored) {
         mpw_cstr(w, "score");
         mpw_array(w, s->n);
         for (size_t i = 0; i < s->n; i++)

@@ -186,12 +186,10 @@ int worker_ground(const struct Model *m, struct Engine *e, const struct WireJob 
     }
     if (engine_watch(e, want, n, err, errlen))
         return -1;
-    /* the residual stream is captured on CPU contexts only; elsewhere the answer has none. A
-     * layer the model lacks (a broker without the model cannot check) refuses the job. */
+    /* a layer the model lacks (a broker without the model cannot check) refuses the job */
     int layers[WIRE_MAX_HIDDEN], nh = 0;
-    if (engine_opts(e)->device == ENGINE_CPU)
-        for (size_t i = 0; i < job->n_hidden && i < WIRE_MAX_HIDDEN; i++)
-            layers[nh++] = job->hidden[i];
+    for (size_t i = 0; i < job->n_hidden && i < WIRE_MAX_HIDDEN; i++)
+        layers[nh++] = job->hidden[i];
     if (engine_capture(e, layers, nh, err, errlen))
         return -1;
     uint8_t *cls = calloc(job->n_tokens, 1);

@@ -565,7 +565,8 @@ static int forward_step_gpu(struct Engine *r, struct StepSeg *segs, int ns)
         gs[i] = (struct GpuStepSeg){.seq = e->gpu, .tokens = segs[i].tokens, .n = segs[i].n,
                                     .pos0 = e->n_past, .watch = e->gpu_watch,
                                     .n_marked = e->n_marked, .want_logits = segs[i].want_logits,
-                                    .mass = e->gpu_mass, .lam = e->gpu_lam};
+                                    .mass = e->gpu_mass, .lam = e->gpu_lam,
+                                    .cap = e->cap_layer, .n_cap = e->n_cap, .hidden = e->hidden};
         n += segs[i].n;
     }
     int rc = gpu_seq_step(r->gpu, gs, ns, r->s.cos, r->s.sin, r->gpu_err, sizeof r->gpu_err);
@@ -592,6 +593,7 @@ static int forward_step_gpu(struct Engine *r, struct StepSeg *segs, int ns)
                                        c->n_layer;
         e->n_past += segs[i].n;
         e->mass_valid = e->n_watch > 0;
+        e->hidden_valid = e->n_cap > 0;
     }
     r->stats.device_s += gpu_seq_last_seconds(r->gpu);
     r->stats.total_s += now_s() - t_start;
@@ -1162,9 +1164,6 @@ int engine_capture(struct Engine *e, const int *layers, int n, char *err, size_t
     if (n < 0 || n > ENGINE_MAX_CAPTURE)
         return errmsg_set(err, errlen, ENGINE_EINPUT, "capture at most %d layers",
                           ENGINE_MAX_CAPTURE);
-    if (n > 0 && e->gpu)
-        return errmsg_set(err, errlen, ENGINE_EINPUT, "the residual stream is captured on CPU "
-                          "contexts only");
     for (int i = 0; i < n; i++) {
         if (layers[i] < 0 || layers[i] > c->n_layer)
             return errmsg_set(err, errlen, ENGINE_EINPUT, "captured layer %d is outside the "

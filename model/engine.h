@@ -269,8 +269,9 @@ const struct AttnMass *engine_attn_mass(const struct Engine *e, int *n);
 /* Sets the layers whose residual stream the sequence keeps at the last position of every
  * prefill chunk and decode step: layer l's row is the stream as it enters layer l (0: the
  * token's embedding; n_layer: after the last layer, before the final norm). n = 0 turns the
- * capture off. CPU contexts only: ENGINE_EINPUT on a GPU context (n > 0), for a layer outside
- * 0..n_layer or given twice; ENGINE_ENOMEM. Kept across engine_reset. */
+ * capture off. ENGINE_EINPUT for a layer outside 0..n_layer or given twice; ENGINE_ENOMEM. Kept
+ * across engine_reset. A GPU context downloads the rows in its step (from the GPU's arithmetic:
+ * close to the CPU's rows, not equal). */
 int engine_capture(struct Engine *e, const int *layers, int n, char *err, size_t errlen);
 /* The captured rows (*n of them, dim floats each, in engine_capture's order) of the last
  * position evaluated; NULL (and *n = 0) when nothing is captured or nothing was evaluated

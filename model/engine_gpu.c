@@ -455,6 +455,19 @@ int gpu_seq_set_spans(struct GpuSeq *s, const uint8_t *cls, size_t n, char *err,
 
 double gpu_seq_last_seconds(const struct GpuSeq *s) { return s->last_s; }
 
+/* The rows of the segments that capture layer l (GpuStepSeg.cap): each one's last row of the
+ * residual stream x as it enters layer l, downloaded in stream order (the copy sees x before
+ * the layer changes it). */
+static void capture_rows(void *x, const struct GpuApi *a, const struct GpuStepSeg *sg, int ns,
+                         const float *rx, int d, int l)
+{
+    for (int i = 0, row = 0; i < ns; row += sg[i].n, i++)
+        for (int j = 0; j < sg[i].n_cap; j++)
+            if (sg[i].cap[j] == l)
+                a->download(x, sg[i].hidden + (size_t)j * d, rx + (size_t)(row + sg[i].n - 1) * d,
+                            (size_t)d * 4);
+}
+
 int gpu_seq_step(struct GpuSeq *r, const struct GpuStepSeg *sg, int ns, const float *cos,
                  const float *sin, char *err, size_t errlen)
 {
@@ -492,7 +505,9 @@ int gpu_seq_step(struct GpuSeq *r, const struct GpuStepSeg *sg, int ns, const fl
     a->upload(x, r->cos, cos, (size_t)n * half * 4);
     a->upload(x, r->sin, sin, (size_t)n * half * 4);
     a->embed(x, g->embd, r->tok, n, d, r->x);
-    for (int l = 0; l < c->n_layer; l++) {
+    for (int l = 0; l <= c->n_layer; l++) {
+        capture_rows(x, a, sg, ns, r->x, d, l);
+        if (l == c->n_layer) break;
         const struct GpuLayer *L = &g->layers[l];
         /* the products over every row of the step; RoPE and attention per sequence, over its
          * own pages */

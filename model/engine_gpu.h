@@ -66,6 +66,11 @@ struct GpuStepSeg {
     const uint8_t *watch;
     int n_marked, want_logits;
     float *mass, *lam;
+    /* the residual stream entering each layer cap[j] (n_layer: after the last layer) at the
+     * last position, into hidden[j * dim ..] on the host; n_cap = 0: none */
+    const int *cap;
+    int n_cap;
+    float *hidden;
 };
 /* One forward pass over the segments on the runner's context: the products over all the
  * step's rows at once, RoPE and attention per sequence over its own pages, the LM head over

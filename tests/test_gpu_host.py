@@ -50,7 +50,8 @@ def test_daemon_on_the_host_emulation(tmp_path):
     the model and a KV pool for its workers on the device, answers greedy and sampled queries
     through the device's sampling pass, and returns groundedness signals whose distribution
     figures for the first token agree with the CPU's; the self-check runs on the device too, and
-    context reliance on the CPU only."""
+    context reliance on the CPU only; the residual stream a hidden-state probe reads comes back
+    from the device's step, close to the CPU's."""
     import math
 
     from daemon_util import Daemon, gen_model, query
@@ -67,7 +68,8 @@ def test_daemon_on_the_host_emulation(tmp_path):
     for device in ("cuda", "cpu"):
         (tmp_path / device).mkdir()
         with Daemon(tmp_path / device, model, workers=2, device=device, env=env,
-                    grounding_self_check=1, grounding_reliance=1) as d:
+                    grounding_self_check=1, grounding_reliance=1,
+                    grounding_hidden_layers="0,1,2") as d:
             if device == "cuda":
                 log = d.log_text()
                 assert "host emulation of the GPU table" in log, log[-2000:]
@@ -76,7 +78,8 @@ def test_daemon_on_the_host_emulation(tmp_path):
             for name, kw in (("greedy", {"temperature": 0}),
                              ("sampled", {"temperature": 0.8, "seed": 5})):
                 _, r = c.call(query("How long is the Rhine?", docs, max_tokens=16,
-                                    include=["token_signals"], **kw), timeout=120)
+                                    include=["token_signals", "hidden_states"], **kw),
+                              timeout=120)
                 assert r["ok"], r
                 replies[device, name] = r
             assert d.stop() == 0, d.log_text()[-2000:]
@@ -100,6 +103,12 @@ def test_daemon_on_the_host_emulation(tmp_path):
         if g["answer"] == c["answer"]:   # the same answer: the same verdict, within bf16's error
             assert abs(g["grounding"]["self_check"] - c["grounding"]["self_check"]) < 0.01
         assert g["grounding"]["context_reliance"] is None, g["grounding"]
+        # the prompt's last position: the same rows within bf16's error, every layer
+        hg, hc = g["hidden_states"], c["hidden_states"]
+        assert hg["layers"] == hc["layers"] == [0, 1, 2], (hg, hc)
+        for a, b in zip(hg["first"], hc["first"]):
+            rel = math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)) / sum(y * y for y in b))
+            assert len(a) == len(b) == 128 and rel < 0.05, rel
         assert math.isfinite(c["grounding"]["context_reliance"]), c["grounding"]
         print(name, "cuda (emulated):", repr(g["answer"]), "cpu:", repr(c["answer"]),
               "self-check %.4f vs %.4f" % (g["grounding"]["self_check"],

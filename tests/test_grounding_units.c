@@ -314,6 +314,24 @@ static void test_features_and_score(void)
         sc.check = 0;
         gr_summarize(NULL, 0.5, &sc, "abcdefgh", 8, NULL, &gs);
         CHECK(gs.has_check && fabs(gs.self_check - 0.5) < 1e-12, "P(yes) of log-odds 0");
+        /* the probe's logit: a feature when present; a calibration that weighs it does not
+         * score an answer without it */
+        k.feature[0] = GR_PROBE;
+        k.window = 4;
+        k.stride = 2;
+        sc.has_probe = 1;
+        sc.probe = -3.5;
+        gr_window_features(&sc, 0, 4, f);
+        CHECK(f[GR_PROBE] == -3.5 && fabs(gr_window_score(&k, f) - 1 / (1 + exp(-z))) < 1e-12,
+              "probe score");
+        gr_summarize(&k, 0.5, &sc, "abcdefgh", 8, NULL, &gs);
+        CHECK(gs.scored && gs.has_probe && fabs(gs.hidden_probe - 1 / (1 + exp(3.5))) < 1e-12,
+              "scored with the probe");
+        sc.has_probe = 0;
+        gr_window_features(&sc, 0, 4, f);
+        CHECK(isnan(f[GR_PROBE]), "no probe: NaN");
+        gr_summarize(&k, 0.5, &sc, "abcdefgh", 8, NULL, &gs);
+        CHECK(!gs.scored && !gs.flagged && !gs.has_probe, "not scored without the probe");
     }
     gr_window_features(&s, 3, 5, f);
 

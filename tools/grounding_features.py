@@ -330,9 +330,12 @@ def window_scores(cal, feats):
 
 def score(cal, sig):
     """(request score, [window scores]) of one answer's token_signals; (None, []) for an
-    answer of no tokens."""
+    answer of no tokens, or without the probe's logit when the calibration weighs it (the
+    daemon does not score such an answer)."""
     _, feats = request_windows(sig, cal["window"], cal["stride"])
     if len(feats) == 0:
+        return None, []
+    if "hidden_probe" in cal["features"] and np.isnan(feats[0][FEATURES.index("hidden_probe")]):
         return None, []
     ws = window_scores(cal, feats)
     return float(ws.max()), [float(x) for x in ws]
