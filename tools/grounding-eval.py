@@ -1022,14 +1022,17 @@ def cmd_report(args, run_seconds=None):
                                else "`%s`" % ran))
     if run_seconds is not None:
         L.append("- Wall time of the run: %.0f s (generate, query, fit and report)" % run_seconds)
-    wall = sum(r.get("wall_s", 0) for r in results)
-    L.append("- Daemon time over all %d replies: %.0f s%s" % (
-        len(results), wall, "".join("; %d sent twice after a lost worker" % n for n in
-                                    [sum(1 for r in results if r.get("retried"))] if n)))
+    mine = [r for r in results if r["id"] in by_case]   # the file may hold other runs' too
+    wall = sum(r.get("wall_s", 0) for r in mine)
+    L.append("- Daemon time over the %d replies: %.0f s%s" % (
+        len(mine), wall, "".join("; %d sent twice after a lost worker" % n for n in
+                                 [sum(1 for r in mine if r.get("retried"))] if n)))
     png = pathlib.Path(args.png).name
+    probe = (", grey combined without the probe, cyan hidden-state probe"
+             if "probe_layer" in cal else "")
     L.append("- ROC plot: [%s](%s) (black combined, purple combined + self-check, brown "
              "combined + reliance, blue log-probability, orange lexical, green attention, red "
-             "self-check, pink context reliance; dashed grey chance)" % (png, png))
+             "self-check, pink context reliance%s; dashed grey chance)" % (png, png, probe))
     L.append("")
     L.append("## Cases and labels")
     L.append("")
