@@ -1173,12 +1173,14 @@ int engine_capture(struct Engine *e, const int *layers, int n, char *err, size_t
                 return errmsg_set(err, errlen, ENGINE_EINPUT, "layer %d is captured twice",
                                   layers[i]);
     }
-    float *h = NULL;
-    if (n > 0 && !(h = malloc((size_t)n * c->dim * sizeof *h)))
-        return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory");
-    free(e->hidden);
-    e->hidden = h;
-    e->n_cap = n;
+    if (n != e->n_cap) {          /* a sequence serves job after job: same count, same rows */
+        float *h = NULL;
+        if (n > 0 && !(h = malloc((size_t)n * c->dim * sizeof *h)))
+            return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory");
+        free(e->hidden);
+        e->hidden = h;
+        e->n_cap = n;
+    }
     for (int i = 0; i < n; i++) e->cap_layer[i] = layers[i];
     e->hidden_valid = 0;
     return ENGINE_OK;
