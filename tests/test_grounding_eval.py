@@ -210,3 +210,34 @@ def test_squad_labels(tool, condition, answer, abstained, expect):
             "answers": ["Normandy", "in Normandy"] if condition == "squad-answerable" else [],
             "docs": [{"text": "The Normans gave their name to Normandy, a region in France."}]}
     assert tool.label(case, reply(answer, case, abstained))[0] == expect
+
+
+def test_probe_fit_recovers_a_planted_direction(tool):
+    """train_probe on rows whose label follows one direction of the [first ; mean] rows, over
+    groups the cross-validation keeps whole: the held-out folds separate the labels, the
+    weights come back in the rows' raw units (gf.probe_logit over the rows gives the logits a
+    refit would), and a row without the layer gets no logit."""
+    rng = np.random.default_rng(3)
+    dim, n = 16, 240
+    direction = rng.normal(size=2 * dim)
+    rows = []
+    for i in range(n):
+        x = rng.normal(size=2 * dim) * rng.uniform(0.5, 3.0, 2 * dim) + 5.0
+        y = int(x @ direction + rng.normal() * 2.0 > direction.sum() * 5.0)
+        case = {"kind": "squad", "docs": [{"title": "article %d" % (i % 12)}]}
+        h = {"layers": [7], "first": [list(x[:dim])], "mean": [list(x[dim:])]}
+        rows.append((case, {"hidden_states": h}, y))
+    rows.append(({"kind": "squad", "docs": [{"title": "article 0"}]},
+                 {"hidden_states": {"layers": [3], "first": [[0] * dim], "mean": [[0] * dim]}}, 1))
+    probe, logits, info = tool.train_probe(rows, 7)
+    assert probe["probe_layer"] == 7 and len(probe["probe_weights"]) == 2 * dim
+    assert np.isnan(logits[-1]) and np.all(np.isfinite(logits[:-1]))
+    y = np.array([lab for _, _, lab in rows[:-1]])
+    assert 0 < y.sum() < n and info["n"] == n
+    assert tool.gf.auroc(y, logits[:-1]) > 0.9 and info["cv_auroc"] > 0.9, info
+    full = np.array([tool.gf.probe_logit(probe, r["hidden_states"]) for _, r, _ in rows[:-1]])
+    assert tool.gf.auroc(y, full) > 0.95
+    # the bias is not penalised, so at the optimum the mean probability is the base rate: the
+    # raw-unit weights and bias reproduce the standardised fit, offsets included
+    assert abs(np.mean(1 / (1 + np.exp(-full))) - y.mean()) < 1e-3
+    assert np.isnan(tool.gf.probe_logit(probe, rows[-1][1]["hidden_states"]))
