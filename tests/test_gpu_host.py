@@ -30,13 +30,15 @@ def test_gpu_checks_against_the_host_emulation(default_model):
     assert "device 0: host emulation of the GPU table" in out, out[-3000:]
     assert r.returncode == 0 and "PASS: 0 failed checks" in out, out[-6000:]
     oks = re.findall(r"^ok   (.*)$", out, re.M)
-    # the operations, sampling's pass in 14 settings, 16 attention sequences, and 5 end-to-end
-    # checks for each of the two forms (the device's span of the prefill among them)
+    # the operations, sampling's pass in 14 settings, 16 attention sequences, and 6 end-to-end
+    # checks for each of the two forms (the device's span of the prefill and the captured
+    # residual stream among them)
     assert sum(o.startswith("sample (") for o in oks) == 14, oks
     assert sum(o.startswith("attention (") for o in oks) >= 16, oks
     for form in ("GQA form", "DIFF V2 form"):
         e2e = [o for o in oks if o.startswith(form + ", ")]
-        assert len(e2e) == 5, (form, e2e)
+        assert len(e2e) == 6, (form, e2e)
+        assert any("hidden-state probe's rows" in o for o in e2e), e2e
         assert any("greedy sampling on the device" in o for o in e2e), e2e
         assert any("the device's span of it" in o for o in e2e), e2e
     rows = re.findall(r"^\| (.*) \| (.*) \|$", out, re.M)

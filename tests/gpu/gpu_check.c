@@ -607,7 +607,8 @@ static struct Engine *open_ctx(const struct Model *m, int device, int n_ctx, int
 }
 
 /* CPU and GPU contexts side by side: a prompt in uneven chunks, then greedy decode steps
- * (the CPU's choice fed to both), logits and masses compared at every step. */
+ * (the CPU's choice fed to both), logits, masses and the captured residual stream (a hidden-
+ * state probe's rows) compared at every step. */
 static void check_model(const struct Model *m, const char *form, const int32_t *prompt, int n,
                         int threads)
 {
@@ -619,7 +620,9 @@ static void check_model(const struct Model *m, const char *form, const int32_t *
     char err[512];
     uint8_t *cls = xmalloc((size_t)n);
     for (int i = 0; i < n; i++) cls[i] = i >= 16 && i < n - 24;
+    int cap[3] = {0, m->cfg.n_layer / 2, m->cfg.n_layer};
     int rc = engine_watch(ec, w, nw, err, sizeof err) | engine_watch(eg, w, nw, err, sizeof err) |
+             engine_capture(ec, cap, 3, err, sizeof err) | engine_capture(eg, cap, 3, err, sizeof err) |
              engine_set_spans(ec, cls, (size_t)n, err, sizeof err) |
              engine_set_spans(eg, cls, (size_t)n, err, sizeof err);
     rc |= engine_prefill(ec, prompt, (size_t)n, err, sizeof err);
@@ -637,7 +640,7 @@ static void check_model(const struct Model *m, const char *form, const int32_t *
     engine_stats(ec, &sc);
     check(sg.device_s > 0 && sg.device_s <= sg.total_s && sc.device_s == 0,
           "%s: prefill time %.3f s, the device's span of it %.3f s", form, sg.total_s, sg.device_s);
-    double worst = 0, worst_mass = 0, worst_sig = 0;
+    double worst = 0, worst_mass = 0, worst_sig = 0, worst_hidden = 0;
     int agree = 0, steps = 8, dev_greedy = 0;
     struct SamplerParams gp;
     sampler_params_default(&gp);
@@ -675,6 +678,11 @@ static void check_model(const struct Model *m, const char *form, const int32_t *
             if (!(d <= worst_mass)) worst_mass = d;
         }
         if (!mc || !mg || nc != ng) worst_mass = INFINITY;
+        int hc, hg;
+        const float *rc_ = engine_hidden(ec, &hc), *rg = engine_hidden(eg, &hg);
+        double eh = rc_ && rg && hc == 3 && hg == 3 ? rel_err(rg, rc_, (size_t)3 * m->cfg.dim)
+                                                    : INFINITY;
+        if (!(eh <= worst_hidden)) worst_hidden = eh;
         if (s == steps) break;
         if (engine_decode(ec, tc, err, sizeof err) || engine_decode(eg, tc, err, sizeof err)) {
             check(0, "%s: decode: %s", form, err);
@@ -687,6 +695,9 @@ static void check_model(const struct Model *m, const char *form, const int32_t *
     check(agree >= steps, "%s: greedy token agrees at %d of %d positions", form, agree, steps + 1);
     check(worst_mass <= 2e-2, "%s: groundedness masses (%d watched heads): worst summed "
           "difference of doc, gen and sigmoid(lambda) %.2e (<= 2e-2)", form, nw, worst_mass);
+    check(worst_hidden <= 5e-2, "%s: the residual stream entering layers 0, %d and %d (a "
+          "hidden-state probe's rows) against the CPU's: worst relative error %.2e (<= 5e-2)",
+          form, m->cfg.n_layer / 2, m->cfg.n_layer, worst_hidden);
     check(dev_greedy == steps + 1 && worst_sig <= 1e-4, "%s: greedy sampling on the device picks "
           "the largest of the same logits at %d of %d positions; signals against the host's "
           "over them: worst summed difference %.2e (<= 1e-4)", form, dev_greedy, steps + 1,
