@@ -520,9 +520,10 @@ static void check_attention(int hd, int n_head, int n_kv, int diff, int n_rot, i
 
 /* ---- 2. the model end to end ---- */
 
-/* The DIFF V2 form of a llama model, sharing its weights where they are unchanged: query head
- * j becomes heads 2j and 2j+1, lambda logits are 0 (sigmoid 1/2) and the output projection
- * is doubled, so o_2j - o_2j+1 / 2 = o_j / 2 doubles back to the same layer output. */
+/* The DIFF V2 form of a llama or qwen2 model, sharing its weights where they are unchanged:
+ * query head j (and its bias) becomes heads 2j and 2j+1, lambda logits are 0 (sigmoid 1/2) and
+ * the output projection is doubled, so o_2j - o_2j+1 / 2 = o_j / 2 doubles back to the same
+ * layer output. */
 struct DiffForm {
     struct Model m;
     struct LayerWeights *layers;
@@ -549,7 +550,7 @@ static void diff_form(const struct Model *src, struct DiffForm *d)
     d->m.cfg.arch = ARCH_DIFFV2;
     d->m.cfg.n_q_head = 2 * c->n_head;
     d->layers = xmalloc((size_t)L * sizeof *d->layers);
-    d->bufs = xmalloc((size_t)L * 3 * sizeof *d->bufs);
+    d->bufs = xmalloc((size_t)L * 4 * sizeof *d->bufs);
     for (int l = 0; l < L; l++) {
         const struct LayerWeights *s = &src->layers[l];
         struct LayerWeights *w = &d->layers[l];
@@ -569,6 +570,15 @@ static void diff_form(const struct Model *src, struct DiffForm *d)
             for (int i = 0; i < c->n_head * hd; i++) row[i] *= 2.f;
         }
         w->wlambda = f32_weights(d, c->n_head, dim, &lam);
+        if (s->bq) {
+            float *bq = xmalloc((size_t)2 * c->n_head * hd * sizeof *bq);
+            for (int h = 0; h < c->n_head; h++) {
+                memcpy(bq + (size_t)(2 * h) * hd, s->bq + (size_t)h * hd, (size_t)hd * 4);
+                memcpy(bq + (size_t)(2 * h + 1) * hd, s->bq + (size_t)h * hd, (size_t)hd * 4);
+            }
+            d->bufs[d->n_bufs++] = bq;
+            w->bq = bq;
+        }
     }
     d->m.layers = d->layers;
 }
