@@ -102,13 +102,21 @@ struct Grounded {
     double *token_score;
 };
 
+/* The width of the result's rows: it holds two rows (first, mean) for each layer the broker
+ * asked for; 0 when it holds none or not that many (no token, a worker of an earlier version). */
+static size_t hidden_dim(const struct Broker *b, const struct WireResult *res)
+{
+    size_t nl = b->o.n_hidden, dim = nl ? res->n_hidden / (2 * nl) : 0;
+    return dim && res->n_hidden == 2 * nl * dim ? dim : 0;
+}
+
 /* The calibration's hidden-state probe over the result's rows of its layer (the broker asks
- * every job for that layer); left out when the result has none (no token, a worker of an earlier version). */
+ * every job for that layer); left out when the result has none. */
 static void probe(const struct Broker *b, const struct WireResult *res, struct GrSignals *s)
 {
     const struct GrCalibration *c = b->o.calibration;
-    size_t nl = b->o.n_hidden, dim = nl ? res->n_hidden / (2 * nl) : 0;
-    if (!c || c->probe_layer < 0 || !dim || res->n_hidden != 2 * nl * dim)
+    size_t nl = b->o.n_hidden, dim = hidden_dim(b, res);
+    if (!c || c->probe_layer < 0 || !dim)
         return;
     for (size_t i = 0; i < nl; i++)
         if (b->o.hidden[i] == c->probe_layer) {
@@ -217,9 +225,9 @@ static void put_float_array(struct MpWriter *w, const char *key, const float *v,
 static void put_hidden_states(const struct Broker *b, struct MpWriter *w,
                               const struct WireResult *res)
 {
-    size_t nl = b->o.n_hidden, dim = nl ? res->n_hidden / (2 * nl) : 0;
+    size_t nl = b->o.n_hidden, dim = hidden_dim(b, res);
     mpw_cstr(w, "hidden_states");
-    if (!dim || res->n_hidden != 2 * nl * dim) {
+    if (!dim) {
         mpw_nil(w);
         return;
     }
