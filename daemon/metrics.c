@@ -563,11 +563,14 @@ char *metrics_render(struct Metrics *m, size_t *len)
         fprintf(f, "diffrag_step_tokens_count %llu\n", (unsigned long long)atomic_load(&ws->steps));
         head(f, "diffrag_kv_reuse_tokens_total", "counter",
              "Document tokens of blended prompts (kv_reuse): whose stored chunk KV stayed "
-             "(reused), computed in the blend (recomputed).");
+             "(reused), computed in the blend (recomputed), kept from a chunk copy made for "
+             "the same prompt (made).");
         fprintf(f, "diffrag_kv_reuse_tokens_total{kind=\"reused\"} %llu\n",
                 (unsigned long long)atomic_load(&ws->kv_reused));
         fprintf(f, "diffrag_kv_reuse_tokens_total{kind=\"recomputed\"} %llu\n",
                 (unsigned long long)atomic_load(&ws->kv_recomputed));
+        fprintf(f, "diffrag_kv_reuse_tokens_total{kind=\"made\"} %llu\n",
+                (unsigned long long)atomic_load(&ws->kv_fresh));
         head(f, "diffrag_kv_reuse_read_bytes_total", "counter",
              "Stored chunk KV bytes placed into prompts.");
         fprintf(f, "diffrag_kv_reuse_read_bytes_total %llu\n",

@@ -313,6 +313,7 @@ static void stats_blend(struct Worker *w, const struct ChunkKvBlend *b)
     if (st) {
         atomic_fetch_add(&st->kv_reused, (uint64_t)b->reused);
         atomic_fetch_add(&st->kv_recomputed, (uint64_t)b->recomputed);
+        atomic_fetch_add(&st->kv_fresh, (uint64_t)b->fresh);
         atomic_fetch_add(&st->kv_bytes_read, (uint64_t)b->bytes_read);
         atomic_fetch_add(&st->kv_hits, now.hits - w->ckv_last.hits);
         atomic_fetch_add(&st->kv_misses, now.misses - w->ckv_last.misses);
@@ -495,9 +496,9 @@ static void seq_blend(struct Worker *w, struct Seq *q)
         records_save(w, q, frame, to_write);
     free(to_write);
     dlog(LL_DEBUG, "msg=\"documents blended\" worker=%d job=%llu chunks=%d made=%d reused=%d "
-         "recomputed=%d probed=%d probe_ms=%.1f ms=%.1f", w->o.index,
-         (unsigned long long)q->job.job, b.chunks, b.computed, b.reused, b.recomputed, b.probed,
-         b.probe_s * 1e3, zu_now_ms() - t0);
+         "fresh=%d recomputed=%d probed=%d probe_ms=%.1f ms=%.1f", w->o.index,
+         (unsigned long long)q->job.job, b.chunks, b.computed, b.reused, b.fresh, b.recomputed,
+         b.probed, b.probe_s * 1e3, zu_now_ms() - t0);
 }
 
 /* A sequence that has not started, or was preempted: its pages go back, it starts over. */

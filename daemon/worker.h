@@ -24,9 +24,10 @@ struct WorkerStats {
     _Atomic uint64_t steps, step_tokens;
     _Atomic uint64_t step_bucket[WORKER_STEP_BUCKETS];
     /* chunk KV reuse (docs/kv-reuse.md): document tokens whose stored KV stayed, tokens
-     * recomputed in blends, stored KV bytes placed, chunks found and made, and the bytes and
+     * recomputed in blends, tokens kept from copies made for their prompt, stored KV bytes
+     * placed, chunks found and made, and the bytes and
      * chunks the workers' chunk stores hold now */
-    _Atomic uint64_t kv_reused, kv_recomputed, kv_bytes_read, kv_hits, kv_misses;
+    _Atomic uint64_t kv_reused, kv_recomputed, kv_fresh, kv_bytes_read, kv_hits, kv_misses;
     _Atomic uint64_t kv_store_bytes, kv_store_chunks;
     /* chunk copies taken from the document store's KV records, records written, and writes
      * or reads that failed (logged) */

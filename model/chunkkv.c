@@ -217,12 +217,13 @@ int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
     for (int i = 0; i < n_spans; i++) {
         int s0 = (int)spans[2 * i], n = (int)(spans[2 * i + 1] - spans[2 * i]);
         if (s0 > at)
-            parts[np++] = (struct EngineKvPart){prompt + at, s0 - at, NULL, 0, 0};
+            parts[np++] = (struct EngineKvPart){prompt + at, s0 - at, NULL, 0, 0, 0};
         at = s0 + n;
         if (n == 0) continue;
         const int32_t *t = prompt + s0;
         uint64_t key = copy_key(frame, t, n);
         struct Copy *p = find(c, key, frame, t, n);
+        int fresh = !p;
         if (p) {
             c->st.hits++;
         } else {
@@ -235,9 +236,9 @@ int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
             p->used = ++c->tick;
             p->pin = c->blend;
         }
-        parts[np++] = (struct EngineKvPart){t, n, p ? p->kv : NULL, 0, p ? p->kv_pos : 0};
+        parts[np++] = (struct EngineKvPart){t, n, p ? p->kv : NULL, 0, p ? p->kv_pos : 0, fresh};
     }
-    if (docs_end > at) parts[np++] = (struct EngineKvPart){prompt + at, docs_end - at, NULL, 0, 0};
+    if (docs_end > at) parts[np++] = (struct EngineKvPart){prompt + at, docs_end - at, NULL, 0, 0, 0};
     struct EngineBlendStats st;
     rc = engine_blend(e, parts, np, share, prompt + docs_end, n_prompt - docs_end, &st, err,
                       errlen);
@@ -245,7 +246,8 @@ int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
     if (rc) return rc;
     out->probed = st.probed;
     out->probe_s = st.probe_s;
-    out->reused = st.reused;
+    out->reused = st.reused - st.fresh;
+    out->fresh = st.fresh;
     out->recomputed = st.recomputed;
     out->bytes_read = st.imported_bytes;
     return ENGINE_OK;

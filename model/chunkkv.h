@@ -28,6 +28,8 @@ void chunkkv_stats(const struct ChunkKv *c, struct ChunkKvStats *out);
 /* What one blend did. */
 struct ChunkKvBlend {
     int reused, recomputed;    /* document tokens whose stored KV stayed; computed in the blend */
+    int fresh;                 /* document tokens that kept the KV of a copy made for this
+                                  blend: computed for this prompt, so not counted as reused */
     int chunks, computed;      /* chunks of the documents; of them, copies made now */
     int probed;                /* question tokens run to choose the recomputed ones */
     double probe_s;            /* and the seconds that took */

@@ -1618,6 +1618,10 @@ int engine_blend(struct Engine *e, const struct EngineKvPart *parts, int n_parts
     if (st) {
         st->recomputed = forced + want;
         st->reused = reusable - want;
+        st->fresh = 0;
+        for (int k = 0, at = 0; k < n_parts; at += parts[k].n, k++)
+            if (parts[k].kv && parts[k].fresh)
+                for (int i = at; i < at + parts[k].n; i++) st->fresh += !sel[i];
         st->forced = forced;
         st->imported_bytes = recompute < 1 ? engine_kv_bytes(e, reusable) : 0;
     }

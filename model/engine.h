@@ -194,10 +194,13 @@ struct EngineKvPart {
                                  is computed */
     int kv_len;               /* positions the copy holds; 0: n */
     int kv_pos;               /* the RoPE position its first token had there */
+    int fresh;                /* the copy was made for this prompt: its kept tokens are
+                                 counted in EngineBlendStats.fresh as well */
 };
 
 struct EngineBlendStats {
     int reused;               /* tokens whose stored KV stays */
+    int fresh;                /* of them, those of parts marked fresh */
     int recomputed;           /* tokens computed at every layer (forced ones included) */
     int forced;               /* tokens of parts without stored KV */
     int probed;               /* probe tokens run to choose them (0: none) */

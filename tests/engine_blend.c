@@ -188,7 +188,7 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
     for (int j = 0; j < N_CHUNKS; j++) {
         int k = order[j];
         memcpy(full + n, chunks[k], sizeof(int32_t) * CHUNK_LEN[k]);
-        parts[j] = (struct EngineKvPart){chunks[k], CHUNK_LEN[k], kvs[k], 0, N_FRAME};
+        parts[j] = (struct EngineKvPart){chunks[k], CHUNK_LEN[k], kvs[k], 0, N_FRAME, 0};
         n += CHUNK_LEN[k];
     }
     memcpy(full + n, q, sizeof q);
@@ -208,7 +208,7 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
     /* parts without stored KV are computed, whatever the share */
     struct EngineKvPart bare[N_CHUNKS];
     for (int j = 0; j < N_CHUNKS; j++)
-        bare[j] = (struct EngineKvPart){parts[j].tokens, parts[j].n, NULL, 0, 0};
+        bare[j] = (struct EngineKvPart){parts[j].tokens, parts[j].n, NULL, 0, 0, 0};
     CHECK(blend_logits(bl, frame, bare, N_CHUNKS, 0.0, q, N_Q, q, got, &st) == 0, "%s", name);
     double d2 = check_rel_diff(got, want, V);
     printf("%s: parts without KV at share 0: within %.2e of the full prefill\n", name, d2);
@@ -224,15 +224,19 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
     CHECK(prefill(src, one, n1) == 0, "%s", name);
     int cached = engine_cached(src);
     memcpy(want, engine_logits(src), sizeof(float) * V);
-    struct EngineKvPart p0 = {chunks[0], CHUNK_LEN[0], kvs[0], 0, N_FRAME};
+    struct EngineKvPart p0 = {chunks[0], CHUNK_LEN[0], kvs[0], 0, N_FRAME, 0};
     CHECK(blend_logits(bl, frame, &p0, 1, 0.0, q, N_Q, q, got, &st) == 0, "%s", name);
     double d3 = check_rel_diff(got, want, V);
     printf("%s: share 0, one chunk: within %.2e of the prefix-cached prefill (%d positions "
            "cached; %s)\n", name, d3, cached,
            memcmp(got, want, sizeof(float) * V) ? "not bit for bit" : "bit for bit");
     CHECK(cached > 0 && d3 <= 1e-4, "%s", name);
-    CHECK(st.reused == CHUNK_LEN[0] && st.recomputed == 0 &&
+    CHECK(st.reused == CHUNK_LEN[0] && st.recomputed == 0 && st.fresh == 0 &&
           st.imported_bytes == engine_kv_bytes(bl, CHUNK_LEN[0]), "%s", name);
+    /* the same copy marked as made for this prompt: its kept tokens are counted as fresh */
+    p0.fresh = 1;
+    CHECK(blend_logits(bl, frame, &p0, 1, 0.0, q, N_Q, q, got, &st) == 0, "%s", name);
+    CHECK(st.reused == CHUNK_LEN[0] && st.fresh == CHUNK_LEN[0], "%s", name);
 
     /* a prefix of a stored chunk (a truncated chunk) takes the copy's first positions */
     int np0 = 100;
@@ -240,7 +244,7 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
     engine_reset(src);
     CHECK(prefill(src, one, N_FRAME + np0 + N_Q) == 0, "%s", name);
     memcpy(want, engine_logits(src), sizeof(float) * V);
-    struct EngineKvPart pre = {chunks[0], np0, kvs[0], CHUNK_LEN[0], N_FRAME};
+    struct EngineKvPart pre = {chunks[0], np0, kvs[0], CHUNK_LEN[0], N_FRAME, 0};
     CHECK(blend_logits(bl, frame, &pre, 1, 0.0, q, N_Q, q, got, &st) == 0, "%s", name);
     double d5 = check_rel_diff(got, want, V);
     printf("%s: share 0, the first %d tokens of a stored chunk: within %.2e of the prefix-cached "
@@ -259,9 +263,10 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
     for (int j = 0; j < N_CHUNKS; j++) {
         labels[j][0] = rand_tok(V);
         labels[j][1] = rand_tok(V);
-        lparts[2 * j] = (struct EngineKvPart){labels[j], 2, NULL, 0, 0};
+        lparts[2 * j] = (struct EngineKvPart){labels[j], 2, NULL, 0, 0, 0};
         lparts[2 * j + 1] = parts[j];
     }
+    lparts[1].fresh = 1; /* the first chunk's copy counts as made for this prompt */
     CHECK(alt != NULL, "%s", name);
     if (!alt) return;
     for (int with = 0; with < 2; with++) {
@@ -274,6 +279,9 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
         CHECK(fin && st.forced == 2 * N_CHUNKS &&
               st.recomputed == 2 * N_CHUNKS + (int)ceil(0.15 * 317) &&
               st.reused == 317 - (st.recomputed - st.forced) && st.probed == (with ? N_Q : 0),
+              "%s", name);
+        /* the fresh count is the first chunk's tokens that kept their copy */
+        CHECK(st.fresh <= lparts[1].n && st.fresh >= lparts[1].n - (st.recomputed - st.forced),
               "%s", name);
         CHECK(engine_n_past(bl) == N_FRAME + 317 + 2 * N_CHUNKS + N_Q, "%s", name);
         engine_reset(bl);
@@ -303,7 +311,7 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
         char err[256];
         engine_reset(bl);
         CHECK(engine_set_rope_offset(bl, at, err, sizeof err) == 0, "%s", name);
-        struct EngineKvPart mv = {chunks[1], nc, kp, 0, p};
+        struct EngineKvPart mv = {chunks[1], nc, kp, 0, p, 0};
         CHECK(engine_blend(bl, &mv, 1, 0.0, NULL, 0, NULL, err, sizeof err) == 0, "%s", name);
         void *km = malloc(engine_kv_bytes(bl, nc));
         CHECK(km && engine_kv_export(bl, 0, nc, km, err, sizeof err) == 0, "%s", name);
@@ -335,8 +343,8 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
     char err[256];
     engine_reset(bl);
     CHECK(prefill(bl, frame, N_FRAME) == 0, "%s", name);
-    struct EngineKvPart badp = {chunks[0], CHUNK_LEN[0], kvs[0], 0, -1};
-    struct EngineKvPart badl = {chunks[0], CHUNK_LEN[0], kvs[0], 3, 0};
+    struct EngineKvPart badp = {chunks[0], CHUNK_LEN[0], kvs[0], 0, -1, 0};
+    struct EngineKvPart badl = {chunks[0], CHUNK_LEN[0], kvs[0], 3, 0, 0};
     CHECK(engine_blend(bl, &badp, 1, 0.5, NULL, 0, NULL, err, sizeof err) == ENGINE_EINPUT, "%s",
           name);
     printf("%s: refused: %s\n", name, err);
@@ -345,11 +353,11 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
     CHECK(engine_blend(bl, parts, N_CHUNKS, 1.5, NULL, 0, NULL, err, sizeof err) ==
           ENGINE_EINPUT, "%s", name);
     int32_t oob[2] = {0, V};
-    struct EngineKvPart badt = {oob, 2, NULL, 0, 0};
+    struct EngineKvPart badt = {oob, 2, NULL, 0, 0, 0};
     CHECK(engine_blend(bl, &badt, 1, 0.5, NULL, 0, NULL, err, sizeof err) == ENGINE_EINPUT, "%s",
           name);
     int32_t *zeros = calloc(1000, sizeof *zeros);
-    struct EngineKvPart huge = {zeros, 1000, NULL, 0, 0};
+    struct EngineKvPart huge = {zeros, 1000, NULL, 0, 0, 0};
     CHECK(zeros && engine_blend(bl, &huge, 1, 0.5, NULL, 0, NULL, err, sizeof err) ==
           ENGINE_ECTX, "%s", name);
     free(zeros);
