@@ -183,14 +183,14 @@ int gr_abstained(const char *answer, size_t len)
     return 1;
 }
 
-double gr_probe_logit(const struct GrCalibration *c, const float *first, const float *mean,
-                      size_t dim)
+double gr_probe_logit(const struct GrCalibration *c, const float *rows, size_t dim)
 {
-    if (!c || c->probe_layer < 0 || (size_t)c->n_probe != 2 * dim)
+    if (!c || c->probe_layer < 0 || !dim ||
+        ((size_t)c->n_probe != 2 * dim && (size_t)c->n_probe != 3 * dim))
         return NAN;
     double z = c->probe_bias;
-    for (size_t i = 0; i < dim; i++)
-        z += (double)c->probe_w[i] * first[i] + (double)c->probe_w[dim + i] * mean[i];
+    for (size_t i = 0; i < (size_t)c->n_probe; i++)
+        z += (double)c->probe_w[i] * rows[i];
     return z;
 }
 
@@ -373,7 +373,8 @@ static int parse_vector(struct CalParse *p, const char *key, const char *s, cons
     return 0;
 }
 
-/* The probe's weights: two rows of the model's dim, at most GR_MAX_PROBE numbers. */
+/* The probe's weights: two or three rows of the model's dim (checked against the model where
+ * it is loaded), at most GR_MAX_PROBE numbers. */
 static int parse_probe(struct CalParse *p, struct GrCalibration *c, const char *s, const char *end)
 {
     const char *t;
@@ -388,9 +389,9 @@ static int parse_probe(struct CalParse *p, struct GrCalibration *c, const char *
                             (int)(tl < 40 ? tl : 40), t);
         c->probe_w[c->n_probe++] = (float)v;
     }
-    if (c->n_probe == 0 || c->n_probe % 2)
-        return cal_fail(p, p->line, "probe_weights has %d numbers; it needs two rows of the "
-                        "model's dim", c->n_probe);
+    if (c->n_probe == 0 || (c->n_probe % 2 && c->n_probe % 3))
+        return cal_fail(p, p->line, "probe_weights has %d numbers; it needs two or three rows "
+                        "of the model's dim", c->n_probe);
     return 0;
 }
 

@@ -26,7 +26,7 @@ const char *gr_feature_name(int f);   /* "mean_logprob", ...; NULL out of range 
 #define GR_MAX_NAME 64
 #define GR_MAX_WINDOW 4096
 #define GR_MAX_FILE_BYTES (1 << 20)
-#define GR_MAX_PROBE 16384                /* probe weights: two rows of a dim up to 8192 */
+#define GR_MAX_PROBE 24576                /* probe weights: three rows of a dim up to 8192 */
 
 struct GrHead { int layer, head; };
 
@@ -43,9 +43,10 @@ struct GrCalibration {
     double bias;
     /* The hidden-state probe (optional; the feature hidden_probe needs it): its logit is
      * probe_bias + probe_w . [the residual stream entering probe_layer at the prompt's last
-     * position ; its mean over the positions that gave the answer tokens]. */
+     * position ; its mean over the positions that gave the answer tokens (; at the last
+     * position, when the weights have a third row)]. */
     int probe_layer;                   /* -1: none */
-    int n_probe;                       /* 2 * the model's dim */
+    int n_probe;                       /* 2 or 3 times the model's dim */
     float probe_w[GR_MAX_PROBE];
     double probe_bias;
 };
@@ -137,10 +138,10 @@ struct GrSummary {
     size_t answer_tokens, flagged_tokens;
 };
 
-/* The probe's logit (GrCalibration.probe_*) over the two rows of its layer, each of dim
- * floats; NAN when the calibration has no probe or its rows are not of this dim. */
-double gr_probe_logit(const struct GrCalibration *c, const float *first, const float *mean,
-                      size_t dim);
+/* The probe's logit (GrCalibration.probe_*) over the rows of its layer: first, mean and last,
+ * each of dim floats, one after the other; NAN when the calibration has no probe or its
+ * weights are not two or three rows of this dim. */
+double gr_probe_logit(const struct GrCalibration *c, const float *rows, size_t dim);
 
 /* Everything a reply reports about one answer. cal NULL: no detector (score and flag not
  * claimed); nor are they when the calibration's features include hidden_probe and the answer

@@ -102,12 +102,13 @@ struct Grounded {
     double *token_score;
 };
 
-/* The width of the result's rows: it holds two rows (first, mean) for each layer the broker
- * asked for; 0 when it holds none or not that many (no token, a worker of an earlier version). */
+/* The width of the result's rows: it holds WIRE_HIDDEN_ROWS rows (first, mean, last) for each
+ * layer the broker asked for; 0 when it holds none or not that many (no token, a worker of an
+ * earlier version). */
 static size_t hidden_dim(const struct Broker *b, const struct WireResult *res)
 {
-    size_t nl = b->o.n_hidden, dim = nl ? res->n_hidden / (2 * nl) : 0;
-    return dim && res->n_hidden == 2 * nl * dim ? dim : 0;
+    size_t nl = b->o.n_hidden, dim = nl ? res->n_hidden / (WIRE_HIDDEN_ROWS * nl) : 0;
+    return dim && res->n_hidden == WIRE_HIDDEN_ROWS * nl * dim ? dim : 0;
 }
 
 /* The calibration's hidden-state probe over the result's rows of its layer (the broker asks
@@ -120,8 +121,7 @@ static void probe(const struct Broker *b, const struct WireResult *res, struct G
         return;
     for (size_t i = 0; i < nl; i++)
         if (b->o.hidden[i] == c->probe_layer) {
-            const float *rows = res->hidden + 2 * i * dim;
-            double z = gr_probe_logit(c, rows, rows + dim, dim);
+            double z = gr_probe_logit(c, res->hidden + WIRE_HIDDEN_ROWS * i * dim, dim);
             if (isfinite(z)) {
                 s->has_probe = 1;
                 s->probe = z < -GR_PROBE_CLIP ? -GR_PROBE_CLIP : z > GR_PROBE_CLIP ? GR_PROBE_CLIP : z;
@@ -220,8 +220,8 @@ static void put_float_array(struct MpWriter *w, const char *key, const float *v,
 }
 
 /* "hidden_states": the residual stream of the configured layers (grounding_hidden_layers),
- * each as its first answer token's row and its mean over the answer; nil when the answer has
- * none (no token). */
+ * each as its first answer token's row, its mean over the answer, and its last row; nil when
+ * the answer has none (no token). */
 static void put_hidden_states(const struct Broker *b, struct MpWriter *w,
                               const struct WireResult *res)
 {
@@ -231,17 +231,17 @@ static void put_hidden_states(const struct Broker *b, struct MpWriter *w,
         mpw_nil(w);
         return;
     }
-    mpw_map(w, 3);
+    const char *keys[WIRE_HIDDEN_ROWS] = {"first", "mean", "last"};
+    mpw_map(w, 1 + WIRE_HIDDEN_ROWS);
     mpw_cstr(w, "layers");
     mpw_array(w, nl);
     for (size_t i = 0; i < nl; i++)
         mpw_int(w, b->o.hidden[i]);
-    const char *keys[2] = {"first", "mean"};
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < WIRE_HIDDEN_ROWS; k++) {
         mpw_cstr(w, keys[k]);
         mpw_array(w, nl);
         for (size_t i = 0; i < nl; i++) {
-            const float *row = res->hidden + (2 * i + (size_t)k) * dim;
+            const float *row = res->hidden + (WIRE_HIDDEN_ROWS * i + (size_t)k) * dim;
             mpw_array(w, dim);
             for (size_t j = 0; j < dim; j++)
                 mpw_float(w, row[j]);

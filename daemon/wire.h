@@ -98,6 +98,7 @@ struct WireGround {
 
 #define WIRE_MAX_WATCH 1024
 #define WIRE_MAX_HIDDEN 8             /* layers of WireGround.hidden (= ENGINE_MAX_CAPTURE) */
+#define WIRE_HIDDEN_ROWS 3            /* rows of WireResult.hidden per layer: first, mean, last */
 #define WIRE_MAX_HIDDEN_FLOATS (1u << 20)
 
 /* A job as the worker runs it. tokens, stop strings, spans and watch are owned
@@ -155,10 +156,12 @@ struct WireResult {
     float reliance;                         /* mean log-probability of the answer tokens with
                                                the documents minus without them, finite */
     struct WireSignals sig;                 /* encode: borrowed; decode: owned */
-    /* The residual stream of the job's hidden layers, in its order, each as two rows of the
-     * model's dim: at the prompt's last position (the one that gave the first answer token)
-     * and its mean over the positions that gave the answer tokens; n_hidden floats (0: none,
-     * e.g. on a GPU). encode: borrowed; decode: owned, every value finite. */
+    /* The residual stream of the job's hidden layers, in its order, each as WIRE_HIDDEN_ROWS
+     * rows of the model's dim: at the prompt's last position (the one that gave the first
+     * answer token); its mean over the positions that gave the answer tokens; and at the last
+     * position computed (the last answer token's, when the model ended its turn: the one that
+     * gave the end-of-turn token). n_hidden floats (0: none). encode: borrowed; decode: owned,
+     * every value finite. */
     float *hidden;
     size_t n_hidden;
 };

@@ -36,17 +36,20 @@ void worker_sigbuf_free(struct SigBuf *b)
     free(b->s.text_end);
     free(b->hid_first);
     free(b->hid_sum);
+    free(b->hid_last);
     memset(b, 0, sizeof *b);
 }
 
-/* Adds an answer token's captured rows: the first token's are kept, and every token's summed. */
+/* Adds an answer token's captured rows: the first token's are kept, every token's summed, and
+ * the latest kept as the last. */
 static void sigbuf_hidden(struct SigBuf *b, const struct GenToken *t, int dim)
 {
     size_t n = (size_t)t->n_hidden * dim;
     if (!b->hid_sum) {
         b->hid_first = malloc(n * sizeof *b->hid_first);
         b->hid_sum = calloc(n, sizeof *b->hid_sum);
-        if (!b->hid_first || !b->hid_sum) {
+        b->hid_last = malloc(n * sizeof *b->hid_last);
+        if (!b->hid_first || !b->hid_sum || !b->hid_last) {
             b->oom = 1;
             return;
         }
@@ -58,6 +61,15 @@ static void sigbuf_hidden(struct SigBuf *b, const struct GenToken *t, int dim)
         return;
     for (size_t i = 0; i < n; i++)
         b->hid_sum[i] += t->hidden[i];
+    memcpy(b->hid_last, t->hidden, n * sizeof *b->hid_last);
+}
+
+/* The token that ends the turn is not an answer token, but the rows that gave it, at the last
+ * answer token's position, have read the whole answer: they become the last rows. */
+static void sigbuf_hidden_end(struct SigBuf *b, const struct GenToken *t)
+{
+    if (b->hid_last && t->hidden && t->n_hidden == b->hid_rows)
+        memcpy(b->hid_last, t->hidden, (size_t)t->n_hidden * b->hid_dim * sizeof *b->hid_last);
 }
 
 float *worker_sigbuf_hidden(const struct SigBuf *b, size_t *n)
@@ -66,15 +78,17 @@ float *worker_sigbuf_hidden(const struct SigBuf *b, size_t *n)
     if (!b->hid_sum || b->s.n == 0)
         return NULL;
     size_t d = (size_t)b->hid_dim;
-    float *out = malloc((size_t)b->hid_rows * 2 * d * sizeof *out);
+    float *out = malloc((size_t)b->hid_rows * WIRE_HIDDEN_ROWS * d * sizeof *out);
     if (!out)
         return NULL;
     for (int r = 0; r < b->hid_rows; r++) {
-        memcpy(out + (size_t)r * 2 * d, b->hid_first + (size_t)r * d, d * sizeof *out);
+        float *o = out + (size_t)r * WIRE_HIDDEN_ROWS * d;
+        memcpy(o, b->hid_first + (size_t)r * d, d * sizeof *out);
         for (size_t i = 0; i < d; i++)
-            out[((size_t)r * 2 + 1) * d + i] = (float)(b->hid_sum[(size_t)r * d + i] / (double)b->s.n);
+            o[d + i] = (float)(b->hid_sum[(size_t)r * d + i] / (double)b->s.n);
+        memcpy(o + 2 * d, b->hid_last + (size_t)r * d, d * sizeof *out);
     }
-    *n = (size_t)b->hid_rows * 2 * d;
+    *n = (size_t)b->hid_rows * WIRE_HIDDEN_ROWS * d;
     return out;
 }
 
@@ -141,6 +155,8 @@ int worker_on_token(void *user, const struct GenToken *t)
     if (t->id < 0 || tok_is_end(tok, t->id) || tok_is_special(tok, t->id)) {
         if (rc->sig.s.n)
             rc->sig.s.text_end[rc->sig.s.n - 1] = rc->released;
+        if (t->id >= 0 && !rc->sig.oom)
+            sigbuf_hidden_end(&rc->sig, t);
     } else {
         sigbuf_add(&rc->sig, t, rc->released);
         if (t->hidden && t->n_hidden > 0 && !rc->sig.oom)

@@ -53,10 +53,12 @@ struct SigBuf {
     size_t cap;
     int oom;
     /* the captured residual stream (WireResult.hidden): per layer, the first answer token's
-     * row and the sum of every answer token's, rows of dim */
+     * row, the sum of every answer token's, and the last row seen (the one that gave the
+     * end-of-turn token when the model ended its turn), rows of dim */
     int hid_rows, hid_dim;
     float *hid_first;         /* (hid_rows, dim) */
     double *hid_sum;          /* (hid_rows, dim) */
+    float *hid_last;          /* (hid_rows, dim) */
 };
 
 struct RunCtx {

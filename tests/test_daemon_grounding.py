@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import ROOT
@@ -270,9 +271,9 @@ def test_calibrated_score_matches_numpy_and_metrics_move(tmp_path, model):
 
 def test_hidden_state_probe_scores_as_numpy(tmp_path, model):
     """grounding_hidden_layers: replies that include hidden_states carry the residual stream of
-    those layers (the first answer token's row and the answer's mean); a calibration with a
-    probe adds its layer, and the reply's hidden_probe and score are what NumPy computes from
-    those rows and the token signals."""
+    those layers (the first answer token's row, the answer's mean and the last row); a
+    calibration with a probe adds its layer, and the reply's hidden_probe and score are what
+    NumPy computes from those rows and the token signals, for probes of two rows and of three."""
     with Daemon(tmp_path, model, workers=1, grounding_calibration="none") as d:
         r = ask(d.client(), QUESTIONS[0], include=["token_signals", "hidden_states"])
         assert r["hidden_states"] is None and r["grounding"]["hidden_probe"] is None
@@ -280,11 +281,30 @@ def test_hidden_state_probe_scores_as_numpy(tmp_path, model):
                 grounding_hidden_layers="2,0") as d:
         r = ask(d.client(), QUESTIONS[0], include=["token_signals", "hidden_states"])
         h = r["hidden_states"]
-        assert h["layers"] == [2, 0] and len(h["first"]) == len(h["mean"]) == 2
+        assert h["layers"] == [2, 0] and len(h["first"]) == len(h["mean"]) == len(h["last"]) == 2
         dim = len(h["first"][0])
-        assert dim >= 8 and all(len(row) == dim for row in h["first"] + h["mean"])
+        rows = h["first"] + h["mean"] + h["last"]
+        assert dim >= 8 and all(len(row) == dim for row in rows)
         assert r["grounding"]["answer_tokens"] > 1 and h["mean"][0] != h["first"][0]
-        assert all(math.isfinite(v) for row in h["first"] + h["mean"] for v in row)
+        assert h["last"][0] not in (h["first"][0], h["mean"][0])
+        assert all(math.isfinite(v) for row in rows for v in row)
+        # answers cut at 1 and 2 tokens: the last row is the one that gave the last answer
+        # token (no end-of-turn token came), so one token's rows are all the same, and two
+        # tokens' mean is halfway between the first and the last
+        for n in (1, 2):
+            for seed in range(20):
+                r = ask(d.client(), QUESTIONS[1], max_tokens=n, seed=seed,
+                        include=["token_signals", "hidden_states"])
+                if r["finish_reason"] == "length" and r["grounding"]["answer_tokens"] == n:
+                    break
+            else:
+                pytest.fail("no answer of %d tokens cut at the limit in 20 seeds" % n)
+            h = r["hidden_states"]
+            for i in range(2):
+                f, m, last = (np.asarray(h[k][i], np.float64) for k in ("first", "mean", "last"))
+                want = f if n == 1 else (f + last) / 2
+                assert np.allclose(m, want, rtol=1e-5, atol=1e-5), (n, i)
+                assert n == 1 and np.array_equal(last, f) or n == 2 and not np.array_equal(last, f)
     rng = __import__("random").Random(5)
     probe = " ".join("%.6f" % rng.uniform(-0.05, 0.05) for _ in range(2 * dim))
     cal_path = write_calibration(tmp_path / "probe.grounding", sha256(model))
@@ -310,6 +330,19 @@ def test_hidden_state_probe_scores_as_numpy(tmp_path, model):
             probes.append(g["hidden_probe"])
         assert len({round(p, 6) for p in probes}) > 1, probes
         print("hidden_probe:", [round(p, 4) for p in probes])
+    # weights of three rows weigh the last row too
+    probe3 = probe + " " + " ".join("%.6f" % rng.uniform(-0.05, 0.05) for _ in range(dim))
+    cal_path.write_text(text + "probe_layer 2\nprobe_weights %s\nprobe_bias 0.2\n" % probe3)
+    cal3 = gf.read_calibration(str(cal_path))
+    with Daemon(tmp_path, model, workers=1, grounding_calibration=cal_path) as d:
+        for i, q in enumerate(QUESTIONS[:2]):
+            r = ask(d.client(), q, seed=i, include=["token_signals", "hidden_states"])
+            g, ts = check_shape(r)
+            z = gf.probe_logit(cal3, r["hidden_states"])
+            two = gf.probe_logit(dict(cal3, probe_weights=cal3["probe_weights"][:2 * dim]),
+                                 r["hidden_states"])
+            assert abs(g["hidden_probe"] - 1 / (1 + math.exp(-z))) < 1e-5, (g["hidden_probe"], z)
+            assert abs(z - two) > 1e-6, (z, two)   # the last row's weights count
     # a probe whose weights do not fit the model stops the start
     cal_path.write_text(text + "probe_layer 1\nprobe_weights 1 2\nprobe_bias 0\n")
     log = refused_start(tmp_path, model, grounding_calibration=cal_path)

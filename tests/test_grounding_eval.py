@@ -241,3 +241,31 @@ def test_probe_fit_recovers_a_planted_direction(tool):
     # raw-unit weights and bias reproduce the standardised fit, offsets included
     assert abs(np.mean(1 / (1 + np.exp(-full))) - y.mean()) < 1e-3
     assert np.isnan(tool.gf.probe_logit(probe, rows[-1][1]["hidden_states"]))
+
+
+def test_probe_of_three_rows_reads_the_last_row(tool):
+    """--probe-rows first,mean,last: with the label in the last row alone, a probe of the first
+    two rows cannot separate the held-out folds and one of three can; its weights (three rows)
+    give the daemon's logit through gf.probe_logit."""
+    rng = np.random.default_rng(4)
+    dim, n = 8, 240
+    direction = rng.normal(size=dim)
+    rows = []
+    for i in range(n):
+        x = rng.normal(size=3 * dim)
+        y = int(x[2 * dim:] @ direction + rng.normal() * 0.5 > 0)
+        case = {"kind": "squad", "docs": [{"title": "article %d" % (i % 12)}]}
+        h = {"layers": [5], "first": [list(x[:dim])], "mean": [list(x[dim:2 * dim])],
+             "last": [list(x[2 * dim:])]}
+        rows.append((case, {"hidden_states": h}, y))
+    y = np.array([lab for _, _, lab in rows])
+    _, two, info2 = tool.train_probe(rows, 5)
+    probe, three, info3 = tool.train_probe(rows, 5, tool.gf.HIDDEN_ROWS)
+    assert info2["cv_auroc"] < 0.7 and info3["cv_auroc"] > 0.9, (info2, info3)
+    assert len(probe["probe_weights"]) == 3 * dim
+    full = np.array([tool.gf.probe_logit(probe, r["hidden_states"]) for _, r, _ in rows])
+    assert tool.gf.auroc(y, full) > 0.95
+    # a reply without the last row has no logit from a probe of three rows
+    h = dict(rows[0][1]["hidden_states"])
+    del h["last"]
+    assert np.isnan(tool.gf.probe_logit(probe, h))

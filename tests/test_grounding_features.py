@@ -223,8 +223,15 @@ def test_hidden_state_probe_keys_and_logit(tmp_path):
     np.testing.assert_array_equal(back["probe_weights"], cal["probe_weights"])
     with pytest.raises(ValueError, match="come together"):
         gf.parse_calibration(GOOD + "probe_layer 3\nprobe_bias 1\n")
-    with pytest.raises(ValueError, match="two rows"):
-        gf.parse_calibration(GOOD + "probe_layer 3\nprobe_weights 1 2 3\nprobe_bias 1\n")
+    with pytest.raises(ValueError, match="two or three rows"):
+        gf.parse_calibration(GOOD + "probe_layer 3\nprobe_weights 1 2 3 4 5\nprobe_bias 1\n")
+    # three rows of weights take the last row too; a reply without it gives NaN
+    cal3 = gf.parse_calibration(GOOD + "probe_layer 3\nprobe_weights 0.5 -1 2 0.25 0.125 -2\n"
+                                "probe_bias -3\n")
+    hidden3 = dict(hidden, last=[[0, 0], [100, 7]])
+    assert gf.probe_logit(cal3, hidden3) == -3 + 0.5 * 2 - 1 * 1 + 2 * 4 + 0.25 * -8 + 12.5 - 14
+    assert gf.probe_logit(cal, hidden3) == gf.probe_logit(cal, hidden)
+    assert math.isnan(gf.probe_logit(cal3, hidden))
     with pytest.raises(ValueError, match="hidden_probe needs"):
         gf.parse_calibration(GOOD.replace("mean_logprob\n", "mean_logprob hidden_probe\n")
                              .replace("-1\nscale", "-1 0\nscale").replace("1.5\n", "1.5 1\n")

@@ -172,26 +172,34 @@ static void test_calibration(void)
     CHECK(gr_calibration_load("/nonexistent/x.grounding", &c, err, sizeof err) != 0 &&
           strstr(err, "/nonexistent/x.grounding"), "%s", err);
 
-    /* the hidden-state probe: three keys together, two rows of weights; the feature needs it */
+    /* the hidden-state probe: three keys together, two or three rows of weights (first, mean,
+     * last); the feature needs it */
     char text[4096];
     snprintf(text, sizeof text, "%sprobe_layer 14\nprobe_weights 0.5 -1 2 0.25\nprobe_bias -3\n",
              GOOD);
     rc = gr_calibration_parse(text, strlen(text), "p", &c, err, sizeof err);
     CHECK(rc == 0 && c.probe_layer == 14 && c.n_probe == 4 && c.probe_w[1] == -1.0f &&
           c.probe_bias == -3, "probe: %s", rc ? err : "");
-    float first[2] = { 2, 1 }, mean[2] = { 4, -8 };
-    double z = gr_probe_logit(&c, first, mean, 2);
+    float rows[6] = { 2, 1, 4, -8, 100, 7 }; /* first, mean, last of dim 2 */
+    double z = gr_probe_logit(&c, rows, 2);
     CHECK(z == -3 + 0.5 * 2 - 1 * 1 + 2 * 4 + 0.25 * -8, "probe logit %g", z);
-    CHECK(isnan(gr_probe_logit(&c, first, mean, 3)), "a probe of another dim");
+    CHECK(isnan(gr_probe_logit(&c, rows, 3)), "a probe of another dim");
+    snprintf(text, sizeof text, "%sprobe_layer 14\nprobe_weights 0.5 -1 2 0.25 0.125 -2\n"
+             "probe_bias -3\n", GOOD);
+    rc = gr_calibration_parse(text, strlen(text), "p", &c, err, sizeof err);
+    CHECK(rc == 0 && c.n_probe == 6, "probe of three rows: %s", rc ? err : "");
+    z = gr_probe_logit(&c, rows, 2);
+    CHECK(z == -3 + 0.5 * 2 - 1 * 1 + 2 * 4 + 0.25 * -8 + 0.125 * 100 - 2 * 7,
+          "three-row probe logit %g", z);
     rc = gr_calibration_parse(GOOD, strlen(GOOD), "x.grounding", &c, err, sizeof err);
-    CHECK(rc == 0 && c.probe_layer == -1 && isnan(gr_probe_logit(&c, first, mean, 2)),
+    CHECK(rc == 0 && c.probe_layer == -1 && isnan(gr_probe_logit(&c, rows, 2)),
           "no probe: %s", rc ? err : "");
     snprintf(text, sizeof text, "%sprobe_layer 14\nprobe_bias 1\n", GOOD);
     rc = gr_calibration_parse(text, strlen(text), "p", &c, err, sizeof err);
     CHECK(rc != 0 && strstr(err, "come together"), "a probe without weights: %s", err);
-    snprintf(text, sizeof text, "%sprobe_layer 14\nprobe_weights 1 2 3\nprobe_bias 1\n", GOOD);
+    snprintf(text, sizeof text, "%sprobe_layer 14\nprobe_weights 1 2 3 4 5\nprobe_bias 1\n", GOOD);
     rc = gr_calibration_parse(text, strlen(text), "p", &c, err, sizeof err);
-    CHECK(rc != 0 && strstr(err, "p:16: probe_weights has 3 numbers"), "odd weights: %s", err);
+    CHECK(rc != 0 && strstr(err, "p:16: probe_weights has 5 numbers"), "odd weights: %s", err);
     snprintf(text, sizeof text, "%sprobe_layer 14\nprobe_weights 1 nan\nprobe_bias 1\n", GOOD);
     rc = gr_calibration_parse(text, strlen(text), "p", &c, err, sizeof err);
     CHECK(rc != 0 && strstr(err, "\"nan\" is not a finite number"), "NaN weight: %s", err);

@@ -737,32 +737,35 @@ def case_group(case):
     return "needle " + case["id"].rsplit("-", 1)[0]
 
 
-def probe_rows(rows, layer):
-    """(X, y, groups) of the rows whose reply has the residual stream of `layer`: X = [first
-    row ; mean row]; the others are left out."""
+def probe_rows(rows, layer, kinds):
+    """(X, y, groups) of the rows whose reply has the residual stream of `layer`: X = the
+    reply's rows of that layer named by kinds ("first", "mean", "last"), one after the other;
+    the others are left out."""
     xs, ys, gs, keep = [], [], [], []
     for k, (c, r, lab) in enumerate(rows):
         h = r.get("hidden_states")
-        if not h or layer not in h["layers"]:
+        if not h or layer not in h["layers"] or any(kind not in h for kind in kinds):
             continue
         i = h["layers"].index(layer)
-        xs.append(np.r_[h["first"][i], h["mean"][i]])
+        xs.append(np.concatenate([h[kind][i] for kind in kinds]))
         ys.append(lab)
         gs.append(case_group(c))
         keep.append(k)
     return np.array(xs, np.float64), np.array(ys, np.float64), gs, keep
 
 
-def train_probe(rows, layer, lam_grid=(30.0, 100.0, 300.0, 1000.0, 3000.0), folds=5):
+def train_probe(rows, layer, kinds=gf.HIDDEN_ROWS[:2],
+                lam_grid=(30.0, 100.0, 300.0, 1000.0, 3000.0), folds=5):
     """The hidden-state probe: an L2-regularised logistic regression of the label on the
-    standardised [first ; mean] rows of `layer`, its strength chosen by k-fold cross-validation
-    grouped by case_group (request AUROC), then fitted on all rows and written back in the
-    units of the raw rows. Returns (probe keys for the calibration, out-of-fold logit of each
-    row (NaN for a row without the layer), info)."""
-    x, y, groups, keep = probe_rows(rows, layer)
+    standardised rows of `layer` that kinds names (by default [first ; mean]), its strength
+    chosen by k-fold cross-validation grouped by case_group (request AUROC), then fitted on all
+    rows and written back in the units of the raw rows. Returns (probe keys for the
+    calibration, out-of-fold logit of each row (NaN for a row without the layer), info)."""
+    x, y, groups, keep = probe_rows(rows, layer, kinds)
     if len(set(y.tolist())) < 2 or len(y) < 2 * folds:
-        raise EvalError("the probe needs answers of both labels with the residual stream of "
-                        "layer %d (run with --hidden-layers %d)" % (layer, layer))
+        raise EvalError("the probe needs answers of both labels with the %s rows of the "
+                        "residual stream at layer %d (run with --hidden-layers %d)" %
+                        ("/".join(kinds), layer, layer))
     names = sorted(set(groups))
     order = np.random.default_rng(0).permutation(len(names))
     fold = np.array([order[names.index(g)] % folds for g in groups])
@@ -791,6 +794,16 @@ def train_probe(rows, layer, lam_grid=(30.0, 100.0, 300.0, 1000.0, 3000.0), fold
     return probe, logits, {"lambda": lam, "cv_auroc": cv_auroc, "n": len(y)}
 
 
+def probe_kinds(cal, rows):
+    """The rows a calibration's probe weighs: its weights are two or three rows of the dim the
+    replies' rows have."""
+    for _, r, _ in rows:
+        h = r.get("hidden_states")
+        if h and h.get("first"):
+            return gf.HIDDEN_ROWS[:len(cal["probe_weights"]) // len(h["first"][0])]
+    return gf.HIDDEN_ROWS[:2]
+
+
 def with_probe(rows, logits):
     """Each row's token_signals get its probe logit (the daemon's feature hidden_probe)."""
     for (_, r, _), z in zip(rows, logits):
@@ -809,9 +822,12 @@ def cmd_fit(args):
     features = list(SIGNAL_SETS["combined"])
     probe = None
     if args.probe_layer is not None:
+        if args.probe_rows not in (gf.HIDDEN_ROWS[:2], gf.HIDDEN_ROWS[:3]):
+            raise EvalError("--probe-rows: first,mean or first,mean,last (the daemon weighs "
+                            "the rows in that order)")
         # out-of-fold logits feed the combination, so that it does not learn to trust the
         # probe's fit-split confidence
-        probe, logits, pinfo = train_probe(rows, args.probe_layer)
+        probe, logits, pinfo = train_probe(rows, args.probe_layer, args.probe_rows)
         with_probe(rows, logits)
         features.append("hidden_probe")
     items = [(r, lab) for _, r, lab in rows]
@@ -825,9 +841,10 @@ def cmd_fit(args):
                                        threshold_rule(args), info["fit_f1"]))
     if probe:
         cal.update(probe)
-        comment += ("\nThe hidden-state probe: layer %d, L2 %g, grouped 5-fold CV AUROC %.3f "
-                    "over %d answers." % (args.probe_layer, pinfo["lambda"], pinfo["cv_auroc"],
-                                          pinfo["n"]))
+        comment += ("\nThe hidden-state probe: layer %d, rows %s, L2 %g, grouped 5-fold CV "
+                    "AUROC %.3f over %d answers." % (args.probe_layer, "/".join(args.probe_rows),
+                                                     pinfo["lambda"], pinfo["cv_auroc"],
+                                                     pinfo["n"]))
     gf.write_calibration(args.calibration_out, cal, comment)
     print("wrote %s: %s" % (args.calibration_out, comment))
 
@@ -965,7 +982,7 @@ def cmd_report(args, run_seconds=None):
         # held out: the calibration's probe, as the daemon computes it; the fit split: the
         # out-of-fold logits the calibration was fitted with
         with_probe(test_rows, [gf.probe_logit(cal, r.get("hidden_states")) for _, r, _ in test_rows])
-        _, logits, _ = train_probe(fit_rows, cal["probe_layer"])
+        _, logits, _ = train_probe(fit_rows, cal["probe_layer"], probe_kinds(cal, fit_rows))
         with_probe(fit_rows, logits)
         signal_sets = {"combined": cal["features"], "combined without the probe": BASE}
         signal_sets.update((k, v) for k, v in SIGNAL_SETS.items() if k != "combined")
@@ -1209,6 +1226,10 @@ def main(argv=None):
                            help="fit a hidden-state probe on the residual stream entering this "
                                 "layer (the replies must carry it: run --hidden-layers); "
                                 "default: no probe")
+            p.add_argument("--probe-rows", default="first,mean",
+                           type=lambda s: tuple(k for k in s.split(",") if k),
+                           help="the reply's rows of that layer the probe weighs: first,mean "
+                                "(the default) or first,mean,last")
             p.add_argument("--watch", default="auto",
                            help="heads the replies were collected with: auto (the daemon's "
                                 "default, every head of the layers at 1/2 and 3/4 depth) or "

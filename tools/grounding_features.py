@@ -101,9 +101,9 @@ def parse_calibration(text):
             cal[key] = _integer(vals[0], lineno, key, 0)
         elif key == "probe_weights":
             cal[key] = np.array([_number(v, lineno, key) for v in vals], dtype=np.float64)
-            if len(vals) % 2:
-                raise ValueError("line %d: probe_weights has %d numbers; it needs two rows of "
-                                 "the model's dim" % (lineno, len(vals)))
+            if not vals or (len(vals) % 2 and len(vals) % 3):
+                raise ValueError("line %d: probe_weights has %d numbers; it needs two or three "
+                                 "rows of the model's dim" % (lineno, len(vals)))
         elif key in ("threshold", "bias", "probe_bias"):
             if len(vals) != 1:
                 raise ValueError("line %d: %s takes one number" % (lineno, key))
@@ -247,17 +247,26 @@ def signal_arrays(sig):
     return out
 
 
+# the rows of a reply's hidden_states, in the order a probe's weights take them
+HIDDEN_ROWS = ("first", "mean", "last")
+
+
 def probe_logit(cal, hidden):
     """The calibration's hidden-state probe over a reply's hidden_states (the residual stream
-    of its layers: "first" and "mean" rows), clipped as the daemon clips it; NaN when the reply
-    has no row of the probe's layer or its rows are not of the probe's dim."""
+    of its layers: "first", "mean" and "last" rows; weights of two rows take the first two),
+    clipped as the daemon clips it; NaN when the reply has no row of the probe's layer or its
+    rows are not of the probe's dim."""
     if not hidden or "probe_layer" not in cal or cal["probe_layer"] not in hidden["layers"]:
         return math.nan
     i = hidden["layers"].index(cal["probe_layer"])
-    x = np.r_[np.asarray(hidden["first"][i], np.float64), np.asarray(hidden["mean"][i], np.float64)]
     w = np.asarray(cal["probe_weights"], np.float64)
-    if len(x) != len(w):
+    dim = len(hidden["first"][i])
+    if not dim or len(w) not in (2 * dim, 3 * dim):
         return math.nan
+    rows = HIDDEN_ROWS[:len(w) // dim]
+    if any(k not in hidden for k in rows):
+        return math.nan
+    x = np.concatenate([np.asarray(hidden[k][i], np.float64) for k in rows])
     return float(np.clip(cal["probe_bias"] + x @ w, -PROBE_CLIP, PROBE_CLIP))
 
 
