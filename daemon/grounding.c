@@ -668,17 +668,45 @@ void gr_sha256_hex(const uint8_t digest[32], char out[65])
     out[64] = 0;
 }
 
+/* The comma-separated lists of the settings: the next item at *pp (spaces before it skipped),
+ * which ends at a comma, a space or the end. */
+static void list_item(const char **pp, const char **t, size_t *tl)
+{
+    const char *p = *pp;
+    while (*p == ' ')
+        p++;
+    *t = p;
+    while (*p && *p != ',' && *p != ' ')
+        p++;
+    *tl = (size_t)(p - *t);
+    *pp = p;
+}
+
+/* After an item: 1 at the end of the list, 0 past the comma before the next item, -1 (err
+ * set) on anything else. */
+static int list_next(const char **pp, const char *what, char *err, size_t errlen)
+{
+    const char *p = *pp;
+    while (*p == ' ')
+        p++;
+    if (!*p)
+        return 1;
+    if (*p != ',') {
+        snprintf(err, errlen, "separate %s with commas", what);
+        return -1;
+    }
+    *pp = p + 1;
+    return 0;
+}
+
 int gr_parse_heads(const char *s, struct GrHead *out, int cap, int *n, char *err, size_t errlen)
 {
     *n = 0;
     const char *p = s;
     for (;;) {
-        while (*p == ' ')
-            p++;
-        const char *t = p;
-        while (*p && *p != ',' && *p != ' ')
-            p++;
-        size_t tl = (size_t)(p - t);
+        const char *t;
+        size_t tl;
+        list_item(&p, &t, &tl);
         const char *colon = memchr(t, ':', tl);
         long l, h;
         if (!colon || parse_int(t, (size_t)(colon - t), 0, 65535, &l) ||
@@ -697,15 +725,9 @@ int gr_parse_heads(const char *s, struct GrHead *out, int cap, int *n, char *err
                 return -1;
             }
         out[(*n)++] = (struct GrHead){ (int)l, (int)h };
-        while (*p == ' ')
-            p++;
-        if (!*p)
-            return 0;
-        if (*p != ',') {
-            snprintf(err, errlen, "separate LAYER:HEAD pairs with commas");
-            return -1;
-        }
-        p++;
+        int end = list_next(&p, "LAYER:HEAD pairs", err, errlen);
+        if (end)
+            return end > 0 ? 0 : -1;
     }
 }
 
@@ -718,12 +740,12 @@ int gr_parse_layers(const char *s, int *out, int cap, int *n, char *err, size_t 
     if (!*p)
         return 0;
     for (;;) {
-        const char *t = p;
-        while (*p && *p != ',' && *p != ' ')
-            p++;
+        const char *t;
+        size_t tl;
+        list_item(&p, &t, &tl);
         long l;
-        if (parse_int(t, (size_t)(p - t), 0, 65535, &l)) {
-            snprintf(err, errlen, "\"%.*s\" is not a layer number", (int)(p - t < 40 ? p - t : 40), t);
+        if (parse_int(t, tl, 0, 65535, &l)) {
+            snprintf(err, errlen, "\"%.*s\" is not a layer number", (int)(tl < 40 ? tl : 40), t);
             return -1;
         }
         if (*n == cap) {
@@ -736,16 +758,8 @@ int gr_parse_layers(const char *s, int *out, int cap, int *n, char *err, size_t 
                 return -1;
             }
         out[(*n)++] = (int)l;
-        while (*p == ' ')
-            p++;
-        if (!*p)
-            return 0;
-        if (*p != ',') {
-            snprintf(err, errlen, "separate layers with commas");
-            return -1;
-        }
-        p++;
-        while (*p == ' ')
-            p++;
+        int end = list_next(&p, "layers", err, errlen);
+        if (end)
+            return end > 0 ? 0 : -1;
     }
 }

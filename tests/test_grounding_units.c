@@ -225,6 +225,10 @@ static void test_calibration(void)
     CHECK(gr_parse_heads("15:0,15:0", h, 4, &n, err, sizeof err) != 0 && strstr(err, "twice"), "%s", err);
     CHECK(gr_parse_heads("15", h, 4, &n, err, sizeof err) != 0, "no colon");
     CHECK(gr_parse_heads("1:1,", h, 4, &n, err, sizeof err) != 0, "trailing comma");
+    CHECK(gr_parse_heads("1:1 2:2", h, 4, &n, err, sizeof err) != 0 &&
+          strstr(err, "separate LAYER:HEAD pairs with commas"), "%s", err);
+    CHECK(gr_parse_layers("1 2", ls, 8, &nl, err, sizeof err) != 0 &&
+          strstr(err, "separate layers with commas"), "%s", err);
     CHECK(gr_parse_heads("1:1,2:2,3:3,4:4,5:5", h, 4, &n, err, sizeof err) != 0 &&
           strstr(err, "more than 4"), "%s", err);
 }
