@@ -75,8 +75,8 @@ static void sigbuf_hidden_end(struct SigBuf *b, const struct GenToken *t)
 float *worker_sigbuf_hidden(const struct SigBuf *b, size_t *n)
 {
     *n = 0;
-    if (!b->hid_sum || b->s.n == 0)
-        return NULL;
+    if (!b->hid_first || !b->hid_sum || !b->hid_last || b->s.n == 0)
+        return NULL;   /* none captured, or out of memory when the first answer token came */
     size_t d = (size_t)b->hid_dim;
     float *out = malloc((size_t)b->hid_rows * WIRE_HIDDEN_ROWS * d * sizeof *out);
     if (!out)
