@@ -625,11 +625,12 @@ static int start_workers(void *zctx, struct Model *m, const struct Config *c, in
     wo.kv_store = c->kv_reuse_store_bytes ? store : NULL;
     wo.kv_store_bytes = c->kv_reuse_store_bytes;
     if (wo.kv_reuse && wo.kv_store && m)
-        wo.kv_identity = chunkkv_identity(m, wo.engine.kv_type);
+        wo.kv_identity = chunkkv_identity(m, wo.engine.kv_type, engine_numerics());
     if (device)
         *device = dev;
-    dlog(LL_INFO, "msg=\"compute device\" setting=%s device=%s note=\"%s\"", c->device,
-         dev == ENGINE_CUDA ? "cuda" : "cpu", note[0] ? note : "as configured");
+    dlog(LL_INFO, "msg=\"compute device\" setting=%s device=%s numerics=\"%s\" note=\"%s\"",
+         c->device, dev == ENGINE_CUDA ? "cuda" : "cpu",
+         dev == ENGINE_CUDA ? "cuda bf16" : engine_numerics(), note[0] ? note : "as configured");
     if (dev == ENGINE_CPU && n > 0) {
         if (start_kv_pool(m, c, n, &wo.engine, pool))
             return -1;

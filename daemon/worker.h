@@ -49,7 +49,8 @@ struct WorkerOpts {
     size_t kv_reuse_bytes;
     /* and the copies of stored chunks are kept as records in this document store (in-process
      * workers; NULL: memory only), at most kv_store_bytes of them, named with kv_identity
-     * (chunkkv_identity of the model and the engine's KV type: computed once for all workers) */
+     * (chunkkv_identity of the model, the engine's KV type and its arithmetic: computed once
+     * for all workers) */
     struct Store *kv_store;
     uint64_t kv_store_bytes;
     uint64_t kv_identity;

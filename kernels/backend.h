@@ -227,6 +227,9 @@ struct WeightsArgs {
 
 struct Backend {
     const char *name;
+    /* The arithmetic this process's products and attention run with (e.g. "avx512 q8"):
+     * results computed under another name round differently. */
+    const char *(*numerics)(void);
     /* Weights as this backend wants them: bytes needed for a (rows, cols) matrix of `type`
      * (0 when the type is not handled), and the copy of a file-layout matrix `src` into `dst`
      * (64-byte aligned, that many bytes), describing the result in *out. */

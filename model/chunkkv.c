@@ -253,11 +253,12 @@ int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
     return ENGINE_OK;
 }
 
-uint64_t chunkkv_identity(const struct Model *m, enum KvType kv_type)
+uint64_t chunkkv_identity(const struct Model *m, enum KvType kv_type, const char *numerics)
 {
     /* the configuration's fields are all 4 bytes wide: no padding to hash */
     uint64_t h = hash_bytes(&m->cfg, sizeof m->cfg);
     h = hash_u64(h ^ hash_bytes(m->arena, m->arena_bytes));
+    h = hash_u64(h ^ hash_bytes(numerics, strlen(numerics)));
     return hash_u64(h ^ (uint64_t)kv_type);
 }
 

@@ -57,9 +57,10 @@ int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
  * a blend made (chunkkv_record). */
 
 /* A hash naming what a copy's numbers depend on besides the tokens: the model's weights and
- * configuration (RoPE settings included) and the KV type. Reads every weight: once per model
- * and KV type, not per request or per context. */
-uint64_t chunkkv_identity(const struct Model *m, enum KvType kv_type);
+ * configuration (RoPE settings included), the KV type and the arithmetic that computes it
+ * (engine_numerics). Reads every weight: once per model and KV type, not per request or per
+ * context. */
+uint64_t chunkkv_identity(const struct Model *m, enum KvType kv_type, const char *numerics);
 
 /* The hash of the frame prompt[0..docs_start) (everything before the documents), which the
  * calls below take: computed once a prompt. */

@@ -94,6 +94,11 @@ struct Engine {
     char gpu_err[256];        /* the last device error */
 };
 
+const char *engine_numerics(void)
+{
+    return backend_cpu.numerics();
+}
+
 const char *engine_strerror(int s)
 {
     switch (s) {

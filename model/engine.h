@@ -26,6 +26,11 @@ enum EngineStatus {
 };
 const char *engine_strerror(int status);
 
+/* The arithmetic of this process's CPU contexts: its instruction-set path and prefill products'
+ * path (e.g. "avx512 q8"); what a CPU context computes under another name rounds differently.
+ * Decided once per process. */
+const char *engine_numerics(void);
+
 /* Where a context computes. ENGINE_CUDA needs the model on a GPU first (model_gpu_load in
  * model/engine_gpu.h); its KV cache comes from the model's shared page pool. */
 enum EngineDevice { ENGINE_CPU = 0, ENGINE_CUDA = 1 };

@@ -9,6 +9,7 @@ in the document store: they outlive a restart, leave with their documents, and s
 with the store consistent."""
 import random
 import re
+import shutil
 import subprocess
 import time
 
@@ -152,6 +153,7 @@ def test_records_outlive_a_restart_and_leave_with_their_documents(tmp_path, buil
         assert (mdb.stat().st_mtime_ns, mdb.stat().st_size) == before
         assert again_q1["answer"] == first[0]["answer"]
         assert d.stop() == 0
+        log_a = d.log_text()
     assert mdb.stat().st_mtime_ns != before[0]
     # one record a placed text: a one-chunk document placed whole is that chunk, the same record
     placed = {(c["doc_id"], tuple(c["offsets"])) for r in first for c in r["citations"]}
@@ -160,6 +162,20 @@ def test_records_outlive_a_restart_and_leave_with_their_documents(tmp_path, buil
     assert m1["written"] == n_placed == held and m1["loaded"] == 0 and m1["error"] == 0, m1
     problems, n_records, out = store_verify(build_dir, data)
     assert problems == 0 and n_records == n_placed, out
+
+    # records computed with other arithmetic (the prefill products' path) are not taken: a
+    # copy of the store under a daemon whose products run another way makes its copies anew
+    numerics = re.search(r'numerics="([^"]*)"', log_a).group(1)
+    other = {"DIFFRAG_GEMM": "native" if "openblas" in numerics else "openblas"}
+    shutil.copytree(data, tmp_path / "data-other")
+    (tmp_path / "o").mkdir()
+    with Daemon(tmp_path / "o", default_model, env=other,
+                **dict(keys, data_dir=tmp_path / "data-other")) as d:
+        assert 'numerics="%s"' % numerics not in d.log_text()
+        ask_collection(d, [q1], top_k=100)
+        m_other = records(d)
+        assert m_other["loaded"] == 0 and m_other["written"] > 0, m_other
+        assert d.stop() == 0
 
     # a new daemon on the same store takes every copy from the records and makes none: the
     # same bytes blended the same way give the same answers

@@ -2,6 +2,8 @@
  * key/value store (one sweep over the chunk's q, k, v). Both split rows over the pool when a
  * chunk is long enough to pay for the hand-off. */
 #include <math.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "kernels/backend.h"
@@ -142,8 +144,28 @@ static void cpu_attention(struct ThreadPool *pool, const struct AttnArgs *a, voi
     cpu_attention_with(cpu_isa_best(), pool, a, scratch);
 }
 
+static char numerics_name[32];
+
+static void numerics_fill(void)
+{
+    static const char *const gemm[] = {"native", "openblas", "q8"};
+    enum CpuGemm g = cpu_gemm_default();
+    snprintf(numerics_name, sizeof numerics_name, "%s %s", cpu_isa_name(cpu_isa_best()),
+             g >= 0 && g <= CPU_GEMM_Q8 ? gemm[g] : "unknown");
+}
+
+/* The instruction-set path and the prefill products' path (cpu_isa_best, cpu_gemm_default):
+ * decided once per process. */
+static const char *cpu_numerics(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, numerics_fill);
+    return numerics_name;
+}
+
 const struct Backend backend_cpu = {
     .name = "cpu",
+    .numerics = cpu_numerics,
     .weights_bytes = cpu_weights_bytes,
     .weights_pack = cpu_weights_pack,
     .weights_row = cpu_weights_row,
