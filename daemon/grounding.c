@@ -183,10 +183,14 @@ int gr_abstained(const char *answer, size_t len)
     return 1;
 }
 
+int gr_probe_fits(const struct GrCalibration *c, size_t dim)
+{
+    return dim && ((size_t)c->n_probe == 2 * dim || (size_t)c->n_probe == 3 * dim);
+}
+
 double gr_probe_logit(const struct GrCalibration *c, const float *rows, size_t dim)
 {
-    if (!c || c->probe_layer < 0 || !dim ||
-        ((size_t)c->n_probe != 2 * dim && (size_t)c->n_probe != 3 * dim))
+    if (!c || c->probe_layer < 0 || !gr_probe_fits(c, dim))
         return NAN;
     double z = c->probe_bias;
     for (size_t i = 0; i < (size_t)c->n_probe; i++)

@@ -142,6 +142,8 @@ struct GrSummary {
  * each of dim floats, one after the other; NAN when the calibration has no probe or its
  * weights are not two or three rows of this dim. */
 double gr_probe_logit(const struct GrCalibration *c, const float *rows, size_t dim);
+/* Whether the calibration's probe weights are two or three rows of dim. */
+int gr_probe_fits(const struct GrCalibration *c, size_t dim);
 
 /* Everything a reply reports about one answer. cal NULL: no detector (score and flag not
  * claimed); nor are they when the calibration's features include hidden_probe and the answer

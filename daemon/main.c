@@ -342,8 +342,8 @@ static int setup_grounding(const struct Config *c, const struct Model *m, struct
     }
     /* the probe's layer is captured for every answer */
     if (g->calibrated && g->cal.probe_layer >= 0) {
-        if (m && (g->cal.probe_layer > m->cfg.n_layer || (g->cal.n_probe != 2 * m->cfg.dim &&
-                                                             g->cal.n_probe != 3 * m->cfg.dim))) {
+        if (m && (g->cal.probe_layer > m->cfg.n_layer ||
+                  !gr_probe_fits(&g->cal, (size_t)m->cfg.dim))) {
             dlog(LL_ERROR, "msg=\"grounding calibration's probe does not fit the model\" "
                  "file=\"%s\" probe_layer=%d probe_weights=%d layers=%d dim=%d", found,
                  g->cal.probe_layer, g->cal.n_probe, m->cfg.n_layer, m->cfg.dim);

@@ -31,6 +31,7 @@ enum CpuIsa cpu_isa_best(void);
  * OpenBLAS; DIFFRAG_GEMM=native|openblas|q8 overrides (q8 only where supported). */
 enum CpuGemm { CPU_GEMM_NATIVE = 0, CPU_GEMM_OPENBLAS = 1, CPU_GEMM_Q8 = 2 };
 enum CpuGemm cpu_gemm_default(void);
+const char *cpu_gemm_name(enum CpuGemm g);   /* "native", "openblas", "q8" */
 
 /* Matrix products with an explicit path (the table's matmul uses the defaults). */
 void cpu_matmul_with(enum CpuIsa isa, enum CpuGemm gemm, struct ThreadPool *pool,

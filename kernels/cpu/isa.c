@@ -8,6 +8,12 @@
 #include "kernels/cpu/cpu.h"
 
 static const char *const isa_names[CPU_ISA_COUNT] = {"scalar", "avx2", "avx512"};
+static const char *const gemm_names[] = {"native", "openblas", "q8"};   /* enum CpuGemm */
+
+const char *cpu_gemm_name(enum CpuGemm g)
+{
+    return g >= CPU_GEMM_NATIVE && g <= CPU_GEMM_Q8 ? gemm_names[g] : "unknown";
+}
 
 const char *cpu_isa_name(enum CpuIsa isa)
 {
@@ -65,9 +71,9 @@ static void choose(void)
     int q8 = best_isa == CPU_ISA_AVX512 && cpu_q8_vnni();
     if (q8) default_gemm = CPU_GEMM_Q8;
     const char *g = getenv("DIFFRAG_GEMM");
-    if (g && !strcmp(g, "native")) default_gemm = CPU_GEMM_NATIVE;
-    if (g && !strcmp(g, "openblas")) default_gemm = CPU_GEMM_OPENBLAS;
-    if (g && !strcmp(g, "q8") && q8) default_gemm = CPU_GEMM_Q8;
+    for (int i = CPU_GEMM_NATIVE; g && i <= CPU_GEMM_Q8; i++)
+        if (!strcmp(g, gemm_names[i]) && (i != CPU_GEMM_Q8 || q8))
+            default_gemm = (enum CpuGemm)i;
 }
 
 enum CpuIsa cpu_isa_best(void)

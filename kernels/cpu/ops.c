@@ -148,10 +148,8 @@ static char numerics_name[32];
 
 static void numerics_fill(void)
 {
-    static const char *const gemm[] = {"native", "openblas", "q8"};
-    enum CpuGemm g = cpu_gemm_default();
     snprintf(numerics_name, sizeof numerics_name, "%s %s", cpu_isa_name(cpu_isa_best()),
-             g >= 0 && g <= CPU_GEMM_Q8 ? gemm[g] : "unknown");
+             cpu_gemm_name(cpu_gemm_default()));
 }
 
 /* The instruction-set path and the prefill products' path (cpu_isa_best, cpu_gemm_default):
