@@ -16,17 +16,12 @@ Label rules, splits and sizes are documented in docs/groundedness.md (Evaluation
 import argparse
 import hashlib
 import json
-import os
 import pathlib
 import re
 import shlex
-import socket
 import struct
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import zlib
 
 import numpy as np
@@ -34,11 +29,11 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import grounding_features as gf  # noqa: E402
+import eval_common as ec  # noqa: E402
 
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_SQUAD = ROOT.parent / "shared" / "data" / "squad2"
 DEFAULT_WORK = ROOT / "build" / "grounding-eval"
-DIFFRAGD = ROOT / os.environ.get("BUILD", "build") / "diffragd"
 REFUSAL = "i cannot find the answer in the provided documents"
 
 # Feature sets compared in the report; "combined" is the calibration the daemon loads.
@@ -119,8 +114,8 @@ VALUE_RE = re.compile(r"[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*")
 CITATION_RE = re.compile(r"\[\d+(?:\s*,\s*\d+)*\]")
 
 
-class EvalError(Exception):
-    """A user-facing failure: missing data, a daemon that does not start, a bad file."""
+# a user-facing failure: missing data, a daemon that does not start, a bad file
+EvalError = ec.EvalError
 
 
 def article_split(title):
@@ -328,78 +323,22 @@ def cmd_generate(args):
 # ---------------------------------------------------------------------------------------------
 # running cases through diffragd
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_status(url):
-    try:
-        with urllib.request.urlopen(url, timeout=1.0) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except (urllib.error.URLError, ConnectionError, socket.timeout):
-        return 0
-
-
-class LocalDaemon:
-    """build/diffragd on loopback with its own store and log, for one run."""
-
-    def __init__(self, workdir, model, calibration, threads, max_context, extra):
-        self.workdir = pathlib.Path(workdir)
-        port, mport = free_port(), free_port()
-        self.endpoint = "tcp://127.0.0.1:%d" % port
-        self.ready_url = "http://127.0.0.1:%d/readyz" % mport
-        self.log_path = self.workdir / "diffragd.log"
-        # one chunk per haystack: the chunker ends a chunk at the first paragraph break past
-        # half of chunk_tokens, so chunk_tokens is twice the prompt budget; no overlap
-        opts = {"model": model, "data_dir": self.workdir / "store", "listen": self.endpoint,
-                "metrics_listen": "127.0.0.1:%d" % mport,
-                "http_listen": "127.0.0.1:%d" % free_port(), "workers": 1, "threads": threads,
-                "max_context_tokens": max_context, "chunk_tokens": min(2 * max_context, 65536),
-                "chunk_overlap": 0, "max_tokens": 256, "log_level": "warn",
-                # every signal is collected, the self-check too, so that the report measures
-                # each one's worth
-                "grounding_self_check": 1, "grounding_reliance": 1,
-                # a loaded machine can delay heartbeats: wait longer before giving a worker up
-                "heartbeat_liveness": 10}
-        # without a calibration the daemon watches its default heads (`grounding_heads` auto)
-        opts["grounding_calibration"] = calibration or "none"
-        for kv in extra:
-            k, _, v = kv.partition("=")
-            opts[k] = v
-        self.argv = [str(DIFFRAGD), "--config", "/dev/null"]
-        for k, v in opts.items():
-            self.argv += ["--" + k, str(v)]
-        self.proc = None
-
-    def __enter__(self):
-        if not DIFFRAGD.exists():
-            raise EvalError("%s missing: run `make all`" % DIFFRAGD)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT)
-        end = time.time() + 120
-        while time.time() < end:
-            if self.proc.poll() is not None:
-                raise EvalError("diffragd exited %d: %s" % (
-                    self.proc.returncode, self.log_path.read_text(errors="replace")[-2000:]))
-            if http_status(self.ready_url) == 200:
-                return self
-            time.sleep(0.1)
-        raise EvalError("diffragd not ready after 120 s (log: %s)" % self.log_path)
-
-    def __exit__(self, *exc):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+def daemon_keys(calibration, threads, max_context, extra):
+    """The config keys of the run's diffragd (eval_common.LocalDaemon adds the loopback
+    endpoints, the store and the log)."""
+    # one chunk per haystack: the chunker ends a chunk at the first paragraph break past half
+    # of chunk_tokens, so chunk_tokens is twice the prompt budget; no overlap
+    keys = {"threads": threads, "max_context_tokens": max_context,
+            "chunk_tokens": min(2 * max_context, 65536), "chunk_overlap": 0, "max_tokens": 256,
+            # every signal is collected, the self-check too, so that the report measures each
+            # one's worth
+            "grounding_self_check": 1, "grounding_reliance": 1,
+            # without a calibration the daemon watches its default heads (grounding_heads auto)
+            "grounding_calibration": calibration or "none"}
+    for kv in extra:
+        k, _, v = kv.partition("=")
+        keys[k] = v
+    return keys
 
 
 def query_message(case, max_tokens, max_context, hidden=False):
@@ -502,8 +441,9 @@ def cmd_run(args):
     else:
         extra = args.daemon_arg + (["grounding_hidden_layers=" + args.hidden_layers]
                                    if hidden else [])
-        with LocalDaemon(results.parent / "daemon", args.model, args.calibration, args.threads,
-                         args.max_context, extra) as d:
+        with ec.LocalDaemon(results.parent / "daemon", args.model,
+                            **daemon_keys(args.calibration, args.threads, args.max_context,
+                                          extra)) as d:
             took = run_cases(cases, d.endpoint, results, args.max_tokens, args.max_context,
                              args.timeout, hidden=hidden)
     print("ran %d cases in %.0f s" % (len(cases), took))
