@@ -122,6 +122,8 @@ def main():
     ap.add_argument("--relevance-floor", type=float, metavar="SHARE",
                     help="the daemon's relevance_floor (0: the budget is filled with chunks "
                     "however weak their match)")
+    ap.add_argument("--chunk-tokens", type=int, metavar="N",
+                    help="the daemon's chunk_tokens (default: the daemon's, 256)")
     ap.add_argument("--kv-reuse", type=float, metavar="SHARE",
                     help="blend documents from stored chunk KV, recomputing this share")
     args = ap.parse_args()
@@ -135,6 +137,8 @@ def main():
                                              "kv_reuse_recompute": args.kv_reuse}
     if args.relevance_floor is not None:
         keys["relevance_floor"] = args.relevance_floor
+    if args.chunk_tokens is not None:
+        keys["chunk_tokens"] = args.chunk_tokens
     t0 = time.time()
     try:
         with tempfile.TemporaryDirectory(prefix="eval-rag-") as work, \
