@@ -138,10 +138,10 @@ bench-serving: all $(QWEN_FILE) venv
 # docs/grounding-eval.md and docs/grounding-roc.png. Thresholds: max F1 with a false-positive
 # rate of at most 0.3 on the fit split; a hidden-state probe of layer 14, fitted on 1,200 SQuAD
 # questions. EVAL_ARGS=--resume keeps replies already collected.
-GROUNDING_EVAL_ARGS := --model $(QWEN_FILE) --name qwen2.5-coder-0.5b-v2 \
+GROUNDING_EVAL_ARGS := --model $(QWEN_FILE) --name qwen2.5-coder-0.5b-v3 \
 	--calibration-out deploy/grounding/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.grounding \
 	--cases build/grounding-eval-qwen/cases.jsonl --results build/grounding-eval-qwen/results.jsonl \
-	--squad-questions 400 --fit-squad-questions 1200 --per-length 6 4 3 2 1 --max-fpr 0.3 \
+	--squad-questions 400 --fit-squad-questions 1583 --per-length 6 4 3 2 1 --max-fpr 0.3 \
 	--probe-layer 14
 eval-grounding: all $(QWEN_FILE) venv
 	$(VENV_PATH) $(PYTHON) tools/grounding-eval.py all $(GROUNDING_EVAL_ARGS) \
