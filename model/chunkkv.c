@@ -28,6 +28,7 @@ struct Copy {
     size_t bytes;              /* of kv and tokens */
     uint64_t used;             /* tick of the last use */
     uint64_t pin;              /* the blend that needs it (not evicted during it) */
+    uint64_t made;             /* the blend that made it (0: read from a record) */
     struct RecordHeader header;  /* chunkkv_record's first piece */
 };
 
@@ -184,6 +185,8 @@ static struct Copy *make_copy(struct ChunkKv *c, struct Engine *helper, const in
         copy_drop_last(c);
         p = NULL;
     }
+    if (p)
+        p->made = c->blend;
     engine_reset(helper);
     free(buf);
     return p;
@@ -223,7 +226,8 @@ int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
         const int32_t *t = prompt + s0;
         uint64_t key = copy_key(frame, t, n);
         struct Copy *p = find(c, key, frame, t, n);
-        int fresh = !p;
+        /* made for this prompt: now, or for an earlier span of it (a chunk placed twice) */
+        int fresh = !p || p->made == c->blend;
         if (p) {
             c->st.hits++;
         } else {

@@ -463,6 +463,60 @@ static void check_store(const struct Model *m)
     engine_destroy(&ref);
 }
 
+/* A chunk placed twice in one prompt over an empty store: its copy is made at the first span
+ * and serves the second, and both spans' kept tokens count as made for this prompt (fresh),
+ * none as reused; the same prompt blended again reuses both. Share 0: every token is kept. */
+static void check_twice(const struct Model *m)
+{
+    const char *name = "chunk placed twice";
+    int V = m->cfg.vocab, len = CHUNK_LEN[0];
+    struct Engine *e = open_ctx(m, KV_F16, 48), *helper = NULL;
+    struct ChunkKv *c = NULL;
+    char err[256];
+    CHECK(e && engine_new_seq(e, &helper, err, sizeof err) == 0 &&
+          chunkkv_new((size_t)64 << 20, &c) == 0, "%s", name);
+    if (!e || !helper || !c) {
+        chunkkv_destroy(&c);
+        engine_destroy(&helper);
+        engine_destroy(&e);
+        return;
+    }
+    int32_t prompt[N_FRAME + 2 * 202 + N_Q];
+    uint32_t spans[4];
+    int n = 0;
+    for (int i = 0; i < N_FRAME; i++) prompt[n++] = rand_tok(V);
+    int32_t chunk[200];
+    for (int i = 0; i < len; i++) chunk[i] = rand_tok(V);
+    for (int j = 0; j < 2; j++) {
+        prompt[n++] = rand_tok(V);   /* a label of two tokens */
+        prompt[n++] = rand_tok(V);
+        spans[2 * j] = (uint32_t)n;
+        memcpy(prompt + n, chunk, sizeof(int32_t) * len);
+        n += len;
+        spans[2 * j + 1] = (uint32_t)n;
+    }
+    int docs_end = n;
+    for (int i = 0; i < N_Q; i++) prompt[n++] = rand_tok(V);
+    for (int round = 0; round < 2; round++) {
+        struct ChunkKvBlend b;
+        engine_reset(e);
+        int rc = chunkkv_blend(c, e, helper, prompt, N_FRAME, docs_end, n, spans, 2, 0.0, &b,
+                               err, sizeof err);
+        CHECK(rc == 0, "%s: %s", name, err);
+        printf("%s, round %d: %d chunks, %d made, %d reused, %d fresh\n", name, round, b.chunks,
+               b.computed, b.reused, b.fresh);
+        if (round == 0)
+            CHECK(b.chunks == 2 && b.computed == 1 && b.reused == 0 && b.fresh == 2 * len,
+                  "%s: the first blend reused %d tokens, %d fresh", name, b.reused, b.fresh);
+        else
+            CHECK(b.computed == 0 && b.reused == 2 * len && b.fresh == 0,
+                  "%s: the second blend reused %d tokens, %d fresh", name, b.reused, b.fresh);
+    }
+    chunkkv_destroy(&c);
+    engine_destroy(&helper);
+    engine_destroy(&e);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -479,6 +533,7 @@ int main(int argc, char **argv)
     check_kv_type(m, KV_F32, "f32");
     if (m->cfg.head_dim % 2 == 0 && m->cfg.head_dim <= 256) check_kv_type(m, KV_Q8, "int8");
     check_store(m);
+    check_twice(m);
     model_destroy(&m);
     return check_report("chunk KV reuse against full prefills");
 }
