@@ -551,11 +551,23 @@ def request_scores(cal, items):
     return np.array([gf.score(cal, res["token_signals"])[0] for res, _ in items])
 
 
+def group_folds(groups, folds):
+    """Each answer's fold: the groups (case_group) spread over `folds` in an order drawn from a
+    fixed seed, so that no group is in two folds."""
+    names = sorted(set(groups))
+    order = np.random.default_rng(0).permutation(len(names))
+    at = {g: order[i] % folds for i, g in enumerate(names)}
+    return np.array([at[g] for g in groups])
+
+
 def train(items, features, window, stride, lam_grid=(0.01, 0.1, 1.0, 10.0), folds=5,
-          max_fpr=None):
-    """Fit on items ([(result, label)]): L2 strength by grouped k-fold on request AUROC, then a
-    final fit on all; threshold = the request score with maximal F1 on these items (among those
-    with a false-positive rate of at most max_fpr on them, when given)."""
+          max_fpr=None, groups=None):
+    """Fit on items ([(result, label)]): L2 strength by k-fold cross-validation on request
+    AUROC (folds by groups, each item's case_group, when given), then a final fit on all;
+    threshold = the out-of-fold request score (each fold's items scored by the fit without
+    them, at the chosen strength) with maximal F1 among those with a false-positive rate of at
+    most max_fpr on these items, when given: a bound that holds for answers the fit has seen
+    holds less well for those it has not."""
     x_all, y, idx, w = answer_windows(items, window, stride)
     cols = [gf.FEATURES.index(f) for f in features]
     x = x_all[:, cols]
@@ -576,7 +588,8 @@ def train(items, features, window, stride, lam_grid=(0.01, 0.1, 1.0, 10.0), fold
         return {"name": "fit", "model_sha256": "0" * 64, "window": window, "stride": stride,
                 "threshold": threshold, "watch": [], "features": list(features),
                 "mean": mean, "scale": scale, "weights": weights, "bias": bias}
-    fold_of = np.arange(len(items)) % folds
+    fold_of = (np.arange(len(items)) % folds if groups is None
+               else group_folds(groups, folds))
     best = None
     for lam in lam_grid:
         pred = np.zeros(len(items))
@@ -589,13 +602,13 @@ def train(items, features, window, stride, lam_grid=(0.01, 0.1, 1.0, 10.0), fold
             pred[held] = request_scores(cal, [items[i] for i in held])
         a = gf.auroc(labels, pred)
         if best is None or (a or 0) > best[1]:
-            best = (lam, a or 0)
-    lam = best[0]
+            best = (lam, a or 0, pred)
+    lam, _, oof = best
     rows = np.ones(len(y), bool)
     mean, scale = fit(rows)
     wt, b = fit_logistic(std(rows, mean, scale), y, w, lam)
     cal = make_cal(mean, scale, wt, b)
-    threshold, f1 = gf.best_f1_threshold(labels, request_scores(cal, items), max_fpr)
+    threshold, f1 = gf.best_f1_threshold(labels, oof, max_fpr)
     cal["threshold"] = float(threshold)
     return cal, {"lambda": lam, "cv_auroc": best[1], "fit_f1": f1}
 
@@ -706,9 +719,7 @@ def train_probe(rows, layer, kinds=gf.HIDDEN_ROWS[:2],
         raise EvalError("the probe needs answers of both labels with the %s rows of the "
                         "residual stream at layer %d (run with --hidden-layers %d)" %
                         ("/".join(kinds), layer, layer))
-    names = sorted(set(groups))
-    order = np.random.default_rng(0).permutation(len(names))
-    fold = np.array([order[names.index(g)] % folds for g in groups])
+    fold = group_folds(groups, folds)
 
     def fit(tr, lam):
         mu, sd = x[tr].mean(0), x[tr].std(0)
@@ -771,13 +782,14 @@ def cmd_fit(args):
         with_probe(rows, logits)
         features.append("hidden_probe")
     items = [(r, lab) for _, r, lab in rows]
-    cal, info = train(items, features, args.window, args.stride, max_fpr=args.max_fpr)
+    cal, info = train(items, features, args.window, args.stride, max_fpr=args.max_fpr,
+                      groups=[case_group(c) for c, _, _ in rows])
     cal["name"] = args.name
     cal["model_sha256"] = model_sha256(args.model)
     cal["watch"] = default_watch(args.model) if args.watch == "auto" else parse_watch(args.watch)
     comment = ("Fitted by tools/grounding-eval.py fit on %d answers of the fit split "
                "(%d hallucinated): L2 %g (5-fold CV AUROC %.3f); threshold = max F1 on the fit "
-               "split%s (F1 %.3f)." % (len(items), sum(labels), info["lambda"], info["cv_auroc"],
+               "split's out-of-fold scores%s (F1 %.3f)." % (len(items), sum(labels), info["lambda"], info["cv_auroc"],
                                        threshold_rule(args), info["fit_f1"]))
     if probe:
         cal.update(probe)
@@ -937,7 +949,8 @@ def cmd_report(args, run_seconds=None):
             c, info = cal, None
         else:
             c, info = train(fit_items, features, cal["window"], cal["stride"],
-                            max_fpr=getattr(args, "max_fpr", None))
+                            max_fpr=getattr(args, "max_fpr", None),
+                            groups=[case_group(cs) for cs, _, _ in fit_rows])
         s = request_scores(c, test_items)
         sets[name] = {"cal": c, "info": info, "scores": s,
                       "all": group_metrics(y, s, c["threshold"])}
@@ -1017,7 +1030,7 @@ def cmd_report(args, run_seconds=None):
     L.append("## Held-out results")
     L.append("")
     L.append("Request score = maximum over windows; flag = score ≥ the set's threshold (max F1 "
-             "on the fit split%s). Positive = hallucinated." % threshold_rule(args))
+             "on the fit split's out-of-fold scores%s). Positive = hallucinated." % threshold_rule(args))
     L.append("")
     L.append("| signal set | features | AUROC | AUPRC | threshold | precision | recall | F1 | "
              "FPR |")
@@ -1177,7 +1190,8 @@ def main(argv=None):
         if "fit" in what or "report" in what:
             p.add_argument("--max-fpr", type=float, default=None,
                            help="thresholds: max F1 among those with at most this "
-                                "false-positive rate on the fit split (default: max F1)")
+                                "false-positive rate on the fit split's out-of-fold scores "
+                                "(default: max F1)")
         if "report" in what:
             if "fit" not in what:
                 p.add_argument("--calibration", default=cal_path,
