@@ -136,8 +136,8 @@ bench-serving: all $(QWEN_FILE) venv
 # The groundedness detector's calibration for the default model and its held-out evaluation
 # (about an hour on two cores): writes deploy/grounding/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.grounding,
 # docs/grounding-eval.md and docs/grounding-roc.png. Thresholds: max F1 with a false-positive
-# rate of at most 0.3 on the fit split; a hidden-state probe of layer 14, fitted on 1,200 SQuAD
-# questions. EVAL_ARGS=--resume keeps replies already collected.
+# rate of at most 0.3 on the fit split's out-of-fold scores; a hidden-state probe of layer 14,
+# fitted with every SQuAD question of the fit split (1,583). EVAL_ARGS=--resume keeps replies already collected.
 GROUNDING_EVAL_ARGS := --model $(QWEN_FILE) --name qwen2.5-coder-0.5b-v3 \
 	--calibration-out deploy/grounding/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.grounding \
 	--cases build/grounding-eval-qwen/cases.jsonl --results build/grounding-eval-qwen/results.jsonl \

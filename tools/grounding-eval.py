@@ -789,8 +789,9 @@ def cmd_fit(args):
     cal["watch"] = default_watch(args.model) if args.watch == "auto" else parse_watch(args.watch)
     comment = ("Fitted by tools/grounding-eval.py fit on %d answers of the fit split "
                "(%d hallucinated): L2 %g (5-fold CV AUROC %.3f); threshold = max F1 on the fit "
-               "split's out-of-fold scores%s (F1 %.3f)." % (len(items), sum(labels), info["lambda"], info["cv_auroc"],
-                                       threshold_rule(args), info["fit_f1"]))
+               "split's out-of-fold scores%s (F1 %.3f)." % (
+                   len(items), sum(labels), info["lambda"], info["cv_auroc"],
+                   threshold_rule(args), info["fit_f1"]))
     if probe:
         cal.update(probe)
         comment += ("\nThe hidden-state probe: layer %d, rows %s, L2 %g, grouped 5-fold CV "
@@ -1030,7 +1031,8 @@ def cmd_report(args, run_seconds=None):
     L.append("## Held-out results")
     L.append("")
     L.append("Request score = maximum over windows; flag = score ≥ the set's threshold (max F1 "
-             "on the fit split's out-of-fold scores%s). Positive = hallucinated." % threshold_rule(args))
+             "on the fit split's out-of-fold scores%s). Positive = hallucinated." %
+             threshold_rule(args))
     L.append("")
     L.append("| signal set | features | AUROC | AUPRC | threshold | precision | recall | F1 | "
              "FPR |")
