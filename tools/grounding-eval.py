@@ -560,14 +560,15 @@ def group_folds(groups, folds):
     return np.array([at[g] for g in groups])
 
 
-def train(items, features, window, stride, lam_grid=(0.01, 0.1, 1.0, 10.0), folds=5,
-          max_fpr=None, groups=None):
-    """Fit on items ([(result, label)]): L2 strength by k-fold cross-validation on request
-    AUROC (folds by groups, each item's case_group, when given), then a final fit on all;
-    threshold = the out-of-fold request score (each fold's items scored by the fit without
-    them, at the chosen strength) with maximal F1 among those with a false-positive rate of at
-    most max_fpr on these items, when given: a bound that holds for answers the fit has seen
-    holds less well for those it has not."""
+def train(rows, features, window, stride, lam_grid=(0.01, 0.1, 1.0, 10.0), folds=5,
+          max_fpr=None):
+    """Fit on labelled rows ([(case, result, label)]): L2 strength by k-fold cross-validation on
+    request AUROC (folds by case_group), then a final fit on all; threshold = the out-of-fold
+    request score (each fold's answers scored by the fit without them, at the chosen strength)
+    with maximal F1 among those with a false-positive rate of at most max_fpr on them, when
+    given: a bound that holds for answers the fit has seen holds less well for those it has
+    not."""
+    items = [(r, lab) for _, r, lab in rows]
     x_all, y, idx, w = answer_windows(items, window, stride)
     cols = [gf.FEATURES.index(f) for f in features]
     x = x_all[:, cols]
@@ -588,8 +589,7 @@ def train(items, features, window, stride, lam_grid=(0.01, 0.1, 1.0, 10.0), fold
         return {"name": "fit", "model_sha256": "0" * 64, "window": window, "stride": stride,
                 "threshold": threshold, "watch": [], "features": list(features),
                 "mean": mean, "scale": scale, "weights": weights, "bias": bias}
-    fold_of = (np.arange(len(items)) % folds if groups is None
-               else group_folds(groups, folds))
+    fold_of = group_folds([case_group(c) for c, _, _ in rows], folds)
     best = None
     for lam in lam_grid:
         pred = np.zeros(len(items))
@@ -781,16 +781,14 @@ def cmd_fit(args):
         probe, logits, pinfo = train_probe(rows, args.probe_layer, args.probe_rows)
         with_probe(rows, logits)
         features.append("hidden_probe")
-    items = [(r, lab) for _, r, lab in rows]
-    cal, info = train(items, features, args.window, args.stride, max_fpr=args.max_fpr,
-                      groups=[case_group(c) for c, _, _ in rows])
+    cal, info = train(rows, features, args.window, args.stride, max_fpr=args.max_fpr)
     cal["name"] = args.name
     cal["model_sha256"] = model_sha256(args.model)
     cal["watch"] = default_watch(args.model) if args.watch == "auto" else parse_watch(args.watch)
     comment = ("Fitted by tools/grounding-eval.py fit on %d answers of the fit split "
                "(%d hallucinated): L2 %g (5-fold CV AUROC %.3f); threshold = max F1 on the fit "
                "split's out-of-fold scores%s (F1 %.3f)." % (
-                   len(items), sum(labels), info["lambda"], info["cv_auroc"],
+                   len(rows), sum(labels), info["lambda"], info["cv_auroc"],
                    threshold_rule(args), info["fit_f1"]))
     if probe:
         cal.update(probe)
@@ -940,7 +938,6 @@ def cmd_report(args, run_seconds=None):
         signal_sets = {"combined": cal["features"], "combined without the probe": BASE}
         signal_sets.update((k, v) for k, v in SIGNAL_SETS.items() if k != "combined")
         signal_sets["hidden-state probe"] = ["hidden_probe"]
-    fit_items = [(r, lab) for _, r, lab in fit_rows]
     test_items = [(r, lab) for _, r, lab in test_rows]
     y = np.array([lab for _, lab in test_items])
 
@@ -949,9 +946,8 @@ def cmd_report(args, run_seconds=None):
         if name == "combined":
             c, info = cal, None
         else:
-            c, info = train(fit_items, features, cal["window"], cal["stride"],
-                            max_fpr=getattr(args, "max_fpr", None),
-                            groups=[case_group(cs) for cs, _, _ in fit_rows])
+            c, info = train(fit_rows, features, cal["window"], cal["stride"],
+                            max_fpr=getattr(args, "max_fpr", None))
         s = request_scores(c, test_items)
         sets[name] = {"cal": c, "info": info, "scores": s,
                       "all": group_metrics(y, s, c["threshold"])}
