@@ -630,7 +630,7 @@ static int start_workers(void *zctx, struct Model *m, const struct Config *c, in
         *device = dev;
     dlog(LL_INFO, "msg=\"compute device\" setting=%s device=%s numerics=\"%s\" note=\"%s\"",
          c->device, dev == ENGINE_CUDA ? "cuda" : "cpu",
-         dev == ENGINE_CUDA ? "cuda bf16" : engine_numerics(), note[0] ? note : "as configured");
+         dev == ENGINE_CUDA ? gpu_numerics() : engine_numerics(), note[0] ? note : "as configured");
     if (dev == ENGINE_CPU && n > 0) {
         if (start_kv_pool(m, c, n, &wo.engine, pool))
             return -1;

@@ -328,6 +328,16 @@ static int attention_kernel(char *err, size_t errlen)
     return -1;
 }
 
+const char *gpu_numerics(void)
+{
+    static const char *const names[GPU_ATTENTION_KERNELS] = {
+        "cuda bf16 mma", "cuda bf16 reference", "cuda bf16 wgmma", "cuda bf16 wgmma-pipe",
+        "cuda bf16 wgmma-tma", "cuda bf16 wgmma-tma-pipe"};
+    char err[256];
+    int k = attention_kernel(err, sizeof err);
+    return k < 0 ? "cuda bf16 (unknown attention kernel)" : names[k];
+}
+
 /* A sequence on context ctx (owned when own_ctx), or on a new one when ctx is NULL; chunk 0
  * makes a batch member, without activations of its own. It holds no page yet. */
 static int seq_make(const struct Model *m, struct GpuCtx *ctx, int n_ctx, int chunk,

@@ -34,6 +34,10 @@ struct GpuSeq;
 /* The attention kernels DIFFRAG_GPU_ATTENTION names, by their GpuAttnArgs.kernel number. */
 #define GPU_ATTENTION_KERNELS 6
 extern const char *const gpu_attention_kernels[GPU_ATTENTION_KERNELS];
+/* The arithmetic of this process's GPU contexts, as engine_numerics names the CPU's: bf16
+ * inputs of products and attention, and the attention kernel DIFFRAG_GPU_ATTENTION chooses
+ * (e.g. "cuda bf16 mma"); an unknown kernel name is said as such (a sequence then refuses). */
+const char *gpu_numerics(void);
 
 /* A sequence of up to n_ctx positions with its own GPU context (stream, cuBLAS handle) and
  * activations for steps of up to `chunk` tokens. 0, or -1 (err) on a device failure. */
