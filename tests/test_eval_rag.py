@@ -34,3 +34,33 @@ def test_eval_rag_small(tmp_path, default_model):
     # the table: one row per budget and order, and the oracle's
     table = [line for line in r.stdout.splitlines() if line.startswith("| ")]
     assert len(table) == 1 + 1 + 4 and table[1].startswith("| gold paragraph | oracle |"), table
+
+
+def test_eval_rag_each_chunk(tmp_path, default_model):
+    """--each-chunk: each placed chunk asked alone; every choice is one of those answers, so the
+    joined answers contain a gold answer whenever a choice does."""
+    out = tmp_path / "each.jsonl"
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "eval-rag.py"), "--model",
+                        str(default_model), "--articles", "1", "--per-article", "2",
+                        "--budgets", "1024", "--orders", "rank", "--corpus-tokens", "2500",
+                        "--each-chunk", "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    print(r.stdout, r.stderr[-3000:])
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    by = {}
+    for x in rows:
+        by.setdefault(x["order"], []).append(x)
+    signals = ["rank, each chunk by %s" % s for s in
+               ("hidden_probe", "score", "self_check", "mean_logprob")]
+    assert sorted(by) == sorted(["oracle", "rank", "rank, any chunk's answer"] + signals), by
+    assert all(len(v) == 2 for v in by.values())
+    for i, joined in enumerate(by["rank, any chunk's answer"]):
+        assert joined["f1"] is None
+        for s in signals:
+            chosen = by[s][i]["answer"]
+            assert chosen and chosen in joined["answer"], (chosen, joined["answer"])
+            assert joined["contains"] >= by[s][i]["contains"]
+    table = [line for line in r.stdout.splitlines() if line.startswith("| ")]
+    assert any(line.startswith("| 1024 | rank, any chunk's answer | ") and " | - | " in line
+               for line in table), table

@@ -16,6 +16,11 @@ order). The oracle asks each question with its gold paragraph alone, as an inlin
             normalisation: lower case, no punctuation, no articles, single spaces)
   F1        SQuAD's token F1 against the best gold answer
 
+With --each-chunk every answer at a budget is followed by each of its placed chunks asked
+alone, as an inline document (with the daemon's calibration on), and the rows "each chunk,
+by SIGNAL" choose among those answers (and the refusals aside) the one whose grounding signal
+says it is best supported: reading the chunks one at a time instead of together.
+
 With --kv-reuse SHARE the daemon blends each prompt's documents from stored chunk KV
 (kv_reuse = 1, kv_reuse_recompute = SHARE; docs/kv-reuse.md); run once with and once without
 it to compare. With --relevance-floor 0 every budget is filled with chunks however weakly they
@@ -102,6 +107,34 @@ def judge(q, reply, budget, order):
             "ttft_ms": reply["timings"]["ttft_ms"]}
 
 
+# what "--each-chunk" chooses by: the grounding figure, and whether lower is better
+EACH_SIGNALS = (("hidden_probe", 1), ("score", 1), ("self_check", -1), ("mean_logprob", -1))
+
+
+def each_chunk(asker, q, reply, docs, timeout):
+    """Each chunk the reply placed, asked alone as an inline document: [(answer, grounding)]."""
+    out = []
+    for k, c in enumerate(reply["citations"]):
+        d = docs[c["doc_id"]]
+        text = d["text"].encode()[c["offsets"][0]:c["offsets"][1]].decode(errors="replace")
+        msg = {"v": 1, "op": "query", "id": "%s-each%d" % (reply["id"], k),
+               "question": q["question"], "max_tokens": MAX_TOKENS, "temperature": 0,
+               "docs": [{"id": d["id"], "title": d["title"], "text": text}]}
+        r = asker.ask(msg, timeout)
+        if not r.get("ok"):
+            raise ec.EvalError("%s: %s" % (msg["id"], r.get("error")))
+        out.append((r["answer"], r.get("grounding") or {}))
+    return out
+
+
+def choose(answers, signal, sign):
+    """The answer whose signal is best among those that did not abstain (or the first)."""
+    kept = [(a, g) for a, g in answers if not g.get("abstained") and g.get(signal) is not None]
+    if not kept:
+        return answers[0][0] if answers else ""
+    return min(kept, key=lambda ag: sign * ag[1][signal])[0]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -124,6 +157,8 @@ def main():
                     "however weak their match)")
     ap.add_argument("--chunk-tokens", type=int, metavar="N",
                     help="the daemon's chunk_tokens (default: the daemon's, 256)")
+    ap.add_argument("--each-chunk", action="store_true",
+                    help="also ask each placed chunk alone and choose among the answers")
     ap.add_argument("--kv-reuse", type=float, metavar="SHARE",
                     help="blend documents from stored chunk KV, recomputing this share")
     args = ap.parse_args()
@@ -139,11 +174,13 @@ def main():
         keys["relevance_floor"] = args.relevance_floor
     if args.chunk_tokens is not None:
         keys["chunk_tokens"] = args.chunk_tokens
+    if not args.each_chunk:
+        keys["grounding_calibration"] = "none"
     t0 = time.time()
     try:
         with tempfile.TemporaryDirectory(prefix="eval-rag-") as work, \
                 ec.LocalDaemon(work, args.model, threads=args.threads, max_tokens=64,
-                               grounding_calibration="none", **keys) as d, \
+                               **keys) as d, \
                 ec.Asker(d.endpoint, d.proc) as asker:
             for i, (title, qs) in enumerate(sets):
                 docs = corpus(passages, title, qs, args.corpus_tokens)
@@ -169,8 +206,23 @@ def main():
                                    "question": q["question"], "collection": coll,
                                    "max_context_tokens": b, "order": o,
                                    "max_tokens": MAX_TOKENS, "temperature": 0}
-                            results.append(judge(q, asker.ask(msg, args.timeout), b, o))
+                            reply = asker.ask(msg, args.timeout)
+                            results.append(judge(q, reply, b, o))
                             log(json.dumps(results[-1]))
+                            if not args.each_chunk:
+                                continue
+                            each = each_chunk(asker, q, reply, {d["id"]: d for d in docs},
+                                              args.timeout)
+                            for signal, sign in EACH_SIGNALS:
+                                a = choose(each, signal, sign)
+                                results.append(dict(results[-1], order="%s, each chunk by %s"
+                                                    % (o, signal), answer=a,
+                                                    contains=ec.contains(a, q["answers"]),
+                                                    f1=token_f1(a, q["answers"])))
+                            a = " ".join(a for a, _ in each)
+                            results.append(dict(results[-1], order="%s, any chunk's answer" % o,
+                                                answer=a, contains=ec.contains(a, q["answers"]),
+                                                f1=None))
     except ec.EvalError as e:
         print("eval-rag: %s" % e, file=sys.stderr)
         return 2
@@ -187,14 +239,17 @@ def main():
     print("| budget | order | contains | F1 | gold paragraph placed | placed whole | "
           "median prompt tokens | median reused tokens | median TTFT ms |")
     print("|---|---|---|---|---|---|---|---|---|")
-    rows = [(0, "oracle")] + [(b, o) for b in budgets for o in orders]
+    rows = [(0, "oracle")] + list(dict.fromkeys((r["budget"], r["order"])
+                                                for r in results if r["budget"]))
     for b, o in rows:
         rs = [r for r in results if r["budget"] == b and r["order"] == o]
         if not rs:
             continue
-        print("| %s | %s | %.2f | %.2f | %.2f | %.2f | %d | %d | %.0f |" % (
+        f1 = [r["f1"] for r in rs if r["f1"] is not None]
+        print("| %s | %s | %.2f | %s | %.2f | %.2f | %d | %d | %.0f |" % (
             b or "gold paragraph", o, sum(r["contains"] for r in rs) / len(rs),
-            sum(r["f1"] for r in rs) / len(rs), sum(r["gold_placed"] for r in rs) / len(rs),
+            "%.2f" % (sum(f1) / len(f1)) if f1 else "-",
+            sum(r["gold_placed"] for r in rs) / len(rs),
             sum(r["whole"] for r in rs) / len(rs),
             statistics.median(r["prompt_tokens"] for r in rs),
             statistics.median(r["reused_tokens"] for r in rs),
