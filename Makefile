@@ -137,12 +137,14 @@ bench-serving: all $(QWEN_FILE) venv
 # (about an hour on two cores): writes deploy/grounding/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.grounding,
 # docs/grounding-eval.md and docs/grounding-roc.png. Thresholds: max F1 with a false-positive
 # rate of at most 0.3 on the fit split's out-of-fold scores; a hidden-state probe of layer 14,
-# fitted with every SQuAD question of the fit split (1,583). EVAL_ARGS=--resume keeps replies already collected.
+# fitted with every SQuAD question of the fit split (1,583); the held-out answerable questions
+# also asked over a paragraph without their answer, reported apart. EVAL_ARGS=--resume keeps
+# replies already collected.
 GROUNDING_EVAL_ARGS := --model $(QWEN_FILE) --name qwen2.5-coder-0.5b-v3 \
 	--calibration-out deploy/grounding/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.grounding \
 	--cases build/grounding-eval-qwen/cases.jsonl --results build/grounding-eval-qwen/results.jsonl \
 	--squad-questions 400 --fit-squad-questions 1583 --per-length 6 4 3 2 1 --max-fpr 0.3 \
-	--probe-layer 14
+	--probe-layer 14 --other-paragraph test
 eval-grounding: all $(QWEN_FILE) venv
 	$(VENV_PATH) $(PYTHON) tools/grounding-eval.py all $(GROUNDING_EVAL_ARGS) \
 		--command "make eval-grounding" $(EVAL_ARGS)

@@ -154,6 +154,26 @@ def test_fit_and_test_cases_are_disjoint(tool, default_model, squad_dir):
     assert not set(tool.NAMES["fit"]) & set(tool.NAMES["test"])
 
 
+def test_other_paragraph_cases(tool, squad_dir):
+    """Each answerable question once more, over another paragraph of its own article that holds
+    none of its gold answers; unanswerable questions get none."""
+    passages, questions = tool.load_squad(squad_dir)
+    by_id = {p["id"]: p for p in passages}
+    squad = tool.squad_cases("test", 20, passages, questions)
+    other = tool.other_paragraph_cases("test", squad, passages)
+    assert other == tool.other_paragraph_cases("test", squad, passages)   # a fixed draw
+    asked = {c["question"]: c for c in squad if c["condition"] == "squad-answerable"}
+    assert 0 < len(other) <= len(asked) and len({c["id"] for c in other}) == len(other)
+    for c in other:
+        assert c["condition"] == "squad-other-paragraph" and c["split"] == "test"
+        own = asked[c["question"]]
+        gold, para = by_id[own["docs"][0]["id"]], by_id[c["docs"][0]["id"]]
+        assert para["id"] != gold["id"] and para["title"] == gold["title"]
+        assert c["docs"][0]["text"] == para["text"] and c["answers"] == own["answers"]
+        text = " %s " % tool.normalise(para["text"])
+        assert not any(" %s " % tool.normalise(a) in text for a in c["answers"]), c["id"]
+
+
 def needle(condition, supported, other=(), text=None):
     text = text or "Filler about rivers. The code of the Brennick vault is 7Q-4412. More filler."
     return {"kind": "needle", "condition": condition, "supported": list(supported),
@@ -204,10 +224,13 @@ def test_needle_labels_need_the_whole_haystack(tool):
     ("squad-answerable", "I cannot find the answer in the provided documents.", True, 0),
     ("squad-unanswerable", "They lived in Rouen.", False, 1),
     ("squad-unanswerable", "I cannot find the answer in the provided documents", True, 0),
+    # over a paragraph without the answer, even a right answer is not the document's
+    ("squad-other-paragraph", "They were in Normandy.", False, 1),
+    ("squad-other-paragraph", "I cannot find the answer in the provided documents.", True, 0),
 ])
 def test_squad_labels(tool, condition, answer, abstained, expect):
     case = {"kind": "squad", "condition": condition,
-            "answers": ["Normandy", "in Normandy"] if condition == "squad-answerable" else [],
+            "answers": [] if condition == "squad-unanswerable" else ["Normandy", "in Normandy"],
             "docs": [{"text": "The Normans gave their name to Normandy, a region in France."}]}
     assert tool.label(case, reply(answer, case, abstained))[0] == expect
 
