@@ -157,5 +157,10 @@ int index_chunk_terms(struct Analyzer *a, unsigned index_flags, const char *titl
 int index_query_terms(struct Analyzer *a, const char *query, size_t len, struct TermBag *bag)
 {
     termbag_clear(bag);
+    int rc = analyzer_run_question(a, query, len, termbag_emit, bag);
+    if (rc || bag->n)
+        return rc;
+    /* a query of question words only ("Who is it?") keeps them: they are all it says */
+    termbag_clear(bag);
     return analyzer_run(a, query, len, termbag_emit, bag);
 }

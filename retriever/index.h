@@ -77,7 +77,9 @@ int index_validate_options(const struct IndexOptions *o, char *err, size_t errle
 int index_chunk_terms(struct Analyzer *a, unsigned index_flags, const char *title, size_t title_len,
                       const char *text, size_t text_len, struct TermBag *bag);
 
-/* Query terms with their multiplicity into bag (cleared first). */
+/* Query terms with their multiplicity into bag (cleared first): a question's words, less its
+ * interrogatives, auxiliaries and pronouns (analyzer_run_question) unless those are all it
+ * has. */
 int index_query_terms(struct Analyzer *a, const char *query, size_t len, struct TermBag *bag);
 
 #endif

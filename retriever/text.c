@@ -20,12 +20,23 @@ static const char *const STOP_WORDS[] = {
     "these", "they", "this", "to", "was", "will", "with",
 };
 
-static int is_stop_word(const char *w, size_t len)
+/* The words that make a sentence a question rather than say what it is about: interrogatives,
+ * auxiliary verbs and personal pronouns ("How do I cancel a query?"), sorted for bsearch.
+ * Rare in prose, so BM25 gives them a high weight and ranks a chunk that happens to hold
+ * "how" or "I" above one about the subject; a question's terms leave them out
+ * (analyzer_run_question). */
+static const char *const QUESTION_WORDS[] = {
+    "am", "are", "can", "could", "did", "do", "does", "had", "has", "have", "how", "i", "is",
+    "me", "my", "should", "was", "we", "were", "what", "when", "where", "which", "who", "whom",
+    "whose", "why", "would", "you", "your",
+};
+
+static int in_sorted(const char *const *set, size_t n_set, const char *w, size_t len)
 {
-    size_t lo = 0, hi = sizeof STOP_WORDS / sizeof STOP_WORDS[0];
+    size_t lo = 0, hi = n_set;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        const char *s = STOP_WORDS[mid];
+        const char *s = set[mid];
         size_t sl = strlen(s);
         int c = memcmp(w, s, len < sl ? len : sl);
         if (c == 0)
@@ -36,6 +47,16 @@ static int is_stop_word(const char *w, size_t len)
     return 0;
 }
 
+static int is_stop_word(const char *w, size_t len)
+{
+    return in_sorted(STOP_WORDS, sizeof STOP_WORDS / sizeof STOP_WORDS[0], w, len);
+}
+
+static int is_question_word(const char *w, size_t len)
+{
+    return in_sorted(QUESTION_WORDS, sizeof QUESTION_WORDS / sizeof QUESTION_WORDS[0], w, len);
+}
+
 /* Stems of recent words: most words of a text repeat, and the stemmer costs far more than a
  * lookup. Cleared when full. */
 #define STEM_CACHE_SLOTS 16384
@@ -44,6 +65,7 @@ struct StemSlot { uint32_t hash; uint8_t word_len, stem_len; char word[STEM_CACH
 
 struct Analyzer {
     unsigned flags;
+    int question;    /* this run leaves out QUESTION_WORDS */
     struct sb_stemmer *stemmer;
     struct StemSlot *stems;  /* STEM_CACHE_SLOTS, word_len 0 = empty */
     size_t n_stems;
@@ -161,6 +183,8 @@ static int word_flush(struct Analyzer *a, analyzer_emit_fn emit, void *ctx)
         return 0;
     if ((a->flags & ANALYZE_STOPWORDS) && is_stop_word(w, n))
         return 0;
+    if (a->question && is_question_word(w, n))
+        return 0;
     if (a->stemmer)
         return stem_emit(a, w, n, emit, ctx);
     return emit(ctx, w, n);
@@ -227,5 +251,14 @@ int analyzer_run(struct Analyzer *a, const char *text, size_t len, analyzer_emit
     }
     if (a->len)
         rc = word_flush(a, emit, ctx);
+    return rc;
+}
+
+int analyzer_run_question(struct Analyzer *a, const char *text, size_t len, analyzer_emit_fn emit,
+                          void *ctx)
+{
+    a->question = 1;
+    int rc = analyzer_run(a, text, len, emit, ctx);
+    a->question = 0;
     return rc;
 }

@@ -32,5 +32,9 @@ typedef int (*analyzer_emit_fn)(void *ctx, const char *term, size_t len);
 /* Split text into terms. Bytes that are not valid UTF-8 act as separators (queries are not
  * validated first). Returns 0, RET_ENOMEM, or the callback's non-zero return. */
 int analyzer_run(struct Analyzer *a, const char *text, size_t len, analyzer_emit_fn emit, void *ctx);
+/* As analyzer_run, for a question: its interrogatives, auxiliary verbs and personal pronouns
+ * ("how", "does", "I", ...) are left out too, whatever the flags. */
+int analyzer_run_question(struct Analyzer *a, const char *text, size_t len, analyzer_emit_fn emit,
+                          void *ctx);
 
 #endif

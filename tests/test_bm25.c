@@ -439,6 +439,61 @@ static void expect_terms(unsigned flags, const char *text, const char *want)
     analyzer_destroy(&a);
 }
 
+static void expect_query(unsigned flags, const char *query, const char *want)
+{
+    struct Analyzer *a;
+    CHECK(analyzer_new(flags, &a, NULL, 0) == RET_OK, "analyzer_new");
+    struct TermBag bag;
+    termbag_init(&bag);
+    CHECK(index_query_terms(a, query, strlen(query), &bag) == RET_OK, "index_query_terms");
+    struct Terms ts = { { 0 }, 0 };
+    for (size_t i = 0; i < bag.n; i++)
+        collect(&ts, termbag_term(&bag, i), bag.items[i].len);
+    CHECK(strcmp(ts.buf, want) == 0, "query terms of \"%s\" (0x%x) = \"%s\", want \"%s\"", query,
+          flags, ts.buf, want);
+    termbag_free(&bag);
+    analyzer_destroy(&a);
+}
+
+/* A question's interrogatives, auxiliaries and pronouns are not what it is about: they leave
+ * its terms (unless they are all it has), and not the chunks' (analyzer_run is unchanged). */
+static void test_question_words(void)
+{
+    expect_query(ANALYZE_STEM, "How do I cancel a query?", "cancel|a|queri");
+    expect_query(0, "Which port does diffragd listen on? What is it?", "port|diffragd|listen|on|it");
+    expect_query(0, "WHO were YOUR Normans?", "normans");
+    expect_query(0, "Who is it?", "it");
+    expect_query(0, "Who are you?", "who|are|you");      /* nothing else: all of them stay */
+    expect_query(0, "Is the Rhine 1,230 km long?", "the|rhine|1|230|km|long");
+    expect_terms(0, "How do I cancel a query?", "how|do|i|cancel|a|query");
+
+    /* A chunk that holds the question words does not outrank the one about the subject. */
+    static const char about[] = "To cancel a query, send the cancel op with the query's id.";
+    static const char other[] = "How do I read this? I do not know how. I wonder how.";
+    struct StoreDoc docs[] = {
+        { .id = "about", .id_len = 5, .text = about, .text_len = sizeof about - 1 },
+        { .id = "other", .id_len = 5, .text = other, .text_len = sizeof other - 1 },
+    };
+    struct IndexOptions io;
+    index_options_default(&io);
+    io.index_flags = 0;
+    struct TokenCounter tc;
+    tokcount_simple(&tc);
+    struct MemIndex *m;
+    char err[256];
+    CHECK(memidx_build(docs, 2, &io, 0, &tc, &m, err, sizeof err) == RET_OK, "memidx_build: %s", err);
+    struct SearchOptions o;
+    search_options_default(&o);
+    o.k = 2;
+    struct SearchHit hits[2];
+    size_t n = 0;
+    CHECK(memidx_search(m, "How do I cancel a query?", 24, &o, hits, 2, &n, NULL, err, sizeof err)
+          == RET_OK && n == 1 && hits[0].doc_id_len == 5 && !memcmp(hits[0].doc_id, "about", 5),
+          "the question finds only the chunk about cancelling (%zu hits, first %.*s)", n,
+          n ? (int)hits[0].doc_id_len : 1, n ? hits[0].doc_id : "-");
+    memidx_destroy(&m);
+}
+
 static void test_analyzer(void)
 {
     expect_terms(0, "Hello, World! It's 2024.", "hello|world|it|2024");
@@ -656,6 +711,7 @@ int main(void)
     test_bm25_hand();
     test_maxscore();
     test_analyzer();
+    test_question_words();
     test_chunker();
     test_misc();
     return check_report("test_bm25");
