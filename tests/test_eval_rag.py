@@ -9,15 +9,20 @@ import sys
 from conftest import ROOT
 
 
-def test_eval_rag_small(tmp_path, default_model):
+def eval_rag(tmp_path, model, *args):
+    """tools/eval-rag.py over one article's two questions: (its stdout, its result rows)."""
     out = tmp_path / "rag.jsonl"
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "eval-rag.py"), "--model",
-                        str(default_model), "--articles", "1", "--per-article", "2",
-                        "--budgets", "1024,4096", "--corpus-tokens", "2500", "--json", str(out)],
+                        str(model), "--articles", "1", "--per-article", "2",
+                        "--corpus-tokens", "2500", "--json", str(out)] + list(args),
                        cwd=ROOT, capture_output=True, text=True, timeout=900)
     print(r.stdout, r.stderr[-3000:])
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    return r.stdout, [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def test_eval_rag_small(tmp_path, default_model):
+    stdout, rows = eval_rag(tmp_path, default_model, "--budgets", "1024,4096")
     by = {}
     for x in rows:
         by.setdefault((x["budget"], x["order"]), []).append(x)
@@ -32,22 +37,15 @@ def test_eval_rag_small(tmp_path, default_model):
     second = by[(4096, "document")][1]
     assert second["cached_tokens"] >= second["prompt_tokens"] - 128, second
     # the table: one row per budget and order, and the oracle's
-    table = [line for line in r.stdout.splitlines() if line.startswith("| ")]
+    table = [line for line in stdout.splitlines() if line.startswith("| ")]
     assert len(table) == 1 + 1 + 4 and table[1].startswith("| gold paragraph | oracle |"), table
 
 
 def test_eval_rag_each_chunk(tmp_path, default_model):
     """--each-chunk: each placed chunk asked alone; every choice is one of those answers, so the
     joined answers contain a gold answer whenever a choice does."""
-    out = tmp_path / "each.jsonl"
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "eval-rag.py"), "--model",
-                        str(default_model), "--articles", "1", "--per-article", "2",
-                        "--budgets", "1024", "--orders", "rank", "--corpus-tokens", "2500",
-                        "--each-chunk", "--json", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900)
-    print(r.stdout, r.stderr[-3000:])
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    stdout, rows = eval_rag(tmp_path, default_model, "--budgets", "1024", "--orders", "rank",
+                            "--each-chunk")
     by = {}
     for x in rows:
         by.setdefault(x["order"], []).append(x)
@@ -61,6 +59,6 @@ def test_eval_rag_each_chunk(tmp_path, default_model):
             chosen = by[s][i]["answer"]
             assert chosen and chosen in joined["answer"], (chosen, joined["answer"])
             assert joined["contains"] >= by[s][i]["contains"]
-    table = [line for line in r.stdout.splitlines() if line.startswith("| ")]
+    table = [line for line in stdout.splitlines() if line.startswith("| ")]
     assert any(line.startswith("| 1024 | rank, any chunk's answer | ") and " | - | " in line
                for line in table), table
