@@ -1,6 +1,8 @@
 """A store written by an earlier build (tests/data/store-fixture) opens with today's
 diffrag-store, verifies, and answers every recorded search exactly as the code that wrote it:
-the terms in existing stores must not move when the text layer changes."""
+the terms in existing stores must not move when the text layer changes. The one recorded
+question that holds question words ("How is ...?") is asked since without them
+(docs/retriever.md), so it is checked to answer exactly as its words without them do."""
 import gzip
 import json
 import shutil
@@ -9,6 +11,7 @@ import subprocess
 import pytest
 
 from conftest import ROOT
+from ref.bm25_ref import QUESTION_WORDS, tokenize
 
 FIXTURE = ROOT / "tests" / "data" / "store-fixture"
 
@@ -35,7 +38,7 @@ def test_old_store_verifies(build_dir, old_store):
 
 def test_old_store_same_answers(build_dir, old_store):
     expected = [json.loads(line) for line in (FIXTURE / "expected.jsonl").read_text().splitlines()]
-    checked = differ = 0
+    checked = differ = questions = 0
     for e in expected:
         coll = e["collection"]
         if "stats" in e:
@@ -48,6 +51,15 @@ def test_old_store_same_answers(build_dir, old_store):
         r = store_tool(build_dir, old_store, "-c", coll, "search", "--json", "-k", "10", e["query"])
         assert r.returncode == 0, r.stderr
         hits = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+        words = tokenize(e["query"])
+        if any(w in QUESTION_WORDS for w in words):
+            rest = " ".join(w for w in words if w not in QUESTION_WORDS)
+            r = store_tool(build_dir, old_store, "-c", coll, "search", "--json", "-k", "10", rest)
+            assert r.returncode == 0 and rest, r.stderr
+            again = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+            assert hits and again == hits, (e["query"], rest)
+            questions += 1
+            continue
         got = [{k: h[k] for k in ("rank", "doc_id", "chunk", "chunk_id", "byte_start", "byte_end")}
                for h in hits]
         want = [{k: h[k] for k in ("rank", "doc_id", "chunk", "chunk_id", "byte_start", "byte_end")}
@@ -57,6 +69,7 @@ def test_old_store_same_answers(build_dir, old_store):
             differ += 1
             print("differs: %s %r\n  got  %s\n  want %s" % (coll, e["query"], hits, e["hits"]))
         checked += 1
-    print("old store: %d searches checked, %d differ" % (checked, differ))
-    assert checked == 60
+    print("old store: %d searches checked, %d differ; %d questions asked without their question "
+          "words" % (checked, differ, questions))
+    assert checked == 58 and questions == 2
     assert differ == 0

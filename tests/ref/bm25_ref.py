@@ -1,7 +1,9 @@
 """Reference Okapi BM25 (independent of diffrag's C code) for the retrieval quality test.
 
 Tokens are lowercased runs of Unicode word characters (Python's ``\\w``), with no stemming and
-no stop words. Scoring is the classic form diffrag documents:
+no stop words; a query leaves out its question words (interrogatives, auxiliaries, personal
+pronouns, the list docs/retriever.md describes) unless they are all it has. Scoring is the
+classic form diffrag documents:
 
     score(q, d) = sum over query tokens t (repeats count) of
                   idf(t) * tf (k1 + 1) / (tf + k1 (1 - b + b |d| / avgdl))
@@ -13,10 +15,19 @@ import re
 import numpy as np
 
 TOKEN = re.compile(r"\w+")
+QUESTION_WORDS = {
+    "am", "are", "can", "could", "did", "do", "does", "had", "has", "have", "how", "i", "is",
+    "me", "my", "should", "was", "we", "were", "what", "when", "where", "which", "who", "whom",
+    "whose", "why", "would", "you", "your"}
 
 
 def tokenize(text):
     return TOKEN.findall(text.lower())
+
+
+def query_tokens(query):
+    toks = tokenize(query)
+    return [t for t in toks if t not in QUESTION_WORDS] or toks
 
 
 class BM25Ref:
@@ -54,7 +65,7 @@ class BM25Ref:
         """Top k as a list of (id, score), best first (ties: lower index first)."""
         scores = np.zeros(self.n)
         matched = np.zeros(self.n, dtype=bool)
-        for t in tokenize(query):
+        for t in query_tokens(query):
             p = self.postings.get(t)
             if p is not None:
                 scores[p[0]] += p[1]
