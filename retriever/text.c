@@ -66,6 +66,7 @@ struct StemSlot { uint32_t hash; uint8_t word_len, stem_len; char word[STEM_CACH
 struct Analyzer {
     unsigned flags;
     int question;    /* this run leaves out QUESTION_WORDS */
+    int lower;       /* lowercase ASCII letters in the word being collected */
     struct sb_stemmer *stemmer;
     struct StemSlot *stems;  /* STEM_CACHE_SLOTS, word_len 0 = empty */
     size_t n_stems;
@@ -171,7 +172,11 @@ static int word_flush(struct Analyzer *a, analyzer_emit_fn emit, void *ctx)
 {
     char *w = a->word;
     size_t n = a->len;
+    /* a word in capitals ("WHO", "CAN") names something: only its lowercase form is a
+     * question word ("I" is always written so, and stays one) */
+    int capitals = n >= 2 && a->lower == 0;
     a->len = 0;
+    a->lower = 0;
     if (n >= 2 && w[n - 1] == 's' && w[n - 2] == '\'')
         n -= 2;
     size_t k = 0;
@@ -183,7 +188,7 @@ static int word_flush(struct Analyzer *a, analyzer_emit_fn emit, void *ctx)
         return 0;
     if ((a->flags & ANALYZE_STOPWORDS) && is_stop_word(w, n))
         return 0;
-    if (a->question && is_question_word(w, n))
+    if (a->question && !capitals && is_question_word(w, n))
         return 0;
     if (a->stemmer)
         return stem_emit(a, w, n, emit, ctx);
@@ -198,6 +203,7 @@ int analyzer_run(struct Analyzer *a, const char *text, size_t len, analyzer_emit
     size_t i = 0;
     int rc = 0;
     a->len = 0;
+    a->lower = 0;
     while (i < len) {
         unsigned char c = u[i];
         if (c < 0x80 && c != '\'') {
@@ -211,6 +217,7 @@ int analyzer_run(struct Analyzer *a, const char *text, size_t len, analyzer_emit
                     a->word = w;
                     a->cap *= 2;
                 }
+                a->lower += c >= 'a' && c <= 'z';
                 a->word[a->len++] = (char)((c >= 'A' && c <= 'Z') ? c + 32 : c);
             } else if (a->len && (rc = word_flush(a, emit, ctx))) {
                 return rc;

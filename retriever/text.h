@@ -33,7 +33,8 @@ typedef int (*analyzer_emit_fn)(void *ctx, const char *term, size_t len);
  * validated first). Returns 0, RET_ENOMEM, or the callback's non-zero return. */
 int analyzer_run(struct Analyzer *a, const char *text, size_t len, analyzer_emit_fn emit, void *ctx);
 /* As analyzer_run, for a question: its interrogatives, auxiliary verbs and personal pronouns
- * ("how", "does", "I", ...) are left out too, whatever the flags. */
+ * ("how", "does", "I", ...) are left out too, whatever the flags; written in capitals ("WHO")
+ * such a word names something and stays. */
 int analyzer_run_question(struct Analyzer *a, const char *text, size_t len, analyzer_emit_fn emit,
                           void *ctx);
 

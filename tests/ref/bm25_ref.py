@@ -26,8 +26,13 @@ def tokenize(text):
 
 
 def query_tokens(query):
-    toks = tokenize(query)
-    return [t for t in toks if t not in QUESTION_WORDS] or toks
+    """The query's tokens less its question words (unless they are all it has); a word in
+    capitals ("WHO") names something and stays."""
+    words = TOKEN.findall(query)
+    kept = [w.lower() for w in words
+            if w.lower() not in QUESTION_WORDS or (len(w) >= 2 and w == w.upper() and
+                                                   not w.isdigit() and w.lower() != w)]
+    return kept or [w.lower() for w in words]
 
 
 class BM25Ref:
