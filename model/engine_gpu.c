@@ -330,12 +330,12 @@ static int attention_kernel(char *err, size_t errlen)
 
 const char *gpu_numerics(void)
 {
-    static const char *const names[GPU_ATTENTION_KERNELS] = {
-        "cuda bf16 mma", "cuda bf16 reference", "cuda bf16 wgmma", "cuda bf16 wgmma-pipe",
-        "cuda bf16 wgmma-tma", "cuda bf16 wgmma-tma-pipe"};
+    static char name[64];   /* one environment, so every call writes the same bytes */
     char err[256];
     int k = attention_kernel(err, sizeof err);
-    return k < 0 ? "cuda bf16 (unknown attention kernel)" : names[k];
+    snprintf(name, sizeof name, "cuda bf16 %s",
+             k < 0 ? "(unknown attention kernel)" : gpu_attention_kernels[k]);
+    return name;
 }
 
 /* A sequence on context ctx (owned when own_ctx), or on a new one when ctx is NULL; chunk 0

@@ -429,30 +429,36 @@ static int collect(void *ctx, const char *t, size_t len)
     return 0;
 }
 
-static void expect_terms(unsigned flags, const char *text, const char *want)
+/* The terms of text, '|'-joined: a chunk's (analyzer_run) or, with query, a query's
+ * (index_query_terms, each distinct term once). */
+static void expect_analysis(unsigned flags, int query, const char *text, const char *want)
 {
     struct Analyzer *a;
     CHECK(analyzer_new(flags, &a, NULL, 0) == RET_OK, "analyzer_new");
     struct Terms ts = { { 0 }, 0 };
-    analyzer_run(a, text, strlen(text), collect, &ts);
-    CHECK(strcmp(ts.buf, want) == 0, "analyze(\"%s\", 0x%x) = \"%s\", want \"%s\"", text, flags, ts.buf, want);
+    if (query) {
+        struct TermBag bag;
+        termbag_init(&bag);
+        CHECK(index_query_terms(a, text, strlen(text), &bag) == RET_OK, "index_query_terms");
+        for (size_t i = 0; i < bag.n; i++)
+            collect(&ts, termbag_term(&bag, i), bag.items[i].len);
+        termbag_free(&bag);
+    } else {
+        analyzer_run(a, text, strlen(text), collect, &ts);
+    }
+    CHECK(strcmp(ts.buf, want) == 0, "%s(\"%s\", 0x%x) = \"%s\", want \"%s\"",
+          query ? "query" : "analyze", text, flags, ts.buf, want);
     analyzer_destroy(&a);
+}
+
+static void expect_terms(unsigned flags, const char *text, const char *want)
+{
+    expect_analysis(flags, 0, text, want);
 }
 
 static void expect_query(unsigned flags, const char *query, const char *want)
 {
-    struct Analyzer *a;
-    CHECK(analyzer_new(flags, &a, NULL, 0) == RET_OK, "analyzer_new");
-    struct TermBag bag;
-    termbag_init(&bag);
-    CHECK(index_query_terms(a, query, strlen(query), &bag) == RET_OK, "index_query_terms");
-    struct Terms ts = { { 0 }, 0 };
-    for (size_t i = 0; i < bag.n; i++)
-        collect(&ts, termbag_term(&bag, i), bag.items[i].len);
-    CHECK(strcmp(ts.buf, want) == 0, "query terms of \"%s\" (0x%x) = \"%s\", want \"%s\"", query,
-          flags, ts.buf, want);
-    termbag_free(&bag);
-    analyzer_destroy(&a);
+    expect_analysis(flags, 1, query, want);
 }
 
 /* A question's interrogatives, auxiliaries and pronouns are not what it is about: they leave

@@ -184,6 +184,7 @@ def main():
                 ec.Asker(d.endpoint, d.proc) as asker:
             for i, (title, qs) in enumerate(sets):
                 docs = corpus(passages, title, qs, args.corpus_tokens)
+                doc_by_id = {d["id"]: d for d in docs}
                 coll = "rag%d" % i
                 for j in range(0, len(docs), 64):
                     r = asker.ask({"v": 1, "op": "ingest", "id": "ing%d-%d" % (i, j),
@@ -211,8 +212,7 @@ def main():
                             log(json.dumps(results[-1]))
                             if not args.each_chunk:
                                 continue
-                            each = each_chunk(asker, q, reply, {d["id"]: d for d in docs},
-                                              args.timeout)
+                            each = each_chunk(asker, q, reply, doc_by_id, args.timeout)
                             for signal, sign in EACH_SIGNALS:
                                 a = choose(each, signal, sign)
                                 results.append(dict(results[-1], order="%s, each chunk by %s"

@@ -57,9 +57,9 @@ SET_COLOURS = {"combined": (0, 0, 0), "combined + self-check": (148, 103, 189),
                "hidden-state probe": (23, 190, 207)}
 CONDITIONS = ("present", "absent", "distractor", "conflict", "squad-answerable",
               "squad-unanswerable", "squad-other-paragraph")
-# conditions reported per condition but kept out of the held-out totals: a retrieval that
-# missed, whose answers the detector separates far more easily than SQuAD 2.0's own questions
-APART = ("squad-other-paragraph",)
+# the condition reported apart from the held-out totals: a retrieval that missed, whose answers
+# the detector separates far more easily than SQuAD 2.0's own questions
+APART = "squad-other-paragraph"
 
 # ---------------------------------------------------------------------------------------------
 # case generation
@@ -960,8 +960,8 @@ def cmd_report(args, run_seconds=None):
     cal = gf.read_calibration(args.calibration)
     fit_rows, fit_skipped = labelled(cases, results, "fit")
     test_rows, test_skipped = labelled(cases, results, "test")
-    apart_rows = [t for t in test_rows if t[0]["condition"] in APART]
-    test_rows = [t for t in test_rows if t[0]["condition"] not in APART]
+    apart_rows = [t for t in test_rows if t[0]["condition"] == APART]
+    test_rows = [t for t in test_rows if t[0]["condition"] != APART]
     if not test_rows:
         raise EvalError("no labelled answers in the test split (skipped: %s)" % test_skipped)
     signal_sets = dict(SIGNAL_SETS)
@@ -1097,14 +1097,11 @@ def cmd_report(args, run_seconds=None):
                 cells.append("%s / %s / %s" % (fmt(m["auroc"], 2), fmt(m["f1"], 2),
                                                fmt(m["fpr"], 2)))
             L.append("| %s | %d | %d | %s |" % (g, len(ix), int(y[ix].sum()), " | ".join(cells)))
-    for k in APART:
-        ix = [i for i, (cs, _, _) in enumerate(apart_rows) if cs["condition"] == k]
-        if not ix:
-            continue
-        ya = np.array([apart_rows[i][2] for i in ix])
-        abst = sum(1 for i in ix if label(apart_rows[i][0], apart_rows[i][1])[1] == "abstained")
+    if apart_rows:
+        ya = np.array([lab for _, _, lab in apart_rows])
+        abst = sum(1 for cs, r, _ in apart_rows if label(cs, r)[1] == "abstained")
         L.append("")
-        L.append("### Apart from the totals: %s" % k)
+        L.append("### Apart from the totals: %s" % APART)
         L.append("")
         L.append("Each answerable held-out question asked over another paragraph of its article, "
                  "one without its gold answers: what a retrieval that missed places. %d answers, "
@@ -1112,13 +1109,13 @@ def cmd_report(args, run_seconds=None):
                  "one too (%d contain a gold answer: the model's own knowledge, not the "
                  "document's). Not in the totals above: these are far easier to separate than "
                  "SQuAD 2.0's own questions." % (
-                     len(ix), abst, sum(1 for i in ix if apart_rows[i][2] and ec.contains(
-                         apart_rows[i][1]["answer"], apart_rows[i][0]["answers"]))))
+                     len(apart_rows), abst, sum(1 for cs, r, lab in apart_rows
+                                               if lab and ec.contains(r["answer"], cs["answers"]))))
         L.append("")
         L.append("| signal set | answers given that are flagged (recall) |")
         L.append("|---|---|")
         for name, s in sets.items():
-            m = gf.at_threshold(ya, s["apart"][ix], s["cal"]["threshold"])
+            m = gf.at_threshold(ya, s["apart"], s["cal"]["threshold"])
             L.append("| %s | %s |" % (name, fmt(m["recall"])))
     L.append("")
     L.append("## Fitted weights (standardised features)")

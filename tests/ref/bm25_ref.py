@@ -30,8 +30,7 @@ def query_tokens(query):
     capitals ("WHO") names something and stays."""
     words = TOKEN.findall(query)
     kept = [w.lower() for w in words
-            if w.lower() not in QUESTION_WORDS or (len(w) >= 2 and w == w.upper() and
-                                                   not w.isdigit() and w.lower() != w)]
+            if w.lower() not in QUESTION_WORDS or (len(w) >= 2 and w.isupper())]
     return kept or [w.lower() for w in words]
 
 
