@@ -165,44 +165,102 @@ static void copy_drop_last(struct ChunkKv *c)
     reindex(c);
 }
 
-/* The copy of chunk t[0..n) after frame prompt[0..nf), made on helper. NULL when it cannot be
- * made (no room, no pages, no memory). */
-static struct Copy *make_copy(struct ChunkKv *c, struct Engine *helper, const int32_t *prompt,
-                              int nf, const int32_t *t, int n, uint64_t key, uint64_t frame)
+/* A blend of a prompt's documents in progress (chunkkv_blend_begin). */
+enum { JOB_FRAME, JOB_COPIES, JOB_BLEND };
+
+struct ChunkKvJob {
+    struct ChunkKv *c;
+    struct Engine *e, *helper;
+    const int32_t *prompt;     /* borrowed, as are the spans */
+    const uint32_t *spans;
+    int docs_start, docs_end, n_prompt, n_spans;
+    double share;
+    uint64_t frame;
+    int phase;
+    int span, at;              /* the next chunk span; where the last one ended */
+    struct EngineKvPart *parts;
+    int np;
+    int32_t *buf;              /* the frame and the chunk whose copy the helper is computing */
+    int buf_n, buf_done;       /* its tokens; those in the helper (0: no copy under way) */
+    struct ChunkKvBlend out;
+};
+
+/* The span's part: its copy, when the cache holds it, or the copy that the helper is to make
+ * (*making set, the frame and chunk in buf), or no copy (computed in the blend) when there is no
+ * room for one. 0, or -1 out of memory. */
+static int span_part(struct ChunkKvJob *j, int *making)
+{
+    struct ChunkKv *c = j->c;
+    int s0 = (int)j->spans[2 * j->span], n = (int)j->spans[2 * j->span + 1] - s0;
+    const int32_t *t = j->prompt + s0;
+    uint64_t key = copy_key(j->frame, t, n);
+    struct Copy *p = find(c, key, j->frame, t, n);
+    *making = 0;
+    if (p) {
+        c->st.hits++;
+        j->out.chunks++;
+        p->used = ++c->tick;
+        p->pin = c->blend;
+        /* made for this prompt: an earlier span of it held the same chunk */
+        j->parts[j->np++] = (struct EngineKvPart){t, n, p->kv, 0, p->kv_pos, p->made == c->blend};
+        return 0;
+    }
+    c->st.misses++;
+    int nf = j->docs_start;
+    if (make_room(c, engine_kv_bytes(j->helper, n) + (size_t)n * sizeof *t) == 0) {
+        j->buf = malloc((size_t)(nf + n) * sizeof *j->buf);
+        if (!j->buf) return -1;
+        memcpy(j->buf, j->prompt, (size_t)nf * sizeof *j->buf);
+        memcpy(j->buf + nf, t, (size_t)n * sizeof *j->buf);
+        j->buf_n = nf + n;
+        engine_reset(j->helper);
+        j->buf_done = engine_take_cached(j->helper, j->buf, (size_t)j->buf_n);
+        *making = 1;
+        return 0;
+    }
+    j->out.chunks++;
+    j->parts[j->np++] = (struct EngineKvPart){t, n, NULL, 0, 0, 1};
+    return 0;
+}
+
+/* The helper's copy is computed: kept, and the span's part takes it (or, when it cannot be
+ * kept, the span is computed in the blend). */
+static void copy_made(struct ChunkKvJob *j, int ok)
 {
     char err[256];
-    size_t kvb = engine_kv_bytes(helper, n);
-    if (make_room(c, kvb + (size_t)n * sizeof *t)) return NULL;
-    int32_t *buf = malloc((size_t)(nf + n) * sizeof *buf);
-    if (!buf) return NULL;
-    memcpy(buf, prompt, (size_t)nf * sizeof *buf);
-    memcpy(buf + nf, t, (size_t)n * sizeof *buf);
-    engine_reset(helper);
+    struct ChunkKv *c = j->c;
+    int nf = j->docs_start, n = j->buf_n - nf;
+    const int32_t *t = j->prompt + j->spans[2 * j->span];
     struct Copy *p = NULL;
-    if (engine_prefill(helper, buf, (size_t)(nf + n), err, sizeof err) == ENGINE_OK &&
-        (p = copy_add(c, key, frame, t, n, nf, kvb)) &&
-        engine_kv_export(helper, nf, n, p->kv, err, sizeof err) != ENGINE_OK) {
+    if (ok && (p = copy_add(c, copy_key(j->frame, t, n), j->frame, t, n, nf,
+                            engine_kv_bytes(j->helper, n))) &&
+        engine_kv_export(j->helper, nf, n, p->kv, err, sizeof err) != ENGINE_OK) {
         copy_drop_last(c);
         p = NULL;
     }
-    if (p)
+    if (p) {
         p->made = c->blend;
-    engine_reset(helper);
-    free(buf);
-    return p;
+        j->out.computed++;
+    }
+    engine_reset(j->helper);
+    free(j->buf);
+    j->buf = NULL;
+    j->buf_n = j->buf_done = 0;
+    j->out.chunks++;
+    j->parts[j->np++] = (struct EngineKvPart){t, n, p ? p->kv : NULL, 0, p ? p->kv_pos : 0, 1};
 }
 
-int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
-                  const int32_t *prompt, int docs_start, int docs_end, int n_prompt,
-                  const uint32_t *spans, int n_spans, double share, struct ChunkKvBlend *out,
-                  char *err, size_t errlen)
+int chunkkv_blend_begin(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
+                        const int32_t *prompt, int docs_start, int docs_end, int n_prompt,
+                        const uint32_t *spans, int n_spans, double share,
+                        struct ChunkKvJob **out, char *err, size_t errlen)
 {
-    memset(out, 0, sizeof *out);
-    int n0 = engine_n_past(e);
+    *out = NULL;
+    int n0 = e ? engine_n_past(e) : 0;
     if (!c || !e || !helper || !prompt || docs_start < n0 || docs_end <= docs_start ||
-        n_prompt < docs_end || n_spans < 0 || (n_spans && !spans))
+        n_prompt < docs_end || n_spans < 0 || (n_spans && !spans) || !(share >= 0 && share <= 1))
         return errmsg_set(err, errlen, ENGINE_EINPUT, "a blend needs the documents after the "
-                          "sequence's tokens");
+                          "sequence's tokens and a share in [0, 1]");
     for (int i = 0, at = docs_start; i < n_spans; i++) {
         if ((int)spans[2 * i] < at || spans[2 * i + 1] < spans[2 * i] ||
             (int)spans[2 * i + 1] > docs_end)
@@ -210,51 +268,117 @@ int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
                               "documents or out of order", i);
         at = (int)spans[2 * i + 1];
     }
-    int rc = engine_prefill(e, prompt + n0, (size_t)(docs_start - n0), err, errlen);
-    if (rc) return rc;
-    struct EngineKvPart *parts = calloc(2 * (size_t)n_spans + 1, sizeof *parts);
-    if (!parts) return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory for a blend");
-    uint64_t frame = chunkkv_frame(prompt, docs_start);
-    c->blend++;
-    int np = 0, at = docs_start;
-    for (int i = 0; i < n_spans; i++) {
-        int s0 = (int)spans[2 * i], n = (int)(spans[2 * i + 1] - spans[2 * i]);
-        if (s0 > at)
-            parts[np++] = (struct EngineKvPart){prompt + at, s0 - at, NULL, 0, 0, 0};
-        at = s0 + n;
-        if (n == 0) continue;
-        const int32_t *t = prompt + s0;
-        uint64_t key = copy_key(frame, t, n);
-        struct Copy *p = find(c, key, frame, t, n);
-        /* made for this prompt: now, or for an earlier span of it (a chunk placed twice) */
-        int fresh = !p || p->made == c->blend;
-        if (p) {
-            c->st.hits++;
-        } else {
-            c->st.misses++;
-            p = make_copy(c, helper, prompt, docs_start, t, n, key, frame);
-            out->computed += p != NULL;
-        }
-        out->chunks++;
-        if (p) {
-            p->used = ++c->tick;
-            p->pin = c->blend;
-        }
-        parts[np++] = (struct EngineKvPart){t, n, p ? p->kv : NULL, 0, p ? p->kv_pos : 0, fresh};
+    struct ChunkKvJob *j = calloc(1, sizeof *j);
+    if (j) j->parts = calloc(2 * (size_t)n_spans + 1, sizeof *j->parts);
+    if (!j || !j->parts) {
+        free(j);
+        return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory for a blend");
     }
-    if (docs_end > at) parts[np++] = (struct EngineKvPart){prompt + at, docs_end - at, NULL, 0, 0, 0};
-    struct EngineBlendStats st;
-    rc = engine_blend(e, parts, np, share, prompt + docs_end, n_prompt - docs_end, &st, err,
-                      errlen);
-    free(parts);
-    if (rc) return rc;
-    out->probed = st.probed;
-    out->probe_s = st.probe_s;
-    out->reused = st.reused - st.fresh;
-    out->fresh = st.fresh;
-    out->recomputed = st.recomputed;
-    out->bytes_read = st.imported_bytes;
+    *j = (struct ChunkKvJob){.c = c, .e = e, .helper = helper, .prompt = prompt, .spans = spans,
+                             .docs_start = docs_start, .docs_end = docs_end,
+                             .n_prompt = n_prompt, .n_spans = n_spans, .share = share,
+                             .frame = chunkkv_frame(prompt, docs_start), .phase = JOB_FRAME,
+                             .at = docs_start, .parts = j->parts};
+    c->blend++;
+    *out = j;
     return ENGINE_OK;
+}
+
+int chunkkv_blend_step(struct ChunkKvJob *j, int tokens, int *done, struct ChunkKvBlend *out,
+                       char *err, size_t errlen)
+{
+    *done = 0;
+    int left = tokens > 0 ? tokens : 1, rc;
+    while (left > 0 && j->phase == JOB_FRAME) {
+        int n0 = engine_n_past(j->e), n = j->docs_start - n0 < left ? j->docs_start - n0 : left;
+        if (n > 0 && (rc = engine_prefill(j->e, j->prompt + n0, (size_t)n, err, errlen)))
+            return rc;
+        left -= n > 0 ? n : 0;
+        if (engine_n_past(j->e) >= j->docs_start) j->phase = JOB_COPIES;
+    }
+    while (left > 0 && j->phase == JOB_COPIES) {
+        if (j->buf) {
+            /* the helper computes the frame (mostly from the prefix cache) and the chunk */
+            int n = j->buf_n - j->buf_done < left ? j->buf_n - j->buf_done : left;
+            char e2[256];
+            int ok = engine_prefill(j->helper, j->buf + j->buf_done, (size_t)n, e2,
+                                    sizeof e2) == ENGINE_OK;
+            left -= n;
+            j->buf_done += n;
+            if (!ok || j->buf_done == j->buf_n) {
+                copy_made(j, ok);
+                j->at = (int)j->spans[2 * j->span + 1];
+                j->span++;
+            }
+            continue;
+        }
+        if (j->span == j->n_spans) {
+            if (j->docs_end > j->at)
+                j->parts[j->np++] = (struct EngineKvPart){j->prompt + j->at, j->docs_end - j->at,
+                                                          NULL, 0, 0, 0};
+            rc = engine_blend_begin(j->e, j->parts, j->np, j->share, j->prompt + j->docs_end,
+                                    j->n_prompt - j->docs_end, err, errlen);
+            if (rc) return rc;
+            j->phase = JOB_BLEND;
+            break;
+        }
+        int s0 = (int)j->spans[2 * j->span], s1 = (int)j->spans[2 * j->span + 1];
+        if (s0 > j->at) {
+            j->parts[j->np++] = (struct EngineKvPart){j->prompt + j->at, s0 - j->at, NULL, 0, 0, 0};
+            j->at = s0;
+        }
+        if (s1 == s0) {
+            j->span++;
+            continue;
+        }
+        int making;
+        if (span_part(j, &making))
+            return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory for a chunk's copy");
+        if (!making) {
+            j->at = s1;
+            j->span++;
+        }
+    }
+    if (left <= 0 || j->phase != JOB_BLEND) return ENGINE_OK;
+    struct EngineBlendStats st;
+    int fin = 0;
+    rc = engine_blend_step(j->e, left, &fin, &st, err, errlen);
+    if (rc || !fin) return rc;
+    j->out.probed = st.probed;
+    j->out.probe_s = st.probe_s;
+    j->out.reused = st.reused - st.fresh;
+    j->out.fresh = st.fresh;
+    j->out.recomputed = st.recomputed;
+    j->out.bytes_read = st.imported_bytes;
+    *out = j->out;
+    *done = 1;
+    return ENGINE_OK;
+}
+
+void chunkkv_blend_end(struct ChunkKvJob **pj)
+{
+    struct ChunkKvJob *j = *pj;
+    if (!j) return;
+    if (j->buf) engine_reset(j->helper);
+    free(j->buf);
+    free(j->parts);
+    free(j);
+    *pj = NULL;
+}
+
+int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
+                  const int32_t *prompt, int docs_start, int docs_end, int n_prompt,
+                  const uint32_t *spans, int n_spans, double share, struct ChunkKvBlend *out,
+                  char *err, size_t errlen)
+{
+    struct ChunkKvJob *j;
+    memset(out, 0, sizeof *out);
+    int rc = chunkkv_blend_begin(c, e, helper, prompt, docs_start, docs_end, n_prompt, spans,
+                                 n_spans, share, &j, err, errlen);
+    for (int done = 0; rc == ENGINE_OK && !done;)
+        rc = chunkkv_blend_step(j, 1 << 22, &done, out, err, errlen);
+    chunkkv_blend_end(&j);
+    return rc;
 }
 
 uint64_t chunkkv_identity(const struct Model *m, enum KvType kv_type, const char *numerics)

@@ -51,6 +51,24 @@ int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
                   const uint32_t *spans, int n_spans, double share, struct ChunkKvBlend *out,
                   char *err, size_t errlen);
 
+/* The same blend in steps, so that the runner's other sequences take theirs in between (a
+ * server's decode tokens keep coming while a prompt's documents blend): chunkkv_blend_begin
+ * checks the arguments (prompt and spans are borrowed until the end); each chunkkv_blend_step
+ * does about `tokens` tokens' worth of the work (the frame's prefill, the copies the cache
+ * lacks, each a prefill on the helper, then engine_blend_step) and sets *done, with *out, when
+ * the blend has ended. Whatever the steps' sizes, it computes what chunkkv_blend does, bit for
+ * bit. Between steps nothing else may use the cache, the helper or e; after an error the blend
+ * is over (e may hold part of it: reset it). chunkkv_blend_end frees a blend, ended or not
+ * (the helper is reset when a copy was under way; e is the caller's). */
+struct ChunkKvJob;
+int chunkkv_blend_begin(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
+                        const int32_t *prompt, int docs_start, int docs_end, int n_prompt,
+                        const uint32_t *spans, int n_spans, double share,
+                        struct ChunkKvJob **out, char *err, size_t errlen);
+int chunkkv_blend_step(struct ChunkKvJob *j, int tokens, int *done, struct ChunkKvBlend *out,
+                       char *err, size_t errlen);
+void chunkkv_blend_end(struct ChunkKvJob **j);
+
 /* ---- a tier below memory (docs/kv-reuse.md): copies kept as records elsewhere ----
  * A caller that keeps copies beyond the cache (the daemon: in the document store, under each
  * chunk) brings a record into the cache before a blend (chunkkv_insert) and keeps the copies

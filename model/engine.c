@@ -11,6 +11,7 @@
 #include "model/sampler.h"
 #include "text/errmsg.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -67,6 +68,7 @@ struct Engine {
     atomic_int cancel;
     /* a blend's probe (engine_blend): the attention its rows give the region, summed */
     struct BlendProbe *probe;
+    struct Blend *blend;      /* a blend in progress (engine_blend_begin) */
     /* groundedness signals: watched heads, position classes, masses of the last position */
     struct AttnWatch *watch;  /* (n_watch) in the caller's order */
     int n_watch;
@@ -343,10 +345,13 @@ int engine_new(const struct Model *m, const struct EngineOpts *o, struct Engine 
     return ENGINE_OK;
 }
 
+static void blend_free(struct Engine *e);
+
 void engine_destroy(struct Engine **pe)
 {
     struct Engine *e = *pe;
     if (!e) return;
+    blend_free(e);
     if (e->kv) kvpool_release(e->kv, e->pages, e->n_pages);
     if (e->runner != e && !e->gpu) {
         /* a sequence of engine_new_seq: the runner's threads and scratch are not its own */
@@ -856,6 +861,9 @@ static int append_tokens(struct Engine *e, const int32_t *tokens, size_t n, int 
                          char *err, size_t errlen)
 {
     if (!e || (!tokens && n)) return errmsg_set(err, errlen, ENGINE_EINPUT, "no tokens");
+    if (e->blend)
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "the sequence is blending: its blend "
+                          "ends first");
     if (n == 0) return ENGINE_OK;
     if (n > (size_t)(e->opts.n_ctx - e->n_past))
         return errmsg_set(err, errlen, ENGINE_ECTX,
@@ -984,7 +992,8 @@ int engine_step(struct Engine *r, const struct EngineBatchItem *items, int n_ite
             const struct EngineBatchItem *it = &items[i];
             if (!!it->prefill != pass) continue;
             struct Engine *e = it->seq;
-            if (!e || e->runner != r || it->n < 1 || !it->tokens || (!it->prefill && it->n != 1))
+            if (!e || e->runner != r || it->n < 1 || !it->tokens || (!it->prefill && it->n != 1) ||
+                e->blend)
                 return errmsg_set(err, errlen, ENGINE_EINPUT, "bad step item %d", i);
             if (it->n > e->opts.n_ctx - e->n_past) {
                 if (failed) *failed = i;
@@ -1146,6 +1155,7 @@ const struct EngineOpts *engine_opts(const struct Engine *e) { return &e->opts; 
 
 void engine_reset(struct Engine *e)
 {
+    blend_free(e);
     if (e->kv) kvpool_release(e->kv, e->pages, e->n_pages);
     if (e->gpu) gpu_seq_release(e->gpu);
     e->n_pages = e->n_named = e->prefill_end = e->n_cached = 0;
@@ -1355,50 +1365,53 @@ static void blend_import(struct Engine *e, const struct EngineKvPart *p, int pos
     }
 }
 
-/* Layer l over the blend region's selected rows (sel[i] for position p0 + i), in blocks of at
- * most the chunk's rows, position order: each block's residual rows gathered from x into the
- * scratch with their RoPE tables (rc, rs: the region's), the layer run over them as one
- * segment of scattered positions, and the rows scattered back. */
-static void blend_layer(struct Engine *e, int l, float *x, const uint8_t *sel, int p0, int n_reg,
-                        const float *rc, const float *rs, int32_t *qpos, int probe)
+/* One block of layer l over the blend region's selected rows (sel[i] for position p0 + i; sel
+ * NULL: every row) from row *at on: at most cap rows (and the chunk's), position order, their residual
+ * rows gathered from x into the scratch with their RoPE tables (rc, rs: the region's), the
+ * layer run over them as one segment of scattered positions, and the rows scattered back; *at
+ * moves past them. Returns the rows run (0: none were left). */
+static int blend_block(struct Engine *e, int l, float *x, const uint8_t *sel, int p0, int n_reg,
+                       const float *rc, const float *rs, int32_t *qpos, int probe, int cap,
+                       int *at)
 {
     struct Engine *r = e->runner;
     const struct ModelConfig *c = &e->m->cfg;
-    int d = c->dim, cap = r->opts.chunk;
+    int d = c->dim, n = 0, i = *at;
+    if (cap < 1 || cap > r->opts.chunk) cap = r->opts.chunk;
     size_t half = (size_t)(c->rope.n_rot / 2);
-    for (int i = 0; i < n_reg;) {
-        int n = 0;
-        double flop = 0;
-        for (; i < n_reg && n < cap; i++) {
-            if (!sel[i]) continue;
-            qpos[n] = p0 + i;
-            memcpy(r->s.x + (size_t)n * d, x + (size_t)i * d, (size_t)d * sizeof *x);
-            memcpy(r->s.cos + (size_t)n * half, rc + (size_t)i * half, half * sizeof *rc);
-            memcpy(r->s.sin + (size_t)n * half, rs + (size_t)i * half, half * sizeof *rs);
-            flop += 4.0 * (p0 + i + 1) * c->head_dim * c->n_q_head;
-            n++;
-        }
-        if (!n) break;
-        struct StepSeg seg = {.e = e, .n = n, .prefill = 1, .row0 = 0, .pos0 = qpos[0],
-                              .qpos = qpos, .quiet = 1, .probe = probe};
-        layer_step(r, l, &seg, 1, n, n, flop);
-        for (int k = 0; k < n; k++)
-            memcpy(x + (size_t)(qpos[k] - p0) * d, r->s.x + (size_t)k * d, (size_t)d * sizeof *x);
+    double flop = 0;
+    for (; i < n_reg && n < cap; i++) {
+        if (sel && !sel[i]) continue;
+        qpos[n] = p0 + i;
+        memcpy(r->s.x + (size_t)n * d, x + (size_t)i * d, (size_t)d * sizeof *x);
+        memcpy(r->s.cos + (size_t)n * half, rc + (size_t)i * half, half * sizeof *rc);
+        memcpy(r->s.sin + (size_t)n * half, rs + (size_t)i * half, half * sizeof *rs);
+        flop += 4.0 * (p0 + i + 1) * c->head_dim * c->n_q_head;
+        n++;
     }
+    *at = i;
+    if (!n) return 0;
+    struct StepSeg seg = {.e = e, .n = n, .prefill = 1, .row0 = 0, .pos0 = qpos[0],
+                          .qpos = qpos, .quiet = 1, .probe = probe};
+    layer_step(r, l, &seg, 1, n, n, flop);
+    for (int k = 0; k < n; k++)
+        memcpy(x + (size_t)(qpos[k] - p0) * d, r->s.x + (size_t)k * d, (size_t)d * sizeof *x);
+    return n;
 }
 
-/* The value deviation of every region row at layer 1: the squared distance between the value
- * the row computes now, from its layer-0 output in x, and the value in the cache (the stored
- * one). */
-static void blend_deviation(struct Engine *e, const float *x, int p0, int n_reg, float *dev)
+/* The value deviation of region rows i0..i0+n at layer 1: the squared distance between the
+ * value each row computes now, from its layer-0 output in x, and the value in the cache (the
+ * stored one), into dev[i0..]. */
+static void blend_deviation(struct Engine *e, const float *x, int p0, int i0, int n_rows,
+                            float *dev)
 {
     struct Engine *r = e->runner;
     struct Scratch *s = &r->s;
     const struct ModelConfig *c = &e->m->cfg;
     const struct LayerWeights *w = &e->m->layers[1];
     int d = c->dim, nkv = c->n_kv_head * c->head_dim, cap = r->opts.chunk;
-    for (int i = 0; i < n_reg; i += cap) {
-        int n = n_reg - i < cap ? n_reg - i : cap;
+    for (int i = i0; i < i0 + n_rows; i += cap) {
+        int n = i0 + n_rows - i < cap ? i0 + n_rows - i : cap;
         r->be->rmsnorm(r->pool, s->xb, x + (size_t)i * d, w->attn_norm, n, d, c->norm_eps);
         struct MatmulArgs mv = {.x = s->xb, .x_stride = (size_t)d, .n = n, .k = d, .n_out = 1,
                                 .rowwise = 1, .out = {{&w->wv, s->v, (size_t)nkv, 0}}};
@@ -1417,69 +1430,40 @@ static void blend_deviation(struct Engine *e, const float *x, int p0, int n_reg,
     }
 }
 
-/* Zero keys and values at layers 1 and up for the positions of the parts without stored KV:
- * they are computed only after the probe, which would otherwise read whatever their pages
- * held before (a zero key draws little attention, a zero value adds nothing). 0, or -1 out of
- * memory. */
-static int blank_unstored(struct Engine *e, const struct EngineKvPart *parts, int n_parts,
-                          int p0)
+/* What a region row's part is. */
+enum { ROW_STORED, ROW_FRESH, ROW_UNSTORED };
+
+/* Zero keys and values at layers 1 and up for the rows of parts without stored KV (kind[i] ==
+ * ROW_UNSTORED for position p0 + i): they are computed only after the probe, which would
+ * otherwise read whatever their pages held before (a zero key draws little attention, a zero
+ * value adds nothing). 0, or -1 out of memory. */
+static int blank_unstored(struct Engine *e, const uint8_t *kind, int p0, int n_reg)
 {
     const struct ModelConfig *c = &e->m->cfg;
     int longest = 0;
-    for (int k = 0; k < n_parts; k++)
-        if (!parts[k].kv && parts[k].n > longest) longest = parts[k].n;
+    for (int i = 0, run = 0; i < n_reg; i++) {
+        run = kind[i] == ROW_UNSTORED ? run + 1 : 0;
+        if (run > longest) longest = run;
+    }
     if (!longest) return 0;
     void *zeros = calloc((size_t)longest, kv_row_bytes(e->opts.kv_type, c->n_kv_head,
                                                         c->head_dim));
     if (!zeros) return -1;
-    for (int k = 0, at = p0; k < n_parts; at += parts[k].n, k++) {
-        if (parts[k].kv) continue;
+    for (int i = 0; i < n_reg;) {
+        if (kind[i] != ROW_UNSTORED) {
+            i++;
+            continue;
+        }
+        int n = 1;
+        while (i + n < n_reg && kind[i + n] == ROW_UNSTORED) n++;
         for (int l = 1; l < c->n_layer; l++) {
-            struct KvCopyArgs a = kv_copy_args(e, l, at, parts[k].n, zeros);
+            struct KvCopyArgs a = kv_copy_args(e, l, p0 + i, n, zeros);
             e->be->kv_write(&a);
         }
+        i += n;
     }
     free(zeros);
     return 0;
-}
-
-/* The probe tok[0..n) at positions p0.. through every layer (its KV written there, beyond the
- * region: the sequence ends before it, so nothing reads it until a prefill writes those
- * positions again), the attention that its last rows give the region summed into out (n_reg
- * floats). 0, or -1 out of memory. */
-static int run_probe(struct Engine *e, const int32_t *tok, int n, int p0, int n_reg, float *out)
-{
-    struct Engine *r = e->runner;
-    const struct ModelConfig *c = &e->m->cfg;
-    size_t half = (size_t)(c->rope.n_rot / 2);
-    int rows = n < ENGINE_BLEND_PROBE_ROWS ? n : ENGINE_BLEND_PROBE_ROWS;
-    struct BlendProbe pb = {.p0 = p0 - n_reg, .n_reg = n_reg, .first = p0 + n - rows, .sum = out};
-    float *x = malloc((size_t)n * c->dim * sizeof *x);
-    float *rc = malloc((size_t)n * half * sizeof *rc + 1);
-    float *rs = malloc((size_t)n * half * sizeof *rs + 1);
-    uint8_t *all = malloc((size_t)n);
-    int32_t *qpos = malloc((size_t)r->opts.chunk * sizeof *qpos);
-    pb.scratch = malloc(e->be->attention_weights_scratch(p0 + n, c->head_dim, c->n_q_head,
-                                                         c->n_kv_head, rows,
-                                                         pool_threads(r->pool)));
-    int ok = x && rc && rs && all && qpos && pb.scratch;
-    if (ok) {
-        memset(all, 1, (size_t)n);
-        memset(out, 0, (size_t)n_reg * sizeof *out);
-        rope_rows(e, n, p0 + e->rope_offset, rc, rs);
-        for (int i = 0; i < n; i++)
-            r->be->weights_row(&e->m->tok_embd, tok[i], x + (size_t)i * c->dim);
-        e->probe = &pb;
-        for (int l = 0; l < c->n_layer; l++) blend_layer(e, l, x, all, p0, n, rc, rs, qpos, 1);
-        e->probe = NULL;
-    }
-    free(x);
-    free(rc);
-    free(rs);
-    free(all);
-    free(qpos);
-    free(pb.scratch);
-    return ok ? 0 : -1;
 }
 
 struct DevRank {
@@ -1501,16 +1485,65 @@ static int dev_rank_cmp(const void *a, const void *b)
     return x->i - y->i;
 }
 
-int engine_blend(struct Engine *e, const struct EngineKvPart *parts, int n_parts, double recompute,
-                 const int32_t *probe, int n_probe, struct EngineBlendStats *st, char *err,
-                 size_t errlen)
+/* A blend in progress (engine_blend_begin): what is left to compute, and where it stands. */
+enum { PHASE_LAYER0, PHASE_PROBE, PHASE_LAYERS, PHASE_DONE };
+
+struct Blend {
+    int p0, n_reg;             /* the region: positions p0..p0+n_reg */
+    int forced, reusable, want;
+    int phase, l, at;          /* the next block: its phase, layer and first region row */
+    uint8_t *sel;              /* (n_reg) rows recomputed at layers 1 and up */
+    uint8_t *kind;             /* (n_reg) ROW_* */
+    float *x;                  /* (n_reg, dim) the region's residual rows */
+    float *dev;                /* (n_reg) deviations (with a check) */
+    struct DevRank *rank;      /* (reusable) their order (with a check) */
+    float *rope_c, *rope_s;    /* (n_reg, n_rot/2) the region's RoPE tables */
+    int32_t *qpos;             /* (chunk) a block's positions */
+    int32_t *probe;            /* (n_probe) */
+    int n_probe, probed;
+    double probe_s;
+    /* the probe under way (PHASE_PROBE): its rows and RoPE tables, the next layer, the sums */
+    struct BlendProbe pb;
+    float *px, *prc, *prs, *att;
+    int probe_l;
+    size_t imported_bytes;
+};
+
+static void blend_free(struct Engine *e)
 {
-    if (st) memset(st, 0, sizeof *st);
+    struct Blend *b = e->blend;
+    if (!b) return;
+    free(b->sel);
+    free(b->kind);
+    free(b->x);
+    free(b->dev);
+    free(b->rank);
+    free(b->rope_c);
+    free(b->rope_s);
+    free(b->qpos);
+    free(b->probe);
+    free(b->px);
+    free(b->prc);
+    free(b->prs);
+    free(b->att);
+    free(b->pb.scratch);
+    free(b);
+    e->blend = NULL;
+}
+
+int engine_blending(const struct Engine *e) { return e->blend != NULL; }
+
+int engine_blend_begin(struct Engine *e, const struct EngineKvPart *parts, int n_parts,
+                       double recompute, const int32_t *probe, int n_probe, char *err,
+                       size_t errlen)
+{
     if (!e || !parts || n_parts < 1 || !(recompute >= 0 && recompute <= 1))
         return errmsg_set(err, errlen, ENGINE_EINPUT, "a blend takes parts and a recompute share "
                           "in [0, 1]");
     if (e->gpu)
         return errmsg_set(err, errlen, ENGINE_EINPUT, "chunk KV reuse runs on CPU contexts");
+    if (e->blend)
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "the sequence is blending already");
     const struct ModelConfig *c = &e->m->cfg;
     long total = 0;
     for (int k = 0; k < n_parts; k++) {
@@ -1541,108 +1574,205 @@ int engine_blend(struct Engine *e, const struct EngineKvPart *parts, int n_parts
 
     struct Engine *r = e->runner;
     double t_start = now_s();
-    uint8_t *sel = calloc((size_t)n_reg, 1);
-    float *x = NULL, *dev = NULL, *rope_c = NULL, *rope_s = NULL;
-    int32_t *qpos = malloc((size_t)r->opts.chunk * sizeof *qpos);
-    struct DevRank *rank = NULL;
-    if (!sel || !qpos) goto oom;
+    struct Blend *b = calloc(1, sizeof *b);
+    if (!b) goto oom;
+    e->blend = b;
+    b->p0 = p0;
+    b->n_reg = n_reg;
+    b->sel = calloc((size_t)n_reg, 1);
+    b->kind = malloc((size_t)n_reg);
+    b->qpos = malloc((size_t)r->opts.chunk * sizeof *b->qpos);
+    b->probe = malloc((size_t)n_probe * sizeof *b->probe + 1);
+    if (!b->sel || !b->kind || !b->qpos || !b->probe) goto oom;
+    if (n_probe) memcpy(b->probe, probe, (size_t)n_probe * sizeof *probe);
+    b->n_probe = n_probe;
 
-    int forced = 0;
     for (int k = 0, at = 0; k < n_parts; at += parts[k].n, k++) {
         memcpy(e->tok + p0 + at, parts[k].tokens, (size_t)parts[k].n * sizeof *e->tok);
+        memset(b->kind + at, !parts[k].kv ? ROW_UNSTORED : parts[k].fresh ? ROW_FRESH : ROW_STORED,
+               (size_t)parts[k].n);
         if (parts[k].kv) {
             /* at share 1 every row is recomputed, layer by layer in position order, before
              * anything reads it: the stored copy would only be overwritten */
             if (recompute < 1)
                 blend_import(e, &parts[k], p0 + at);
         } else {
-            memset(sel + at, 1, (size_t)parts[k].n);
-            forced += parts[k].n;
+            memset(b->sel + at, 1, (size_t)parts[k].n);
+            b->forced += parts[k].n;
         }
     }
-    int reusable = n_reg - forced;
-    int want = recompute >= 1 ? reusable : (int)ceil(recompute * reusable);
-    int check = want > 0 && want < reusable && c->n_layer > 1;
-    if (want == reusable) memset(sel, 1, (size_t)n_reg);
-    if (forced + want > 0) {
+    b->reusable = n_reg - b->forced;
+    b->want = recompute >= 1 ? b->reusable : (int)ceil(recompute * b->reusable);
+    b->imported_bytes = recompute < 1 ? engine_kv_bytes(e, b->reusable) : 0;
+    int check = b->want > 0 && b->want < b->reusable && c->n_layer > 1;
+    if (b->want == b->reusable) memset(b->sel, 1, (size_t)n_reg);
+    b->phase = check ? PHASE_LAYER0 : b->forced + b->want > 0 ? PHASE_LAYERS : PHASE_DONE;
+    if (b->phase != PHASE_DONE) {
         size_t half = (size_t)(c->rope.n_rot / 2);
-        x = malloc((size_t)n_reg * c->dim * sizeof *x);
-        rope_c = malloc((size_t)n_reg * half * sizeof *rope_c + 1);
-        rope_s = malloc((size_t)n_reg * half * sizeof *rope_s + 1);
-        if (!x || !rope_c || !rope_s) goto oom;
-        rope_rows(e, n_reg, p0 + e->rope_offset, rope_c, rope_s);
-        for (int i = 0; i < n_reg; i++)
-            r->be->weights_row(&e->m->tok_embd, e->tok[p0 + i], x + (size_t)i * c->dim);
-        int l = 0;
+        b->x = malloc((size_t)n_reg * c->dim * sizeof *b->x);
+        b->rope_c = malloc((size_t)n_reg * half * sizeof *b->rope_c + 1);
+        b->rope_s = malloc((size_t)n_reg * half * sizeof *b->rope_s + 1);
         if (check) {
-            /* layer 0 for every row, then the rows whose layer-1 values moved most, weighed
-             * by the attention the probe gives them when there is one */
-            dev = malloc((size_t)n_reg * sizeof *dev);
-            rank = malloc((size_t)reusable * sizeof *rank);
-            uint8_t *all = malloc((size_t)n_reg);
-            if (!dev || !rank || !all) {
-                free(all);
-                goto oom;
-            }
-            memset(all, 1, (size_t)n_reg);
-            blend_layer(e, 0, x, all, p0, n_reg, rope_c, rope_s, qpos, 0);
-            free(all);
-            blend_deviation(e, x, p0, n_reg, dev);
-            /* a probe that does not fit the context or the pool is left out */
-            if (n_probe > e->opts.n_ctx - p0 - n_reg ||
-                take_pages(e, p0 + n_reg + n_probe, NULL, 0))
-                n_probe = 0;
-            float *att = n_probe ? malloc((size_t)n_reg * sizeof *att) : NULL;
-            double t_probe = now_s();
-            if (att && (blank_unstored(e, parts, n_parts, p0) ||
-                        run_probe(e, probe, n_probe, p0 + n_reg, n_reg, att))) {
-                free(att);
-                att = NULL;
-            }
-            if (st && att) st->probe_s = now_s() - t_probe;
-            int nr = 0;
-            for (int i = 0; i < n_reg; i++)
-                if (!sel[i])
-                    rank[nr++] = (struct DevRank){att ? probe_weight(att[i], dev[i]) : dev[i], i};
-            qsort(rank, (size_t)nr, sizeof *rank, dev_rank_cmp);
-            for (int k = 0; k < want; k++) sel[rank[k].i] = 1;
-            if (st) st->probed = att ? n_probe : 0;
-            free(att);
-            l = 1;
+            b->dev = malloc((size_t)n_reg * sizeof *b->dev);
+            b->rank = malloc((size_t)b->reusable * sizeof *b->rank);
         }
-        for (; l < c->n_layer; l++) {
-            if (atomic_exchange(&e->cancel, 0)) {
-                rc = errmsg_set(err, errlen, ENGINE_ECANCELLED, "blend cancelled at layer %d", l);
-                goto out;
-            }
-            blend_layer(e, l, x, sel, p0, n_reg, rope_c, rope_s, qpos, 0);
-        }
-    }
-    e->n_past = p0 + n_reg;
-    e->mass_valid = 0;
-    if (st) {
-        st->recomputed = forced + want;
-        st->reused = reusable - want;
-        st->fresh = 0;
-        for (int k = 0, at = 0; k < n_parts; at += parts[k].n, k++)
-            if (parts[k].kv && parts[k].fresh)
-                for (int i = at; i < at + parts[k].n; i++) st->fresh += !sel[i];
-        st->forced = forced;
-        st->imported_bytes = recompute < 1 ? engine_kv_bytes(e, reusable) : 0;
+        if (!b->x || !b->rope_c || !b->rope_s || (check && (!b->dev || !b->rank))) goto oom;
+        rope_rows(e, n_reg, p0 + e->rope_offset, b->rope_c, b->rope_s);
+        for (int i = 0; i < n_reg; i++)
+            r->be->weights_row(&e->m->tok_embd, e->tok[p0 + i], b->x + (size_t)i * c->dim);
     }
     r->stats.total_s += now_s() - t_start;
-    r->stats.tokens += forced + want;
-    rc = ENGINE_OK;
-    goto out;
+    return ENGINE_OK;
 oom:
-    rc = errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory for a blend of %d tokens", n_reg);
-out:
-    free(sel);
-    free(x);
-    free(dev);
-    free(rank);
-    free(qpos);
-    free(rope_c);
-    free(rope_s);
+    blend_free(e);
+    return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory for a blend of %d tokens", n_reg);
+}
+
+/* The probe begins: the question at positions p0 + n_reg.., after the region, run layer by
+ * layer (probe_layer_step) over the KV as it stands, its KV written there (the sequence ends
+ * before it: nothing reads it until a prefill writes those positions again) and the attention
+ * that its last rows give the region summed into att. A probe that does not fit the context
+ * or the pool, or memory, is left out (the choice is then by deviation alone). */
+static void probe_start(struct Engine *e, struct Blend *b)
+{
+    struct Engine *r = e->runner;
+    const struct ModelConfig *c = &e->m->cfg;
+    size_t half = (size_t)(c->rope.n_rot / 2);
+    int n = b->n_probe, p0 = b->p0 + b->n_reg;
+    b->probe_l = c->n_layer;
+    if (!n || n > e->opts.n_ctx - p0 || take_pages(e, p0 + n, NULL, 0)) return;
+    int rows = n < ENGINE_BLEND_PROBE_ROWS ? n : ENGINE_BLEND_PROBE_ROWS;
+    b->pb = (struct BlendProbe){.p0 = b->p0, .n_reg = b->n_reg, .first = p0 + n - rows};
+    b->px = malloc((size_t)n * c->dim * sizeof *b->px);
+    b->prc = malloc((size_t)n * half * sizeof *b->prc + 1);
+    b->prs = malloc((size_t)n * half * sizeof *b->prs + 1);
+    b->att = calloc((size_t)b->n_reg, sizeof *b->att);
+    b->pb.scratch = malloc(e->be->attention_weights_scratch(p0 + n, c->head_dim, c->n_q_head,
+                                                             c->n_kv_head, rows,
+                                                             pool_threads(r->pool)));
+    if (!b->px || !b->prc || !b->prs || !b->att || !b->pb.scratch ||
+        blank_unstored(e, b->kind, b->p0, b->n_reg)) {
+        free(b->att);
+        b->att = NULL;
+        return;
+    }
+    b->pb.sum = b->att;
+    rope_rows(e, n, p0 + e->rope_offset, b->prc, b->prs);
+    for (int i = 0; i < n; i++)
+        r->be->weights_row(&e->m->tok_embd, b->probe[i], b->px + (size_t)i * c->dim);
+    b->probe_l = 0;
+}
+
+/* One layer of the probe, all its rows (in blocks of the chunk's rows, whatever the step's
+ * size: the sums then add up in the same order). */
+static void probe_layer_step(struct Engine *e, struct Blend *b)
+{
+    e->probe = &b->pb;
+    for (int at = 0; blend_block(e, b->probe_l, b->px, NULL, b->p0 + b->n_reg, b->n_probe,
+                                 b->prc, b->prs, b->qpos, 1, 0, &at) > 0;) {}
+    e->probe = NULL;
+    b->probe_l++;
+}
+
+/* The choice: the `want` reusable rows of largest weight (the probe's attention times the
+ * deviation, or the deviation alone) join the recomputed ones. */
+static void blend_choose(struct Blend *b)
+{
+    const float *att = b->att;      /* NULL: the probe was left out */
+    if (att) b->probed = b->n_probe;
+    int nr = 0;
+    for (int i = 0; i < b->n_reg; i++)
+        if (!b->sel[i])
+            b->rank[nr++] = (struct DevRank){att ? probe_weight(att[i], b->dev[i]) : b->dev[i], i};
+    qsort(b->rank, (size_t)nr, sizeof *b->rank, dev_rank_cmp);
+    for (int k = 0; k < b->want; k++) b->sel[b->rank[k].i] = 1;
+}
+
+int engine_blend_step(struct Engine *e, int tokens, int *done, struct EngineBlendStats *st,
+                      char *err, size_t errlen)
+{
+    *done = 0;
+    struct Blend *b = e ? e->blend : NULL;
+    if (!b)
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "no blend is in progress");
+    struct Engine *r = e->runner;
+    const struct ModelConfig *c = &e->m->cfg;
+    double t_start = now_s();
+    /* the work is counted in rows through one layer: a token's prefill is n_layer of them */
+    long work = (long)(tokens > 0 ? tokens : 1) * c->n_layer, spent = 0;
+    while (b->phase != PHASE_DONE && (spent == 0 || spent < work)) {
+        if (atomic_exchange(&e->cancel, 0)) {
+            int l = b->phase == PHASE_LAYERS ? b->l : 0;
+            blend_free(e);
+            r->stats.total_s += now_s() - t_start;
+            return errmsg_set(err, errlen, ENGINE_ECANCELLED, "blend cancelled at layer %d", l);
+        }
+        /* a block holds no more rows than the step has left (the rows compute alike in
+         * blocks of any size) */
+        long room = work - spent;
+        int cap = room < r->opts.chunk ? (int)room : r->opts.chunk;
+        if (b->phase == PHASE_LAYER0) {
+            /* layer 0 for every row, then the rows whose layer-1 values moved most, weighed
+             * by the attention the probe gives them when there is one */
+            int i0 = b->at;
+            int n = blend_block(e, 0, b->x, NULL, b->p0, b->n_reg, b->rope_c, b->rope_s, b->qpos,
+                                0, cap, &b->at);
+            blend_deviation(e, b->x, b->p0, i0, n, b->dev);
+            spent += n;
+            if (b->at >= b->n_reg) {
+                b->phase = PHASE_PROBE;
+                probe_start(e, b);
+            }
+        } else if (b->phase == PHASE_PROBE) {
+            if (b->probe_l < c->n_layer) {
+                double t0 = now_s();
+                probe_layer_step(e, b);
+                b->probe_s += now_s() - t0;
+                spent += b->n_probe;
+            }
+            if (b->probe_l >= c->n_layer) {
+                blend_choose(b);
+                b->phase = PHASE_LAYERS;
+                b->l = 1;
+                b->at = 0;
+            }
+        } else {
+            int n = blend_block(e, b->l, b->x, b->sel, b->p0, b->n_reg, b->rope_c, b->rope_s,
+                                b->qpos, 0, cap, &b->at);
+            spent += n;
+            if (n == 0 || b->at >= b->n_reg) {
+                b->at = 0;
+                if (++b->l == c->n_layer) b->phase = PHASE_DONE;
+            }
+        }
+    }
+    r->stats.total_s += now_s() - t_start;
+    if (b->phase != PHASE_DONE) return ENGINE_OK;
+    e->n_past = b->p0 + b->n_reg;
+    e->mass_valid = 0;
+    if (st) {
+        memset(st, 0, sizeof *st);
+        st->recomputed = b->forced + b->want;
+        st->reused = b->reusable - b->want;
+        for (int i = 0; i < b->n_reg; i++) st->fresh += b->kind[i] == ROW_FRESH && !b->sel[i];
+        st->forced = b->forced;
+        st->probed = b->probed;
+        st->probe_s = b->probe_s;
+        st->imported_bytes = b->imported_bytes;
+    }
+    r->stats.tokens += b->forced + b->want;
+    blend_free(e);
+    *done = 1;
+    return ENGINE_OK;
+}
+
+int engine_blend(struct Engine *e, const struct EngineKvPart *parts, int n_parts, double recompute,
+                 const int32_t *probe, int n_probe, struct EngineBlendStats *st, char *err,
+                 size_t errlen)
+{
+    if (st) memset(st, 0, sizeof *st);
+    int rc = engine_blend_begin(e, parts, n_parts, recompute, probe, n_probe, err, errlen);
+    for (int done = 0; rc == ENGINE_OK && !done;)
+        rc = engine_blend_step(e, INT_MAX / 256, &done, st, err, errlen);
     return rc;
 }

@@ -238,6 +238,23 @@ int engine_blend(struct Engine *e, const struct EngineKvPart *parts, int n_parts
                  const int32_t *probe, int n_probe, struct EngineBlendStats *st, char *err,
                  size_t errlen);
 
+/* The same blend in steps, so that other sequences of the runner can take their steps between
+ * them (a server's decode tokens keep coming while a long region blends): engine_blend_begin
+ * checks the parts (the same errors as engine_blend), takes the region's pages and places the
+ * stored copies; each engine_blend_step then computes about `tokens` tokens' worth (a row
+ * through one layer is 1/n_layer of a token; at least one row, or one layer of the probe) and
+ * sets *done, with *st, when the blend has ended. Whatever the steps' sizes, a blend computes what engine_blend
+ * does, bit for bit. Until it ends the sequence takes no tokens (engine_prefill and engine_step
+ * refuse it); engine_reset drops a blend in progress, and ENGINE_ECANCELLED from a step ends
+ * it (the sequence then ends before the region). */
+int engine_blend_begin(struct Engine *e, const struct EngineKvPart *parts, int n_parts,
+                       double recompute, const int32_t *probe, int n_probe, char *err,
+                       size_t errlen);
+int engine_blend_step(struct Engine *e, int tokens, int *done, struct EngineBlendStats *st,
+                      char *err, size_t errlen);
+/* 1 while a blend of the sequence is in progress. */
+int engine_blending(const struct Engine *e);
+
 /* ---- Attention signals for groundedness (docs/groundedness.md) ----
  * For a set of watched (layer, head) pairs the engine measures, at the last position of
  * every prefill chunk and decode step, the attention probability mass on the positions

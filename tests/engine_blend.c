@@ -13,7 +13,9 @@
  *  - a share in between recomputes the stated count and gives finite logits, the same again,
  *    with the question as the probe that weighs the choice and without; a probe that does
  *    not fit the context is left out;
- *  - bad parts are refused with a message and leave the sequence as it was.
+ *  - bad parts are refused with a message and leave the sequence as it was;
+ *  - the blend in steps computes the one-call blend bit for bit, and the runner's other
+ *    sequences step in between with the same results.
  * Usage: engine_blend MODEL.gguf */
 #include <math.h>
 #include <stdio.h>
@@ -517,6 +519,153 @@ static void check_twice(const struct Model *m)
     engine_destroy(&e);
 }
 
+/* The blend in steps (chunkkv_blend_begin/step): a prompt of frame, three labelled chunks and
+ * the question, over an empty store (every copy made on the helper, a few tokens a step) and
+ * then over the filled one, at share 0.15 with the question as the probe, gives the logits of
+ * the blend in one call, bit for bit, whatever the steps' sizes; another sequence of the same
+ * runner decodes a token between every two steps, and its logits equal those of the same
+ * decodes without a blend in between; the blending sequence refuses tokens until the blend
+ * ends; a blend dropped halfway (engine_reset, chunkkv_blend_end while a copy is under way)
+ * leaves the sequence, the helper and the store to blend again. */
+static void check_steps(const struct Model *m)
+{
+    const char *name = "blend in steps";
+    int V = m->cfg.vocab;
+    struct Engine *e = open_ctx(m, KV_F16, 48), *helper = NULL, *other = NULL;
+    char err[256];
+    CHECK(e && engine_new_seq(e, &helper, err, sizeof err) == 0 &&
+          engine_new_seq(e, &other, err, sizeof err) == 0, "%s", name);
+    if (!e || !helper || !other) {
+        engine_destroy(&other);
+        engine_destroy(&helper);
+        engine_destroy(&e);
+        return;
+    }
+    struct Engine *seq = NULL;
+    CHECK(engine_new_seq(e, &seq, err, sizeof err) == 0, "%s", name);
+    int32_t prompt[N_FRAME + 3 * 202 + N_Q], ctx[40];
+    uint32_t spans[2 * N_CHUNKS];
+    int n = 0;
+    for (int i = 0; i < N_FRAME; i++) prompt[n++] = rand_tok(V);
+    for (int j = 0; j < N_CHUNKS; j++) {
+        prompt[n++] = rand_tok(V);
+        prompt[n++] = rand_tok(V);
+        spans[2 * j] = (uint32_t)n;
+        for (int i = 0; i < CHUNK_LEN[j]; i++) prompt[n++] = rand_tok(V);
+        spans[2 * j + 1] = (uint32_t)n;
+    }
+    int docs_end = n;
+    for (int i = 0; i < N_Q; i++) prompt[n++] = rand_tok(V);
+    for (int i = 0; i < 40; i++) ctx[i] = rand_tok(V);
+    float *want = malloc(sizeof(float) * V), *got = malloc(sizeof(float) * V);
+    float *dec_want = malloc(sizeof(float) * V * 64), *dec_got = malloc(sizeof(float) * V * 64);
+    CHECK(want && got && dec_want && dec_got, "%s", name);
+    if (!want || !got || !dec_want || !dec_got || !seq) goto out;
+
+    /* the other sequence's decodes alone: 64 tokens after its 40 */
+    engine_reset(other);
+    CHECK(prefill(other, ctx, 40) == 0, "%s", name);
+    for (int t = 0; t < 64; t++) {
+        int32_t tok = ctx[t % 40];
+        struct EngineBatchItem it = {other, &tok, 1, 0, 1};
+        CHECK(engine_step(e, &it, 1, NULL, err, sizeof err) == 0, "%s: %s", name, err);
+        memcpy(dec_want + (size_t)t * V, engine_logits(other), sizeof(float) * V);
+    }
+
+    for (int filled = 0; filled < 2; filled++) {
+        struct ChunkKv *c = NULL;
+        struct ChunkKvBlend one, b;
+        CHECK(chunkkv_new((size_t)64 << 20, &c) == 0, "%s", name);
+        engine_reset(seq);
+        CHECK(chunkkv_blend(c, seq, helper, prompt, N_FRAME, docs_end, n, spans, N_CHUNKS, 0.15,
+                            &one, err, sizeof err) == 0 &&
+              prefill(seq, prompt + docs_end, n - docs_end) == 0, "%s: %s", name, err);
+        memcpy(want, engine_logits(seq), sizeof(float) * V);
+        static const int sizes[] = {1, 7, 64};
+        for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+            if (!filled) {
+                /* an empty store: every copy is made in this blend's steps */
+                chunkkv_destroy(&c);
+                CHECK(chunkkv_new((size_t)64 << 20, &c) == 0, "%s", name);
+            }
+            engine_reset(seq);
+            engine_reset(other);
+            CHECK(prefill(other, ctx, 40) == 0, "%s", name);
+            struct ChunkKvJob *j = NULL;
+            CHECK(chunkkv_blend_begin(c, seq, helper, prompt, N_FRAME, docs_end, n, spans,
+                                      N_CHUNKS, 0.15, &j, err, sizeof err) == 0, "%s", name);
+            int done = 0, steps = 0, decoded = 0, rc = 0;
+            while (j && !done && rc == 0) {
+                rc = chunkkv_blend_step(j, sizes[k], &done, &b, err, sizeof err);
+                steps++;
+                if (decoded < 64 && rc == 0) {
+                    int32_t tok = ctx[decoded % 40];
+                    struct EngineBatchItem it = {other, &tok, 1, 0, 1};
+                    CHECK(engine_step(e, &it, 1, NULL, err, sizeof err) == 0, "%s: %s", name, err);
+                    memcpy(dec_got + (size_t)decoded * V, engine_logits(other), sizeof(float) * V);
+                    decoded++;
+                }
+                if (!done && engine_blending(seq))
+                    CHECK(engine_prefill(seq, prompt, 1, err, sizeof err) == ENGINE_EINPUT,
+                          "%s", name);
+            }
+            CHECK(rc == 0 && done, "%s: %s", name, err);
+            chunkkv_blend_end(&j);
+            CHECK(prefill(seq, prompt + docs_end, n - docs_end) == 0, "%s", name);
+            memcpy(got, engine_logits(seq), sizeof(float) * V);
+            int same = !memcmp(got, want, sizeof(float) * V);
+            int dec_same = !memcmp(dec_got, dec_want, sizeof(float) * V * (size_t)decoded);
+            printf("%s, %s store, %d-token steps: %d steps, %d made, %d reused, %d recomputed; "
+                   "logits %s the one-call blend's; %d decodes between steps %s alone\n", name,
+                   filled ? "a filled" : "an empty", sizes[k], steps, b.computed, b.reused,
+                   b.recomputed, same ? "equal" : "DIFFER from", decoded,
+                   dec_same ? "equal to" : "DIFFER from");
+            CHECK(same && dec_same && b.recomputed == one.recomputed && b.probed == N_Q &&
+                  b.computed == (filled ? 0 : N_CHUNKS) && b.chunks == N_CHUNKS, "%s", name);
+            CHECK(sizes[k] == 64 || steps > 10, "%s: %d steps", name, steps);
+        }
+        /* dropped halfway, while the helper makes a copy (empty store) or the engine blends */
+        chunkkv_destroy(&c);
+        CHECK(chunkkv_new((size_t)64 << 20, &c) == 0, "%s", name);
+        engine_reset(seq);
+        if (filled)
+            CHECK(chunkkv_blend(c, seq, helper, prompt, N_FRAME, docs_end, n, spans, N_CHUNKS,
+                                0.15, &b, err, sizeof err) == 0, "%s", name);
+        engine_reset(seq);
+        struct ChunkKvJob *j = NULL;
+        int done = 0;
+        CHECK(chunkkv_blend_begin(c, seq, helper, prompt, N_FRAME, docs_end, n, spans, N_CHUNKS,
+                                  0.15, &j, err, sizeof err) == 0, "%s", name);
+        /* a filled store: steps until the engine blends, then one more; an empty one: until
+         * the helper holds part of the first copy */
+        for (int i = 0; i < 200 && j && !done &&
+                        (filled ? !engine_blending(seq) : engine_n_past(helper) <= N_FRAME); i++)
+            CHECK(chunkkv_blend_step(j, 1, &done, &b, err, sizeof err) == 0, "%s", name);
+        if (j && !done && filled)
+            CHECK(chunkkv_blend_step(j, 1, &done, &b, err, sizeof err) == 0, "%s", name);
+        CHECK(!done && (filled ? engine_blending(seq) : engine_n_past(helper) > N_FRAME), "%s",
+              name);
+        chunkkv_blend_end(&j);
+        engine_reset(seq);
+        CHECK(!engine_blending(seq) && engine_n_past(helper) == 0, "%s", name);
+        CHECK(chunkkv_blend(c, seq, helper, prompt, N_FRAME, docs_end, n, spans, N_CHUNKS, 0.15,
+                            &b, err, sizeof err) == 0 &&
+              prefill(seq, prompt + docs_end, n - docs_end) == 0 &&
+              !memcmp(engine_logits(seq), want, sizeof(float) * V), "%s: after a dropped blend: "
+              "%s", name, err);
+        chunkkv_destroy(&c);
+    }
+out:
+    free(want);
+    free(got);
+    free(dec_want);
+    free(dec_got);
+    engine_destroy(&seq);
+    engine_destroy(&other);
+    engine_destroy(&helper);
+    engine_destroy(&e);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -534,6 +683,7 @@ int main(int argc, char **argv)
     if (m->cfg.head_dim % 2 == 0 && m->cfg.head_dim <= 256) check_kv_type(m, KV_Q8, "int8");
     check_store(m);
     check_twice(m);
+    check_steps(m);
     model_destroy(&m);
     return check_report("chunk KV reuse against full prefills");
 }

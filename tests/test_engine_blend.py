@@ -2,7 +2,8 @@
 1 the question's logits equal a full prefill's with the chunks' stored KV computed elsewhere;
 at 0, on a one-chunk prompt, they equal the prefix-cached prefill's; a chunk's KV computed at
 position p and moved to q equals the KV computed at q within f16 rounding, for both RoPE
-layouts and with YaRN; every KV type; the default and the f32 prefill products.
+layouts and with YaRN; every KV type; the default and the f32 prefill products; the blend in
+steps computes what the blend in one call does, while other sequences step in between.
 build/tests/engine_blend does the checks; this runs it per model and product path."""
 import pytest
 
@@ -34,6 +35,10 @@ def check(model, gemm):
     for kv in ("f16", "f32"):
         assert f"{kv}: share 1, chunks moved" in out
         assert f"{kv}: KV moved 5 -> 3000" in out
+    for store in ("an empty", "a filled"):
+        line = f"blend in steps, {store} store, 1-token steps:"
+        assert line in out, out
+        assert "logits equal the one-call blend's" in out.split(line)[1].split("\n")[0]
 
 
 @pytest.mark.parametrize("gemm", [None, "native"], ids=["default-products", "f32-products"])
