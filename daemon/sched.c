@@ -10,7 +10,9 @@
  * request that came last is preempted: its pages go back, and it is recomputed later, its
  * prompt in prefill chunks and the tokens it had generated fed again one per step as the
  * decode tokens they were, so every position gets the same keys and values as before and the
- * answer goes on exactly as it would have (on a GPU, within the products' rounding). */
+ * answer goes on exactly as it would have (on a GPU, within the products' rounding). With
+ * chunk KV reuse a request's documents are blended in steps too (docs/kv-reuse.md): the blend
+ * takes what is left of a step's budget after the engine's step, one blend at a time. */
 #include "daemon/worker_internal.h"
 
 #include <errno.h>
@@ -40,6 +42,12 @@ struct Seq {
     int cached;
     int no_blend;               /* a blend failed: the prompt is prefilled as it is */
     int reused;                 /* document tokens whose stored KV stayed in the last blend */
+    struct ChunkKvJob *blend;   /* its documents' blend, under way between steps */
+    unsigned char *to_write;    /* the blend's chunks whose copies go to the store after it */
+    uint64_t frame;             /* the hash of the blend's frame */
+    double t_blend;             /* when the blend began */
+    int blend_steps;            /* the steps it has taken */
+    long blend_others;          /* tokens other sequences computed in those steps */
     double t_prefilled;
     uint64_t order;
 };
@@ -58,8 +66,11 @@ static int hist_push(struct Seq *q, int32_t t)
     return 0;
 }
 
+static void seq_blend_drop(struct Worker *w, struct Seq *q);
+
 static void seq_free(struct Worker *w, struct Seq *q)
 {
+    seq_blend_drop(w, q);
     if (q->e) {
         engine_reset(q->e);
         w->seq_e[w->n_seq_e++] = q->e;   /* back to the idle contexts */
@@ -462,48 +473,103 @@ static void records_save(struct Worker *w, struct Seq *q, uint64_t frame,
     free(recs);
 }
 
-/* The blend of a sequence that has just started (holding its cached prefix): the rest of the
- * frame prefilled, the documents blended; done then ends them. A failure is logged and the
- * sequence starts over on the exact path (its pages back, no blend). */
-static void seq_blend(struct Worker *w, struct Seq *q)
+/* A blend under way ends unfinished: the helper's copy under way is dropped, and the copies it
+ * made are written to the store as a finished blend's are (a restart finds them in memory and
+ * would not write them). The caller resets the sequence. */
+static void seq_blend_drop(struct Worker *w, struct Seq *q)
+{
+    if (q->blend) {
+        chunkkv_blend_end(&q->blend);
+        if (q->to_write)
+            records_save(w, q, q->frame, q->to_write);
+    }
+    free(q->to_write);
+    q->to_write = NULL;
+}
+
+/* A blend that failed: logged, and the sequence starts over on the exact path (its pages back,
+ * no blend). */
+static void seq_blend_failed(struct Worker *w, struct Seq *q, const char *err)
+{
+    dlog(LL_WARN, "msg=\"chunk KV reuse failed; the prompt is prefilled instead\" worker=%d "
+         "job=%llu error=\"%s\"", w->o.index, (unsigned long long)q->job.job, err);
+    seq_blend_drop(w, q);
+    engine_reset(q->e);
+    q->no_blend = 1;
+    q->reused = 0;
+    q->done = engine_take_cached(q->e, q->hist, q->n_prompt);
+    stats_blend(w, &(struct ChunkKvBlend){0});
+}
+
+/* The blend of a sequence that has just started (holding its cached prefix) begins: the
+ * records of its stored chunks that the chunk store lacks are read; then its steps (seq_blend_
+ * step) prefill the rest of the frame, make the copies still lacking and blend the documents. */
+static void seq_blend_begin(struct Worker *w, struct Seq *q)
+{
+    char err[256];
+    q->t_blend = zu_now_ms();
+    q->blend_steps = 0;
+    q->blend_others = 0;
+    q->frame = chunkkv_frame(q->hist, (int)q->job.docs[0]);
+    q->to_write = w->o.kv_store && q->job.chunk_refs ? calloc(q->job.n_spans + 1, 1) : NULL;
+    if (q->to_write)
+        records_load(w, q, q->frame, q->to_write);
+    if (chunkkv_blend_begin(w->ckv, q->e, w->ckv_helper, q->hist, (int)q->job.docs[0],
+                            (int)q->job.docs[1], (int)q->n_prompt, q->job.doc_spans,
+                            (int)q->job.n_spans, w->o.kv_reuse_recompute, &q->blend, err,
+                            sizeof err))
+        seq_blend_failed(w, q, err);
+}
+
+/* About `tokens` tokens' worth of the blend, while others computed `others` tokens in this
+ * step. When it ends, done ends the documents and the copies it made go to the store. */
+static void seq_blend_step(struct Worker *w, struct Seq *q, int tokens, int others)
 {
     char err[256];
     struct ChunkKvBlend b;
-    double t0 = zu_now_ms();
-    uint64_t frame = chunkkv_frame(q->hist, (int)q->job.docs[0]);
-    unsigned char *to_write = w->o.kv_store && q->job.chunk_refs ? calloc(q->job.n_spans + 1, 1)
-                                                                 : NULL;
-    if (to_write)
-        records_load(w, q, frame, to_write);
-    int rc = chunkkv_blend(w->ckv, q->e, w->ckv_helper, q->hist, (int)q->job.docs[0],
-                           (int)q->job.docs[1], (int)q->n_prompt, q->job.doc_spans,
-                           (int)q->job.n_spans, w->o.kv_reuse_recompute, &b, err, sizeof err);
-    if (rc) {
-        dlog(LL_WARN, "msg=\"chunk KV reuse failed; the prompt is prefilled instead\" worker=%d "
-             "job=%llu error=\"%s\"", w->o.index, (unsigned long long)q->job.job, err);
-        engine_reset(q->e);
-        q->no_blend = 1;
-        q->reused = 0;
-        q->done = engine_take_cached(q->e, q->hist, q->n_prompt);
-        stats_blend(w, &(struct ChunkKvBlend){0});
-        free(to_write);
+    int fin = 0;
+    q->blend_steps++;
+    q->blend_others += others;
+    if (chunkkv_blend_step(q->blend, tokens, &fin, &b, err, sizeof err)) {
+        seq_blend_failed(w, q, err);
         return;
     }
+    if (!fin)
+        return;
+    chunkkv_blend_end(&q->blend);
     q->done = q->job.docs[1];
     q->reused = b.reused;
     stats_blend(w, &b);
-    if (to_write)
-        records_save(w, q, frame, to_write);
-    free(to_write);
+    if (q->to_write)
+        records_save(w, q, q->frame, q->to_write);
+    free(q->to_write);
+    q->to_write = NULL;
     dlog(LL_DEBUG, "msg=\"documents blended\" worker=%d job=%llu chunks=%d made=%d reused=%d "
-         "fresh=%d recomputed=%d probed=%d probe_ms=%.1f ms=%.1f", w->o.index,
-         (unsigned long long)q->job.job, b.chunks, b.computed, b.reused, b.fresh, b.recomputed,
-         b.probed, b.probe_s * 1e3, zu_now_ms() - t0);
+         "fresh=%d recomputed=%d probed=%d probe_ms=%.1f steps=%d others_tokens=%ld ms=%.1f",
+         w->o.index, (unsigned long long)q->job.job, b.chunks, b.computed, b.reused, b.fresh,
+         b.recomputed, b.probed, b.probe_s * 1e3, q->blend_steps, q->blend_others,
+         zu_now_ms() - q->t_blend);
+}
+
+/* Pages a blend still needs: the rest of its prompt's (the probe runs where the question will
+ * be) and the helper's for the longest chunk after the frame. */
+static long blend_pages(const struct Worker *w, const struct Seq *q)
+{
+    int longest = 0;
+    for (size_t i = 0; i < q->job.n_spans; i++) {
+        int n = (int)(q->job.doc_spans[2 * i + 1] - q->job.doc_spans[2 * i]);
+        if (n > longest)
+            longest = n;
+    }
+    int helper = (int)q->job.docs[0] + longest - engine_n_past(w->ckv_helper);
+    return engine_pages_needed(q->e, (int)q->n_prompt - engine_n_past(q->e)) +
+           (helper > 0 ? engine_pages_needed(w->ckv_helper, helper) : 0);
 }
 
 /* A sequence that has not started, or was preempted: its pages go back, it starts over. */
-static void seq_unstart(struct Seq *q)
+static void seq_unstart(struct Worker *w, struct Seq *q)
 {
+    seq_blend_drop(w, q);
     engine_reset(q->e);
     q->done = 0;
     q->started = 0;
@@ -545,14 +611,18 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
         struct EngineBatchItem it[WIRE_MAX_RUNNING];
         struct Seq *who[WIRE_MAX_RUNNING];
         uint8_t joined[WIRE_MAX_RUNNING];   /* the item's sequence starts in this step */
-        int k = 0, left = budget, any_started = 0;
+        int k = 0, left = budget, any_started = 0, blending = 0;
+        struct Seq *bq = NULL;              /* the blend that takes a share of this step */
+        int b_tokens = 0;
         /* pages a sequence that has not started may take: those nobody uses, less what each
-         * started one may need for a decode token */
+         * started one may need for a decode token, and what a blend under way still needs */
         long spare = engine_pages_available(w->e);
         for (int i = 0; i < sc->n; i++)
             if (sc->run[i]->started) {
-                spare -= engine_pages_needed(sc->run[i]->e, 1);
+                spare -= sc->run[i]->blend ? blend_pages(w, sc->run[i])
+                                           : engine_pages_needed(sc->run[i]->e, 1);
                 any_started = 1;
+                blending |= sc->run[i]->blend != NULL;
             }
         for (int i = 0; i < sc->n && left > 0; i++) {
             struct Seq *q = sc->run[i];
@@ -568,6 +638,13 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
             struct Seq *q = sc->run[i];
             if (q->started && q->done >= q->n_prompt)
                 continue;
+            if (q->blend) {
+                /* a blend under way takes what is left of the step, after the engine's step */
+                bq = q;
+                b_tokens = left;
+                left = 0;
+                break;
+            }
             joined[k] = !q->started;
             if (!q->started) {
                 if (no_new)
@@ -575,12 +652,10 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
                 size_t rest = q->n_prompt;
                 int n = rest < (size_t)left ? (int)rest : left;
                 int blend = seq_blends(w, q);
-                if (blend) {
-                    /* the blend takes the pages of the frame and documents at once */
-                    size_t tail = q->n_prompt - q->job.docs[1];
-                    n = (int)q->job.docs[1] + (tail < (size_t)left ? (int)tail : left);
-                }
-                int need = engine_pages_needed(q->e, n);
+                /* one blend at a time (the worker has one helper): the next one waits */
+                if (blend && blending)
+                    continue;
+                long need = blend ? blend_pages(w, q) : engine_pages_needed(q->e, n);
                 if (any_started && need > spare)
                     continue;
                 spare -= need;
@@ -589,8 +664,16 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
                 if (q->cached < 0)
                     q->cached = (int)q->done;
                 q->started = 1;
-                if (blend && q->done <= q->job.docs[0])
-                    seq_blend(w, q);
+                if (blend && q->done <= q->job.docs[0]) {
+                    seq_blend_begin(w, q);
+                    if (q->blend) {
+                        blending = 1;
+                        bq = q;
+                        b_tokens = left;
+                        left = 0;
+                        break;
+                    }
+                }
             }
             size_t rest = q->n_prompt - q->done;
             int n = rest < (size_t)left ? (int)rest : left;
@@ -600,18 +683,18 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
                                                 q->n_hist == q->n_prompt };
             left -= n;
         }
-        if (k == 0)
+        if (k == 0 && !bq)
             return 0;
         int failed = -1;
         double t0 = zu_now_ms();
-        int rc = engine_step(w->e, it, k, &failed, err, sizeof err);
+        int rc = k ? engine_step(w->e, it, k, &failed, err, sizeof err) : ENGINE_OK;
         if (rc == ENGINE_EBUDGET && failed >= 0) {
             struct Seq *f = who[failed];
             /* those that joined in this step start over; they wait for free pages */
             int f_new = joined[failed];
             for (int j = 0; j < k; j++)
                 if (joined[j])
-                    seq_unstart(who[j]);
+                    seq_unstart(w, who[j]);
             int holders = 0, victim = -1;
             for (int i = 0; i < sc->n; i++)
                 if (sc->run[i]->started) {
@@ -635,7 +718,7 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
             if (f_new)
                 continue;   /* it waits; the started ones go on */
             struct Seq *v = sc->run[victim];
-            seq_unstart(v);
+            seq_unstart(w, v);
             if (w->o.stats)
                 atomic_fetch_add(&w->o.stats->preemptions, 1);
             dlog(LL_DEBUG, "msg=\"sequence preempted\" worker=%d job=%llu tokens=%zu",
@@ -664,8 +747,12 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
             tokens += it[j].n;
             nd += !it[j].prefill;
         }
-        sched_timed(sc, nd, tokens - nd, (zu_now_ms() - t0) / 1e3);
-        stats_step(w->o.stats, tokens);
+        /* the blend's share after the others' tokens: its work counts as prefill tokens */
+        if (bq)
+            seq_blend_step(w, bq, b_tokens, tokens);
+        sched_timed(sc, nd, tokens - nd + (bq ? b_tokens : 0), (zu_now_ms() - t0) / 1e3);
+        if (k)
+            stats_step(w->o.stats, tokens);
         for (int j = 0; j < k; j++) {
             struct Seq *q = who[j];
             q->done += (size_t)it[j].n;

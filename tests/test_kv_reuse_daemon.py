@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import time
 
-from daemon_util import Daemon, query, squad_article
+from daemon_util import Daemon, query, slow_model, squad_article
 
 
 def ask(d, docs, questions):
@@ -97,6 +97,51 @@ def test_blend_reuses_most_document_tokens(tmp_path, default_model, squad_dir):
     assert sum(r["usage"]["reused_tokens"] for r in rs) == m["reused"], [r["usage"] for r in rs]
     assert m["read"] > 0 and m["hit"] > 0 and m["miss"] > 0, m
     assert all(r["answer"].strip() for r in rs), rs
+
+
+def test_a_blend_does_not_stop_other_answers(tmp_path, squad_dir):
+    """A blend runs in steps between the other requests' steps: a stream that is decoding
+    keeps getting tokens while another question's documents blend (a cold store: every copy
+    made), and both answers are those each gets alone. The model is a slow random one (it
+    never stops early), one worker, steps of 16 tokens while a request decodes."""
+    model = slow_model(tmp_path)
+    paras_a, (qa, _) = squad_article(squad_dir, nth=2)
+    paras_b, (qb, _) = squad_article(squad_dir, nth=1)
+    docs_a = [{"id": p["id"], "title": p["title"], "text": p["text"]} for p in paras_a[:2]]
+    docs_b = [{"id": p["id"], "title": p["title"], "text": p["text"]} for p in paras_b[:4]]
+    with Daemon(tmp_path, model, workers=1, threads=2, max_context_tokens=2048, max_tokens=400,
+                relevance_floor=0, kv_reuse=1, kv_reuse_recompute=0.15, step_ms=0,
+                step_tokens=16, log_level="debug") as d:
+        c = d.client()
+        c.send(query(qa, docs_a, id="a", stream=True, max_tokens=400, top_k=100))
+        for _ in range(3):
+            r = c.recv(60)
+            assert "delta" in r and "ok" not in r, r
+        c.send(query(qb, docs_b, id="b", max_tokens=8, top_k=100))
+        finals, deltas_before_b = {}, 0
+        while len(finals) < 2:
+            r = c.recv(120)
+            if "ok" in r:
+                finals[r["id"]] = r
+            elif "b" not in finals:
+                deltas_before_b += 1
+        blended = re.findall(r'msg="documents blended".* made=(\d+) .* steps=(\d+) '
+                             r'others_tokens=(\d+)', d.log_text())
+        # alone, one after the other: the store now holds every copy
+        alone = {i: d.client().call(query(q, docs, id=i, max_tokens=n, top_k=100), timeout=120)[1]
+                 for i, q, docs, n in (("a", qa, docs_a, 400), ("b", qb, docs_b, 8))}
+        assert d.stop() == 0
+    print(blended, deltas_before_b, {i: r["usage"] for i, r in finals.items()})
+    assert all(r["ok"] for r in list(finals.values()) + list(alone.values())), (finals, alone)
+    # a's blend, then b's: b's copies were all made in its steps, and a decoded beside them
+    assert len(blended) >= 2, blended
+    made, steps, others = map(int, blended[1])
+    assert made == len(finals["b"]["citations"]) and steps > 10 and others >= steps - 1, blended
+    assert deltas_before_b > 10, deltas_before_b
+    assert finals["a"]["usage"]["completion_tokens"] == 400
+    for i in ("a", "b"):
+        assert finals[i]["answer"] == alone[i]["answer"], i
+        assert finals[i]["grounding"]["score"] == alone[i]["grounding"]["score"], i
 
 
 # ---- the chunk KV records kept beside stored chunks (kv_reuse_store_bytes) ----------------
