@@ -501,12 +501,22 @@ def main():
                     help="diffragd's step_tokens (0: its default)")
     ap.add_argument("--step-ms", type=int, default=-1,
                     help="diffragd's step_ms (-1: its default; 0: off)")
+    ap.add_argument("--figures", default="prefix,throughput,stall",
+                    help="which figures, a comma-separated subset of prefix,throughput,stall")
+    ap.add_argument("--kv-reuse", type=float, metavar="SHARE",
+                    help="diffragd with chunk KV reuse on (kv_reuse = 1) at this recompute "
+                         "share: the long prompts' documents are blended (docs/kv-reuse.md)")
     ap.add_argument("--model", type=pathlib.Path,
                     help="GGUF file both engines serve (default %s)" % MODEL.relative_to(ROOT))
     a = ap.parse_args()
     if a.model:
         MODEL = a.model.resolve()
     reps = a.reps or (1 if a.quick else 3)
+    figures = set(a.figures.split(","))
+    if not figures or figures - {"prefix", "throughput", "stall"}:
+        raise Fail("--figures takes a comma-separated subset of prefix,throughput,stall")
+    if a.kv_reuse is not None and not 0 <= a.kv_reuse <= 1:
+        raise Fail("--kv-reuse takes a recompute share in [0, 1]")
     long_tokens = 2000 if a.quick else 6800
     tp_doc_tokens, tp_answer = (250, 32) if a.quick else (520, 64)
     stream_tokens = 128 if a.quick else 256
@@ -543,9 +553,13 @@ def main():
         steps = {"step_tokens": a.step_tokens} if a.step_tokens else {}
         if a.step_ms >= 0:
             steps["step_ms"] = a.step_ms
-        label = "diffragd workers=%d%s%s" % (workers, " step_tokens=%d" % a.step_tokens
-                                             if a.step_tokens else "",
-                                             " step_ms=%d" % a.step_ms if a.step_ms >= 0 else "")
+        if a.kv_reuse is not None:
+            steps.update(kv_reuse=1, kv_reuse_recompute=a.kv_reuse)
+        label = "diffragd workers=%d%s%s%s" % (workers, " step_tokens=%d" % a.step_tokens
+                                               if a.step_tokens else "",
+                                               " step_ms=%d" % a.step_ms if a.step_ms >= 0 else "",
+                                               " kv_reuse_recompute=%g" % a.kv_reuse
+                                               if a.kv_reuse is not None else "")
         engines.append(("diffragd", lambda tmp: Diffragd(tmp, a.threads, label,
                                                           workers=workers, **steps), True))
         if has_running:
@@ -566,25 +580,26 @@ def main():
                 eng.start()
                 eng.request(Q_FIRST, warm, 4)
                 r = res[key] = {"label": eng.label}
-                if full:
+                if full and "prefix" in figures:
                     print(" prefix reuse (second question's TTFT / first's):", flush=True)
                     r["prefix"], first, second = prefix_reuse(eng, prefix_sets)
                     r["ttft1"] = median([x.ttft for x in first])
                     r["ttft2"] = median([x.ttft for x in second])
                     r["pre1"] = median([x.prefill_ms or 0 for x in first])
                     r["pre2"] = median([x.prefill_ms or 0 for x in second])
-                print(" throughput (%d clients at once):" % SLOTS, flush=True)
-                tps = []
-                for docs in tp_sets:
-                    tps.append(throughput(eng, docs, tp_answer))
-                    tp, wall, mean_gen, ttft, prompt = tps[-1]
-                    print("  %.1f generated tokens/s: wall %.1f s, %.1f answer tokens per "
-                          "client, prompt %d tokens, median TTFT %.0f ms"
-                          % (tp, wall, mean_gen, prompt, ttft * 1e3), flush=True)
-                r["tp"] = median([x[0] for x in tps])
-                r["tp_wall"] = median([x[1] for x in tps])
-                r["tp_prompt"] = median([x[4] for x in tps])
-                if full or key == "diffragd max_running=1":
+                if "throughput" in figures:
+                    print(" throughput (%d clients at once):" % SLOTS, flush=True)
+                    tps = []
+                    for docs in tp_sets:
+                        tps.append(throughput(eng, docs, tp_answer))
+                        tp, wall, mean_gen, ttft, prompt = tps[-1]
+                        print("  %.1f generated tokens/s: wall %.1f s, %.1f answer tokens per "
+                              "client, prompt %d tokens, median TTFT %.0f ms"
+                              % (tp, wall, mean_gen, prompt, ttft * 1e3), flush=True)
+                    r["tp"] = median([x[0] for x in tps])
+                    r["tp_wall"] = median([x[1] for x in tps])
+                    r["tp_prompt"] = median([x[4] for x in tps])
+                if "stall" in figures and (full or key == "diffragd max_running=1"):
                     print(" stall-free (a stream while a ~%d-token prompt prefills):"
                           % long_tokens, flush=True)
                     sts = []
@@ -604,17 +619,26 @@ def main():
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    summary(res, a, reps, long_tokens, tp_answer, want_dd)
+    summary(res, a, reps, long_tokens, tp_answer, want_dd, figures)
     return 0
 
 
-def summary(res, a, reps, long_tokens, tp_answer, want_dd):
+def summary(res, a, reps, long_tokens, tp_answer, want_dd, figures):
     print("\n== summary (medians of %d)" % reps)
     dd, one, ls = res.get("diffragd"), res.get("diffragd max_running=1"), res.get("llama-server")
 
     def row(r, what):
         return "  %-26s %s" % (r["label"], what)
 
+    if "prefix" in figures:
+        prefix_summary(dd, ls, long_tokens, row)
+    if "throughput" in figures:
+        throughput_summary(dd, one, ls, a, want_dd, tp_answer, row)
+    if "stall" in figures:
+        stall_summary(dd, one, ls, long_tokens, row)
+
+
+def prefix_summary(dd, ls, long_tokens, row):
     print("prefix reuse, TTFT of a second question / first (~%d tokens of documents); "
           "target <= 0.05" % long_tokens)
     for r in (dd, ls):
@@ -624,6 +648,9 @@ def summary(res, a, reps, long_tokens, tp_answer, want_dd):
                          r["pre2"])))
     if dd:
         print("  target met: %s" % ("yes" if dd["prefix"] <= 0.05 else "NO"))
+
+
+def throughput_summary(dd, one, ls, a, want_dd, tp_answer, row):
     print("throughput, generated tokens/s of %d clients at once (%d answer tokens at most); "
           "target >= 3x max_running=1 and >= llama-server" % (SLOTS, tp_answer))
     for r in (dd, one, ls):
@@ -638,6 +665,9 @@ def summary(res, a, reps, long_tokens, tp_answer, want_dd):
     if dd and ls:
         x = dd["tp"] / ls["tp"]
         print("  diffragd / llama-server: %.2fx (target >= 1: %s)" % (x, "yes" if x >= 1 else "NO"))
+
+
+def stall_summary(dd, one, ls, long_tokens, row):
     print("stall-free, p99 gap between a stream's tokens during a ~%d-token prefill; target "
           "<= 150 ms" % long_tokens)
     for r in (dd, one, ls):
