@@ -259,9 +259,11 @@ static void run_shapes(const struct Model *m, int threads, int n, int reps)
             printf(" native_%s_gflops=%.1f", cpu_isa_name((enum CpuIsa)isa), flop / t / 1e9);
             if (t < best) best = t;
         }
-        if (cpu_q8_vnni()) {
-            double tq = time_matmul(CPU_ISA_AVX512, CPU_GEMM_Q8, pool, a, scratch, reps);
-            printf(" q8_avx512_gflops=%.1f", flop / tq / 1e9);
+        for (int isa = CPU_ISA_COUNT - 1; isa > 0; isa--) {
+            if (!cpu_isa_supported((enum CpuIsa)isa) || (int)cpu_q8_kernel((enum CpuIsa)isa) != isa)
+                continue;
+            double tq = time_matmul((enum CpuIsa)isa, CPU_GEMM_Q8, pool, a, scratch, reps);
+            printf(" q8_%s_gflops=%.1f", cpu_isa_name((enum CpuIsa)isa), flop / tq / 1e9);
             if (tq < best) best = tq;
         }
         double tb = time_matmul(cpu_isa_best(), CPU_GEMM_OPENBLAS, pool, a, scratch, reps);

@@ -38,8 +38,8 @@ def run(model, *args, tokens=None, timeout=900, check=True, stdin=None, env=None
 
 
 # The prefill products the reference comparisons use: f32 (DIFFRAG_GEMM=native), which stay
-# within f32 rounding of exact products; the int8 products (the default with AVX-512 VNNI)
-# round the activations to 8 bits first and are checked on their own (test_kernels).
+# within f32 rounding of exact products; the int8 products (the default with AVX-512 VNNI or
+# AVX2) round the activations to 8 bits first and are checked on their own (test_kernels).
 F32_PRODUCTS = {"DIFFRAG_GEMM": "native"}
 
 

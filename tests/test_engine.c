@@ -57,7 +57,7 @@ int main(void)
     setvbuf(stdout, NULL, _IOLBF, 0);
     /* f32 prefill products: the checks below hold prefill, decode and scoring to each other
      * within f32 rounding, and decode's one-token products are f32. The int8 prefill products
-     * (the default with AVX-512 VNNI) round the activations to 8 bits first; test_kernels and
+     * (the default with AVX-512 VNNI or AVX2) round the activations to 8 bits first; test_kernels and
      * test_qwen_oracle.py check those. */
     setenv("DIFFRAG_GEMM", "native", 1);
     const char *path = getenv("DIFFRAG_TEST_MODEL");

@@ -505,18 +505,64 @@ static void ggml_round_row(enum Q8Act act, const float *x, int k, float *out)
     }
 }
 
-/* The int8 pieces on their own: the AVX-512 rounding, panels and microkernel against the
- * portable ones, bit for bit, and the panels against the decoded weights. */
+/* Largest-magnitude sums for the AVX2 microkernel's 16-bit pair sums: every quant of the panel
+ * at 0 or at the type's largest value, inputs at +-127, against the portable kernel. */
+static int q8_extremes(const struct Q8Type *t, int k)
+{
+    size_t pb = (cpu_q8_panel_bytes(k, t->g) + 63) & ~(size_t)63;
+    uint8_t *panel = aligned_alloc(64, pb);
+    int n = 6, ns = k / t->g, bad = 0;
+    struct Q8Rows qr = {.q = malloc((size_t)n * k), .q_stride = (size_t)k,
+                        .d = malloc(4 * (size_t)n * ns), .nx = malloc(4 * (size_t)n * ns),
+                        .dx = malloc(4 * (size_t)n * ns), .s_stride = (size_t)ns, .g = t->g};
+    float *y0 = malloc(sizeof(float) * (size_t)n * 32), *y1 = malloc(sizeof(float) * (size_t)n * 32);
+    for (int form = 0; form < 4; form++) {
+        /* form 0: all at the top; 1: all zero; 2, 3: mixed by output and input */
+        for (int s = 0; s < ns; s++) {
+            uint8_t *ps = panel + (size_t)s * ((size_t)t->g * 32 + 256);
+            for (int e = 0; e < t->g * 32; e++)
+                ps[e] = form == 0 ? (uint8_t)t->umax : form == 1 ? 0
+                        : ((e / 4 + e % 4 + form) & 1) ? (uint8_t)t->umax : 0;
+            float *fa = (float *)(void *)(ps + (size_t)t->g * 32);
+            for (int j = 0; j < 64; j++) fa[j] = 0.001f * (float)(j + 1);
+        }
+        for (int i = 0; i < n; i++) {
+            for (int c = 0; c < k; c++)
+                qr.q[(size_t)i * k + c] = (int8_t)(form < 2 ? (i % 2 ? -127 : 127)
+                                                   : ((c + i) % 3 ? 127 : -127));
+            for (int s = 0; s < ns; s++) {
+                int32_t sum = 0;
+                for (int c = 0; c < t->g; c++) sum += qr.q[(size_t)i * k + s * t->g + c];
+                qr.d[i * ns + s] = 0.5f;
+                qr.nx[i * ns + s] = -sum;
+                qr.dx[i * ns + s] = 0.5f * (float)sum;
+            }
+        }
+        struct Q8Block qb = {.x = &qr, .i0 = 0, .n = n, .k = k, .panel = panel, .m_blk = 32,
+                             .shift = t->shift, .umax = t->umax, .y = y0, .y_stride = 32};
+        cpu_q8_gemm_block(&qb);
+        qb.y = y1;
+        cpu_q8_gemm_block_avx2(&qb);
+        bad += memcmp(y0, y1, sizeof(float) * (size_t)n * 32) != 0;
+    }
+    free(panel); free(qr.q); free(qr.d); free(qr.nx); free(qr.dx); free(y0); free(y1);
+    return bad;
+}
+
+/* The int8 pieces on their own: the AVX-512 rounding, panels and microkernel and the AVX2
+ * panels and microkernel against the portable ones, bit for bit, and the panels against the
+ * decoded weights. */
 static void test_q8(void)
 {
-    if (!cpu_q8_vnni()) {
-        printf("q8: this processor has no AVX-512 VNNI; only the portable int8 pieces are "
-               "checked (through matmul)\n");
+    int vnni = cpu_q8_vnni(), avx2 = cpu_isa_supported(CPU_ISA_AVX2);
+    if (!vnni && !avx2) {
+        printf("q8: this processor has neither AVX-512 VNNI nor AVX2; only the portable int8 "
+               "pieces are checked (through matmul)\n");
         return;
     }
     int checked = 0;
     /* Rounding: rows with zero blocks, ties and one large element. */
-    for (int act = 0; act < Q8_ACT_COUNT; act++)
+    for (int act = 0; act < Q8_ACT_COUNT && vnni; act++)
         for (int g = 16; g <= 32; g += 16) {
             if (act == Q8_ACT_32 && g == 16) continue;
             int k = 1024, n = 5;
@@ -573,10 +619,14 @@ static void test_q8(void)
         for (int r0 = 0; r0 < m; r0 += 32) {
             int mb = m - r0 < 32 ? m - r0 : 32;
             memset(p0, 0xa5, pb);
-            memset(p1, 0x5a, pb);
             cpu_q8_panel(&w, r0, mb, p0, work);
-            cpu_q8_panel_avx512(&w, r0, mb, p1, work);
-            bad += memcmp(p0, p1, cpu_q8_panel_bytes(k, t.g)) != 0;
+            for (int path = 0; path < 2; path++) {
+                if (!(path ? avx2 : vnni)) continue;
+                memset(p1, 0x5a, pb);
+                if (path) cpu_q8_panel_avx2(&w, r0, mb, p1, work);
+                else cpu_q8_panel_avx512(&w, r0, mb, p1, work);
+                bad += memcmp(p0, p1, cpu_q8_panel_bytes(k, t.g)) != 0;
+            }
             /* a * (u - 2^shift) or a * u + off gives the decoded weight exactly. */
             size_t sbs = (size_t)t.g * 32 + 256;
             for (int j = 0; j < mb; j++) {
@@ -598,26 +648,37 @@ static void test_q8(void)
                                 .dx = malloc(4 * (size_t)n * (k / t.g)), .s_stride = (size_t)(k / t.g), .g = t.g};
             for (int i = 0; i < n; i++) cpu_q8_quantize_row(t.act, x + (size_t)i * k, k, &qr, i);
             float *y0 = malloc(sizeof(float) * (size_t)n * 40), *y1 = malloc(sizeof(float) * (size_t)n * 40);
+            float *ys = malloc(sizeof(float) * (size_t)n * 40);
             for (int acc = 0; acc < 2; acc++) {
-                for (int i = 0; i < n * 40; i++) y0[i] = y1[i] = frand();
+                for (int i = 0; i < n * 40; i++) ys[i] = y0[i] = frand();
                 struct Q8Block qb = {.x = &qr, .i0 = 2, .n = n - 2, .k = k, .panel = p1, .m_blk = mb,
-                                     .shift = t.shift, .y = y0, .y_stride = 40, .accumulate = acc};
+                                     .shift = t.shift, .umax = t.umax, .y = y0, .y_stride = 40,
+                                     .accumulate = acc};
                 cpu_q8_gemm_block(&qb);
                 qb.y = y1;
-                cpu_q8_gemm_block_avx512(&qb);
-                bad += memcmp(y0, y1, sizeof(float) * (size_t)n * 40) != 0;
+                for (int path = 0; path < 2; path++) {
+                    if (!(path ? avx2 : vnni)) continue;
+                    memcpy(y1, ys, sizeof(float) * (size_t)n * 40);
+                    if (path) cpu_q8_gemm_block_avx2(&qb);
+                    else cpu_q8_gemm_block_avx512(&qb);
+                    bad += memcmp(y0, y1, sizeof(float) * (size_t)n * 40) != 0;
+                }
             }
+            free(ys);
             free(x); free(qr.q); free(qr.d); free(qr.nx); free(qr.dx); free(y0); free(y1);
         }
-        CHECK(bad == 0, "q8 %s: %d panels or products differ between AVX-512 and portable",
+        if (avx2) bad += q8_extremes(&t, k);
+        CHECK(bad == 0, "q8 %s: %d panels or products differ from the portable ones",
               TYPE_NAMES[ti], bad);
         CHECK(wrong == 0, "q8 %s: %d panel values differ from the decoded weights", TYPE_NAMES[ti],
               wrong);
         checked++;
         free(src); free(wd); free(p0); free(p1); free(work); free(wf);
     }
-    printf("q8: %d roundings and types: AVX-512 rounding, panels and products equal the portable "
-           "ones bit for bit; panels give the decoded weights exactly\n", checked);
+    printf("q8: %d roundings and types: %s%s%s equal the portable ones bit for bit; panels "
+           "give the decoded weights exactly\n", checked,
+           vnni ? "the AVX-512 rounding, panels and products" : "", vnni && avx2 ? " and " : "",
+           avx2 ? "the AVX2 panels and products (also at the largest sums)" : "");
 }
 
 static int onerow_cases;
@@ -673,10 +734,11 @@ static double matmul_case(uint32_t type, int n, int k, int m, int mode, const ch
         if (!cpu_isa_supported((enum CpuIsa)isa)) continue;
         for (int gemm = 0; gemm < 3; gemm++)
             for (int threads = 1; threads <= 4; threads += (threads == 1 ? 1 : 2)) {
-                /* int8 products: on AVX-512 VNNI for more than one row of the types that have
-                 * them, against the inputs rounded as GGML rounds them; else as native. */
-                int int8 = gemm == CPU_GEMM_Q8 && q8 && n > 1 && isa == CPU_ISA_AVX512 &&
-                           cpu_q8_vnni();
+                /* int8 products: with AVX-512 VNNI or AVX2, for more than one row of the types
+                 * that have them, against the inputs rounded as GGML rounds them; else as
+                 * native. */
+                int int8 = gemm == CPU_GEMM_Q8 && q8 && n > 1 &&
+                           cpu_q8_kernel((enum CpuIsa)isa) != CPU_ISA_SCALAR;
                 if (gemm == CPU_GEMM_Q8 && int8) q8_cases++;
                 struct ThreadPool *pool = NULL;
                 CHECK(pool_new(threads, &pool) == 0, "pool_new");
@@ -753,10 +815,11 @@ static void test_matmul(void)
            "relative error %.3e\n", cases, (int)N_TYPES, worst);
     printf("matmul: %d batches of one-row products (2-77 rows) on every path: each row equals "
            "its own one-row product bit for bit\n", onerow_cases);
-    if (cpu_q8_vnni())
+    if (cpu_q8_kernel(cpu_isa_best()) != CPU_ISA_SCALAR)
         printf("matmul: %d int8 (q8) runs checked against GGML-rounded inputs\n", q8_cases);
     else
-        printf("matmul: this processor has no AVX-512 VNNI; the int8 products ran as native\n");
+        printf("matmul: this processor has neither AVX-512 VNNI nor AVX2; the int8 products "
+               "ran as native\n");
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -7,7 +7,7 @@ stored, and the same weights dequantised to F32 ("f32_weights"). The engine scor
 in one context (build/tests/score_positions, engine_score_positions).
 
 llama.cpp's quantised dot products round the activations to 8 bits (GGML's Q8_0 and Q8_K), and so
-do the engine's int8 prefill products (the default where the processor has AVX-512 VNNI); its
+do the engine's int8 prefill products (the default where the processor has AVX-512 VNNI or AVX2); its
 f32 products (DIFFRAG_GEMM=native) keep them in f32. Both are scored:
 - f32 products against llama.cpp on the F32 weights: perplexity within 0.2%, top token equal at
   >= 99.5% of positions (measured: 0.001% and 99.95%);
@@ -170,7 +170,7 @@ def test_engine_matches_llama_cpp(record, qwen, tmp_path):
     assert abs(f_ratio - 1) <= F32_PPL_REL, f"perplexity ratio {f_ratio:.5f} to llama.cpp (F32)"
     assert f_agree >= F32_TOP_AGREE, f"top token equal at {100 * f_agree:.2f}% (F32)"
 
-    # The default products (int8 where the processor has AVX-512 VNNI) against llama.cpp's
+    # The default products (int8 where the processor has AVX-512 VNNI or AVX2) against llama.cpp's
     # quantised path.
     nll, top = score(qwen, path, n, None)
     print("the engine's default products:")

@@ -118,7 +118,7 @@ void cpu_silu_mul_avx512(float *g, const float *u, int n);
 void cpu_pack_panel_avx512(const float *rows, int nr, int k, float *panel);
 void cpu_pack_panel_avx2(const float *rows, int nr, int k, float *panel);
 
-/* --- int8 prefill products (gemm_q8.c, gemm_q8_avx512.c) ---
+/* --- int8 prefill products (gemm_q8.c, gemm_q8_avx512.c, gemm_q8_avx2.c) ---
  * With CPU_GEMM_Q8, products of quantised weights with more than one input row run on 8-bit
  * integers, as GGML's CPU backend computes them: each input row is rounded to 8 bits per
  * element (GGML's Q8_0 blocks of 32 for Q4_0..Q8_0 weights, Q8_K super-blocks of 256 for the
@@ -134,6 +134,7 @@ struct Q8Type {
     enum Q8Act act;
     int g;       /* sub-block: 16 or 32 elements */
     int shift;
+    int umax;    /* the largest unsigned quant u (255: Q8_0, whose u is its signed quant + 128) */
 };
 int cpu_q8_type(uint32_t type, struct Q8Type *t);
 
@@ -165,6 +166,7 @@ size_t cpu_q8_panel_work(int k);
 void cpu_q8_panel(const struct Weights *w, int r0, int mb, uint8_t *panel, uint8_t *work);
 void cpu_q8_panel_avx512(const struct Weights *w, int r0, int mb, uint8_t *panel,
                          uint8_t *work);
+void cpu_q8_panel_avx2(const struct Weights *w, int r0, int mb, uint8_t *panel, uint8_t *work);
 /* Row r of w (r >= w->rows: zeros) as unsigned quants u[w->cols] with a factor a and offset
  * off per sub-block, in element order (the portable decoding both panel builders share). */
 void cpu_q8_decode_row(const struct Weights *w, int r, uint8_t *u, float *a, float *off);
@@ -178,14 +180,19 @@ struct Q8Block {
     int i0, n, k;
     const uint8_t *panel;
     int m_blk, shift;
+    int umax;    /* the weight type's Q8Type.umax (the AVX2 kernel's 16-bit sums depend on it) */
     float *y;
     size_t y_stride;
     int accumulate;
 };
 void cpu_q8_gemm_block(const struct Q8Block *b);
 void cpu_q8_gemm_block_avx512(const struct Q8Block *b);
+void cpu_q8_gemm_block_avx2(const struct Q8Block *b);
 /* Whether this processor runs the AVX-512 int8 products (AVX-512 VNNI). */
 int cpu_q8_vnni(void);
+/* Which int8 microkernel the path `isa` runs: CPU_ISA_AVX512 (VNNI), CPU_ISA_AVX2 (also on
+ * AVX-512 without VNNI), or CPU_ISA_SCALAR where the products stay f32 (no int8 path). */
+enum CpuIsa cpu_q8_kernel(enum CpuIsa isa);
 /* x16 tile (group, block) of an X16 matrix. */
 const uint8_t *cpu_x16_tile(const struct Weights *w, int group, int block);
 

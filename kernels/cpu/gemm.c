@@ -74,7 +74,7 @@ struct GemmJob {
     float *scratch;
     size_t per_thread;
     const float *xsum;         /* one token: per-32-block sums of x */
-    int q8;                    /* int8 products for the weight types that have them */
+    enum CpuIsa q8;            /* the int8 kernel (CPU_ISA_SCALAR: none) for the types that have them */
     struct Q8Rows q8x[Q8_VIEWS];
     int q8_need[Q8_VIEWS];
 };
@@ -127,7 +127,7 @@ static void panel_k(enum CpuIsa isa, const struct Weights *w, int c0, int mb, fl
 /* Which int8 view of the input a weight type multiplies: -1 for none. */
 static int q8_view(uint32_t type)
 {
-    struct Q8Type t = {Q8_ACT_32, 32, -1};
+    struct Q8Type t = {Q8_ACT_32, 32, -1, 0};
     if (!cpu_q8_type(type, &t)) return -1;
     return t.act == Q8_ACT_32 ? 0 : t.g == 32 ? 1 : 2;
 }
@@ -145,12 +145,17 @@ static void gemm_one(const struct GemmJob *job, const struct Weights *w, int c0,
         cpu_q8_type(w->type, &t);
         uint8_t *panel = (uint8_t *)ws;
         uint8_t *work = panel + round_up(cpu_q8_panel_bytes(k, t.g), 64);
-        cpu_q8_panel_avx512(w, c0, mb, panel, work);
         struct Q8Block qb = {
             .x = &job->q8x[view], .i0 = i0, .n = n, .k = k, .panel = panel, .m_blk = mb,
-            .shift = t.shift, .y = y, .y_stride = ys, .accumulate = acc,
+            .shift = t.shift, .umax = t.umax, .y = y, .y_stride = ys, .accumulate = acc,
         };
-        cpu_q8_gemm_block_avx512(&qb);
+        if (job->q8 == CPU_ISA_AVX512) {
+            cpu_q8_panel_avx512(w, c0, mb, panel, work);
+            cpu_q8_gemm_block_avx512(&qb);
+        } else {
+            cpu_q8_panel_avx2(w, c0, mb, panel, work);
+            cpu_q8_gemm_block_avx2(&qb);
+        }
         return;
     }
     const float *x = a->x + (size_t)i0 * a->x_stride;
@@ -339,14 +344,16 @@ static void quant_task(void *ctx, int task, int thread)
     int i1 = (task + 1) * qj->per < a->n ? (task + 1) * qj->per : a->n;
     for (int i = task * qj->per; i < i1; i++) {
         const float *x = a->x + (size_t)i * a->x_stride;
-        if (job->q8_need[0]) cpu_q8_quantize_row_avx512(Q8_ACT_32, x, a->k, &job->q8x[0], i);
+        void (*round)(enum Q8Act, const float *, int, const struct Q8Rows *, int) =
+            job->q8 == CPU_ISA_AVX512 ? cpu_q8_quantize_row_avx512 : cpu_q8_quantize_row;
+        if (job->q8_need[0]) round(Q8_ACT_32, x, a->k, &job->q8x[0], i);
         if (!job->q8_need[1] && !job->q8_need[2]) continue;
         const struct Q8Rows *v16 = &job->q8x[2], *v32 = &job->q8x[1];
         if (!job->q8_need[2]) {
-            cpu_q8_quantize_row_avx512(Q8_ACT_K, x, a->k, v32, i);
+            round(Q8_ACT_K, x, a->k, v32, i);
             continue;
         }
-        cpu_q8_quantize_row_avx512(Q8_ACT_K, x, a->k, v16, i);
+        round(Q8_ACT_K, x, a->k, v16, i);
         if (!job->q8_need[1]) continue;
         for (int s = 0; s < a->k / 32; s++) {
             size_t at = (size_t)i * v32->s_stride + s, f = (size_t)i * v16->s_stride + 2 * s;
@@ -424,16 +431,16 @@ void cpu_matmul_with(enum CpuIsa isa, enum CpuGemm gemm, struct ThreadPool *pool
     }
     job.row_block = a->n;
     job.n_row_blocks = 1;
-    job.q8 = !single && gemm == CPU_GEMM_Q8 && isa == CPU_ISA_AVX512 && cpu_q8_vnni();
+    job.q8 = !single && gemm == CPU_GEMM_Q8 ? cpu_q8_kernel(isa) : CPU_ISA_SCALAR;
     if (job.q8) {
         uint8_t *area = (uint8_t *)(base + job.per_thread * (size_t)threads +
                                     (size_t)a->n * (round_up((size_t)a->k, 32) / 32) + ALIGN_FLOATS);
         q8_prepare(&job, pool, (uint8_t *)(((uintptr_t)area + 63) & ~(uintptr_t)63));
     }
     if (!single) {
-        /* Row blocks of whole microkernel tiles (14 rows f32, 6 int8) whose inputs fit the
-         * cache budget. */
-        int unit = job.q8 ? 6 : 14;
+        /* Row blocks of whole microkernel tiles (14 rows f32; int8 6, or 4 on AVX2) whose
+         * inputs fit the cache budget. */
+        int unit = job.q8 == CPU_ISA_AVX512 ? 6 : job.q8 ? 4 : 14;
         int fit = (int)(ROW_BLOCK_BYTES / ((size_t)a->k * (job.q8 ? 1 : sizeof(float))));
         fit = fit < unit ? unit : fit / unit * unit;
         job.n_row_blocks = (a->n + fit - 1) / fit;

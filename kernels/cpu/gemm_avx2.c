@@ -13,27 +13,16 @@
 #pragma GCC target("avx2,fma,f16c")
 #endif
 
+#include "kernels/cpu/transpose_avx2.h"
+
 enum { MR = 6, NR = 16 };
 
 static inline void transpose8(const float *src, size_t ss, float *dst, size_t ds)
 {
-    __m256 r[8], t[8];
+    __m256 r[8];
     for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * ss);
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 8; i += 4) {
-        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
-        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
-    }
-    for (int c = 0; c < 4; c++) {
-        t[c] = _mm256_permute2f128_ps(r[c], r[4 + c], 0x20);
-        t[4 + c] = _mm256_permute2f128_ps(r[c], r[4 + c], 0x31);
-    }
-    for (int i = 0; i < 8; i++) _mm256_storeu_ps(dst + i * ds, t[i]);
+    avx2_transpose8(r);
+    for (int i = 0; i < 8; i++) _mm256_storeu_ps(dst + i * ds, r[i]);
 }
 
 void cpu_pack_panel_avx2(const float *rows, int nr, int k, float *panel)

@@ -15,16 +15,16 @@ int cpu_q8_type(uint32_t type, struct Q8Type *t)
 {
     struct Q8Type v;
     switch (type) {
-    case DQ_Q4_0: v = (struct Q8Type){Q8_ACT_32, 32, 3}; break;
-    case DQ_Q4_1: v = (struct Q8Type){Q8_ACT_32, 32, -1}; break;
-    case DQ_Q5_0: v = (struct Q8Type){Q8_ACT_32, 32, 4}; break;
-    case DQ_Q5_1: v = (struct Q8Type){Q8_ACT_32, 32, -1}; break;
-    case DQ_Q8_0: v = (struct Q8Type){Q8_ACT_32, 32, 7}; break;
-    case DQ_Q2_K: v = (struct Q8Type){Q8_ACT_K, 16, -1}; break;
-    case DQ_Q3_K: v = (struct Q8Type){Q8_ACT_K, 16, 2}; break;
-    case DQ_Q4_K: v = (struct Q8Type){Q8_ACT_K, 32, -1}; break;
-    case DQ_Q5_K: v = (struct Q8Type){Q8_ACT_K, 32, -1}; break;
-    case DQ_Q6_K: v = (struct Q8Type){Q8_ACT_K, 16, 5}; break;
+    case DQ_Q4_0: v = (struct Q8Type){Q8_ACT_32, 32, 3, 15}; break;
+    case DQ_Q4_1: v = (struct Q8Type){Q8_ACT_32, 32, -1, 15}; break;
+    case DQ_Q5_0: v = (struct Q8Type){Q8_ACT_32, 32, 4, 31}; break;
+    case DQ_Q5_1: v = (struct Q8Type){Q8_ACT_32, 32, -1, 31}; break;
+    case DQ_Q8_0: v = (struct Q8Type){Q8_ACT_32, 32, 7, 255}; break;
+    case DQ_Q2_K: v = (struct Q8Type){Q8_ACT_K, 16, -1, 3}; break;
+    case DQ_Q3_K: v = (struct Q8Type){Q8_ACT_K, 16, 2, 7}; break;
+    case DQ_Q4_K: v = (struct Q8Type){Q8_ACT_K, 32, -1, 15}; break;
+    case DQ_Q5_K: v = (struct Q8Type){Q8_ACT_K, 32, -1, 31}; break;
+    case DQ_Q6_K: v = (struct Q8Type){Q8_ACT_K, 16, 5, 63}; break;
     default: return 0;
     }
     if (t) *t = v;
@@ -81,7 +81,7 @@ void cpu_q8_quantize_row(enum Q8Act act, const float *x, int k, const struct Q8R
  * order of the elements (rows past w's give zeros). */
 void cpu_q8_decode_row(const struct Weights *w, int rr, uint8_t *u, float *a, float *off)
 {
-    struct Q8Type tt = {Q8_ACT_32, 32, -1};
+    struct Q8Type tt = {Q8_ACT_32, 32, -1, 0};
     cpu_q8_type(w->type, &tt);
     const struct Q8Type *t = &tt;
     int k = w->cols, ns = k / t->g;
@@ -196,7 +196,7 @@ size_t cpu_q8_panel_work(int k)
 
 void cpu_q8_panel(const struct Weights *w, int r0, int mb, uint8_t *panel, uint8_t *work)
 {
-    struct Q8Type t = {Q8_ACT_32, 32, -1};
+    struct Q8Type t = {Q8_ACT_32, 32, -1, 0};
     cpu_q8_type(w->type, &t);
     int k = w->cols, ns = k / t.g;
     size_t sbs = (size_t)t.g * 32 + 256;

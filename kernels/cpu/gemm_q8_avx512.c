@@ -20,6 +20,7 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 #endif
 
+#include "kernels/cpu/q8_panel_simd.h"
 #include "kernels/cpu/transpose_avx512.h"
 
 enum { MR = 6 };
@@ -100,17 +101,6 @@ void cpu_q8_quantize_row_avx512(enum Q8Act act, const float *x, int k, const str
 
 /* --- weight panels --- */
 
-/* Columns c0..c0+3 (16 rows each, one byte per row) as 16 rows of four bytes at dst. */
-static inline void put4(uint8_t *dst, __m128i c0, __m128i c1, __m128i c2, __m128i c3)
-{
-    __m128i t0 = _mm_unpacklo_epi8(c0, c1), t1 = _mm_unpackhi_epi8(c0, c1);
-    __m128i t2 = _mm_unpacklo_epi8(c2, c3), t3 = _mm_unpackhi_epi8(c2, c3);
-    _mm_store_si128((__m128i *)(void *)dst, _mm_unpacklo_epi16(t0, t2));
-    _mm_store_si128((__m128i *)(void *)(dst + 16), _mm_unpackhi_epi16(t0, t2));
-    _mm_store_si128((__m128i *)(void *)(dst + 32), _mm_unpacklo_epi16(t1, t3));
-    _mm_store_si128((__m128i *)(void *)(dst + 48), _mm_unpackhi_epi16(t1, t3));
-}
-
 /* Half h (outputs 16h..16h+15) of an X16 matrix's panel: group g's tiles, one per
  * 32-element block (sub-block). */
 static void panel_x16(const struct Weights *w, const struct Q8Type *t, int g, int h,
@@ -118,7 +108,7 @@ static void panel_x16(const struct Weights *w, const struct Q8Type *t, int g, in
 {
     const size_t sbs = 32 * 32 + 256;
     int hdr = cpu_x16_header(w->type), five = w->type == DQ_Q5_0 || w->type == DQ_Q5_1;
-    const __m128i lo4 = _mm_set1_epi8(0x0f), bit5 = _mm_set1_epi8(0x10);
+    const __m128i bit5 = _mm_set1_epi8(0x10);
     for (int b = 0; b < w->cols / 32; b++) {
         const uint8_t *tile = cpu_x16_tile(w, g, b), *q = tile + hdr;
         uint8_t *ps = panel + (size_t)b * sbs;
@@ -130,95 +120,23 @@ static void panel_x16(const struct Weights *w, const struct Q8Type *t, int g, in
         _mm512_store_ps(fa + 16 * h, a);
         _mm512_store_ps(fa + 32 + 16 * h, off);
         __m128i col[32];
-        if (w->type == DQ_Q8_0) {
-            for (int c = 0; c < 32; c++)
-                col[c] = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(const void *)(q + 16 * c)),
-                                       _mm_set1_epi8((char)0x80));
-        } else {
-            for (int c = 0; c < 16; c++) {
-                __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(q + 16 * c));
-                col[c] = _mm_and_si128(v, lo4);
-                col[c + 16] = _mm_and_si128(_mm_srli_epi16(v, 4), lo4);
-            }
-            if (five) {
-                const uint8_t *hm = q - 64;
-                for (int c = 0; c < 32; c++) {
-                    __mmask16 m = (__mmask16)(hm[2 * c] | hm[2 * c + 1] << 8);
-                    col[c] = _mm_or_si128(col[c], _mm_maskz_mov_epi8(m, bit5));
-                }
+        q8_x16_cols(w->type, q, col);
+        if (five) {
+            const uint8_t *hm = q - 64;
+            for (int c = 0; c < 32; c++) {
+                __mmask16 m = (__mmask16)(hm[2 * c] | hm[2 * c + 1] << 8);
+                col[c] = _mm_or_si128(col[c], _mm_maskz_mov_epi8(m, bit5));
             }
         }
         for (int s = 0; s < 8; s++)
-            put4(ps + (size_t)s * 128 + 64 * h, col[4 * s], col[4 * s + 1], col[4 * s + 2],
+            q8_put4(ps + (size_t)s * 128 + 64 * h, col[4 * s], col[4 * s + 1], col[4 * s + 2],
                  col[4 * s + 3]);
-    }
-}
-
-/* One super-block of a row-layout K-quant row as 256 unsigned quants, with each sub-block's
- * factor and offset stored for output j of the panel from sub-block s0 on. */
-static void row_k(uint32_t type, const uint8_t *blk, uint8_t *u, uint8_t *ps0, size_t sbs,
-                  int g, int j)
-{
-    const __m256i lo4 = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(0x30);
-    if (type == DQ_Q6_K) {
-        const uint8_t *ql = blk, *qh = blk + 128;
-        const int8_t *sc = (const int8_t *)(const void *)(blk + 192);
-        float d = kquant_half(blk + 208);
-        for (int s = 0; s < 16; s++) {
-            float *fa = (float *)(void *)(ps0 + (size_t)s * sbs + (size_t)g * 32);
-            fa[j] = d * (float)sc[s];
-            fa[32 + j] = -fa[j] * 32.f;
-        }
-        for (int h = 0; h < 2; h++, ql += 64, qh += 32, u += 128) {
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)(const void *)ql);
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
-            __m256i hb = _mm256_loadu_si256((const __m256i *)(const void *)qh);
-            __m256i e0 = _mm256_or_si256(_mm256_and_si256(l0, lo4),
-                                         _mm256_and_si256(_mm256_slli_epi16(hb, 4), two));
-            __m256i e1 = _mm256_or_si256(_mm256_and_si256(l1, lo4),
-                                         _mm256_and_si256(_mm256_slli_epi16(hb, 2), two));
-            __m256i e2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4),
-                                         _mm256_and_si256(hb, two));
-            __m256i e3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
-                                         _mm256_and_si256(_mm256_srli_epi16(hb, 2), two));
-            _mm256_storeu_si256((__m256i *)(void *)u, e0);
-            _mm256_storeu_si256((__m256i *)(void *)(u + 32), e1);
-            _mm256_storeu_si256((__m256i *)(void *)(u + 64), e2);
-            _mm256_storeu_si256((__m256i *)(void *)(u + 96), e3);
-        }
-        return;
-    }
-    /* Q4_K, Q5_K */
-    int five = type == DQ_Q5_K;
-    float d = kquant_half(blk), dmin = kquant_half(blk + 2);
-    uint8_t sc[8], mn[8];
-    kquant_scales_mins(blk + 4, sc, mn);
-    for (int s = 0; s < 8; s++) {
-        float *fa = (float *)(void *)(ps0 + (size_t)s * sbs + (size_t)g * 32);
-        fa[j] = d * (float)sc[s];
-        fa[32 + j] = -(dmin * (float)mn[s]);
-    }
-    const uint8_t *q = blk + (five ? 48 : 16);
-    __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(const void *)(blk + 16))
-                      : _mm256_setzero_si256();
-    const __m256i one = _mm256_set1_epi8(1);
-    for (int p = 0; p < 4; p++) {
-        __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(q + 32 * p));
-        __m256i e0 = _mm256_and_si256(v, lo4);
-        __m256i e1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
-        if (five) {
-            __m128i s0 = _mm_cvtsi32_si128(2 * p), s1 = _mm_cvtsi32_si128(2 * p + 1);
-            e0 = _mm256_or_si256(e0, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, s0), one), 4));
-            e1 = _mm256_or_si256(e1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, s1), one), 4));
-        }
-        _mm256_storeu_si256((__m256i *)(void *)(u + 64 * p), e0);
-        _mm256_storeu_si256((__m256i *)(void *)(u + 64 * p + 32), e1);
     }
 }
 
 void cpu_q8_panel_avx512(const struct Weights *w, int r0, int mb, uint8_t *panel, uint8_t *work)
 {
-    struct Q8Type t = {Q8_ACT_32, 32, -1};
+    struct Q8Type t = {Q8_ACT_32, 32, -1, 0};
     cpu_q8_type(w->type, &t);
     if (w->layout == WEIGHTS_X16) {
         int groups = (w->rows + 15) / 16;
@@ -252,24 +170,12 @@ void cpu_q8_panel_avx512(const struct Weights *w, int r0, int mb, uint8_t *panel
         cpu_q8_panel(w, r0, mb, panel, work);
         return;
     }
-    int g = t.g, bb = dequant_block_bytes(w->type);
+    int g = t.g;
     size_t sbs = (size_t)g * 32 + 256;
     uint8_t *rows = work; /* 32 rows x 256 quants */
     for (int sb = 0; sb < w->cols / QK_K; sb++) {
         uint8_t *ps0 = panel + (size_t)(sb * QK_K / g) * sbs;
-        for (int j = 0; j < 32; j++) {
-            if (j < mb) {
-                const uint8_t *blk = (const uint8_t *)w->data + (size_t)(r0 + j) * w->row_bytes +
-                                     (size_t)sb * bb;
-                row_k(w->type, blk, rows + (size_t)j * QK_K, ps0, sbs, g, j);
-                continue;
-            }
-            memset(rows + (size_t)j * QK_K, 0, QK_K);
-            for (int s = 0; s < QK_K / g; s++) {
-                float *fa = (float *)(void *)(ps0 + (size_t)s * sbs + (size_t)g * 32);
-                fa[j] = fa[32 + j] = 0.f;
-            }
-        }
+        q8_k_rows(w, g, r0, mb, sb, ps0, sbs, rows);
         /* 16 rows x 16 groups of four quants at a time into 16 steps of the panel. */
         for (int h = 0; h < 2; h++)
             for (int c0 = 0; c0 < QK_K; c0 += 64) {

@@ -67,13 +67,22 @@ static void choose(void)
      * (bench_kernels shapes; docs/performance.md); without either, OpenBLAS's kernels for the
      * machine beat the portable loops by far. */
     default_gemm = best_isa == CPU_ISA_SCALAR ? CPU_GEMM_OPENBLAS : CPU_GEMM_NATIVE;
-    /* The int8 products where the AVX-512 path and VNNI are there (docs/performance.md). */
-    int q8 = best_isa == CPU_ISA_AVX512 && cpu_q8_vnni();
-    if (q8) default_gemm = CPU_GEMM_Q8;
+    /* The int8 products by default where the AVX-512 path has VNNI and on the AVX2 path; on
+     * AVX-512 without VNNI the f32 products, twice as wide there, stay the default
+     * (docs/performance.md). */
+    enum CpuIsa q8 = cpu_q8_kernel(best_isa);
+    if (q8 == best_isa) default_gemm = CPU_GEMM_Q8;
     const char *g = getenv("DIFFRAG_GEMM");
     for (int i = CPU_GEMM_NATIVE; g && i <= CPU_GEMM_Q8; i++)
-        if (!strcmp(g, gemm_names[i]) && (i != CPU_GEMM_Q8 || q8))
+        if (!strcmp(g, gemm_names[i]) && (i != CPU_GEMM_Q8 || q8 != CPU_ISA_SCALAR))
             default_gemm = (enum CpuGemm)i;
+}
+
+enum CpuIsa cpu_q8_kernel(enum CpuIsa isa)
+{
+    if (isa == CPU_ISA_AVX512 && cpu_q8_vnni()) return CPU_ISA_AVX512;
+    if (isa >= CPU_ISA_AVX2 && cpu_isa_supported(CPU_ISA_AVX2)) return CPU_ISA_AVX2;
+    return CPU_ISA_SCALAR;
 }
 
 enum CpuIsa cpu_isa_best(void)
