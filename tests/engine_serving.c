@@ -411,7 +411,7 @@ int main(int argc, char **argv)
         printf("FAIL cannot load %s: %s\n", argv[1], err);
         return 1;
     }
-    /* DIFFRAG_TEST_SCALE=small (the sanitizer pass): the f16 cache only */
+    /* DIFFRAG_TEST_SCALE=small (slower machines, the sanitizer pass): the f16 cache only */
     const char *scale = getenv("DIFFRAG_TEST_SCALE");
     int small = scale && !strcmp(scale, "small");
     enum KvType kinds[] = {KV_F16, KV_F32, KV_Q8};
