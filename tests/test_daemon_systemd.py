@@ -154,11 +154,18 @@ def test_notify_ready_watchdog_reload_and_drain(tmp_path, model):
 def test_drain_timeout_cancels_what_is_left(tmp_path, model):
     with Daemon(tmp_path, model, workers=1, drain_timeout=0.5, max_tokens=4096) as d:
         c = d.client()
-        c.send(query("Rhine?", DOCS, id="long", max_tokens=4000))
-        time.sleep(0.8)
+        # streamed, so that SIGTERM comes once the request decodes (in flight, not queued: a
+        # queued one is refused with shutting_down), however slow the machine
+        c.send(query("Rhine?", DOCS, id="long", stream=True, max_tokens=4000))
+        first = c.recv(60)
+        assert first.get("delta") is not None, first
         t0 = time.time()
         d.send_signal(signal.SIGTERM)
-        r = c.recv(30)
+        r = None
+        while r is None:
+            m = c.recv(30)
+            if "ok" in m:
+                r = m
         rc = d.proc.wait(30)
         took = time.time() - t0
         print("drain timeout 0.5 s: reply %s after %.2f s, exit %d" % (r.get("finish_reason"),
