@@ -245,25 +245,30 @@ void cpu_q8_gemm_block_avx2(const struct Q8Block *b)
 {
     int g = b->x->g, sym = b->shift >= 0;
     /* Panel steps whose 16-bit pair sums (each at most 2 x umax x 127) stay below 2^15. */
-    int steps = b->umax >= 255 ? 1 : 32767 / (2 * 127 * (b->umax > 0 ? b->umax : 255));
+    int sgn = b->umax >= 255, steps = sgn || b->umax <= 0 ? 1 : 32767 / (2 * 127 * b->umax);
     steps = steps >= 8 ? 8 : steps >= 4 ? 4 : steps >= 2 ? 2 : 1;
     if (steps > g / 4) steps = g / 4;
+    /* The combinations the weight types have (cpu_q8_type); any other runs portably. */
+    int form = sgn ? 1 : g == 32 && steps == 8 ? 2 : g == 32 && steps == 4 ? 3
+             : g == 16 && steps == 4 ? 4 : g == 16 && sym && steps == 2 ? 5 : 0;
+    if (!form) {
+        cpu_q8_gemm_block(b);
+        return;
+    }
     for (int i = 0; i < b->n; i += MR) {
         int mr = b->n - i < MR ? b->n - i : MR;
         for (int h = 0; h < 2 && 16 * h < b->m_blk; h++) {
             __m256i m0 = lanes(16 * h, b->m_blk), m1 = lanes(16 * h + 8, b->m_blk);
-            if (b->umax >= 255) { Q8_ROWS(32, 1, 1, 1) }             /* Q8_0 */
-            else if (g == 32 && sym && steps == 8) { Q8_ROWS(32, 1, 8, 0) }   /* Q4_0 */
-            else if (g == 32 && steps == 8) { Q8_ROWS(32, 0, 8, 0) }  /* Q4_1, Q4_K */
-            else if (g == 32 && sym && steps == 4) { Q8_ROWS(32, 1, 4, 0) }   /* Q5_0 */
-            else if (g == 32 && steps == 4) { Q8_ROWS(32, 0, 4, 0) }  /* Q5_1, Q5_K */
-            else if (g == 32 && sym) { Q8_ROWS(32, 1, 1, 0) }
-            else if (g == 32) { Q8_ROWS(32, 0, 1, 0) }
-            else if (sym && steps == 4) { Q8_ROWS(16, 1, 4, 0) }      /* Q3_K */
-            else if (sym && steps == 2) { Q8_ROWS(16, 1, 2, 0) }      /* Q6_K */
-            else if (sym) { Q8_ROWS(16, 1, 1, 0) }
-            else if (steps == 4) { Q8_ROWS(16, 0, 4, 0) }             /* Q2_K */
-            else { Q8_ROWS(16, 0, 1, 0) }
+            switch (form * 2 + sym) {
+            case 3: Q8_ROWS(32, 1, 1, 1) break;      /* Q8_0 */
+            case 5: Q8_ROWS(32, 1, 8, 0) break;      /* Q4_0 */
+            case 4: Q8_ROWS(32, 0, 8, 0) break;      /* Q4_1, Q4_K */
+            case 7: Q8_ROWS(32, 1, 4, 0) break;      /* Q5_0 */
+            case 6: Q8_ROWS(32, 0, 4, 0) break;      /* Q5_1, Q5_K */
+            case 9: Q8_ROWS(16, 1, 4, 0) break;      /* Q3_K */
+            case 8: Q8_ROWS(16, 0, 4, 0) break;      /* Q2_K */
+            default: Q8_ROWS(16, 1, 2, 0) break;     /* Q6_K */
+            }
         }
     }
 }
