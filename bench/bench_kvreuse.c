@@ -26,8 +26,18 @@
  * of the first token's distribution and the mean over the answer (each the median over the
  * questions), and the stored KV bytes a token.
  *
+ * With --shared G, G questions share one context: their gold paragraphs (spread over its depths)
+ * among other articles' paragraphs, the same documents in every one's prompt, as when the
+ * questions are asked of one collection; the full prefill of the documents is then made once
+ * a context (the group's first prompt gives the time to first token, the others take the
+ * documents from the prefix cache), which makes larger samples affordable. The blend is made
+ * for every question, since the question weighs it. --answer-kl 0 leaves out the answer's
+ * divergence (a second blend a question).
+ * Also printed: SQuAD's word F1 off and on, and the questions only one side answered.
+ *
  * Usage: bench_kvreuse MODEL SQUAD_DIR [--budgets 8192,16384,32768] [--questions N]
- *        [--shares 0.15,...] [--selections probe,deviation] [--threads T] [--kv f16|q8] */
+ *        [--shares 0.15,...] [--selections probe,deviation] [--threads T] [--kv f16|q8]
+ *        [--shared G] [--answer-kl 0|1] */
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
@@ -38,6 +48,7 @@
 #include "bench/stats.h"
 #include "model/chunkkv.h"
 #include "model/engine.h"
+#include "model/kvpool.h"
 #include "model/model.h"
 #include "model/tokcount_model.h"
 #include "model/tokenizer.h"
@@ -177,6 +188,49 @@ static int contains_gold(const char *answer, const struct Question *q)
     return 0;
 }
 
+/* SQuAD's word F1 of an answer against the best of the gold answers: lower case, punctuation
+ * and the articles a, an, the dropped, words split at white space. */
+static int squad_words(const char *s, char words[][32], int cap)
+{
+    int n = 0;
+    while (*s && n < cap) {
+        while (*s && (isspace((unsigned char)*s) || ispunct((unsigned char)*s))) s++;
+        int len = 0;
+        while (*s && !isspace((unsigned char)*s)) {
+            if (!ispunct((unsigned char)*s) && len < 31)
+                words[n][len++] = (char)tolower((unsigned char)*s);
+            s++;
+        }
+        words[n][len] = 0;
+        if (len && strcmp(words[n], "a") && strcmp(words[n], "an") && strcmp(words[n], "the"))
+            n++;
+    }
+    return n;
+}
+
+static double squad_f1(const char *answer, const struct Question *q)
+{
+    enum { MAX_WORDS = 256 };
+    static char a[MAX_WORDS][32], g[MAX_WORDS][32];
+    int na = squad_words(answer, a, MAX_WORDS);
+    double best = 0;
+    for (int i = 0; i < q->n_answers; i++) {
+        int ng = squad_words(q->answers[i], g, MAX_WORDS), common = 0;
+        unsigned char used[MAX_WORDS] = {0};
+        for (int x = 0; x < na; x++)
+            for (int y = 0; y < ng; y++)
+                if (!used[y] && !strcmp(a[x], g[y])) {
+                    used[y] = 1;
+                    common++;
+                    break;
+                }
+        if (!common) continue;
+        double p = (double)common / na, r = (double)common / ng, f = 2 * p * r / (p + r);
+        if (f > best) best = f;
+    }
+    return best;
+}
+
 static uint64_t mix(uint64_t x)
 {
     x ^= x >> 33;
@@ -192,6 +246,128 @@ static struct CtxChunk chunk_of(const struct Passage *p)
     return (struct CtxChunk){.doc_id = p->id, .doc_id_len = strlen(p->id), .title = p->title,
                              .title_len = strlen(p->title), .text = p->text, .text_len = n,
                              .byte_end = n};
+}
+
+static int gold_passage(const struct Data *d, const struct Question *q)
+{
+    for (int i = 0; i < d->n_ps; i++)
+        if (!strcmp(d->ps[i].id, q->gold)) return i;
+    return -1;
+}
+
+/* The chunks of question qi's own context (without --shared): its gold paragraph among
+ * paragraphs of other articles (one set a budget, in this question's order), at a depth that
+ * moves with the question, into ch (room for d->n_ps + 1). Their number, or -1. */
+static int question_chunks(const struct Data *d, int gold, int qi, int budget,
+                           struct CtxChunk *ch)
+{
+    int *idx = calloc((size_t)d->n_ps, sizeof *idx), nc = 0;
+    if (!idx) return -1;
+    for (int i = 0; i < d->n_ps; i++)
+        if (d->ps[i].article != d->ps[gold].article) idx[nc++] = i;
+    for (int i = nc - 1; i > 0; i--) {  /* the budget's set: the first of a fixed shuffle */
+        int j = (int)(mix(0x5eedULL * 1000 + (uint64_t)i) % (uint64_t)(i + 1));
+        int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
+    }
+    int set = budget / 130 + 8; /* more than the budget holds: assembly stops it */
+    if (set > nc) set = nc;
+    for (int i = set - 1; i > 0; i--) {
+        int j = (int)(mix((uint64_t)qi * 7919 + (uint64_t)i) % (uint64_t)(i + 1));
+        int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
+    }
+    /* well inside what the budget holds (paragraphs are about 150 tokens) */
+    double frac = qi * 0.381966 - floor(qi * 0.381966);
+    int depth = (int)(frac * (budget / 200)), n_ch = 0;
+    for (int i = 0; i < set; i++) {
+        if (i == depth) ch[n_ch++] = chunk_of(&d->ps[gold]);
+        ch[n_ch++] = chunk_of(&d->ps[idx[i]]);
+    }
+    free(idx);
+    return n_ch;
+}
+
+/* --shared: the chunks that the questions qs[qidx[0..n)] share, into ch (room for d->n_ps):
+ * each one's gold paragraph (once) among paragraphs of the other articles, the golds spread
+ * evenly over the depths the budget holds, in group g's order; then cut to what the prompt
+ * holds beside the group's longest question, so that every question of the group gets the
+ * same documents. The number of chunks, or -1 (err set). */
+static int group_chunks(const struct Data *d, const struct TokenCounter *tc, const int *qidx,
+                        int n, int g, int budget, struct CtxChunk *ch, char *err, size_t errlen)
+{
+    int *gold = calloc((size_t)n, sizeof *gold), ng = 0;
+    int *idx = calloc((size_t)d->n_ps, sizeof *idx), nc = 0, rc = -1;
+    struct CtxChunk *all = calloc((size_t)d->n_ps, sizeof *all);
+    struct Context *cx = NULL;
+    if (!gold || !idx || !all) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    for (int k = 0; k < n; k++) {
+        int p = gold_passage(d, &d->qs[qidx[k]]), seen = 0;
+        if (p < 0) {
+            snprintf(err, errlen, "the paragraph %s is not in the passages", d->qs[qidx[k]].gold);
+            goto out;
+        }
+        for (int j = 0; j < ng; j++) seen |= gold[j] == p;
+        if (!seen) gold[ng++] = p;
+    }
+    for (int i = 0; i < d->n_ps; i++) {
+        int other = 1;
+        for (int j = 0; j < ng; j++) other &= d->ps[i].article != d->ps[gold[j]].article;
+        if (other) idx[nc++] = i;
+    }
+    for (int i = nc - 1; i > 0; i--) {  /* the set: the first paragraphs of a fixed shuffle */
+        int j = (int)(mix(0x5eedULL * 1000 + (uint64_t)i) % (uint64_t)(i + 1));
+        int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
+    }
+    int set = budget / 130 + 8;
+    if (set > nc) set = nc;
+    for (int i = set - 1; i > 0; i--) {  /* in the group's order */
+        int j = (int)(mix(0x9e37ULL * 1000 + (uint64_t)g * 7919 + (uint64_t)i) % (uint64_t)(i + 1));
+        int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
+    }
+    /* gold k at list position (k + 0.5) / ng of the depths the budget surely holds
+     * (paragraphs are about 150 tokens) */
+    int depths = budget / 200, na = 0, k = 0;
+    for (int i = 0; i < set || k < ng;) {
+        if (k < ng && (i == set || (int)((k + 0.5) * depths / ng) <= na))
+            all[na++] = chunk_of(&d->ps[gold[k++]]);
+        else
+            all[na++] = chunk_of(&d->ps[idx[i++]]);
+    }
+    /* the longest question's tokens, and the chunks the first question's prompt holds when
+     * it leaves that much room */
+    struct CtxOptions co = {.budget = (size_t)budget - 32, .order = CTX_ORDER_RANK,
+                            .no_truncate = 1};
+    size_t longest = 0, first = 0;
+    for (int q = 0; q < n; q++) {
+        const char *text = d->qs[qidx[q]].text;
+        if (ctx_assemble(tc, text, strlen(text), all, 0, &co, &cx, err, errlen)) goto out;
+        size_t len = cx->question.end - cx->question.start;
+        if (len > longest) longest = len;
+        if (!q) first = len;
+        ctx_destroy(&cx);
+    }
+    co.budget -= longest - first;
+    const char *text = d->qs[qidx[0]].text;
+    if (ctx_assemble(tc, text, strlen(text), all, (size_t)na, &co, &cx, err, errlen)) goto out;
+    for (size_t c = 0; c < cx->n_cites; c++) ch[c] = all[cx->cites[c].rank];
+    rc = (int)cx->n_cites;
+    for (int j = 0; j < ng; j++) {
+        int placed = 0;
+        for (int c = 0; c < rc; c++) placed |= !strcmp(ch[c].doc_id, d->ps[gold[j]].id);
+        if (!placed) {
+            snprintf(err, errlen, "the paragraph %s does not fit the budget", d->ps[gold[j]].id);
+            rc = -1;
+            break;
+        }
+    }
+out:
+    ctx_destroy(&cx);
+    free(all);
+    free(idx);
+    free(gold);
+    return rc;
 }
 
 /* KL(p || q) of the softmax distributions of two logits vectors, in nats. */
@@ -281,11 +457,11 @@ int main(int argc, char **argv)
     if (argc < 3) {
         fprintf(stderr, "usage: %s MODEL SQUAD_DIR [--budgets 8192,16384,32768] [--questions N] "
                         "[--shares S,...] [--selections probe,deviation] [--threads T] "
-                        "[--kv f16|q8]\n", argv[0]);
+                        "[--kv f16|q8] [--shared G] [--answer-kl 0|1]\n", argv[0]);
         return 2;
     }
     const char *model_path = argv[1], *squad = argv[2], *budgets_arg = "8192,16384,32768";
-    int n_q = 4, threads = 2;
+    int n_q = 4, threads = 2, shared = 0, with_akl = 1;
     const char *shares_arg = "0.15", *sel_arg = "probe";
     enum KvType kvt = KV_F16;
     for (int i = 3; i + 1 < argc; i += 2) {
@@ -294,6 +470,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--shares")) shares_arg = argv[i + 1];
         else if (!strcmp(argv[i], "--selections")) sel_arg = argv[i + 1];
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--shared")) shared = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--answer-kl")) with_akl = atoi(argv[i + 1]) != 0;
         else if (!strcmp(argv[i], "--kv")) kvt = !strcmp(argv[i + 1], "q8") ? KV_Q8 : KV_F16;
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
@@ -347,6 +525,10 @@ int main(int argc, char **argv)
     if (each_line(path, add_passage, &d)) return 1;
     snprintf(path, sizeof path, "%s/questions.jsonl", squad);
     if (each_line(path, add_question, &d)) return 1;
+    if (shared < 0 || shared > 64) {
+        fprintf(stderr, "--shared takes 0 (a context a question) to 64 questions a context\n");
+        return 2;
+    }
     if (d.n_qs < n_q || n_q < 1) {
         fprintf(stderr, "%d answerable questions, %d asked for\n", d.n_qs, n_q);
         return 1;
@@ -365,14 +547,24 @@ int main(int argc, char **argv)
     o.n_threads = threads;
     struct Engine *e = NULL, *helper = NULL;
     struct ChunkKv *store = NULL;
+    struct KvPool *pool = NULL;
+    /* --shared: room for the documents' full prefill to stay cached beside a blend, the
+     * helper's copies and the next question's prefill */
+    if (shared && kvpool_new(m, kvt, 4 * kvpool_pages_for(max_b), 1, &pool, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    o.kv_pool = pool;
     if (engine_new(m, &o, &e, err, sizeof err) || engine_new_seq(e, &helper, err, sizeof err) ||
         chunkkv_new((size_t)8 << 30, &store)) {
         fprintf(stderr, "%s\n", err);
         return 1;
     }
     printf("bench-kvreuse: %s, %d threads, KV %s, recompute shares %s, selections %s, %d "
-           "questions a budget\n", model_path, threads, kvt == KV_Q8 ? "int8" : "f16",
+           "questions a budget", model_path, threads, kvt == KV_Q8 ? "int8" : "f16",
            shares_arg, sel_arg, n_q);
+    if (shared) printf(", %d questions a context", shared);
+    printf("\n");
     struct Answer rec = {.logits = malloc((size_t)(ANSWER_MAX + 1) * m->cfg.vocab *
                                           sizeof(float))};
     if (!rec.logits) {
@@ -389,43 +581,38 @@ int main(int argc, char **argv)
         long reused_sum[MAX_VAR] = {0}, region_sum[MAX_VAR] = {0};
         double first_use_s = 0;
         long first_use_chunks = 0;
-        int nq = n_q < 64 ? n_q : 64;
+        int nq = n_q < 64 ? n_q : 64, n_off = 0, off_only[MAX_VAR] = {0}, on_only[MAX_VAR] = {0};
+        double f1_off = 0, f1_on[MAX_VAR] = {0};
+        struct CtxChunk *chunks = calloc((size_t)d.n_ps + 1, sizeof *chunks); /* a context's */
+        int n_group = 0;
+        int32_t *group_docs = NULL;   /* the group's documents' tokens, the first prompt's */
+        size_t n_group_docs = 0;
         for (int qi = 0; qi < nq; qi++) {
             const struct Question *q = &d.qs[(size_t)qi * d.n_qs / nq];
-            int gold = -1;
-            for (int i = 0; i < d.n_ps; i++)
-                if (!strcmp(d.ps[i].id, q->gold)) gold = i;
+            int gold = gold_passage(&d, q);
             if (gold < 0) {
                 fprintf(stderr, "question %d: its paragraph %s is not in the passages\n", qi,
                         q->gold);
                 return 1;
             }
-            /* the gold paragraph among other articles' paragraphs (one set a budget, in this
-             * question's order), the gold at a depth that moves with the question */
-            struct CtxChunk *ch = calloc((size_t)d.n_ps + 1, sizeof *ch);
-            int *idx = calloc((size_t)d.n_ps, sizeof *idx);
-            int nc = 0;
-            for (int i = 0; i < d.n_ps; i++)
-                if (d.ps[i].article != d.ps[gold].article) idx[nc++] = i;
-            /* the budget's set: the first paragraphs of a fixed shuffle */
-            for (int i = nc - 1; i > 0; i--) {
-                int j = (int)(mix(0x5eedULL * 1000 + (uint64_t)i) % (uint64_t)(i + 1));
-                int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
+            int group_first = shared && qi % shared == 0;
+            if (group_first) {
+                int qidx[64], n = 0;
+                for (int k = qi; k < nq && k < qi + shared; k++)
+                    qidx[n++] = (int)((size_t)k * d.n_qs / nq);
+                n_group = group_chunks(&d, &tc, qidx, n, qi / shared, budget, chunks, err,
+                                       sizeof err);
+                if (n_group < 0) {
+                    fprintf(stderr, "questions %d-%d: %s\n", qi, qi + n - 1, err);
+                    return 1;
+                }
+                printf("  questions %d-%d share %d paragraphs\n", qi, qi + n - 1, n_group);
             }
-            int set = budget / 130 + 8; /* more than the budget holds: assembly stops it */
-            if (set > nc) set = nc;
-            for (int i = set - 1; i > 0; i--) {
-                int j = (int)(mix((uint64_t)qi * 7919 + (uint64_t)i) % (uint64_t)(i + 1));
-                int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
-            }
-            /* the gold paragraph at a depth that moves with the question, well inside what
-             * the budget holds (paragraphs are about 150 tokens) */
-            double frac = qi * 0.381966 - floor(qi * 0.381966);
-            int depth = (int)(frac * (budget / 200));
-            int n_ch = 0;
-            for (int i = 0; i < set; i++) {
-                if (i == depth) ch[n_ch++] = chunk_of(&d.ps[gold]);
-                ch[n_ch++] = chunk_of(&d.ps[idx[i]]);
+            struct CtxChunk *ch = chunks;
+            int n_ch = shared ? n_group : question_chunks(&d, gold, qi, budget, ch);
+            if (n_ch < 0) {
+                fprintf(stderr, "out of memory\n");
+                return 1;
             }
             struct CtxOptions co = {.budget = (size_t)budget - 32, .order = CTX_ORDER_RANK,
                                     .no_truncate = 1};
@@ -437,6 +624,25 @@ int main(int argc, char **argv)
             }
             int nf = (int)cx->documents.start, n_all = (int)cx->n_tokens;
             int tail0 = (int)cx->documents.end;
+            if (shared) {  /* every prompt of the group holds the same documents */
+                size_t nd = (size_t)tail0;
+                if (group_first) {
+                    free(group_docs);
+                    group_docs = malloc(nd * sizeof *group_docs);
+                    if (!group_docs) {
+                        fprintf(stderr, "out of memory\n");
+                        return 1;
+                    }
+                    memcpy(group_docs, cx->tokens, nd * sizeof *group_docs);
+                    n_group_docs = nd;
+                }
+                if (cx->n_cites != (size_t)n_group || nd != n_group_docs ||
+                    memcmp(group_docs, cx->tokens, nd * sizeof *group_docs)) {
+                    fprintf(stderr, "question %d: its prompt's documents differ from its "
+                                    "group's\n", qi);
+                    return 1;
+                }
+            }
             uint32_t *spans = malloc(2 * cx->n_cites * sizeof *spans + sizeof *spans);
             for (size_t c = 0; c < cx->n_cites; c++) {
                 spans[2 * c] = (uint32_t)cx->cites[c].tokens.start;
@@ -458,20 +664,26 @@ int main(int argc, char **argv)
             }
             char a_off[2048], a_on[2048];
             int32_t first_off;
-            /* off */
+            /* off; with --shared only a group's first prompt is a time to first token: the
+             * others take the documents from the prefix cache */
             engine_reset(e);
             double t0 = now_s();
             if (engine_prefill(e, cx->tokens, (size_t)n_all, err, sizeof err)) {
                 fprintf(stderr, "prefill: %s\n", err);
                 return 1;
             }
-            t_off[qi] = now_s() - t0;
+            double t = now_s() - t0;
+            int cached = engine_cached(e);
+            if (!shared || group_first) t_off[n_off++] = t;
             memcpy(lg_off, engine_logits(e), (size_t)m->cfg.vocab * sizeof *lg_off);
             first_off = answer(e, m->tok, a_off, sizeof a_off, &rec);
             int g0 = contains_gold(a_off, q);
+            double f0 = squad_f1(a_off, q);
             gold_off += g0;
+            f1_off += f0;
             tokens_sum += n_all;
-            printf("  %d tokens, off %.2f s: gold %d \"%.70s\"\n", n_all, t_off[qi], g0, a_off);
+            printf("  %d tokens (%d cached), off %.2f s: gold %d F1 %.2f \"%.70s\"\n", n_all,
+                   cached, t, g0, f0, a_off);
             /* on, at each share and selection */
             for (int vi = 0; vi < nv; vi++) {
                 double share = shares[vi / n_sel];
@@ -498,38 +710,54 @@ int main(int argc, char **argv)
                     kl[vi][qi] = kl_logits(lg_off, engine_logits(e), m->cfg.vocab);
                     int32_t first_on = answer(e, m->tok, a_on, sizeof a_on, NULL);
                     int g1 = contains_gold(a_on, q);
+                    double f1 = squad_f1(a_on, q);
                     gold_on[vi] += g1;
+                    f1_on[vi] += f1;
+                    off_only[vi] += g0 && !g1;
+                    on_only[vi] += g1 && !g0;
                     agree[vi] += !strcmp(a_off, a_on);
                     first_agree[vi] += first_on == first_off;
                     reused_sum[vi] += st.reused;
                     region_sum[vi] += st.reused + st.recomputed;
                     printf("    share %.2f %s, on %.2f s (%d of %d reused; probe %.2f s), KL "
-                           "%.4f: gold %d \"%.70s\"\n", share, probe ? "probe" : "deviation",
-                           t_on[vi][qi], st.reused, st.reused + st.recomputed, st.probe_s,
-                           kl[vi][qi], g1, a_on);
+                           "%.4f: gold %d F1 %.2f \"%.70s\"\n", share,
+                           probe ? "probe" : "deviation", t_on[vi][qi], st.reused,
+                           st.reused + st.recomputed, st.probe_s, kl[vi][qi], g1, f1, a_on);
+                    if (!with_akl) break;
                 }
-                printf("      fed the full prefill's answer (%d tokens): mean KL %.4f\n",
-                       rec.n_ids, akl[vi][qi]);
+                if (with_akl)
+                    printf("      fed the full prefill's answer (%d tokens): mean KL %.4f\n",
+                           rec.n_ids, akl[vi][qi]);
             }
             fflush(stdout);
             free(spans);
             ctx_destroy(&cx);
-            free(ch);
-            free(idx);
         }
-        double mo = median(t_off, nq);
-        printf("%8s %6s %9s %8s %10s %10s %7s %9s %9s %9s %9s %8s %9s %9s\n", "budget",
-               "share", "selection", "tokens", "ttft_off_s", "ttft_on_s", "ratio", "gold_off",
-               "gold_on", "same_ans", "same_1st", "reused", "KL_med", "ansKL_med");
+        double mo = median(t_off, n_off);
+        printf("%8s %6s %9s %8s %10s %10s %7s %9s %9s %9s %9s %8s %9s %9s %6s %6s %8s\n",
+               "budget", "share", "selection", "tokens", "ttft_off_s", "ttft_on_s", "ratio",
+               "gold_off", "gold_on", "same_ans", "same_1st", "reused", "KL_med", "ansKL_med",
+               "F1_off", "F1_on", "off/on");
         for (int vi = 0; vi < nv; vi++) {
             double mn = median(t_on[vi], nq);
+            char akl_s[32] = "-";
+            if (with_akl) snprintf(akl_s, sizeof akl_s, "%.4f", median(akl[vi], nq));
             printf("%8d %6.2f %9s %8d %10.2f %10.2f %6.2fx %5d/%-3d %5d/%-3d %5d/%-3d %5d/%-3d "
-                   "%7.1f%% %9.4f %9.4f\n", budget, shares[vi / n_sel],
+                   "%7.1f%% %9.4f %9s %6.3f %6.3f %4d/%-3d\n", budget, shares[vi / n_sel],
                    sels[vi % n_sel] ? "probe" : "deviation", tokens_sum / nq, mo, mn, mo / mn,
                    gold_off, nq, gold_on[vi], nq, agree[vi], nq, first_agree[vi], nq,
                    100.0 * reused_sum[vi] / (region_sum[vi] ? region_sum[vi] : 1),
-                   median(kl[vi], nq), median(akl[vi], nq));
+                   median(kl[vi], nq), akl_s, f1_off / nq, f1_on[vi] / nq, off_only[vi],
+                   on_only[vi]);
         }
+        if (shared)
+            printf("         %d questions a context: ttft_off is the median of the %d contexts' "
+                   "first prompts (the others took the documents from the prefix cache)\n",
+                   shared, n_off);
+        printf("         off/on: the questions only the full prefill answered with a gold "
+               "answer, and those only the blend did\n");
+        free(chunks);
+        free(group_docs);
         free(lg_off);
         struct ChunkKvStats ss;
         chunkkv_stats(store, &ss);
@@ -542,6 +770,7 @@ int main(int argc, char **argv)
     chunkkv_destroy(&store);
     engine_destroy(&helper);
     engine_destroy(&e);
+    kvpool_destroy(&pool);
     model_destroy(&m);
     return 0;
 }
