@@ -15,8 +15,10 @@
  * tokens) of each. "On" runs the daemon's path (model/chunkkv.h: the chunk store, blends
  * from it, the question as the probe that weighs which tokens are recomputed); with
  * --selections probe,deviation it also runs without the probe (the tokens whose values moved
- * most). Every chunk's KV is made at its first use, after the frame, before the question
- * that first uses it is timed (an untimed blend at share 0); that cost is printed apart.
+ * most). Every chunk's KV is made at its first use, after the frame and its copy label (the
+ * daemon's; --copies frame: after the frame alone; --copies label,frame: both, side by side),
+ * before the question that first uses it is timed (an untimed blend at share 0); that cost is
+ * printed apart.
  * Then each "on" is blended again and fed the full prefill's answer, token by token, for the
  * mean KL divergence of its next-token distributions from the full prefill's over the whole
  * answer (the answer's divergence, which a first token alone understates).
@@ -37,7 +39,7 @@
  *
  * Usage: bench_kvreuse MODEL SQUAD_DIR [--budgets 8192,16384,32768] [--questions N]
  *        [--shares 0.15,...] [--selections probe,deviation] [--threads T] [--kv f16|q8]
- *        [--shared G] [--answer-kl 0|1] */
+ *        [--shared G] [--answer-kl 0|1] [--copies label,frame] */
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
@@ -240,6 +242,16 @@ static uint64_t mix(uint64_t x)
     return x ^ (x >> 33);
 }
 
+/* Fisher-Yates over idx[0..n), its swaps drawn from mix(base + i): the same order for the
+ * same base. */
+static void shuffle(int *idx, int n, uint64_t base)
+{
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(mix(base + (uint64_t)i) % (uint64_t)(i + 1));
+        int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
+    }
+}
+
 static struct CtxChunk chunk_of(const struct Passage *p)
 {
     size_t n = strlen(p->text);
@@ -265,16 +277,10 @@ static int question_chunks(const struct Data *d, int gold, int qi, int budget,
     if (!idx) return -1;
     for (int i = 0; i < d->n_ps; i++)
         if (d->ps[i].article != d->ps[gold].article) idx[nc++] = i;
-    for (int i = nc - 1; i > 0; i--) {  /* the budget's set: the first of a fixed shuffle */
-        int j = (int)(mix(0x5eedULL * 1000 + (uint64_t)i) % (uint64_t)(i + 1));
-        int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
-    }
+    shuffle(idx, nc, 0x5eedULL * 1000);  /* the budget's set: the first of a fixed shuffle */
     int set = budget / 130 + 8; /* more than the budget holds: assembly stops it */
     if (set > nc) set = nc;
-    for (int i = set - 1; i > 0; i--) {
-        int j = (int)(mix((uint64_t)qi * 7919 + (uint64_t)i) % (uint64_t)(i + 1));
-        int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
-    }
+    shuffle(idx, set, (uint64_t)qi * 7919);
     /* well inside what the budget holds (paragraphs are about 150 tokens) */
     double frac = qi * 0.381966 - floor(qi * 0.381966);
     int depth = (int)(frac * (budget / 200)), n_ch = 0;
@@ -316,16 +322,10 @@ static int group_chunks(const struct Data *d, const struct TokenCounter *tc, con
         for (int j = 0; j < ng; j++) other &= d->ps[i].article != d->ps[gold[j]].article;
         if (other) idx[nc++] = i;
     }
-    for (int i = nc - 1; i > 0; i--) {  /* the set: the first paragraphs of a fixed shuffle */
-        int j = (int)(mix(0x5eedULL * 1000 + (uint64_t)i) % (uint64_t)(i + 1));
-        int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
-    }
+    shuffle(idx, nc, 0x5eedULL * 1000);  /* the set: the first paragraphs of a fixed shuffle */
     int set = budget / 130 + 8;
     if (set > nc) set = nc;
-    for (int i = set - 1; i > 0; i--) {  /* in the group's order */
-        int j = (int)(mix(0x9e37ULL * 1000 + (uint64_t)g * 7919 + (uint64_t)i) % (uint64_t)(i + 1));
-        int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
-    }
+    shuffle(idx, set, 0x9e37ULL * 1000 + (uint64_t)g * 7919);  /* in the group's order */
     /* gold k at list position (k + 0.5) / ng of the depths the budget surely holds
      * (paragraphs are about 150 tokens) */
     int depths = budget / 200, na = 0, k = 0;
@@ -457,12 +457,13 @@ int main(int argc, char **argv)
     if (argc < 3) {
         fprintf(stderr, "usage: %s MODEL SQUAD_DIR [--budgets 8192,16384,32768] [--questions N] "
                         "[--shares S,...] [--selections probe,deviation] [--threads T] "
-                        "[--kv f16|q8] [--shared G] [--answer-kl 0|1]\n", argv[0]);
+                        "[--kv f16|q8] [--shared G] [--answer-kl 0|1] [--copies label,frame]"
+                        "\n", argv[0]);
         return 2;
     }
     const char *model_path = argv[1], *squad = argv[2], *budgets_arg = "8192,16384,32768";
     int n_q = 4, threads = 2, shared = 0, with_akl = 1;
-    const char *shares_arg = "0.15", *sel_arg = "probe";
+    const char *shares_arg = "0.15", *sel_arg = "probe", *copies_arg = "label";
     enum KvType kvt = KV_F16;
     for (int i = 3; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--budgets")) budgets_arg = argv[i + 1];
@@ -472,6 +473,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--shared")) shared = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--answer-kl")) with_akl = atoi(argv[i + 1]) != 0;
+        else if (!strcmp(argv[i], "--copies")) copies_arg = argv[i + 1];
         else if (!strcmp(argv[i], "--kv")) kvt = !strcmp(argv[i + 1], "q8") ? KV_Q8 : KV_F16;
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
@@ -517,8 +519,25 @@ int main(int argc, char **argv)
         fprintf(stderr, "no selection in %s\n", sel_arg);
         return 2;
     }
-    enum { MAX_VAR = 2 * MAX_SHARES };
-    int nv = ns * n_sel;
+    /* what the chunks' copies are made after: the frame and the copy label (the daemon's),
+     * or the frame alone */
+    int cps[2], n_cp = 0;
+    for (const char *p = copies_arg; *p && n_cp < 2;) {
+        size_t len = strcspn(p, ",");
+        if (len == 5 && !strncmp(p, "label", 5)) cps[n_cp++] = 1;
+        else if (len == 5 && !strncmp(p, "frame", 5)) cps[n_cp++] = 0;
+        else {
+            fprintf(stderr, "copies are made after the label or the frame: %s\n", copies_arg);
+            return 2;
+        }
+        p += len + (p[len] == ',');
+    }
+    if (!n_cp) {
+        fprintf(stderr, "no copies in %s\n", copies_arg);
+        return 2;
+    }
+    enum { MAX_VAR = 4 * MAX_SHARES };
+    int nv = ns * n_sel * n_cp;
     char err[512], path[4096];
     struct Data d = {0};
     snprintf(path, sizeof path, "%s/passages.jsonl", squad);
@@ -560,9 +579,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s\n", err);
         return 1;
     }
-    printf("bench-kvreuse: %s, %d threads, KV %s, recompute shares %s, selections %s, %d "
-           "questions a budget", model_path, threads, kvt == KV_Q8 ? "int8" : "f16",
-           shares_arg, sel_arg, n_q);
+    printf("bench-kvreuse: %s, %d threads, KV %s, recompute shares %s, selections %s, copies "
+           "after the %s, %d questions a budget", model_path, threads,
+           kvt == KV_Q8 ? "int8" : "f16", shares_arg, sel_arg, copies_arg, n_q);
     if (shared) printf(", %d questions a context", shared);
     printf("\n");
     struct Answer rec = {.logits = malloc((size_t)(ANSWER_MAX + 1) * m->cfg.vocab *
@@ -643,24 +662,35 @@ int main(int argc, char **argv)
                     return 1;
                 }
             }
-            uint32_t *spans = malloc(2 * cx->n_cites * sizeof *spans + sizeof *spans);
+            uint32_t *spans = malloc(4 * cx->n_cites * sizeof *spans + sizeof *spans);
+            if (!spans) {
+                fprintf(stderr, "out of memory\n");
+                return 1;
+            }
             for (size_t c = 0; c < cx->n_cites; c++) {
                 spans[2 * c] = (uint32_t)cx->cites[c].tokens.start;
                 spans[2 * c + 1] = (uint32_t)cx->cites[c].tokens.end;
+                spans[2 * (cx->n_cites + c)] = (uint32_t)cx->cites[c].lead.start;
+                spans[2 * (cx->n_cites + c) + 1] = (uint32_t)cx->cites[c].lead.end;
             }
+            struct ChunkKvLeads leads = {cx->leads, cx->n_leads, spans + 2 * cx->n_cites};
             /* the chunks' first use, untimed: a blend at share 0 makes the copies the store
-             * lacks (each a prefill of the frame, from the prefix cache, and the chunk) */
-            struct ChunkKvBlend cb;
-            engine_reset(e);
-            double tu = now_s();
-            if (chunkkv_blend(store, e, helper, cx->tokens, nf, tail0, tail0, spans,
-                              (int)cx->n_cites, 0.0, &cb, err, sizeof err)) {
-                fprintf(stderr, "first use: %s\n", err);
-                return 1;
-            }
-            if (cb.computed) {
-                first_use_s += now_s() - tu;
-                first_use_chunks += cb.computed;
+             * lacks (each a prefill of the frame, from the prefix cache, its lead and the
+             * chunk), for each way of making them */
+            for (int ci = 0; ci < n_cp; ci++) {
+                struct ChunkKvBlend cb;
+                engine_reset(e);
+                double tu = now_s();
+                if (chunkkv_blend(store, e, helper, cx->tokens, nf, tail0, tail0, spans,
+                                  (int)cx->n_cites, cps[ci] ? &leads : NULL, 0.0, &cb, err,
+                                  sizeof err)) {
+                    fprintf(stderr, "first use: %s\n", err);
+                    return 1;
+                }
+                if (cb.computed) {
+                    first_use_s += now_s() - tu;
+                    first_use_chunks += cb.computed;
+                }
             }
             char a_off[2048], a_on[2048];
             int32_t first_off;
@@ -686,8 +716,8 @@ int main(int argc, char **argv)
                    cached, t, g0, f0, a_off);
             /* on, at each share and selection */
             for (int vi = 0; vi < nv; vi++) {
-                double share = shares[vi / n_sel];
-                int probe = sels[vi % n_sel];
+                double share = shares[vi / (n_sel * n_cp)];
+                int probe = sels[(vi / n_cp) % n_sel], label = cps[vi % n_cp];
                 int n_prompt = probe ? n_all : tail0;
                 struct ChunkKvBlend st;
                 for (int pass = 0; pass < 2; pass++) {
@@ -696,7 +726,8 @@ int main(int argc, char **argv)
                     engine_reset(e);
                     t0 = now_s();
                     if (chunkkv_blend(store, e, helper, cx->tokens, nf, tail0, n_prompt, spans,
-                                      (int)cx->n_cites, share, &st, err, sizeof err) ||
+                                      (int)cx->n_cites, label ? &leads : NULL, share, &st, err,
+                                      sizeof err) ||
                         engine_prefill(e, cx->tokens + tail0, (size_t)(n_all - tail0), err,
                                        sizeof err)) {
                         fprintf(stderr, "blend: %s\n", err);
@@ -719,9 +750,10 @@ int main(int argc, char **argv)
                     first_agree[vi] += first_on == first_off;
                     reused_sum[vi] += st.reused;
                     region_sum[vi] += st.reused + st.recomputed;
-                    printf("    share %.2f %s, on %.2f s (%d of %d reused; probe %.2f s), KL "
-                           "%.4f: gold %d F1 %.2f \"%.70s\"\n", share,
-                           probe ? "probe" : "deviation", t_on[vi][qi], st.reused,
+                    printf("    share %.2f %s %s, on %.2f s (%d of %d reused; probe %.2f s), "
+                           "KL %.4f: gold %d F1 %.2f \"%.70s\"\n", share,
+                           probe ? "probe" : "deviation", label ? "label" : "frame",
+                           t_on[vi][qi], st.reused,
                            st.reused + st.recomputed, st.probe_s, kl[vi][qi], g1, f1, a_on);
                     if (!with_akl) break;
                 }
@@ -734,17 +766,18 @@ int main(int argc, char **argv)
             ctx_destroy(&cx);
         }
         double mo = median(t_off, n_off);
-        printf("%8s %6s %9s %8s %10s %10s %7s %9s %9s %9s %9s %8s %9s %9s %6s %6s %8s\n",
-               "budget", "share", "selection", "tokens", "ttft_off_s", "ttft_on_s", "ratio",
+        printf("%8s %6s %9s %6s %8s %10s %10s %7s %9s %9s %9s %9s %8s %9s %9s %6s %6s %8s\n",
+               "budget", "share", "selection", "copies", "tokens", "ttft_off_s", "ttft_on_s", "ratio",
                "gold_off", "gold_on", "same_ans", "same_1st", "reused", "KL_med", "ansKL_med",
                "F1_off", "F1_on", "off/on");
         for (int vi = 0; vi < nv; vi++) {
             double mn = median(t_on[vi], nq);
             char akl_s[32] = "-";
             if (with_akl) snprintf(akl_s, sizeof akl_s, "%.4f", median(akl[vi], nq));
-            printf("%8d %6.2f %9s %8d %10.2f %10.2f %6.2fx %5d/%-3d %5d/%-3d %5d/%-3d %5d/%-3d "
-                   "%7.1f%% %9.4f %9s %6.3f %6.3f %4d/%-3d\n", budget, shares[vi / n_sel],
-                   sels[vi % n_sel] ? "probe" : "deviation", tokens_sum / nq, mo, mn, mo / mn,
+            printf("%8d %6.2f %9s %6s %8d %10.2f %10.2f %6.2fx %5d/%-3d %5d/%-3d %5d/%-3d "
+                   "%5d/%-3d %7.1f%% %9.4f %9s %6.3f %6.3f %4d/%-3d\n", budget,
+                   shares[vi / (n_sel * n_cp)], sels[(vi / n_cp) % n_sel] ? "probe" : "deviation",
+                   cps[vi % n_cp] ? "label" : "frame", tokens_sum / nq, mo, mn, mo / mn,
                    gold_off, nq, gold_on[vi], nq, agree[vi], nq, first_agree[vi], nq,
                    100.0 * reused_sum[vi] / (region_sum[vi] ? region_sum[vi] : 1),
                    median(kl[vi], nq), akl_s, f1_off / nq, f1_on[vi] / nq, off_only[vi],

@@ -346,8 +346,17 @@ static void stats_blend(struct Worker *w, const struct ChunkKvBlend *b)
 
 enum { KV_TOUCH_BATCH = 256 };
 
-/* The record name of span i of q after the frame whose hash is `frame`, or 0 when it is not
- * a stored chunk. */
+/* What span i's copy is made after: the frame whose hash is `frame`, then the span's lead. */
+static uint64_t span_after(const struct Seq *q, uint64_t frame, size_t i)
+{
+    const uint32_t *l = q->job.doc_leads;
+    if (!l)
+        return frame;
+    return chunkkv_after(frame, q->job.lead_tokens + l[2 * i], (int)(l[2 * i + 1] - l[2 * i]));
+}
+
+/* The record name of span i of q after the frame whose hash is `frame` (and the span's lead),
+ * or 0 when it is not a stored chunk. */
 static int span_ref(const struct Worker *w, const struct Seq *q, uint64_t frame, size_t i,
                     struct StoreKvRef *ref)
 {
@@ -359,7 +368,7 @@ static int span_ref(const struct Worker *w, const struct Seq *q, uint64_t frame,
     int n = (int)(q->job.doc_spans[2 * i + 1] - q->job.doc_spans[2 * i]);
     ref->coll = r[2 * i];
     ref->chunk = r[2 * i + 1];
-    ref->key = w->o.kv_identity ^ chunkkv_key(frame, t, n);
+    ref->key = w->o.kv_identity ^ chunkkv_key(span_after(q, frame, i), t, n);
     return 1;
 }
 
@@ -377,7 +386,8 @@ static void records_load(struct Worker *w, struct Seq *q, uint64_t frame, unsign
             continue;
         const int32_t *t = q->hist + q->job.doc_spans[2 * i];
         int n = (int)(q->job.doc_spans[2 * i + 1] - q->job.doc_spans[2 * i]);
-        if (chunkkv_has(w->ckv, frame, t, n))
+        uint64_t after = span_after(q, frame, i);
+        if (chunkkv_has(w->ckv, after, t, n))
             continue;
         if (!rd && store_read_begin(w->o.kv_store, &rd, err, sizeof err)) {
             dlog(LL_WARN, "msg=\"cannot read chunk KV records\" worker=%d error=\"%s\"",
@@ -392,7 +402,7 @@ static void records_load(struct Worker *w, struct Seq *q, uint64_t frame, unsign
         if (rc == RET_ENOTFOUND)
             continue;
         if (rc == RET_OK &&
-            chunkkv_insert(w->ckv, w->e, frame, t, n, data, len, err, sizeof err) == ENGINE_OK) {
+            chunkkv_insert(w->ckv, w->e, after, t, n, data, len, err, sizeof err) == ENGINE_OK) {
             to_write[i] = 0;
             if (st) atomic_fetch_add(&st->kv_loaded, 1);
             continue;
@@ -462,7 +472,7 @@ static void records_save(struct Worker *w, struct Seq *q, uint64_t frame,
         int n = (int)(q->job.doc_spans[2 * i + 1] - q->job.doc_spans[2 * i]);
         if (!to_write[i]) {
             touch_later(w, &ref);
-        } else if (chunkkv_record(w->ckv, frame, t, n, &recs[n_put])) {
+        } else if (chunkkv_record(w->ckv, span_after(q, frame, i), t, n, &recs[n_put])) {
             puts[n_put] = (struct StoreKvPut){ ref, recs[n_put].parts, recs[n_put].lens, 3 };
             n_put++;
         }
@@ -514,10 +524,11 @@ static void seq_blend_begin(struct Worker *w, struct Seq *q)
     q->to_write = w->o.kv_store && q->job.chunk_refs ? calloc(q->job.n_spans + 1, 1) : NULL;
     if (q->to_write)
         records_load(w, q, q->frame, q->to_write);
+    struct ChunkKvLeads leads = { q->job.lead_tokens, q->job.n_lead_tokens, q->job.doc_leads };
     if (chunkkv_blend_begin(w->ckv, q->e, w->ckv_helper, q->hist, (int)q->job.docs[0],
                             (int)q->job.docs[1], (int)q->n_prompt, q->job.doc_spans,
-                            (int)q->job.n_spans, w->o.kv_reuse_recompute, &q->blend, err,
-                            sizeof err))
+                            (int)q->job.n_spans, &leads, w->o.kv_reuse_recompute, &q->blend,
+                            err, sizeof err))
         seq_blend_failed(w, q, err);
 }
 
@@ -552,12 +563,14 @@ static void seq_blend_step(struct Worker *w, struct Seq *q, int tokens, int othe
 }
 
 /* Pages a blend still needs: the rest of its prompt's (the probe runs where the question will
- * be) and the helper's for the longest chunk after the frame. */
+ * be) and the helper's for the longest lead and chunk after the frame. */
 static long blend_pages(const struct Worker *w, const struct Seq *q)
 {
     int longest = 0;
+    const uint32_t *l = q->job.doc_leads;
     for (size_t i = 0; i < q->job.n_spans; i++) {
-        int n = (int)(q->job.doc_spans[2 * i + 1] - q->job.doc_spans[2 * i]);
+        int n = (int)(q->job.doc_spans[2 * i + 1] - q->job.doc_spans[2 * i]) +
+                (l ? (int)(l[2 * i + 1] - l[2 * i]) : 0);
         if (n > longest)
             longest = n;
     }

@@ -174,8 +174,9 @@ void wire_job_encode(struct MpWriter *w, const int32_t *tokens, size_t n_tokens,
     int watch = g && g->watch, check = g && g->self_check, bare = g && g->bare && g->n_bare;
     int docs = g && g->docs[1] > g->docs[0], refs = g && g->chunk_refs && g->n_spans;
     int hidden = g && g->hidden && g->n_hidden;
+    int leads = g && g->lead_tokens && g->doc_leads && g->n_spans;
     mpw_map(w, 8 + (watch ? 1 : 0) + (check ? 1 : 0) + (bare ? 1 : 0) + (docs ? 1 : 0) +
-                   (refs ? 1 : 0) + (hidden ? 1 : 0));
+                   (refs ? 1 : 0) + (hidden ? 1 : 0) + (leads ? 2 : 0));
     /* int32 little-endian: the x86/arm in-memory layout, converted where it is not */
     mpw_cstr(w, "tokens");
     put_words_bin(w, tokens, n_tokens);
@@ -212,6 +213,12 @@ void wire_job_encode(struct MpWriter *w, const int32_t *tokens, size_t n_tokens,
         mpw_cstr(w, "hidden");
         put_words_bin(w, g->hidden, g->n_hidden);
     }
+    if (leads) {
+        mpw_cstr(w, "lead_tokens");
+        put_words_bin(w, g->lead_tokens, g->n_lead_tokens);
+        mpw_cstr(w, "doc_leads");
+        put_words_bin(w, g->doc_leads, 2 * g->n_spans);
+    }
 }
 
 void wire_job_free(struct WireJob *j)
@@ -222,6 +229,8 @@ void wire_job_free(struct WireJob *j)
     free(j->bare);
     free(j->chunk_refs);
     free(j->hidden);
+    free(j->lead_tokens);
+    free(j->doc_leads);
     for (size_t i = 0; i < j->n_stop; i++)
         free(j->stop[i]);
     free(j->stop);
@@ -232,7 +241,8 @@ int wire_job_decode(const void *buf, size_t len, struct WireJob *out, char *err,
 {
     struct MpCursor c;
     uint32_t n;
-    size_t n_refs = 0;
+    size_t n_refs = 0, n_leads = 0;
+    int leads_given = 0;
     uint64_t job = out->job;
     memset(out, 0, sizeof *out);
     out->job = job;
@@ -291,6 +301,18 @@ int wire_job_decode(const void *buf, size_t len, struct WireJob *out, char *err,
             n_refs = v.len / 8;
             out->chunk_refs = get_words_bin(&v, 2 * n_refs);
             if (!out->chunk_refs) goto nomem;
+        } else if (key_is(&k, "lead_tokens")) {
+            if (v.type != MP_BIN || v.len % 4 || leads_given & 1) goto bad;
+            leads_given |= 1;
+            out->n_lead_tokens = v.len / 4;
+            out->lead_tokens = get_words_bin(&v, out->n_lead_tokens);
+            if (!out->lead_tokens) goto nomem;
+        } else if (key_is(&k, "doc_leads")) {
+            if (v.type != MP_BIN || v.len % 8 || leads_given & 2) goto bad;
+            leads_given |= 2;
+            n_leads = v.len / 8;
+            out->doc_leads = get_words_bin(&v, 2 * n_leads);
+            if (!out->doc_leads) goto nomem;
         } else if (key_is(&k, "hidden")) {
             if (v.type != MP_BIN || v.len % 4 || v.len == 0 || v.len / 4 > WIRE_MAX_HIDDEN ||
                 out->hidden)
@@ -344,6 +366,27 @@ int wire_job_decode(const void *buf, size_t len, struct WireJob *out, char *err,
         wire_job_free(out);
         return -1;
     }
+    if (leads_given && (leads_given != 3 || n_leads != out->n_spans ||
+                        out->n_lead_tokens > out->n_tokens)) {
+        snprintf(err, errlen, "JOB leads come without their ranges, have %zu ranges for %zu "
+                 "document spans, or %zu tokens for a prompt of %zu", n_leads, out->n_spans,
+                 out->n_lead_tokens, out->n_tokens);
+        wire_job_free(out);
+        return -1;
+    }
+    for (size_t i = 0; i < n_leads; i++)
+        if (out->doc_leads[2 * i] > out->doc_leads[2 * i + 1] ||
+            out->doc_leads[2 * i + 1] > out->n_lead_tokens) {
+            snprintf(err, errlen, "JOB lead %zu is outside the lead tokens", i);
+            wire_job_free(out);
+            return -1;
+        }
+    for (size_t i = 0; i < out->n_lead_tokens; i++)
+        if (out->lead_tokens[i] < 0) {
+            snprintf(err, errlen, "JOB has a negative lead token");
+            wire_job_free(out);
+            return -1;
+        }
     if (out->docs[1] > out->n_tokens) {
         snprintf(err, errlen, "JOB documents end past the prompt");
         wire_job_free(out);

@@ -14,7 +14,10 @@
  *                                      the worker's default set], [docs: bin of 2 uint32 LE,
  *                                      the documents' tokens [start, end)], [chunk_refs: bin of
  *                                      uint32 LE pairs (collection id, chunk id), one a doc
- *                                      span, (0, 0): not a stored chunk]}
+ *                                      span, (0, 0): not a stored chunk], [lead_tokens: bin
+ *                                      of int32 LE, doc_leads: bin of uint32 LE pairs [start,
+ *                                      end) into lead_tokens, one a doc span: what each
+ *                                      chunk's KV copy is made after besides the frame]}
  *   WIRE_DELTA      0x04  w -> b       u64 job id | UTF-8 text released by one token
  *   WIRE_RESULT     0x05  w -> b       u64 job id | msgpack {finish, text, prompt_tokens,
  *                                      completion_tokens, cached_tokens, [reused_tokens],
@@ -94,6 +97,10 @@ struct WireGround {
     const int32_t *hidden;      /* layers whose residual stream the answer reports
                                    (WireResult.hidden); NULL: none */
     size_t n_hidden;
+    const int32_t *lead_tokens; /* each span's lead (ChunkKvLeads): its tokens are lead_tokens[
+                                   doc_leads[2i]..doc_leads[2i+1]); NULL: none */
+    size_t n_lead_tokens;
+    const uint32_t *doc_leads;  /* (n_spans, 2) */
 };
 
 #define WIRE_MAX_WATCH 1024
@@ -126,6 +133,10 @@ struct WireJob {
     uint32_t *chunk_refs;     /* (n_spans, 2) stored chunks (WireGround); NULL: none */
     int32_t *hidden;          /* (n_hidden) layers to report (WireGround); NULL: none */
     size_t n_hidden;
+    int32_t *lead_tokens;     /* the spans' leads (WireGround), at most n_tokens of them, each
+                                 >= 0; NULL: none */
+    size_t n_lead_tokens;
+    uint32_t *doc_leads;      /* (n_spans, 2) inside lead_tokens, given with them */
 };
 
 /* The answer tokens' signals, struct of arrays of n each. */

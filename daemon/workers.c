@@ -271,18 +271,23 @@ void workers_dispatch(struct Broker *b)
             stops[i] = r->p.stop[i].p;
             stop_lens[i] = r->p.stop[i].len;
         }
-        /* the documents' token spans: each placed chunk's text, not its label; and the stored
-         * chunks among them (collection id, chunk id), for their KV records */
-        uint32_t *spans = malloc(4 * r->ctx->n_cites * sizeof *spans + sizeof *spans);
+        /* the documents' token spans: each placed chunk's text, not its label; the stored
+         * chunks among them (collection id, chunk id), for their KV records; and the copy
+         * label each chunk's KV copy is made after */
+        uint32_t *spans = malloc(6 * r->ctx->n_cites * sizeof *spans + sizeof *spans);
         uint32_t *refs = spans ? spans + 2 * r->ctx->n_cites : NULL;
+        uint32_t *leads = spans ? spans + 4 * r->ctx->n_cites : NULL;
         int any_ref = 0;
         if (spans)
             for (size_t i = 0; i < r->ctx->n_cites; i++) {
-                spans[2 * i] = (uint32_t)r->ctx->cites[i].tokens.start;
-                spans[2 * i + 1] = (uint32_t)r->ctx->cites[i].tokens.end;
-                refs[2 * i] = (uint32_t)(r->ctx->cites[i].ref >> 32);
-                refs[2 * i + 1] = (uint32_t)r->ctx->cites[i].ref;
+                const struct CtxCitation *ci = &r->ctx->cites[i];
+                spans[2 * i] = (uint32_t)ci->tokens.start;
+                spans[2 * i + 1] = (uint32_t)ci->tokens.end;
+                refs[2 * i] = (uint32_t)(ci->ref >> 32);
+                refs[2 * i + 1] = (uint32_t)ci->ref;
                 any_ref |= refs[2 * i] != 0;
+                leads[2 * i] = (uint32_t)ci->lead.start;
+                leads[2 * i + 1] = (uint32_t)ci->lead.end;
             }
         struct WireGround wg = { .doc_spans = spans, .n_spans = r->ctx->n_cites,
                                  .watch = b->o.watch, .n_watch = b->o.n_watch,
@@ -290,7 +295,9 @@ void workers_dispatch(struct Broker *b)
                                  .docs = { (uint32_t)r->ctx->documents.start,
                                            (uint32_t)r->ctx->documents.end },
                                  .chunk_refs = any_ref ? refs : NULL,
-                                 .hidden = b->o.hidden, .n_hidden = b->o.n_hidden };
+                                 .hidden = b->o.hidden, .n_hidden = b->o.n_hidden,
+                                 .lead_tokens = r->ctx->leads,
+                                 .n_lead_tokens = r->ctx->n_leads, .doc_leads = leads };
         /* context reliance: the same prompt without its documents (frame, question, turn) */
         const struct Context *cx = r->ctx;
         int32_t *bare = NULL;

@@ -21,7 +21,7 @@ struct RecordHeader {
 _Static_assert(sizeof(struct RecordHeader) == RECORD_HEADER, "record header layout");
 
 struct Copy {
-    uint64_t key, frame;       /* hash of frame and chunk; the frame's alone */
+    uint64_t key, frame;       /* hash of frame, lead and chunk; of frame and lead */
     int32_t *tokens;           /* the chunk's tokens (compared on a hash match) */
     int n, kv_pos;             /* tokens; the position its first token had */
     void *kv;                  /* engine_kv_export's copy */
@@ -171,8 +171,9 @@ enum { JOB_FRAME, JOB_COPIES, JOB_BLEND };
 struct ChunkKvJob {
     struct ChunkKv *c;
     struct Engine *e, *helper;
-    const int32_t *prompt;     /* borrowed, as are the spans */
+    const int32_t *prompt;     /* borrowed, as are the spans and leads */
     const uint32_t *spans;
+    struct ChunkKvLeads leads; /* tokens NULL: none */
     int docs_start, docs_end, n_prompt, n_spans;
     double share;
     uint64_t frame;
@@ -180,21 +181,33 @@ struct ChunkKvJob {
     int span, at;              /* the next chunk span; where the last one ended */
     struct EngineKvPart *parts;
     int np;
-    int32_t *buf;              /* the frame and the chunk whose copy the helper is computing */
+    int32_t *buf;              /* the frame, lead and chunk whose copy the helper computes */
     int buf_n, buf_done;       /* its tokens; those in the helper (0: no copy under way) */
+    int buf_lead;              /* the lead's tokens in it */
+    uint64_t after;            /* what the span's copy is made after (chunkkv_after) */
     struct ChunkKvBlend out;
 };
 
+/* Span i's lead (*nl tokens; NULL when it has none). */
+static const int32_t *span_lead(const struct ChunkKvJob *j, int i, int *nl)
+{
+    *nl = 0;
+    if (!j->leads.tokens) return NULL;
+    *nl = (int)(j->leads.ranges[2 * i + 1] - j->leads.ranges[2 * i]);
+    return j->leads.tokens + j->leads.ranges[2 * i];
+}
+
 /* The span's part: its copy, when the cache holds it, or the copy that the helper is to make
- * (*making set, the frame and chunk in buf), or no copy (computed in the blend) when there is no
- * room for one. 0, or -1 out of memory. */
+ * (*making set, the frame, lead and chunk in buf), or no copy (computed in the blend) when
+ * there is no room for one. 0, or -1 out of memory. */
 static int span_part(struct ChunkKvJob *j, int *making)
 {
     struct ChunkKv *c = j->c;
-    int s0 = (int)j->spans[2 * j->span], n = (int)j->spans[2 * j->span + 1] - s0;
-    const int32_t *t = j->prompt + s0;
-    uint64_t key = copy_key(j->frame, t, n);
-    struct Copy *p = find(c, key, j->frame, t, n);
+    int s0 = (int)j->spans[2 * j->span], n = (int)j->spans[2 * j->span + 1] - s0, nl;
+    const int32_t *t = j->prompt + s0, *lead = span_lead(j, j->span, &nl);
+    j->after = chunkkv_after(j->frame, lead, nl);
+    uint64_t key = copy_key(j->after, t, n);
+    struct Copy *p = find(c, key, j->after, t, n);
     *making = 0;
     if (p) {
         c->st.hits++;
@@ -208,11 +221,13 @@ static int span_part(struct ChunkKvJob *j, int *making)
     c->st.misses++;
     int nf = j->docs_start;
     if (make_room(c, engine_kv_bytes(j->helper, n) + (size_t)n * sizeof *t) == 0) {
-        j->buf = malloc((size_t)(nf + n) * sizeof *j->buf);
+        j->buf = malloc((size_t)(nf + nl + n) * sizeof *j->buf);
         if (!j->buf) return -1;
         memcpy(j->buf, j->prompt, (size_t)nf * sizeof *j->buf);
-        memcpy(j->buf + nf, t, (size_t)n * sizeof *j->buf);
-        j->buf_n = nf + n;
+        if (nl) memcpy(j->buf + nf, lead, (size_t)nl * sizeof *j->buf);
+        memcpy(j->buf + nf + nl, t, (size_t)n * sizeof *j->buf);
+        j->buf_n = nf + nl + n;
+        j->buf_lead = nl;
         engine_reset(j->helper);
         j->buf_done = engine_take_cached(j->helper, j->buf, (size_t)j->buf_n);
         *making = 1;
@@ -229,12 +244,12 @@ static void copy_made(struct ChunkKvJob *j, int ok)
 {
     char err[256];
     struct ChunkKv *c = j->c;
-    int nf = j->docs_start, n = j->buf_n - nf;
+    int at = j->docs_start + j->buf_lead, n = j->buf_n - at;
     const int32_t *t = j->prompt + j->spans[2 * j->span];
     struct Copy *p = NULL;
-    if (ok && (p = copy_add(c, copy_key(j->frame, t, n), j->frame, t, n, nf,
+    if (ok && (p = copy_add(c, copy_key(j->after, t, n), j->after, t, n, at,
                             engine_kv_bytes(j->helper, n))) &&
-        engine_kv_export(j->helper, nf, n, p->kv, err, sizeof err) != ENGINE_OK) {
+        engine_kv_export(j->helper, at, n, p->kv, err, sizeof err) != ENGINE_OK) {
         copy_drop_last(c);
         p = NULL;
     }
@@ -245,15 +260,15 @@ static void copy_made(struct ChunkKvJob *j, int ok)
     engine_reset(j->helper);
     free(j->buf);
     j->buf = NULL;
-    j->buf_n = j->buf_done = 0;
+    j->buf_n = j->buf_done = j->buf_lead = 0;
     j->out.chunks++;
     j->parts[j->np++] = (struct EngineKvPart){t, n, p ? p->kv : NULL, 0, p ? p->kv_pos : 0, 1};
 }
 
 int chunkkv_blend_begin(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
                         const int32_t *prompt, int docs_start, int docs_end, int n_prompt,
-                        const uint32_t *spans, int n_spans, double share,
-                        struct ChunkKvJob **out, char *err, size_t errlen)
+                        const uint32_t *spans, int n_spans, const struct ChunkKvLeads *leads,
+                        double share, struct ChunkKvJob **out, char *err, size_t errlen)
 {
     *out = NULL;
     int n0 = e ? engine_n_past(e) : 0;
@@ -268,6 +283,15 @@ int chunkkv_blend_begin(struct ChunkKv *c, struct Engine *e, struct Engine *help
                               "documents or out of order", i);
         at = (int)spans[2 * i + 1];
     }
+    if (leads && leads->tokens && n_spans) {
+        if (!leads->ranges)
+            return errmsg_set(err, errlen, ENGINE_EINPUT, "leads come without their ranges");
+        for (int i = 0; i < n_spans; i++)
+            if (leads->ranges[2 * i] > leads->ranges[2 * i + 1] ||
+                leads->ranges[2 * i + 1] > leads->n_tokens)
+                return errmsg_set(err, errlen, ENGINE_EINPUT, "the lead of chunk span %d is "
+                                  "outside the lead tokens", i);
+    }
     struct ChunkKvJob *j = calloc(1, sizeof *j);
     if (j) j->parts = calloc(2 * (size_t)n_spans + 1, sizeof *j->parts);
     if (!j || !j->parts) {
@@ -279,6 +303,7 @@ int chunkkv_blend_begin(struct ChunkKv *c, struct Engine *e, struct Engine *help
                              .n_prompt = n_prompt, .n_spans = n_spans, .share = share,
                              .frame = chunkkv_frame(prompt, docs_start), .phase = JOB_FRAME,
                              .at = docs_start, .parts = j->parts};
+    if (leads && leads->tokens && n_spans) j->leads = *leads;
     c->blend++;
     *out = j;
     return ENGINE_OK;
@@ -368,13 +393,13 @@ void chunkkv_blend_end(struct ChunkKvJob **pj)
 
 int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
                   const int32_t *prompt, int docs_start, int docs_end, int n_prompt,
-                  const uint32_t *spans, int n_spans, double share, struct ChunkKvBlend *out,
-                  char *err, size_t errlen)
+                  const uint32_t *spans, int n_spans, const struct ChunkKvLeads *leads,
+                  double share, struct ChunkKvBlend *out, char *err, size_t errlen)
 {
     struct ChunkKvJob *j;
     memset(out, 0, sizeof *out);
     int rc = chunkkv_blend_begin(c, e, helper, prompt, docs_start, docs_end, n_prompt, spans,
-                                 n_spans, share, &j, err, errlen);
+                                 n_spans, leads, share, &j, err, errlen);
     for (int done = 0; rc == ENGINE_OK && !done;)
         rc = chunkkv_blend_step(j, 1 << 22, &done, out, err, errlen);
     chunkkv_blend_end(&j);
@@ -393,6 +418,11 @@ uint64_t chunkkv_identity(const struct Model *m, enum KvType kv_type, const char
 uint64_t chunkkv_frame(const int32_t *prompt, int docs_start)
 {
     return hash_bytes(prompt, (size_t)docs_start * sizeof *prompt);
+}
+
+uint64_t chunkkv_after(uint64_t frame, const int32_t *lead, int n)
+{
+    return n > 0 ? hash_u64(frame ^ hash_bytes(lead, (size_t)n * sizeof *lead)) : frame;
 }
 
 uint64_t chunkkv_key(uint64_t frame, const int32_t *t, int n)

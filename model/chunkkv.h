@@ -1,8 +1,9 @@
 /* Chunk KV copies kept in memory for reuse across prompts, and the blend of a prompt's
  * documents from them (docs/kv-reuse.md). A copy is a chunk's KV computed once, at its first
- * use, after the prompt's fixed frame, and kept under a byte budget (least recently used
- * first out); it is keyed by the frame's and the chunk's tokens, so a chunk that comes back
- * in another prompt after the same frame finds its copy wherever it lands. One cache serves
+ * use, after the prompt's fixed frame and the chunk's lead (a label that does not depend on
+ * where the chunk lands), and kept under a byte budget (least recently used first out); it is
+ * keyed by the frame's, the lead's and the chunk's tokens, so a chunk that comes back in
+ * another prompt after the same frame finds its copy wherever it lands. One cache serves
  * one model and KV type (a worker's); one thread uses it at a time. */
 #ifndef DIFFRAG_CHUNKKV_H
 #define DIFFRAG_CHUNKKV_H
@@ -36,20 +37,32 @@ struct ChunkKvBlend {
     size_t bytes_read;         /* stored KV bytes placed */
 };
 
+/* What each chunk's copy is made after besides the frame: its lead, tokens[ranges[2i]..
+ * ranges[2i+1]) for span i, laid between the frame and the chunk (a label that is the same
+ * wherever the chunk lands, so the copy has seen its title; docs/kv-reuse.md). A copy's key
+ * names the frame and the lead. An empty range, or no leads at all (NULL), makes the copy
+ * after the frame alone. */
+struct ChunkKvLeads {
+    const int32_t *tokens;
+    size_t n_tokens;
+    const uint32_t *ranges;    /* two per span, inside tokens[0..n_tokens) */
+};
+
 /* Brings sequence e, which holds prompt[0..n_past) with n_past <= docs_start (nothing, or a
  * cached prefix of the frame), to prompt[0..docs_end): the rest of the frame prompt[0..
  * docs_start) prefilled, then the documents prompt[docs_start..docs_end) blended
  * (engine_blend, recompute share `share`, the rest of the prompt prompt[docs_end..n_prompt),
  * the question, as its probe): each chunk span (spans[2i]..spans[2i+1], inside the documents,
- * in order, not overlapping) from its copy, made on `helper` (an empty sequence of the same
- * runner, or another context of the same model and KV type; it is reset) when the cache lacks
- * it, and the tokens between spans (labels, separators) computed. A chunk whose copy cannot be
- * made (no free page, the budget full of copies this blend uses) is computed in the blend.
- * ENGINE_OK, or an engine error with err (e may then hold part of the frame). */
+ * in order, not overlapping) from its copy, made after the frame and the span's lead on
+ * `helper` (an empty sequence of the same runner, or another context of the same model and
+ * KV type; it is reset) when the cache lacks it, and the tokens between spans (labels,
+ * separators) computed. A chunk whose copy cannot be made (no free page, the budget full of
+ * copies this blend uses) is computed in the blend. ENGINE_OK, or an engine error with err
+ * (e may then hold part of the frame). */
 int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
                   const int32_t *prompt, int docs_start, int docs_end, int n_prompt,
-                  const uint32_t *spans, int n_spans, double share, struct ChunkKvBlend *out,
-                  char *err, size_t errlen);
+                  const uint32_t *spans, int n_spans, const struct ChunkKvLeads *leads,
+                  double share, struct ChunkKvBlend *out, char *err, size_t errlen);
 
 /* The same blend in steps, so that the runner's other sequences take theirs in between (a
  * server's decode tokens keep coming while a prompt's documents blend): chunkkv_blend_begin
@@ -63,8 +76,8 @@ int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
 struct ChunkKvJob;
 int chunkkv_blend_begin(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
                         const int32_t *prompt, int docs_start, int docs_end, int n_prompt,
-                        const uint32_t *spans, int n_spans, double share,
-                        struct ChunkKvJob **out, char *err, size_t errlen);
+                        const uint32_t *spans, int n_spans, const struct ChunkKvLeads *leads,
+                        double share, struct ChunkKvJob **out, char *err, size_t errlen);
 int chunkkv_blend_step(struct ChunkKvJob *j, int tokens, int *done, struct ChunkKvBlend *out,
                        char *err, size_t errlen);
 void chunkkv_blend_end(struct ChunkKvJob **j);
@@ -84,14 +97,18 @@ uint64_t chunkkv_identity(const struct Model *m, enum KvType kv_type, const char
  * calls below take: computed once a prompt. */
 uint64_t chunkkv_frame(const int32_t *prompt, int docs_start);
 
-/* The key of chunk t[0..n) after the frame whose hash is `frame` (as the blend uses it). */
+/* The hash of what a chunk's copy is made after: the frame whose hash is `frame`, then the
+ * lead t[0..n) (the frame's own hash when n is 0). The calls below name a copy by it. */
+uint64_t chunkkv_after(uint64_t frame, const int32_t *lead, int n);
+
+/* The key of chunk t[0..n) after what `frame` names (as the blend uses it). */
 uint64_t chunkkv_key(uint64_t frame, const int32_t *t, int n);
 
-/* 1 when the cache holds the copy of chunk t[0..n) after that frame. */
+/* 1 when the cache holds the copy of chunk t[0..n) after what `frame` names. */
 int chunkkv_has(struct ChunkKv *c, uint64_t frame, const int32_t *t, int n);
 
 /* A copy as a record, in three pieces laid end to end: a header (format, tokens, position,
- * frame hash, KV bytes), the tokens, the KV (engine_kv_export's layout). They borrow the
+ * the hash of what it was made after, KV bytes), the tokens, the KV (engine_kv_export's layout). They borrow the
  * cache until its next change. */
 struct ChunkKvRecord {
     const void *parts[3];
@@ -102,7 +119,7 @@ int chunkkv_record(struct ChunkKv *c, uint64_t frame, const int32_t *t, int n,
                    struct ChunkKvRecord *out);
 
 /* Takes a record (the pieces chunkkv_record gave, concatenated) as the copy of chunk t[0..n)
- * after the frame, for contexts like e: the record must say the same tokens, frame and KV
+ * after what `frame` names, for contexts like e: the record must say the same tokens, frame and KV
  * size (e's encoding). ENGINE_OK; ENGINE_EINPUT with err when the record does not match or is
  * malformed; ENGINE_ENOMEM when it does not fit the budget or memory. */
 int chunkkv_insert(struct ChunkKv *c, const struct Engine *e, uint64_t frame, const int32_t *t,

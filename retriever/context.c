@@ -17,6 +17,7 @@ struct Placed {
     size_t text_len;                 /* bytes of the chunk placed (less when truncated) */
     int truncated;
     int32_t *label; size_t n_label;
+    int32_t *lead; size_t n_lead;    /* the label with marker PROMPT_COPY_MARKER */
     char label_text[PROMPT_MAX_TITLE_BYTES + 32];
     size_t label_len;
 };
@@ -31,6 +32,16 @@ static int encode_label(const struct TokenCounter *tc, struct Placed *p, int mar
         return RET_EINPUT;
     p->label_len = (size_t)len;
     return tokcount_encode_alloc(tc, p->label_text, p->label_len, 0, &p->label, &p->n_label);
+}
+
+/* The copy label of a placed chunk: its label with the marker every placement shares. */
+static int encode_lead(const struct TokenCounter *tc, struct Placed *p, const struct CtxChunk *c)
+{
+    char text[PROMPT_MAX_TITLE_BYTES + 32];
+    int len = prompt_label(PROMPT_COPY_MARKER, c->title, c->title_len, text, sizeof text);
+    if (len < 0)
+        return RET_EINPUT;
+    return tokcount_encode_alloc(tc, text, (size_t)len, 0, &p->lead, &p->n_lead);
 }
 
 static int is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
@@ -101,6 +112,7 @@ void ctx_destroy(struct Context **pc)
     for (size_t i = 0; i < c->n_cites; i++)
         free(c->cites[i].doc_id);
     free(c->cites);
+    free(c->leads);
     free(c->tokens);
     free(c->text);
     free(c);
@@ -111,8 +123,10 @@ static void placed_free(struct Placed *p)
 {
     free(p->ids);
     free(p->label);
-    p->ids = p->label = NULL;
-    p->n = p->n_label = 0;   /* a freed entry must never be laid out with stale counts */
+    free(p->lead);
+    p->ids = p->label = p->lead = NULL;
+    p->n = p->n_label = p->n_lead = 0;   /* a freed entry must never be laid out with stale
+                                            counts */
     p->text_len = 0;
 }
 
@@ -303,14 +317,19 @@ int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t que
     for (size_t i = first_turn; i < o->n_history; i++)
         n_text += fr[o->history[i].assistant ? P_ASSISTANT : P_USER].len + turns[i].len +
                   fr[P_CLOSE].len;
+    size_t n_lead = 0;
     for (size_t i = 0; i < n_placed; i++) {
+        if ((st = encode_lead(tc, &pl[i], &chunks[pl[i].rank])))
+            goto fail;
         n_tok += pl[i].n_label + pl[i].n + ns;
         n_text += pl[i].label_len + pl[i].text_len + strlen(sep);
+        n_lead += pl[i].n_lead;
     }
     ctx->tokens = malloc((n_tok ? n_tok : 1) * sizeof *ctx->tokens);
     ctx->text = malloc(n_text + 1);
     ctx->cites = calloc(n_placed ? n_placed : 1, sizeof *ctx->cites);
-    if (!ctx->tokens || !ctx->text || !ctx->cites) {
+    ctx->leads = malloc((n_lead ? n_lead : 1) * sizeof *ctx->leads);
+    if (!ctx->tokens || !ctx->text || !ctx->cites || !ctx->leads) {
         st = RET_ENOMEM;
         goto fail;
     }
@@ -356,6 +375,11 @@ int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t que
         ci->score = c->score;
         ci->truncated = pl[i].truncated;
         ci->whole = c->whole && !pl[i].truncated;
+        ci->lead.start = ctx->n_leads;
+        if (pl[i].n_lead)
+            memcpy(ctx->leads + ctx->n_leads, pl[i].lead, pl[i].n_lead * sizeof *ctx->leads);
+        ctx->n_leads += pl[i].n_lead;
+        ci->lead.end = ctx->n_leads;
         EMIT(pl[i].label, pl[i].n_label, pl[i].label_text, pl[i].label_len);
         ci->tokens.start = tk;
         ci->bytes.start = tx;

@@ -65,6 +65,7 @@ struct CtxCitation {
     int whole;                      /* the whole document (CtxChunk.whole) */
     uint64_t ref;                   /* CtxChunk.ref */
     struct CtxSpan tokens;          /* the chunk text's tokens in Context.tokens */
+    struct CtxSpan lead;            /* its copy label's tokens in Context.leads */
     struct CtxSpan bytes;           /* the chunk text's bytes in Context.text */
 };
 
@@ -72,6 +73,9 @@ struct Context {
     int32_t *tokens; size_t n_tokens;   /* the prompt to prefill */
     char *text; size_t text_len;        /* the same prompt as text (NUL-terminated) */
     struct CtxCitation *cites; size_t n_cites; /* in prompt order */
+    int32_t *leads; size_t n_leads;     /* each citation's copy label, laid end to end: its
+                                           label with marker PROMPT_COPY_MARKER, encoded
+                                           alone (what a chunk's KV copy is made after) */
     struct CtxSpan question;            /* the question's tokens */
     struct CtxSpan documents;           /* tokens from the first label to the last separator */
     struct CtxSpan history;             /* the placed earlier turns, frame included (empty:

@@ -61,4 +61,9 @@ const char *const *prompt_check_words(int yes);
  * when cap is too small (cap >= PROMPT_MAX_TITLE_BYTES + 32 always suffices). */
 int prompt_label(int marker, const char *title, size_t title_len, char *out, size_t cap);
 
+/* The marker of the label a chunk's stored KV copy is made after (docs/kv-reuse.md): the same
+ * for every placement, so one copy serves the chunk wherever it lands, and that of the first
+ * document, so the copy is what a prompt opening with the chunk computes. */
+#define PROMPT_COPY_MARKER 1
+
 #endif

@@ -427,7 +427,7 @@ static void check_store(const struct Model *m)
             engine_reset(e);
             struct ChunkKvBlend b;
             int rc = chunkkv_blend(c, e, helper, prompt, N_FRAME, docs_end, n, spans, N_CHUNKS,
-                                   1.0, &b, err, sizeof err);
+                                   NULL, 1.0, &b, err, sizeof err);
             CHECK(rc == 0, "%s: %s", name, err);
             CHECK(prefill(e, prompt + docs_end, n - docs_end) == 0, "%s", name);
             memcpy(got, engine_logits(e), sizeof(float) * V);
@@ -454,8 +454,8 @@ static void check_store(const struct Model *m)
         uint32_t bad[4] = {N_FRAME + 5, N_FRAME + 8, N_FRAME + 1, N_FRAME + 3};
         engine_reset(e);
         struct ChunkKvBlend b;
-        CHECK(chunkkv_blend(c, e, helper, p2, N_FRAME, N_FRAME + 9, N_FRAME + 10, bad, 2, 0.5,
-                            &b, err, sizeof err) == ENGINE_EINPUT, "%s", name);
+        CHECK(chunkkv_blend(c, e, helper, p2, N_FRAME, N_FRAME + 9, N_FRAME + 10, bad, 2, NULL,
+                            0.5, &b, err, sizeof err) == ENGINE_EINPUT, "%s", name);
         chunkkv_destroy(&c);
     }
     free(want);
@@ -502,8 +502,8 @@ static void check_twice(const struct Model *m)
     for (int round = 0; round < 2; round++) {
         struct ChunkKvBlend b;
         engine_reset(e);
-        int rc = chunkkv_blend(c, e, helper, prompt, N_FRAME, docs_end, n, spans, 2, 0.0, &b,
-                               err, sizeof err);
+        int rc = chunkkv_blend(c, e, helper, prompt, N_FRAME, docs_end, n, spans, 2, NULL, 0.0,
+                               &b, err, sizeof err);
         CHECK(rc == 0, "%s: %s", name, err);
         printf("%s, round %d: %d chunks, %d made, %d reused, %d fresh\n", name, round, b.chunks,
                b.computed, b.reused, b.fresh);
@@ -516,6 +516,105 @@ static void check_twice(const struct Model *m)
     }
     chunkkv_destroy(&c);
     engine_destroy(&helper);
+    engine_destroy(&e);
+}
+
+/* Leads (ChunkKvLeads): a one-chunk prompt frame + label + chunk + question, whose chunk's
+ * copy is made after the frame and a lead equal to the label, blends at share 0 to the full
+ * prefill's logits (the copy is the prompt's own KV), and without the lead it does not (the
+ * copy never saw the label); the copy is named by frame and lead (chunkkv_after), not by the
+ * frame alone; the chunk placed second, after another label, with the same lead, is found,
+ * not made again; leads outside their tokens are refused. */
+static void check_leads(const struct Model *m)
+{
+    const char *name = "copies after a lead";
+    enum { NL = 4 };
+    int V = m->cfg.vocab, len = CHUNK_LEN[1];
+    struct Engine *e = open_ctx(m, KV_F16, 48), *ref = open_ctx(m, KV_F16, 512), *helper = NULL;
+    struct ChunkKv *c = NULL;
+    char err[256];
+    CHECK(e && ref && engine_new_seq(e, &helper, err, sizeof err) == 0 &&
+          chunkkv_new((size_t)64 << 20, &c) == 0, "%s", name);
+    float *want = malloc(sizeof(float) * V), *got = malloc(sizeof(float) * V);
+    if (!e || !ref || !helper || !c || !want || !got) goto out;
+    int32_t frame[N_FRAME], label[NL], other[NL], chunk[200], q[N_Q];
+    int32_t prompt[N_FRAME + 2 * (NL + 200) + N_Q];
+    for (int i = 0; i < N_FRAME; i++) frame[i] = rand_tok(V);
+    for (int i = 0; i < NL; i++) label[i] = rand_tok(V);
+    for (int i = 0; i < NL; i++) other[i] = rand_tok(V);
+    for (int i = 0; i < len; i++) chunk[i] = rand_tok(V);
+    for (int i = 0; i < N_Q; i++) q[i] = rand_tok(V);
+    int n = 0;
+    memcpy(prompt, frame, sizeof frame);
+    n += N_FRAME;
+    memcpy(prompt + n, label, sizeof label);
+    n += NL;
+    uint32_t spans[4] = {(uint32_t)n, (uint32_t)(n + len)};
+    memcpy(prompt + n, chunk, sizeof(int32_t) * len);
+    n += len;
+    int docs_end = n;
+    memcpy(prompt + n, q, sizeof q);
+    n += N_Q;
+    engine_reset(ref);
+    CHECK(prefill(ref, prompt, n) == 0, "%s", name);
+    memcpy(want, engine_logits(ref), sizeof(float) * V);
+    uint32_t rng2[4] = {0, NL, 0, NL};
+    struct ChunkKvLeads lv = {label, NL, rng2};
+    double d[2];
+    for (int with = 1; with >= 0; with--) {
+        struct ChunkKvBlend b;
+        engine_reset(e);
+        CHECK(chunkkv_blend(c, e, helper, prompt, N_FRAME, docs_end, n, spans, 1,
+                            with ? &lv : NULL, 0.0, &b, err, sizeof err) == 0 &&
+              prefill(e, prompt + docs_end, n - docs_end) == 0, "%s: %s", name, err);
+        memcpy(got, engine_logits(e), sizeof(float) * V);
+        d[with] = check_rel_diff(got, want, V);
+        CHECK(b.computed == 1 && b.recomputed == NL, "%s", name);   /* the label: computed */
+    }
+    uint64_t frame_h = chunkkv_frame(prompt, N_FRAME), after = chunkkv_after(frame_h, label, NL);
+    printf("%s: share 0, one chunk: with the label as its lead within %.2e of the full prefill, "
+           "without a lead %.2e\n", name, d[1], d[0]);
+    CHECK(d[1] <= 1e-4 && d[0] > 1e-3, "%s", name);
+    CHECK(after != frame_h && chunkkv_after(frame_h, label, 0) == frame_h &&
+          chunkkv_has(c, after, chunk, len) && chunkkv_has(c, frame_h, chunk, len) &&
+          !chunkkv_has(c, chunkkv_after(frame_h, other, NL), chunk, len), "%s", name);
+
+    /* the same chunk second, after another label and a first chunk, with the same lead */
+    int m2 = N_FRAME;
+    memcpy(prompt + m2, other, sizeof other);
+    m2 += NL;
+    spans[0] = (uint32_t)m2;
+    for (int i = 0; i < 20; i++) prompt[m2++] = rand_tok(V);
+    spans[1] = (uint32_t)m2;
+    memcpy(prompt + m2, other, sizeof other);
+    m2 += NL;
+    spans[2] = (uint32_t)m2;
+    memcpy(prompt + m2, chunk, sizeof(int32_t) * len);
+    m2 += len;
+    spans[3] = (uint32_t)m2;
+    int docs_end2 = m2;
+    memcpy(prompt + m2, q, sizeof q);
+    m2 += N_Q;
+    uint32_t two[4] = {0, 0, 0, NL};   /* the first chunk after the frame alone */
+    lv.ranges = two;
+    struct ChunkKvBlend b;
+    engine_reset(e);
+    CHECK(chunkkv_blend(c, e, helper, prompt, N_FRAME, docs_end2, m2, spans, 2, &lv, 0.15, &b,
+                        err, sizeof err) == 0, "%s: %s", name, err);
+    printf("%s: the chunk again after another label: %d chunks, %d made, %d reused\n", name,
+           b.chunks, b.computed, b.reused);
+    CHECK(b.chunks == 2 && b.computed == 1, "%s: %d copies made", name, b.computed);
+    uint32_t bad[4] = {0, NL, 2, NL + 1};
+    lv.ranges = bad;
+    engine_reset(e);
+    CHECK(chunkkv_blend(c, e, helper, prompt, N_FRAME, docs_end2, m2, spans, 2, &lv, 0.15, &b,
+                        err, sizeof err) == ENGINE_EINPUT, "%s: a lead outside its tokens", name);
+out:
+    free(want);
+    free(got);
+    chunkkv_destroy(&c);
+    engine_destroy(&helper);
+    engine_destroy(&ref);
     engine_destroy(&e);
 }
 
@@ -557,6 +656,11 @@ static void check_steps(const struct Model *m)
     int docs_end = n;
     for (int i = 0; i < N_Q; i++) prompt[n++] = rand_tok(V);
     for (int i = 0; i < 40; i++) ctx[i] = rand_tok(V);
+    /* each chunk's copy is made after a lead of its own: 3, 0 and 5 tokens */
+    int32_t lead_tok[8];
+    uint32_t lead_rng[2 * N_CHUNKS] = {0, 3, 3, 3, 3, 8};
+    for (int i = 0; i < 8; i++) lead_tok[i] = rand_tok(V);
+    struct ChunkKvLeads lv = {lead_tok, 8, lead_rng};
     float *want = malloc(sizeof(float) * V), *got = malloc(sizeof(float) * V);
     float *dec_want = malloc(sizeof(float) * V * 64), *dec_got = malloc(sizeof(float) * V * 64);
     CHECK(want && got && dec_want && dec_got, "%s", name);
@@ -577,8 +681,8 @@ static void check_steps(const struct Model *m)
         struct ChunkKvBlend one, b;
         CHECK(chunkkv_new((size_t)64 << 20, &c) == 0, "%s", name);
         engine_reset(seq);
-        CHECK(chunkkv_blend(c, seq, helper, prompt, N_FRAME, docs_end, n, spans, N_CHUNKS, 0.15,
-                            &one, err, sizeof err) == 0 &&
+        CHECK(chunkkv_blend(c, seq, helper, prompt, N_FRAME, docs_end, n, spans, N_CHUNKS,
+                            &lv, 0.15, &one, err, sizeof err) == 0 &&
               prefill(seq, prompt + docs_end, n - docs_end) == 0, "%s: %s", name, err);
         memcpy(want, engine_logits(seq), sizeof(float) * V);
         static const int sizes[] = {1, 7, 64};
@@ -593,7 +697,8 @@ static void check_steps(const struct Model *m)
             CHECK(prefill(other, ctx, 40) == 0, "%s", name);
             struct ChunkKvJob *j = NULL;
             CHECK(chunkkv_blend_begin(c, seq, helper, prompt, N_FRAME, docs_end, n, spans,
-                                      N_CHUNKS, 0.15, &j, err, sizeof err) == 0, "%s", name);
+                                      N_CHUNKS, &lv, 0.15, &j, err, sizeof err) == 0, "%s",
+                  name);
             int done = 0, steps = 0, decoded = 0, rc = 0;
             while (j && !done && rc == 0) {
                 rc = chunkkv_blend_step(j, sizes[k], &done, &b, err, sizeof err);
@@ -630,12 +735,12 @@ static void check_steps(const struct Model *m)
         engine_reset(seq);
         if (filled)
             CHECK(chunkkv_blend(c, seq, helper, prompt, N_FRAME, docs_end, n, spans, N_CHUNKS,
-                                0.15, &b, err, sizeof err) == 0, "%s", name);
+                                &lv, 0.15, &b, err, sizeof err) == 0, "%s", name);
         engine_reset(seq);
         struct ChunkKvJob *j = NULL;
         int done = 0;
         CHECK(chunkkv_blend_begin(c, seq, helper, prompt, N_FRAME, docs_end, n, spans, N_CHUNKS,
-                                  0.15, &j, err, sizeof err) == 0, "%s", name);
+                                  &lv, 0.15, &j, err, sizeof err) == 0, "%s", name);
         /* a filled store: steps until the engine blends, then one more; an empty one: until
          * the helper holds part of the first copy */
         for (int i = 0; i < 200 && j && !done &&
@@ -648,8 +753,8 @@ static void check_steps(const struct Model *m)
         chunkkv_blend_end(&j);
         engine_reset(seq);
         CHECK(!engine_blending(seq) && engine_n_past(helper) == 0, "%s", name);
-        CHECK(chunkkv_blend(c, seq, helper, prompt, N_FRAME, docs_end, n, spans, N_CHUNKS, 0.15,
-                            &b, err, sizeof err) == 0 &&
+        CHECK(chunkkv_blend(c, seq, helper, prompt, N_FRAME, docs_end, n, spans, N_CHUNKS,
+                            &lv, 0.15, &b, err, sizeof err) == 0 &&
               prefill(seq, prompt + docs_end, n - docs_end) == 0 &&
               !memcmp(engine_logits(seq), want, sizeof(float) * V), "%s: after a dropped blend: "
               "%s", name, err);
@@ -687,6 +792,7 @@ int main(int argc, char **argv)
     if (!small && m->cfg.head_dim % 2 == 0 && m->cfg.head_dim <= 256) check_kv_type(m, KV_Q8, "int8");
     check_store(m);
     check_twice(m);
+    check_leads(m);
     check_steps(m);
     model_destroy(&m);
     return check_report("chunk KV reuse against full prefills");

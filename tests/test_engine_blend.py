@@ -2,8 +2,9 @@
 1 the question's logits equal a full prefill's with the chunks' stored KV computed elsewhere;
 at 0, on a one-chunk prompt, they equal the prefix-cached prefill's; a chunk's KV computed at
 position p and moved to q equals the KV computed at q within f16 rounding, for both RoPE
-layouts and with YaRN; every KV type; the default and the f32 prefill products; the blend in
-steps computes what the blend in one call does, while other sequences step in between.
+layouts and with YaRN; every KV type; the default and the f32 prefill products; a copy made
+after a lead (the chunk's label) is that prompt's own KV; the blend in steps computes what the
+blend in one call does, while other sequences step in between.
 build/tests/engine_blend does the checks; this runs it per model and product path."""
 import pytest
 
@@ -35,6 +36,7 @@ def check(model, gemm):
     for kv in ("f16",) if SMALL else ("f16", "f32"):
         assert f"{kv}: share 1, chunks moved" in out
         assert f"{kv}: KV moved 5 -> 3000" in out
+    assert "copies after a lead: share 0, one chunk: with the label as its lead" in out, out
     for store in ("an empty", "a filled"):
         line = f"blend in steps, {store} store, 1-token steps:"
         assert line in out, out

@@ -593,6 +593,63 @@ static void test_wire_signals(void)
     CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) != 0 &&
           strstr(err, "order"), "spans out of order: %s", err);
 
+    /* the spans' leads (what each chunk's KV copy is made after) cross; leads outside their
+     * tokens, more lead tokens than the prompt has, a negative one, leads without their
+     * ranges or with another count than the spans are refused */
+    int32_t lead_tok[3] = { 7, 8, 9 };
+    uint32_t lead_rng[4] = { 0, 2, 2, 3 };
+    g = (struct WireGround){ .doc_spans = spans, .n_spans = 2, .docs = { 1, 6 },
+                             .lead_tokens = lead_tok, .n_lead_tokens = 3, .doc_leads = lead_rng };
+    mpw_reset(&w);
+    wire_job_encode(&w, toks, 6, 8, 0, 1, 0, NULL, NULL, 0, 0, &g);
+    CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) == 0 &&
+          j.n_lead_tokens == 3 && j.lead_tokens[2] == 9 && j.doc_leads[1] == 2 &&
+          j.doc_leads[3] == 3, "leads: %s", err);
+    wire_job_free(&j);
+    uint32_t lead_past[4] = { 0, 2, 2, 4 };
+    g.doc_leads = lead_past;
+    mpw_reset(&w);
+    wire_job_encode(&w, toks, 6, 8, 0, 1, 0, NULL, NULL, 0, 0, &g);
+    CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) != 0 &&
+          strstr(err, "lead"), "a lead past its tokens: %s", err);
+    int32_t lead_many[7] = { 1, 2, 3, 4, 5, 6, 7 }, lead_neg[3] = { 7, -1, 9 };
+    g.doc_leads = lead_rng;
+    g.lead_tokens = lead_many;
+    g.n_lead_tokens = 7;
+    mpw_reset(&w);
+    wire_job_encode(&w, toks, 6, 8, 0, 1, 0, NULL, NULL, 0, 0, &g);
+    CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) != 0 &&
+          strstr(err, "lead"), "7 lead tokens for 6 prompt tokens: %s", err);
+    g.lead_tokens = lead_neg;
+    g.n_lead_tokens = 3;
+    mpw_reset(&w);
+    wire_job_encode(&w, toks, 6, 8, 0, 1, 0, NULL, NULL, 0, 0, &g);
+    CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) != 0 &&
+          strstr(err, "negative lead"), "a negative lead token: %s", err);
+    for (int variant = 0; variant < 2; variant++) {
+        /* by hand: lead tokens alone, or ranges for one span of two */
+        static const uint8_t tok_le[24] = { 1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0,
+                                            4, 0, 0, 0, 5, 0, 0, 0, 6, 0, 0, 0 };
+        static const uint8_t span_le[16] = { 1, 0, 0, 0, 3, 0, 0, 0, 4, 0, 0, 0, 6, 0, 0, 0 };
+        static const uint8_t lead_le[8] = { 0, 0, 0, 0, 1, 0, 0, 0 };
+        mpw_reset(&w);
+        mpw_map(&w, variant ? 5 : 4);
+        mpw_cstr(&w, "tokens");
+        mpw_bin(&w, tok_le, sizeof tok_le);
+        mpw_kv_int(&w, "max_tokens", 8);
+        mpw_cstr(&w, "doc_spans");
+        mpw_bin(&w, span_le, sizeof span_le);
+        mpw_cstr(&w, "lead_tokens");
+        mpw_bin(&w, lead_le, 4);
+        if (variant) {
+            mpw_cstr(&w, "doc_leads");
+            mpw_bin(&w, lead_le, sizeof lead_le);
+        }
+        CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) != 0 &&
+              strstr(err, "lead"), "%s: %s", variant ? "one lead for two spans"
+                                                     : "lead tokens without ranges", err);
+    }
+
     /* "añb.": tokens "a", "ñ", "b." */
     float vals[WS_N_FLOAT][3];
     for (int k = 0; k < WS_N_FLOAT; k++)

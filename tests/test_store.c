@@ -890,6 +890,17 @@ static void check_assembly(const struct TokenCounter *tc, const char *q, const s
         int ll = prompt_label(ci->marker, src->title, src->title_len, label, sizeof label);
         spans_ok &= ll > 0 && ci->bytes.start >= (size_t)ll &&
                     memcmp(c->text + ci->bytes.start - ll, label, (size_t)ll) == 0;
+        /* its copy label: the label with the shared marker, encoded alone, the leads laid end
+         * to end; the first chunk's is the very tokens before its text */
+        ll = prompt_label(PROMPT_COPY_MARKER, src->title, src->title_len, label, sizeof label);
+        size_t nl = ci->lead.end - ci->lead.start;
+        spans_ok &= ci->lead.start == (i ? c->cites[i - 1].lead.end : 0) &&
+                    ci->lead.end <= c->n_leads && nl > 0 &&
+                    decode_eq(tc, c->leads + ci->lead.start, nl, label, (size_t)ll);
+        if (ci->marker == PROMPT_COPY_MARKER)
+            spans_ok &= ci->tokens.start >= nl &&
+                        !memcmp(c->leads + ci->lead.start, c->tokens + ci->tokens.start - nl,
+                                nl * sizeof *c->leads);
         if (order == CTX_ORDER_DOCUMENT && i > 0) {
             const struct CtxCitation *p = &c->cites[i - 1];
             int cmp = strcmp(p->doc_id, ci->doc_id);
@@ -900,7 +911,10 @@ static void check_assembly(const struct TokenCounter *tc, const char *q, const s
         if (order == CTX_ORDER_NEAREST && i > 0)
             order_ok &= c->cites[i - 1].rank > ci->rank;
     }
-    CHECK(spans_ok, "budget %zu: a span does not decode to its chunk's text as placed", budget);
+    CHECK(spans_ok, "budget %zu: a span does not decode to its chunk's text as placed, or a "
+          "lead to its copy label", budget);
+    CHECK(c->n_leads == (c->n_cites ? c->cites[c->n_cites - 1].lead.end : 0), "budget %zu: "
+          "%zu lead tokens", budget, c->n_leads);
     CHECK(order_ok, "budget %zu: citations out of %s order", budget,
           order == CTX_ORDER_RANK ? "rank" : order == CTX_ORDER_NEAREST ? "nearest" : "document");
     /* Greedy fill: when chunks were left out, what is left over is less than one chunk's cost. */
