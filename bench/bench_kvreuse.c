@@ -16,9 +16,11 @@
  * from it, the question as the probe that weighs which tokens are recomputed); with
  * --selections probe,deviation it also runs without the probe (the tokens whose values moved
  * most). Every chunk's KV is made at its first use, after the frame and its copy label (the
- * daemon's; --copies frame: after the frame alone; --copies label,frame: both, side by side),
- * before the question that first uses it is timed (an untimed blend at share 0); that cost is
- * printed apart.
+ * daemon's; --copies frame: after the frame alone; --copies label,frame: both, side by side;
+ * --copies gold: as label, but the question's gold paragraph is computed in the blend, as its
+ * labels are, an upper bound for recomputing the chunk that holds the answer), before the
+ * question that first uses it is timed (an untimed blend at share 0); that cost is printed
+ * apart.
  * Then each "on" is blended again and fed the full prefill's answer, token by token, for the
  * mean KL divergence of its next-token distributions from the full prefill's over the whole
  * answer (the answer's divergence, which a first token alone understates).
@@ -39,7 +41,7 @@
  *
  * Usage: bench_kvreuse MODEL SQUAD_DIR [--budgets 8192,16384,32768] [--questions N]
  *        [--shares 0.15,...] [--selections probe,deviation] [--threads T] [--kv f16|q8]
- *        [--shared G] [--answer-kl 0|1] [--copies label,frame] */
+ *        [--shared G] [--answer-kl 0|1] [--copies label,frame,gold] */
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
@@ -252,6 +254,9 @@ static void shuffle(int *idx, int n, uint64_t base)
     }
 }
 
+/* --copies: what the chunks' copies are made after, by its index in cps */
+static const char *const COPIES[] = {"frame", "label", "gold"};
+
 static struct CtxChunk chunk_of(const struct Passage *p)
 {
     size_t n = strlen(p->text);
@@ -457,8 +462,8 @@ int main(int argc, char **argv)
     if (argc < 3) {
         fprintf(stderr, "usage: %s MODEL SQUAD_DIR [--budgets 8192,16384,32768] [--questions N] "
                         "[--shares S,...] [--selections probe,deviation] [--threads T] "
-                        "[--kv f16|q8] [--shared G] [--answer-kl 0|1] [--copies label,frame]"
-                        "\n", argv[0]);
+                        "[--kv f16|q8] [--shared G] [--answer-kl 0|1] "
+                        "[--copies label,frame,gold]\n", argv[0]);
         return 2;
     }
     const char *model_path = argv[1], *squad = argv[2], *budgets_arg = "8192,16384,32768";
@@ -521,11 +526,12 @@ int main(int argc, char **argv)
     }
     /* what the chunks' copies are made after: the frame and the copy label (the daemon's),
      * or the frame alone */
-    int cps[2], n_cp = 0;
-    for (const char *p = copies_arg; *p && n_cp < 2;) {
+    int cps[3], n_cp = 0;
+    for (const char *p = copies_arg; *p && n_cp < 3;) {
         size_t len = strcspn(p, ",");
         if (len == 5 && !strncmp(p, "label", 5)) cps[n_cp++] = 1;
         else if (len == 5 && !strncmp(p, "frame", 5)) cps[n_cp++] = 0;
+        else if (len == 4 && !strncmp(p, "gold", 4)) cps[n_cp++] = 2;
         else {
             fprintf(stderr, "copies are made after the label or the frame: %s\n", copies_arg);
             return 2;
@@ -662,18 +668,28 @@ int main(int argc, char **argv)
                     return 1;
                 }
             }
-            uint32_t *spans = malloc(4 * cx->n_cites * sizeof *spans + sizeof *spans);
+            /* the spans and their leads; then the same without the question's gold
+             * paragraph (--copies gold: computed in the blend like the labels) */
+            size_t nc = cx->n_cites, ng = 0;
+            uint32_t *spans = malloc(8 * nc * sizeof *spans + sizeof *spans);
             if (!spans) {
                 fprintf(stderr, "out of memory\n");
                 return 1;
             }
-            for (size_t c = 0; c < cx->n_cites; c++) {
-                spans[2 * c] = (uint32_t)cx->cites[c].tokens.start;
-                spans[2 * c + 1] = (uint32_t)cx->cites[c].tokens.end;
-                spans[2 * (cx->n_cites + c)] = (uint32_t)cx->cites[c].lead.start;
-                spans[2 * (cx->n_cites + c) + 1] = (uint32_t)cx->cites[c].lead.end;
+            uint32_t *lead_r = spans + 2 * nc, *spans_g = spans + 4 * nc, *lead_g = spans + 6 * nc;
+            for (size_t c = 0; c < nc; c++) {
+                const struct CtxCitation *ci = &cx->cites[c];
+                spans[2 * c] = (uint32_t)ci->tokens.start;
+                spans[2 * c + 1] = (uint32_t)ci->tokens.end;
+                lead_r[2 * c] = (uint32_t)ci->lead.start;
+                lead_r[2 * c + 1] = (uint32_t)ci->lead.end;
+                if (!strcmp(ci->doc_id, d.ps[gold].id)) continue;
+                memcpy(spans_g + 2 * ng, spans + 2 * c, 2 * sizeof *spans);
+                memcpy(lead_g + 2 * ng, lead_r + 2 * c, 2 * sizeof *spans);
+                ng++;
             }
-            struct ChunkKvLeads leads = {cx->leads, cx->n_leads, spans + 2 * cx->n_cites};
+            struct ChunkKvLeads leads = {cx->leads, cx->n_leads, lead_r};
+            struct ChunkKvLeads leads_g = {cx->leads, cx->n_leads, lead_g};
             /* the chunks' first use, untimed: a blend at share 0 makes the copies the store
              * lacks (each a prefill of the frame, from the prefix cache, its lead and the
              * chunk), for each way of making them */
@@ -718,6 +734,7 @@ int main(int argc, char **argv)
             for (int vi = 0; vi < nv; vi++) {
                 double share = shares[vi / (n_sel * n_cp)];
                 int probe = sels[(vi / n_cp) % n_sel], label = cps[vi % n_cp];
+                int g = label == 2;
                 int n_prompt = probe ? n_all : tail0;
                 struct ChunkKvBlend st;
                 for (int pass = 0; pass < 2; pass++) {
@@ -725,8 +742,9 @@ int main(int argc, char **argv)
                      * same blend fed the full prefill's answer */
                     engine_reset(e);
                     t0 = now_s();
-                    if (chunkkv_blend(store, e, helper, cx->tokens, nf, tail0, n_prompt, spans,
-                                      (int)cx->n_cites, label ? &leads : NULL, share, &st, err,
+                    if (chunkkv_blend(store, e, helper, cx->tokens, nf, tail0, n_prompt,
+                                      g ? spans_g : spans, g ? (int)ng : (int)nc,
+                                      g ? &leads_g : label ? &leads : NULL, share, &st, err,
                                       sizeof err) ||
                         engine_prefill(e, cx->tokens + tail0, (size_t)(n_all - tail0), err,
                                        sizeof err)) {
@@ -752,7 +770,7 @@ int main(int argc, char **argv)
                     region_sum[vi] += st.reused + st.recomputed;
                     printf("    share %.2f %s %s, on %.2f s (%d of %d reused; probe %.2f s), "
                            "KL %.4f: gold %d F1 %.2f \"%.70s\"\n", share,
-                           probe ? "probe" : "deviation", label ? "label" : "frame",
+                           probe ? "probe" : "deviation", COPIES[label],
                            t_on[vi][qi], st.reused,
                            st.reused + st.recomputed, st.probe_s, kl[vi][qi], g1, f1, a_on);
                     if (!with_akl) break;
@@ -777,7 +795,7 @@ int main(int argc, char **argv)
             printf("%8d %6.2f %9s %6s %8d %10.2f %10.2f %6.2fx %5d/%-3d %5d/%-3d %5d/%-3d "
                    "%5d/%-3d %7.1f%% %9.4f %9s %6.3f %6.3f %4d/%-3d\n", budget,
                    shares[vi / (n_sel * n_cp)], sels[(vi / n_cp) % n_sel] ? "probe" : "deviation",
-                   cps[vi % n_cp] ? "label" : "frame", tokens_sum / nq, mo, mn, mo / mn,
+                   COPIES[cps[vi % n_cp]], tokens_sum / nq, mo, mn, mo / mn,
                    gold_off, nq, gold_on[vi], nq, agree[vi], nq, first_agree[vi], nq,
                    100.0 * reused_sum[vi] / (region_sum[vi] ? region_sum[vi] : 1),
                    median(kl[vi], nq), akl_s, f1_off / nq, f1_on[vi] / nq, off_only[vi],

@@ -677,7 +677,10 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
                 if (q->cached < 0)
                     q->cached = (int)q->done;
                 q->started = 1;
-                if (blend && q->done <= q->job.docs[0]) {
+                /* a cached prefix may reach into the documents (exact pages: a copy's
+                 * prefill publishes the frame, its copy label and its chunk, which is how a
+                 * prompt opening with that chunk starts): the blend covers the rest */
+                if (blend && q->done < q->job.docs[1]) {
                     seq_blend_begin(w, q);
                     if (q->blend) {
                         blending = 1;

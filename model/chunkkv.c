@@ -272,9 +272,9 @@ int chunkkv_blend_begin(struct ChunkKv *c, struct Engine *e, struct Engine *help
 {
     *out = NULL;
     int n0 = e ? engine_n_past(e) : 0;
-    if (!c || !e || !helper || !prompt || docs_start < n0 || docs_end <= docs_start ||
+    if (!c || !e || !helper || !prompt || docs_end <= n0 || docs_end <= docs_start ||
         n_prompt < docs_end || n_spans < 0 || (n_spans && !spans) || !(share >= 0 && share <= 1))
-        return errmsg_set(err, errlen, ENGINE_EINPUT, "a blend needs the documents after the "
+        return errmsg_set(err, errlen, ENGINE_EINPUT, "a blend needs documents after the "
                           "sequence's tokens and a share in [0, 1]");
     for (int i = 0, at = docs_start; i < n_spans; i++) {
         if ((int)spans[2 * i] < at || spans[2 * i + 1] < spans[2 * i] ||
@@ -302,7 +302,7 @@ int chunkkv_blend_begin(struct ChunkKv *c, struct Engine *e, struct Engine *help
                              .docs_start = docs_start, .docs_end = docs_end,
                              .n_prompt = n_prompt, .n_spans = n_spans, .share = share,
                              .frame = chunkkv_frame(prompt, docs_start), .phase = JOB_FRAME,
-                             .at = docs_start, .parts = j->parts};
+                             .at = n0 > docs_start ? n0 : docs_start, .parts = j->parts};
     if (leads && leads->tokens && n_spans) j->leads = *leads;
     c->blend++;
     *out = j;
@@ -348,6 +348,17 @@ int chunkkv_blend_step(struct ChunkKvJob *j, int tokens, int *done, struct Chunk
             break;
         }
         int s0 = (int)j->spans[2 * j->span], s1 = (int)j->spans[2 * j->span + 1];
+        if (s1 <= j->at) {   /* the sequence holds it (a cached prefix) */
+            j->span++;
+            continue;
+        }
+        if (s0 < j->at) {    /* it holds its start: the rest is computed */
+            j->parts[j->np++] = (struct EngineKvPart){j->prompt + j->at, s1 - j->at, NULL, 0, 0,
+                                                      0};
+            j->at = s1;
+            j->span++;
+            continue;
+        }
         if (s0 > j->at) {
             j->parts[j->np++] = (struct EngineKvPart){j->prompt + j->at, s0 - j->at, NULL, 0, 0, 0};
             j->at = s0;

@@ -48,15 +48,16 @@ struct ChunkKvLeads {
     const uint32_t *ranges;    /* two per span, inside tokens[0..n_tokens) */
 };
 
-/* Brings sequence e, which holds prompt[0..n_past) with n_past <= docs_start (nothing, or a
- * cached prefix of the frame), to prompt[0..docs_end): the rest of the frame prompt[0..
- * docs_start) prefilled, then the documents prompt[docs_start..docs_end) blended
+/* Brings sequence e, which holds prompt[0..n_past) with n_past < docs_end (nothing, or a
+ * cached prefix of the frame, or of the frame and the first documents), to prompt[0..
+ * docs_end): the rest of the frame prompt[0..docs_start) prefilled, then the rest of the
+ * documents prompt[max(docs_start, n_past)..docs_end) blended
  * (engine_blend, recompute share `share`, the rest of the prompt prompt[docs_end..n_prompt),
  * the question, as its probe): each chunk span (spans[2i]..spans[2i+1], inside the documents,
  * in order, not overlapping) from its copy, made after the frame and the span's lead on
  * `helper` (an empty sequence of the same runner, or another context of the same model and
  * KV type; it is reset) when the cache lacks it, and the tokens between spans (labels,
- * separators) computed. A chunk whose copy cannot be made (no free page, the budget full of
+ * separators) and the rest of a span whose start the sequence holds computed. A chunk whose copy cannot be made (no free page, the budget full of
  * copies this blend uses) is computed in the blend. ENGINE_OK, or an engine error with err
  * (e may then hold part of the frame). */
 int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,

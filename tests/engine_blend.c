@@ -522,9 +522,10 @@ static void check_twice(const struct Model *m)
 /* Leads (ChunkKvLeads): a one-chunk prompt frame + label + chunk + question, whose chunk's
  * copy is made after the frame and a lead equal to the label, blends at share 0 to the full
  * prefill's logits (the copy is the prompt's own KV), and without the lead it does not (the
- * copy never saw the label); the copy is named by frame and lead (chunkkv_after), not by the
- * frame alone; the chunk placed second, after another label, with the same lead, is found,
- * not made again; leads outside their tokens are refused. */
+ * copy never saw the label); a sequence that already holds part of the chunk (a cached prefix
+ * reaching into the documents) blends the rest, to the same logits; the copy is named by frame
+ * and lead (chunkkv_after), not by the frame alone; the chunk placed second, after another
+ * label, with the same lead, is found, not made again; leads outside their tokens are refused. */
 static void check_leads(const struct Model *m)
 {
     const char *name = "copies after a lead";
@@ -575,6 +576,25 @@ static void check_leads(const struct Model *m)
     printf("%s: share 0, one chunk: with the label as its lead within %.2e of the full prefill, "
            "without a lead %.2e\n", name, d[1], d[0]);
     CHECK(d[1] <= 1e-4 && d[0] > 1e-3, "%s", name);
+    /* a sequence that holds the frame, the label and part of the chunk (a cached prefix
+     * reaching into the documents) blends the rest: the rest of the chunk is computed, and
+     * at share 0 the logits are still the full prefill's; one that holds all the documents
+     * has nothing to blend */
+    struct ChunkKvBlend bp;
+    engine_reset(e);
+    CHECK(prefill(e, prompt, N_FRAME + NL + 20) == 0 &&
+          chunkkv_blend(c, e, helper, prompt, N_FRAME, docs_end, n, spans, 1, &lv, 0.0, &bp,
+                        err, sizeof err) == 0 &&
+          prefill(e, prompt + docs_end, n - docs_end) == 0, "%s: %s", name, err);
+    memcpy(got, engine_logits(e), sizeof(float) * V);
+    double dp = check_rel_diff(got, want, V);
+    printf("%s: share 0 after a prefix that holds 20 of the chunk's tokens: %d recomputed, "
+           "within %.2e of the full prefill\n", name, bp.recomputed, dp);
+    CHECK(dp <= 1e-4 && bp.recomputed == len - 20 && bp.chunks == 0, "%s", name);
+    engine_reset(e);
+    CHECK(prefill(e, prompt, docs_end) == 0 &&
+          chunkkv_blend(c, e, helper, prompt, N_FRAME, docs_end, n, spans, 1, &lv, 0.0, &bp,
+                        err, sizeof err) == ENGINE_EINPUT, "%s: nothing to blend", name);
     CHECK(after != frame_h && chunkkv_after(frame_h, label, 0) == frame_h &&
           chunkkv_has(c, after, chunk, len) && chunkkv_has(c, frame_h, chunk, len) &&
           !chunkkv_has(c, chunkkv_after(frame_h, other, NL), chunk, len), "%s", name);

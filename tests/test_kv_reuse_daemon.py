@@ -71,9 +71,12 @@ def test_blend_at_share_one_equals_the_exact_path(tmp_path, default_model, squad
         assert a["token_signals"] == b["token_signals"]
     n_chunks = len(on[0]["citations"])
     assert n_chunks >= 4
-    # every chunk made once (the first question), found by the two others
+    # every chunk made once (the first question), found by the two others, but for a first
+    # chunk that the prefix cache holds in part: a copy's prefill publishes the frame, its copy
+    # label [1] Title and its chunk, which is how a prompt opening with that chunk starts
     assert m["miss"] == m["chunks"] == n_chunks, m
-    assert m["hit"] == 2 * n_chunks, m
+    assert 2 * (n_chunks - 1) <= m["hit"] <= 2 * n_chunks, m
+    assert all(r["usage"]["cached_tokens"] > 0 for r in on[1:]), [r["usage"] for r in on]
     assert m["reused"] == 0 and m["recomputed"] > 0 and m["bytes"] > 0, m
     assert all(r["usage"]["reused_tokens"] == 0 for r in on + off)
     assert m["used"] == 0, m
