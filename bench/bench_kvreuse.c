@@ -18,8 +18,10 @@
  * most). Every chunk's KV is made at its first use, after the frame and its copy label (the
  * daemon's; --copies frame: after the frame alone; --copies label,frame: both, side by side;
  * --copies gold: as label, but the question's gold paragraph is computed in the blend, as its
- * labels are, an upper bound for recomputing the chunk that holds the answer), before the
- * question that first uses it is timed (an untimed blend at share 0); that cost is printed
+ * labels are, an upper bound for recomputing the chunk that holds the answer; --copies full:
+ * as label, with the --full N (default 2) chunks that BM25 over the placed paragraphs ranks
+ * best for the question computed in full, as the daemon's kv_reuse_full_chunks does), before
+ * the question that first uses it is timed (an untimed blend at share 0); that cost is printed
  * apart.
  * Then each "on" is blended again and fed the full prefill's answer, token by token, for the
  * mean KL divergence of its next-token distributions from the full prefill's over the whole
@@ -41,7 +43,7 @@
  *
  * Usage: bench_kvreuse MODEL SQUAD_DIR [--budgets 8192,16384,32768] [--questions N]
  *        [--shares 0.15,...] [--selections probe,deviation] [--threads T] [--kv f16|q8]
- *        [--shared G] [--answer-kl 0|1] [--copies label,frame,gold] */
+ *        [--shared G] [--answer-kl 0|1] [--copies label,frame,gold,full] [--full N] */
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
@@ -57,6 +59,7 @@
 #include "model/tokcount_model.h"
 #include "model/tokenizer.h"
 #include "retriever/context.h"
+#include "retriever/memindex.h"
 #include "text/json.h"
 
 struct Passage {
@@ -255,7 +258,52 @@ static void shuffle(int *idx, int n, uint64_t base)
 }
 
 /* --copies: what the chunks' copies are made after, by its index in cps */
-static const char *const COPIES[] = {"frame", "label", "gold"};
+static const char *const COPIES[] = {"frame", "label", "gold", "full"};
+
+/* The placed chunks' ranks by the retriever's BM25 over them (an in-memory index of the
+ * placed paragraphs, as for inline documents): ranks[c] for cite c, 0 the best; chunks no hit
+ * names come after, in prompt order. 0, or -1 (err set). */
+static int bm25_ranks(const struct TokenCounter *tc, const struct Context *cx,
+                      const struct CtxChunk *ch, const char *question, uint32_t *ranks,
+                      char *err, size_t errlen)
+{
+    size_t nc = cx->n_cites, n_hits = 0;
+    struct StoreDoc *docs = calloc(nc + 1, sizeof *docs);
+    struct SearchHit *hits = calloc(4 * nc + 1, sizeof *hits);
+    struct MemIndex *mi = NULL;
+    int rc = -1;
+    if (!docs || !hits) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    for (size_t c = 0; c < nc; c++) {
+        const struct CtxChunk *k = &ch[cx->cites[c].rank];
+        docs[c] = (struct StoreDoc){k->doc_id, k->doc_id_len, k->text, k->text_len, k->title,
+                                    k->title_len, NULL, 0};
+        ranks[c] = UINT32_MAX;
+    }
+    struct SearchOptions so;
+    search_options_default(&so);
+    so.k = 4 * nc;
+    if (memidx_build(docs, nc, NULL, 0, tc, &mi, err, errlen) ||
+        memidx_search(mi, question, strlen(question), &so, hits, 4 * nc, &n_hits, NULL, err,
+                      errlen))
+        goto out;
+    uint32_t next = 0;
+    for (size_t h = 0; h < n_hits; h++)
+        for (size_t c = 0; c < nc; c++)
+            if (ranks[c] == UINT32_MAX && hits[h].doc_id_len == docs[c].id_len &&
+                !memcmp(hits[h].doc_id, docs[c].id, docs[c].id_len))
+                ranks[c] = next++;
+    for (size_t c = 0; c < nc; c++)
+        if (ranks[c] == UINT32_MAX) ranks[c] = next++;
+    rc = 0;
+out:
+    memidx_destroy(&mi);
+    free(hits);
+    free(docs);
+    return rc;
+}
 
 static struct CtxChunk chunk_of(const struct Passage *p)
 {
@@ -463,11 +511,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s MODEL SQUAD_DIR [--budgets 8192,16384,32768] [--questions N] "
                         "[--shares S,...] [--selections probe,deviation] [--threads T] "
                         "[--kv f16|q8] [--shared G] [--answer-kl 0|1] "
-                        "[--copies label,frame,gold]\n", argv[0]);
+                        "[--copies label,frame,gold,full] [--full N]\n", argv[0]);
         return 2;
     }
     const char *model_path = argv[1], *squad = argv[2], *budgets_arg = "8192,16384,32768";
-    int n_q = 4, threads = 2, shared = 0, with_akl = 1;
+    int n_q = 4, threads = 2, shared = 0, with_akl = 1, n_full = 2;
     const char *shares_arg = "0.15", *sel_arg = "probe", *copies_arg = "label";
     enum KvType kvt = KV_F16;
     for (int i = 3; i + 1 < argc; i += 2) {
@@ -479,6 +527,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--shared")) shared = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--answer-kl")) with_akl = atoi(argv[i + 1]) != 0;
         else if (!strcmp(argv[i], "--copies")) copies_arg = argv[i + 1];
+        else if (!strcmp(argv[i], "--full")) n_full = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--kv")) kvt = !strcmp(argv[i + 1], "q8") ? KV_Q8 : KV_F16;
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
@@ -526,12 +575,13 @@ int main(int argc, char **argv)
     }
     /* what the chunks' copies are made after: the frame and the copy label (the daemon's),
      * or the frame alone */
-    int cps[3], n_cp = 0;
-    for (const char *p = copies_arg; *p && n_cp < 3;) {
+    int cps[4], n_cp = 0;
+    for (const char *p = copies_arg; *p && n_cp < 4;) {
         size_t len = strcspn(p, ",");
         if (len == 5 && !strncmp(p, "label", 5)) cps[n_cp++] = 1;
         else if (len == 5 && !strncmp(p, "frame", 5)) cps[n_cp++] = 0;
         else if (len == 4 && !strncmp(p, "gold", 4)) cps[n_cp++] = 2;
+        else if (len == 4 && !strncmp(p, "full", 4)) cps[n_cp++] = 3;
         else {
             fprintf(stderr, "copies are made after the label or the frame: %s\n", copies_arg);
             return 2;
@@ -671,7 +721,7 @@ int main(int argc, char **argv)
             /* the spans and their leads; then the same without the question's gold
              * paragraph (--copies gold: computed in the blend like the labels) */
             size_t nc = cx->n_cites, ng = 0;
-            uint32_t *spans = malloc(8 * nc * sizeof *spans + sizeof *spans);
+            uint32_t *spans = malloc(9 * nc * sizeof *spans + sizeof *spans);
             if (!spans) {
                 fprintf(stderr, "out of memory\n");
                 return 1;
@@ -688,8 +738,17 @@ int main(int argc, char **argv)
                 memcpy(lead_g + 2 * ng, lead_r + 2 * c, 2 * sizeof *spans);
                 ng++;
             }
-            struct ChunkKvLeads leads = {cx->leads, cx->n_leads, lead_r};
-            struct ChunkKvLeads leads_g = {cx->leads, cx->n_leads, lead_g};
+            uint32_t *ranks = spans + 8 * nc;
+            if (bm25_ranks(&tc, cx, ch, q->text, ranks, err, sizeof err)) {
+                fprintf(stderr, "question %d: ranking: %s\n", qi, err);
+                return 1;
+            }
+            struct ChunkKvSpans leads = {cx->leads, cx->n_leads, lead_r, NULL, 0};
+            struct ChunkKvSpans leads_g = {cx->leads, cx->n_leads, lead_g, NULL, 0};
+            struct ChunkKvSpans leads_f = {cx->leads, cx->n_leads, lead_r, ranks, n_full};
+            int gold_rank = -1;
+            for (size_t c = 0; c < nc; c++)
+                if (!strcmp(cx->cites[c].doc_id, d.ps[gold].id)) gold_rank = (int)ranks[c];
             /* the chunks' first use, untimed: a blend at share 0 makes the copies the store
              * lacks (each a prefill of the frame, from the prefix cache, its lead and the
              * chunk), for each way of making them */
@@ -728,13 +787,16 @@ int main(int argc, char **argv)
             gold_off += g0;
             f1_off += f0;
             tokens_sum += n_all;
-            printf("  %d tokens (%d cached), off %.2f s: gold %d F1 %.2f \"%.70s\"\n", n_all,
-                   cached, t, g0, f0, a_off);
+            printf("  %d tokens (%d cached), off %.2f s: gold %d F1 %.2f \"%.70s\" (its "
+                   "paragraph's BM25 rank %d of %zu)\n", n_all, cached, t, g0, f0, a_off,
+                   gold_rank, nc);
             /* on, at each share and selection */
             for (int vi = 0; vi < nv; vi++) {
                 double share = shares[vi / (n_sel * n_cp)];
                 int probe = sels[(vi / n_cp) % n_sel], label = cps[vi % n_cp];
                 int g = label == 2;
+                const struct ChunkKvSpans *info = g ? &leads_g : label == 3 ? &leads_f
+                                                  : label ? &leads : NULL;
                 int n_prompt = probe ? n_all : tail0;
                 struct ChunkKvBlend st;
                 for (int pass = 0; pass < 2; pass++) {
@@ -744,8 +806,7 @@ int main(int argc, char **argv)
                     t0 = now_s();
                     if (chunkkv_blend(store, e, helper, cx->tokens, nf, tail0, n_prompt,
                                       g ? spans_g : spans, g ? (int)ng : (int)nc,
-                                      g ? &leads_g : label ? &leads : NULL, share, &st, err,
-                                      sizeof err) ||
+                                      info, share, &st, err, sizeof err) ||
                         engine_prefill(e, cx->tokens + tail0, (size_t)(n_all - tail0), err,
                                        sizeof err)) {
                         fprintf(stderr, "blend: %s\n", err);

@@ -168,6 +168,9 @@ static const struct Key keys[] = {
     { "kv_reuse_recompute", K_DOUBLE, F(kv_reuse_recompute), "0.15", 0, 1, 0,
       "share of the documents' tokens a blend recomputes (those whose values moved most); 1: "
       "the exact prefill's result" },
+    { "kv_reuse_full_chunks", K_LONG, F(kv_reuse_full_chunks), "2", 0, 1000, 0,
+      "the chunks of a prompt that retrieval ranks best which a blend computes in full, as a "
+      "prefill would, instead of from their stored KV (the answer is most often in them)" },
     { "kv_reuse_bytes", K_SIZE, F(kv_reuse_bytes), "1GiB", 1048576, 1e15, 0,
       "memory each worker's chunk KV store may take (least recently used chunks go first)" },
     { "kv_reuse_store_bytes", K_SIZE, F(kv_reuse_store_bytes), "4GiB", 0, 1e15, 0,

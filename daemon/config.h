@@ -52,6 +52,7 @@ struct Config {
     size_t prefix_cache_bytes;                   /* KV pool pages beyond the workers' own */
     long kv_reuse;                               /* 1: blend documents from chunk KV */
     double kv_reuse_recompute;                   /* share of their tokens recomputed */
+    long kv_reuse_full_chunks;                   /* best-ranked chunks computed in full */
     size_t kv_reuse_bytes;                       /* each worker's chunk KV store */
     size_t kv_reuse_store_bytes;                 /* chunk KV records in the document store */
     long max_depth;

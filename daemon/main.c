@@ -621,6 +621,7 @@ static int start_workers(void *zctx, struct Model *m, const struct Config *c, in
     wo.stats = &worker_stats;
     wo.kv_reuse = (int)c->kv_reuse;
     wo.kv_reuse_recompute = c->kv_reuse_recompute;
+    wo.kv_reuse_full = (int)c->kv_reuse_full_chunks;
     wo.kv_reuse_bytes = c->kv_reuse_bytes;
     wo.kv_store = c->kv_reuse_store_bytes ? store : NULL;
     wo.kv_store_bytes = c->kv_reuse_store_bytes;

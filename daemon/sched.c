@@ -387,7 +387,8 @@ static void records_load(struct Worker *w, struct Seq *q, uint64_t frame, unsign
         const int32_t *t = q->hist + q->job.doc_spans[2 * i];
         int n = (int)(q->job.doc_spans[2 * i + 1] - q->job.doc_spans[2 * i]);
         uint64_t after = span_after(q, frame, i);
-        if (chunkkv_has(w->ckv, after, t, n))
+        struct ChunkKvSpans full = { .ranks = q->job.doc_ranks, .n_full = w->o.kv_reuse_full };
+        if (chunkkv_has(w->ckv, after, t, n) || chunkkv_span_full(&full, (int)i))
             continue;
         if (!rd && store_read_begin(w->o.kv_store, &rd, err, sizeof err)) {
             dlog(LL_WARN, "msg=\"cannot read chunk KV records\" worker=%d error=\"%s\"",
@@ -524,10 +525,11 @@ static void seq_blend_begin(struct Worker *w, struct Seq *q)
     q->to_write = w->o.kv_store && q->job.chunk_refs ? calloc(q->job.n_spans + 1, 1) : NULL;
     if (q->to_write)
         records_load(w, q, q->frame, q->to_write);
-    struct ChunkKvLeads leads = { q->job.lead_tokens, q->job.n_lead_tokens, q->job.doc_leads };
+    struct ChunkKvSpans info = { q->job.lead_tokens, q->job.n_lead_tokens, q->job.doc_leads,
+                                 q->job.doc_ranks, w->o.kv_reuse_full };
     if (chunkkv_blend_begin(w->ckv, q->e, w->ckv_helper, q->hist, (int)q->job.docs[0],
                             (int)q->job.docs[1], (int)q->n_prompt, q->job.doc_spans,
-                            (int)q->job.n_spans, &leads, w->o.kv_reuse_recompute, &q->blend,
+                            (int)q->job.n_spans, &info, w->o.kv_reuse_recompute, &q->blend,
                             err, sizeof err))
         seq_blend_failed(w, q, err);
 }
@@ -555,11 +557,11 @@ static void seq_blend_step(struct Worker *w, struct Seq *q, int tokens, int othe
         records_save(w, q, q->frame, q->to_write);
     free(q->to_write);
     q->to_write = NULL;
-    dlog(LL_DEBUG, "msg=\"documents blended\" worker=%d job=%llu chunks=%d made=%d reused=%d "
-         "fresh=%d recomputed=%d probed=%d probe_ms=%.1f steps=%d others_tokens=%ld ms=%.1f",
-         w->o.index, (unsigned long long)q->job.job, b.chunks, b.computed, b.reused, b.fresh,
-         b.recomputed, b.probed, b.probe_s * 1e3, q->blend_steps, q->blend_others,
-         zu_now_ms() - q->t_blend);
+    dlog(LL_DEBUG, "msg=\"documents blended\" worker=%d job=%llu chunks=%d made=%d full=%d "
+         "reused=%d fresh=%d recomputed=%d probed=%d probe_ms=%.1f steps=%d others_tokens=%ld "
+         "ms=%.1f", w->o.index, (unsigned long long)q->job.job, b.chunks, b.computed, b.full,
+         b.reused, b.fresh, b.recomputed, b.probed, b.probe_s * 1e3, q->blend_steps,
+         q->blend_others, zu_now_ms() - q->t_blend);
 }
 
 /* Pages a blend still needs: the rest of its prompt's (the probe runs where the question will

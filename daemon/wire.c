@@ -175,8 +175,9 @@ void wire_job_encode(struct MpWriter *w, const int32_t *tokens, size_t n_tokens,
     int docs = g && g->docs[1] > g->docs[0], refs = g && g->chunk_refs && g->n_spans;
     int hidden = g && g->hidden && g->n_hidden;
     int leads = g && g->lead_tokens && g->doc_leads && g->n_spans;
+    int ranks = g && g->doc_ranks && g->n_spans;
     mpw_map(w, 8 + (watch ? 1 : 0) + (check ? 1 : 0) + (bare ? 1 : 0) + (docs ? 1 : 0) +
-                   (refs ? 1 : 0) + (hidden ? 1 : 0) + (leads ? 2 : 0));
+                   (refs ? 1 : 0) + (hidden ? 1 : 0) + (leads ? 2 : 0) + (ranks ? 1 : 0));
     /* int32 little-endian: the x86/arm in-memory layout, converted where it is not */
     mpw_cstr(w, "tokens");
     put_words_bin(w, tokens, n_tokens);
@@ -219,6 +220,10 @@ void wire_job_encode(struct MpWriter *w, const int32_t *tokens, size_t n_tokens,
         mpw_cstr(w, "doc_leads");
         put_words_bin(w, g->doc_leads, 2 * g->n_spans);
     }
+    if (ranks) {
+        mpw_cstr(w, "doc_ranks");
+        put_words_bin(w, g->doc_ranks, g->n_spans);
+    }
 }
 
 void wire_job_free(struct WireJob *j)
@@ -231,6 +236,7 @@ void wire_job_free(struct WireJob *j)
     free(j->hidden);
     free(j->lead_tokens);
     free(j->doc_leads);
+    free(j->doc_ranks);
     for (size_t i = 0; i < j->n_stop; i++)
         free(j->stop[i]);
     free(j->stop);
@@ -241,7 +247,7 @@ int wire_job_decode(const void *buf, size_t len, struct WireJob *out, char *err,
 {
     struct MpCursor c;
     uint32_t n;
-    size_t n_refs = 0, n_leads = 0;
+    size_t n_refs = 0, n_leads = 0, n_ranks = 0;
     int leads_given = 0;
     uint64_t job = out->job;
     memset(out, 0, sizeof *out);
@@ -307,6 +313,11 @@ int wire_job_decode(const void *buf, size_t len, struct WireJob *out, char *err,
             out->n_lead_tokens = v.len / 4;
             out->lead_tokens = get_words_bin(&v, out->n_lead_tokens);
             if (!out->lead_tokens) goto nomem;
+        } else if (key_is(&k, "doc_ranks")) {
+            if (v.type != MP_BIN || v.len % 4 || out->doc_ranks) goto bad;
+            n_ranks = v.len / 4;
+            out->doc_ranks = get_words_bin(&v, n_ranks);
+            if (!out->doc_ranks) goto nomem;
         } else if (key_is(&k, "doc_leads")) {
             if (v.type != MP_BIN || v.len % 8 || leads_given & 2) goto bad;
             leads_given |= 2;
@@ -371,6 +382,11 @@ int wire_job_decode(const void *buf, size_t len, struct WireJob *out, char *err,
         snprintf(err, errlen, "JOB leads come without their ranges, have %zu ranges for %zu "
                  "document spans, or %zu tokens for a prompt of %zu", n_leads, out->n_spans,
                  out->n_lead_tokens, out->n_tokens);
+        wire_job_free(out);
+        return -1;
+    }
+    if (out->doc_ranks && n_ranks != out->n_spans) {
+        snprintf(err, errlen, "JOB has %zu ranks for %zu document spans", n_ranks, out->n_spans);
         wire_job_free(out);
         return -1;
     }

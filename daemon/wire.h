@@ -17,7 +17,9 @@
  *                                      span, (0, 0): not a stored chunk], [lead_tokens: bin
  *                                      of int32 LE, doc_leads: bin of uint32 LE pairs [start,
  *                                      end) into lead_tokens, one a doc span: what each
- *                                      chunk's KV copy is made after besides the frame]}
+ *                                      chunk's KV copy is made after besides the frame],
+ *                                      [doc_ranks: bin of uint32 LE, one a doc span: its
+ *                                      retrieval rank among the prompt's chunks, 0 the best]}
  *   WIRE_DELTA      0x04  w -> b       u64 job id | UTF-8 text released by one token
  *   WIRE_RESULT     0x05  w -> b       u64 job id | msgpack {finish, text, prompt_tokens,
  *                                      completion_tokens, cached_tokens, [reused_tokens],
@@ -101,6 +103,8 @@ struct WireGround {
                                    doc_leads[2i]..doc_leads[2i+1]); NULL: none */
     size_t n_lead_tokens;
     const uint32_t *doc_leads;  /* (n_spans, 2) */
+    const uint32_t *doc_ranks;  /* (n_spans) each span's rank among them by retrieval score, 0
+                                   the best; NULL: none */
 };
 
 #define WIRE_MAX_WATCH 1024
@@ -137,6 +141,7 @@ struct WireJob {
                                  >= 0; NULL: none */
     size_t n_lead_tokens;
     uint32_t *doc_leads;      /* (n_spans, 2) inside lead_tokens, given with them */
+    uint32_t *doc_ranks;      /* (n_spans) (WireGround); NULL: none */
 };
 
 /* The answer tokens' signals, struct of arrays of n each. */

@@ -46,6 +46,7 @@ struct WorkerOpts {
      * holds at most kv_reuse_bytes */
     int kv_reuse;
     double kv_reuse_recompute;
+    int kv_reuse_full;          /* the best-ranked chunks of a prompt computed in full */
     size_t kv_reuse_bytes;
     /* and the copies of stored chunks are kept as records in this document store (in-process
      * workers; NULL: memory only), at most kv_store_bytes of them, named with kv_identity

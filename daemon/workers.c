@@ -274,9 +274,11 @@ void workers_dispatch(struct Broker *b)
         /* the documents' token spans: each placed chunk's text, not its label; the stored
          * chunks among them (collection id, chunk id), for their KV records; and the copy
          * label each chunk's KV copy is made after */
-        uint32_t *spans = malloc(6 * r->ctx->n_cites * sizeof *spans + sizeof *spans);
-        uint32_t *refs = spans ? spans + 2 * r->ctx->n_cites : NULL;
-        uint32_t *leads = spans ? spans + 4 * r->ctx->n_cites : NULL;
+        size_t nc = r->ctx->n_cites;
+        uint32_t *spans = malloc(7 * nc * sizeof *spans + sizeof *spans);
+        uint32_t *refs = spans ? spans + 2 * nc : NULL;
+        uint32_t *leads = spans ? spans + 4 * nc : NULL;
+        uint32_t *ranks = spans ? spans + 6 * nc : NULL;
         int any_ref = 0;
         if (spans)
             for (size_t i = 0; i < r->ctx->n_cites; i++) {
@@ -288,6 +290,11 @@ void workers_dispatch(struct Broker *b)
                 any_ref |= refs[2 * i] != 0;
                 leads[2 * i] = (uint32_t)ci->lead.start;
                 leads[2 * i + 1] = (uint32_t)ci->lead.end;
+                /* its rank among the placed chunks by retrieval (the cites' ranks are their
+                 * places among the chunks offered, best first) */
+                ranks[i] = 0;
+                for (size_t k = 0; k < nc; k++)
+                    ranks[i] += r->ctx->cites[k].rank < ci->rank;
             }
         struct WireGround wg = { .doc_spans = spans, .n_spans = r->ctx->n_cites,
                                  .watch = b->o.watch, .n_watch = b->o.n_watch,
@@ -297,7 +304,8 @@ void workers_dispatch(struct Broker *b)
                                  .chunk_refs = any_ref ? refs : NULL,
                                  .hidden = b->o.hidden, .n_hidden = b->o.n_hidden,
                                  .lead_tokens = r->ctx->leads,
-                                 .n_lead_tokens = r->ctx->n_leads, .doc_leads = leads };
+                                 .n_lead_tokens = r->ctx->n_leads, .doc_leads = leads,
+                                 .doc_ranks = ranks };
         /* context reliance: the same prompt without its documents (frame, question, turn) */
         const struct Context *cx = r->ctx;
         int32_t *bare = NULL;

@@ -173,7 +173,7 @@ struct ChunkKvJob {
     struct Engine *e, *helper;
     const int32_t *prompt;     /* borrowed, as are the spans and leads */
     const uint32_t *spans;
-    struct ChunkKvLeads leads; /* tokens NULL: none */
+    struct ChunkKvSpans info;  /* zero: no leads, none computed in full */
     int docs_start, docs_end, n_prompt, n_spans;
     double share;
     uint64_t frame;
@@ -192,23 +192,30 @@ struct ChunkKvJob {
 static const int32_t *span_lead(const struct ChunkKvJob *j, int i, int *nl)
 {
     *nl = 0;
-    if (!j->leads.tokens) return NULL;
-    *nl = (int)(j->leads.ranges[2 * i + 1] - j->leads.ranges[2 * i]);
-    return j->leads.tokens + j->leads.ranges[2 * i];
+    if (!j->info.lead_tokens) return NULL;
+    *nl = (int)(j->info.leads[2 * i + 1] - j->info.leads[2 * i]);
+    return j->info.lead_tokens + j->info.leads[2 * i];
 }
 
-/* The span's part: its copy, when the cache holds it, or the copy that the helper is to make
- * (*making set, the frame, lead and chunk in buf), or no copy (computed in the blend) when
- * there is no room for one. 0, or -1 out of memory. */
+/* The span's part: none when it is computed in full (ChunkKvSpans.n_full); else its copy,
+ * when the cache holds it, or the copy that the helper is to make (*making set, the frame,
+ * lead and chunk in buf), or no copy (computed in the blend) when there is no room for one.
+ * 0, or -1 out of memory. */
 static int span_part(struct ChunkKvJob *j, int *making)
 {
     struct ChunkKv *c = j->c;
     int s0 = (int)j->spans[2 * j->span], n = (int)j->spans[2 * j->span + 1] - s0, nl;
     const int32_t *t = j->prompt + s0, *lead = span_lead(j, j->span, &nl);
+    *making = 0;
+    if (chunkkv_span_full(&j->info, j->span)) {
+        j->out.chunks++;
+        j->out.full++;
+        j->parts[j->np++] = (struct EngineKvPart){t, n, NULL, 0, 0, 0};
+        return 0;
+    }
     j->after = chunkkv_after(j->frame, lead, nl);
     uint64_t key = copy_key(j->after, t, n);
     struct Copy *p = find(c, key, j->after, t, n);
-    *making = 0;
     if (p) {
         c->st.hits++;
         j->out.chunks++;
@@ -267,7 +274,7 @@ static void copy_made(struct ChunkKvJob *j, int ok)
 
 int chunkkv_blend_begin(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
                         const int32_t *prompt, int docs_start, int docs_end, int n_prompt,
-                        const uint32_t *spans, int n_spans, const struct ChunkKvLeads *leads,
+                        const uint32_t *spans, int n_spans, const struct ChunkKvSpans *info,
                         double share, struct ChunkKvJob **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -283,12 +290,12 @@ int chunkkv_blend_begin(struct ChunkKv *c, struct Engine *e, struct Engine *help
                               "documents or out of order", i);
         at = (int)spans[2 * i + 1];
     }
-    if (leads && leads->tokens && n_spans) {
-        if (!leads->ranges)
+    if (info && info->lead_tokens && n_spans) {
+        if (!info->leads)
             return errmsg_set(err, errlen, ENGINE_EINPUT, "leads come without their ranges");
         for (int i = 0; i < n_spans; i++)
-            if (leads->ranges[2 * i] > leads->ranges[2 * i + 1] ||
-                leads->ranges[2 * i + 1] > leads->n_tokens)
+            if (info->leads[2 * i] > info->leads[2 * i + 1] ||
+                info->leads[2 * i + 1] > info->n_lead_tokens)
                 return errmsg_set(err, errlen, ENGINE_EINPUT, "the lead of chunk span %d is "
                                   "outside the lead tokens", i);
     }
@@ -303,7 +310,10 @@ int chunkkv_blend_begin(struct ChunkKv *c, struct Engine *e, struct Engine *help
                              .n_prompt = n_prompt, .n_spans = n_spans, .share = share,
                              .frame = chunkkv_frame(prompt, docs_start), .phase = JOB_FRAME,
                              .at = n0 > docs_start ? n0 : docs_start, .parts = j->parts};
-    if (leads && leads->tokens && n_spans) j->leads = *leads;
+    if (info && n_spans) {
+        j->info = *info;
+        if (!info->lead_tokens) j->info.leads = NULL;
+    }
     c->blend++;
     *out = j;
     return ENGINE_OK;
@@ -404,13 +414,13 @@ void chunkkv_blend_end(struct ChunkKvJob **pj)
 
 int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
                   const int32_t *prompt, int docs_start, int docs_end, int n_prompt,
-                  const uint32_t *spans, int n_spans, const struct ChunkKvLeads *leads,
+                  const uint32_t *spans, int n_spans, const struct ChunkKvSpans *info,
                   double share, struct ChunkKvBlend *out, char *err, size_t errlen)
 {
     struct ChunkKvJob *j;
     memset(out, 0, sizeof *out);
     int rc = chunkkv_blend_begin(c, e, helper, prompt, docs_start, docs_end, n_prompt, spans,
-                                 n_spans, leads, share, &j, err, errlen);
+                                 n_spans, info, share, &j, err, errlen);
     for (int done = 0; rc == ENGINE_OK && !done;)
         rc = chunkkv_blend_step(j, 1 << 22, &done, out, err, errlen);
     chunkkv_blend_end(&j);
@@ -429,6 +439,11 @@ uint64_t chunkkv_identity(const struct Model *m, enum KvType kv_type, const char
 uint64_t chunkkv_frame(const int32_t *prompt, int docs_start)
 {
     return hash_bytes(prompt, (size_t)docs_start * sizeof *prompt);
+}
+
+int chunkkv_span_full(const struct ChunkKvSpans *s, int i)
+{
+    return s && s->ranks && s->n_full > 0 && s->ranks[i] < (uint32_t)s->n_full;
 }
 
 uint64_t chunkkv_after(uint64_t frame, const int32_t *lead, int n)

@@ -32,37 +32,48 @@ struct ChunkKvBlend {
     int fresh;                 /* document tokens that kept the KV of a copy made for this
                                   blend: computed for this prompt, so not counted as reused */
     int chunks, computed;      /* chunks of the documents; of them, copies made now */
+    int full;                  /* chunks computed in full as asked (ChunkKvSpans.n_full) */
     int probed;                /* question tokens run to choose the recomputed ones */
     double probe_s;            /* and the seconds that took */
     size_t bytes_read;         /* stored KV bytes placed */
 };
 
-/* What each chunk's copy is made after besides the frame: its lead, tokens[ranges[2i]..
- * ranges[2i+1]) for span i, laid between the frame and the chunk (a label that is the same
- * wherever the chunk lands, so the copy has seen its title; docs/kv-reuse.md). A copy's key
- * names the frame and the lead. An empty range, or no leads at all (NULL), makes the copy
- * after the frame alone. */
-struct ChunkKvLeads {
-    const int32_t *tokens;
-    size_t n_tokens;
-    const uint32_t *ranges;    /* two per span, inside tokens[0..n_tokens) */
+/* What a blend knows of each chunk span besides its tokens (docs/kv-reuse.md):
+ *  - its lead, lead_tokens[leads[2i]..leads[2i+1]) for span i, laid between the frame and the
+ *    chunk when its copy is made (a label that is the same wherever the chunk lands, so the
+ *    copy has seen its title); a copy's key names the frame and the lead. An empty range, or
+ *    no leads (lead_tokens NULL), makes the copy after the frame alone;
+ *  - its retrieval rank among the prompt's chunks, ranks[i] (0: the best); the n_full best
+ *    ranked are computed in the blend in full, as the labels are, and neither use nor make a
+ *    copy: the chunks likeliest to hold the answer keep exactly the keys and values a prefill
+ *    gives them. ranks NULL or n_full 0: none. */
+struct ChunkKvSpans {
+    const int32_t *lead_tokens;
+    size_t n_lead_tokens;
+    const uint32_t *leads;     /* two per span, inside lead_tokens[0..n_lead_tokens) */
+    const uint32_t *ranks;     /* one per span */
+    int n_full;
 };
+
+/* 1 when span i is one a blend computes in full (ChunkKvSpans.n_full). */
+int chunkkv_span_full(const struct ChunkKvSpans *s, int i);
 
 /* Brings sequence e, which holds prompt[0..n_past) with n_past < docs_end (nothing, or a
  * cached prefix of the frame, or of the frame and the first documents), to prompt[0..
  * docs_end): the rest of the frame prompt[0..docs_start) prefilled, then the rest of the
- * documents prompt[max(docs_start, n_past)..docs_end) blended
- * (engine_blend, recompute share `share`, the rest of the prompt prompt[docs_end..n_prompt),
- * the question, as its probe): each chunk span (spans[2i]..spans[2i+1], inside the documents,
- * in order, not overlapping) from its copy, made after the frame and the span's lead on
- * `helper` (an empty sequence of the same runner, or another context of the same model and
- * KV type; it is reset) when the cache lacks it, and the tokens between spans (labels,
- * separators) and the rest of a span whose start the sequence holds computed. A chunk whose copy cannot be made (no free page, the budget full of
- * copies this blend uses) is computed in the blend. ENGINE_OK, or an engine error with err
- * (e may then hold part of the frame). */
+ * documents prompt[max(docs_start, n_past)..docs_end) blended (engine_blend, recompute share
+ * `share`, the rest of the prompt prompt[docs_end..n_prompt), the question, as its probe):
+ * each chunk span (spans[2i]..spans[2i+1], inside the documents, in order, not overlapping)
+ * from its copy, made after the frame and the span's lead on `helper` (an empty sequence of
+ * the same runner, or another context of the same model and KV type; it is reset) when the
+ * cache lacks it; computed in the blend: the tokens between spans (labels, separators), the
+ * rest of a span whose start the sequence holds, the spans `info` (NULL: none) says to
+ * compute in full, and a chunk whose copy cannot be made (no free page, the budget full of
+ * copies this blend uses). ENGINE_OK, or an engine error with err (e may then hold part of
+ * the frame). */
 int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
                   const int32_t *prompt, int docs_start, int docs_end, int n_prompt,
-                  const uint32_t *spans, int n_spans, const struct ChunkKvLeads *leads,
+                  const uint32_t *spans, int n_spans, const struct ChunkKvSpans *info,
                   double share, struct ChunkKvBlend *out, char *err, size_t errlen);
 
 /* The same blend in steps, so that the runner's other sequences take theirs in between (a
@@ -77,7 +88,7 @@ int chunkkv_blend(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
 struct ChunkKvJob;
 int chunkkv_blend_begin(struct ChunkKv *c, struct Engine *e, struct Engine *helper,
                         const int32_t *prompt, int docs_start, int docs_end, int n_prompt,
-                        const uint32_t *spans, int n_spans, const struct ChunkKvLeads *leads,
+                        const uint32_t *spans, int n_spans, const struct ChunkKvSpans *info,
                         double share, struct ChunkKvJob **out, char *err, size_t errlen);
 int chunkkv_blend_step(struct ChunkKvJob *j, int tokens, int *done, struct ChunkKvBlend *out,
                        char *err, size_t errlen);

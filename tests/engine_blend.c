@@ -519,10 +519,11 @@ static void check_twice(const struct Model *m)
     engine_destroy(&e);
 }
 
-/* Leads (ChunkKvLeads): a one-chunk prompt frame + label + chunk + question, whose chunk's
+/* Leads (ChunkKvSpans): a one-chunk prompt frame + label + chunk + question, whose chunk's
  * copy is made after the frame and a lead equal to the label, blends at share 0 to the full
  * prefill's logits (the copy is the prompt's own KV), and without the lead it does not (the
- * copy never saw the label); a sequence that already holds part of the chunk (a cached prefix
+ * copy never saw the label), nor when the chunk is computed in full instead (ChunkKvSpans.
+ * n_full, no copy used or made); a sequence that already holds part of the chunk (a cached prefix
  * reaching into the documents) blends the rest, to the same logits; the copy is named by frame
  * and lead (chunkkv_after), not by the frame alone; the chunk placed second, after another
  * label, with the same lead, is found, not made again; leads outside their tokens are refused. */
@@ -560,7 +561,7 @@ static void check_leads(const struct Model *m)
     CHECK(prefill(ref, prompt, n) == 0, "%s", name);
     memcpy(want, engine_logits(ref), sizeof(float) * V);
     uint32_t rng2[4] = {0, NL, 0, NL};
-    struct ChunkKvLeads lv = {label, NL, rng2};
+    struct ChunkKvSpans lv = {.lead_tokens = label, .n_lead_tokens = NL, .leads = rng2};
     double d[2];
     for (int with = 1; with >= 0; with--) {
         struct ChunkKvBlend b;
@@ -576,6 +577,25 @@ static void check_leads(const struct Model *m)
     printf("%s: share 0, one chunk: with the label as its lead within %.2e of the full prefill, "
            "without a lead %.2e\n", name, d[1], d[0]);
     CHECK(d[1] <= 1e-4 && d[0] > 1e-3, "%s", name);
+    /* the chunk ranked best and computed in full (n_full 1), no lead: no copy is used or
+     * made, and at share 0 the logits are the full prefill's */
+    uint32_t rank0[2] = {0, 1};
+    struct ChunkKvSpans full = {.ranks = rank0, .n_full = 1};
+    struct ChunkKvBlend bf;
+    struct ChunkKvStats s0, s1;
+    chunkkv_stats(c, &s0);
+    engine_reset(e);
+    CHECK(chunkkv_blend(c, e, helper, prompt, N_FRAME, docs_end, n, spans, 1, &full, 0.0, &bf,
+                        err, sizeof err) == 0 &&
+          prefill(e, prompt + docs_end, n - docs_end) == 0, "%s: %s", name, err);
+    chunkkv_stats(c, &s1);
+    memcpy(got, engine_logits(e), sizeof(float) * V);
+    double dfull = check_rel_diff(got, want, V);
+    printf("%s: share 0, the chunk computed in full: %d recomputed, within %.2e of the full "
+           "prefill\n", name, bf.recomputed, dfull);
+    CHECK(dfull <= 1e-4 && bf.full == 1 && bf.chunks == 1 && bf.computed == 0 &&
+          bf.recomputed == NL + len && s1.hits == s0.hits && s1.misses == s0.misses, "%s", name);
+
     /* a sequence that holds the frame, the label and part of the chunk (a cached prefix
      * reaching into the documents) blends the rest: the rest of the chunk is computed, and
      * at share 0 the logits are still the full prefill's; one that holds all the documents
@@ -616,7 +636,7 @@ static void check_leads(const struct Model *m)
     memcpy(prompt + m2, q, sizeof q);
     m2 += N_Q;
     uint32_t two[4] = {0, 0, 0, NL};   /* the first chunk after the frame alone */
-    lv.ranges = two;
+    lv.leads = two;
     struct ChunkKvBlend b;
     engine_reset(e);
     CHECK(chunkkv_blend(c, e, helper, prompt, N_FRAME, docs_end2, m2, spans, 2, &lv, 0.15, &b,
@@ -625,7 +645,7 @@ static void check_leads(const struct Model *m)
            b.chunks, b.computed, b.reused);
     CHECK(b.chunks == 2 && b.computed == 1, "%s: %d copies made", name, b.computed);
     uint32_t bad[4] = {0, NL, 2, NL + 1};
-    lv.ranges = bad;
+    lv.leads = bad;
     engine_reset(e);
     CHECK(chunkkv_blend(c, e, helper, prompt, N_FRAME, docs_end2, m2, spans, 2, &lv, 0.15, &b,
                         err, sizeof err) == ENGINE_EINPUT, "%s: a lead outside its tokens", name);
@@ -680,7 +700,7 @@ static void check_steps(const struct Model *m)
     int32_t lead_tok[8];
     uint32_t lead_rng[2 * N_CHUNKS] = {0, 3, 3, 3, 3, 8};
     for (int i = 0; i < 8; i++) lead_tok[i] = rand_tok(V);
-    struct ChunkKvLeads lv = {lead_tok, 8, lead_rng};
+    struct ChunkKvSpans lv = {.lead_tokens = lead_tok, .n_lead_tokens = 8, .leads = lead_rng};
     float *want = malloc(sizeof(float) * V), *got = malloc(sizeof(float) * V);
     float *dec_want = malloc(sizeof(float) * V * 64), *dec_got = malloc(sizeof(float) * V * 64);
     CHECK(want && got && dec_want && dec_got, "%s", name);

@@ -626,28 +626,38 @@ static void test_wire_signals(void)
     wire_job_encode(&w, toks, 6, 8, 0, 1, 0, NULL, NULL, 0, 0, &g);
     CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) != 0 &&
           strstr(err, "negative lead"), "a negative lead token: %s", err);
-    for (int variant = 0; variant < 2; variant++) {
-        /* by hand: lead tokens alone, or ranges for one span of two */
+    /* the spans' retrieval ranks cross; a count other than the spans' is refused */
+    uint32_t ranks[2] = { 1, 0 };
+    g = (struct WireGround){ .doc_spans = spans, .n_spans = 2, .docs = { 1, 6 },
+                             .doc_ranks = ranks };
+    mpw_reset(&w);
+    wire_job_encode(&w, toks, 6, 8, 0, 1, 0, NULL, NULL, 0, 0, &g);
+    CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) == 0 && j.doc_ranks &&
+          j.doc_ranks[0] == 1 && j.doc_ranks[1] == 0, "ranks: %s", err);
+    wire_job_free(&j);
+    for (int variant = 0; variant < 3; variant++) {
+        /* by hand: lead tokens alone, ranges for one span of two, one rank for two spans */
         static const uint8_t tok_le[24] = { 1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0,
                                             4, 0, 0, 0, 5, 0, 0, 0, 6, 0, 0, 0 };
         static const uint8_t span_le[16] = { 1, 0, 0, 0, 3, 0, 0, 0, 4, 0, 0, 0, 6, 0, 0, 0 };
         static const uint8_t lead_le[8] = { 0, 0, 0, 0, 1, 0, 0, 0 };
+        static const char *const what[3] = { "lead tokens without ranges",
+                                             "one lead for two spans", "one rank for two spans" };
         mpw_reset(&w);
-        mpw_map(&w, variant ? 5 : 4);
+        mpw_map(&w, variant == 1 ? 5 : 4);
         mpw_cstr(&w, "tokens");
         mpw_bin(&w, tok_le, sizeof tok_le);
         mpw_kv_int(&w, "max_tokens", 8);
         mpw_cstr(&w, "doc_spans");
         mpw_bin(&w, span_le, sizeof span_le);
-        mpw_cstr(&w, "lead_tokens");
+        mpw_cstr(&w, variant == 2 ? "doc_ranks" : "lead_tokens");
         mpw_bin(&w, lead_le, 4);
-        if (variant) {
+        if (variant == 1) {
             mpw_cstr(&w, "doc_leads");
             mpw_bin(&w, lead_le, sizeof lead_le);
         }
         CHECK(wire_job_decode(w.buf.data, w.buf.size, &j, err, sizeof err) != 0 &&
-              strstr(err, "lead"), "%s: %s", variant ? "one lead for two spans"
-                                                     : "lead tokens without ranges", err);
+              strstr(err, variant == 2 ? "ranks" : "lead"), "%s: %s", what[variant], err);
     }
 
     /* "añb.": tokens "a", "ñ", "b." */

@@ -4,7 +4,7 @@ groundedness figure and token signal equals that of a daemon with reuse off (the
 computes what the prefill does, bit for bit), while the chunk store makes each chunk's KV once
 and finds it for the later questions; with a share of 0.15 most document tokens keep their
 stored KV, and /metrics counts the reused and recomputed tokens, the chunks found and made, and
-the store's size. For stored documents the copies are also kept as records beside their chunks
+the store's size; the chunks retrieval ranks best can be computed in full instead. For stored documents the copies are also kept as records beside their chunks
 in the document store: they outlive a restart, leave with their documents, and survive kill -9
 with the store consistent."""
 import random
@@ -52,7 +52,7 @@ def test_blend_at_share_one_equals_the_exact_path(tmp_path, default_model, squad
         # relevance_floor 0: every question places every paragraph (in its own order)
         with Daemon(tmp_path / f"reuse{reuse}", default_model, workers=1, threads=2,
                     max_context_tokens=2048, max_tokens=32, relevance_floor=0,
-                    kv_reuse=reuse, kv_reuse_recompute=1) as d:
+                    kv_reuse=reuse, kv_reuse_recompute=1, kv_reuse_full_chunks=0) as d:
             runs[reuse] = ask(d, docs, questions)
             if reuse:
                 m = kv_metrics(d)
@@ -87,7 +87,8 @@ def test_blend_reuses_most_document_tokens(tmp_path, default_model, squad_dir):
     paras = paras[:4]
     docs = [{"id": p["id"], "title": p["title"], "text": p["text"]} for p in paras]
     with Daemon(tmp_path, default_model, workers=1, threads=2, max_context_tokens=2048,
-                max_tokens=32, relevance_floor=0, kv_reuse=1, kv_reuse_recompute=0.15) as d:
+                max_tokens=32, relevance_floor=0, kv_reuse=1, kv_reuse_recompute=0.15,
+                kv_reuse_full_chunks=0) as d:
         rs = ask(d, docs, [q1, q2])
         m = kv_metrics(d)
         assert d.stop() == 0
@@ -102,6 +103,39 @@ def test_blend_reuses_most_document_tokens(tmp_path, default_model, squad_dir):
     assert all(r["answer"].strip() for r in rs), rs
 
 
+def test_best_ranked_chunks_computed_in_full(tmp_path, default_model, squad_dir):
+    """kv_reuse_full_chunks: the chunks retrieval ranks best are computed in the blend in full,
+    neither taking nor making a copy. With every chunk so (and no share), the answers are
+    those of reuse off and no copy exists; with the best two, two chunks fewer a question are
+    looked up, and their tokens are not reused."""
+    paras, (q1, q2) = squad_article(squad_dir, nth=1)
+    docs = [{"id": p["id"], "title": p["title"], "text": p["text"]} for p in paras[:4]]
+    runs, ms = {}, {}
+    for name, keys in (("off", dict(kv_reuse=0)),
+                       ("all", dict(kv_reuse=1, kv_reuse_recompute=0, kv_reuse_full_chunks=100)),
+                       ("two", dict(kv_reuse=1, kv_reuse_recompute=0, kv_reuse_full_chunks=2)),
+                       ("none", dict(kv_reuse=1, kv_reuse_recompute=0, kv_reuse_full_chunks=0))):
+        (tmp_path / name).mkdir()
+        with Daemon(tmp_path / name, default_model, workers=1, threads=2,
+                    max_context_tokens=2048, max_tokens=16, relevance_floor=0, **keys) as d:
+            runs[name] = ask(d, docs, [q1, q2])
+            ms[name] = kv_metrics(d)
+            assert d.stop() == 0
+    print(ms, {k: [r["usage"] for r in v] for k, v in runs.items()})
+    n_chunks = len(runs["off"][0]["citations"])
+    assert n_chunks >= 4
+    assert [r["answer"] for r in runs["all"]] == [r["answer"] for r in runs["off"]]
+    assert ms["all"]["hit"] == ms["all"]["miss"] == ms["all"]["chunks"] == 0, ms["all"]
+    assert all(r["usage"]["reused_tokens"] == 0 for r in runs["all"])
+    # each question looks up all but its best two (a first chunk the prefix cache holds in
+    # part is not looked up either); a copy is made once, at its chunk's first look-up
+    looked_up = ms["two"]["hit"] + ms["two"]["miss"]
+    assert ms["two"]["chunks"] == ms["two"]["miss"] <= n_chunks, ms["two"]
+    assert 2 * (n_chunks - 2) - 1 <= looked_up <= 2 * (n_chunks - 2), ms["two"]
+    assert ms["none"]["hit"] + ms["none"]["miss"] > looked_up, (ms["none"], ms["two"])
+    assert 0 < runs["two"][1]["usage"]["reused_tokens"] < runs["none"][1]["usage"]["reused_tokens"]
+
+
 def test_a_blend_does_not_stop_other_answers(tmp_path, squad_dir):
     """A blend runs in steps between the other requests' steps: a stream that is decoding
     keeps getting tokens while another question's documents blend (a cold store: every copy
@@ -113,7 +147,7 @@ def test_a_blend_does_not_stop_other_answers(tmp_path, squad_dir):
     docs_a = [{"id": p["id"], "title": p["title"], "text": p["text"]} for p in paras_a[:2]]
     docs_b = [{"id": p["id"], "title": p["title"], "text": p["text"]} for p in paras_b[:4]]
     with Daemon(tmp_path, model, workers=1, threads=2, max_context_tokens=2048, max_tokens=400,
-                relevance_floor=0, kv_reuse=1, kv_reuse_recompute=0.15, step_ms=0,
+                relevance_floor=0, kv_reuse=1, kv_reuse_recompute=0.15, kv_reuse_full_chunks=0, step_ms=0,
                 step_tokens=16, log_level="debug") as d:
         c = d.client()
         c.send(query(qa, docs_a, id="a", stream=True, max_tokens=400, top_k=100))
@@ -180,7 +214,7 @@ def test_records_outlive_a_restart_and_leave_with_their_documents(tmp_path, buil
     docs = [{"id": p["id"], "title": p["title"], "text": p["text"]} for p in paras[:4]]
     data = tmp_path / "data"
     keys = dict(workers=1, threads=2, max_context_tokens=2048, max_tokens=16, relevance_floor=0,
-                kv_reuse=1, kv_reuse_recompute=0.15, data_dir=data)
+                kv_reuse=1, kv_reuse_recompute=0.15, kv_reuse_full_chunks=0, data_dir=data)
     # top_k places chunks; without it the four paragraphs fit and go in whole: both paths
     asks = [(q1, {"top_k": 100}), (q2, {})]
     (tmp_path / "a").mkdir()
