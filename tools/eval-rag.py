@@ -22,8 +22,8 @@ by SIGNAL" choose among those answers (and the refusals aside) the one whose gro
 says it is best supported: reading the chunks one at a time instead of together.
 
 With --kv-reuse SHARE the daemon blends each prompt's documents from stored chunk KV
-(kv_reuse = 1, kv_reuse_recompute = SHARE; docs/kv-reuse.md); run once with and once without
-it to compare. With --relevance-floor 0 every budget is filled with chunks however weakly they
+(kv_reuse = 1, kv_reuse_recompute = SHARE; docs/kv-reuse.md; --kv-reuse-full N sets
+kv_reuse_full_chunks); run once with and once without it to compare. With --relevance-floor 0 every budget is filled with chunks however weakly they
 match (the daemon's default floor, 0.5, stops at chunks under half the best one's score).
 
   tools/eval-rag.py                                   Qwen2.5-Coder-0.5B-Instruct, 2K..32K
@@ -161,6 +161,9 @@ def main():
                     help="also ask each placed chunk alone and choose among the answers")
     ap.add_argument("--kv-reuse", type=float, metavar="SHARE",
                     help="blend documents from stored chunk KV, recomputing this share")
+    ap.add_argument("--kv-reuse-full", type=int, metavar="N",
+                    help="with --kv-reuse, the best-ranked chunks computed in full (the "
+                    "daemon's kv_reuse_full_chunks; default: the daemon's)")
     args = ap.parse_args()
     budgets = [int(b) for b in args.budgets.split(",")]
     orders = args.orders.split(",")
@@ -170,6 +173,8 @@ def main():
     results = []
     keys = {} if args.kv_reuse is None else {"kv_reuse": 1,
                                              "kv_reuse_recompute": args.kv_reuse}
+    if args.kv_reuse is not None and args.kv_reuse_full is not None:
+        keys["kv_reuse_full_chunks"] = args.kv_reuse_full
     if args.relevance_floor is not None:
         keys["relevance_floor"] = args.relevance_floor
     if args.chunk_tokens is not None:
@@ -234,8 +239,10 @@ def main():
     n = sum(len(qs) for _, qs in sets)
     print("model %s; %d articles, %d questions; collections of ~%d tokens; %s; %.0f s in all" % (
         pathlib.Path(args.model).name, len(sets), n, args.corpus_tokens,
-        "chunk KV reuse at share %g" % args.kv_reuse if args.kv_reuse is not None
-        else "no chunk KV reuse", wall))
+        "chunk KV reuse at share %g%s" % (
+            args.kv_reuse, "" if args.kv_reuse_full is None
+            else ", the best %d chunks in full" % args.kv_reuse_full)
+        if args.kv_reuse is not None else "no chunk KV reuse", wall))
     print("| budget | order | contains | F1 | gold paragraph placed | placed whole | "
           "median prompt tokens | median reused tokens | median TTFT ms |")
     print("|---|---|---|---|---|---|---|---|---|")
