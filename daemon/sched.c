@@ -355,9 +355,9 @@ static uint64_t span_after(const struct Seq *q, uint64_t frame, size_t i)
     return chunkkv_after(frame, q->job.lead_tokens + l[2 * i], (int)(l[2 * i + 1] - l[2 * i]));
 }
 
-/* The record name of span i of q after the frame whose hash is `frame` (and the span's lead),
- * or 0 when it is not a stored chunk. */
-static int span_ref(const struct Worker *w, const struct Seq *q, uint64_t frame, size_t i,
+/* The record name of span i of q made after what `after` names (span_after), or 0 when it is
+ * not a stored chunk. */
+static int span_ref(const struct Worker *w, const struct Seq *q, uint64_t after, size_t i,
                     struct StoreKvRef *ref)
 {
     const uint32_t *r = q->job.chunk_refs;
@@ -368,7 +368,7 @@ static int span_ref(const struct Worker *w, const struct Seq *q, uint64_t frame,
     int n = (int)(q->job.doc_spans[2 * i + 1] - q->job.doc_spans[2 * i]);
     ref->coll = r[2 * i];
     ref->chunk = r[2 * i + 1];
-    ref->key = w->o.kv_identity ^ chunkkv_key(span_after(q, frame, i), t, n);
+    ref->key = w->o.kv_identity ^ chunkkv_key(after, t, n);
     return 1;
 }
 
@@ -382,11 +382,11 @@ static void records_load(struct Worker *w, struct Seq *q, uint64_t frame, unsign
     for (size_t i = 0; i < q->job.n_spans; i++) {
         struct StoreKvRef ref;
         to_write[i] = 0;
-        if (!span_ref(w, q, frame, i, &ref))
+        uint64_t after = span_after(q, frame, i);
+        if (!span_ref(w, q, after, i, &ref))
             continue;
         const int32_t *t = q->hist + q->job.doc_spans[2 * i];
         int n = (int)(q->job.doc_spans[2 * i + 1] - q->job.doc_spans[2 * i]);
-        uint64_t after = span_after(q, frame, i);
         struct ChunkKvSpans full = { .ranks = q->job.doc_ranks, .n_full = w->o.kv_reuse_full };
         if (chunkkv_has(w->ckv, after, t, n) || chunkkv_span_full(&full, (int)i))
             continue;
@@ -467,13 +467,14 @@ static void records_save(struct Worker *w, struct Seq *q, uint64_t frame,
     }
     for (size_t i = 0; i < n_spans; i++) {
         struct StoreKvRef ref;
-        if (!span_ref(w, q, frame, i, &ref))
+        uint64_t after = span_after(q, frame, i);
+        if (!span_ref(w, q, after, i, &ref))
             continue;
         const int32_t *t = q->hist + q->job.doc_spans[2 * i];
         int n = (int)(q->job.doc_spans[2 * i + 1] - q->job.doc_spans[2 * i]);
         if (!to_write[i]) {
             touch_later(w, &ref);
-        } else if (chunkkv_record(w->ckv, span_after(q, frame, i), t, n, &recs[n_put])) {
+        } else if (chunkkv_record(w->ckv, after, t, n, &recs[n_put])) {
             puts[n_put] = (struct StoreKvPut){ ref, recs[n_put].parts, recs[n_put].lens, 3 };
             n_put++;
         }

@@ -62,6 +62,15 @@ static int prefill(struct Engine *e, const int32_t *t, int n)
     return rc;
 }
 
+/* The logits of prompt t[0..n) prefilled whole on ref (reset first) into want. */
+static int full_logits(struct Engine *ref, const int32_t *t, int n, float *want, int vocab)
+{
+    engine_reset(ref);
+    if (prefill(ref, t, n)) return -1;
+    memcpy(want, engine_logits(ref), sizeof(float) * (size_t)vocab);
+    return 0;
+}
+
 /* The stored KV of a chunk placed after the frame: frame + chunk prefilled, the chunk's
  * positions exported. */
 static void *chunk_kv(struct Engine *e, const int32_t *frame, const int32_t *chunk, int n)
@@ -195,9 +204,7 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
     }
     memcpy(full + n, q, sizeof q);
     n += N_Q;
-    engine_reset(ref);
-    CHECK(prefill(ref, full, n) == 0, "%s", name);
-    memcpy(want, engine_logits(ref), sizeof(float) * V);
+    CHECK(full_logits(ref, full, n, want, V) == 0, "%s", name);
 
     struct EngineBlendStats st;
     CHECK(blend_logits(bl, frame, parts, N_CHUNKS, 1.0, q, N_Q, q, got, &st) == 0, "%s", name);
@@ -421,9 +428,7 @@ static void check_store(const struct Model *m)
             int docs_end = n;
             memcpy(prompt + n, q, sizeof q);
             n += N_Q;
-            engine_reset(ref);
-            CHECK(prefill(ref, prompt, n) == 0, "%s", name);
-            memcpy(want, engine_logits(ref), sizeof(float) * V);
+            CHECK(full_logits(ref, prompt, n, want, V) == 0, "%s", name);
             engine_reset(e);
             struct ChunkKvBlend b;
             int rc = chunkkv_blend(c, e, helper, prompt, N_FRAME, docs_end, n, spans, N_CHUNKS,
@@ -557,9 +562,7 @@ static void check_leads(const struct Model *m)
     int docs_end = n;
     memcpy(prompt + n, q, sizeof q);
     n += N_Q;
-    engine_reset(ref);
-    CHECK(prefill(ref, prompt, n) == 0, "%s", name);
-    memcpy(want, engine_logits(ref), sizeof(float) * V);
+    CHECK(full_logits(ref, prompt, n, want, V) == 0, "%s", name);
     uint32_t rng2[4] = {0, NL, 0, NL};
     struct ChunkKvSpans lv = {.lead_tokens = label, .n_lead_tokens = NL, .leads = rng2};
     double d[2];
