@@ -30,6 +30,11 @@ def test_eval_rag_small(tmp_path, default_model):
                           (4096, "rank")], sorted(by)
     assert all(len(v) == 2 for v in by.values())
     assert all(x["whole"] and x["gold_placed"] for x in by[(0, "oracle")])
+    # the answer's chunk: the oracle's one paragraph holds it; a chunk of it holds it only
+    # where the gold paragraph was placed, at a rank among the placed chunks
+    assert all(x["answer_rank"] == 1 for x in by[(0, "oracle")])
+    assert all(x["gold_placed"] and 1 <= x["answer_rank"] for x in rows
+               if x["answer_rank"] is not None)
     assert not any(x["whole"] for x in by[(1024, "rank")] + by[(1024, "document")])
     assert all(x["prompt_tokens"] <= 1024 for x in by[(1024, "rank")])
     big = by[(4096, "rank")] + by[(4096, "document")]
@@ -39,6 +44,7 @@ def test_eval_rag_small(tmp_path, default_model):
     # the table: one row per budget and order, and the oracle's
     table = [line for line in stdout.splitlines() if line.startswith("| ")]
     assert len(table) == 1 + 1 + 4 and table[1].startswith("| gold paragraph | oracle |"), table
+    assert " | 2 / 2 / 2 | " in table[1], table[1]
 
 
 def test_eval_rag_each_chunk(tmp_path, default_model):

@@ -15,6 +15,8 @@ order). The oracle asks each question with its gold paragraph alone, as an inlin
   contains  the normalised answer holds a normalised gold answer as whole words (SQuAD's
             normalisation: lower case, no punctuation, no articles, single spaces)
   F1        SQuAD's token F1 against the best gold answer
+  answer's chunk  how many answers had the chunk of the gold paragraph that holds a gold
+            answer ranked best by retrieval, among the best two, or placed at all
 
 With --each-chunk every answer at a budget is followed by each of its placed chunks asked
 alone, as an inline document (with the daemon's calibration on), and the rows "each chunk,
@@ -91,7 +93,20 @@ def corpus(passages, title, qs, target_tokens):
     return docs
 
 
-def judge(q, reply, budget, order):
+def answer_rank(q, reply, text_of):
+    """The retrieval rank (1: best score) among the placed chunks of the first chunk of the
+    gold paragraph that holds a gold answer, or None when no placed chunk holds one."""
+    cites = reply["citations"]
+    for c in cites:
+        if c["doc_id"] != q["gold_passage_id"]:
+            continue
+        text = text_of[c["doc_id"]].encode()[c["offsets"][0]:c["offsets"][1]]
+        if ec.contains(text.decode(errors="replace"), q["answers"]):
+            return 1 + sum(o["score"] > c["score"] for o in cites)
+    return None
+
+
+def judge(q, reply, budget, order, text_of):
     if not reply.get("ok"):
         raise ec.EvalError("%s: %s" % (q["id"], reply.get("error")))
     a = reply["answer"]
@@ -100,6 +115,7 @@ def judge(q, reply, budget, order):
     return {"id": q["id"], "budget": budget, "order": order, "answer": a,
             "contains": ec.contains(a, q["answers"]), "f1": token_f1(a, q["answers"]),
             "gold_placed": any(c["doc_id"] == gold for c in reply["citations"]),
+            "answer_rank": answer_rank(q, reply, text_of),
             "whole": bool(cx.get("whole")), "placed_tokens": cx.get("placed_tokens"),
             "prompt_tokens": reply["usage"]["prompt_tokens"],
             "cached_tokens": reply["usage"].get("cached_tokens", 0),
@@ -190,6 +206,7 @@ def main():
             for i, (title, qs) in enumerate(sets):
                 docs = corpus(passages, title, qs, args.corpus_tokens)
                 doc_by_id = {d["id"]: d for d in docs}
+                text_of = {d["id"]: d["text"] for d in docs}
                 coll = "rag%d" % i
                 for j in range(0, len(docs), 64):
                     r = asker.ask({"v": 1, "op": "ingest", "id": "ing%d-%d" % (i, j),
@@ -203,7 +220,8 @@ def main():
                            "question": q["question"], "max_tokens": MAX_TOKENS, "temperature": 0,
                            "docs": [{"id": p["id"], "title": p["title"].replace("_", " "),
                                      "text": p["text"]}]}
-                    results.append(judge(q, asker.ask(msg, args.timeout), 0, "oracle"))
+                    results.append(judge(q, asker.ask(msg, args.timeout), 0, "oracle",
+                                         text_of))
                     log(json.dumps(results[-1]))
                 for b in budgets:
                     for o in orders:
@@ -213,7 +231,7 @@ def main():
                                    "max_context_tokens": b, "order": o,
                                    "max_tokens": MAX_TOKENS, "temperature": 0}
                             reply = asker.ask(msg, args.timeout)
-                            results.append(judge(q, reply, b, o))
+                            results.append(judge(q, reply, b, o, text_of))
                             log(json.dumps(results[-1]))
                             if not args.each_chunk:
                                 continue
@@ -243,9 +261,10 @@ def main():
             args.kv_reuse, "" if args.kv_reuse_full is None
             else ", the best %d chunks in full" % args.kv_reuse_full)
         if args.kv_reuse is not None else "no chunk KV reuse", wall))
-    print("| budget | order | contains | F1 | gold paragraph placed | placed whole | "
-          "median prompt tokens | median reused tokens | median TTFT ms |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| budget | order | contains | F1 | gold paragraph placed | answer's chunk best / "
+          "best two / placed | placed whole | median prompt tokens | median reused tokens | "
+          "median TTFT ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     rows = [(0, "oracle")] + list(dict.fromkeys((r["budget"], r["order"])
                                                 for r in results if r["budget"]))
     for b, o in rows:
@@ -253,10 +272,13 @@ def main():
         if not rs:
             continue
         f1 = [r["f1"] for r in rs if r["f1"] is not None]
-        print("| %s | %s | %.2f | %s | %.2f | %.2f | %d | %d | %.0f |" % (
+        ranks = [r["answer_rank"] for r in rs]
+        print("| %s | %s | %.2f | %s | %.2f | %d / %d / %d | %.2f | %d | %d | %.0f |" % (
             b or "gold paragraph", o, sum(r["contains"] for r in rs) / len(rs),
             "%.2f" % (sum(f1) / len(f1)) if f1 else "-",
             sum(r["gold_placed"] for r in rs) / len(rs),
+            sum(k == 1 for k in ranks), sum(k is not None and k <= 2 for k in ranks),
+            sum(k is not None for k in ranks),
             sum(r["whole"] for r in rs) / len(rs),
             statistics.median(r["prompt_tokens"] for r in rs),
             statistics.median(r["reused_tokens"] for r in rs),
