@@ -93,20 +93,24 @@ def corpus(passages, title, qs, target_tokens):
     return docs
 
 
-def answer_rank(q, reply, text_of):
+def chunk_text(docs, cite):
+    """The text of a placed chunk: its document's bytes in the citation's offsets."""
+    text = docs[cite["doc_id"]]["text"].encode()[cite["offsets"][0]:cite["offsets"][1]]
+    return text.decode(errors="replace")
+
+
+def answer_rank(q, reply, docs):
     """The retrieval rank (1: best score) among the placed chunks of the first chunk of the
     gold paragraph that holds a gold answer, or None when no placed chunk holds one."""
     cites = reply["citations"]
     for c in cites:
-        if c["doc_id"] != q["gold_passage_id"]:
-            continue
-        text = text_of[c["doc_id"]].encode()[c["offsets"][0]:c["offsets"][1]]
-        if ec.contains(text.decode(errors="replace"), q["answers"]):
+        if c["doc_id"] == q["gold_passage_id"] and ec.contains(chunk_text(docs, c),
+                                                               q["answers"]):
             return 1 + sum(o["score"] > c["score"] for o in cites)
     return None
 
 
-def judge(q, reply, budget, order, text_of):
+def judge(q, reply, budget, order, docs):
     if not reply.get("ok"):
         raise ec.EvalError("%s: %s" % (q["id"], reply.get("error")))
     a = reply["answer"]
@@ -115,7 +119,7 @@ def judge(q, reply, budget, order, text_of):
     return {"id": q["id"], "budget": budget, "order": order, "answer": a,
             "contains": ec.contains(a, q["answers"]), "f1": token_f1(a, q["answers"]),
             "gold_placed": any(c["doc_id"] == gold for c in reply["citations"]),
-            "answer_rank": answer_rank(q, reply, text_of),
+            "answer_rank": answer_rank(q, reply, docs),
             "whole": bool(cx.get("whole")), "placed_tokens": cx.get("placed_tokens"),
             "prompt_tokens": reply["usage"]["prompt_tokens"],
             "cached_tokens": reply["usage"].get("cached_tokens", 0),
@@ -132,7 +136,7 @@ def each_chunk(asker, q, reply, docs, timeout):
     out = []
     for k, c in enumerate(reply["citations"]):
         d = docs[c["doc_id"]]
-        text = d["text"].encode()[c["offsets"][0]:c["offsets"][1]].decode(errors="replace")
+        text = chunk_text(docs, c)
         msg = {"v": 1, "op": "query", "id": "%s-each%d" % (reply["id"], k),
                "question": q["question"], "max_tokens": MAX_TOKENS, "temperature": 0,
                "docs": [{"id": d["id"], "title": d["title"], "text": text}]}
@@ -206,7 +210,6 @@ def main():
             for i, (title, qs) in enumerate(sets):
                 docs = corpus(passages, title, qs, args.corpus_tokens)
                 doc_by_id = {d["id"]: d for d in docs}
-                text_of = {d["id"]: d["text"] for d in docs}
                 coll = "rag%d" % i
                 for j in range(0, len(docs), 64):
                     r = asker.ask({"v": 1, "op": "ingest", "id": "ing%d-%d" % (i, j),
@@ -221,7 +224,7 @@ def main():
                            "docs": [{"id": p["id"], "title": p["title"].replace("_", " "),
                                      "text": p["text"]}]}
                     results.append(judge(q, asker.ask(msg, args.timeout), 0, "oracle",
-                                         text_of))
+                                         doc_by_id))
                     log(json.dumps(results[-1]))
                 for b in budgets:
                     for o in orders:
@@ -231,7 +234,7 @@ def main():
                                    "max_context_tokens": b, "order": o,
                                    "max_tokens": MAX_TOKENS, "temperature": 0}
                             reply = asker.ask(msg, args.timeout)
-                            results.append(judge(q, reply, b, o, text_of))
+                            results.append(judge(q, reply, b, o, doc_by_id))
                             log(json.dumps(results[-1]))
                             if not args.each_chunk:
                                 continue
