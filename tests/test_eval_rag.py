@@ -68,3 +68,18 @@ def test_eval_rag_each_chunk(tmp_path, default_model):
     table = [line for line in stdout.splitlines() if line.startswith("| ")]
     assert any(line.startswith("| 1024 | rank, any chunk's answer | ") and " | - | " in line
                for line in table), table
+
+
+def test_eval_rag_another_sample_and_kv_type(tmp_path, default_model):
+    """--skip-articles K asks the questions of the articles after the first K; --kv-type runs
+    the daemon with that KV cache, and the summary line says which."""
+    first = {x["id"] for x in eval_rag(tmp_path, default_model, "--budgets", "1024", "--orders",
+                                       "rank")[1]}
+    (tmp_path / "next").mkdir()
+    stdout, rows = eval_rag(tmp_path / "next", default_model, "--budgets", "1024", "--orders",
+                            "rank", "--skip-articles", "1", "--kv-type", "q8")
+    ids = {x["id"] for x in rows}
+    assert len(ids) == len(first) == 2 and not ids & first, (ids, first)
+    summary = stdout.splitlines()[0]
+    assert "1 articles after the first 1, 2 questions" in summary and "; q8 KV;" in summary, \
+        summary

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Answer accuracy against the context budget, through diffragd, on SQuAD 2.0 (dev, CC BY-SA 4.0).
 
-For each of the first --articles articles (in the order questions.jsonl first names them), a
+For each of the first --articles articles (in the order questions.jsonl first names them;
+after the first --skip-articles of them, for another sample of questions), a
 collection holds the article's own paragraphs and, as distractors, paragraphs of other
 articles (the paragraphs of split "test", which no question uses, in file order) until the
 collection holds about --corpus-tokens tokens (an article longer than that keeps only the
@@ -25,12 +26,15 @@ says it is best supported: reading the chunks one at a time instead of together.
 
 With --kv-reuse SHARE the daemon blends each prompt's documents from stored chunk KV
 (kv_reuse = 1, kv_reuse_recompute = SHARE; docs/kv-reuse.md; --kv-reuse-full N sets
-kv_reuse_full_chunks); run once with and once without it to compare. With --relevance-floor 0 every budget is filled with chunks however weakly they
-match (the daemon's default floor, 0.5, stops at chunks under half the best one's score).
+kv_reuse_full_chunks); run once with and once without it to compare. --kv-type q8 runs the
+daemon with the int8 KV cache (kv_type), the exact path's own perturbation to compare against.
+With --relevance-floor 0 every budget is filled with chunks however weakly they match (the
+daemon's default floor, 0.5, stops at chunks under half the best one's score).
 
   tools/eval-rag.py                                   Qwen2.5-Coder-0.5B-Instruct, 2K..32K
   tools/eval-rag.py --budgets 2048,4096 --articles 2 --per-article 3 --show
   tools/eval-rag.py --budgets 16384 --orders rank --relevance-floor 0 --kv-reuse 0.15
+  tools/eval-rag.py --budgets 16384 --orders nearest --relevance-floor 0 --skip-articles 4
 """
 import argparse
 import collections
@@ -62,8 +66,10 @@ def token_f1(answer, golds):
     return best
 
 
-def pick(passages, questions, n_articles, per_article):
-    """[(title, [questions])] for the first n_articles articles with answerable questions."""
+def pick(passages, questions, n_articles, per_article, skip=0):
+    """[(title, [questions])] for the first n_articles articles with answerable questions after
+    the first skip of them."""
+    n_articles += skip
     chosen = collections.OrderedDict()
     for q in questions:
         if q["is_impossible"]:
@@ -75,7 +81,7 @@ def pick(passages, questions, n_articles, per_article):
             chosen[title] = []
         if len(chosen[title]) < per_article:
             chosen[title].append(q)
-    return list(chosen.items())
+    return list(chosen.items())[skip:]
 
 
 def corpus(passages, title, qs, target_tokens):
@@ -165,6 +171,8 @@ def main():
     ap.add_argument("--orders", default="rank,document")
     ap.add_argument("--articles", type=int, default=4)
     ap.add_argument("--per-article", type=int, default=6)
+    ap.add_argument("--skip-articles", type=int, default=0, metavar="K",
+                    help="start after the first K articles (another sample of questions)")
     ap.add_argument("--corpus-tokens", type=int, default=26000,
                     help="about this many tokens of paragraphs per collection")
     ap.add_argument("--threads", type=int, default=2)
@@ -184,11 +192,13 @@ def main():
     ap.add_argument("--kv-reuse-full", type=int, metavar="N",
                     help="with --kv-reuse, the best-ranked chunks computed in full (the "
                     "daemon's kv_reuse_full_chunks; default: the daemon's)")
+    ap.add_argument("--kv-type", choices=("f16", "f32", "q8"),
+                    help="the daemon's KV cache type (kv_type; default: the daemon's, f16)")
     args = ap.parse_args()
     budgets = [int(b) for b in args.budgets.split(",")]
     orders = args.orders.split(",")
     passages, questions = ec.load_squad(args.squad)
-    sets = pick(passages, questions, args.articles, args.per_article)
+    sets = pick(passages, questions, args.articles, args.per_article, args.skip_articles)
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.show else (lambda s: None)
     results = []
     keys = {} if args.kv_reuse is None else {"kv_reuse": 1,
@@ -199,6 +209,8 @@ def main():
         keys["relevance_floor"] = args.relevance_floor
     if args.chunk_tokens is not None:
         keys["chunk_tokens"] = args.chunk_tokens
+    if args.kv_type is not None:
+        keys["kv_type"] = args.kv_type
     if not args.each_chunk:
         keys["grounding_calibration"] = "none"
     t0 = time.time()
@@ -258,12 +270,16 @@ def main():
             for r in results:
                 f.write(json.dumps(r) + "\n")
     n = sum(len(qs) for _, qs in sets)
-    print("model %s; %d articles, %d questions; collections of ~%d tokens; %s; %.0f s in all" % (
-        pathlib.Path(args.model).name, len(sets), n, args.corpus_tokens,
+    print("model %s; %d articles%s, %d questions; collections of ~%d tokens; %s; %s; %.0f s "
+          "in all" % (
+        pathlib.Path(args.model).name, len(sets),
+        " after the first %d" % args.skip_articles if args.skip_articles else "", n,
+        args.corpus_tokens,
         "chunk KV reuse at share %g%s" % (
             args.kv_reuse, "" if args.kv_reuse_full is None
             else ", the best %d chunks in full" % args.kv_reuse_full)
-        if args.kv_reuse is not None else "no chunk KV reuse", wall))
+        if args.kv_reuse is not None else "no chunk KV reuse",
+        "%s KV" % (args.kv_type or "f16"), wall))
     print("| budget | order | contains | F1 | gold paragraph placed | answer's chunk best / "
           "best two / placed | placed whole | median prompt tokens | median reused tokens | "
           "median TTFT ms |")
