@@ -469,6 +469,10 @@ int proto_decode_query(struct ProtoDec *d)
         p->order = CTX_ORDER_NEAREST;
     else if (order.len && !(order.len == 4 && !memcmp(order.p, "rank", 4)))
         FAIL(d, EC_BAD_REQUEST, "order must be \"rank\", \"document\" or \"nearest\"");
+    else if (!order.len && cfg->kv_reuse)
+        /* a blend computes the chunks ranked best in full: laid out next to the question they
+         * read every other chunk, and the question reads them nearest (docs/kv-reuse.md) */
+        p->order = CTX_ORDER_NEAREST;
     if (d->val[K_SEED]) {
         struct MpCursor c;
         struct MpObj o;

@@ -16,11 +16,13 @@ import time
 from daemon_util import Daemon, query, slow_model, squad_article
 
 
-def ask(d, docs, questions):
+def ask(d, docs, questions, order="rank"):
+    """The questions' replies; the order named, so that daemons with reuse on and off (whose
+    defaults differ) lay out the same prompts."""
     out = []
     c = d.client()
     for i, q in enumerate(questions):
-        _, r = c.call(query(q, docs, id=i, top_k=100, max_tokens=16,
+        _, r = c.call(query(q, docs, id=i, top_k=100, max_tokens=16, order=order,
                             include=["token_signals"]), timeout=600)
         assert r["ok"], r
         out.append(r)
@@ -134,6 +136,27 @@ def test_best_ranked_chunks_computed_in_full(tmp_path, default_model, squad_dir)
     assert 2 * (n_chunks - 2) - 1 <= looked_up <= 2 * (n_chunks - 2), ms["two"]
     assert ms["none"]["hit"] + ms["none"]["miss"] > looked_up, (ms["none"], ms["two"])
     assert 0 < runs["two"][1]["usage"]["reused_tokens"] < runs["none"][1]["usage"]["reused_tokens"]
+
+
+def test_a_blending_daemon_lays_chunks_out_best_last(tmp_path, default_model, squad_dir):
+    """With kv_reuse on, a query that names no order gets "nearest": the chunks ranked best,
+    which the blend computes in full, next to the question. A named order is kept."""
+    paras, (q1, _) = squad_article(squad_dir, nth=1)
+    docs = [{"id": p["id"], "title": p["title"], "text": p["text"]} for p in paras[:4]]
+    with Daemon(tmp_path, default_model, workers=1, threads=2, max_context_tokens=2048,
+                max_tokens=4, relevance_floor=0, kv_reuse=1) as d:
+        c = d.client()
+        got = {}
+        for order in (None, "rank", "nearest"):
+            extra = {} if order is None else {"order": order}
+            _, r = c.call(query(q1, docs, id=str(order), top_k=100, max_tokens=4, **extra),
+                          timeout=600)
+            assert r["ok"], r
+            got[order] = [(x["doc_id"], tuple(x["offsets"])) for x in r["citations"]]
+        assert d.stop() == 0
+    print(got)
+    assert len(got["rank"]) >= 4 and got["rank"] != got["rank"][::-1], got
+    assert got[None] == got["nearest"] == got["rank"][::-1], got
 
 
 def test_a_blend_does_not_stop_other_answers(tmp_path, squad_dir):

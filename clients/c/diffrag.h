@@ -163,7 +163,8 @@ typedef struct DiffragQuery {
     const char *order;             /* "rank", "nearest" (best last, next to the question) or
                                     * "document" (chunks by document and position: questions
                                     * over the same chunks share the cached prompt prefix);
-                                    * NULL: the daemon's ("rank") */
+                                    * NULL: the daemon's ("rank"; "nearest" when it
+                                    * blends documents from chunk KV, kv_reuse = 1) */
 } DiffragQuery;
 
 typedef struct DiffragCitation {

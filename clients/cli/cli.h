@@ -33,7 +33,7 @@ struct CliArgs {
     double temperature, top_p;
     unsigned long long seed;
     const char *after, *out;
-    const char *order;           /* ask --order: NULL, "rank" or "document" */
+    const char *order;           /* ask --order: NULL, "rank", "nearest" or "document" */
     const char **doc_files;
     size_t n_doc_files;
     const char **doc_ids;

@@ -197,10 +197,11 @@ class Client:
         in whole; ``Answer.context`` says what was left out); ``top_k`` only caps the chunks.
         ``order="document"`` lays the chosen chunks out by document and position rather than
         best first, so questions over the same documents share the prompt's cached prefix;
-        ``order="nearest"`` lays them out best last, next to the question. ``history``: the
-        earlier turns of a conversation, oldest first, each ``{"role": "user" | "assistant",
-        "content": str}`` (the newest that fit go in; ``Answer.context`` counts them);
-        ``system``: an instruction of your own, added after the daemon's."""
+        ``order="nearest"`` lays them out best last, next to the question; without ``order``
+        the daemon's default holds (best first, or best last on a daemon with kv_reuse = 1).
+        ``history``: the earlier turns of a conversation, oldest first, each ``{"role": "user"
+        | "assistant", "content": str}`` (the newest that fit go in; ``Answer.context`` counts
+        them); ``system``: an instruction of your own, added after the daemon's."""
         msg = P.query_request(id or self._next_id(), question, collection=collection, docs=docs,
                               ids=ids, top_k=top_k, max_context_tokens=max_context_tokens,
                               max_tokens=max_tokens, temperature=temperature, top_p=top_p,
