@@ -28,7 +28,11 @@ RUN = BUILD / "diffrag-run"
 BENCH = BUILD / "bench_kernels"
 MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 QWEN = ROOT / "models" / "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
-SQUAD = ROOT.parent / "shared" / "data" / "squad2" / "passages.jsonl"
+sys.path.insert(0, str(ROOT / "tools"))
+import squad_data  # noqa: E402
+
+# SQuAD 2.0 (dev, CC BY-SA 4.0) paragraphs: the repository's copy (tests/data/squad2/), unpacked
+SQUAD = squad_data.squad_dir() / "passages.jsonl"
 
 # llama-bench on the default model's shape, 2 threads, f16 KV cache (issue 7).
 LLAMA_CPP = {"prefill_512": 490.0, "prefill_2048": 358.0, "decode_0": 85.0}

@@ -366,8 +366,8 @@ static int fts_ingest_docs(sqlite3 *db, const struct Corpus *c, struct Result *r
 
 int main(int argc, char **argv)
 {
-    const char *passages = "../shared/data/squad2/passages.jsonl";
-    const char *questions = "../shared/data/squad2/questions.jsonl";
+    const char *passages = "build/data/squad2/passages.jsonl";   /* tools/squad_data.py unpacks */
+    const char *questions = "build/data/squad2/questions.jsonl";
     const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
     const char *tmp = "/tmp";
     size_t sizes[4] = { 10000, 100000 }, n_sizes = 2;

@@ -22,7 +22,7 @@ on this machine see them.
    engine served the two one after the other). Target: at most 150 ms. Also measured with
    `max_running = 1`, where the long prompt waits for the stream to end.
 
-Documents are SQuAD 2.0 paragraphs (dev, CC BY-SA 4.0) read from ../shared/data/squad2, each
+Documents are SQuAD 2.0 paragraphs (dev, CC BY-SA 4.0) from the repository (tests/data/squad2), each
 run of a figure with paragraphs no other run used, so no cache carries over between
 repetitions. diffragd places only chunks that share a term with the question, so a set holds
 one-chunk paragraphs that match the questions asked over it: both engines see every paragraph.
@@ -60,7 +60,11 @@ import zmq  # noqa: E402
 from daemon_util import DIFFRAGD, Daemon  # noqa: E402
 
 MODEL = ROOT / "models" / "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
-SQUAD = ROOT.parent / "shared" / "data" / "squad2" / "passages.jsonl"
+sys.path.insert(0, str(ROOT / "tools"))
+import squad_data  # noqa: E402
+
+# SQuAD 2.0 (dev, CC BY-SA 4.0) paragraphs: the repository's copy (tests/data/squad2/), unpacked
+SQUAD = squad_data.squad_dir() / "passages.jsonl"
 LLAMA_SERVER = ROOT / "build" / "llama.cpp" / "bin" / "llama-server"
 RUN = BUILD / "diffrag-run"
 
@@ -115,7 +119,7 @@ class Paragraphs:
 
     def __init__(self):
         if not SQUAD.exists():
-            raise Fail("%s not found (the shared SQuAD data)" % SQUAD)
+            raise Fail("%s not found (the SQuAD data: tools/squad_data.py)" % SQUAD)
         with open(SQUAD, encoding="utf-8") as f:
             self.paras = [json.loads(line) for line in f if line.strip()]
         self.words = [words(p["text"]) for p in self.paras]

@@ -28,7 +28,11 @@ import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
-SQUAD = ROOT.parent / "shared" / "data" / "squad2" / "passages.jsonl"
+sys.path.insert(0, str(ROOT / "tools"))
+import squad_data  # noqa: E402
+
+# SQuAD 2.0 (dev, CC BY-SA 4.0) paragraphs: the repository's copy (tests/data/squad2/), unpacked
+SQUAD = squad_data.squad_dir() / "passages.jsonl"
 OUT = ROOT / "tests" / "data" / "qwen-oracle.json"
 LIBS = ("src/libllama.a", "ggml/src/libggml.a", "ggml/src/libggml-cpu.a", "ggml/src/libggml-base.a")
 
@@ -113,8 +117,8 @@ def main():
                      "flash_attention": False, "device": "CPU"},
         "model": a.model.name,
         "model_sha256": sha256(a.model),
-        "text": {"source": "SQuAD 2.0 (dev, CC BY-SA 4.0): squad2/passages.jsonl of the shared "
-                           "evaluation data, passages in file order joined by blank lines",
+        "text": {"source": "SQuAD 2.0 (dev, CC BY-SA 4.0): squad2/passages.jsonl of the repository's "
+                           "evaluation data (tests/data/squad2), passages in file order joined by blank lines",
                  "passages": len(passage_ids), "first_passage": passage_ids[0],
                  "last_passage": passage_ids[-1], "chars": len(text),
                  "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),

@@ -15,12 +15,17 @@ $(BUILD)/diffrag-store: $(STORE_TOOL_OBJS) $(LIB_RETRIEVER) $(LIB_MODEL)
 	$(CC) $(LDFLAGS) $(STORE_TOOL_OBJS) -o $@ $(RETRIEVER_LIBS) $(MODEL_LIBS) $(LDLIBS)
 
 # The benchmark compares against SQLite FTS5; it is built and run only by `make bench-retriever`.
-BENCH_RETRIEVER_ARGS ?= --passages ../shared/data/squad2/passages.jsonl \
-                        --questions ../shared/data/squad2/questions.jsonl
+# SQuAD 2.0 (dev, CC BY-SA 4.0): the repository's copy (tests/data/squad2/), unpacked into
+# build/data/squad2/ by tools/squad_data.py.
+SQUAD_DIR := build/data/squad2
+SQUAD_FILES := $(SQUAD_DIR)/passages.jsonl $(SQUAD_DIR)/questions.jsonl
+$(SQUAD_FILES): tests/data/squad2/passages.jsonl.gz tests/data/squad2/questions.jsonl.gz tools/squad_data.py
+	python3 tools/squad_data.py
+BENCH_RETRIEVER_ARGS ?= --passages $(SQUAD_DIR)/passages.jsonl --questions $(SQUAD_DIR)/questions.jsonl
 $(BUILD)/bench_retriever: $(BUILD)/bench/bench_retriever.o $(LIB_RETRIEVER) $(LIB_MODEL)
 	$(CC) $(LDFLAGS) $< -o $@ $(RETRIEVER_LIBS) -lsqlite3 $(MODEL_LIBS) $(LDLIBS)
 
-bench-retriever: $(BUILD)/bench_retriever
+bench-retriever: $(BUILD)/bench_retriever $(SQUAD_FILES)
 	$(BUILD)/bench_retriever $(BENCH_RETRIEVER_ARGS)
 
 # Chunk KV reuse against full prefills over retrieved SQuAD contexts (bench/bench_kvreuse.c):
@@ -32,8 +37,8 @@ $(BUILD)/bench_kvreuse: $(BUILD)/bench/bench_kvreuse.o $(LIB_RETRIEVER) $(LIB_MO
 	$(CC) $(LDFLAGS) $< -o $@ $(RETRIEVER_LIBS) $(MODEL_LIBS) $(LDLIBS)
 
 BENCH_KVREUSE_ARGS ?=
-bench-kvreuse: $(BUILD)/bench_kvreuse models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf
-	$(BUILD)/bench_kvreuse models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf ../shared/data/squad2 \
+bench-kvreuse: $(BUILD)/bench_kvreuse models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf $(SQUAD_FILES)
+	$(BUILD)/bench_kvreuse models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf $(SQUAD_DIR) \
 	    $(BENCH_KVREUSE_ARGS)
 
 .PHONY: bench-retriever bench-kvreuse

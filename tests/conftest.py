@@ -1,4 +1,4 @@
-"""Shared pytest fixtures: paths to the build, the default model and the shared data."""
+"""Shared pytest fixtures: paths to the build, the default model and the evaluation data."""
 import importlib.util
 import os
 import pathlib
@@ -8,7 +8,6 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BUILD = ROOT / os.environ.get("BUILD", "build")
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-SHARED_DATA = ROOT.parent / "shared" / "data"
 
 # DIFFRAG_TEST_SCALE=small: the suites that spend minutes in the models' arithmetic run the same
 # checks over shorter inputs or fewer questions (each says so in its output). Unset, the scale
@@ -36,6 +35,7 @@ os.environ["DIFFRAG_TEST_SCALE"] = TEST_SCALE
 SMALL = TEST_SCALE == "small"
 
 
+
 def load_tool(filename):
     """A program of tools/ (its file name has dashes, so it cannot be imported by name) as a
     module, for the tests that drive its functions."""
@@ -44,6 +44,11 @@ def load_tool(filename):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+# SQuAD 2.0 (dev, CC BY-SA 4.0), shipped compressed in tests/data/squad2/ and unpacked here once,
+# before any test runs: the C unit tests (test_store) read the plain files as well.
+SQUAD_DIR = load_tool("squad_data.py").squad_dir()
 
 
 def offline_venv(path):
@@ -90,7 +95,4 @@ def default_model():
 
 @pytest.fixture(scope="session")
 def squad_dir():
-    d = SHARED_DATA / "squad2"
-    if not (d / "passages.jsonl").exists():
-        pytest.fail(f"shared evaluation data missing at {d}")
-    return d
+    return SQUAD_DIR

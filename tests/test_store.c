@@ -6,7 +6,8 @@
  * catching injected corruption, context assembly with a client's system text and earlier
  * turns, and context assembly with the default model's tokenizer for budgets from 64 to
  * 131,072 tokens (run from the repository root: it reads
- * models/SmolLM2-135M-Instruct.Q4_1.gguf and ../shared/data/squad2/passages.jsonl).
+ * models/SmolLM2-135M-Instruct.Q4_1.gguf and build/data/squad2/passages.jsonl, which the test
+ * suite unpacks from tests/data/squad2/ before it runs; tools/squad_data.py does it by hand).
  *
  * DIFFRAG_TEST_SCALE=small (set by tests/test_valgrind_units.py) runs context assembly at a
  * reduced scale: the first 300 passages and budgets up to 16,384 tokens, the largest of which
@@ -37,7 +38,7 @@
 #include "tests/store_util.h"
 
 #define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-#define PASSAGES_PATH "../shared/data/squad2/passages.jsonl"
+#define PASSAGES_PATH "build/data/squad2/passages.jsonl"
 
 /* Scale of test_context_model: full by default, reduced for runs under valgrind. */
 struct ContextScale {

@@ -8,6 +8,7 @@ import re
 import socket
 import string
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -15,7 +16,11 @@ import urllib.request
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 QWEN_MODEL = ROOT / "models" / "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
 SMOLLM2_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_SQUAD = ROOT.parent / "shared" / "data" / "squad2"
+sys.path.insert(0, str(ROOT / "tools"))
+import squad_data  # noqa: E402
+
+# the repository's SQuAD copy, unpacked on first use (tools/squad_data.py)
+DEFAULT_SQUAD = squad_data.UNPACKED
 # the refusal the daemon's prompt asks for when the documents do not answer (retriever/prompt.h)
 REFUSAL = "I cannot find the answer in the provided documents."
 
@@ -31,6 +36,8 @@ def build_dir():
 def load_squad(squad_dir=DEFAULT_SQUAD):
     """(passages by id, questions in file order) of SQuAD 2.0 (dev, CC BY-SA 4.0)."""
     squad_dir = pathlib.Path(squad_dir)
+    if squad_dir == DEFAULT_SQUAD:
+        squad_data.squad_dir()
     for f in ("passages.jsonl", "questions.jsonl"):
         if not (squad_dir / f).exists():
             raise EvalError("%s missing (the SQuAD 2.0 evaluation data)" % (squad_dir / f))
