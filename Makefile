@@ -62,7 +62,7 @@ $(QWEN_FILE): tools/fetch-model.sh
 	sh tools/fetch-model.sh qwen
 
 test: all $(MODEL_FILE) $(QWEN_FILE) venv
-	$(VENV_PATH) $(PYTHON) -m pytest -q -rs --durations=15 tests
+	$(VENV_PATH) $(PYTHON) -m pytest -rs --durations=15 tests
 
 # Everything built with AddressSanitizer + UndefinedBehaviorSanitizer in build/asan (flags
 # above; -O2, as -O1 made the engine's products 3 times slower still); `BUILD=build/asan make
