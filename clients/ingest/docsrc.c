@@ -224,6 +224,11 @@ static int walk(const struct DocsrcOptions *o, struct DocsrcList *l, const char 
             note(o, "%s: a symbolic link to a folder; not followed (give the folder itself)", path);
             l->skipped++;
         } else if (!kind_of(names[i], &kind)) {
+            /* named, up to a bound: a folder of a thousand source files says so in one line */
+            if (l->other_kind < DOCSRC_NAMED_OTHER)
+                note(o, "%s: not .txt, .md or .jsonl; skipped", path);
+            else if (l->other_kind == DOCSRC_NAMED_OTHER)
+                note(o, "more files that are not .txt, .md or .jsonl; skipped without a note each");
             l->skipped++;
             l->other_kind++;
         } else if (!S_ISREG(sb.st_mode)) {
@@ -576,10 +581,10 @@ const char *docsrc_skip_summary(size_t skipped, size_t other_kind, char *buf, si
 {
     size_t noted = skipped - (other_kind < skipped ? other_kind : skipped);
     if (other_kind && noted)
-        snprintf(buf, cap, "skipped %zu files (%zu not .txt, .md or .jsonl; %zu for the reasons "
-                 "noted above)", skipped, other_kind, noted);
+        snprintf(buf, cap, "skipped %zu files (%zu not .txt, .md or .jsonl; %zu for other reasons; "
+                 "each named above)", skipped, other_kind, noted);
     else if (other_kind)
-        snprintf(buf, cap, "skipped %zu files (not .txt, .md or .jsonl)", skipped);
+        snprintf(buf, cap, "skipped %zu files (not .txt, .md or .jsonl; named above)", skipped);
     else
         snprintf(buf, cap, "skipped %zu files (for the reasons noted above)", skipped);
     return buf;

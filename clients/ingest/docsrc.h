@@ -41,11 +41,15 @@ struct DocsrcOptions {
     /* 1: a file named directly is read as text whatever its name (the CLI); 0: only .txt, .md
      * and .jsonl, others are an error. Folder walks take those three and skip the rest. */
     int any_named_file;
-    /* Notes about files a walk skipped (hidden files and other extensions silently) go to
-     * notes, each line starting with prog; NULL: none. */
+    /* Notes about files a walk skipped go to notes, each line starting with prog; NULL: none.
+     * Hidden files are passed over silently; files of other extensions are named, the first
+     * DOCSRC_NAMED_OTHER of them, then one line says more were skipped. */
     FILE *notes;
     const char *prog;
 };
+
+/* How many files of other extensions a walk names in its notes before it only counts them. */
+#define DOCSRC_NAMED_OTHER 20
 
 /* A file to read, in walk order (each folder's entries sorted by name). */
 struct DocsrcFile {
@@ -59,11 +63,11 @@ struct DocsrcList {
     struct DocsrcFile *files;
     size_t n, cap;
     size_t skipped; /* files a walk passed over: other extensions, not regular, bad names */
-    size_t other_kind; /* of those, the files of other extensions (passed over without a note) */
+    size_t other_kind; /* of those, the files of other extensions (the first DOCSRC_NAMED_OTHER noted) */
 };
 
 /* "skipped N files (why)" for an ingest's summary, into buf: `skipped` files in all, of which
- * `other_kind` had other extensions (the rest were named in notes). Returns buf. */
+ * `other_kind` had other extensions (all were named in notes). Returns buf. */
 const char *docsrc_skip_summary(size_t skipped, size_t other_kind, char *buf, size_t cap);
 
 /* Collects the files of paths[0..n_paths) into *list (start from `struct DocsrcList l = {0}`;
