@@ -8,6 +8,7 @@ import importlib.util
 import io
 import json
 import math
+import os
 import pathlib
 import struct
 import subprocess
@@ -612,3 +613,19 @@ def test_diffrag_run_options(build_dir):
     r = subprocess.run([exe, "--model=/nonexistent.gguf", "-p", "-", "--stop", "-x"],
                        capture_output=True, text=True, timeout=30, input="")
     assert r.returncode == 1 and "nonexistent.gguf" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("tool", ["convert-llama-to-diffv2", "convert-diffv2-checkpoint", "gen-tiny-model"])
+def test_numpy_tools_run_from_a_python_without_numpy(tool):
+    # -S: a python3 that sees no site packages, as Debian's own is outside .venv; the tool
+    # re-runs itself under .venv/bin/python3 (which `make test` made)
+    path = str(ROOT_DIR / "tools" / tool)
+    r = subprocess.run([sys.executable, "-S", path, "--help"], capture_output=True, text=True,
+                       timeout=60, env={k: v for k, v in os.environ.items() if k != "DIFFRAG_VENV_TRIED"})
+    assert r.returncode == 0 and r.stdout.startswith("usage: " + tool), r.stdout + r.stderr
+    # where .venv cannot help either, one line says what to run first
+    r = subprocess.run([sys.executable, "-S", path, "--help"], capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, DIFFRAG_VENV_TRIED="1"))
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith(tool + ": needs the Python package") and "run `make venv` first" in r.stderr
+    assert len(r.stderr.splitlines()) == 1

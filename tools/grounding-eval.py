@@ -16,6 +16,7 @@ Label rules, splits and sizes are documented in docs/groundedness.md (Evaluation
 import argparse
 import hashlib
 import json
+import os
 import pathlib
 import re
 import shlex
@@ -24,7 +25,11 @@ import sys
 import time
 import zlib
 
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import venv_python  # noqa: E402
+venv_python.use_project_venv("numpy", "gguf")
+
+import numpy as np  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -32,7 +37,7 @@ import grounding_features as gf  # noqa: E402
 import eval_common as ec  # noqa: E402
 
 DEFAULT_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_SQUAD = ROOT.parent / "shared" / "data" / "squad2"
+DEFAULT_SQUAD = ec.DEFAULT_SQUAD
 DEFAULT_WORK = ROOT / "build" / "grounding-eval"
 REFUSAL = "i cannot find the answer in the provided documents"
 
@@ -127,13 +132,9 @@ def article_split(title):
 
 
 def load_squad(squad_dir):
-    squad_dir = pathlib.Path(squad_dir)
-    for f in ("passages.jsonl", "questions.jsonl"):
-        if not (squad_dir / f).exists():
-            raise EvalError("%s missing (the SQuAD 2.0 evaluation data)" % (squad_dir / f))
-    passages = [json.loads(line) for line in open(squad_dir / "passages.jsonl")]
-    questions = [json.loads(line) for line in open(squad_dir / "questions.jsonl")]
-    return passages, questions
+    """(passages in file order, questions in file order)."""
+    by_id, questions = ec.load_squad(squad_dir)
+    return list(by_id.values()), questions
 
 
 def tokenizer(model):
