@@ -1,8 +1,12 @@
 /* ask_folder: stores the .txt and .md files of a folder in a diffragd collection, then asks a
  * question over it, printing the answer as it is generated and the sources it rests on.
  *
+ * The collection is COLLECTION, or "examples" when none is named. The daemon creates it on the
+ * first ingest if it does not exist; a later run replaces the same documents (the id is the
+ * file's name). `diffrag drop examples` removes it.
+ *
  *   cc ask_folder.c $(pkg-config --cflags --libs diffrag) -o ask_folder
- *   ./ask_folder tcp://127.0.0.1:7400 examples "How long is the Rhine?"
+ *   ./ask_folder tcp://127.0.0.1:7400 examples "How long is the Rhine?" [COLLECTION]
  */
 #define _POSIX_C_SOURCE 200809L /* strdup, opendir */
 #include <dirent.h>
@@ -43,11 +47,12 @@ static int print_delta(void *user, const char *text, size_t len)
 
 int main(int argc, char **argv)
 {
-    if (argc != 4) {
-        fprintf(stderr, "usage: %s ENDPOINT FOLDER QUESTION\n", argv[0]);
+    if (argc != 4 && argc != 5) {
+        fprintf(stderr, "usage: %s ENDPOINT FOLDER QUESTION [COLLECTION]\n", argv[0]);
         return 2;
     }
     const char *endpoint = argv[1], *folder = argv[2], *question = argv[3];
+    const char *collection = argc == 5 ? argv[4] : "examples";
 
     /* the folder's text files, one document each, named by their file name */
     DiffragDoc docs[MAX_FILES];
@@ -85,14 +90,15 @@ int main(int argc, char **argv)
     int rc = 1;
     DiffragIngestResult *ingested = NULL;
     DiffragAnswer *a = NULL;
-    if (diffrag_ingest(c, "examples", docs, n, &ingested)) {
+    if (diffrag_ingest(c, collection, docs, n, &ingested)) {
         fprintf(stderr, "ingest: %s\n", diffrag_last_error(c));
         goto out;
     }
-    printf("stored %lld documents; the collection holds %lld chunks\n",
-           (long long)ingested->ingested, (long long)ingested->chunks);
+    printf("stored %lld documents in the collection \"%s\" (created if it was not there); it "
+           "holds %lld documents, %lld chunks\n", (long long)ingested->ingested, collection,
+           (long long)ingested->docs, (long long)ingested->chunks);
 
-    DiffragQuery q = { .question = question, .collection = "examples", .max_tokens = 64 };
+    DiffragQuery q = { .question = question, .collection = collection, .max_tokens = 64 };
     if (diffrag_query(c, &q, print_delta, NULL, &a)) {
         fprintf(stderr, "\nquery: %s (%s)\n", diffrag_last_error(c), diffrag_last_error_code(c));
         goto out;

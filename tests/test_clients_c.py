@@ -100,7 +100,7 @@ def test_c_example(daemon):
     r = run([BUILD / "examples" / "ask_folder", daemon.endpoint, "examples",
              "How long is the Rhine?"], timeout=120)
     assert r.returncode == 0
-    assert "stored 1 documents" in r.stdout
+    assert 'stored 1 documents in the collection "examples" (created if it was not there)' in r.stdout
     assert "sample-paragraph.txt" in r.stdout.split("sources:")[1]
 
 

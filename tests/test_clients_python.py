@@ -474,5 +474,6 @@ def test_python_example(daemon):
                        env=dict(os.environ, PYTHONPATH=str(ROOT / "clients" / "python")))
     print(r.stdout, r.stderr)
     assert r.returncode == 0, r.stderr
-    assert "stored" in r.stdout and "sources:" in r.stdout
+    assert 'in the collection "examples" (created if it was not there)' in r.stdout
+    assert "sources:" in r.stdout
     assert "sample-paragraph.txt" in r.stdout.split("sources:")[1]
