@@ -54,26 +54,34 @@ def sources(out):
 
 
 def sample_matches(out):
-    """The README shows what follows an answer (its ```text block): the same lines, in that
-    order, up to the figures, the doc ids and the finish reason, follow the real answer."""
+    """The README shows an answer as the default model gives it (its ```text block): what
+    follows the answer there, from "sources:" on, follows the real answer too: the same kinds
+    of line in the same order, each of the same form up to its figures, doc ids and finish
+    reason (the test's small model words its answer otherwise, and places fewer chunks)."""
     body = (ROOT / "README.md").read_text().split(SECTION + "\n", 1)[1].split("\n## ", 1)[0]
     sample = re.search(r"```text\n(.*?)```", body, re.S).group(1).splitlines()
-    real = out.split("\nsources:\n", 1)[1].splitlines()
-    k = 0
-    for line in sample[1:]:
-        if line.startswith("grounding: "):  # its figures depend on the daemon's detector
-            pat = r"grounding: .*"
-        elif line.startswith("read: "):  # its form depends on the budget and the store
-            pat = r"read: \d+ .*document tokens: .*"
-        else:
-            parts = re.split(r"(\d+|docs/[\w-]+\.md|(?<=finish: )(?:stop|length))", line)
-            pat = "".join(re.escape(p) if i % 2 == 0 else r"\d+" if p.isdigit() else r"\S+"
-                          for i, p in enumerate(parts))
-        while k < len(real) and not re.fullmatch(pat, real[k]):
-            k += 1
-        assert k < len(real), "no line like %r after the answer:\n%s" % (line, out)
-        k += 1
-    return sample[0] == "sources:"
+    assert "sources:" in sample[1:], sample  # an answer, then what follows it
+    forms = {"source": r"  \[\d+\] docs/[\w-]+\.md  (?:chunk \d+|whole document), score \d+\.\d+, "
+                       r"bytes \d+-\d+(?:, cited)?",
+             "read": r"read: \d+ .*document tokens: .*",
+             "grounding": r"grounding: (?:not flagged|FLAGGED: .*), score .*",  # figures vary by detector
+             "finish": r"finish: (?:stop|length); tokens: \d+ prompt \(\d+ from documents\), \d+ "
+                       r"generated; first token \d+ ms, total \d+ ms"}
+
+    def kinds(lines):
+        out = []
+        for line in lines:
+            kind = next((k for k, f in forms.items() if re.fullmatch(f, line)), None)
+            if kind and (not out or out[-1] != kind):
+                out.append(kind)
+        return out
+
+    shown = sample[sample.index("sources:") + 1:]
+    assert kinds(shown) and len(kinds(shown)) == len(set(kinds(shown))), shown
+    assert all(re.fullmatch("|".join(forms.values()), l) for l in shown), shown
+    real = kinds(out.split("\nsources:\n", 1)[1].splitlines())
+    assert [k for k in real if k in kinds(shown)] == kinds(shown), (kinds(shown), real, out)
+    return True
 
 
 def is_doc(name):
@@ -84,8 +92,8 @@ def is_doc(name):
 CHECKS = [
     (r"build/diffrag ping$", 0,
      lambda out, c: out.startswith("pong from %s: diffragd 0.1.0, model " % c["ep"])),
-    (r'build/diffrag ask "How do I cancel a query\?"$', 1,
-     lambda out, c: sources(out)[0] == "docs/protocol.md" and sample_matches(out)),
+    (r'build/diffrag ask "Under which licence is diffrag released\?"$', 1,
+     lambda out, c: sources(out)[0] == "docs/licenses.md" and sample_matches(out)),
     (r'build/diffrag ask --stream "Which port does diffragd listen on\?"$', 1,
      lambda out, c: all(map(is_doc, sources(out)))),
     (r'echo "What does /readyz report\?" \| build/diffrag ask -$', 1,
@@ -109,7 +117,7 @@ CHECKS = [
     (r"\.venv/bin/python3 -m pip install clients/python$", 0,
      lambda out, c: any(c["venv"].glob("lib/python*/site-packages/diffrag/client.py"))),
     (r"\.venv/bin/python3 - <<'EOF'\nimport diffrag\n", 1,
-     lambda out, c: "\nsources: [(1, 'docs/protocol.md')" in out),
+     lambda out, c: re.search(r"\nsources: \[\(1, 'docs/[\w-]+\.md'\)", out)),
     (r"\.venv/bin/python3 examples/ask_folder.py tcp://127.0.0.1:7400 examples ", 1,
      lambda out, c: out.startswith("stored 1 documents") and
      "[1] sample-paragraph.txt" in out.split("sources:")[1]),
@@ -162,7 +170,7 @@ def test_readme_quickstart(tmp_path, default_model):
             assert time.time() < deadline, "diffragd not ready"
             time.sleep(0.1)
         started = (tmp_path / "run.log").read_text()
-        assert 'into "docs"' in started and 'build/diffrag ask "How do I cancel a query?"' in started
+        assert 'into "docs"' in started and 'build/diffrag ask "Which port does diffragd listen on?"' in started
         ctx = {"ep": ep, "venv": venv, "asks": 0}
         for cmd, (asks, chk) in zip(commands[1:], checks):
             run = cmd.replace("tcp://127.0.0.1:7400", ep).replace(

@@ -16,9 +16,9 @@ BIN="${BUILD:-build}"
 "$BIN/diffrag-store" --data-dir "$DATA_DIR" --model "$MODEL" -c docs ingest docs
 cat <<'MSG'
 diffragd: starting; ask it about diffrag from another terminal, e.g.
-  build/diffrag ask "How do I cancel a query?"
-  make venv && .venv/bin/python3 -c 'import zmq, msgpack; s = zmq.Context().socket(zmq.DEALER); s.connect("tcp://127.0.0.1:7400"); s.send(msgpack.packb({"v": 1, "op": "query", "collection": "docs", "question": "How do I cancel a query?"})); r = msgpack.unpackb(s.recv()); print(r["answer"]); print([c["doc_id"] for c in r["citations"]])'
-  curl -s http://127.0.0.1:7480/v1/chat/completions -d '{"model": "diffrag", "messages": [{"role": "user", "content": "How do I cancel a query?"}]}'
+  build/diffrag ask "Which port does diffragd listen on?"
+  make venv && .venv/bin/python3 -c 'import zmq, msgpack; s = zmq.Context().socket(zmq.DEALER); s.connect("tcp://127.0.0.1:7400"); s.send(msgpack.packb({"v": 1, "op": "query", "collection": "docs", "question": "Under which licence is diffrag released?"})); r = msgpack.unpackb(s.recv()); print(r["answer"]); print([c["doc_id"] for c in r["citations"]])'
+  curl -s http://127.0.0.1:7480/v1/chat/completions -d '{"model": "diffrag", "messages": [{"role": "user", "content": "What does /readyz report?"}]}'
 MSG
 exec "$BIN/diffragd" --config /dev/null --data-dir "$DATA_DIR" --model "$MODEL" \
     --default-collection docs "$@"
