@@ -648,3 +648,16 @@ def test_diffrag_store_escapes_control_characters_on_a_terminal(tmp_path):
     assert rc == 0 and out.decode() == "hostile\n"
     r = subprocess.run([str(a) for a in base + ["list"]], capture_output=True, timeout=60)
     assert r.returncode == 0 and r.stdout == HOSTILE_ID.encode() + b"\n"
+
+
+def test_every_exit_code_is_documented():
+    # the codes `diffrag --help` lists are the ones the README and docs/cli.md list
+    r = cli("--help")
+    helped = r.stdout.split("exit codes:", 1)[1]
+    codes = [int(c) for c in re.findall(r"(?:^|,)\s*(\d+) ", helped.replace("\n", " "))]
+    assert codes[:2] == [0, 1] and 6 in codes and 130 in codes, codes
+    readme = (ROOT / "README.md").read_text()
+    sentence = readme[readme.index("The exit status is"):].split(" ([docs/cli.md]", 1)[0]
+    assert sorted(int(c) for c in re.findall(r"\b(\d+) (?:when|for)\b", sentence)) == sorted(codes), sentence
+    table = (ROOT / "docs" / "cli.md").read_text().split("Exit status, for scripts:", 1)[1]
+    assert sorted(int(c) for c in re.findall(r"^\| (\d+) \|", table, re.M)) == sorted(codes)
