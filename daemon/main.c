@@ -110,13 +110,15 @@ static int start_kv_pool(const struct Model *m, const struct Config *c, int n,
 /* The in-process workers' batch figures, for /metrics. */
 static struct WorkerStats worker_stats;
 
-static int start_workers(void *zctx, struct Model *m, const struct Config *c, int n,
-                         const char *endpoint, const char *const curve[3], struct Store *store,
-                         struct Worker **workers, enum EngineDevice *device, struct KvPool **pool)
+static int start_workers(void *zctx, struct Model *m, const char *model_name,
+                         const struct Config *c, int n, const char *endpoint,
+                         const char *const curve[3], struct Store *store, struct Worker **workers,
+                         enum EngineDevice *device, struct KvPool **pool)
 {
     struct WorkerOpts wo;
     memset(&wo, 0, sizeof wo);
     wo.endpoint = endpoint;
+    wo.model_name = model_name;
     if (curve) {
         wo.curve_server = curve[0];
         wo.curve_public = curve[1];
@@ -183,19 +185,28 @@ static int start_workers(void *zctx, struct Model *m, const struct Config *c, in
     return 0;
 }
 
+static void log_model_loaded(const struct ServedModel *s, double t0)
+{
+    dlog(LL_INFO, "msg=\"model loaded\" model=\"%s\" architecture=%s quantization=%s load_s=%.2f",
+         s->name, s->architecture, s->quantization, (zu_now_ms() - t0) / 1e3);
+}
+
 static int run_worker_mode(struct Config *c)
 {
     char err[1024] = "";
     struct Model *m = NULL;
+    struct ServedModel served;
     int n = c->workers > 0 ? (int)c->workers : 1;
     struct Worker **workers = calloc((size_t)n, sizeof *workers);
     double t0 = zu_now_ms();
-    if (!workers || model_load(c->model, &m, err, sizeof err)) {
+    if (!workers || model_load(c->model, &m, err, sizeof err) ||
+        startup_served_model(c->model, &served, err, sizeof err)) {
         dlog(LL_ERROR, "msg=\"cannot load the model\" error=\"%s\"", workers ? err : "out of memory");
+        model_destroy(&m);
         free(workers);
         return 1;
     }
-    dlog(LL_INFO, "msg=\"model loaded\" model=\"%s\" load_s=%.2f", m->name, (zu_now_ms() - t0) / 1e3);
+    log_model_loaded(&served, t0);
     if (model_rope_override(m, c->rope_scaling, (float)c->rope_factor, (int)c->rope_orig_ctx, err,
                             sizeof err) || startup_resolve_context(c, &m->cfg, m, n)) {
         if (err[0])
@@ -226,8 +237,8 @@ static int run_worker_mode(struct Config *c)
     if (zctx && config_endpoint_ipv6(c->connect))
         zmq_ctx_set(zctx, ZMQ_IPV6, 1);
     struct KvPool *pool = NULL;
-    int rc = start_workers(zctx, m, c, n, c->connect, c->curve_server_key[0] ? curve : NULL, NULL,
-                           workers, NULL, &pool);
+    int rc = start_workers(zctx, m, served.name, c, n, c->connect,
+                           c->curve_server_key[0] ? curve : NULL, NULL, workers, NULL, &pool);
     memset(secret, 0, sizeof secret);
     block_signals(0);
     if (rc == 0) {
@@ -273,7 +284,7 @@ static int run_daemon(struct Config *c, int argc, char **argv)
     int n_workers = (int)c->workers, rc = 1;
     struct Worker **workers = calloc((size_t)(n_workers > 0 ? n_workers : 1), sizeof *workers);
     struct KvPool *kv_pool = NULL;
-    char model_name[128];
+    struct ServedModel served;
 
     dlog(LL_INFO, "msg=\"starting\" version=%s listen=%s worker_listen=\"%s\" workers=%d model=\"%s\" "
          "data_dir=\"%s\"", DIFFRAGD_VERSION, c->listen, c->worker_listen, n_workers, c->model,
@@ -287,7 +298,6 @@ static int run_daemon(struct Config *c, int argc, char **argv)
             goto out;
         }
         tok = m->tok;
-        snprintf(model_name, sizeof model_name, "%.127s", m->name);
     } else {
         /* remote workers only: the broker needs just the tokenizer for context assembly */
         if (gguf_open(c->model, &g, err, sizeof err) || tok_load_gguf(g, &tok_only, err, sizeof err)) {
@@ -295,10 +305,12 @@ static int run_daemon(struct Config *c, int argc, char **argv)
             goto out;
         }
         tok = tok_only;
-        const char *base = strrchr(c->model, '/');
-        snprintf(model_name, sizeof model_name, "%.127s", base ? base + 1 : c->model);
     }
-    dlog(LL_INFO, "msg=\"model loaded\" model=\"%s\" load_s=%.2f", model_name, (zu_now_ms() - t0) / 1e3);
+    if (startup_served_model(c->model, &served, err, sizeof err)) {
+        dlog(LL_ERROR, "msg=\"cannot load the model\" error=\"%s\"", err);
+        goto out;
+    }
+    log_model_loaded(&served, t0);
     if (m && model_rope_override(m, c->rope_scaling, (float)c->rope_factor, (int)c->rope_orig_ctx,
                                  err, sizeof err)) {
         dlog(LL_ERROR, "msg=\"bad RoPE override\" error=\"%s\"", err);
@@ -337,7 +349,8 @@ static int run_daemon(struct Config *c, int argc, char **argv)
     }
     struct PrepShared shared = { .store = store, .data_dir = c->data_dir };
     tokcount_model_counter(tcm, &shared.tc);
-    if (metrics_new(DIFFRAGD_VERSION, c->device, model_name, &metrics)) {
+    if (metrics_new(DIFFRAGD_VERSION, c->device, served.name, served.architecture,
+                    served.quantization, &metrics)) {
         dlog(LL_ERROR, "msg=\"out of memory\"");
         goto out;
     }
@@ -392,7 +405,9 @@ static int run_daemon(struct Config *c, int argc, char **argv)
     }
     struct BrokerOpts bo = {
         .cfg = c, .argc = argc, .argv = argv, .zctx = zctx, .metrics = metrics,
-        .model_name = model_name, .vocab = tok_n_vocab(tok), .inproc_workers = n_workers,
+        .model_name = served.name, .model_architecture = served.architecture,
+        .model_quantization = served.quantization, .vocab = tok_n_vocab(tok),
+        .inproc_workers = n_workers,
         .io_threads = (int)c->io_threads, .version = DIFFRAGD_VERSION,
         .sig_term = &sig_term, .sig_hup = &sig_hup,
         .calibration = ground->calibrated ? &ground->cal : NULL, .threshold = ground->threshold,
@@ -408,8 +423,8 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         goto out;
     }
     if (prep_start(zctx, BROKER_PREP_INPROC, (int)c->io_threads, &shared, &prep, err, sizeof err) ||
-        start_workers(zctx, m, c, n_workers, BROKER_WORKERS_INPROC, NULL, store, workers,
-                      &device, &kv_pool)) {
+        start_workers(zctx, m, served.name, c, n_workers, BROKER_WORKERS_INPROC, NULL, store,
+                      workers, &device, &kv_pool)) {
         if (prep)
             dlog(LL_ERROR, "msg=\"start-up failed\"");
         else
@@ -434,7 +449,8 @@ static int run_daemon(struct Config *c, int argc, char **argv)
             .tls_cert_file = c->http_tls_cert_file, .tls_key_file = c->http_tls_key_file,
             .max_connections = (int)c->http_max_connections, .timeout_s = c->http_timeout,
             .max_body_bytes = c->max_message_bytes, .default_collection = c->default_collection,
-            .model_name = model_name, .zctx = zctx, .metrics = metrics,
+            .model_name = served.name, .model_architecture = served.architecture,
+            .model_quantization = served.quantization, .zctx = zctx, .metrics = metrics,
         };
         if (openai_start(&ao, &api, err, sizeof err)) {
             dlog(LL_ERROR, "msg=\"cannot serve the HTTP API\" error=\"%s\"", err);

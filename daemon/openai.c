@@ -40,6 +40,7 @@ struct OpenAi {
     struct Metrics *metrics;
     void *zctx;
     char *model;
+    char *architecture, *quantization;  /* the model's, for /v1/models */
     char *default_collection;          /* NULL: none */
     size_t max_body;
     unsigned char (*keys)[32];         /* SHA-256 of each accepted key */
@@ -367,10 +368,13 @@ static enum MHD_Result answer_models(struct ApiReq *q, const char *url)
         json_buf_puts(&b, "{\"object\":\"list\",\"data\":[");
     json_buf_puts(&b, "{\"id\":");
     json_buf_string(&b, a->model, strlen(a->model));
-    snprintf(t, sizeof t, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"diffrag\"}",
-             a->created);
+    snprintf(t, sizeof t, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"diffrag\","
+             "\"diffrag\":{\"architecture\":", a->created);
     json_buf_puts(&b, t);
-    json_buf_puts(&b, one ? "\n" : "]}\n");
+    json_buf_string(&b, a->architecture, strlen(a->architecture));
+    json_buf_puts(&b, ",\"quantization\":");
+    json_buf_string(&b, a->quantization, strlen(a->quantization));
+    json_buf_puts(&b, one ? "}}\n" : "}}]}\n");
     return respond(q, 200, &b, NULL, 0);
 }
 
@@ -604,6 +608,8 @@ static void api_free(struct OpenAi *a)
         return;
     http_guard_destroy(&a->guard);
     free(a->model);
+    free(a->architecture);
+    free(a->quantization);
     free(a->default_collection);
     free(a->keys);
     free(a->tls_cert);
@@ -624,9 +630,12 @@ int openai_start(const struct OpenAiOpts *o, struct OpenAi **out, char *err, siz
     a->max_body = o->max_body_bytes;
     a->created = (long)time(NULL);
     a->model = strdup(o->model_name);
+    a->architecture = strdup(o->model_architecture ? o->model_architecture : "unknown");
+    a->quantization = strdup(o->model_quantization ? o->model_quantization : "unknown");
     if (o->default_collection && o->default_collection[0])
         a->default_collection = strdup(o->default_collection);
-    if (!a->model || (o->default_collection && o->default_collection[0] && !a->default_collection)) {
+    if (!a->model || !a->architecture || !a->quantization ||
+        (o->default_collection && o->default_collection[0] && !a->default_collection)) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }

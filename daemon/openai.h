@@ -22,6 +22,8 @@ struct OpenAiOpts {
     size_t max_body_bytes;           /* larger bodies: 413, unread */
     const char *default_collection;  /* "" or NULL: none */
     const char *model_name;          /* what /v1/models lists and replies name */
+    const char *model_architecture;  /* /v1/models' diffrag object (startup.h's ServedModel) */
+    const char *model_quantization;
     void *zctx;                      /* the broker's ZeroMQ context */
     struct Metrics *metrics;         /* borrowed; outlives the API */
 };

@@ -7,15 +7,40 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "daemon/log.h"
 #include "daemon/zutil.h"
 #include "model/engine.h"
+#include "model/ftype.h"
+#include "model/gguf.h"
 #include "model/model.h"
 #include "model/model_ctx.h"
 #include "retriever/status.h"
 #include "retriever/store.h"
+
+int startup_served_model(const char *path, struct ServedModel *out, char *err, size_t errlen)
+{
+    struct GgufFile *g = NULL;
+    struct GgufString arch;
+    memset(out, 0, sizeof *out);
+    if (gguf_open(path, &g, err, errlen))
+        return -1;
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    size_t n = strlen(base);
+    if (n > 5 && !strcasecmp(base + n - 5, ".gguf"))
+        n -= 5;
+    snprintf(out->name, sizeof out->name, "%.*s", (int)(n < 127 ? n : 127), base);
+    if (gguf_get_str(g, "general.architecture", &arch) == GGUF_OK && arch.len)
+        snprintf(out->architecture, sizeof out->architecture, "%.*s",
+                 (int)(arch.len < 31 ? arch.len : 31), arch.ptr);
+    else
+        snprintf(out->architecture, sizeof out->architecture, "unknown");
+    ftype_describe(g, out->quantization, sizeof out->quantization);
+    gguf_close(&g);
+    return 0;
+}
 
 void startup_engine_opts(const struct Config *c, int n_workers, struct EngineOpts *o)
 {

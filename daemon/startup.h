@@ -16,6 +16,20 @@ struct EngineOpts;
 struct Model;
 struct ModelConfig;
 
+/* The model as clients see it: ping, /v1/models, /metrics, and the name each worker's READY
+ * gives the broker. The name is the file's, as the user fetched it (a broker and a remote
+ * worker loading the same file agree on it); the header's general.name says less (one name
+ * for every quantisation of a model) and is not used. */
+struct ServedModel {
+    char name[128];          /* the file's base name without ".gguf" */
+    char architecture[32];   /* general.architecture: llama, qwen2, diffv2 */
+    char quantization[32];   /* general.file_type by name (model/ftype.h), e.g. Q4_K_M */
+};
+
+/* Reads the served model of the GGUF file at path (its header; nothing is loaded). 0, or -1
+ * with err. */
+int startup_served_model(const char *path, struct ServedModel *out, char *err, size_t errlen);
+
 /* The engine options of the configuration for n_workers workers sharing the machine
  * (threads = 0: the cores divided among them). */
 void startup_engine_opts(const struct Config *c, int n_workers, struct EngineOpts *o);
