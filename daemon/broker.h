@@ -26,8 +26,13 @@ struct BrokerOpts {
     char **argv;
     void *zctx;
     struct Metrics *metrics;
-    const char *model_name;          /* workers must serve the same model ... */
-    int64_t vocab;                   /* ... with the same vocabulary */
+    /* the served model (startup.h's ServedModel), as ping answers it; a worker's READY names
+     * its own (logged, not compared): the broker refuses only a worker whose vocabulary
+     * differs, as the prompts' token ids would mean other words */
+    const char *model_name;
+    const char *model_architecture;
+    const char *model_quantization;
+    int64_t vocab;
     int inproc_workers;              /* READY=1 once this many workers registered */
     int io_threads;                  /* I/O threads that will connect to BROKER_PREP_INPROC */
     const char *version;

@@ -1,8 +1,7 @@
-/* diffragd: configuration, start-up (model, store, sockets, I/O threads, workers, metrics),
- * signals, and the orderly shutdown after the broker has drained. With --worker it runs only
- * worker threads that join a broker elsewhere over TCP. */
-#include <dirent.h>
-#include <errno.h>
+/* diffragd: the order of start-up (model, store, sockets, I/O threads, workers, metrics, the
+ * HTTP API; what each step resolves and checks is startup.c's), the signals, and the orderly
+ * shutdown after the broker has drained. With --worker it runs only worker threads that join a
+ * broker elsewhere over TCP. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -15,12 +14,12 @@
 
 #include "daemon/broker.h"
 #include "daemon/config.h"
-#include "daemon/grounding.h"
 #include "daemon/fault.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "daemon/openai.h"
 #include "daemon/prep.h"
+#include "daemon/startup.h"
 #include "daemon/worker.h"
 #include "daemon/zap.h"
 #include "daemon/zutil.h"
@@ -32,7 +31,6 @@
 #include "model/model.h"
 #include "model/model_ctx.h"
 #include "model/tokenizer.h"
-#include "retriever/status.h"
 #include "retriever/store.h"
 #include "model/tokcount_model.h"
 #include "text/tokcount.h"
@@ -71,472 +69,6 @@ static void block_signals(int block)
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGHUP);
     pthread_sigmask(block ? SIG_BLOCK : SIG_UNBLOCK, &set, NULL);
-}
-
-static void engine_opts_from(const struct Config *c, int n_workers, struct EngineOpts *o)
-{
-    engine_opts_default(o);
-    o->n_ctx = (int)(config_max_context(c) + c->max_tokens);
-    o->chunk = (int)c->prefill_chunk;
-    o->kv_type = !strcmp(c->kv_type, "f32") ? KV_F32 : !strcmp(c->kv_type, "q8") ? KV_Q8 : KV_F16;
-    o->mem_budget = c->kv_budget_bytes;
-    long threads = c->threads;
-    if (threads == 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = cores > 0 ? cores / (n_workers > 0 ? n_workers : 1) : 1;
-        if (threads < 1)
-            threads = 1;
-    }
-    o->n_threads = (int)threads;
-}
-
-/* ---- the context: max_context_tokens against the model's usable context ---- */
-
-/* Whether engine_device_select's auto would try a GPU (its first test: a visible driver). */
-static int gpu_visible(void)
-{
-    return access("/proc/driver/nvidia/version", R_OK) == 0 || access("/dev/nvidia0", F_OK) == 0;
-}
-
-/* The longest context (1..usable) whose estimate on `dev` fits kv_budget_bytes; 0: none. */
-static long budget_ctx_on(const struct Model *m, const struct Config *c, int n_workers,
-                          enum EngineDevice dev, long usable)
-{
-    struct EngineOpts o;
-    engine_opts_from(c, n_workers, &o);
-    o.device = dev;
-    o.chunk = c->prefill_chunk ? (int)c->prefill_chunk : dev == ENGINE_CUDA ? 8192 : 512;
-    long lo = 0, hi = usable;
-    while (lo < hi) {
-        long mid = lo + (hi - lo + 1) / 2;
-        struct EngineMemory mem;
-        o.n_ctx = (int)mid;
-        engine_estimate(m, &o, &mem);
-        if (mem.context_bytes <= c->kv_budget_bytes) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
-
-/* The longest context (1..usable) kv_budget_bytes holds on the device the workers will use
- * (auto with a visible GPU: the smaller of the CPU's and CUDA's estimates). */
-static long budget_ctx(const struct Model *m, const struct Config *c, int n_workers, long usable)
-{
-    int cuda = !strcmp(c->device, "cuda"), cpu = !strcmp(c->device, "cpu");
-    long fit = budget_ctx_on(m, c, n_workers, cuda ? ENGINE_CUDA : ENGINE_CPU, usable);
-    if (!cuda && !cpu && gpu_visible()) {
-        long g = budget_ctx_on(m, c, n_workers, ENGINE_CUDA, usable);
-        if (g < fit) fit = g;
-    }
-    return fit;
-}
-
-/* Resolves max_context_tokens for the model: sets c->model_ctx (the usable context) and
- * c->ctx_auto (usable minus max_tokens, lowered to what kv_budget_bytes allows a worker's
- * context when m is known), checks an explicit value, and logs one line saying what was chosen
- * and why. 0, or -1 after logging why the daemon cannot start. */
-static int resolve_context(struct Config *c, const struct ModelConfig *mc, const struct Model *m,
-                           int n_workers)
-{
-    char why[192], err[512], budget[96] = "none", over[96] = "";
-    long usable = model_ctx_usable(mc), n_ctx = usable;
-    model_ctx_describe(mc, why, sizeof why);
-    if (c->rope_scaling[0]) {
-        if (strcmp(c->rope_scaling, "none"))
-            snprintf(over, sizeof over, "%s x%g of %ld", c->rope_scaling, c->rope_factor,
-                     c->rope_orig_ctx ? c->rope_orig_ctx : (long)mc->rope.orig_ctx);
-        else
-            snprintf(over, sizeof over, "none: the file's scaling off");
-    }
-    if (m && c->kv_budget_bytes && n_workers > 0) {
-        long fit = budget_ctx(m, c, n_workers, usable);
-        snprintf(budget, sizeof budget, "%ld", fit);
-        if (fit < n_ctx) n_ctx = fit;
-    }
-    c->model_ctx = usable;
-    c->ctx_auto = n_ctx - c->max_tokens;
-    const char *chose = !c->max_context_tokens
-        ? (n_ctx < usable ? "auto: what kv_budget_bytes holds minus max_tokens"
-                          : "auto: the model's context minus max_tokens")
-        : "as configured";
-    if (!c->max_context_tokens && c->ctx_auto < 64) {
-        dlog(LL_ERROR, "msg=\"no room for a prompt\" model_ctx=%ld source=\"%s\" budget_ctx=%s "
-             "max_tokens=%ld error=\"a context of %ld tokens leaves %ld for the prompt after "
-             "max_tokens; at least 64 are needed: lower max_tokens or raise kv_budget_bytes\"",
-             usable, why, budget, c->max_tokens, n_ctx, c->ctx_auto);
-        return -1;
-    }
-    if (config_validate(c, err, sizeof err)) {
-        dlog(LL_ERROR, "msg=\"the context does not fit the model\" model_ctx=%ld source=\"%s\" "
-             "rope_override=\"%s\" error=\"%s\"", usable, why, over, err);
-        return -1;
-    }
-    dlog(LL_INFO, "msg=\"context\" model_ctx=%ld source=\"%s\" rope_override=\"%s\" "
-         "budget_ctx=%s max_context_tokens=%ld max_tokens=%ld n_ctx=%ld chose=\"%s\"", usable,
-         why, over, budget, config_max_context(c), c->max_tokens,
-         config_max_context(c) + c->max_tokens, chose);
-    return 0;
-}
-
-/* ---- groundedness: the calibration for the loaded model and the watched heads ---- */
-
-struct Grounding {
-    struct GrCalibration cal;
-    int calibrated;           /* cal applies to the loaded model */
-    double threshold;
-    int32_t watch[2 * GR_MAX_WATCH];
-    size_t n_watch;
-    int watch_given;          /* 0: the workers' default set */
-    int32_t hidden[GR_MAX_HIDDEN];  /* layers whose residual stream answers report */
-    size_t n_hidden;
-};
-
-static int is_explicit_calibration(const struct Config *c)
-{
-    return strcmp(c->grounding_calibration, "auto") && strcmp(c->grounding_calibration, "none");
-}
-
-static int by_name(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* The first *.grounding file of dir (by name) whose model_sha256 is the model's; a file that
- * does not parse is skipped with a warning (nobody chose it). 1 when found. */
-static int find_calibration(const char *dir, const uint8_t sha[32], struct GrCalibration *out,
-                            char *found, size_t found_len)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return 0;
-    char **names = NULL;
-    size_t n = 0, cap = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        size_t l = strlen(e->d_name);
-        if (l <= 10 || strcmp(e->d_name + l - 10, ".grounding"))
-            continue;
-        if (n == cap) {
-            char **nn = realloc(names, (cap = cap ? 2 * cap : 16) * sizeof *nn);
-            if (!nn)
-                break;
-            names = nn;
-        }
-        if (!(names[n] = strdup(e->d_name)))
-            break;
-        n++;
-    }
-    closedir(d);
-    if (n)
-        qsort(names, n, sizeof *names, by_name);
-    int hit = 0;
-    for (size_t i = 0; i < n; i++) {
-        char path[1024], err[512];
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        if (!hit && gr_calibration_load(path, out, err, sizeof err)) {
-            dlog(LL_WARN, "msg=\"grounding calibration skipped\" error=\"%s\"", err);
-        } else if (!hit && !memcmp(out->model_sha256, sha, 32)) {
-            snprintf(found, found_len, "%s", path);
-            hit = 1;
-        }
-        free(names[i]);
-    }
-    free(names);
-    return hit;
-}
-
-/* The directory of the installed files: PREFIX/share/diffrag/grounding beside PREFIX/bin. */
-static void share_dir(char *out, size_t cap)
-{
-    char exe[1024];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    out[0] = 0;
-    if (n <= 0)
-        return;
-    exe[n] = 0;
-    char *slash = strrchr(exe, '/');
-    if (!slash)
-        return;
-    *slash = 0;
-    snprintf(out, cap, "%s/../share/diffrag/grounding", exe);
-}
-
-/* Resolves grounding_calibration, grounding_threshold and grounding_heads for the model m
- * (NULL when only the tokenizer is loaded: heads are then checked by the workers). 0, or -1
- * after logging why the daemon cannot start. */
-static int setup_grounding(const struct Config *c, const struct Model *m, struct Grounding *g)
-{
-    char err[1024], found[1100] = "";
-    memset(g, 0, sizeof *g);
-    if (strcmp(c->grounding_calibration, "none")) {
-        uint8_t sha[32];
-        char hex[65];
-        double t0 = zu_now_ms();
-        if (gr_file_sha256(c->model, sha, err, sizeof err)) {
-            dlog(LL_ERROR, "msg=\"cannot hash the model\" error=\"%s\"", err);
-            return -1;
-        }
-        gr_sha256_hex(sha, hex);
-        dlog(LL_DEBUG, "msg=\"model hashed\" sha256=%s hash_ms=%.0f", hex, zu_now_ms() - t0);
-        if (is_explicit_calibration(c)) {
-            if (gr_calibration_load(c->grounding_calibration, &g->cal, err, sizeof err)) {
-                dlog(LL_ERROR, "msg=\"bad grounding calibration\" error=\"%s\"", err);
-                return -1;
-            }
-            if (memcmp(g->cal.model_sha256, sha, 32)) {
-                char want[65];
-                gr_sha256_hex(g->cal.model_sha256, want);
-                dlog(LL_WARN, "msg=\"grounding calibration is for another model; answers get "
-                     "signals but no score\" calibration=\"%s\" calibration_sha256=%s "
-                     "model_sha256=%s", c->grounding_calibration, want, hex);
-            } else {
-                g->calibrated = 1;
-                snprintf(found, sizeof found, "%s", c->grounding_calibration);
-            }
-        } else {
-            char share[1100];
-            share_dir(share, sizeof share);
-            g->calibrated = find_calibration("deploy/grounding", sha, &g->cal, found, sizeof found) ||
-                            (share[0] && find_calibration(share, sha, &g->cal, found, sizeof found));
-            if (!g->calibrated)
-                dlog(LL_INFO, "msg=\"no grounding calibration for this model; answers get "
-                     "signals but no score\" model_sha256=%s", hex);
-        }
-    }
-    if (g->calibrated) {
-        g->threshold = g->cal.threshold;
-        for (int i = 0; i < g->cal.n_watch; i++) {
-            g->watch[2 * i] = g->cal.watch[i].layer;
-            g->watch[2 * i + 1] = g->cal.watch[i].head;
-        }
-        g->n_watch = (size_t)g->cal.n_watch;
-        g->watch_given = 1;
-    } else if (strcmp(c->grounding_heads, "auto")) {
-        struct GrHead heads[GR_MAX_WATCH];
-        int n;
-        if (gr_parse_heads(c->grounding_heads, heads, GR_MAX_WATCH, &n, err, sizeof err)) {
-            dlog(LL_ERROR, "msg=\"bad grounding_heads\" error=\"%s\"", err);
-            return -1;
-        }
-        for (int i = 0; i < n; i++) {
-            g->watch[2 * i] = heads[i].layer;
-            g->watch[2 * i + 1] = heads[i].head;
-        }
-        g->n_watch = (size_t)n;
-        g->watch_given = 1;
-    }
-    if (c->grounding_threshold[0])
-        g->threshold = strtod(c->grounding_threshold, NULL);   /* validated with the config */
-    int layers[GR_MAX_HIDDEN], nl;
-    if (gr_parse_layers(c->grounding_hidden_layers, layers, GR_MAX_HIDDEN, &nl, err, sizeof err)) {
-        dlog(LL_ERROR, "msg=\"bad grounding_hidden_layers\" error=\"%s\"", err);
-        return -1;
-    }
-    for (int i = 0; i < nl; i++) {
-        if (m && layers[i] > m->cfg.n_layer) {
-            dlog(LL_ERROR, "msg=\"grounding_hidden_layers: layer outside the model\" layer=%d "
-                 "layers=%d", layers[i], m->cfg.n_layer);
-            return -1;
-        }
-        g->hidden[g->n_hidden++] = layers[i];
-    }
-    /* the probe's layer is captured for every answer */
-    if (g->calibrated && g->cal.probe_layer >= 0) {
-        if (m && (g->cal.probe_layer > m->cfg.n_layer ||
-                  !gr_probe_fits(&g->cal, (size_t)m->cfg.dim))) {
-            dlog(LL_ERROR, "msg=\"grounding calibration's probe does not fit the model\" "
-                 "file=\"%s\" probe_layer=%d probe_weights=%d layers=%d dim=%d", found,
-                 g->cal.probe_layer, g->cal.n_probe, m->cfg.n_layer, m->cfg.dim);
-            return -1;
-        }
-        size_t i = 0;
-        while (i < g->n_hidden && g->hidden[i] != g->cal.probe_layer)
-            i++;
-        if (i == g->n_hidden) {
-            if (g->n_hidden == GR_MAX_HIDDEN) {
-                dlog(LL_ERROR, "msg=\"grounding_hidden_layers leaves no room for the "
-                     "calibration's probe layer\" layers=%d", GR_MAX_HIDDEN);
-                return -1;
-            }
-            g->hidden[g->n_hidden++] = g->cal.probe_layer;
-        }
-    }
-    if (m && g->watch_given) {
-        int layers = m->cfg.n_layer;
-        int heads = m->cfg.arch == ARCH_DIFFV2 ? m->cfg.n_head : m->cfg.n_q_head;
-        /* a calibration's heads take grounding_heads' place, but a value naming heads the
-         * model lacks is wrong either way (--check-config refuses it too) */
-        if (g->calibrated && config_check_heads(c->grounding_heads, layers, heads, err, sizeof err)) {
-            dlog(LL_ERROR, "msg=\"bad grounding_heads\" error=\"%s\"", err);
-            return -1;
-        }
-        for (size_t i = 0; i < g->n_watch; i++)
-            if (g->watch[2 * i] >= layers || g->watch[2 * i + 1] >= heads) {
-                dlog(LL_ERROR, "msg=\"watched head outside the model\" head=%d:%d layers=%d "
-                     "heads=%d source=\"%s\"", g->watch[2 * i], g->watch[2 * i + 1], layers, heads,
-                     g->calibrated ? found : "grounding_heads");
-                return -1;
-            }
-    }
-    if (g->calibrated)
-        dlog(LL_INFO, "msg=\"grounding detector\" calibration=%s file=\"%s\" threshold=%g "
-             "window=%d stride=%d watched_heads=%zu", g->cal.name, found, g->threshold,
-             g->cal.window, g->cal.stride, g->n_watch);
-    return 0;
-}
-
-/* The store's start-up check (docs/retriever.md#damaged-stores), before this process opens
- * the store: the data file's size against its meta pages, then a sample of its records read in
- * a child process, so that LMDB aborting on a damaged page ends the child only. A damaged store
- * is refused; with allow_damaged_store, one that passes the size check is served read-only and
- * *damaged receives the problem. 0, or -1 after logging why the daemon cannot start. */
-static int check_store(const struct Config *c, char *damaged, size_t cap)
-{
-    struct StoreVerifyReport rep;
-    char err[1024], q[1200], dir[600], hint[1200], qhint[1300];
-    double t0 = zu_now_ms();
-    damaged[0] = 0;
-    int st = store_check_file(c->data_dir, err, sizeof err), file_ok = st == RET_OK;
-    if (file_ok)
-        st = store_check_isolated(c->data_dir, NULL, STORE_CHECK_SAMPLE, NULL, 60.0, &rep, err,
-                                  sizeof err);
-    dlog_quote(q, sizeof q, err, strlen(err));
-    dlog_quote(dir, sizeof dir, c->data_dir, strlen(c->data_dir));
-    if (st == RET_OK) {
-        dlog(LL_INFO, "msg=\"store checked\" data_dir=%s collections=%llu records=%llu check_ms=%.0f",
-             dir, (unsigned long long)rep.collections,
-             (unsigned long long)(rep.docs + rep.chunks + rep.postings), zu_now_ms() - t0);
-        return 0;
-    }
-    if (st != RET_ECORRUPT) {
-        /* not a finding (e.g. another schema version): opening the store reports it */
-        if (st != RET_EVERSION)
-            dlog(LL_WARN, "msg=\"store not checked\" data_dir=%s error=%s", dir, q);
-        return 0;
-    }
-    snprintf(hint, sizeof hint, "run diffrag-store --data-dir %s verify; restore a backup or "
-             "rebuild the store%s", c->data_dir, file_ok && !c->allow_damaged_store
-             ? " (allow_damaged_store = 1 serves it read-only meanwhile)" : "");
-    dlog_quote(qhint, sizeof qhint, hint, strlen(hint));
-    if (!file_ok || !c->allow_damaged_store) {
-        dlog(LL_ERROR, "msg=\"the store is damaged; not starting\" data_dir=%s error=%s hint=%s",
-             dir, q, qhint);
-        return -1;
-    }
-    dlog(LL_WARN, "msg=\"the store is damaged; serving it read-only (allow_damaged_store)\" "
-         "data_dir=%s error=%s hint=%s", dir, q, qhint);
-    snprintf(damaged, cap, "%s", err);
-    return 0;
-}
-
-/* The CurveZMQ keys of the configuration: the secret key (and its public key) and the allowed
- * client keys (*keys stays NULL when any client may connect). Nothing to do when
- * curve_secret_key_file is empty. 0, or -1 with err. */
-static int load_curve(const struct Config *c, char secret[CURVE_KEY_Z85_LEN + 1],
-                      char public_key[CURVE_KEY_Z85_LEN + 1], struct ZapKeys **keys, size_t *n_keys,
-                      struct ZapKeys **worker_keys, size_t *n_worker_keys, char *err, size_t errlen)
-{
-    int loose = 0;
-    *keys = *worker_keys = NULL;
-    *n_keys = *n_worker_keys = 0;
-    if (!c->curve_secret_key_file[0])
-        return 0;
-    if (curve_key_read(c->curve_secret_key_file, secret, &loose, err, errlen))
-        return -1;
-    if (curve_public_of(secret, public_key)) {
-        snprintf(err, errlen, "%s: not a CurveZMQ secret key", c->curve_secret_key_file);
-        return -1;
-    }
-    if (loose)
-        dlog(LL_WARN, "msg=\"the CurveZMQ secret key file is readable by other users; chmod 600 it\" "
-             "file=\"%s\"", c->curve_secret_key_file);
-    if (c->curve_allowed_keys[0] && zap_keys_load(c->curve_allowed_keys, keys, n_keys, err, errlen))
-        return -1;
-    if (c->curve_worker_keys[0] && c->worker_listen[0] &&
-        zap_keys_load(c->curve_worker_keys, worker_keys, n_worker_keys, err, errlen)) {
-        zap_keys_destroy(keys);
-        return -1;
-    }
-    if (c->curve_server_key[0]) {
-        char server[CURVE_KEY_Z85_LEN + 1];
-        if (curve_key_read(c->curve_server_key, server, NULL, err, errlen)) {
-            zap_keys_destroy(keys);
-            zap_keys_destroy(worker_keys);
-            return -1;
-        }
-    }
-    return 0;
-}
-
-/* What start-up refuses about kv_budget_bytes, said before it: no room for a prompt
- * (max_context_tokens 0) or an explicit context the budget cannot hold. 0, or 1 after saying
- * why on stderr. */
-static int check_budget(const struct Config *c, int n_workers)
-{
-    char err[1024];
-    struct Model *m = NULL;
-    if (model_load(c->model, &m, err, sizeof err) ||
-        model_rope_override(m, c->rope_scaling, (float)c->rope_factor, (int)c->rope_orig_ctx, err,
-                            sizeof err)) {
-        fprintf(stderr, "diffragd: model: %s\n", err);
-        model_destroy(&m);
-        return 1;
-    }
-    long usable = model_usable_ctx(m), fit = budget_ctx(m, c, n_workers, usable);
-    long need = c->max_context_tokens ? c->max_context_tokens + c->max_tokens : 64 + c->max_tokens;
-    model_destroy(&m);
-    if (fit >= need)
-        return 0;
-    if (c->max_context_tokens)
-        fprintf(stderr, "diffragd: kv_budget_bytes %zu holds a context of %ld tokens; "
-                "max_context_tokens %ld + max_tokens %ld = %ld do not fit: lower them, or raise "
-                "kv_budget_bytes\n", c->kv_budget_bytes, fit, c->max_context_tokens, c->max_tokens,
-                need);
-    else
-        fprintf(stderr, "diffragd: kv_budget_bytes %zu holds a context of %ld tokens: after "
-                "max_tokens %ld that leaves under the 64 a prompt needs; lower max_tokens or "
-                "raise kv_budget_bytes\n", c->kv_budget_bytes, fit, c->max_tokens);
-    return 1;
-}
-
-static int check_config(const struct Config *c, int worker_mode)
-{
-    char err[1024];
-    char secret[CURVE_KEY_Z85_LEN + 1], public_key[CURVE_KEY_Z85_LEN + 1];
-    struct ZapKeys *keys = NULL, *worker_keys = NULL;
-    size_t n_keys, n_worker_keys;
-    if (load_curve(c, secret, public_key, &keys, &n_keys, &worker_keys, &n_worker_keys, err,
-                   sizeof err)) {
-        fprintf(stderr, "diffragd: CurveZMQ: %s\n", err);
-        return 2;
-    }
-    zap_keys_destroy(&keys);
-    zap_keys_destroy(&worker_keys);
-    memset(secret, 0, sizeof secret);
-    /* the header: the file opens, grounding_heads names heads it has, the context fits */
-    if (config_check_model(c, err, sizeof err)) {
-        fprintf(stderr, "diffragd: %s\n", err);
-        return 1;
-    }
-    /* kv_budget_bytes: the memory of a context needs the loaded model's estimate */
-    int n_workers = worker_mode ? (c->workers > 0 ? (int)c->workers : 1) : (int)c->workers;
-    if (c->kv_budget_bytes && n_workers > 0 && check_budget(c, n_workers))
-        return 1;
-    if (!worker_mode && is_explicit_calibration(c)) {
-        struct GrCalibration *cal = malloc(sizeof *cal);
-        if (!cal || gr_calibration_load(c->grounding_calibration, cal, err, sizeof err)) {
-            fprintf(stderr, "diffragd: grounding_calibration: %s\n", cal ? err : "out of memory");
-            free(cal);
-            return 2;
-        }
-        free(cal);
-    }
-    if (worker_mode && !c->connect[0]) {
-        fprintf(stderr, "diffragd: --worker needs connect (the broker's worker endpoint)\n");
-        return 1;
-    }
-    printf("diffragd: configuration ok\n");
-    return 0;
 }
 
 /* The KV page pool of the process's CPU workers: kv_pool_bytes, or (auto) a full context for
@@ -578,13 +110,15 @@ static int start_kv_pool(const struct Model *m, const struct Config *c, int n,
 /* The in-process workers' batch figures, for /metrics. */
 static struct WorkerStats worker_stats;
 
-static int start_workers(void *zctx, struct Model *m, const struct Config *c, int n,
-                         const char *endpoint, const char *const curve[3], struct Store *store,
-                         struct Worker **workers, enum EngineDevice *device, struct KvPool **pool)
+static int start_workers(void *zctx, struct Model *m, const char *model_name,
+                         const struct Config *c, int n, const char *endpoint,
+                         const char *const curve[3], struct Store *store, struct Worker **workers,
+                         enum EngineDevice *device, struct KvPool **pool)
 {
     struct WorkerOpts wo;
     memset(&wo, 0, sizeof wo);
     wo.endpoint = endpoint;
+    wo.model_name = model_name;
     if (curve) {
         wo.curve_server = curve[0];
         wo.curve_public = curve[1];
@@ -592,7 +126,7 @@ static int start_workers(void *zctx, struct Model *m, const struct Config *c, in
     }
     wo.heartbeat_ms = (int)c->heartbeat_ms;
     wo.liveness = (int)c->heartbeat_liveness;
-    engine_opts_from(c, n, &wo.engine);
+    startup_engine_opts(c, n, &wo.engine);
     /* the device: with cuda the weights go to the GPU once, with a KV pool shared by every
      * worker's sequences: kv_pool_bytes (bf16 keys and values), or a full context for every
      * request the workers run at once */
@@ -651,21 +185,30 @@ static int start_workers(void *zctx, struct Model *m, const struct Config *c, in
     return 0;
 }
 
+static void log_model_loaded(const struct ServedModel *s, double t0)
+{
+    dlog(LL_INFO, "msg=\"model loaded\" model=\"%s\" architecture=%s quantization=%s load_s=%.2f",
+         s->name, s->architecture, s->quantization, (zu_now_ms() - t0) / 1e3);
+}
+
 static int run_worker_mode(struct Config *c)
 {
     char err[1024] = "";
     struct Model *m = NULL;
+    struct ServedModel served;
     int n = c->workers > 0 ? (int)c->workers : 1;
     struct Worker **workers = calloc((size_t)n, sizeof *workers);
     double t0 = zu_now_ms();
-    if (!workers || model_load(c->model, &m, err, sizeof err)) {
+    if (!workers || model_load(c->model, &m, err, sizeof err) ||
+        startup_served_model(c->model, &served, err, sizeof err)) {
         dlog(LL_ERROR, "msg=\"cannot load the model\" error=\"%s\"", workers ? err : "out of memory");
+        model_destroy(&m);
         free(workers);
         return 1;
     }
-    dlog(LL_INFO, "msg=\"model loaded\" model=\"%s\" load_s=%.2f", m->name, (zu_now_ms() - t0) / 1e3);
+    log_model_loaded(&served, t0);
     if (model_rope_override(m, c->rope_scaling, (float)c->rope_factor, (int)c->rope_orig_ctx, err,
-                            sizeof err) || resolve_context(c, &m->cfg, m, n)) {
+                            sizeof err) || startup_resolve_context(c, &m->cfg, m, n)) {
         if (err[0])
             dlog(LL_ERROR, "msg=\"bad RoPE override\" error=\"%s\"", err);
         model_destroy(&m);
@@ -694,8 +237,8 @@ static int run_worker_mode(struct Config *c)
     if (zctx && config_endpoint_ipv6(c->connect))
         zmq_ctx_set(zctx, ZMQ_IPV6, 1);
     struct KvPool *pool = NULL;
-    int rc = start_workers(zctx, m, c, n, c->connect, c->curve_server_key[0] ? curve : NULL, NULL,
-                           workers, NULL, &pool);
+    int rc = start_workers(zctx, m, served.name, c, n, c->connect,
+                           c->curve_server_key[0] ? curve : NULL, NULL, workers, NULL, &pool);
     memset(secret, 0, sizeof secret);
     block_signals(0);
     if (rc == 0) {
@@ -741,7 +284,7 @@ static int run_daemon(struct Config *c, int argc, char **argv)
     int n_workers = (int)c->workers, rc = 1;
     struct Worker **workers = calloc((size_t)(n_workers > 0 ? n_workers : 1), sizeof *workers);
     struct KvPool *kv_pool = NULL;
-    char model_name[128];
+    struct ServedModel served;
 
     dlog(LL_INFO, "msg=\"starting\" version=%s listen=%s worker_listen=\"%s\" workers=%d model=\"%s\" "
          "data_dir=\"%s\"", DIFFRAGD_VERSION, c->listen, c->worker_listen, n_workers, c->model,
@@ -755,7 +298,6 @@ static int run_daemon(struct Config *c, int argc, char **argv)
             goto out;
         }
         tok = m->tok;
-        snprintf(model_name, sizeof model_name, "%.127s", m->name);
     } else {
         /* remote workers only: the broker needs just the tokenizer for context assembly */
         if (gguf_open(c->model, &g, err, sizeof err) || tok_load_gguf(g, &tok_only, err, sizeof err)) {
@@ -763,16 +305,18 @@ static int run_daemon(struct Config *c, int argc, char **argv)
             goto out;
         }
         tok = tok_only;
-        const char *base = strrchr(c->model, '/');
-        snprintf(model_name, sizeof model_name, "%.127s", base ? base + 1 : c->model);
     }
-    dlog(LL_INFO, "msg=\"model loaded\" model=\"%s\" load_s=%.2f", model_name, (zu_now_ms() - t0) / 1e3);
+    if (startup_served_model(c->model, &served, err, sizeof err)) {
+        dlog(LL_ERROR, "msg=\"cannot load the model\" error=\"%s\"", err);
+        goto out;
+    }
+    log_model_loaded(&served, t0);
     if (m && model_rope_override(m, c->rope_scaling, (float)c->rope_factor, (int)c->rope_orig_ctx,
                                  err, sizeof err)) {
         dlog(LL_ERROR, "msg=\"bad RoPE override\" error=\"%s\"", err);
         goto out;
     }
-    if (m && resolve_context(c, &m->cfg, m, n_workers))
+    if (m && startup_resolve_context(c, &m->cfg, m, n_workers))
         goto out;
     if (!m) {
         /* remote workers only: they check their own memory budget; here the model's context */
@@ -783,15 +327,15 @@ static int run_daemon(struct Config *c, int argc, char **argv)
             dlog(LL_ERROR, "msg=\"cannot read the model's context\" error=\"%s\"", err);
             goto out;
         }
-        if (resolve_context(c, &mc, NULL, 0))
+        if (startup_resolve_context(c, &mc, NULL, 0))
             goto out;
     }
-    if (setup_grounding(c, m, ground))
+    if (startup_grounding(c, m, ground))
         goto out;
     struct StoreOptions so;
     store_options_default(&so);
     char damaged[512];
-    if (check_store(c, damaged, sizeof damaged))
+    if (startup_check_store(c, damaged, sizeof damaged))
         goto out;
     if (store_open(c->data_dir, &so, &store, err, sizeof err)) {
         dlog(LL_ERROR, "msg=\"cannot open the store\" data_dir=\"%s\" error=\"%s\"", c->data_dir, err);
@@ -805,7 +349,8 @@ static int run_daemon(struct Config *c, int argc, char **argv)
     }
     struct PrepShared shared = { .store = store, .data_dir = c->data_dir };
     tokcount_model_counter(tcm, &shared.tc);
-    if (metrics_new(DIFFRAGD_VERSION, c->device, model_name, &metrics)) {
+    if (metrics_new(DIFFRAGD_VERSION, c->device, served.name, served.architecture,
+                    served.quantization, &metrics)) {
         dlog(LL_ERROR, "msg=\"out of memory\"");
         goto out;
     }
@@ -819,8 +364,8 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         goto out;
     }
 
-    if (load_curve(c, secret, public_key, &keys, &n_keys, &worker_keys, &n_worker_keys, err,
-                   sizeof err)) {
+    if (startup_load_curve(c, secret, public_key, &keys, &n_keys, &worker_keys, &n_worker_keys,
+                           err, sizeof err)) {
         dlog(LL_ERROR, "msg=\"cannot load the CurveZMQ keys\" error=\"%s\"", err);
         goto out;
     }
@@ -860,7 +405,9 @@ static int run_daemon(struct Config *c, int argc, char **argv)
     }
     struct BrokerOpts bo = {
         .cfg = c, .argc = argc, .argv = argv, .zctx = zctx, .metrics = metrics,
-        .model_name = model_name, .vocab = tok_n_vocab(tok), .inproc_workers = n_workers,
+        .model_name = served.name, .model_architecture = served.architecture,
+        .model_quantization = served.quantization, .vocab = tok_n_vocab(tok),
+        .inproc_workers = n_workers,
         .io_threads = (int)c->io_threads, .version = DIFFRAGD_VERSION,
         .sig_term = &sig_term, .sig_hup = &sig_hup,
         .calibration = ground->calibrated ? &ground->cal : NULL, .threshold = ground->threshold,
@@ -876,8 +423,8 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         goto out;
     }
     if (prep_start(zctx, BROKER_PREP_INPROC, (int)c->io_threads, &shared, &prep, err, sizeof err) ||
-        start_workers(zctx, m, c, n_workers, BROKER_WORKERS_INPROC, NULL, store, workers,
-                      &device, &kv_pool)) {
+        start_workers(zctx, m, served.name, c, n_workers, BROKER_WORKERS_INPROC, NULL, store,
+                      workers, &device, &kv_pool)) {
         if (prep)
             dlog(LL_ERROR, "msg=\"start-up failed\"");
         else
@@ -902,7 +449,8 @@ static int run_daemon(struct Config *c, int argc, char **argv)
             .tls_cert_file = c->http_tls_cert_file, .tls_key_file = c->http_tls_key_file,
             .max_connections = (int)c->http_max_connections, .timeout_s = c->http_timeout,
             .max_body_bytes = c->max_message_bytes, .default_collection = c->default_collection,
-            .model_name = model_name, .zctx = zctx, .metrics = metrics,
+            .model_name = served.name, .model_architecture = served.architecture,
+            .model_quantization = served.quantization, .zctx = zctx, .metrics = metrics,
         };
         if (openai_start(&ao, &api, err, sizeof err)) {
             dlog(LL_ERROR, "msg=\"cannot serve the HTTP API\" error=\"%s\"", err);
@@ -973,7 +521,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (cli.check)
-        return check_config(&cfg, cli.worker);
+        return startup_check_config(&cfg, cli.worker);
     dlog_level = dlog_level_parse(cfg.log_level);
     if (fault_init(err, sizeof err)) {
         fprintf(stderr, "diffragd: %s\n", err);

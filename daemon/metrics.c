@@ -61,7 +61,7 @@ static const double b_ratio[] = { .1, .2, .3, .4, .5, .6, .7, .8, .9, 1 };
 
 struct Metrics {
     pthread_mutex_t mu;
-    char *version, *backend, *model;
+    char *version, *backend, *model, *architecture, *quantization;
     uint64_t requests[OP_COUNT][EC_COUNT];
     struct Hist duration[OP_COUNT];
     struct Hist queue_wait, ttft, tpot, context_tokens, prefill_tps, retrieval;
@@ -102,7 +102,8 @@ static void hist_observe(struct Hist *h, double v)
     h->count++;
 }
 
-int metrics_new(const char *version, const char *backend, const char *model, struct Metrics **out)
+int metrics_new(const char *version, const char *backend, const char *model,
+                const char *architecture, const char *quantization, struct Metrics **out)
 {
     struct Metrics *m = calloc(1, sizeof *m);
     *out = NULL;
@@ -112,9 +113,12 @@ int metrics_new(const char *version, const char *backend, const char *model, str
     m->version = strdup(version);
     m->backend = strdup(backend);
     m->model = strdup(model);
+    m->architecture = strdup(architecture);
+    m->quantization = strdup(quantization);
     m->calibration = strdup("none");
     m->threshold = strdup("none");
-    if (!m->version || !m->backend || !m->model || !m->calibration || !m->threshold) {
+    if (!m->version || !m->backend || !m->model || !m->architecture || !m->quantization ||
+        !m->calibration || !m->threshold) {
         metrics_destroy(&m);
         return -1;
     }
@@ -142,6 +146,8 @@ void metrics_destroy(struct Metrics **mp)
     free(m->version);
     free(m->backend);
     free(m->model);
+    free(m->architecture);
+    free(m->quantization);
     free(m->calibration);
     free(m->threshold);
     free(m);
@@ -382,13 +388,18 @@ char *metrics_render(struct Metrics *m, size_t *len)
     if (!f)
         return NULL;
     pthread_mutex_lock(&m->mu);
-    head(f, "diffrag_build_info", "gauge", "Version, compute backend and model of this daemon.");
+    head(f, "diffrag_build_info", "gauge",
+         "Version, compute backend and model (file, architecture, quantization) of this daemon.");
     fputs("diffrag_build_info{version=\"", f);
     label_value(f, m->version);
     fputs("\",backend=\"", f);
     label_value(f, m->backend);
     fputs("\",model=\"", f);
     label_value(f, m->model);
+    fputs("\",architecture=\"", f);
+    label_value(f, m->architecture);
+    fputs("\",quantization=\"", f);
+    label_value(f, m->quantization);
     fputs("\"} 1\n", f);
 
     head(f, "diffrag_requests_total", "counter", "Requests answered, by operation and reply code.");

@@ -14,8 +14,10 @@
 
 struct Metrics;
 
-/* version, backend and model label diffrag_build_info; copied. 0 or -1 (out of memory). */
-int metrics_new(const char *version, const char *backend, const char *model, struct Metrics **out);
+/* version, backend, model, architecture and quantization label diffrag_build_info (the model,
+ * as startup.h's ServedModel names it); copied. 0 or -1 (out of memory). */
+int metrics_new(const char *version, const char *backend, const char *model,
+                const char *architecture, const char *quantization, struct Metrics **out);
 void metrics_destroy(struct Metrics **m);
 
 void metrics_request(struct Metrics *m, enum Op op, enum ErrCode code, double seconds);

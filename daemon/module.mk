@@ -1,7 +1,10 @@
 # daemon/: diffragd (sockets, protocol, broker, workers, configuration, metrics) and its
 # installation. Needs libzmq, msgpack-c, libmicrohttpd, libsystemd and libcrypto (OpenSSL)
 # (tools/install-deps.sh).
-DAEMON_SRCS := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
+# main.c and startup.c are the binary's own; the rest is the library the tests link too.
+DAEMON_MAIN_SRCS := daemon/main.c daemon/startup.c
+DAEMON_MAIN_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(DAEMON_MAIN_SRCS))
+DAEMON_SRCS := $(filter-out $(DAEMON_MAIN_SRCS),$(wildcard daemon/*.c))
 DAEMON_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(DAEMON_SRCS))
 LIB_DAEMON  := $(BUILD)/libdiffrag_daemon.a
 DAEMON_LIBS := $(LIB_DAEMON) -lzmq -lmsgpackc -lmicrohttpd -lsystemd -lcrypto
@@ -11,8 +14,8 @@ $(LIB_DAEMON): $(DAEMON_OBJS)
 	rm -f $@ && ar rcs $@ $^
 
 BINS += $(BUILD)/diffragd
-$(BUILD)/diffragd: $(BUILD)/daemon/main.o $(LIB_DAEMON) $(LIB_RETRIEVER) $(LIB_MODEL)
-	$(CC) $(LDFLAGS) $< -o $@ $(DAEMON_LIBS) $(RETRIEVER_LIBS) $(MODEL_LIBS) $(LDLIBS)
+$(BUILD)/diffragd: $(DAEMON_MAIN_OBJS) $(LIB_DAEMON) $(LIB_RETRIEVER) $(LIB_MODEL)
+	$(CC) $(LDFLAGS) $(DAEMON_MAIN_OBJS) -o $@ $(DAEMON_LIBS) $(RETRIEVER_LIBS) $(MODEL_LIBS) $(LDLIBS)
 
 # The daemon's C unit tests link the daemon library too (the generic test rule does not).
 $(BUILD)/tests/test_daemon_units $(BUILD)/tests/test_grounding_units: $(BUILD)/tests/%: \

@@ -1,6 +1,7 @@
-/* The OpenAI-compatible HTTP API (openai.h, docs/openai.md): requests read and checked, turned
- * into the msgpack protocol's `query`, sent to the broker, and its replies turned back into
- * chat completions or Server-Sent Events. */
+/* The OpenAI-compatible HTTP API (openai.h, docs/openai.md): the server, its connections and
+ * API keys; a chat request passed to the broker as the msgpack `query` (openai_req.c writes it),
+ * its replies awaited and sent back as openai_reply.c writes them; a query cancelled when its
+ * client hangs up. */
 #include "daemon/openai.h"
 
 #include <errno.h>
@@ -39,6 +40,7 @@ struct OpenAi {
     struct Metrics *metrics;
     void *zctx;
     char *model;
+    char *architecture, *quantization;  /* the model's, for /v1/models */
     char *default_collection;          /* NULL: none */
     size_t max_body;
     unsigned char (*keys)[32];         /* SHA-256 of each accepted key */
@@ -63,13 +65,9 @@ struct ApiReq {
     int too_large;
     /* the query */
     void *sock;                    /* DEALER to the broker; NULL before sending */
-    int stream, include_usage;
-    int final_seen;                /* the broker's final reply came */
+    int stream;
     int gone;                      /* the client hung up */
-    int ended;                     /* the stream's last event is written */
-    char id[40];
-    long created;
-    int role_sent;
+    struct OpenAiChat chat;        /* the completion's id, and where its reply stands */
     struct JsonBuf out;            /* stream text not yet handed to the server */
     size_t out_off;
 };
@@ -134,27 +132,6 @@ static enum MHD_Result bad_request(struct ApiReq *q, const char *param, const ch
     return respond_error(q, 400, "invalid_request_error", "bad_request", param, msg);
 }
 
-/* The HTTP status and error type of a protocol error code. */
-static unsigned status_of(const char *code, const char **type)
-{
-    static const struct { const char *code; unsigned status; const char *type; } map[] = {
-        { "bad_request", 400, "invalid_request_error" },
-        { "too_large", 413, "invalid_request_error" },
-        { "not_found", 404, "not_found_error" },
-        { "overloaded", 429, "overloaded_error" },
-        { "deadline_exceeded", 504, "timeout_error" },
-        { "cancelled", 503, "server_error" },
-        { "shutting_down", 503, "server_error" },
-    };
-    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
-        if (!strcmp(code, map[i].code)) {
-            *type = map[i].type;
-            return map[i].status;
-        }
-    *type = "server_error";
-    return 500;
-}
-
 /* Whether the client has hung up (or its connection failed). */
 static int client_gone(int fd)
 {
@@ -162,176 +139,6 @@ static int client_gone(int fd)
         return 0;
     struct pollfd p = { .fd = fd, .events = POLLRDHUP };
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
-}
-
-/* ---- msgpack replies ---- */
-
-/* Positions *val at the value of `key` in the map buf[0..len) holds. 1 found, 0 not. */
-static int mp_find(const void *buf, size_t len, const char *key, struct MpCursor *val)
-{
-    struct MpCursor c;
-    struct MpObj o, k;
-    mp_cursor_init(&c, buf, len);
-    if (mp_next(&c, &o) || o.type != MP_MAP)
-        return 0;
-    size_t kl = strlen(key);
-    for (uint32_t i = 0; i < o.v.n; i++) {
-        if (mp_next(&c, &k))
-            return 0;
-        if (k.type == MP_STR && k.len == kl && !memcmp(k.s, key, kl)) {
-            *val = c;
-            return 1;
-        }
-        if ((k.type == MP_ARRAY || k.type == MP_MAP) && mp_skip_body(&c, &k))
-            return 0;
-        if (mp_skip(&c))
-            return 0;
-    }
-    return 0;
-}
-
-static int mp_get_str(const void *buf, size_t len, const char *key, const char **s, size_t *n)
-{
-    struct MpCursor c;
-    struct MpObj o;
-    if (!mp_find(buf, len, key, &c) || mp_next(&c, &o) || o.type != MP_STR)
-        return 0;
-    *s = o.s;
-    *n = o.len;
-    return 1;
-}
-
-static long long mp_get_int(const void *buf, size_t len, const char *key)
-{
-    struct MpCursor c;
-    struct MpObj o;
-    if (!mp_find(buf, len, key, &c) || mp_next(&c, &o))
-        return 0;
-    return o.type == MP_UINT ? (long long)o.v.u : o.type == MP_INT ? (long long)o.v.i : 0;
-}
-
-/* One msgpack value as JSON (the reply's citations, context, grounding, timings). */
-static int mp_to_json(struct MpCursor *c, struct JsonBuf *b, int depth)
-{
-    struct MpObj o;
-    if (depth > MP_MAX_DEPTH || mp_next(c, &o))
-        return -1;
-    char num[32];
-    switch (o.type) {
-    case MP_NIL: json_buf_puts(b, "null"); return 0;
-    case MP_BOOL: json_buf_puts(b, o.v.b ? "true" : "false"); return 0;
-    case MP_UINT:
-        snprintf(num, sizeof num, "%llu", (unsigned long long)o.v.u);
-        json_buf_puts(b, num);
-        return 0;
-    case MP_INT:
-        snprintf(num, sizeof num, "%lld", (long long)o.v.i);
-        json_buf_puts(b, num);
-        return 0;
-    case MP_FLOAT: json_buf_double(b, o.v.f); return 0;
-    case MP_STR: json_buf_string(b, o.s, o.len); return 0;
-    case MP_BIN:
-    case MP_EXT: json_buf_puts(b, "null"); return 0;
-    case MP_ARRAY:
-        json_buf_puts(b, "[");
-        for (uint32_t i = 0; i < o.v.n; i++) {
-            if (i)
-                json_buf_puts(b, ",");
-            if (mp_to_json(c, b, depth + 1))
-                return -1;
-        }
-        json_buf_puts(b, "]");
-        return 0;
-    case MP_MAP:
-        json_buf_puts(b, "{");
-        for (uint32_t i = 0; i < o.v.n; i++) {
-            struct MpObj k;
-            if (mp_next(c, &k) || k.type != MP_STR)
-                return -1;
-            if (i)
-                json_buf_puts(b, ",");
-            json_buf_string(b, k.s, k.len);
-            json_buf_puts(b, ":");
-            if (mp_to_json(c, b, depth + 1))
-                return -1;
-        }
-        json_buf_puts(b, "}");
-        return 0;
-    }
-    return -1;
-}
-
-/* "key":VALUE for a key of the reply map, or "key":null without it. */
-static void copy_field(struct JsonBuf *b, const void *buf, size_t len, const char *key, int comma)
-{
-    struct MpCursor c;
-    if (comma)
-        json_buf_puts(b, ",");
-    json_buf_string(b, key, strlen(key));
-    json_buf_puts(b, ":");
-    size_t at = b->len;
-    if (!mp_find(buf, len, key, &c) || mp_to_json(&c, b, 0)) {
-        if (!b->oom && b->p) {
-            b->len = at;
-            b->p[at] = 0;
-        }
-        json_buf_puts(b, "null");
-    }
-}
-
-/* OpenAI's finish_reason for the protocol's: a cancelled answer ended as asked ("stop"), one
- * cut by its deadline ended early as by a limit ("length"); the `diffrag` object keeps the
- * protocol's own. */
-static const char *finish_of(const void *buf, size_t len)
-{
-    const char *s;
-    size_t n;
-    if (!mp_get_str(buf, len, "finish_reason", &s, &n))
-        return "stop";
-    if ((n == 6 && !memcmp(s, "length", 6)) || (n == 8 && !memcmp(s, "deadline", 8)))
-        return "length";
-    return "stop";
-}
-
-static void put_usage(struct JsonBuf *b, const void *buf, size_t len)
-{
-    struct MpCursor u;
-    long long prompt = 0, completion = 0, cached = 0;
-    if (mp_find(buf, len, "usage", &u)) {
-        const void *ub = u.p;
-        size_t ul = (size_t)(u.end - u.p);
-        prompt = mp_get_int(ub, ul, "prompt_tokens");
-        completion = mp_get_int(ub, ul, "completion_tokens");
-        cached = mp_get_int(ub, ul, "cached_tokens");
-    }
-    char t[256];
-    snprintf(t, sizeof t, "\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%lld,"
-             "\"total_tokens\":%lld,\"prompt_tokens_details\":{\"cached_tokens\":%lld}}",
-             prompt, completion, prompt + completion, cached);
-    json_buf_puts(b, t);
-}
-
-/* The `diffrag` object of a completion: citations, what the prompt read, grounding, timings
- * and the protocol's finish_reason. */
-static void put_diffrag(struct JsonBuf *b, const void *buf, size_t len)
-{
-    json_buf_puts(b, "\"diffrag\":{");
-    copy_field(b, buf, len, "finish_reason", 0);
-    copy_field(b, buf, len, "citations", 1);
-    copy_field(b, buf, len, "context", 1);
-    copy_field(b, buf, len, "grounding", 1);
-    copy_field(b, buf, len, "timings", 1);
-    json_buf_puts(b, "}");
-}
-
-static void put_head(struct JsonBuf *b, const struct ApiReq *q, const char *object)
-{
-    char t[160];
-    json_buf_puts(b, "{\"id\":");
-    json_buf_string(b, q->id, strlen(q->id));
-    snprintf(t, sizeof t, ",\"object\":\"%s\",\"created\":%ld,\"model\":", object, q->created);
-    json_buf_puts(b, t);
-    json_buf_string(b, q->api->model, strlen(q->api->model));
 }
 
 /* ---- talking to the broker ---- */
@@ -362,8 +169,7 @@ static int next_msg(struct ApiReq *q, zmq_msg_t *m)
 
 static int is_final(const zmq_msg_t *m)
 {
-    struct MpCursor c;
-    return mp_find(zmq_msg_data((zmq_msg_t *)m), zmq_msg_size((zmq_msg_t *)m), "ok", &c);
+    return openai_reply_final(zmq_msg_data((zmq_msg_t *)m), zmq_msg_size((zmq_msg_t *)m));
 }
 
 /* The query is still running for a client that left: cancel it, and wait (a while) for its
@@ -389,7 +195,7 @@ static void cancel_query(struct ApiReq *q)
         zmq_msg_t m;
         zmq_msg_init(&m);
         if (zmq_msg_recv(&m, q->sock, ZMQ_DONTWAIT) >= 0 && is_final(&m) &&
-            mp_get_int(zmq_msg_data(&m), zmq_msg_size(&m), "id") == 1) {
+            openai_reply_int(zmq_msg_data(&m), zmq_msg_size(&m), "id") == 1) {
             zmq_msg_close(&m);
             break;
         }
@@ -401,27 +207,10 @@ static void close_query(struct ApiReq *q)
 {
     if (!q->sock)
         return;
-    if (!q->final_seen)
+    if (!q->chat.final_seen)
         cancel_query(q);
     zmq_close(q->sock);
     q->sock = NULL;
-}
-
-/* The code and message of an error reply ("internal" and a generic message where it lacks
- * them), NUL-terminated and cut to fit. */
-static void reply_error_fields(const zmq_msg_t *m, char code[32], char msg[1024])
-{
-    const void *buf = zmq_msg_data((zmq_msg_t *)m);
-    size_t len = zmq_msg_size((zmq_msg_t *)m);
-    struct MpCursor e;
-    const char *c = "internal", *t = "the daemon failed to answer";
-    size_t cl = strlen(c), tl = strlen(t);
-    if (mp_find(buf, len, "error", &e)) {
-        mp_get_str(e.p, (size_t)(e.end - e.p), "code", &c, &cl);
-        mp_get_str(e.p, (size_t)(e.end - e.p), "message", &t, &tl);
-    }
-    snprintf(code, 32, "%.*s", (int)(cl < 31 ? cl : 31), c);
-    snprintf(msg, 1024, "%.*s", (int)(tl < 1023 ? tl : 1023), t);
 }
 
 /* An error reply of the broker as an HTTP response. */
@@ -429,95 +218,25 @@ static enum MHD_Result respond_reply_error(struct ApiReq *q, const zmq_msg_t *m)
 {
     char code[32], msg[1024];
     const char *type;
-    reply_error_fields(m, code, msg);
-    unsigned status = status_of(code, &type);
+    openai_reply_error(zmq_msg_data((zmq_msg_t *)m), zmq_msg_size((zmq_msg_t *)m), code, msg);
+    unsigned status = openai_error_status(code, &type);
     return respond_error(q, status, type, code, NULL, msg);
 }
 
-/* The whole completion of a final reply. */
+/* The whole completion of a successful final reply. */
 static enum MHD_Result respond_completion(struct ApiReq *q, const zmq_msg_t *m)
 {
-    const void *buf = zmq_msg_data((zmq_msg_t *)m);
-    size_t len = zmq_msg_size((zmq_msg_t *)m);
-    const char *answer = "";
-    size_t alen = 0;
-    mp_get_str(buf, len, "answer", &answer, &alen);
     struct JsonBuf b = { 0 };
-    put_head(&b, q, "chat.completion");
-    json_buf_puts(&b, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
-    json_buf_string(&b, answer, alen);
-    json_buf_puts(&b, "},\"logprobs\":null,\"finish_reason\":\"");
-    json_buf_puts(&b, finish_of(buf, len));
-    json_buf_puts(&b, "\"}],");
-    put_usage(&b, buf, len);
-    json_buf_puts(&b, ",");
-    put_diffrag(&b, buf, len);
-    json_buf_puts(&b, "}\n");
+    openai_put_completion(&b, &q->chat, zmq_msg_data((zmq_msg_t *)m),
+                          zmq_msg_size((zmq_msg_t *)m));
     return respond(q, 200, &b, NULL, 0);
 }
 
-/* Stream events for one broker message: a delta's chunk, or the final reply's last chunks and
- * [DONE]. */
+/* Stream events for one broker message, queued for stream_read. */
 static void stream_event(struct ApiReq *q, const zmq_msg_t *m)
 {
-    const void *buf = zmq_msg_data((zmq_msg_t *)m);
-    size_t len = zmq_msg_size((zmq_msg_t *)m);
-    struct JsonBuf *b = &q->out;
-    const char *s;
-    size_t n;
-    if (!q->role_sent) {
-        json_buf_puts(b, "data: ");
-        put_head(b, q, "chat.completion.chunk");
-        json_buf_puts(b, ",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\","
-                         "\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
-        q->role_sent = 1;
-    }
-    if (!is_final(m)) {
-        if (!mp_get_str(buf, len, "delta", &s, &n) || !n)
-            return;
-        json_buf_puts(b, "data: ");
-        put_head(b, q, "chat.completion.chunk");
-        json_buf_puts(b, ",\"choices\":[{\"index\":0,\"delta\":{\"content\":");
-        json_buf_string(b, s, n);
-        json_buf_puts(b, "},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
-        return;
-    }
-    q->final_seen = 1;
-    struct MpCursor c;
-    struct MpObj o;
-    int ok = mp_find(buf, len, "ok", &c) && !mp_next(&c, &o) && o.type == MP_BOOL && o.v.b;
-    if (!ok) {
-        /* an error after the stream began (a lost worker): OpenAI's error event */
-        char code[32], msg[1024];
-        const char *type;
-        reply_error_fields(m, code, msg);
-        status_of(code, &type);
-        json_buf_puts(b, "data: {\"error\":{\"message\":");
-        json_buf_string(b, msg, strlen(msg));
-        json_buf_puts(b, ",\"type\":");
-        json_buf_string(b, type, strlen(type));
-        json_buf_puts(b, ",\"param\":null,\"code\":");
-        json_buf_string(b, code, strlen(code));
-        json_buf_puts(b, "}}\n\n");
-    } else {
-        json_buf_puts(b, "data: ");
-        put_head(b, q, "chat.completion.chunk");
-        json_buf_puts(b, ",\"choices\":[{\"index\":0,\"delta\":{},\"logprobs\":null,"
-                         "\"finish_reason\":\"");
-        json_buf_puts(b, finish_of(buf, len));
-        json_buf_puts(b, "\"}],");
-        put_diffrag(b, buf, len);
-        json_buf_puts(b, "}\n\n");
-        if (q->include_usage) {
-            json_buf_puts(b, "data: ");
-            put_head(b, q, "chat.completion.chunk");
-            json_buf_puts(b, ",\"choices\":[],");
-            put_usage(b, buf, len);
-            json_buf_puts(b, "}\n\n");
-        }
-    }
-    json_buf_puts(b, "data: [DONE]\n\n");
-    q->ended = 1;
+    openai_put_stream(&q->out, &q->chat, zmq_msg_data((zmq_msg_t *)m),
+                      zmq_msg_size((zmq_msg_t *)m));
 }
 
 /* The stream's body, asked for by the connection's thread, which may wait here. */
@@ -538,7 +257,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max)
         }
         json_buf_free(&q->out);
         q->out_off = 0;
-        if (q->ended)
+        if (q->chat.ended)
             return MHD_CONTENT_READER_END_OF_STREAM;
         zmq_msg_t m;
         if (next_msg(q, &m))
@@ -565,7 +284,7 @@ static enum MHD_Result answer_chat(struct ApiReq *q)
     const char *why = openai_translate(q->body, q->len, q->api->default_collection, &w, &ask, msg,
                                        sizeof msg, &param);
     q->stream = ask.stream;
-    q->include_usage = ask.include_usage;
+    q->chat.include_usage = ask.include_usage;
     free(q->body);
     q->body = NULL;
     if (why) {
@@ -588,10 +307,11 @@ static enum MHD_Result answer_chat(struct ApiReq *q)
     unsigned char rnd[12];
     if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
         memset(rnd, 0, sizeof rnd);
-    int o = snprintf(q->id, sizeof q->id, "chatcmpl-");
+    int o = snprintf(q->chat.id, sizeof q->chat.id, "chatcmpl-");
     for (size_t i = 0; i < sizeof rnd; i++)
-        o += snprintf(q->id + o, sizeof q->id - (size_t)o, "%02x", rnd[i]);
-    q->created = (long)time(NULL);
+        o += snprintf(q->chat.id + o, sizeof q->chat.id - (size_t)o, "%02x", rnd[i]);
+    q->chat.created = (long)time(NULL);
+    q->chat.model = q->api->model;
     /* From here the time is the answer's (a long prefill, a stream's pauses), bounded by the
      * query's own limits: neither the guard's deadline nor the idle timeout applies. */
     http_guard_busy(q->api->guard, q->conn);
@@ -606,13 +326,8 @@ static enum MHD_Result answer_chat(struct ApiReq *q)
     }
     enum MHD_Result ret = MHD_NO;
     if (is_final(&m)) {
-        q->final_seen = 1;
-        struct MpCursor c;
-        struct MpObj ok;
-        const void *buf = zmq_msg_data(&m);
-        int good = mp_find(buf, zmq_msg_size(&m), "ok", &c) && !mp_next(&c, &ok) &&
-                   ok.type == MP_BOOL && ok.v.b;
-        if (!good)
+        q->chat.final_seen = 1;
+        if (!openai_reply_ok(zmq_msg_data(&m), zmq_msg_size(&m)))
             ret = respond_reply_error(q, &m);
         else if (!q->stream)
             ret = respond_completion(q, &m);
@@ -653,10 +368,13 @@ static enum MHD_Result answer_models(struct ApiReq *q, const char *url)
         json_buf_puts(&b, "{\"object\":\"list\",\"data\":[");
     json_buf_puts(&b, "{\"id\":");
     json_buf_string(&b, a->model, strlen(a->model));
-    snprintf(t, sizeof t, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"diffrag\"}",
-             a->created);
+    snprintf(t, sizeof t, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"diffrag\","
+             "\"diffrag\":{\"architecture\":", a->created);
     json_buf_puts(&b, t);
-    json_buf_puts(&b, one ? "\n" : "]}\n");
+    json_buf_string(&b, a->architecture, strlen(a->architecture));
+    json_buf_puts(&b, ",\"quantization\":");
+    json_buf_string(&b, a->quantization, strlen(a->quantization));
+    json_buf_puts(&b, one ? "}}\n" : "}}]}\n");
     return respond(q, 200, &b, NULL, 0);
 }
 
@@ -890,6 +608,8 @@ static void api_free(struct OpenAi *a)
         return;
     http_guard_destroy(&a->guard);
     free(a->model);
+    free(a->architecture);
+    free(a->quantization);
     free(a->default_collection);
     free(a->keys);
     free(a->tls_cert);
@@ -910,9 +630,12 @@ int openai_start(const struct OpenAiOpts *o, struct OpenAi **out, char *err, siz
     a->max_body = o->max_body_bytes;
     a->created = (long)time(NULL);
     a->model = strdup(o->model_name);
+    a->architecture = strdup(o->model_architecture ? o->model_architecture : "unknown");
+    a->quantization = strdup(o->model_quantization ? o->model_quantization : "unknown");
     if (o->default_collection && o->default_collection[0])
         a->default_collection = strdup(o->default_collection);
-    if (!a->model || (o->default_collection && o->default_collection[0] && !a->default_collection)) {
+    if (!a->model || !a->architecture || !a->quantization ||
+        (o->default_collection && o->default_collection[0] && !a->default_collection)) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }

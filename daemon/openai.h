@@ -22,6 +22,8 @@ struct OpenAiOpts {
     size_t max_body_bytes;           /* larger bodies: 413, unread */
     const char *default_collection;  /* "" or NULL: none */
     const char *model_name;          /* what /v1/models lists and replies name */
+    const char *model_architecture;  /* /v1/models' diffrag object (startup.h's ServedModel) */
+    const char *model_quantization;
     void *zctx;                      /* the broker's ZeroMQ context */
     struct Metrics *metrics;         /* borrowed; outlives the API */
 };
@@ -48,5 +50,43 @@ struct OpenAiAsk {
 const char *openai_translate(const char *body, size_t len, const char *default_collection,
                              struct MpWriter *w, struct OpenAiAsk *ask, char *msg, size_t cap,
                              const char **param);
+
+/* ---- the broker's replies as OpenAI's JSON (openai_reply.c) ----
+ * buf[0..len) is one message of the broker's to a query (msgpack, docs/protocol.md): a delta,
+ * or the final reply (the one with `ok`). Nothing keeps a pointer into it. */
+
+/* One chat completion, and where its reply stands. */
+struct OpenAiChat {
+    char id[40];          /* "chatcmpl-" and 24 hex digits */
+    long created;         /* Unix time the query was sent */
+    const char *model;    /* the served model's name; borrowed from the API, which outlives it */
+    int include_usage;    /* stream_options.include_usage: a last chunk carries the usage */
+    int role_sent;        /* the stream's first chunk (the assistant's role) is written */
+    int final_seen;       /* the broker's final reply came */
+    int ended;            /* the stream's last event ([DONE]) is written */
+};
+
+struct JsonBuf;
+
+/* 1 when buf is a final reply, 0 a delta. */
+int openai_reply_final(const void *buf, size_t len);
+/* 1 when buf is a final reply with ok = true. */
+int openai_reply_ok(const void *buf, size_t len);
+/* The integer at key of the reply map; 0 when absent or not an integer. */
+long long openai_reply_int(const void *buf, size_t len, const char *key);
+/* The code and message of an error reply ("internal" and a generic message where it lacks
+ * them), NUL-terminated and cut to fit. */
+void openai_reply_error(const void *buf, size_t len, char code[32], char msg[1024]);
+/* The HTTP status and OpenAI error type (*type, a constant) of a protocol error code. */
+unsigned openai_error_status(const char *code, const char **type);
+
+/* Appends the whole chat.completion object of a successful final reply to b. */
+void openai_put_completion(struct JsonBuf *b, const struct OpenAiChat *ch, const void *buf,
+                           size_t len);
+/* Appends the Server-Sent Events one broker message makes to b: the assistant's role first
+ * (once), then a delta's content chunk; for the final reply the finishing chunk (with the
+ * `diffrag` object), the usage chunk when asked, or an error event, and [DONE]; sets
+ * ch->role_sent, ch->final_seen and ch->ended as it goes. */
+void openai_put_stream(struct JsonBuf *b, struct OpenAiChat *ch, const void *buf, size_t len);
 
 #endif

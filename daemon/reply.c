@@ -424,10 +424,12 @@ void reply_ping(struct Broker *b, struct Request *r)
 {
     struct MpWriter *w = &b->w;
     mpw_reset(w);
-    proto_reply_head(w, 3, r->p.id_raw, r->p.id_len, 1);
+    proto_reply_head(w, 5, r->p.id_raw, r->p.id_len, 1);
     mpw_kv_bool(w, "pong", 1);
     mpw_kv_cstr(w, "version", b->o.version);
     mpw_kv_cstr(w, "model", b->o.model_name);
+    mpw_kv_cstr(w, "architecture", b->o.model_architecture);
+    mpw_kv_cstr(w, "quantization", b->o.model_quantization);
     reply_finish(b, r, EC_OK, NULL, w->buf.data, w->buf.size);
 }
 

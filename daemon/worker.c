@@ -407,7 +407,7 @@ static void send_ready(struct Worker *w, void *dealer)
 {
     struct WireInfo info;
     memset(&info, 0, sizeof info);
-    snprintf(info.model, sizeof info.model, "%s", w->m->name);
+    snprintf(info.model, sizeof info.model, "%s", w->model_name);
     info.vocab = w->m->cfg.vocab;
     info.n_ctx = engine_opts(w->e)->n_ctx;
     info.threads = engine_opts(w->e)->n_threads;
@@ -688,6 +688,8 @@ int worker_start(void *zctx, const struct Model *m, const struct WorkerOpts *o,
     w->o = *o;
     snprintf(w->endpoint, sizeof w->endpoint, "%s", o->endpoint);
     w->o.endpoint = w->endpoint;
+    snprintf(w->model_name, sizeof w->model_name, "%s", o->model_name ? o->model_name : m->name);
+    w->o.model_name = w->model_name;
     if (o->curve_server && o->curve_public && o->curve_secret) {
         snprintf(w->curve_server, sizeof w->curve_server, "%s", o->curve_server);
         snprintf(w->curve_public, sizeof w->curve_public, "%s", o->curve_public);

@@ -36,6 +36,8 @@ struct WorkerStats {
 
 struct WorkerOpts {
     const char *endpoint;      /* the broker's worker endpoint; copied */
+    const char *model_name;    /* the name READY gives the broker (the model file's, as
+                                  startup.h's ServedModel); copied; NULL: general.name */
     int max_running;           /* sequences batched at once */
     int step_tokens;           /* a step's tokens while a sequence is decoding (at most the
                                   context's chunk, which bounds the other steps) */

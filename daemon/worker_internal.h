@@ -22,6 +22,7 @@ struct Worker {
     int n_seq_e;
     struct WorkerOpts o;
     char endpoint[512];
+    char model_name[128];       /* READY's model */
     char curve_server[41], curve_public[41], curve_secret[41];   /* empty: plain */
     char pair_ep[96], ctl_ep[96];
     int generation;             /* compute threads started so far (names each PAIR endpoint) */

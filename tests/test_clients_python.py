@@ -139,7 +139,7 @@ def daemon(tmp_path_factory):
 def test_sync_every_call(daemon):
     with diffrag.Client(daemon.endpoint, timeout=20) as c:
         p = c.ping()
-        assert isinstance(p, diffrag.Pong) and p.model == "tiny-llama" and p.version and p.rtt_ms > 0
+        assert isinstance(p, diffrag.Pong) and p.model == "tiny-fast" and p.version and p.rtt_ms > 0
         r = c.ingest("py", DOCS)
         assert isinstance(r, diffrag.IngestResult)
         assert (r.collection, r.ingested, r.docs) == ("py", 3, 3) and r.chunks >= 3, r
@@ -196,7 +196,7 @@ def test_stream_break_and_cancel(daemon):
             if n == 3:
                 break
         # the socket stays usable: the cancelled query's late messages are dropped
-        assert c.ping().model == "tiny-llama"
+        assert c.ping().model == "tiny-fast"
         final = None
         state = None
         for item in c.stream("Tell me about Paris.", docs=DOCS, max_tokens=1000, id="long-one"):
@@ -239,7 +239,7 @@ def test_errors_are_exceptions_with_codes(daemon):
 def test_asyncio(daemon):
     async def main():
         async with diffrag.AsyncClient(daemon.endpoint, timeout=20) as c:
-            assert (await c.ping()).model == "tiny-llama"
+            assert (await c.ping()).model == "tiny-fast"
             r = await c.ingest("aio", DOCS)
             assert r.ingested == 3
             # three queries in flight at once on one socket, each gets its own answer
@@ -460,7 +460,7 @@ def test_pip_install_offline(tmp_path, daemon):
                        env=env, cwd=tmp_path, timeout=60)
     assert r.returncode == 0, r.stderr
     where, model = r.stdout.split()
-    assert where.startswith(str(venv)) and model == "tiny-llama", r.stdout
+    assert where.startswith(str(venv)) and model == "tiny-fast", r.stdout
     site = next(venv.glob("lib/python*/site-packages"))
     assert (site / "diffrag" / "py.typed").exists()
     assert (site / "diffrag-0.1.0.dist-info" / "METADATA").read_text().count("Requires-Dist") == 2

@@ -1,6 +1,7 @@
 """diffragd end to end on loopback: every op, streaming order, cancel mid-decode, deadlines,
 inline documents and stored collections, REQ and DEALER envelopes, an ipc:// endpoint, the
 configuration commands, and /metrics (promtool check + counters that move as expected)."""
+import json
 import shutil
 import subprocess
 import time
@@ -9,10 +10,12 @@ import msgpack
 import pytest
 import zmq
 
-from conftest import BUILD, ROOT
-from daemon_util import SAMPLE_DOCS, DIFFRAGD, Daemon, fast_model, http_get, query, slow_model
+from conftest import BUILD, DEFAULT_MODEL, ROOT
+from daemon_util import (SAMPLE_DOCS, DIFFRAGD, Daemon, fast_model, free_port, http_get, query,
+                         slow_model)
 
 DOCS = SAMPLE_DOCS
+QWEN = ROOT / "models" / "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +46,43 @@ def test_ping_echoes_ids(fast):
     c = fast.client()
     for rid in (7, "abc-é", -3, 2**40):
         _, r = c.call({"v": 1, "op": "ping", "id": rid})
+        # the model is named by its file (tiny-fast.gguf), not by the header's general.name
+        # ("tiny-llama"); a file without general.file_type is named by its weights' type
         assert r == {"id": rid, "ok": True, "pong": True, "version": r["version"],
-                     "model": "tiny-llama"}, r
+                     "model": "tiny-fast", "architecture": "llama", "quantization": "F32"}, r
     _, r = c.call({"v": 1, "op": "ping"})
     assert r["id"] is None and r["ok"] is True
+
+
+@pytest.mark.parametrize("path,arch,quant", [(QWEN, "qwen2", "Q4_K_M"),
+                                              (DEFAULT_MODEL, "llama", "Q4_1")],
+                         ids=["qwen", "smollm2"])
+def test_served_model_is_named_by_its_file(tmp_path, path, arch, quant):
+    """ping, /v1/models and diffrag_build_info name the model by the file the user fetched (its
+    base name without .gguf), not by the header's general.name ("Qwen2.5 Coder 0.5B Instruct
+    AWQ" for every quantisation of it), and report the architecture and the quantisation
+    (general.file_type) from the header. A broker of remote workers only, which loads just the
+    tokenizer, is enough: ping and /v1/models need no worker."""
+    if not path.exists():
+        pytest.skip("%s absent (make model)" % path.name)
+    stem = path.name[:-len(".gguf")]
+    d = Daemon(tmp_path, path, workers=0, worker_listen="tcp://127.0.0.1:%d" % free_port())
+    try:
+        d.start(wait_ready=False)
+        _, r = d.client().call({"v": 1, "op": "ping", "id": 1}, timeout=60)
+        assert (r["model"], r["architecture"], r["quantization"]) == (stem, arch, quant), r
+        status, body = http_get(d.http_url + "/v1/models")
+        assert status == 200, body
+        listed = json.loads(body)["data"]
+        assert [(m["id"], m["diffrag"]) for m in listed] == \
+            [(stem, {"architecture": arch, "quantization": quant})], listed
+        status, body = http_get(d.http_url + "/v1/models/" + stem)
+        assert status == 200 and json.loads(body)["id"] == stem, body
+        info = [l for l in d.metrics().splitlines() if l.startswith("diffrag_build_info{")]
+        assert info and ('model="%s",architecture="%s",quantization="%s"' % (stem, arch, quant)
+                         in info[0]), info
+    finally:
+        assert d.stop() == 0, d.log_text()[-2000:]
 
 
 def test_stream_order_and_reply_shape(fast):
@@ -291,7 +327,8 @@ def test_metrics_promtool_and_counters(fast):
     assert fast.metric("diffrag_workers", state="idle") + fast.metric("diffrag_workers",
                                                                         state="busy") == 2
     assert fast.metric("diffrag_kv_cache_bytes") > 0
-    assert 'diffrag_build_info{version="0.1.0",backend="cpu",model="tiny-llama"} 1' in fast.metrics()
+    assert ('diffrag_build_info{version="0.1.0",backend="cpu",model="tiny-fast",'
+            'architecture="llama",quantization="F32"} 1') in fast.metrics()
     promtool = shutil.which("promtool")
     assert promtool, "promtool (Debian package prometheus) is required"
     p = subprocess.run([promtool, "check", "metrics"], input=fast.metrics(), text=True,

@@ -258,7 +258,7 @@ def test_calibrated_score_matches_numpy_and_metrics_move(tmp_path, model):
         assert d.metric("diffrag_hallucination_score_sum") == pytest.approx(
             sum(g["score"] for g in replies), abs=1e-6)
         text = d.metrics()
-        assert 'diffrag_hallucination_detector_info{model="tiny-llama",calibration="tiny-test",' \
+        assert 'diffrag_hallucination_detector_info{model="tiny-untied",calibration="tiny-test",' \
                'threshold="0.5"} 1' in text, [l for l in text.splitlines() if "detector_info" in l]
         promtool = shutil.which("promtool")
         assert promtool, "promtool (Debian package prometheus) is required"

@@ -67,11 +67,16 @@ def test_remote_worker_killed_mid_request(tmp_path, model):
         c = d.client()
         _, r = c.call({"v": 1, "op": "ping", "id": 1}, timeout=30)
         assert r["pong"] is True
+        # the broker loads only the tokenizer, yet names the model as a worker loading the
+        # same file does: by the file (tiny-slow.gguf; q8_0 weights, no general.file_type)
+        assert (r["model"], r["architecture"], r["quantization"]) == \
+            ("tiny-slow", "llama", "Q8_0"), r
         status, why = http_get(d.metrics_url + "/readyz")
         assert status == 503 and "no worker" in why, (status, why)
         w1 = start_worker(tmp_path, model, endpoint, "1")
         workers.append(w1)
         d.wait_ready()
+        assert 'msg="worker ready" model="tiny-slow"' in d.log_text(), d.log_text()[-1500:]
         _, r = c.call(query("capital?", DOCS, id="warm", max_tokens=3), timeout=60)
         assert r["ok"], r
 
