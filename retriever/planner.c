@@ -29,6 +29,11 @@ size_t plan_read_bytes(size_t budget)
     return budget * PLAN_COUNT_BYTES_PER_TOKEN;
 }
 
+enum CtxOrder plan_default_order(int chunk_kv_reuse)
+{
+    return chunk_kv_reuse ? CTX_ORDER_NEAREST : CTX_ORDER_RANK;
+}
+
 /* A candidate document, as the whole-document layout sorts it. */
 struct Cand {
     const struct PlanDoc *doc;

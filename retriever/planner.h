@@ -88,6 +88,12 @@ size_t plan_search_hits(size_t top_k, size_t budget);
  * documents cannot fit whole, and counting them could cost more than the question. */
 size_t plan_read_bytes(size_t budget);
 
+/* The order of a query that names none: best first (CTX_ORDER_RANK); with chunk KV reuse
+ * (chunk_kv_reuse 1) best last (CTX_ORDER_NEAREST), since a blend computes the chunks ranked
+ * best in full: laid out next to the question they read every other chunk, and the question
+ * reads them nearest (docs/kv-reuse.md). */
+enum CtxOrder plan_default_order(int chunk_kv_reuse);
+
 /* Plan the prompt of rq into *out. Returns RET_OK; RET_EINPUT (a NULL pointer with a length,
  * documents out of source order, a bad chunk or turn); RET_ETOKEN (the token counter failed);
  * RET_EBUDGET (the instruction, system text, question and frame alone exceed the budget: the

@@ -2,7 +2,8 @@
  * that fit the budget go in whole and those that do not as chunks; top_k caps the chunks and
  * rules out whole documents; the relevance floor drops low scores; two searches' chunks are
  * merged by score; the orders (rank, nearest, document) for chunks and for whole documents;
- * stored text past plan_read_bytes is not counted; the read figures; the errors. */
+ * stored text past plan_read_bytes is not counted; the default order; the read figures; the
+ * errors. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +84,8 @@ static void test_limits(void)
           plan_search_hits(0, 8000));
     CHECK(plan_search_hits(0, (size_t)1 << 30) == 100000, "at most 100,000");
     CHECK(plan_read_bytes(100) == 3200, "32 bytes a budget token");
+    CHECK(plan_default_order(0) == CTX_ORDER_RANK && plan_default_order(1) == CTX_ORDER_NEAREST,
+          "no order named: best first, or best last with chunk KV reuse");
 }
 
 static void test_whole_or_chunks(size_t frame)
