@@ -11,6 +11,7 @@
 
 #include "daemon/ops.h"
 #include "retriever/context.h"
+#include "retriever/planner.h"
 #include "text/utf8.h"
 
 static const char *const ec_names[EC_COUNT] = { "ok", "bad_request", "too_large", "overloaded",
@@ -469,10 +470,8 @@ int proto_decode_query(struct ProtoDec *d)
         p->order = CTX_ORDER_NEAREST;
     else if (order.len && !(order.len == 4 && !memcmp(order.p, "rank", 4)))
         FAIL(d, EC_BAD_REQUEST, "order must be \"rank\", \"document\" or \"nearest\"");
-    else if (!order.len && cfg->kv_reuse)
-        /* a blend computes the chunks ranked best in full: laid out next to the question they
-         * read every other chunk, and the question reads them nearest (docs/kv-reuse.md) */
-        p->order = CTX_ORDER_NEAREST;
+    else if (!order.len)
+        p->order = plan_default_order(cfg->kv_reuse != 0);
     if (d->val[K_SEED]) {
         struct MpCursor c;
         struct MpObj o;

@@ -167,8 +167,9 @@ static void put_opt_double(struct MpWriter *w, const char *key, int have, double
         mpw_nil(w);
 }
 
-/* What the prompt holds of the documents (struct ReadStats) and of the earlier turns. */
-static void put_read(struct MpWriter *w, const struct ReadStats *rs, const struct Context *ctx)
+/* What the prompt holds of the documents (the planner's struct PlanRead) and of the earlier
+ * turns. */
+static void put_read(struct MpWriter *w, const struct PlanRead *rs, const struct Context *ctx)
 {
     mpw_cstr(w, "context");
     mpw_map(w, 9);
@@ -181,7 +182,7 @@ static void put_read(struct MpWriter *w, const struct ReadStats *rs, const struc
     mpw_kv_uint(w, "placed_tokens", rs->placed_tokens);
     mpw_kv_uint(w, "chunks_matched", rs->chunks_matched);
     mpw_kv_uint(w, "chunks_placed", rs->chunks_placed);
-    mpw_kv_uint(w, "chunks_left_out", rs->chunks_matched - rs->chunks_placed);
+    mpw_kv_uint(w, "chunks_left_out", rs->chunks_left_out);
     mpw_kv_bool(w, "whole", rs->whole);
     mpw_kv_uint(w, "history_turns", ctx->n_turns);
     mpw_kv_uint(w, "history_left_out", ctx->n_turns_skipped);
@@ -393,7 +394,7 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
              res->decode_ms, ctx->n_tokens, (long long)res->cached_tokens,
              (long long)res->reused_tokens, context_tokens,
              (long long)res->completion_tokens, r->read.doc_tokens, r->read.placed_tokens,
-             r->read.chunks_matched - r->read.chunks_placed, r->read.whole ? "true" : "false",
+             r->read.chunks_left_out, r->read.whole ? "true" : "false",
              r->retried, b->o.calibration ? b->o.calibration->name : "none",
              opt_fmt(f_score, sizeof f_score, gs->scored, gs->score),
              gs->scored ? (gs->flagged ? "true" : "false") : "-", gs->abstained ? "true" : "false",

@@ -13,7 +13,7 @@
 #include "daemon/grounding.h"
 #include "daemon/mp.h"
 #include "daemon/proto.h"
-#include "retriever/context.h"
+#include "retriever/planner.h"
 
 #define REQ_MAX_IDENT 256
 
@@ -25,18 +25,6 @@ enum ReqState {
 };
 
 struct WorkerRef;
-
-/* What a query's prompt holds of the documents it could read (the reply's `context`): the
- * candidate documents are the inline ones, those `ids` names, or (a collection without ids)
- * those with a chunk the search found. */
-struct ReadStats {
-    size_t documents;          /* candidate documents */
-    long long doc_tokens;      /* their tokens; -1: not counted (too much text to count) */
-    size_t placed_tokens;      /* document tokens placed in the prompt */
-    size_t chunks_matched;     /* chunks the search found */
-    size_t chunks_placed;      /* of those, placed (whole documents: all of them) */
-    int whole;                 /* every candidate document placed whole, in order */
-};
 
 struct Request {
     struct Request *prev, *next;      /* every live request (broker) */
@@ -57,7 +45,7 @@ struct Request {
     double retrieve_ms;
     struct Context *ctx;              /* query: the assembled prompt */
     struct WordSet *doc_words;        /* query: the placed chunks' words (lexical support) */
-    struct ReadStats read;            /* query: what of the documents the prompt holds */
+    struct PlanRead read;             /* query: what of the documents the prompt holds */
     struct MpWriter reply;            /* store operations: the reply body after id/ok */
     size_t reply_fields;              /* entries in `reply` (a map body) */
     enum ErrCode code;

@@ -1,7 +1,8 @@
-/* The I/O stage of each op that has one (the op table, ops.c, points at these): retrieval and
- * context assembly for queries, and the store reads and writes with their replies. They run on
- * an I/O thread. Borrowed LMDB memory never outlives the read snapshot: everything a reply
- * needs is copied into it before store_read_end. */
+/* The I/O stage of each op that has one (the op table, ops.c, points at these): for queries
+ * the searches and the reading of candidate documents, handed to the context planner
+ * (retriever/planner.h), which decides the prompt; the store reads and writes with their
+ * replies. They run on an I/O thread. Borrowed LMDB memory never outlives the read snapshot:
+ * everything a reply needs is copied into it before store_read_end. */
 #include "daemon/stages.h"
 
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include "daemon/log.h"
 #include "retriever/bm25.h"
 #include "retriever/memindex.h"
+#include "retriever/planner.h"
 #include "retriever/status.h"
 
 static enum ErrCode ret_code(int st)
@@ -78,55 +80,11 @@ static void coll_name(const struct Request *r, char *out)
     out[r->p.collection.len] = 0;
 }
 
-static int by_score(const void *a, const void *b)
-{
-    const struct CtxChunk *x = a, *y = b;
-    return x->score < y->score ? 1 : x->score > y->score ? -1 : 0;
-}
-
-static void hit_to_chunk(const struct SearchHit *h, struct CtxChunk *c)
-{
-    c->doc_id = h->doc_id;
-    c->doc_id_len = h->doc_id_len;
-    c->title = h->title;
-    c->title_len = h->title_len;
-    c->text = h->text;
-    c->text_len = h->text_len;
-    c->chunk = h->chunk;
-    c->byte_start = h->byte_start;
-    c->byte_end = h->byte_end;
-    c->score = h->score;
-}
-
-/* Hits a query without a top_k asks the search for: enough chunks of any plausible length to
- * fill the token budget, so that the budget, not a count, decides how much is read. */
-static size_t budget_hits(long budget)
-{
-    size_t k = (size_t)budget / 8 + 64;
-    return k > 100000 ? 100000 : k;
-}
-
-/* Bytes of stored candidate documents counted at most, per budget token: past that they
- * cannot fit whole (that would take more than 32 bytes a token), and counting them all could
- * cost more than the question. */
-enum { COUNT_BYTES_PER_TOKEN = 32 };
-
-/* A document the query could read whole. */
-struct Cand {
-    const char *id; size_t id_len;
-    const char *title; size_t title_len;
-    const char *text; size_t text_len;
-    double score;              /* its best chunk's; 0 when the search found none */
-    size_t order;              /* inline: request order, then stored documents */
-    uint64_t ref;              /* stored: collection id << 32 | first chunk id; inline: 0 */
-};
-
-struct Cands {
-    struct Cand *v;
+/* The candidate documents a query could read whole (struct PlanDoc), each once. */
+struct DocList {
+    struct PlanDoc *v;
     size_t n, cap;
-    size_t tokens;
-    size_t store_bytes;        /* text of the stored documents among them */
-    int counted;               /* tokens holds every candidate's count */
+    size_t stored_bytes;       /* text of the stored documents among them */
 };
 
 static int same_id(const char *a, size_t al, const char *b, size_t bl)
@@ -134,132 +92,52 @@ static int same_id(const char *a, size_t al, const char *b, size_t bl)
     return al == bl && (al == 0 || !memcmp(a, b, al));
 }
 
-static int cands_add(struct Cands *c, const char *id, size_t id_len, const char *title,
-                     size_t title_len, const char *text, size_t text_len)
+static int docs_add(struct DocList *l, const struct PlanDoc *d)
 {
-    if (c->n == c->cap) {
-        size_t cap = c->cap ? 2 * c->cap : 16;
-        struct Cand *v = realloc(c->v, cap * sizeof *v);
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 16;
+        struct PlanDoc *v = realloc(l->v, cap * sizeof *v);
         if (!v)
             return RET_ENOMEM;
-        c->v = v;
-        c->cap = cap;
+        l->v = v;
+        l->cap = cap;
     }
-    c->v[c->n] = (struct Cand){ id, id_len, title, title_len, text, text_len, 0.0, c->n, 0 };
-    c->n++;
+    l->v[l->n++] = *d;
     return RET_OK;
 }
 
-static int by_cand_id(const void *a, const void *b)
+/* Reads the stored documents a query could read whole: those ids names, else those with a
+ * hit, each once, until their text passes what the planner would count (plan_read_bytes).
+ * They borrow rd's snapshot. */
+static int docs_from_store(struct DocList *l, struct StoreReader *rd, const char *coll,
+                           uint32_t coll_id, const struct RequestParams *p,
+                           const struct SearchHit *hits, size_t n_hits, char *err, size_t errlen)
 {
-    const struct Cand *x = a, *y = b;
-    size_t n = x->id_len < y->id_len ? x->id_len : y->id_len;
-    int c = n ? memcmp(x->id, y->id, n) : 0;
-    return c ? c : (x->id_len > y->id_len) - (x->id_len < y->id_len);
-}
-
-/* The stored documents a query reads: those ids names, else those with a hit (first hit
- * first), until their text passes max_bytes (then c->counted is cleared). */
-static int cands_from_store(struct Cands *c, struct StoreReader *rd, const char *coll,
-                            uint32_t coll_id, const struct RequestParams *p, const struct SearchHit *hits,
-                            size_t n_hits, size_t max_bytes, char *err, size_t errlen)
-{
-    size_t n = p->n_ids ? p->n_ids : n_hits, first = c->n;
+    size_t n = p->n_ids ? p->n_ids : n_hits;
+    size_t max_bytes = plan_read_bytes((size_t)p->max_context_tokens);
     for (size_t i = 0; i < n; i++) {
         const char *id = p->n_ids ? p->ids[i].p : hits[i].doc_id;
         size_t id_len = p->n_ids ? p->ids[i].len : hits[i].doc_id_len;
         int seen = 0;
-        for (size_t j = 0; j < c->n && !seen; j++)
-            seen = same_id(c->v[j].id, c->v[j].id_len, id, id_len);
+        for (size_t j = 0; j < l->n && !seen; j++)
+            seen = same_id(l->v[j].id, l->v[j].id_len, id, id_len);
         if (seen)
             continue;
-        if (c->store_bytes > max_bytes) {
-            c->counted = 0;
+        if (l->stored_bytes > max_bytes)
             break;
-        }
         struct StoreDocView dv;
         int st = store_get_doc(rd, coll, id, id_len, &dv, err, errlen);
         if (st == RET_ENOTFOUND)
             continue;  /* an id the collection does not hold matches nothing, as in the search */
         if (st)
             return st;
-        if ((st = cands_add(c, id, id_len, dv.title, dv.title_len, dv.text, dv.text_len))) {
-            snprintf(err, errlen, "out of memory");
-            return st;
-        }
-        c->store_bytes += dv.text_len;
-        c->v[c->n - 1].ref = (uint64_t)coll_id << 32 | dv.first_chunk;
+        struct PlanDoc d = { id, id_len, dv.title, dv.title_len, dv.text, dv.text_len,
+                             p->n_ids ? PLAN_DOC_NAMED : PLAN_DOC_FOUND,
+                             (uint64_t)coll_id << 32 | dv.first_chunk };
+        if ((st = docs_add(l, &d)))
+            return ret_fail(err, errlen, st, "out of memory");
+        l->stored_bytes += dv.text_len;
     }
-    if (!p->n_ids) {
-        /* found by the search: in id order, so the layout does not depend on the question */
-        qsort(c->v + first, c->n - first, sizeof *c->v, by_cand_id);
-        for (size_t i = first; i < c->n; i++)
-            c->v[i].order = i;
-    }
-    return RET_OK;
-}
-
-static int by_cand_score(const void *a, const void *b)
-{
-    const struct Cand *x = a, *y = b;
-    if (x->score != y->score)
-        return x->score < y->score ? 1 : -1;
-    return (x->order > y->order) - (x->order < y->order);
-}
-
-static int by_cand_order(const void *a, const void *b)
-{
-    const struct Cand *x = a, *y = b;
-    return (x->order > y->order) - (x->order < y->order);
-}
-
-/* Every candidate whole, if they fit the budget together: *ok = 1 and r->ctx set. Laid out
- * best first (by their best chunk's score; documents the search found nothing in last, as
- * sent), with "order": "nearest" the other way round (the best next to the question), or
- * with "order": "document" in document order: inline documents as sent, then stored ones as
- * ids lists them, or by id. */
-static int place_whole(const struct PrepShared *sh, struct Request *r, struct Cands *c,
-                       const struct SearchHit *hits, size_t n_hits, int *ok, char *err,
-                       size_t errlen)
-{
-    const struct RequestParams *p = &r->p;
-    size_t budget = (size_t)p->max_context_tokens;
-    *ok = 0;
-    if (!c->counted || c->n == 0 || c->tokens > budget)
-        return RET_OK;
-    for (size_t i = 0; i < c->n; i++)
-        for (size_t h = 0; h < n_hits; h++)
-            if (same_id(hits[h].doc_id, hits[h].doc_id_len, c->v[i].id, c->v[i].id_len) &&
-                hits[h].score > c->v[i].score)
-                c->v[i].score = hits[h].score;
-    qsort(c->v, c->n, sizeof *c->v, p->order == CTX_ORDER_DOCUMENT ? by_cand_order : by_cand_score);
-    struct CtxChunk *whole = calloc(c->n, sizeof *whole);
-    if (!whole) {
-        snprintf(err, errlen, "out of memory");
-        return RET_ENOMEM;
-    }
-    for (size_t i = 0; i < c->n; i++)
-        whole[i] = (struct CtxChunk){ c->v[i].id, c->v[i].id_len, c->v[i].title, c->v[i].title_len,
-                                      c->v[i].text, c->v[i].text_len, 0, 0, c->v[i].text_len,
-                                      c->v[i].score, 1, c->v[i].ref };
-    /* document order is the candidates' own; nearest lays them out best last */
-    struct CtxOptions co = { .budget = budget, .no_truncate = 1,
-                             .order = p->order == CTX_ORDER_NEAREST ? CTX_ORDER_NEAREST
-                                                                    : CTX_ORDER_RANK,
-                             .system = p->system.p, .system_len = p->system.len,
-                             .history = p->history, .n_history = p->n_history };
-    int st = ctx_assemble(&sh->tc, p->question.p, p->question.len, whole, c->n, &co, &r->ctx,
-                          err, errlen);
-    free(whole);
-    if (st == RET_EBUDGET)
-        return RET_OK;  /* the frame alone does not fit: the chunk path says so */
-    if (st)
-        return st;
-    if (r->ctx->n_skipped > 0) {
-        ctx_destroy(&r->ctx);  /* the labels tipped it over: place chunks instead */
-        return RET_OK;
-    }
-    *ok = 1;
     return RET_OK;
 }
 
@@ -287,21 +165,22 @@ static char *search_text(const struct RequestParams *p, size_t *len)
     return t;
 }
 
+/* Searches the inline documents and the collection, reads the candidate documents, and asks
+ * the planner (retriever/planner.h) what the prompt holds. */
 void stage_query(const struct PrepShared *sh, struct Request *r)
 {
     const struct RequestParams *p = &r->p;
     char err[512] = "";
     struct MemIndex *mi = NULL;
     struct StoreReader *rd = NULL;
-    size_t k = p->top_k > 0 ? (size_t)p->top_k : budget_hits(p->max_context_tokens);
+    size_t k = plan_search_hits((size_t)p->top_k, (size_t)p->max_context_tokens);
     struct SearchHit *hits = calloc(2 * k, sizeof *hits);
     struct CtxChunk *chunks = calloc(2 * k, sizeof *chunks);
-    struct Cands cands = { .counted = 1 };
+    struct DocList docs = {0};
     const char **ids = NULL;
     size_t *id_lens = NULL;
     size_t n_hits = 0, n_inline = 0;
     uint32_t coll_id = 0;
-    size_t max_bytes = (size_t)p->max_context_tokens * COUNT_BYTES_PER_TOKEN;
     char coll[INDEX_MAX_COLLECTION_BYTES + 1];
     int st;
     size_t search_len = 0;
@@ -326,9 +205,11 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
             fail(sh, r, st, err);
             goto done;
         }
-        for (size_t i = 0; !st && i < p->n_docs; i++)
-            st = cands_add(&cands, p->docs[i].id, p->docs[i].id_len, p->docs[i].title,
-                           p->docs[i].title_len, p->docs[i].text, p->docs[i].text_len);
+        for (size_t i = 0; !st && i < p->n_docs; i++) {
+            const struct StoreDoc *d = &p->docs[i];
+            st = docs_add(&docs, &(struct PlanDoc){ d->id, d->id_len, d->title, d->title_len,
+                                                    d->text, d->text_len, PLAN_DOC_INLINE, 0 });
+        }
         if (st) {
             fail(sh, r, st, "out of memory");
             goto done;
@@ -361,8 +242,7 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
         if (!st)
             st = store_collection_stats(rd, coll, &cs, err, sizeof err);
         if (!st)
-            st = cands_from_store(&cands, rd, coll, cs.id, p, hits + n_hits, n, max_bytes, err,
-                                  sizeof err);
+            st = docs_from_store(&docs, rd, coll, cs.id, p, hits + n_hits, n, err, sizeof err);
         /* the stored chunks' names, for the worker's chunk KV records (docs/kv-reuse.md) */
         coll_id = cs.id;
         if (st) {
@@ -371,66 +251,26 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
         }
         n_hits += n;
     }
-    /* The candidates' tokens, unless the stored ones hold too much text to count (then they
-     * cannot fit whole anyway). Inline documents are always counted: the message bounds them,
-     * and their chunking has just read them as closely. */
-    if (cands.store_bytes > max_bytes)
-        cands.counted = 0;
-    for (size_t i = 0; cands.counted && i < cands.n; i++) {
-        size_t t;
-        if (tokcount_count(&sh->tc, cands.v[i].text, cands.v[i].text_len, &t)) {
-            fail(sh, r, RET_ETOKEN, "the token counter failed on a document");
-            goto done;
-        }
-        cands.tokens += t;
-    }
-    struct ReadStats *rs = &r->read;
-    rs->documents = cands.n;
-    rs->doc_tokens = cands.counted ? (long long)cands.tokens : -1;
-    /* Inline and stored hits come from two indexes: BM25 scores of one query, merged by score. */
-    for (size_t i = 0; i < n_hits; i++) {
-        hit_to_chunk(&hits[i], &chunks[i]);
-        if (i >= n_inline && coll_id)
-            chunks[i].ref = (uint64_t)coll_id << 32 | hits[i].chunk_id;
-    }
-    if (p->n_docs && p->collection.len)
-        qsort(chunks, n_hits, sizeof *chunks, by_score);
-    size_t n_found = n_hits;
-    if (n_hits > k)
-        n_hits = k;
-    /* the relevance floor: chunks (best first) under a share of the best one's score are not
-     * offered, however much budget is left; they do not count as matched */
-    if (n_hits > 1 && p->relevance_floor > 0) {
-        double floor_score = p->relevance_floor * chunks[0].score;
-        size_t m = 1;
-        while (m < n_hits && chunks[m].score >= floor_score)
-            m++;
-        n_hits = m;
-    }
-    rs->chunks_matched = n_hits;
-    /* Without a top_k cap, documents that fit the budget together go in whole. */
-    int whole = 0;
-    if (p->top_k == 0 &&
-        (st = place_whole(sh, r, &cands, hits, n_found, &whole, err, sizeof err))) {
+    ctx_chunks_from_hits(hits, n_hits, chunks);
+    for (size_t i = n_inline; coll_id && i < n_hits; i++)
+        chunks[i].ref = (uint64_t)coll_id << 32 | hits[i].chunk_id;
+    struct PlanRequest pr = {
+        .tc = &sh->tc, .question = p->question.p, .question_len = p->question.len,
+        .system = p->system.p, .system_len = p->system.len,
+        .history = p->history, .n_history = p->n_history,
+        .budget = (size_t)p->max_context_tokens, .top_k = (size_t)p->top_k,
+        .relevance_floor = p->relevance_floor, .order = (enum CtxOrder)p->order,
+        .chunks = chunks, .n_chunks = n_hits,
+        .n_searches = (p->n_docs > 0) + (p->collection.len > 0),
+        .docs = docs.v, .n_docs = docs.n,
+    };
+    struct Plan plan;
+    if ((st = plan_context(&pr, &plan, err, sizeof err))) {
         fail(sh, r, st, err);
         goto done;
     }
-    if (!whole) {
-        struct CtxOptions co = { .budget = (size_t)p->max_context_tokens,
-                                 .order = (enum CtxOrder)p->order,
-                                 .system = p->system.p, .system_len = p->system.len,
-                                 .history = p->history, .n_history = p->n_history };
-        st = ctx_assemble(&sh->tc, p->question.p, p->question.len, chunks, n_hits, &co, &r->ctx,
-                          err, sizeof err);
-        if (st) {
-            fail(sh, r, st, err);
-            goto done;
-        }
-    }
-    rs->whole = whole;
-    rs->chunks_placed = whole ? n_hits : r->ctx->n_cites;
-    for (size_t i = 0; i < r->ctx->n_cites; i++)
-        rs->placed_tokens += r->ctx->cites[i].tokens.end - r->ctx->cites[i].tokens.start;
+    r->ctx = plan.ctx;
+    r->read = plan.read;
     /* the words of the documents the model is given, for the answer's lexical support (the
      * earlier turns of a conversation are not documents: their words support nothing) */
     if (words_set_new(&r->doc_words)) {
@@ -447,7 +287,7 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
 done:
     store_read_end(&rd);
     memidx_destroy(&mi);
-    free(cands.v);
+    free(docs.v);
     free(search);
     free(hits);
     free(chunks);

@@ -1,4 +1,5 @@
-# retriever/: the document store (LMDB), chunking, the BM25 index and search, context assembly.
+# retriever/: the document store (LMDB), chunking, the BM25 index and search, the context
+# planner and context assembly.
 RETRIEVER_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard retriever/*.c))
 LIB_RETRIEVER  := $(BUILD)/libdiffrag_retriever.a
 RETRIEVER_LIBS := $(LIB_RETRIEVER) -llmdb -lstemmer

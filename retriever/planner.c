@@ -1,0 +1,242 @@
+/* The context planner (planner.h): whether a query reads its documents whole or their best
+ * chunks, which chunks are offered (merged by score, top_k, the relevance floor), in which
+ * order they are laid out, and what the reply says was read. ctx_assemble does the layout. */
+#include "retriever/planner.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "retriever/status.h"
+
+/* Chunks asked for per budget token without a top_k (one per 8 tokens, and a few more: short
+ * chunks too can fill the budget), and the most ever asked for. */
+enum { PLAN_TOKENS_PER_HIT = 8, PLAN_EXTRA_HITS = 64, PLAN_MAX_HITS = 100000 };
+
+/* Bytes of stored candidate documents counted at most, per budget token: past that they
+ * cannot fit whole (that would take more than 32 bytes a token). */
+enum { PLAN_COUNT_BYTES_PER_TOKEN = 32 };
+
+size_t plan_search_hits(size_t top_k, size_t budget)
+{
+    if (top_k > 0)
+        return top_k;
+    size_t k = budget / PLAN_TOKENS_PER_HIT + PLAN_EXTRA_HITS;
+    return k > PLAN_MAX_HITS ? PLAN_MAX_HITS : k;
+}
+
+size_t plan_read_bytes(size_t budget)
+{
+    return budget * PLAN_COUNT_BYTES_PER_TOKEN;
+}
+
+enum CtxOrder plan_default_order(int chunk_kv_reuse)
+{
+    return chunk_kv_reuse ? CTX_ORDER_NEAREST : CTX_ORDER_RANK;
+}
+
+/* A candidate document, as the whole-document layout sorts it. */
+struct Cand {
+    const struct PlanDoc *doc;
+    double score;              /* its best chunk's; 0 when the search found none */
+    size_t order;              /* its place in document order */
+};
+
+static int same_id(const char *a, size_t al, const char *b, size_t bl)
+{
+    return al == bl && (al == 0 || !memcmp(a, b, al));
+}
+
+static int by_score(const void *a, const void *b)
+{
+    const struct CtxChunk *x = a, *y = b;
+    return x->score < y->score ? 1 : x->score > y->score ? -1 : 0;
+}
+
+static int by_cand_id(const void *a, const void *b)
+{
+    const struct PlanDoc *x = ((const struct Cand *)a)->doc, *y = ((const struct Cand *)b)->doc;
+    size_t n = x->id_len < y->id_len ? x->id_len : y->id_len;
+    int c = n ? memcmp(x->id, y->id, n) : 0;
+    return c ? c : (x->id_len > y->id_len) - (x->id_len < y->id_len);
+}
+
+static int by_cand_score(const void *a, const void *b)
+{
+    const struct Cand *x = a, *y = b;
+    if (x->score != y->score)
+        return x->score < y->score ? 1 : -1;
+    return (x->order > y->order) - (x->order < y->order);
+}
+
+static int by_cand_order(const void *a, const void *b)
+{
+    const struct Cand *x = a, *y = b;
+    return (x->order > y->order) - (x->order < y->order);
+}
+
+/* The stored documents' text passes what plan_read_bytes lets be read: then they cannot fit
+ * whole, and the caller may not have read them all. */
+static int docs_too_long(const struct PlanRequest *rq)
+{
+    size_t bytes = 0;
+    for (size_t i = 0; i < rq->n_docs; i++)
+        if (rq->docs[i].source != PLAN_DOC_INLINE)
+            bytes += rq->docs[i].text_len;
+    return bytes > plan_read_bytes(rq->budget);
+}
+
+/* The candidates' tokens into *tokens, unless the stored ones hold too much text to count
+ * (*counted = 0: then they cannot fit whole anyway). Inline documents are always counted:
+ * the message bounds them, and their chunking has just read them as closely. */
+static int count_docs(const struct PlanRequest *rq, size_t *tokens, int *counted, char *err,
+                      size_t errlen)
+{
+    *tokens = 0;
+    *counted = !docs_too_long(rq);
+    for (size_t i = 0; *counted && i < rq->n_docs; i++) {
+        size_t t;
+        if (tokcount_count(rq->tc, rq->docs[i].text, rq->docs[i].text_len, &t))
+            return ret_fail(err, errlen, RET_ETOKEN, "the token counter failed on a document");
+        *tokens += t;
+    }
+    return RET_OK;
+}
+
+/* The chunks offered, best first, into chunks[0..*n_offered); chunks[0..n_chunks) holds every
+ * chunk found (the whole-document layout scores documents by all of them). Inline and stored
+ * hits come from two indexes: BM25 scores of one query, merged by score. */
+static int offer_chunks(const struct PlanRequest *rq, struct CtxChunk **out, size_t *n_offered)
+{
+    size_t n = rq->n_chunks;
+    struct CtxChunk *chunks = malloc((n ? n : 1) * sizeof *chunks);
+    if (!chunks)
+        return RET_ENOMEM;
+    if (n)
+        memcpy(chunks, rq->chunks, n * sizeof *chunks);
+    if (rq->n_searches > 1)
+        qsort(chunks, n, sizeof *chunks, by_score);
+    size_t k = plan_search_hits(rq->top_k, rq->budget);
+    if (n > k)
+        n = k;
+    /* the relevance floor: chunks (best first) under a share of the best one's score are not
+     * offered, however much budget is left; they do not count as matched */
+    if (n > 1 && rq->relevance_floor > 0) {
+        double floor_score = rq->relevance_floor * chunks[0].score;
+        size_t m = 1;
+        while (m < n && chunks[m].score >= floor_score)
+            m++;
+        n = m;
+    }
+    *out = chunks;
+    *n_offered = n;
+    return RET_OK;
+}
+
+/* Every candidate whole, if they fit the budget together: *ctx set (else left NULL). Laid
+ * out best first (by their best chunk's score; documents the search found nothing in last,
+ * as sent), with CTX_ORDER_NEAREST the other way round (the best next to the question), or
+ * with CTX_ORDER_DOCUMENT in document order (enum PlanDocSource). */
+static int place_whole(const struct PlanRequest *rq, const struct CtxChunk *found, size_t n_found,
+                       struct Context **ctx, char *err, size_t errlen)
+{
+    size_t n = rq->n_docs;
+    struct Cand *c = calloc(n, sizeof *c);
+    struct CtxChunk *whole = calloc(n, sizeof *whole);
+    int st = RET_OK;
+    if (!c || !whole) {
+        st = ret_fail(err, errlen, RET_ENOMEM, "out of memory");
+        goto done;
+    }
+    size_t first_found = n;
+    for (size_t i = 0; i < n; i++) {
+        c[i] = (struct Cand){ &rq->docs[i], 0.0, i };
+        if (rq->docs[i].source == PLAN_DOC_FOUND && first_found == n)
+            first_found = i;
+        for (size_t h = 0; h < n_found; h++)
+            if (same_id(found[h].doc_id, found[h].doc_id_len, rq->docs[i].id, rq->docs[i].id_len) &&
+                found[h].score > c[i].score)
+                c[i].score = found[h].score;
+    }
+    /* found by the search: in id order, so the layout does not depend on the question */
+    qsort(c + first_found, n - first_found, sizeof *c, by_cand_id);
+    for (size_t i = first_found; i < n; i++)
+        c[i].order = i;
+    qsort(c, n, sizeof *c, rq->order == CTX_ORDER_DOCUMENT ? by_cand_order : by_cand_score);
+    for (size_t i = 0; i < n; i++) {
+        const struct PlanDoc *d = c[i].doc;
+        whole[i] = (struct CtxChunk){ d->id, d->id_len, d->title, d->title_len, d->text,
+                                      d->text_len, 0, 0, d->text_len, c[i].score, 1, d->ref };
+    }
+    /* document order is the candidates' own; nearest lays them out best last */
+    struct CtxOptions co = { .budget = rq->budget, .no_truncate = 1,
+                             .order = rq->order == CTX_ORDER_NEAREST ? CTX_ORDER_NEAREST
+                                                                     : CTX_ORDER_RANK,
+                             .system = rq->system, .system_len = rq->system_len,
+                             .history = rq->history, .n_history = rq->n_history };
+    st = ctx_assemble(rq->tc, rq->question, rq->question_len, whole, n, &co, ctx, err, errlen);
+    if (st == RET_EBUDGET)
+        st = RET_OK;  /* the frame alone does not fit: the chunk layout says so */
+    else if (!st && (*ctx)->n_skipped > 0)
+        ctx_destroy(ctx);  /* the labels tipped it over: place chunks instead */
+done:
+    free(c);
+    free(whole);
+    return st;
+}
+
+static int check_request(const struct PlanRequest *rq, char *err, size_t errlen)
+{
+    if (!rq->tc)
+        return ret_fail(err, errlen, RET_EINPUT, "no token counter");
+    if (!rq->chunks && rq->n_chunks)
+        return ret_fail(err, errlen, RET_EINPUT, "no chunks");
+    if (!rq->docs && rq->n_docs)
+        return ret_fail(err, errlen, RET_EINPUT, "no documents");
+    for (size_t i = 0; i < rq->n_docs; i++) {
+        const struct PlanDoc *d = &rq->docs[i];
+        if ((!d->id && d->id_len) || (!d->text && d->text_len) || (!d->title && d->title_len))
+            return ret_fail(err, errlen, RET_EINPUT, "document %zu has no id, title or text", i);
+        if (d->source > PLAN_DOC_FOUND || (i > 0 && d->source < rq->docs[i - 1].source))
+            return ret_fail(err, errlen, RET_EINPUT, "document %zu is out of source order", i);
+    }
+    return RET_OK;
+}
+
+int plan_context(const struct PlanRequest *rq, struct Plan *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    struct PlanRead *rd = &out->read;
+    struct CtxChunk *chunks = NULL;
+    size_t tokens = 0, n_offered = 0;
+    int counted = 0, st;
+    if ((st = check_request(rq, err, errlen)) ||
+        (st = count_docs(rq, &tokens, &counted, err, errlen)))
+        return st;
+    rd->documents = rq->n_docs;
+    rd->doc_tokens = counted ? (long long)tokens : -1;
+    if ((st = offer_chunks(rq, &chunks, &n_offered)))
+        return ret_fail(err, errlen, st, "out of memory");
+    rd->chunks_matched = n_offered;
+    /* Without a top_k cap, documents that fit the budget together go in whole. */
+    if (rq->top_k == 0 && counted && rq->n_docs > 0 && tokens <= rq->budget &&
+        (st = place_whole(rq, chunks, rq->n_chunks, &out->ctx, err, errlen)))
+        goto done;
+    rd->whole = out->ctx != NULL;
+    if (!rd->whole) {
+        struct CtxOptions co = { .budget = rq->budget, .order = rq->order,
+                                 .system = rq->system, .system_len = rq->system_len,
+                                 .history = rq->history, .n_history = rq->n_history };
+        if ((st = ctx_assemble(rq->tc, rq->question, rq->question_len, chunks, n_offered, &co,
+                               &out->ctx, err, errlen)))
+            goto done;
+    }
+    rd->chunks_placed = rd->whole ? n_offered : out->ctx->n_cites;
+    rd->chunks_left_out = rd->chunks_matched - rd->chunks_placed;
+    for (size_t i = 0; i < out->ctx->n_cites; i++)
+        rd->placed_tokens += out->ctx->cites[i].tokens.end - out->ctx->cites[i].tokens.start;
+done:
+    free(chunks);
+    if (st)
+        ctx_destroy(&out->ctx);
+    return st;
+}

@@ -1,0 +1,279 @@
+/* Tests for the context planner (retriever/planner.c), on the simple token counter: documents
+ * that fit the budget go in whole and those that do not as chunks; top_k caps the chunks and
+ * rules out whole documents; the relevance floor drops low scores; two searches' chunks are
+ * merged by score; the orders (rank, nearest, document) for chunks and for whole documents;
+ * stored text past plan_read_bytes is not counted; the default order; the read figures; the
+ * errors. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "retriever/planner.h"
+#include "retriever/status.h"
+#include "tests/check.h"
+
+static struct TokenCounter tc;
+
+/* Three documents; each has two chunks (the halves of its text at a space). */
+static const char *doc_ids[3] = { "b-rhine", "a-paris", "c-oxygen" };
+static const char *doc_texts[3] = {
+    "The Rhine is a European river. It flows into the North Sea near Rotterdam.",
+    "Paris is the capital of France. About two million people live in the city.",
+    "Oxygen is a chemical element. Its symbol is O and its atomic number is 8.",
+};
+
+static struct PlanDoc docs[3];
+
+static void make_docs(enum PlanDocSource source)
+{
+    for (int i = 0; i < 3; i++)
+        docs[i] = (struct PlanDoc){ doc_ids[i], strlen(doc_ids[i]), "", 0, doc_texts[i],
+                                    strlen(doc_texts[i]), source, 100 + (uint64_t)i };
+}
+
+/* The chunk `half` (0, 1) of document d, with a score. */
+static struct CtxChunk chunk_of(int d, int half, double score)
+{
+    const char *t = doc_texts[d];
+    size_t cut = (size_t)(strchr(t, '.') - t) + 1, len = strlen(t);
+    size_t start = half ? cut + 1 : 0, end = half ? len : cut;
+    return (struct CtxChunk){ doc_ids[d], strlen(doc_ids[d]), "", 0, t + start, end - start,
+                              (uint32_t)half, start, end, score, 0, (uint64_t)(10 * d + half) };
+}
+
+static struct PlanRequest request(const struct CtxChunk *chunks, size_t n_chunks, size_t n_docs,
+                                  size_t budget)
+{
+    return (struct PlanRequest){ .tc = &tc, .question = "Where?", .question_len = 6,
+                                 .budget = budget, .order = CTX_ORDER_RANK, .chunks = chunks,
+                                 .n_chunks = n_chunks, .n_searches = 1, .docs = docs,
+                                 .n_docs = n_docs };
+}
+
+/* The prompt's tokens without any document: the frame and the question. */
+static size_t frame_tokens(void)
+{
+    struct CtxOptions o = { .budget = 1 << 20 };
+    struct Context *c = NULL;
+    char err[256];
+    if (ctx_assemble(&tc, "Where?", 6, NULL, 0, &o, &c, err, sizeof err))
+        return 0;
+    size_t n = c->n_tokens;
+    ctx_destroy(&c);
+    return n;
+}
+
+static size_t tokens_of(const char *text)
+{
+    size_t n = 0;
+    tokcount_count(&tc, text, strlen(text), &n);
+    return n;
+}
+
+/* The plan's citation i is chunk `chunk` of doc_id. */
+static int at(const struct Plan *pl, size_t i, const char *doc_id, uint32_t chunk)
+{
+    const struct Context *c = pl->ctx;
+    return i < c->n_cites && !strcmp(c->cites[i].doc_id, doc_id) && c->cites[i].chunk == chunk;
+}
+
+static void test_limits(void)
+{
+    CHECK(plan_search_hits(7, 100000) == 7, "top_k is the hits asked for");
+    CHECK(plan_search_hits(0, 8000) == 1064, "one per 8 budget tokens and 64: %zu",
+          plan_search_hits(0, 8000));
+    CHECK(plan_search_hits(0, (size_t)1 << 30) == 100000, "at most 100,000");
+    CHECK(plan_read_bytes(100) == 3200, "32 bytes a budget token");
+    CHECK(plan_default_order(0) == CTX_ORDER_RANK && plan_default_order(1) == CTX_ORDER_NEAREST,
+          "no order named: best first, or best last with chunk KV reuse");
+}
+
+static void test_whole_or_chunks(size_t frame)
+{
+    make_docs(PLAN_DOC_INLINE);
+    struct CtxChunk ch[2] = { chunk_of(0, 1, 4.0), chunk_of(0, 0, 2.0) };
+    size_t doc_tokens = tokens_of(doc_texts[0]);
+    char err[256];
+    struct Plan pl;
+    /* room for the document, its label and separator: whole */
+    struct PlanRequest rq = request(ch, 2, 1, frame + doc_tokens + 32);
+    CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_OK, "plan: %s", err);
+    CHECK(pl.read.whole && pl.ctx->n_cites == 1 && pl.ctx->cites[0].whole, "a document that fits "
+          "goes in whole");
+    CHECK(pl.ctx->cites[0].byte_start == 0 && pl.ctx->cites[0].byte_end == strlen(doc_texts[0]) &&
+          pl.ctx->cites[0].ref == 100, "the citation spans the document and carries its ref");
+    CHECK(pl.read.documents == 1 && pl.read.doc_tokens == (long long)doc_tokens &&
+          pl.read.placed_tokens == doc_tokens, "read: %lld of %zu tokens, %zu placed",
+          pl.read.doc_tokens, doc_tokens, pl.read.placed_tokens);
+    CHECK(pl.read.chunks_matched == 2 && pl.read.chunks_placed == 2 &&
+          pl.read.chunks_left_out == 0, "whole: every matched chunk counts as placed");
+    ctx_destroy(&pl.ctx);
+    /* room for one chunk only: the best chunk, not the document */
+    rq.budget = frame + tokens_of(ch[0].text) + 10;
+    CHECK(rq.budget < frame + doc_tokens, "the document does not fit (%zu)", rq.budget);
+    CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_OK, "plan: %s", err);
+    CHECK(!pl.read.whole && pl.ctx->n_cites == 1 && at(&pl, 0, "b-rhine", 1) &&
+          !pl.ctx->cites[0].whole && pl.ctx->cites[0].ref == 1, "too long: the best chunk");
+    CHECK(pl.read.chunks_matched == 2 && pl.read.chunks_placed == 1 &&
+          pl.read.chunks_left_out == 1 && pl.read.doc_tokens == (long long)doc_tokens,
+          "one of two chunks placed, one left out");
+    ctx_destroy(&pl.ctx);
+    /* a top_k rules whole documents out however much room there is, and caps the chunks */
+    rq.budget = 4096;
+    rq.top_k = 1;
+    CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_OK, "plan: %s", err);
+    CHECK(!pl.read.whole && pl.ctx->n_cites == 1 && at(&pl, 0, "b-rhine", 1) &&
+          pl.read.chunks_matched == 1, "top_k 1: one chunk, never the whole document");
+    ctx_destroy(&pl.ctx);
+}
+
+static void test_floor_and_merge(void)
+{
+    make_docs(PLAN_DOC_INLINE);
+    /* the inline search's chunks, then the collection's, each best first */
+    struct CtxChunk ch[5] = { chunk_of(0, 0, 10.0), chunk_of(0, 1, 4.0), chunk_of(1, 0, 12.0),
+                              chunk_of(1, 1, 6.0), chunk_of(2, 0, 1.0) };
+    char err[256];
+    struct Plan pl;
+    struct PlanRequest rq = request(ch, 5, 0, 4096);
+    rq.top_k = 10;
+    rq.n_searches = 2;
+    CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_OK, "plan: %s", err);
+    CHECK(pl.ctx->n_cites == 5 && at(&pl, 0, "a-paris", 0) && at(&pl, 1, "b-rhine", 0) &&
+          at(&pl, 2, "a-paris", 1) && at(&pl, 3, "b-rhine", 1) &&
+          at(&pl, 4, "c-oxygen", 0), "two searches merged by score");
+    ctx_destroy(&pl.ctx);
+    /* one search: the caller's order stands */
+    rq.n_searches = 1;
+    CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_OK, "plan: %s", err);
+    CHECK(pl.ctx->n_cites == 5 && at(&pl, 0, "b-rhine", 0) && at(&pl, 2, "a-paris", 0),
+          "one search: as given");
+    ctx_destroy(&pl.ctx);
+    /* floor 0.5 of the best (12): 10 and 6 stay, 4 ends the offer (1 after it too) */
+    rq.n_searches = 2;
+    rq.relevance_floor = 0.5;
+    CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_OK, "plan: %s", err);
+    CHECK(pl.read.chunks_matched == 3 && pl.ctx->n_cites == 3 && at(&pl, 2, "a-paris", 1) &&
+          pl.read.chunks_left_out == 0, "the floor drops the chunks under half the best: %zu "
+          "matched", pl.read.chunks_matched);
+    ctx_destroy(&pl.ctx);
+    /* top_k caps after the merge */
+    rq.relevance_floor = 0;
+    rq.top_k = 2;
+    CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_OK, "plan: %s", err);
+    CHECK(pl.read.chunks_matched == 2 && at(&pl, 0, "a-paris", 0) && at(&pl, 1, "b-rhine", 0),
+          "top_k 2: the two best of both searches");
+    ctx_destroy(&pl.ctx);
+}
+
+static void test_orders(void)
+{
+    make_docs(PLAN_DOC_FOUND);
+    struct CtxChunk ch[4] = { chunk_of(2, 1, 9.0), chunk_of(0, 1, 7.0), chunk_of(2, 0, 5.0),
+                              chunk_of(1, 0, 3.0) };
+    char err[256];
+    struct Plan pl;
+    /* chunks (a top_k keeps whole documents out) */
+    struct PlanRequest rq = request(ch, 4, 3, 4096);
+    rq.top_k = 4;
+    rq.order = CTX_ORDER_NEAREST;
+    CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_OK, "plan: %s", err);
+    CHECK(pl.ctx->n_cites == 4 && at(&pl, 0, "a-paris", 0) && at(&pl, 3, "c-oxygen", 1),
+          "nearest: the best chunk last");
+    ctx_destroy(&pl.ctx);
+    rq.order = CTX_ORDER_DOCUMENT;
+    CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_OK, "plan: %s", err);
+    CHECK(pl.ctx->n_cites == 4 && at(&pl, 0, "a-paris", 0) && at(&pl, 1, "b-rhine", 1) &&
+          at(&pl, 2, "c-oxygen", 0) && at(&pl, 3, "c-oxygen", 1),
+          "document: by id, then by position");
+    ctx_destroy(&pl.ctx);
+    /* whole documents: rank by each one's best chunk; nearest the other way round; document
+     * order by id for documents the search found */
+    rq.top_k = 0;
+    const char *want[3][3] = { { "c-oxygen", "b-rhine", "a-paris" },
+                               { "a-paris", "b-rhine", "c-oxygen" },
+                               { "a-paris", "b-rhine", "c-oxygen" } };
+    enum CtxOrder orders[3] = { CTX_ORDER_RANK, CTX_ORDER_NEAREST, CTX_ORDER_DOCUMENT };
+    for (int o = 0; o < 3; o++) {
+        rq.order = orders[o];
+        CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_OK, "plan: %s", err);
+        CHECK(pl.read.whole && pl.ctx->n_cites == 3 && at(&pl, 0, want[o][0], 0) &&
+              at(&pl, 1, want[o][1], 0) && at(&pl, 2, want[o][2], 0),
+              "whole documents in order %d", (int)orders[o]);
+        ctx_destroy(&pl.ctx);
+    }
+    /* named by ids: document order is the ids' order; a document without a hit ranks last */
+    make_docs(PLAN_DOC_NAMED);
+    rq.order = CTX_ORDER_DOCUMENT;
+    CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_OK, "plan: %s", err);
+    CHECK(pl.read.whole && at(&pl, 0, "b-rhine", 0) && at(&pl, 1, "a-paris", 0) &&
+          at(&pl, 2, "c-oxygen", 0), "named documents as the ids list them");
+    ctx_destroy(&pl.ctx);
+    rq.order = CTX_ORDER_RANK;
+    rq.n_chunks = 2;   /* hits in c-oxygen and b-rhine only */
+    CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_OK, "plan: %s", err);
+    CHECK(pl.read.whole && at(&pl, 0, "c-oxygen", 0) && at(&pl, 1, "b-rhine", 0) &&
+          at(&pl, 2, "a-paris", 0) && pl.ctx->cites[2].score == 0.0,
+          "a document the search found nothing in goes last");
+    ctx_destroy(&pl.ctx);
+}
+
+static void test_uncounted_and_errors(size_t frame)
+{
+    char err[256];
+    struct Plan pl;
+    /* stored text past plan_read_bytes: not counted, and not whole however large the budget
+     * (the caller may have stopped reading) */
+    static char big[20000];
+    for (size_t i = 0; i + 1 < sizeof big; i++)
+        big[i] = i % 6 == 5 ? ' ' : 'a' + (char)(i % 5);
+    struct PlanDoc stored[1] = { { "big", 3, "", 0, big, strlen(big), PLAN_DOC_FOUND, 0 } };
+    struct CtxChunk ch[1] = { { "big", 3, "", 0, big, 60, 0, 0, 60, 1.0, 0, 0 } };
+    struct PlanRequest rq = request(ch, 1, 1, strlen(big) / 32 - 1);
+    rq.docs = stored;
+    CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_OK, "plan: %s", err);
+    CHECK(pl.read.doc_tokens == -1 && !pl.read.whole && pl.read.documents == 1 &&
+          pl.ctx->n_cites == 1, "stored text past 32 bytes a token is not counted (%lld)",
+          pl.read.doc_tokens);
+    ctx_destroy(&pl.ctx);
+    /* inline documents always are */
+    stored[0].source = PLAN_DOC_INLINE;
+    CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_OK && pl.read.doc_tokens > 0 &&
+          !pl.read.whole, "inline documents are counted: %lld", pl.read.doc_tokens);
+    ctx_destroy(&pl.ctx);
+    make_docs(PLAN_DOC_INLINE);
+    rq.docs = docs;
+    rq.n_docs = 3;
+    /* the frame alone over the budget */
+    rq.budget = frame - 1;
+    CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_EBUDGET && !pl.ctx &&
+          strstr(err, "budget is"), "a budget under the frame: RET_EBUDGET (%s)", err);
+    /* stored documents before inline ones */
+    rq.budget = 4096;
+    docs[0].source = PLAN_DOC_NAMED;
+    CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_EINPUT && !pl.ctx,
+          "documents out of source order: RET_EINPUT (%s)", err);
+    rq.docs = NULL;
+    CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_EINPUT && !pl.ctx,
+          "no documents: RET_EINPUT");
+    rq.tc = NULL;
+    CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_EINPUT, "no token counter: RET_EINPUT");
+    /* nothing found, nothing to read: an empty context, not an error */
+    rq = request(NULL, 0, 0, 4096);
+    CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_OK && pl.ctx->n_cites == 0 &&
+          !pl.read.whole && pl.read.chunks_matched == 0, "no chunks, no documents: %s", err);
+    ctx_destroy(&pl.ctx);
+}
+
+int main(void)
+{
+    tokcount_simple(&tc);
+    size_t frame = frame_tokens();
+    CHECK(frame > 0, "the frame has tokens");
+    test_limits();
+    test_whole_or_chunks(frame);
+    test_floor_and_merge();
+    test_orders();
+    test_uncounted_and_errors(frame);
+    return check_report("test_planner");
+}
