@@ -65,3 +65,15 @@ def test_make_test_shows_the_report_header():
     lines = [l for l in r.stdout.splitlines() if "-m pytest" in l]
     assert len(lines) == 1, r.stdout[-2000:] + r.stderr[-2000:]
     assert " -q" not in lines[0].split("-m pytest", 1)[1], lines[0]
+
+
+def test_the_daemon_asks_the_planner(tmp_path):
+    # placement is the context planner's (retriever/planner.c): a daemon file that lays out a
+    # prompt itself fails; the retriever, tests and benchmarks may call the layout
+    for d in ("daemon", "retriever", "tests", "bench"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "x.c").write_text("int f(void) { return ctx_assemble (0, 0); }\n")
+    r = run(tmp_path)
+    assert r.returncode == 1
+    assert r.stdout.splitlines() == [
+        "daemon/x.c: calls ctx_assemble: ask the context planner (retriever/planner.h)"], r.stdout

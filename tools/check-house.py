@@ -3,7 +3,9 @@
 - no C or CUDA file outside tests/ is over 900 lines (a file past that holds two concerns);
 - nothing in the repository reads outside it: no path into a `shared` folder beside the
   checkout (`../shared`, or `ROOT.parent / "shared"` in Python); the data the tests, tools and
-  benchmarks use ships in the repository (tests/data/).
+  benchmarks use ships in the repository (tests/data/);
+- one context planner (retriever/planner.c) owns what goes into a prompt: outside retriever/,
+  only tests and benchmarks call the layout (ctx_assemble) directly; the daemon asks the planner.
 
 Usage: check-house.py [ROOT]. Prints one line a breach, `FILE: what`, and exits 1 on any
 breach, 0 on none (printing nothing)."""
@@ -18,6 +20,8 @@ TEXT_SUFFIXES = {".c", ".h", ".cu", ".cuh", ".py", ".sh", ".mk", ".md", ".txt", 
 TEXT_NAMES = {"Makefile", "run"}
 # a path one level above the checkout into its `shared` neighbour, as code or a shell would write it
 OUTSIDE = re.compile(r"\.\./shared\b|parent\s*/\s*[\"']shared[\"']")
+LAYOUT_CALL = re.compile(r"\bctx_assemble\s*\(")
+LAYOUT_CALLERS = ("retriever", "tests", "bench")
 
 
 def files(root):
@@ -45,6 +49,9 @@ def check(root):
             n = text.count("\n") + (0 if text.endswith("\n") or not text else 1)
             if n > MAX_LINES:
                 breaches.append("%s: %d lines, over %d: split it by concern" % (rel, n, MAX_LINES))
+        if suffix == ".c" and rel.split(os.sep)[0] not in LAYOUT_CALLERS and LAYOUT_CALL.search(text):
+            breaches.append("%s: calls ctx_assemble: ask the context planner (retriever/planner.h)"
+                            % rel)
         if rel == os.path.join("tools", "check-house.py"):
             continue
         for i, line in enumerate(text.splitlines(), 1):
