@@ -1,4 +1,4 @@
-/* The forward pass on a GPU: the same steps as forward_step in model/engine.c, each one
+/* The forward pass on a GPU: the same steps as forward_step in model/engine_step.c, each one
  * operation of the GPU table over all the step's rows (RoPE, the KV store and attention once
  * per sequence of the step, over its own pages). The residual stream stays f32; the inputs
  * of products and attention are bf16. q, k, v and lambda come from one fused product, gate

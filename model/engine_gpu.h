@@ -2,7 +2,7 @@
  * paged KV pool beside them (model_gpu_load), and per engine context a sequence (struct
  * GpuSeq) with its own GPU context (stream, cuBLAS handle), page table and activations; the
  * sequences of a batch are members of such a context, computed in its steps. The engine
- * (model/engine.c) calls this when its options ask for a GPU. */
+ * (model/engine.c, model/engine_step.c) calls this when its options ask for a GPU. */
 #ifndef DIFFRAG_ENGINE_GPU_H
 #define DIFFRAG_ENGINE_GPU_H
 
