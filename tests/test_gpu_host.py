@@ -244,8 +244,10 @@ def test_gpu_batching_on_the_host_emulation(tmp_path, squad_dir):
             c.send(m)
         _, finals = gather({c: [m["id"]] for c, m in zip(clients, msgs)}, timeout=600)
         preempted = metric_sum(d, "diffrag_preemptions_total")
-        free = d.metric("diffrag_kv_pool_pages", state="free")
+        # the free count once the last pages are given back (a worker returns them just after
+        # its final reply goes out, so a read before the used count settles can see fewer)
         assert pages_used(d) == 0.0
+        free = d.metric("diffrag_kv_pool_pages", state="free")
         assert d.stop() == 0, d.log_text()[-2000:]
     print("device pool of %d pages: preemptions %s, free after %s" % (pages, preempted, free))
     assert preempted and preempted > 0, preempted
