@@ -661,3 +661,55 @@ def test_every_exit_code_is_documented():
     assert sorted(int(c) for c in re.findall(r"\b(\d+) (?:when|for)\b", sentence)) == sorted(codes), sentence
     table = (ROOT / "docs" / "cli.md").read_text().split("Exit status, for scripts:", 1)[1]
     assert sorted(int(c) for c in re.findall(r"^\| (\d+) \|", table, re.M)) == sorted(codes)
+
+
+def test_ingest_skips_an_over_long_id(daemon, tmp_path):
+    """A folder of 70 files and one whose id would be 261 bytes (the daemon takes 256): the
+    one is skipped with a note naming it and the limit, the 70 others are stored; the file
+    given directly is an error (exit 6), and nothing is sent."""
+    d = tmp_path / "longnames"
+    d.mkdir()
+    for i in range(70):
+        (d / ("f%02d.txt" % i)).write_text("File %d is about the river number %d.\n" % (i, i))
+    long_name = "n" * 247 + ".txt"
+    (d / long_name).write_text("A file with a very long name.\n")
+    r = cli("ingest", "-c", "longids", "--json", d, endpoint=daemon.endpoint)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert (j["ingested"], j["docs"], j["skipped"]) == (70, 70, 1), j
+    note = [ln for ln in r.stderr.splitlines() if long_name in ln]
+    assert len(note) == 1 and "261 bytes, over the 256" in note[0] and "skipped" in note[0]
+    r = cli("ingest", "-c", "longids", d / long_name, endpoint=daemon.endpoint)
+    assert r.returncode == 6 and "261 bytes, over the 256" in r.stderr, r.stderr
+
+
+def test_ingest_does_not_follow_links_out_of_the_folder(tmp_path):
+    """A link inside the folder to a file inside it is sent under its own id; a link to a file
+    outside the folder is skipped with a note naming its target; given directly, it is read."""
+    secret = tmp_path / "private" / "secret.txt"
+    secret.parent.mkdir()
+    secret.write_text("The vault code is 4711.\n")
+    d = tmp_path / "shared"
+    d.mkdir()
+    (d / "plain.txt").write_text("Plain text about the Rhine.\n")
+    (d / "alias.txt").symlink_to("plain.txt")
+    (d / "leak.txt").symlink_to(secret)
+    sent = []
+
+    def handler(req):
+        if req["op"] != "ingest":
+            return pong(req)
+        sent.extend((doc["id"], doc["text"]) for doc in req["docs"])
+        return [{"ok": True, "collection": req["collection"], "ingested": len(req["docs"]),
+                 "bytes": 10, "docs": len(sent), "chunks": len(sent)}]
+
+    with FakeServer(handler) as srv:
+        r = cli("ingest", "--json", d, endpoint=srv.endpoint, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert [i for i, _ in sent] == ["shared/alias.txt", "shared/plain.txt"], sent
+        assert not any("4711" in t for _, t in sent)
+        assert json.loads(r.stdout)["skipped"] == 1
+        assert any("leak.txt" in ln and "a symbolic link to a file outside the folder" in ln and
+                   str(secret.resolve()) in ln for ln in r.stderr.splitlines()), r.stderr
+        r = cli("ingest", d / "leak.txt", endpoint=srv.endpoint, timeout=30)
+        assert r.returncode == 0 and sent[-1] == ("shared/leak.txt", "The vault code is 4711.\n")

@@ -265,3 +265,76 @@ def test_options(build_dir, root, tmp_path):
     assert json.loads(out)["doc_id"] == "wien"
     _, out, _ = run(build_dir, root, data, "-c", "g", "search", "--json", "--", "-danube")
     assert json.loads(out.splitlines()[0])["doc_id"] == "wien"
+
+
+def long_name_folder(tmp_path, n=70):
+    """A folder "longnames" of n short files and one whose 251-byte name makes its id
+    ("longnames/" + name) 261 bytes, over the 256 an id may have; and one whose id is 256."""
+    d = tmp_path / "longnames"
+    d.mkdir()
+    for i in range(n):
+        (d / ("f%02d.txt" % i)).write_text("File %d is about the river number %d.\n" % (i, i))
+    long_name = "n" * 247 + ".txt"
+    (d / long_name).write_text("A file with a very long name.\n")
+    fits = "m" * (256 - len("longnames/") - 4) + ".txt"
+    (d / fits).write_text("A file whose id is exactly at the limit.\n")
+    return d, long_name, fits
+
+
+def test_an_over_long_id_is_skipped(build_dir, root, tmp_path):
+    """One file whose id would be over the store's 256 bytes is skipped with a note naming it
+    and the limit; the other 71 files are stored. Given directly, it is an error."""
+    data = tmp_path / "store"
+    d, long_name, fits = long_name_folder(tmp_path)
+    rc, _, err = run(build_dir, root, data, "-c", "ln", "ingest", "--approx-tokens", str(d),
+                     check=False)
+    assert rc == 0 and "ingested 71 documents" in err, err
+    note = [ln for ln in err.splitlines() if long_name in ln]
+    assert len(note) == 1 and "261 bytes, over the 256" in note[0] and "skipped" in note[0], err
+    assert "skipped 1 files" in err
+    ids = run(build_dir, root, data, "-c", "ln", "list", "--limit", "1000")[1].split()
+    assert len(ids) == 71 and "longnames/" + fits in ids
+    rc, _, err = run(build_dir, root, data, "-c", "ln", "ingest", "--approx-tokens",
+                     str(d / long_name), check=False)
+    assert rc == 1 and "261 bytes, over the 256" in err, err
+    # a .jsonl line with an over-long id is an error naming the line, before anything is written
+    j = tmp_path / "ids.jsonl"
+    j.write_text(json.dumps({"id": "ok", "text": "fine"}) + "\n" +
+                 json.dumps({"id": "x" * 300, "text": "too long an id"}) + "\n")
+    rc, _, err = run(build_dir, root, data, "-c", "ln2", "ingest", "--approx-tokens", str(j),
+                     check=False)
+    assert rc == 1 and "ids.jsonl:2: the id is 300 bytes, over the 256" in err, err
+
+
+def test_symlinks_out_of_the_folder_are_not_followed(build_dir, root, tmp_path):
+    """In a folder walk, a link to a file inside the same folder is read (under the link's
+    own id); a link to a file outside it is skipped with a note naming its target, so that a
+    folder cannot pull in files from elsewhere; the same file given directly is read."""
+    data = tmp_path / "store"
+    secret = tmp_path / "private" / "secret.txt"
+    secret.parent.mkdir()
+    secret.write_text("The vault code is 4711.\n")
+    d = tmp_path / "shared"
+    (d / "sub").mkdir(parents=True)
+    (d / "sub" / "plain.txt").write_text("Plain text about the Rhine.\n")
+    (d / "alias.txt").symlink_to(d / "sub" / "plain.txt")    # inside: followed
+    (d / "rel.txt").symlink_to("sub/plain.txt")              # inside, relative
+    (d / "leak.txt").symlink_to(secret)                      # outside: not followed
+    (d / "up.txt").symlink_to("../private/secret.txt")       # outside, relative
+    rc, _, err = run(build_dir, root, data, "-c", "sl", "ingest", "--approx-tokens", str(d),
+                     check=False)
+    assert rc == 0 and "ingested 3 documents" in err, err
+    for name in ("leak.txt", "up.txt"):
+        assert any(name in ln and "a symbolic link to a file outside the folder" in ln and
+                   str(secret.resolve()) in ln and "not followed" in ln
+                   for ln in err.splitlines()), (name, err)
+    assert "skipped 2 files" in err
+    ids = run(build_dir, root, data, "-c", "sl", "list")[1].split()
+    assert ids == ["shared/alias.txt", "shared/rel.txt", "shared/sub/plain.txt"], ids
+    rc, out, _ = run(build_dir, root, data, "-c", "sl", "search", "--json", "vault code")
+    assert "secret" not in out and "4711" not in out
+    # named on the command line, the link is the user's choice: it is read
+    rc, _, err = run(build_dir, root, data, "-c", "sl", "ingest", "--approx-tokens",
+                     str(d / "leak.txt"))
+    assert "ingested 1 documents" in err
+    assert "shared/leak.txt" in run(build_dir, root, data, "-c", "sl", "list")[1].split()

@@ -339,6 +339,9 @@ static void counter_close(struct Counter *c)
 
 /* ---- ingest ---- */
 
+_Static_assert(DOCSRC_MAX_ID_BYTES == INDEX_MAX_ID_BYTES,
+               "the ingest's id limit is the store's: a longer id would refuse a whole batch");
+
 /* Text file and .jsonl line limits: the store's own (64 MiB a document by default). A .jsonl
  * line may hold escapes, so it gets four times that. */
 #define LIMIT_HINT "split it into smaller documents"

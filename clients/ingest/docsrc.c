@@ -1,6 +1,7 @@
-/* Documents from local files (docsrc.h): the folder walk with its id rule, and the readers of
- * text files and .jsonl lines. Only regular files are read, sizes are checked before reading,
- * and a file that is not UTF-8 text is refused with the byte where it stops being text. */
+/* Documents from local files (docsrc.h): the folder walk with its id and link rules, and the
+ * readers of text files and .jsonl lines. Only regular files are read, sizes are checked before
+ * reading, and a file that is not UTF-8 text is refused with the byte where it stops being
+ * text. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -96,8 +97,9 @@ static char *join(const char *a, const char *b)
     return s;
 }
 
-/* The name a folder gives its files' ids: the last component of its real path ("" for "/"). */
-static int folder_name(const char *dir, char **out, char *err, size_t errlen)
+/* The name a folder gives its files' ids: the last component of its real path ("" for "/").
+ * real_out (optional) receives the real path (malloc'd). */
+static int folder_name(const char *dir, char **out, char **real_out, char *err, size_t errlen)
 {
     char *real = realpath(dir, NULL);
     if (!real)
@@ -115,12 +117,25 @@ static int folder_name(const char *dir, char **out, char *err, size_t errlen)
         free(*out);
         *out = NULL;
     }
+    if (rc == DOCSRC_OK && real_out) {
+        *real_out = real;
+        return rc;
+    }
     free(real);
     return rc;
 }
 
+/* 1 when the real path `target` lies inside the folder whose real path is `root`. */
+static int inside(const char *root, const char *target)
+{
+    size_t n = strlen(root);
+    if (n == 1 && root[0] == '/')
+        return 1;
+    return strncmp(target, root, n) == 0 && target[n] == '/';
+}
+
 static int list_add(struct DocsrcList *l, const char *path, const char *id, int named,
-                    enum DocsrcKind kind)
+                    enum DocsrcKind kind, const struct stat *sb)
 {
     if (l->n == l->cap) {
         size_t cap = l->cap ? 2 * l->cap : 64;
@@ -135,6 +150,8 @@ static int list_add(struct DocsrcList *l, const char *path, const char *id, int 
     f->id = strdup(id);
     f->named = named;
     f->kind = kind;
+    f->dev = sb->st_dev;
+    f->ino = sb->st_ino;
     if (!f->path || !f->id) {
         free(f->path);
         free(f->id);
@@ -186,9 +203,10 @@ static void free_names(char **names, size_t n)
     free(names);
 }
 
-/* Adds the files below dir, whose ids start with prefix. */
+/* Adds the files below dir, whose ids start with prefix; root is the real path of the folder
+ * given, which links must not lead out of. */
 static int walk(const struct DocsrcOptions *o, struct DocsrcList *l, const char *dir,
-                const char *prefix, char *err, size_t errlen)
+                const char *prefix, const char *root, char *err, size_t errlen)
 {
     char **names = NULL, buf[512];
     size_t n = 0;
@@ -206,6 +224,8 @@ static int walk(const struct DocsrcOptions *o, struct DocsrcList *l, const char 
         char *path = join(dir, names[i]), *id = prefix[0] ? join(prefix, names[i]) : strdup(names[i]);
         struct stat sb;
         enum DocsrcKind kind;
+        int link = 0;
+        char *target = NULL;
         if (!path || !id) {
             rc = errmsg_set(err, errlen, DOCSRC_ENOMEM, "out of memory");
         } else if (!utf8_ok(names[i])) {
@@ -216,8 +236,8 @@ static int walk(const struct DocsrcOptions *o, struct DocsrcList *l, const char 
             note(o, "%s: %s; skipped", path, strerror(errno));
             l->skipped++;
         } else if (S_ISDIR(sb.st_mode)) {
-            rc = walk(o, l, path, id, err, errlen);
-        } else if (S_ISLNK(sb.st_mode) && stat(path, &sb)) {
+            rc = walk(o, l, path, id, root, err, errlen);
+        } else if ((link = S_ISLNK(sb.st_mode)) && stat(path, &sb)) {
             note(o, "%s: a symbolic link to nothing readable (%s); skipped", path, strerror(errno));
             l->skipped++;
         } else if (S_ISDIR(sb.st_mode)) { /* sb is now the link's target */
@@ -234,11 +254,26 @@ static int walk(const struct DocsrcOptions *o, struct DocsrcList *l, const char 
         } else if (!S_ISREG(sb.st_mode)) {
             note(o, "%s: not a regular file (%s); skipped", path, file_type(sb.st_mode));
             l->skipped++;
+        } else if (link && !(target = realpath(path, NULL))) {
+            note(o, "%s: a symbolic link that cannot be resolved (%s); skipped", path,
+                 strerror(errno));
+            l->skipped++;
+        } else if (link && !inside(root, target)) {
+            /* a folder is not a way to read files from elsewhere: naming the file is */
+            note(o, "%s: a symbolic link to a file outside the folder (%s); not followed (give "
+                 "that file itself to ingest it)", path, printable(target, buf, sizeof buf));
+            l->skipped++;
+        } else if (kind != DOCSRC_JSONL && strlen(id) > DOCSRC_MAX_ID_BYTES) {
+            note(o, "%s: its document id would be %zu bytes, over the %d a document id may "
+                 "have; skipped (shorten its name, or ingest the folder it is in)", path,
+                 strlen(id), DOCSRC_MAX_ID_BYTES);
+            l->skipped++;
         } else {
-            rc = list_add(l, path, id, 0, kind);
+            rc = list_add(l, path, id, 0, kind, &sb);
             if (rc)
                 errmsg_set(err, errlen, rc, "out of memory");
         }
+        free(target);
         free(path);
         free(id);
     }
@@ -256,13 +291,14 @@ int docsrc_collect(const struct DocsrcOptions *o, const char *const *paths, size
         if (stat(p, &sb))
             return errmsg_set(err, errlen, DOCSRC_EINPUT, "%s: %s", printable(p, buf, sizeof buf),
                         strerror(errno));
-        char *name = NULL;
+        char *name = NULL, *real = NULL;
         int rc;
         if (S_ISDIR(sb.st_mode)) {
-            rc = folder_name(p, &name, err, errlen);
+            rc = folder_name(p, &name, &real, err, errlen);
             if (!rc)
-                rc = walk(o, l, p, name, err, errlen);
+                rc = walk(o, l, p, name, real, err, errlen);
             free(name);
+            free(real);
             if (rc)
                 return rc;
             continue;
@@ -286,13 +322,20 @@ int docsrc_collect(const struct DocsrcOptions *o, const char *const *paths, size
         char *dir = slash ? strndup(p, slash == p ? 1 : (size_t)(slash - p)) : strdup(".");
         if (!dir)
             return errmsg_set(err, errlen, DOCSRC_ENOMEM, "out of memory");
-        rc = folder_name(dir, &name, err, errlen);
+        rc = folder_name(dir, &name, NULL, err, errlen);
         free(dir);
         if (rc)
             return rc;
         char *id = name[0] ? join(name, base) : strdup(base);
         free(name);
-        rc = id ? list_add(l, p, id, 1, kind) : DOCSRC_ENOMEM;
+        if (id && kind != DOCSRC_JSONL && strlen(id) > DOCSRC_MAX_ID_BYTES) {
+            rc = errmsg_set(err, errlen, DOCSRC_EFILE, "%s: its document id would be %zu bytes, "
+                            "over the %d a document id may have: shorten its name",
+                            printable(p, buf, sizeof buf), strlen(id), DOCSRC_MAX_ID_BYTES);
+            free(id);
+            return rc;
+        }
+        rc = id ? list_add(l, p, id, 1, kind, &sb) : DOCSRC_ENOMEM;
         free(id);
         if (rc)
             return errmsg_set(err, errlen, rc, "out of memory");
@@ -326,7 +369,8 @@ static void mib(char *buf, size_t cap, size_t bytes)
     snprintf(buf, cap, "%.1f MiB", bytes / 1048576.0);
 }
 
-/* Opens a regular file without blocking on a FIFO put in its place since the walk. */
+/* Opens the regular file the walk saw, without blocking on a FIFO put in its place since; a
+ * file or link put in its place (a link out of the folder, say) is not read either. */
 static int open_regular(const struct DocsrcFile *f, int *fd_out, struct stat *sb, char *err,
                         size_t errlen)
 {
@@ -340,6 +384,11 @@ static int open_regular(const struct DocsrcFile *f, int *fd_out, struct stat *sb
                    ? errmsg_set(err, errlen, DOCSRC_EFILE, "%s: not a regular file (%s)", f->path,
                           file_type(sb->st_mode))
                    : errmsg_set(err, errlen, DOCSRC_EIO, "%s: %s", f->path, strerror(e));
+    }
+    if (sb->st_dev != f->dev || sb->st_ino != f->ino) {
+        close(fd);
+        return errmsg_set(err, errlen, DOCSRC_EFILE, "%s: replaced by another file since the "
+                          "folder was read; not read (ingest again)", f->path);
     }
     *fd_out = fd;
     return DOCSRC_OK;
@@ -484,6 +533,11 @@ static int jsonl_line(const struct DocsrcOptions *o, const struct DocsrcFile *f,
     if (!d.id_len || !d.text_len) {
         errmsg_set(err, errlen, rc, "%s:%zu: %s", f->path, lineno,
              !d.id_len ? "empty id" : "empty text: a document needs some text");
+        goto out;
+    }
+    if (d.id_len > DOCSRC_MAX_ID_BYTES) {
+        errmsg_set(err, errlen, rc, "%s:%zu: the id is %zu bytes, over the %d a document id may "
+                   "have", f->path, lineno, d.id_len, DOCSRC_MAX_ID_BYTES);
         goto out;
     }
     json_t *meta = json_object_get(obj, "meta");

@@ -11,18 +11,32 @@
  * A folder is named by the last component of its real path, so the same file gets the same id
  * however the folder is spelled, and ingesting a folder again replaces its documents instead
  * of adding copies. A folder given as "/" adds no name.
- * The ids of .jsonl documents are their "id" fields. */
+ * The ids of .jsonl documents are their "id" fields.
+ *
+ * An id has at most DOCSRC_MAX_ID_BYTES: a walk skips a file whose id would be longer, with a
+ * note naming it; a file given directly, or a .jsonl line, with such an id is an error.
+ *
+ * Symbolic links: a walk reads a link to a file inside the folder given (the link's path
+ * gives the id) and skips, with a note naming its target, a link to a file outside it, so
+ * that a folder cannot pull in files from elsewhere; it never follows a link to a folder. A
+ * path given directly is followed wherever it points: naming it is the choice. A file that
+ * changed since the walk saw it (another file, or a link, put in its place) is not read. */
 #ifndef DIFFRAG_DOCSRC_H
 #define DIFFRAG_DOCSRC_H
 
 #include <stddef.h>
 #include <stdio.h>
+#include <sys/types.h>
+
+/* The longest document id the store (INDEX_MAX_ID_BYTES) and the protocol take, in bytes. */
+#define DOCSRC_MAX_ID_BYTES 256
 
 enum DocsrcStatus {
     DOCSRC_OK = 0,
     DOCSRC_EFILE = -1,  /* this file cannot be a document (not a regular file, too large, empty,
-                         * not UTF-8, a NUL byte, a name that is not UTF-8): callers skip it
-                         * when a folder walk found it and fail when it was named */
+                         * not UTF-8, a NUL byte, a name that is not UTF-8, an id over
+                         * DOCSRC_MAX_ID_BYTES, replaced since the walk): callers skip it when
+                         * a folder walk found it and fail when it was named */
     DOCSRC_EINPUT = -2, /* a malformed .jsonl line, a missing or unusable path */
     DOCSRC_EIO = -3,    /* the operating system failed to read */
     DOCSRC_ENOMEM = -4,
@@ -57,12 +71,15 @@ struct DocsrcFile {
     char *id;     /* the id of its document, for .txt and .md */
     int named;    /* given directly, not found by walking a folder */
     enum DocsrcKind kind;
+    dev_t dev;    /* the file the walk saw (a link's target): what is opened must be it */
+    ino_t ino;
 };
 
 struct DocsrcList {
     struct DocsrcFile *files;
     size_t n, cap;
-    size_t skipped; /* files a walk passed over: other extensions, not regular, bad names */
+    size_t skipped; /* files a walk passed over: other extensions, not regular, bad names,
+                     * ids too long, links out of the folder */
     size_t other_kind; /* of those, the files of other extensions (the first DOCSRC_NAMED_OTHER noted) */
 };
 
@@ -73,7 +90,8 @@ const char *docsrc_skip_summary(size_t skipped, size_t other_kind, char *buf, si
 /* Collects the files of paths[0..n_paths) into *list (start from `struct DocsrcList l = {0}`;
  * it may be called again to add more). Returns DOCSRC_OK, DOCSRC_EINPUT (a path that does not
  * exist or cannot be walked, a named file of another kind; err names it), DOCSRC_EFILE (a
- * named file that is not a regular file, or a name that is not UTF-8), DOCSRC_ENOMEM. */
+ * named file that is not a regular file, a name that is not UTF-8, or an id that would be over
+ * DOCSRC_MAX_ID_BYTES), DOCSRC_ENOMEM. */
 int docsrc_collect(const struct DocsrcOptions *o, const char *const *paths, size_t n_paths,
                    struct DocsrcList *list, char *err, size_t errlen);
 void docsrc_list_free(struct DocsrcList *list);
