@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/statvfs.h>
 
 #include "daemon/log.h"
 #include "retriever/bm25.h"
@@ -52,24 +51,15 @@ static void fail(const struct PrepShared *sh, struct Request *r, int st, const c
     snprintf(r->message, sizeof r->message, "%s", msg);
 }
 
-/* A store write failed. LMDB reports a full filesystem as an I/O error (a short write), which
- * tells an operator nothing: when the data directory's filesystem has no room for the batch,
- * say so. */
-static void fail_write(const struct PrepShared *sh, struct Request *r, int st, const char *err,
-                       size_t batch_bytes)
+/* A store write failed. A full disk (RET_EFULL: the store's message names the data directory,
+ * its free space and what to do) is logged too, once a write, so an operator sees it without a
+ * client to report it. */
+static void fail_write(const struct PrepShared *sh, struct Request *r, int st, const char *err)
 {
-    struct statvfs fs;
-    if (st == RET_EIO && sh->data_dir && statvfs(sh->data_dir, &fs) == 0) {
-        unsigned long long avail = (unsigned long long)fs.f_bavail * fs.f_frsize;
-        if (avail < 4ull * batch_bytes + (1ull << 20)) {
-            char msg[sizeof r->message];
-            snprintf(msg, sizeof msg, "no space left in the data directory (%llu KiB free on its "
-                     "filesystem); nothing was written (%s)", avail >> 10, err);
-            fail(sh, r, st, msg);
-            dlog(LL_ERROR, "msg=\"data directory full\" data_dir=\"%s\" free_bytes=%llu", sh->data_dir,
-                 avail);
-            return;
-        }
+    if (st == RET_EFULL) {
+        char q[600];
+        dlog(LL_ERROR, "msg=\"data directory full\" error=%s", dlog_quote(q, sizeof q, err,
+             strlen(err)));
     }
     fail(sh, r, st, err);
 }
@@ -322,7 +312,7 @@ void stage_ingest(const struct PrepShared *sh, struct Request *r)
         bytes += r->p.docs[i].text_len;
     int st = store_put_docs(sh->store, coll, r->p.docs, r->p.n_docs, &io, &sh->tc, err, sizeof err);
     if (st) {
-        fail_write(sh, r, st, err, bytes);
+        fail_write(sh, r, st, err);
         return;
     }
     mpw_kv_str(&r->reply, "collection", coll, strlen(coll));
@@ -349,7 +339,7 @@ void stage_delete(const struct PrepShared *sh, struct Request *r)
     size_t n = 0;
     int st = store_delete_docs(sh->store, coll, ids, lens, r->p.n_ids, &n, err, sizeof err);
     if (st) {
-        fail_write(sh, r, st, err, 0);
+        fail_write(sh, r, st, err);
         goto done;
     }
     mpw_kv_uint(&r->reply, "deleted", n);
@@ -367,7 +357,7 @@ void stage_drop(const struct PrepShared *sh, struct Request *r)
     uint64_t n = 0;
     int st = store_drop_collection(sh->store, coll, &n, err, sizeof err);
     if (st) {
-        fail_write(sh, r, st, err, 0);
+        fail_write(sh, r, st, err);
         return;
     }
     mpw_kv_str(&r->reply, "collection", coll, strlen(coll));

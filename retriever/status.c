@@ -16,6 +16,7 @@ const char *ret_strerror(int status)
     case RET_ELIMIT: return "limit reached";
     case RET_ETOKEN: return "token counter failed";
     case RET_EBUDGET: return "token budget too small";
+    case RET_EFULL: return "disk or store map full";
     default: return "unknown status";
     }
 }

@@ -19,6 +19,8 @@ enum RetStatus {
     RET_ELIMIT = -7,    /* a fixed limit was reached (chunk ids, map size ceiling) */
     RET_ETOKEN = -8,    /* the token counter failed */
     RET_EBUDGET = -9,   /* the fixed part of a prompt does not fit the token budget */
+    RET_EFULL = -10,    /* the disk holding the store, or the store's map, is full: nothing was
+                         * written */
 };
 
 const char *ret_strerror(int status);

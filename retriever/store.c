@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include "retriever/status.h"
 
@@ -229,13 +231,41 @@ int store_txn_begin(struct Store *s, unsigned flags, MDB_txn **txn, char *err, s
     return ret_fail(err, errlen, RET_EIO, "begin transaction: the map keeps being resized");
 }
 
+/* Free space below this after a write failed with EIO means the write failed for want of it. */
+#define STORE_FULL_BYTES (1ull << 20)
+
+/* A commit that failed writing its pages. LMDB returns a write's errno (ENOSPC, EDQUOT), or
+ * EIO when the write came up short, which is how a filesystem that fills during the write
+ * shows: "commit: Input/output error" tells an operator nothing, so when the data directory's
+ * filesystem has (next to) no room left, say that the disk is full and what to do. */
+static int commit_fail(struct Store *s, int rc, char *err, size_t errlen)
+{
+    if (rc != ENOSPC && rc != EDQUOT && rc != EIO)
+        return store_mdb_fail(err, errlen, rc, "commit");
+    struct statvfs fs;
+    int known = statvfs(s->dir, &fs) == 0;
+    /* root may write into the blocks a filesystem keeps back from other users */
+    unsigned long long avail = known ? (unsigned long long)(geteuid() == 0 ? fs.f_bfree : fs.f_bavail)
+                                       * fs.f_frsize : 0;
+    if (rc == EIO && (!known || avail >= STORE_FULL_BYTES))
+        return store_mdb_fail(err, errlen, rc, "commit");
+    /* what to do first: a caller's buffer may cut the tail (the directory, LMDB's words) */
+    if (rc == EDQUOT)
+        return ret_fail(err, errlen, RET_EFULL, "no space left in the data directory (this user's "
+                        "disk quota is used up): nothing was written; free space there or raise "
+                        "the quota (%s; LMDB: %s)", s->dir, mdb_strerror(rc));
+    return ret_fail(err, errlen, RET_EFULL, "no space left in the data directory (the disk is full, "
+                    "%llu KiB free): nothing was written; free space on it, or move the store to a "
+                    "larger filesystem (%s; LMDB: %s)", avail >> 10, s->dir, mdb_strerror(rc));
+}
+
 int store_txn_commit(struct Store *s, MDB_txn *txn, char *err, size_t errlen)
 {
     int rc = mdb_txn_commit(txn);
     txn_release(s);
     if (rc == MDB_MAP_FULL)
         return rc; /* the write loop grows the map and replays the batch */
-    return rc ? store_mdb_fail(err, errlen, rc, "commit") : RET_OK;
+    return rc ? commit_fail(s, rc, err, errlen) : RET_OK;
 }
 
 void store_txn_abort(struct Store *s, MDB_txn *txn)
@@ -259,8 +289,10 @@ int store_grow(struct Store *s, char *err, size_t errlen)
         next = s->opt.max_map_size;
     if (rc == 0 && next <= cur) {
         pthread_rwlock_unlock(&s->resize_lock);
-        return ret_fail(err, errlen, RET_ELIMIT, "store map is at its ceiling of %zu bytes",
-                        s->opt.max_map_size);
+        return ret_fail(err, errlen, RET_EFULL, "the store's map is full: it is at its ceiling of "
+                        "%zu bytes (max_map_size); nothing was written: delete documents or drop "
+                        "collections (their pages are reused), or keep more in another data "
+                        "directory", s->opt.max_map_size);
     }
     if (rc == 0)
         rc = mdb_env_set_mapsize(s->env, next);

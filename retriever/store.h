@@ -60,14 +60,16 @@ size_t store_map_size(struct Store *s);
  * document's chunks and postings go in the same transaction. The whole batch is validated
  * first (UTF-8, sizes, empty text, duplicate ids): any bad document rejects the batch and
  * leaves the store unchanged. `tc` counts tokens for chunking (borrowed for the call).
- * Returns RET_OK (committed durably), RET_EINPUT, RET_ELIMIT, RET_ETOKEN, RET_EIO, RET_ENOMEM. */
+ * Returns RET_OK (committed durably), RET_EINPUT, RET_ELIMIT, RET_ETOKEN, RET_EFULL (the disk
+ * or the map at its ceiling is full; the message says which and what to do), RET_ECORRUPT,
+ * RET_EIO, RET_ENOMEM. */
 int store_put_docs(struct Store *s, const char *collection, const struct StoreDoc *docs, size_t n,
                    const struct IndexOptions *create_opts, const struct TokenCounter *tc,
                    char *err, size_t errlen);
 
 /* Delete documents by id in one transaction; ids that are not present are skipped.
  * *n_deleted (optional) receives how many existed. RET_OK, RET_ENOTFOUND (unknown
- * collection), RET_EINPUT, RET_EIO, RET_ENOMEM. */
+ * collection), RET_EINPUT, RET_EFULL, RET_ECORRUPT, RET_EIO, RET_ENOMEM. */
 int store_delete_docs(struct Store *s, const char *collection, const char *const *ids,
                       const size_t *id_lens, size_t n, size_t *n_deleted, char *err, size_t errlen);
 
@@ -75,8 +77,8 @@ int store_delete_docs(struct Store *s, const char *collection, const char *const
  * postings. Its id is not reused: ingesting into the same name later creates a fresh,
  * empty collection. *n_docs (optional) receives how many documents it held. RET_OK
  * (committed durably), RET_ENOTFOUND ("unknown collection"), RET_EINPUT (invalid name),
- * RET_ELIMIT (too large for one transaction, or the map at its ceiling), RET_ECORRUPT,
- * RET_EIO, RET_ENOMEM. */
+ * RET_ELIMIT (too large for one transaction), RET_EFULL (the disk, or the map at its ceiling),
+ * RET_ECORRUPT, RET_EIO, RET_ENOMEM. */
 int store_drop_collection(struct Store *s, const char *collection, uint64_t *n_docs, char *err,
                           size_t errlen);
 
@@ -188,8 +190,8 @@ struct StoreKvReport {
 /* One durable transaction: puts[0..n_puts) written (replacing a record under the same ref)
  * where their chunks exist, the use ticks of touch[0..n_touch) renewed where they exist, then
  * least recently used records evicted until the total is at most `budget` bytes. rep is
- * optional. RET_OK, RET_ELIMIT (map ceiling), RET_ECORRUPT (damaged store), RET_EIO,
- * RET_ENOMEM. */
+ * optional. RET_OK, RET_EFULL (the disk, or the map at its ceiling), RET_ECORRUPT (damaged
+ * store), RET_EIO, RET_ENOMEM. */
 int store_kv_write(struct Store *s, const struct StoreKvPut *puts, size_t n_puts,
                    const struct StoreKvRef *touch, size_t n_touch, uint64_t budget,
                    struct StoreKvReport *rep, char *err, size_t errlen);

@@ -134,10 +134,12 @@ int store_mdb_fail(char *err, size_t errlen, int mdb_rc, const char *what);
 /* Begin a transaction under the resize lock (shared); handles MDB_MAP_RESIZED. On success the
  * caller must end it with store_txn_end (commit or abort), which releases the lock. */
 int store_txn_begin(struct Store *s, unsigned flags, MDB_txn **txn, char *err, size_t errlen);
-/* Commit; returns RET_OK, a RET_E* status, or MDB_MAP_FULL untouched (writers retry). */
+/* Commit; returns RET_OK, a RET_E* status (RET_EFULL when the disk is full), or MDB_MAP_FULL
+ * untouched (writers retry). */
 int store_txn_commit(struct Store *s, MDB_txn *txn, char *err, size_t errlen);
 void store_txn_abort(struct Store *s, MDB_txn *txn);
-/* Grow the map (at least doubling). RET_OK or RET_ELIMIT at the ceiling, RET_EIO. */
+/* Grow the map (at least doubling). RET_OK, RET_EFULL at the ceiling, RET_ELIMIT while this
+ * thread holds a snapshot, RET_EIO. */
 int store_grow(struct Store *s, char *err, size_t errlen);
 
 #endif

@@ -97,3 +97,42 @@ def test_data_dir_out_of_space(tmp_path):
             umount(bigger)
     finally:
         umount(mnt)
+
+
+def test_chunk_kv_records_on_a_full_disk(tmp_path):
+    """With kv_reuse on, each question over stored documents writes its chunks' KV records to
+    the store. On a full data directory that write fails: the log says the disk is full and
+    what to do (not a bare "commit: Input/output error"), the answers are still given, and the
+    store stays consistent."""
+    if not can_mount():
+        pytest.skip("not root: cannot mount a small filesystem for the data directory")
+    mnt = tmp_path / "small"
+    why = mount_tmpfs(mnt, "2m")
+    if why:
+        pytest.skip(why)
+    model = fast_model(tmp_path)
+    data_dir = mnt / "store"
+    rng = random.Random(7)
+    try:
+        d = Daemon(tmp_path, model, workers=1, threads=1, data_dir=data_dir, kv_reuse=1,
+                   kv_reuse_recompute=0.15, relevance_floor=0, max_context_tokens=2048)
+        with d:
+            c = d.client()
+            acked, refused = fill(c, rng)
+            assert len(acked) >= 3 and "no space left" in refused["error"]["message"], refused
+            for i, q in enumerate(("Where is the harbour?", "What is the quartz?",
+                                   "Which willow?")):
+                _, r = c.call(query(q, collection=COLL, max_tokens=2, top_k=8, id=i))
+                assert r["ok"] and r["citations"], r
+            assert d.stop() == 0
+            lines = [ln for ln in d.log_text().splitlines()
+                     if "cannot write chunk KV records" in ln]
+            print("\n".join(lines))
+            assert lines, d.log_text()[-3000:]
+            assert all("no space left in the data directory (the disk is full" in ln and
+                       "free space on it, or move the store to a larger filesystem" in ln
+                       for ln in lines), lines
+            assert not any("commit: Input/output error\"" in ln for ln in lines), lines
+        store_verify(data_dir, COLL)
+    finally:
+        umount(mnt)
