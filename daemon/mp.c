@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "text/utf8.h"
+
 const char *mp_strerror(int status)
 {
     switch (status) {
@@ -267,8 +269,49 @@ void mpw_reset(struct MpWriter *w)
 
 void mpw_map(struct MpWriter *w, size_t n) { MPW(msgpack_pack_map(&w->pk, n)); }
 void mpw_array(struct MpWriter *w, size_t n) { MPW(msgpack_pack_array(&w->pk, n)); }
+/* s[0..len) with every byte that is not part of well-formed UTF-8 as U+FFFD, as the JSON
+ * escaper (text/json.c) writes it: a msgpack str must be UTF-8, and a client's decoder fails
+ * on one that is not. */
+static void mpw_str_repaired(struct MpWriter *w, const char *s, size_t len)
+{
+    static const char fffd[3] = { '\xef', '\xbf', '\xbd' };
+    const unsigned char *u = (const unsigned char *)s;
+    size_t out = 0;
+    for (size_t i = 0; i < len;) {
+        uint32_t cp;
+        size_t k = u[i] < 0x80 ? 1 : utf8_decode(u + i, len - i, &cp);
+        if (u[i] >= 0x80 && cp == UTF8_INVALID) {
+            out += sizeof fffd;
+            k = 1;
+        } else {
+            out += k;
+        }
+        i += k;
+    }
+    MPW(msgpack_pack_str(&w->pk, out));
+    size_t run = 0;
+    for (size_t i = 0; i < len;) {
+        uint32_t cp;
+        size_t k = u[i] < 0x80 ? 1 : utf8_decode(u + i, len - i, &cp);
+        if (u[i] >= 0x80 && cp == UTF8_INVALID) {
+            if (i > run)
+                MPW(msgpack_pack_str_body(&w->pk, s + run, i - run));
+            MPW(msgpack_pack_str_body(&w->pk, fffd, sizeof fffd));
+            run = ++i;
+            continue;
+        }
+        i += k;
+    }
+    if (len > run)
+        MPW(msgpack_pack_str_body(&w->pk, s + run, len - run));
+}
+
 void mpw_str(struct MpWriter *w, const char *s, size_t len)
 {
+    if (len && !utf8_valid(s, len, NULL)) {
+        mpw_str_repaired(w, s, len);
+        return;
+    }
     MPW(msgpack_pack_str(&w->pk, len));
     if (len)
         MPW(msgpack_pack_str_body(&w->pk, s, len));

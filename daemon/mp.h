@@ -67,6 +67,9 @@ void mpw_destroy(struct MpWriter *w);
 void mpw_reset(struct MpWriter *w);
 void mpw_map(struct MpWriter *w, size_t n);
 void mpw_array(struct MpWriter *w, size_t n);
+/* A str: UTF-8 always (the protocol's strings are); a byte of s that is not part of
+ * well-formed UTF-8 is written as U+FFFD, as the JSON writer does, so that no reply carries
+ * bytes a client cannot decode as text, whatever reached it. */
 void mpw_str(struct MpWriter *w, const char *s, size_t len);
 void mpw_cstr(struct MpWriter *w, const char *s);      /* NUL-terminated; NULL writes nil */
 void mpw_bin(struct MpWriter *w, const void *p, size_t len);

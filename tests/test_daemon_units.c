@@ -28,6 +28,30 @@ static uint64_t next_rand(void)
     return rng;
 }
 
+/* A str is UTF-8 whatever it is given: each byte that is not part of well-formed UTF-8
+ * becomes U+FFFD, the rest is kept. */
+static void test_mp_str_is_utf8(void)
+{
+    struct MpWriter w;
+    mpw_init(&w);
+    mpw_array(&w, 3);
+    mpw_str(&w, "a\xff" "b\xc3", 4);               /* a stray byte, a cut sequence */
+    mpw_str(&w, "h\xc3\xa9llo \xe2\x82\xac", 10);  /* well-formed: as it is */
+    mpw_str(&w, "\xed\xa0\x80", 3);                 /* a surrogate: three bytes, three U+FFFD */
+    struct MpCursor c;
+    struct MpObj o;
+    mp_cursor_init(&c, w.buf.data, w.buf.size);
+    CHECK(!w.failed && mp_next(&c, &o) == 0 && o.type == MP_ARRAY && o.v.n == 3, "array");
+    CHECK(mp_next(&c, &o) == 0 && o.type == MP_STR && o.len == 8 &&
+          !memcmp(o.s, "a\xef\xbf\xbd" "b\xef\xbf\xbd", 8), "repaired: %.*s", (int)o.len, o.s);
+    CHECK(mp_next(&c, &o) == 0 && o.type == MP_STR && o.len == 10 &&
+          !memcmp(o.s, "h\xc3\xa9llo \xe2\x82\xac", 10), "kept");
+    CHECK(mp_next(&c, &o) == 0 && o.type == MP_STR && o.len == 9 &&
+          !memcmp(o.s, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd", 9), "surrogate");
+    CHECK(c.p == c.end, "consumed");
+    mpw_destroy(&w);
+}
+
 static void test_mp_round_trip(void)
 {
     struct MpWriter w;
@@ -539,6 +563,7 @@ static void test_faults(void)
 int main(void)
 {
     test_mp_round_trip();
+    test_mp_str_is_utf8();
     test_mp_random_bytes();
     test_wire();
     test_proto();
