@@ -89,10 +89,15 @@ int doc_record_decode(const MDB_val *v, struct DocHeader *h, const char **title,
     h->title_len = get_le32(p + 8);
     h->meta_len = get_le32(p + 12);
     h->text_len = get_le64(p + 16);
-    if ((uint64_t)DOC_HEADER_SIZE + h->title_len + h->meta_len + h->text_len != v->mv_size)
+    h->summed = (h->title_len & DOC_SUMMED) != 0;
+    h->title_len &= ~DOC_SUMMED;
+    uint64_t size = (uint64_t)DOC_HEADER_SIZE + h->title_len + h->meta_len + h->text_len +
+                    (h->summed ? DOC_SUM_SIZE : 0);
+    if (h->text_len > v->mv_size || size != v->mv_size)
         return RET_ECORRUPT;
     if ((uint64_t)h->first_chunk + h->n_chunks > UINT32_MAX)
         return RET_ECORRUPT;
+    h->sum = h->summed ? get_le64(p + v->mv_size - DOC_SUM_SIZE) : 0;
     *title = (const char *)p + DOC_HEADER_SIZE;
     *meta = p + DOC_HEADER_SIZE + h->title_len;
     *text = (const char *)p + DOC_HEADER_SIZE + h->title_len + h->meta_len;
@@ -107,6 +112,7 @@ int chunk_record_decode(const MDB_val *v, struct ChunkRecord *c, const char **do
     c->chunk = get_le32(p);
     c->n_terms = get_le32(p + 4);
     c->n_tokens = get_le32(p + 8);
+    c->sum = get_le32(p + CHUNK_SUM_OFFSET);
     c->byte_start = get_le64(p + 16);
     c->byte_end = get_le64(p + 24);
     if (c->byte_start > c->byte_end)
@@ -361,6 +367,35 @@ static int read_version(struct Store *s, MDB_txn *txn, uint32_t *version, int *p
     return 0;
 }
 
+static const MDB_val UNSUMMED = { 8, "unsummed" };
+
+/* Upgrades a version 1 or 2 store in place, in one transaction: version 1 lacks the chunk KV
+ * databases (created empty); both hold document and chunk records without checksums, which
+ * meta "unsummed" allows from then on. Nothing else changes. */
+static int upgrade(struct Store *s, char *err, size_t errlen)
+{
+    MDB_txn *txn;
+    int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
+    if (rc)
+        return store_mdb_fail(err, errlen, rc, "upgrade the store");
+    uint8_t vb[4], one[4];
+    put_le32(vb, STORE_SCHEMA_VERSION);
+    put_le32(one, 1);
+    MDB_val k = { 6, "schema" }, v = { 4, vb }, uk = UNSUMMED, uv = { 4, one };
+    rc = open_dbs(s, txn, MDB_CREATE);
+    if (!rc) rc = mdb_put(txn, s->db_meta, &k, &v, 0);
+    if (!rc) rc = mdb_put(txn, s->db_meta, &uk, &uv, 0);
+    if (rc) {
+        mdb_txn_abort(txn);
+        return store_mdb_fail(err, errlen, rc, "upgrade the store");
+    }
+    rc = mdb_txn_commit(txn);
+    if (rc)
+        return store_mdb_fail(err, errlen, rc, "upgrade the store");
+    s->unsummed = 1;
+    return RET_OK;
+}
+
 /* Existing store: check the version before touching anything else. Empty environment: create
  * the databases and write the version. */
 static int open_schema(struct Store *s, char *err, size_t errlen)
@@ -385,31 +420,24 @@ static int open_schema(struct Store *s, char *err, size_t errlen)
             return ret_fail(err, errlen, RET_ECORRUPT,
                             "store at %s has no schema version record; refusing to read it", s->dir);
         }
-        if (version == 1) {
-            /* version 1 lacks the chunk KV databases: create them and say version 2 */
+        if (version == 1 || version == 2) {
             mdb_txn_abort(txn);
-            if ((rc = mdb_txn_begin(s->env, NULL, 0, &txn)))
-                return store_mdb_fail(err, errlen, rc, "upgrade the store");
-            uint8_t vb[4];
-            put_le32(vb, STORE_SCHEMA_VERSION);
-            MDB_val k = { 6, "schema" }, v = { 4, vb };
-            rc = open_dbs(s, txn, MDB_CREATE);
-            if (!rc) rc = mdb_put(txn, s->db_meta, &k, &v, 0);
-            if (rc) {
-                mdb_txn_abort(txn);
-                return store_mdb_fail(err, errlen, rc, "upgrade the store");
-            }
-            rc = mdb_txn_commit(txn);
-            return rc ? store_mdb_fail(err, errlen, rc, "upgrade the store") : RET_OK;
+            return upgrade(s, err, errlen);
         }
         if (version != STORE_SCHEMA_VERSION) {
             mdb_txn_abort(txn);
             return ret_fail(err, errlen, RET_EVERSION,
-                            "store at %s has schema version %u; this build reads versions 1 (upgraded "
-                            "when opened) and %u only: rebuild the store or use a matching build",
-                            s->dir, version, STORE_SCHEMA_VERSION);
+                            "store at %s has schema version %u; this build reads versions 1 and 2 "
+                            "(upgraded when opened) and %u only: rebuild the store or use a "
+                            "matching build", s->dir, version, STORE_SCHEMA_VERSION);
         }
         rc = open_dbs(s, txn, 0);
+        MDB_val uk = UNSUMMED, uv;
+        int got = rc ? rc : mdb_get(txn, s->db_meta, &uk, &uv);
+        if (got == 0)
+            s->unsummed = 1;
+        else if (got != MDB_NOTFOUND)
+            rc = got;
         if (rc) {
             mdb_txn_abort(txn);
             return store_mdb_fail(err, errlen, rc, "open the store's databases");
@@ -599,13 +627,19 @@ int store_list_collections(struct StoreReader *r,
     return st;
 }
 
-static int doc_view(const MDB_val *k, const MDB_val *v, struct StoreDocView *out)
+/* A document record as a view, once it passed its checksum: no read hands out a damaged
+ * document. RET_OK or RET_ECORRUPT with the message. */
+static int doc_view(const struct Store *s, const char *coll, const MDB_val *k, const MDB_val *v,
+                    struct StoreDocView *out, char *err, size_t errlen)
 {
     struct DocHeader h;
     const char *title, *text;
     const void *meta;
     if (doc_record_decode(v, &h, &title, &meta, &text))
-        return RET_ECORRUPT;
+        return ret_fail(err, errlen, RET_ECORRUPT, "document record is malformed");
+    int st = doc_record_check(s, coll, k, v, &h, err, errlen);
+    if (st)
+        return st;
     out->id = (const char *)k->mv_data + 4;
     out->id_len = k->mv_size - 4;
     out->title = title;
@@ -637,8 +671,8 @@ int store_get_doc(struct StoreReader *r, const char *collection, const char *id,
                         (int)(id_len > 64 ? 64 : id_len), id, collection);
     if (rc)
         return store_mdb_fail(err, errlen, rc, "read document");
-    if (doc_view(&k, &v, out))
-        return ret_fail(err, errlen, RET_ECORRUPT, "document record is malformed");
+    if ((st = doc_view(r->s, collection, &k, &v, out, err, errlen)))
+        return st;
     /* mdb_get leaves k pointing at kb, on this stack: hand back the caller's id instead */
     out->id = id;
     return RET_OK;
@@ -669,9 +703,9 @@ int store_list_docs(struct StoreReader *r, const char *collection, const char *a
         int skip = after && after_len && k.mv_size - 4 == after_len &&
                    memcmp((const char *)k.mv_data + 4, after, after_len) == 0;
         if (!skip) {
-            if (doc_view(&k, &v, &out[got])) {
+            if ((st = doc_view(r->s, collection, &k, &v, &out[got], err, errlen))) {
                 mdb_cursor_close(cur);
-                return ret_fail(err, errlen, RET_ECORRUPT, "document record is malformed");
+                return st;
             }
             got++;
         }

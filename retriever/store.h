@@ -2,14 +2,17 @@
  *
  *   meta      "schema" -> u32 schema version, "next_coll" -> u32 next collection id
  *   stats     collection name -> collection record (id, options, statistics for BM25)
- *   docs      coll id (u32 BE) | doc id -> doc record (chunk range, title, metadata, text)
+ *   docs      coll id (u32 BE) | doc id -> doc record (chunk range, title, metadata, text,
+ *             checksum)
  *   chunks    coll id | chunk id (u32 BE) -> chunk record (index in doc, byte offsets,
- *             length in terms, tokens, doc id)
+ *             length in terms, tokens, checksum, doc id)
  *   postings  coll id | term | 0x00 -> term header (df, max tf, min length)
  *             coll id | term | 0x00 | first chunk id (u32 BE) -> posting block (postings.h)
  *   kv        coll id | chunk id | key (u64 BE) -> a chunk's KV record (checksummed payload)
  *   kvuse     the same key -> u64 use tick, u64 record bytes (least recently used goes first)
- *   meta      "kv_bytes" -> u64 the KV records' total bytes, "kv_tick" -> u64 the last tick
+ *   meta      "kv_bytes" -> u64 the KV records' total bytes, "kv_tick" -> u64 the last tick,
+ *             "unsummed" -> u32 1 in a store upgraded from schema 1 or 2 (records without
+ *             checksums may be there)
  *
  * Chunk ids are allocated in increasing order and never reused, so new postings always append.
  * A write (a batch of puts or deletes) is one LMDB transaction: it is acknowledged (the call
@@ -30,9 +33,12 @@
 #include "retriever/index.h"
 #include "text/tokcount.h"
 
-/* Version 2 added the chunk KV databases; a version 1 store is upgraded in place when opened
- * (the empty databases are created, nothing else changes). */
-#define STORE_SCHEMA_VERSION 2
+/* Version 2 added the chunk KV databases, version 3 checksums in document and chunk records. A
+ * version 1 or 2 store is upgraded in place when opened: the KV databases are created empty
+ * where missing, and its records stay as they are, without checksums (meta "unsummed" says
+ * it may hold such records; their text is checked as UTF-8 instead), while every record
+ * written from then on carries one. */
+#define STORE_SCHEMA_VERSION 3
 
 struct StoreOptions {
     size_t map_size;        /* initial map size in bytes (default 64 MiB); grows on demand */
@@ -115,13 +121,18 @@ struct StoreDocView {
 
 /* The document `id` of a collection. out->title, meta and text borrow the reader's snapshot;
  * out->id is the caller's `id` (the stored key equals it byte for byte), valid as long as that
- * is. RET_OK, RET_ENOTFOUND (collection or document), RET_ECORRUPT, RET_EIO. */
+ * is. The record is checked against its checksum first (one written before checksums: its
+ * title and text as UTF-8), so the text handed out is what was stored; this reads it whole.
+ * RET_OK, RET_ENOTFOUND (collection or document), RET_ECORRUPT (a malformed or damaged
+ * record: the message names the document and the verify command), RET_EIO. */
 int store_get_doc(struct StoreReader *r, const char *collection, const char *id, size_t id_len,
                   struct StoreDocView *out, char *err, size_t errlen);
 
 /* Page through documents in id byte order: up to cap documents whose id sorts after
  * `after` (NULL or after_len 0 = from the start). *n receives the count; fewer than cap means
- * the end was reached. RET_OK, RET_ENOTFOUND, RET_ECORRUPT, RET_EIO. */
+ * the end was reached. Each is checked as store_get_doc checks it (so a listing reads the
+ * documents whole); the first damaged one fails the page. RET_OK, RET_ENOTFOUND, RET_ECORRUPT,
+ * RET_EIO. */
 int store_list_docs(struct StoreReader *r, const char *collection, const char *after,
                     size_t after_len, struct StoreDocView *out, size_t cap, size_t *n,
                     char *err, size_t errlen);
@@ -137,8 +148,10 @@ int store_get_chunk(struct StoreReader *r, const char *collection, uint32_t chun
 
 /* BM25 top-k over the collection (query analysed with the collection's analyzer). hits holds
  * cap entries (k is clamped to cap); *n_hits receives the count, best first. Hits borrow the
- * reader's snapshot. RET_OK, RET_ENOTFOUND (collection; unknown filter ids simply match
- * nothing), RET_ECORRUPT, RET_EIO, RET_ENOMEM. `stats` (optional) reports the work done. */
+ * reader's snapshot. Each hit's chunk is checked against its checksum (its record, title and
+ * text; not the rest of the document). RET_OK, RET_ENOTFOUND (collection; unknown filter ids
+ * simply match nothing), RET_ECORRUPT (a damaged hit: the message names its document),
+ * RET_EIO, RET_ENOMEM. `stats` (optional) reports the work done. */
 struct Bm25Stats;
 int store_search(struct StoreReader *r, const char *collection, const char *query, size_t qlen,
                  const struct SearchOptions *o, struct SearchHit *hits, size_t cap, size_t *n_hits,
@@ -147,12 +160,15 @@ int store_search(struct StoreReader *r, const char *collection, const char *quer
 struct StoreVerifyReport {
     uint64_t collections, docs, chunks, postings, terms;
     uint64_t kv_records, kv_bytes;  /* chunk KV records checked, and their bytes */
+    uint64_t docs_unsummed;     /* documents written before checksums (schema 1 or 2): their
+                                 * text was checked as UTF-8 and against their chunks only */
     uint64_t problems;          /* 0 when the store is consistent */
     char first_problem[256];
 };
 
 /* Recompute every collection's statistics from its documents and chunks and check them
- * against the stored ones; re-analyse every chunk and check the postings hold exactly its
+ * against the stored ones; check every document and chunk record against its checksum;
+ * re-analyse every chunk and check the postings hold exactly its
  * terms with their frequencies and length; check every posting points at a live chunk, every
  * chunk at a live document, every block decodes; every chunk KV record belongs to a live chunk,
  * has its use entry and checksum, and (all collections) their sizes add up to the total.

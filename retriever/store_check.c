@@ -318,6 +318,7 @@ static int visit_chunk(struct Sample *x, const struct CollRecord *c, const char 
         return 0;
     }
     seek_add(&x->doc_keys, did, did_len);
+    char why[512];
     uint8_t dkb[KEY_MAX];
     MDB_val dk = { key_doc(dkb, c->id, did, did_len), dkb }, dv;
     int rc = mdb_get(x->txn, x->s->db_docs, &dk, &dv);
@@ -335,6 +336,9 @@ static int visit_chunk(struct Sample *x, const struct CollRecord *c, const char 
         problem(x, "collection \"%s\": chunk %u does not match its document", name, cid);
     else if (!utf8_valid(text + cr.byte_start, cr.byte_end - cr.byte_start, NULL))
         problem(x, "collection \"%s\": the text of chunk %u is not valid UTF-8", name, cid);
+    else if (chunk_record_check(x->s, name, cid, v, &cr, did, did_len, title, h.title_len, text,
+                                why, sizeof why))
+        problem(x, "%s", why);
     else
         seek_add_word(&x->term_keys, text + cr.byte_start, cr.byte_end - cr.byte_start, cid);
     return 0;
@@ -356,6 +360,11 @@ static int visit_doc(struct Sample *x, const struct CollRecord *c, const char *n
     if ((uint64_t)h.first_chunk + h.n_chunks > c->next_chunk_id) {
         problem(x, "collection \"%s\": document \"%.*s\" claims chunk ids beyond the allocator",
                 name, (int)(id_len > 64 ? 64 : id_len), (const char *)k->mv_data + 4);
+        return 0;
+    }
+    char why[512];
+    if (doc_record_check(x->s, name, k, v, &h, why, sizeof why)) {
+        problem(x, "%s", why);
         return 0;
     }
     uint32_t n_terms;

@@ -23,6 +23,9 @@ struct Store {
     /* store_mark_damaged (store_check.c): 0 sound, 1 being marked, 2 marked (damage is set) */
     int damaged;
     char damage[256];
+    /* 1 when the store was upgraded from schema 1 or 2 (meta "unsummed"): it may hold document
+     * and chunk records written without checksums. 0: every record must carry one. */
+    int unsummed;
 };
 
 struct StoreReader {
@@ -37,16 +40,29 @@ struct CollRecord {
 };
 #define COLL_RECORD_SIZE 56
 
-/* Doc record header (value in db_docs), followed by title, meta, text. */
-struct DocHeader { uint32_t first_chunk, n_chunks, title_len, meta_len; uint64_t text_len; };
+/* Doc record (value in db_docs): the header (24 bytes: u32 first chunk, u32 chunk count, u32
+ * title length, u32 meta length, u64 text length), title, meta, text, then, when the title
+ * length's top bit (DOC_SUMMED) is set, as in every record schema 3 writes, a u64 checksum:
+ * doc_sum of the record's key and of every byte before it (store_sum.c). */
+struct DocHeader {
+    uint32_t first_chunk, n_chunks, title_len, meta_len;
+    uint64_t text_len;
+    int summed;      /* the record ends with its checksum */
+    uint64_t sum;
+};
 #define DOC_HEADER_SIZE 24
+#define DOC_SUM_SIZE 8
+#define DOC_SUMMED 0x80000000u
 
-/* Chunk record (value in db_chunks), followed by the doc id. */
+/* Chunk record (value in db_chunks), 32 bytes followed by the doc id: u32 index in the
+ * document, u32 length in terms, u32 tokens, u32 checksum (chunk_sum; 0 in records written
+ * before schema 3), u64 byte start, u64 byte end. */
 struct ChunkRecord {
-    uint32_t chunk, n_terms, n_tokens;
+    uint32_t chunk, n_terms, n_tokens, sum;
     uint64_t byte_start, byte_end;
 };
 #define CHUNK_RECORD_SIZE 32
+#define CHUNK_SUM_OFFSET 12
 
 /* Term header (value of a postings key without a block suffix). */
 struct TermHeader { uint32_t df, max_tf, min_len; };
@@ -84,9 +100,31 @@ void coll_record_encode(const struct CollRecord *c, uint8_t *out); /* COLL_RECOR
 int coll_record_decode(const MDB_val *v, struct CollRecord *c);     /* RET_OK / RET_ECORRUPT */
 void coll_record_options(const struct CollRecord *c, struct IndexOptions *o);
 
-/* Parse a doc record; pointers borrow v. */
+/* Parse a doc record; pointers borrow v. RET_OK or RET_ECORRUPT (sizes that do not add up). The
+ * checksum is not checked: doc_record_check does that. */
 int doc_record_decode(const MDB_val *v, struct DocHeader *h, const char **title, const void **meta,
                       const char **text);
+
+/* ---- checksums (store_sum.c) ---- */
+
+/* The checksum of a doc record under key k: its first len bytes (all but the checksum). */
+uint64_t doc_sum(const MDB_val *k, const void *rec, size_t len);
+/* The checksum of a chunk record: its bytes rec[0..rec_len) (the checksum field read as 0), its
+ * document's title and the chunk's text. Never 0 (0 marks a record written without one). */
+uint32_t chunk_sum(const void *rec, size_t rec_len, const char *title, size_t title_len,
+                   const char *text, size_t text_len);
+/* A decoded doc record (k, v, h as doc_record_decode gave them) against its checksum; one
+ * written without a checksum, which only a store upgraded from schema 2 may hold, must have a
+ * UTF-8 title and text. RET_OK, or RET_ECORRUPT with a message naming the document and the
+ * collection (coll) and saying what to do. */
+int doc_record_check(const struct Store *s, const char *coll, const MDB_val *k, const MDB_val *v,
+                     const struct DocHeader *h, char *err, size_t errlen);
+/* The same for a chunk record v (decoded into cr) of document doc_id, whose title and whole
+ * text are given. */
+int chunk_record_check(const struct Store *s, const char *coll, uint32_t chunk_id,
+                       const MDB_val *v, const struct ChunkRecord *cr, const char *doc_id,
+                       size_t doc_id_len, const char *title, size_t title_len, const char *text,
+                       char *err, size_t errlen);
 int chunk_record_decode(const MDB_val *v, struct ChunkRecord *c, const char **doc_id, size_t *doc_id_len);
 int term_header_decode(const MDB_val *v, struct TermHeader *h);
 

@@ -229,6 +229,9 @@ int store_search(struct StoreReader *r, const char *collection, const char *quer
             st = ret_fail(err, errlen, RET_ECORRUPT, "chunk %u points at a missing document", top[i].id);
             goto out;
         }
+        if ((st = chunk_record_check(s, collection, top[i].id, &cv, &cr, did, did_len, title,
+                                     h.title_len, text, err, errlen)))
+            goto out;
         struct SearchHit *hit = &hits[i];
         hit->score = top[i].score;
         hit->chunk_id = top[i].id;

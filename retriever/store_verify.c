@@ -92,6 +92,10 @@ static int verify_docs(struct Verify *v, const struct CollRecord *rec, const cha
         if (!utf8_valid(text, h.text_len, NULL) || !utf8_valid(title, h.title_len, NULL))
             problem(v, "collection \"%s\": document \"%.*s\" has invalid UTF-8", name, (int)id_len,
                     (const char *)k.mv_data + 4);
+        char why[512];
+        if (doc_record_check(v->s, name, &k, &d, &h, why, sizeof why))
+            problem(v, "%s", why);
+        v->rep->docs_unsummed += !h.summed;
         if ((uint64_t)h.first_chunk + h.n_chunks > rec->next_chunk_id)
             problem(v, "collection \"%s\": document \"%.*s\" claims chunk ids beyond the allocator",
                     name, (int)id_len, (const char *)k.mv_data + 4);
@@ -153,6 +157,10 @@ static int verify_chunks(struct Verify *v, const struct CollRecord *rec, const c
             problem(v, "collection \"%s\": chunk %u lies outside its document", name, cid);
             continue;
         }
+        char why[512];
+        if (chunk_record_check(v->s, name, cid, &d, &cr, did, did_len, title, h.title_len, text,
+                               why, sizeof why))
+            problem(v, "%s", why);
         if (index_chunk_terms(an, rec->index_flags, title, h.title_len, text + cr.byte_start,
                               cr.byte_end - cr.byte_start, bag))
             return ENOMEM;

@@ -17,6 +17,7 @@ struct TermOp { uint32_t term, id, tf, len; uint8_t del; };
 
 struct Batch {
     struct Store *s;
+    const char *coll;      /* the collection's name, for messages */
     MDB_txn *txn;
     struct CollRecord rec;
     struct Analyzer *an;
@@ -90,8 +91,11 @@ static int add_bag_ops(struct Batch *b, uint32_t id, int del)
     return RET_OK;
 }
 
-/* Gather removal ops for an existing document and delete its chunk records. */
-static int remove_doc(struct Batch *b, const MDB_val *docv, char *err, size_t errlen)
+/* Gather removal ops for an existing document (key dk, record docv) and delete its chunk
+ * records. Its postings are found by analysing its text again, so a damaged text would remove
+ * the wrong ones: the record must pass its checksum first. */
+static int remove_doc(struct Batch *b, const MDB_val *dk, const MDB_val *docv, char *err,
+                      size_t errlen)
 {
     struct Store *s = b->s;
     struct DocHeader h;
@@ -99,6 +103,9 @@ static int remove_doc(struct Batch *b, const MDB_val *docv, char *err, size_t er
     const void *meta;
     if (doc_record_decode(docv, &h, &title, &meta, &text))
         return ret_fail(err, errlen, RET_ECORRUPT, "malformed document record");
+    int st = doc_record_check(s, b->coll, dk, docv, &h, err, errlen);
+    if (st)
+        return st;
     if (grow_buf((void **)&b->chunk_ids, &b->cap_ids, h.n_chunks, sizeof *b->chunk_ids))
         return RET_ENOMEM;
     /* Analyse every old chunk before changing anything: text borrows the doc's pages. */
@@ -117,8 +124,8 @@ static int remove_doc(struct Batch *b, const MDB_val *docv, char *err, size_t er
         size_t did_len;
         if (chunk_record_decode(&v, &cr, &did, &did_len) || cr.byte_end > h.text_len)
             return ret_fail(err, errlen, RET_ECORRUPT, "chunk %u: malformed record", cid);
-        int st = index_chunk_terms(b->an, b->rec.index_flags, title, h.title_len, text + cr.byte_start,
-                                   cr.byte_end - cr.byte_start, &b->chunk);
+        st = index_chunk_terms(b->an, b->rec.index_flags, title, h.title_len, text + cr.byte_start,
+                               cr.byte_end - cr.byte_start, &b->chunk);
         if (st)
             return ret_fail(err, errlen, st, "out of memory analysing a chunk");
         if (b->chunk.total != cr.n_terms)
@@ -171,6 +178,9 @@ static int insert_doc(struct Batch *b, const struct StoreDoc *d, const struct Pr
         put_le64(vb + 16, p->spans[j].start);
         put_le64(vb + 24, p->spans[j].end);
         memcpy(vb + CHUNK_RECORD_SIZE, d->id, d->id_len);
+        put_le32(vb + CHUNK_SUM_OFFSET, chunk_sum(vb, CHUNK_RECORD_SIZE + d->id_len, d->title,
+                                                  d->title_len, d->text + p->spans[j].start,
+                                                  p->spans[j].end - p->spans[j].start));
         MDB_val k = { key_chunk(kb, b->rec.id, cid), kb }, v = { CHUNK_RECORD_SIZE + d->id_len, vb };
         int rc = mdb_put(b->txn, s->db_chunks, &k, &v, MDB_NOOVERWRITE);
         if (rc)
@@ -179,14 +189,15 @@ static int insert_doc(struct Batch *b, const struct StoreDoc *d, const struct Pr
     }
     uint8_t kb[KEY_MAX];
     MDB_val k = { key_doc(kb, b->rec.id, d->id, d->id_len), kb };
-    MDB_val v = { DOC_HEADER_SIZE + d->title_len + d->meta_len + d->text_len, NULL };
+    size_t body = DOC_HEADER_SIZE + d->title_len + d->meta_len + d->text_len;
+    MDB_val v = { body + DOC_SUM_SIZE, NULL };
     int rc = mdb_put(b->txn, s->db_docs, &k, &v, MDB_RESERVE);
     if (rc)
         return wfail(err, errlen, rc, "write document");
-    uint8_t *o = v.mv_data;
+    uint8_t *rec = v.mv_data, *o = rec;
     put_le32(o, first);
     put_le32(o + 4, (uint32_t)nsp);
-    put_le32(o + 8, (uint32_t)d->title_len);
+    put_le32(o + 8, (uint32_t)d->title_len | DOC_SUMMED);
     put_le32(o + 12, (uint32_t)d->meta_len);
     put_le64(o + 16, d->text_len);
     o += DOC_HEADER_SIZE;
@@ -195,6 +206,7 @@ static int insert_doc(struct Batch *b, const struct StoreDoc *d, const struct Pr
     if (d->meta_len) memcpy(o, d->meta, d->meta_len);
     o += d->meta_len;
     memcpy(o, d->text, d->text_len);
+    put_le64(rec + body, doc_sum(&k, rec, body));
     b->rec.next_chunk_id = first + (uint32_t)nsp;
     b->rec.n_docs++;
     b->rec.n_chunks += nsp;
@@ -465,6 +477,7 @@ static int write_attempt(struct Store *s, const char *collection, const struct S
     struct Batch b;
     memset(&b, 0, sizeof b);
     b.s = s;
+    b.coll = collection;
     termbag_init(&b.terms);
     termbag_init(&b.chunk);
     int st = store_txn_begin(s, 0, &b.txn, err, errlen);
@@ -492,7 +505,7 @@ static int write_attempt(struct Store *s, const char *collection, const struct S
         MDB_val k = { key_doc(kb, b.rec.id, id, id_len), kb }, v;
         int rc = mdb_get(b.txn, s->db_docs, &k, &v);
         if (rc == 0) {
-            if ((st = remove_doc(&b, &v, err, errlen)))
+            if ((st = remove_doc(&b, &k, &v, err, errlen)))
                 goto out;
             deleted++;
             if (i >= n && (rc = mdb_del(b.txn, s->db_docs, &k, NULL))) {

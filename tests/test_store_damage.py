@@ -203,3 +203,67 @@ def test_damage_at_run_time_turns_the_store_read_only(sound_store, model, tmp_pa
         assert log.count("the store is damaged: serving it read-only from now on") == 1, log[-3000:]
         assert "diffrag-store --data-dir %s verify" % data in log
         assert d.stop() == 0, d.log_text()[-2000:]
+
+
+def patch_text(data, doc, at, byte):
+    """Sets byte `at` of a stored document's text in the data file (LMDB maps the file, so a
+    running daemon reads the change at once)."""
+    record = (doc["title"] + doc["text"]).encode()
+    raw = (data / "data.mdb").read_bytes()
+    pos = raw.find(record)
+    assert pos >= 24 and raw.find(record, pos + 1) < 0, pos
+    with open(data / "data.mdb", "r+b") as f:
+        f.seek(pos + len(doc["title"].encode()) + at)
+        f.write(bytes([byte]))
+
+
+def test_damaged_documents_are_never_served(sound_store, model, tmp_path):
+    """With allow_damaged_store, a document whose text changed under the store (one letter:
+    still UTF-8; or a byte that is not UTF-8, as the audit found) is refused by get, by a query
+    that would place it whole and by a search that finds its chunk, each with `internal` and a
+    message naming the document; other documents are served, and no reply carries bytes that
+    are not UTF-8 (the client decodes every string)."""
+    data = tmp_path / "store"
+    shutil.copytree(sound_store, data)
+    d = Daemon(tmp_path, model, workers=1, data_dir=data, allow_damaged_store=1)
+    with d:
+        c = d.client()
+        docs = {}
+        for i, name in enumerate(("doc-0123", "doc-0200", "doc-0001")):
+            _, r = c.call({"v": 1, "op": "get", "id": i, "collection": COLL, "doc_id": name})
+            assert r["ok"], r
+            docs[name] = r["doc"]
+        patch_text(data, docs["doc-0123"], 3, ord("Q") if docs["doc-0123"]["text"][3] != "Q"
+                   else ord("R"))
+        patch_text(data, docs["doc-0200"], 5, 0xFF)
+        for i, name in enumerate(("doc-0123", "doc-0200")):
+            _, r = c.call({"v": 1, "op": "get", "id": 10 + i, "collection": COLL,
+                           "doc_id": name})
+            print(r)
+            assert r["ok"] is False and r["error"]["code"] == "internal", r
+            msg = r["error"]["message"]
+            assert 'document "%s" in collection "%s" is damaged' % (name, COLL) in msg, msg
+            assert "diffrag-store --data-dir %s verify" % data in msg, msg
+            # a query that reads it whole
+            _, q = c.call({"v": 1, "op": "query", "id": 20 + i, "question": "What is it about?",
+                           "collection": COLL, "ids": [name], "max_tokens": 2})
+            assert q["ok"] is False and name in q["error"]["message"], q
+            # a search whose hits are its chunks (its own rare words)
+            words = " ".join(docs[name]["text"].split()[:3])
+            _, q = c.call({"v": 1, "op": "query", "id": 30 + i, "question": words,
+                           "collection": COLL, "ids": [name], "top_k": 4, "max_tokens": 2})
+            assert q["ok"] is False and name in q["error"]["message"], q
+        # a sound document is served, whole and through a search
+        _, r = c.call({"v": 1, "op": "get", "id": 40, "collection": COLL, "doc_id": "doc-0001"})
+        assert r["ok"] and r["doc"]["text"] == docs["doc-0001"]["text"], r
+        _, q = c.call({"v": 1, "op": "query", "id": 41, "question": "What is it about?",
+                       "collection": COLL, "ids": ["doc-0001"], "max_tokens": 2})
+        assert q["ok"], q
+        _, q = c.call({"v": 1, "op": "query", "id": 42, "top_k": 3,
+                       "question": " ".join(docs["doc-0001"]["text"].split()[:3]),
+                       "collection": COLL, "ids": ["doc-0001"], "max_tokens": 2})
+        assert q["ok"], q
+        assert d.metric("diffrag_store_damaged") == 1
+        assert d.stop() == 0, d.log_text()[-2000:]
+    v = store_tool(data, "verify")
+    assert v.returncode == 1 and "doc-0123" in v.stdout + v.stderr, v.stdout + v.stderr

@@ -17,9 +17,12 @@
 #define HASH_EMPTY 0u
 
 /* The bytes taken 8 at a time (little-endian loads, so the value depends on the machine's byte
- * order: hashes are never stored), each word folded in with a multiply, then MurmurHash3's
- * 64-bit finaliser so that every bit of the result depends on every byte (the low bits pick
- * the slot). Never HASH_EMPTY. */
+ * order), each word folded in with a multiply, then MurmurHash3's 64-bit finaliser so that
+ * every bit of the result depends on every byte (the low bits pick the slot). Never
+ * HASH_EMPTY. The document store keeps its values as the checksums of documents, chunks and
+ * chunk KV records (retriever/store_sum.c, store_kv.c), in an LMDB file, which is bound to the
+ * byte order of the machine that wrote it anyway: changing this function makes every stored
+ * checksum wrong, so it needs a new store schema. */
 uint64_t hash_bytes(const void *p, size_t n);
 /* A bijective mix of a 64-bit integer (xorshift, odd multiply, xorshift of key ^ UINT64_MAX):
  * distinct keys give distinct hashes, and only the key UINT64_MAX gives HASH_EMPTY. Inline: the

@@ -537,6 +537,10 @@ static int cmd_verify(const struct StoreArgs *a, const struct StoreOptions *so, 
            (unsigned long long)rep.chunks, (unsigned long long)rep.terms,
            (unsigned long long)rep.postings, (unsigned long long)rep.kv_records,
            (unsigned long long)rep.kv_bytes, (unsigned long long)rep.problems, tool_now() - t0);
+    if (rep.docs_unsummed)
+        printf("verify: %llu documents predate checksums (written before schema 3): their text "
+               "was checked as UTF-8 and against their chunks; ingest them again to give them "
+               "checksums\n", (unsigned long long)rep.docs_unsummed);
     if (st) {
         fprintf(stderr, "diffrag-store: verify: %s\n", err);
         return 1;
