@@ -124,7 +124,8 @@ def test_cli_errors_leave_store_unchanged(build_dir, root, tmp_path):
         "no_text.jsonl": (b'{"id": "d", "title": "x"}\n', "needs string fields"),
         "number_id.jsonl": (b'{"id": 5, "text": "x"}\n', "must be a string"),
         "empty.jsonl": (b'{"id": "e", "text": ""}\n', "empty text"),
-        "long_id.jsonl": (json.dumps({"id": "x" * 300, "text": "t"}).encode() + b"\n", "limit 256"),
+        "long_id.jsonl": (json.dumps({"id": "x" * 300, "text": "t"}).encode() + b"\n",
+                          "long_id.jsonl:1: the id is 300 bytes, over the 256"),
         "bad_utf8.txt": (b"caf\xe9 au lait\n", "not valid UTF-8"),
     }
     for name, (content, expect) in cases.items():
