@@ -43,6 +43,7 @@ struct OpenAi {
     char *architecture, *quantization;  /* the model's, for /v1/models */
     char *default_collection;          /* NULL: none */
     size_t max_body;
+    struct DlogLimit refusals;         /* their log lines: at most one a second */
     unsigned char (*keys)[32];         /* SHA-256 of each accepted key */
     size_t n_keys;
     char *tls_cert, *tls_key;          /* PEM text; NULL: plain HTTP */
@@ -102,9 +103,23 @@ static enum MHD_Result respond(struct ApiReq *q, unsigned status, struct JsonBuf
     return ret;
 }
 
-/* OpenAI's error object: {"error": {"message", "type", "param", "code"}}. */
-static enum MHD_Result respond_error(struct ApiReq *q, unsigned status, const char *type,
-                                     const char *code, const char *param, const char *msg)
+/* One line for a refused request, at most one a second (a flood of refusals must not flood
+ * the log), with how many were held back; the level checked first. */
+static void log_refusal(struct OpenAi *a, int level, unsigned status, const char *code,
+                        const char *msg)
+{
+    unsigned long held;
+    if (level > dlog_level || !dlog_limit_pass(&a->refusals, &held))
+        return;
+    char why[256];
+    dlog_quote(why, sizeof why, msg, strlen(msg));
+    dlog_write(level, "msg=\"http request refused\" status=%u code=%s reason=%s "
+               "suppressed_since_last=%lu", status, code ? code : "-", why, held);
+}
+
+/* OpenAI's error object: {"error": {"message", "type", "param", "code"}}, logged at level. */
+static enum MHD_Result refuse(struct ApiReq *q, int level, unsigned status, const char *type,
+                              const char *code, const char *param, const char *msg)
 {
     struct JsonBuf b = { 0 };
     json_buf_puts(&b, "{\"error\":{\"message\":");
@@ -122,9 +137,15 @@ static enum MHD_Result respond_error(struct ApiReq *q, unsigned status, const ch
     else
         json_buf_puts(&b, "null");
     json_buf_puts(&b, "}}\n");
-    if (status >= 400 && status != 401)
-        dlog(LL_DEBUG, "msg=\"http request refused\" status=%u code=%s", status, code ? code : "-");
+    log_refusal(q->api, level, status, code, msg);
     return respond(q, status, &b, status == 429 || status == 503 ? "1" : NULL, status == 401);
+}
+
+/* A refusal the client's own request explains (logged at debug). */
+static enum MHD_Result respond_error(struct ApiReq *q, unsigned status, const char *type,
+                                     const char *code, const char *param, const char *msg)
+{
+    return refuse(q, LL_DEBUG, status, type, code, param, msg);
 }
 
 static enum MHD_Result bad_request(struct ApiReq *q, const char *param, const char *msg)
@@ -274,7 +295,7 @@ static enum MHD_Result answer_chat(struct ApiReq *q)
         char msg[128];
         snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (max_message_bytes)",
                  q->api->max_body);
-        return respond_error(q, 413, "invalid_request_error", "too_large", NULL, msg);
+        return refuse(q, LL_INFO, 413, "invalid_request_error", "too_large", NULL, msg);
     }
     char msg[512];
     const char *param = NULL;
@@ -424,14 +445,12 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
             q->route = R_MODELS;
         else if (!strncmp(url, "/v1/models/", 11) && url[11])
             q->route = R_MODEL;
-        if (!key_ok(a, MHD_lookup_connection_value(c, MHD_HEADER_KIND,
-                                                   MHD_HTTP_HEADER_AUTHORIZATION))) {
-            dlog(LL_INFO, "msg=\"http request refused\" status=401 reason=\"%s\"",
-                 MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION)
-                 ? "wrong key" : "no key");
-            return respond_error(q, 401, "invalid_request_error", "invalid_api_key", NULL,
-                                 "a valid API key is required: Authorization: Bearer KEY");
-        }
+        const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                       MHD_HTTP_HEADER_AUTHORIZATION);
+        if (!key_ok(a, auth))
+            return refuse(q, LL_INFO, 401, "invalid_request_error", "invalid_api_key", NULL,
+                          auth ? "a valid API key is required: this one is wrong"
+                               : "a valid API key is required: Authorization: Bearer KEY");
         if (q->route == R_NONE)
             return respond_error(q, 404, "not_found_error", "not_found", NULL,
                                  "no such endpoint (POST /v1/chat/completions, GET /v1/models)");
