@@ -1,6 +1,7 @@
 /* What diffragd's two HTTP listeners (the metrics endpoint, metrics.c, and the OpenAI-compatible
  * API, openai.c) share over libmicrohttpd: binding HOST:PORT with errors that name their cause,
- * and a guard that keeps slow clients from holding the listener.
+ * a guard that keeps slow clients from holding the listener, and strict request framing
+ * (http_framing.c).
  *
  * The guard tracks every connection. Each gets a deadline for its whole request (not only an
  * idle timeout, which bytes trickled in every few seconds keep resetting), and at a limit a new
@@ -46,5 +47,18 @@ void http_guard_busy(struct HttpGuard *g, struct MHD_Connection *c);
 int http_guard_open(struct HttpGuard *g);
 /* Stops the sweeper. Call after MHD_stop_daemon. NULL is a no-op; *g becomes NULL. */
 void http_guard_destroy(struct HttpGuard **g);
+
+/* ---- strict framing (http_framing.c) ---- */
+
+/* Checks the framing of a request whose headers libmicrohttpd has just parsed (call on the
+ * first call of the access handler, with its method and version), as RFC 9112 asks of a server
+ * and beyond what libmicrohttpd 0.9.75 checks: one Host header in an HTTP/1.1 request; at most
+ * one Content-Length; never Content-Length with Transfer-Encoding; Transfer-Encoding only
+ * `chunked`, and only in HTTP/1.1; no NUL byte in the request line or a header field; lines
+ * ending in CRLF. 0 when it holds; otherwise the status to answer (400, or 501 for a transfer
+ * coding other than chunked) with why in msg. Answer it with `Connection: close`: the rest of
+ * the bytes cannot be trusted to frame another request. */
+unsigned http_framing_check(struct MHD_Connection *c, const char *method, const char *version,
+                            char *msg, size_t cap);
 
 #endif

@@ -61,6 +61,8 @@ struct ApiReq {
     enum Route route;
     int fd;                        /* the client's socket: polled for a hang-up */
     int answered;                  /* a response is queued: the rest of the body is dropped */
+    int has_body, body_read;       /* the request announces a body; it has all been read */
+    int close_after;               /* the response ends the connection */
     char *body;
     size_t len, cap;
     int too_large;
@@ -92,6 +94,10 @@ static enum MHD_Result respond(struct ApiReq *q, unsigned status, struct JsonBuf
     body->p = NULL;
     json_buf_free(body);
     MHD_add_response_header(r, "Content-Type", "application/json");
+    /* a response before the body's end, or to framing not to be trusted, ends the connection:
+     * what follows cannot be read as the next request */
+    if (q->close_after || (q->has_body && !q->body_read))
+        MHD_add_response_header(r, "Connection", "close");
     if (retry_after)
         MHD_add_response_header(r, "Retry-After", retry_after);
     if (www_auth)
@@ -438,6 +444,18 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         const union MHD_ConnectionInfo *fi = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         if (fi)
             q->fd = fi->connect_fd;
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                     MHD_HTTP_HEADER_CONTENT_LENGTH);
+        q->has_body = (cl && strtoull(cl, NULL, 10) > 0) ||
+                      MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                  MHD_HTTP_HEADER_TRANSFER_ENCODING);
+        char why[256];
+        unsigned bad = http_framing_check(c, method, version, why, sizeof why);
+        if (bad) {
+            q->close_after = 1;
+            return refuse(q, LL_INFO, bad, "invalid_request_error",
+                          bad == 501 ? "not_implemented" : "bad_request", NULL, why);
+        }
         int post = !strcmp(method, "POST"), get = !strcmp(method, "GET");
         if (!strcmp(url, "/v1/chat/completions"))
             q->route = R_CHAT;
@@ -459,8 +477,6 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
                                  q->route == R_CHAT ? "use POST" : "use GET");
         if (q->route != R_CHAT)
             return answer_models(q, url);
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
-                                                     MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > a->max_body) {
             q->too_large = 1;
             return answer_chat(q);
@@ -501,6 +517,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         q->body[q->len] = 0;
         return MHD_YES;
     }
+    q->body_read = 1;
     return answer_chat(q);
 }
 

@@ -1,20 +1,108 @@
 """The OpenAI-compatible HTTP API against hostile or careless clients (docs/openai.md#security):
 
+- ambiguous framing (two Content-Lengths, Content-Length with chunked, HTTP/1.1 without Host,
+  a NUL in a header value) gets 400 and a close, an unsupported transfer coding 501, at once;
 - refusals are logged at most once a second, with the count of those held back."""
 import http.client
+import json
 import re
+import socket
 import time
 
 import pytest
 
-from daemon_util import Daemon, fast_model
+from daemon_util import SAMPLE_DOCS, Daemon, fast_model
 
+DOCS = SAMPLE_DOCS
 CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     return fast_model(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, model):
+    d = Daemon(tmp_path_factory.mktemp("api"), model, workers=1, threads=1)
+    with d:
+        yield d
+        assert d.stop() == 0, d.log_text()[-2000:]
+
+
+def request_bytes(body, path=CHAT, extra=b""):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%s"
+            b"Content-Length: %d\r\n\r\n" % (path.encode(), extra, len(data))) + data
+
+
+def read_all(s, timeout):
+    """Everything the server sends until it closes (or timeout passes): (bytes, closed)."""
+    s.settimeout(timeout)
+    got, t_end = b"", time.time() + timeout
+    while time.time() < t_end:
+        try:
+            b = s.recv(65536)
+        except socket.timeout:
+            return got, False
+        except (ConnectionResetError, BrokenPipeError):
+            return got, True
+        if not b:
+            return got, True
+        got += b
+    return got, False
+
+
+# ---- ambiguous framing ----
+
+GOOD = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+                   "diffrag": {"docs": DOCS}}).encode()
+SMUGGLED = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+FRAMING = [
+    ("two Content-Lengths", 400,
+     b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
+     b"Content-Length: 0\r\n\r\n" % len(GOOD) + GOOD + SMUGGLED),
+    ("Content-Length and chunked", 400,
+     b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+     b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(GOOD), GOOD)),
+    ("HTTP/1.1 without Host", 400, b"GET /v1/models HTTP/1.1\r\n\r\n"),
+    ("two Hosts", 400, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n"),
+    ("a NUL in a header value", 400,
+     b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Note: a\x00b\r\n\r\n"),
+    ("a NUL in the last header value", 400,
+     b"GET /v1/models HTTP/1.1\r\nX-Note: ok\r\nHost: x\x00y\r\n\r\n"),
+    ("Transfer-Encoding: gzip", 501,
+     b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nabc"),
+    ("Transfer-Encoding: gzip, chunked", 501,
+     b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+     b"3\r\nabc\r\n0\r\n\r\n"),
+]
+
+
+def test_ambiguous_framing_is_refused_at_once(daemon):
+    for name, want, data in FRAMING:
+        s = socket.create_connection(("127.0.0.1", daemon.http_port))
+        t0 = time.time()
+        s.sendall(data)
+        got, closed = read_all(s, 5)
+        s.close()
+        took = time.time() - t0
+        print("%s: %r in %.2f s, closed %s" % (name, got[:12], took, closed))
+        assert got.startswith(b"HTTP/1.1 %d" % want), (name, got[:300])
+        # one response: nothing smuggled through
+        assert len(re.findall(rb"(?:^|\n)HTTP/1\.[01] \d\d\d ", got)) == 1, (name, got)
+        assert b'"error"' in got, (name, got[:300])
+        assert closed and took < 2, (name, closed, took)
+    # well-formed requests are still served, CRLF and all
+    for data in (request_bytes(GOOD, extra=b"Connection: close\r\n"),
+                 b"GET /v1/models HTTP/1.0\r\n\r\n",
+                 b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                 b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(GOOD), GOOD)):
+        s = socket.create_connection(("127.0.0.1", daemon.http_port))
+        s.sendall(data)
+        got, _ = read_all(s, 30 if b"POST" in data else 5)
+        s.close()
+        assert got.startswith(b"HTTP/1.1 200") or got.startswith(b"HTTP/1.0 200"), got[:300]
 
 
 # ---- the log under a flood of refusals ----
