@@ -68,6 +68,14 @@ static const struct Key keys[] = {
     { "http_timeout", K_DOUBLE, F(http_timeout), "10", 0.5, 3600, 0,
       "seconds an HTTP API client has to send a whole request (headers and body) from "
       "connecting or its last answer; a slower one is disconnected" },
+    { "http_max_body_bytes", K_SIZE, F(http_max_body_bytes), "16MiB", 1024, 1073741824.0, 0,
+      "largest HTTP API request body (bigger: 413, unread); max_message_bytes caps it too" },
+    { "http_max_json_values", K_LONG, F(http_max_json_values), "65536", 64, 16777216, 0,
+      "values (objects, arrays, strings, numbers, literals) an HTTP API request body may hold; "
+      "more: 413 before it is parsed (a parsed value costs some 100-250 bytes)" },
+    { "http_parse_slots", K_LONG, F(http_parse_slots), "2", 1, 256, 0,
+      "HTTP API request bodies parsed at once (each costs a few times its size in memory); "
+      "another waits up to 5 s for a slot, then gets 503" },
     { "http_tls_cert_file", K_STR, F(http_tls_cert_file), "", 0, 0, 0,
       "PEM certificate (chain) of the HTTP API: set with http_tls_key_file, it speaks HTTPS; "
       "empty: plain HTTP" },

@@ -24,6 +24,9 @@ struct Config {
     long http_allow_remote;                      /* 1: no key, yet off loopback */
     long http_max_connections;
     double http_timeout;                         /* seconds to send a whole request */
+    size_t http_max_body_bytes;                  /* a request body, besides max_message_bytes */
+    long http_max_json_values;                   /* values of a body's JSON */
+    long http_parse_slots;                       /* bodies parsed at once */
     char default_collection[CONFIG_STR_MAX];     /* the API's collection when none is named */
     char connect[CONFIG_STR_MAX];
     char curve_secret_key_file[CONFIG_STR_MAX];

@@ -1,7 +1,9 @@
 /* The OpenAI-compatible HTTP API (openai.h, docs/openai.md): the server, its connections and
  * API keys; a chat request passed to the broker as the msgpack `query` (openai_req.c writes it),
  * its replies awaited and sent back as openai_reply.c writes them; a query cancelled when its
- * client hangs up. */
+ * client hangs up. What one request may cost is bounded: its body (max_body), the tree parsed
+ * from it (max_json_values) and the bodies parsed at once (parse slots); refusals are logged at
+ * most once a second. */
 #include "daemon/openai.h"
 
 #include <errno.h>
@@ -9,6 +11,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -31,6 +34,7 @@
 #define API_KEY_MAX_LEN 1024
 #define API_POLL_MS 100               /* how often a waiting request looks at its client */
 #define API_CANCEL_WAIT_MS 5000       /* for the final reply of a query cancelled on disconnect */
+#define API_PARSE_WAIT_MS 5000        /* for a parse slot, before a 503 */
 #define API_CONNECTION_MEMORY (64 * 1024)  /* per connection, for the request's headers */
 #define API_TLS_FILE_MAX (1 << 20)
 
@@ -43,6 +47,12 @@ struct OpenAi {
     char *architecture, *quantization;  /* the model's, for /v1/models */
     char *default_collection;          /* NULL: none */
     size_t max_body;
+    const char *max_body_key;          /* the setting naming max_body (a constant) */
+    struct OpenAiLimits limits;        /* what a body may hold (openai_translate) */
+    pthread_mutex_t parse_mu;          /* parse_free */
+    pthread_cond_t parse_cv;
+    int parse_slots, parse_free;       /* bodies parsed at once; slots free now */
+    int parse_init;                    /* parse_mu and parse_cv are initialised */
     struct DlogLimit refusals;         /* their log lines: at most one a second */
     unsigned char (*keys)[32];         /* SHA-256 of each accepted key */
     size_t n_keys;
@@ -64,7 +74,7 @@ struct ApiReq {
     int has_body, body_read;       /* the request announces a body; it has all been read */
     int close_after;               /* the response ends the connection */
     char *body;
-    size_t len, cap;
+    size_t len, cap, expect;       /* expect: its Content-Length (0: none given) */
     int too_large;
     /* the query */
     void *sock;                    /* DEALER to the broker; NULL before sending */
@@ -166,6 +176,37 @@ static int client_gone(int fd)
         return 0;
     struct pollfd p = { .fd = fd, .events = POLLRDHUP };
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* A parse slot: a chat body is parsed into a tree and written as the query (several times its
+ * size in memory) by at most parse_slots requests at once. Waits for one up to
+ * API_PARSE_WAIT_MS (a parse takes milliseconds to a few hundred). 0, or -1 without one. */
+static int parse_slot_take(struct OpenAi *a)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += API_PARSE_WAIT_MS / 1000;
+    until.tv_nsec += (API_PARSE_WAIT_MS % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&a->parse_mu);
+    while (!a->parse_free && !atomic_load(&a->stopping))
+        if (pthread_cond_timedwait(&a->parse_cv, &a->parse_mu, &until) == ETIMEDOUT)
+            break;
+    int got = a->parse_free > 0 && !atomic_load(&a->stopping);
+    a->parse_free -= got;
+    pthread_mutex_unlock(&a->parse_mu);
+    return got ? 0 : -1;
+}
+
+static void parse_slot_give(struct OpenAi *a)
+{
+    pthread_mutex_lock(&a->parse_mu);
+    a->parse_free++;
+    pthread_cond_signal(&a->parse_cv);
+    pthread_mutex_unlock(&a->parse_mu);
 }
 
 /* ---- talking to the broker ---- */
@@ -297,25 +338,33 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max)
 /* A complete chat request: read, sent to the broker, answered. */
 static enum MHD_Result answer_chat(struct ApiReq *q)
 {
+    struct OpenAi *a = q->api;
+    char msg[512];
     if (q->too_large) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (max_message_bytes)",
-                 q->api->max_body);
+        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (%s)", a->max_body,
+                 a->max_body_key);
         return refuse(q, LL_INFO, 413, "invalid_request_error", "too_large", NULL, msg);
     }
-    char msg[512];
+    if (parse_slot_take(a)) {
+        snprintf(msg, sizeof msg, "the server is parsing as many request bodies as it parses at "
+                 "once (http_parse_slots = %d): retry", a->parse_slots);
+        return refuse(q, LL_INFO, 503, "overloaded_error", "overloaded", NULL, msg);
+    }
     const char *param = NULL;
     struct MpWriter w;
     struct OpenAiAsk ask;
     mpw_init(&w);
-    const char *why = openai_translate(q->body, q->len, q->api->default_collection, &w, &ask, msg,
-                                       sizeof msg, &param);
+    const char *why = openai_translate(q->body, q->len, &a->limits, &w, &ask, msg, sizeof msg,
+                                       &param);
     q->stream = ask.stream;
     q->chat.include_usage = ask.include_usage;
     free(q->body);
     q->body = NULL;
     if (why) {
         mpw_destroy(&w);
+        parse_slot_give(a);
+        if (ask.status == 413)
+            return refuse(q, LL_INFO, 413, "invalid_request_error", "too_large", param, why);
         return bad_request(q, param, why);
     }
     q->sock = zmq_socket(q->api->zctx, ZMQ_DEALER);
@@ -324,6 +373,7 @@ static enum MHD_Result answer_chat(struct ApiReq *q)
         zmq_connect(q->sock, BROKER_HTTP_INPROC) ||
         zmq_send(q->sock, w.buf.data, w.buf.size, 0) < 0) {
         mpw_destroy(&w);
+        parse_slot_give(a);
         if (q->sock)
             zmq_close(q->sock);
         q->sock = NULL;
@@ -331,6 +381,7 @@ static enum MHD_Result answer_chat(struct ApiReq *q)
                              "cannot pass the request to the broker");
     }
     mpw_destroy(&w);
+    parse_slot_give(a);
     unsigned char rnd[12];
     if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
         memset(rnd, 0, sizeof rnd);
@@ -481,6 +532,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
             q->too_large = 1;
             return answer_chat(q);
         }
+        q->expect = cl ? (size_t)strtoull(cl, NULL, 10) : 0;
         return MHD_YES;
     }
     if (q->answered) {   /* the rest of a body already answered */
@@ -501,7 +553,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
             return MHD_YES;
         }
         if (q->len + n + 1 > q->cap) {
-            size_t cap = q->cap ? q->cap : 4096;
+            /* the announced length at once (no copies while growing); else doubling */
+            size_t cap = q->cap ? q->cap : q->expect >= q->len + n ? q->expect + 1 : 4096;
             while (cap < q->len + n + 1)
                 cap *= 2;
             if (cap > a->max_body + 1)
@@ -643,6 +696,10 @@ static void api_free(struct OpenAi *a)
     if (!a)
         return;
     http_guard_destroy(&a->guard);
+    if (a->parse_init) {
+        pthread_cond_destroy(&a->parse_cv);
+        pthread_mutex_destroy(&a->parse_mu);
+    }
     free(a->model);
     free(a->architecture);
     free(a->quantization);
@@ -664,12 +721,23 @@ int openai_start(const struct OpenAiOpts *o, struct OpenAi **out, char *err, siz
     a->metrics = o->metrics;
     a->zctx = o->zctx;
     a->max_body = o->max_body_bytes;
+    a->max_body_key = o->max_body_key ? o->max_body_key : "max_message_bytes";
+    a->limits.max_json_values = o->max_json_values;
+    a->parse_slots = a->parse_free = o->parse_slots > 0 ? o->parse_slots : 1;
+    pthread_mutex_init(&a->parse_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&a->parse_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    a->parse_init = 1;
     a->created = (long)time(NULL);
     a->model = strdup(o->model_name);
     a->architecture = strdup(o->model_architecture ? o->model_architecture : "unknown");
     a->quantization = strdup(o->model_quantization ? o->model_quantization : "unknown");
     if (o->default_collection && o->default_collection[0])
         a->default_collection = strdup(o->default_collection);
+    a->limits.default_collection = a->default_collection;
     if (!a->model || !a->architecture || !a->quantization ||
         (o->default_collection && o->default_collection[0] && !a->default_collection)) {
         snprintf(err, errlen, "out of memory");
@@ -741,6 +809,9 @@ void openai_stop(struct OpenAi **ap)
     if (!a)
         return;
     atomic_store(&a->stopping, 1);
+    pthread_mutex_lock(&a->parse_mu);
+    pthread_cond_broadcast(&a->parse_cv);   /* requests waiting for a parse slot end */
+    pthread_mutex_unlock(&a->parse_mu);
     MHD_stop_daemon(a->d);
     api_free(a);
     *ap = NULL;

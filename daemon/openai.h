@@ -20,6 +20,9 @@ struct OpenAiOpts {
     int max_connections;
     double timeout_s;                /* to send a whole request */
     size_t max_body_bytes;           /* larger bodies: 413, unread */
+    const char *max_body_key;        /* the setting that sets it, for the 413's message */
+    size_t max_json_values;          /* larger trees: 413, unparsed */
+    int parse_slots;                 /* bodies parsed at once */
     const char *default_collection;  /* "" or NULL: none */
     const char *model_name;          /* what /v1/models lists and replies name */
     const char *model_architecture;  /* /v1/models' diffrag object (startup.h's ServedModel) */
@@ -41,13 +44,24 @@ void openai_stop(struct OpenAi **a);
 struct OpenAiAsk {
     int stream;          /* Server-Sent Events */
     int include_usage;   /* stream_options.include_usage */
+    unsigned status;     /* a refusal's HTTP status: 400, or 413 (too large) */
 };
 
+/* What openai_translate allows. */
+struct OpenAiLimits {
+    const char *default_collection;  /* read when a request names no documents; NULL or "": none */
+    size_t max_json_values;          /* values of the body's JSON (json_measure) */
+};
+
+/* Nesting a request body may have (the outermost object counts 1). */
+#define OPENAI_JSON_DEPTH 32
+
 /* Reads a chat-completions request body (JSON) and writes the msgpack `query` it asks for into
- * w (initialised by the caller), reading default_collection (NULL or "": none) when it names no
- * documents. NULL, or why the request is refused (a 400: a message in msg or a constant) with
- * *param the field at fault (or NULL). The daemon's own decoder checks the query after it. */
-const char *openai_translate(const char *body, size_t len, const char *default_collection,
+ * w (initialised by the caller). A body of more than lim->max_json_values values is refused
+ * before it is parsed. NULL, or why the request is refused (ask->status 400 or 413; a message
+ * in msg or a constant) with *param the field at fault (or NULL). The daemon's own decoder
+ * checks the query after it. */
+const char *openai_translate(const char *body, size_t len, const struct OpenAiLimits *lim,
                              struct MpWriter *w, struct OpenAiAsk *ask, char *msg, size_t cap,
                              const char **param);
 

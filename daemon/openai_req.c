@@ -8,7 +8,6 @@
 
 #include "text/json.h"
 
-#define API_JSON_DEPTH 32             /* nesting a request body may have */
 #define API_MAX_MESSAGES 1024         /* messages of one request */
 
 /* Appends a message's content (a string, or an array of text parts) to out. NULL, or why not. */
@@ -80,9 +79,10 @@ static json_t *field(json_t *root, const char *key)
 }
 
 /* The chat request root as the msgpack query (openai_translate). */
-static const char *translate(struct OpenAiAsk *q, const char *default_collection, json_t *root,
+static const char *translate(struct OpenAiAsk *q, const struct OpenAiLimits *lim, json_t *root,
                              struct MpWriter *w, char *msg, size_t cap, const char **param)
 {
+    const char *default_collection = lim->default_collection;
     static const char *const ext_keys[] = { "collection", "docs", "ids", "top_k",
                                             "max_context_tokens", "order", "relevance_floor",
                                             "deadline_ms" };
@@ -329,16 +329,25 @@ out:
     return why;
 }
 
-const char *openai_translate(const char *body, size_t len, const char *default_collection,
+const char *openai_translate(const char *body, size_t len, const struct OpenAiLimits *lim,
                              struct MpWriter *w, struct OpenAiAsk *ask, char *msg, size_t cap,
                              const char **param)
 {
     json_t *root = NULL;
     *param = NULL;
     memset(ask, 0, sizeof *ask);
-    if (json_parse(body ? body : "", len, API_JSON_DEPTH, &root, msg, cap))
+    ask->status = 400;
+    /* what the tree would cost is known before it is built: a body of empty objects would cost
+     * jansson some 70 times its size */
+    if (json_measure(body ? body : "", len, lim->max_json_values) > lim->max_json_values) {
+        snprintf(msg, cap, "the body holds more than %zu JSON values (http_max_json_values)",
+                 lim->max_json_values);
+        ask->status = 413;
         return msg;
-    const char *why = translate(ask, default_collection, root, w, msg, cap, param);
+    }
+    if (json_parse(body ? body : "", len, OPENAI_JSON_DEPTH, &root, msg, cap))
+        return msg;
+    const char *why = translate(ask, lim, root, w, msg, cap, param);
     json_decref(root);
     return why;
 }

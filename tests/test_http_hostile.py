@@ -1,5 +1,7 @@
 """The OpenAI-compatible HTTP API against hostile or careless clients (docs/openai.md#security):
 
+- a 16 MiB body of `{}` values is refused (413) before it is parsed into a tree, adding at most
+  256 MiB to the daemon's resident memory, alone or three at once;
 - ambiguous framing (two Content-Lengths, Content-Length with chunked, HTTP/1.1 without Host,
   a NUL in a header value) gets 400 and a close, an unsupported transfer coding 501, at once;
 - refusals are logged at most once a second, with the count of those held back."""
@@ -7,6 +9,7 @@ import http.client
 import json
 import re
 import socket
+import threading
 import time
 
 import pytest
@@ -30,6 +33,11 @@ def daemon(tmp_path_factory, model):
         assert d.stop() == 0, d.log_text()[-2000:]
 
 
+def status_kib(pid, field):
+    with open("/proc/%d/status" % pid) as f:
+        return next(int(l.split()[1]) for l in f if l.startswith(field + ":"))
+
+
 def request_bytes(body, path=CHAT, extra=b""):
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     return (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%s"
@@ -51,6 +59,65 @@ def read_all(s, timeout):
             return got, True
         got += b
     return got, False
+
+
+def post(d, body, headers=None, timeout=30):
+    c = http.client.HTTPConnection("127.0.0.1", d.http_port, timeout=timeout)
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    c.request("POST", CHAT, data, dict({"Content-Type": "application/json"}, **(headers or {})))
+    r = c.getresponse()
+    text = r.read()
+    c.close()
+    return r.status, json.loads(text) if text.startswith(b"{") else text, r
+
+
+# ---- what one request may cost ----
+
+def empties_body(size, value=b"{}"):
+    head = b'{"messages":[{"role":"user","content":"How long is the Rhine?"}],"max_tokens":4,' \
+           b'"diffrag":{"docs":["The Rhine is about 1,230 km long."]},"metadata":['
+    n = (size - len(head) - 2) // (len(value) + 1)
+    return head + b",".join([value] * n) + b"]}"
+
+
+def test_a_body_of_empty_objects_costs_little(daemon):
+    body = empties_body(16 * 1024 * 1024 - 4096)
+    assert len(body) < 16 * 1024 * 1024
+    pid = daemon.proc.pid
+    # warm up: one ordinary request, so that the baseline holds the allocator's arenas
+    status, r, _ = post(daemon, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+                              "diffrag": {"docs": DOCS}})
+    assert status == 200, r
+    added = []
+    for n in (1, 3):
+        with open("/proc/%d/clear_refs" % pid, "w") as f:
+            f.write("5")   # VmHWM := VmRSS
+        rss0 = status_kib(pid, "VmRSS")
+        results = [None] * n
+
+        def one(i):
+            results[i] = post(daemon, body, timeout=120)[:2]
+        t0 = time.time()
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        hwm = status_kib(pid, "VmHWM")
+        added.append((hwm - rss0) / 1024)
+        print("%d x %.1f MiB body of {}: %s in %.1f s; RSS %.0f MiB, peak %.0f MiB: +%.0f MiB"
+              % (n, len(body) / 2**20, [s for s, _ in results], time.time() - t0, rss0 / 1024,
+                 hwm / 1024, added[-1]))
+        for status, r in results:
+            assert status in (200, 413), (status, str(r)[:300])
+            if status == 413:
+                err = r["error"]
+                assert err["code"] == "too_large" and "JSON values" in err["message"], r
+        assert added[-1] <= 256, added
+    # an ordinary request still goes through
+    status, r, _ = post(daemon, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+                              "diffrag": {"docs": DOCS}})
+    assert status == 200, r
 
 
 # ---- ambiguous framing ----
