@@ -23,6 +23,7 @@ struct Config {
     char http_tls_key_file[CONFIG_STR_MAX];
     long http_allow_remote;                      /* 1: no key, yet off loopback */
     long http_max_connections;
+    long http_reserved_connections;              /* of them, kept from answers in progress */
     double http_timeout;                         /* seconds to send a whole request */
     size_t http_max_body_bytes;                  /* a request body, besides max_message_bytes */
     long http_max_json_values;                   /* values of a body's JSON */

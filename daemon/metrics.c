@@ -730,7 +730,7 @@ int metrics_http_start(struct Metrics *m, const char *hostport, struct MetricsHt
         return -1;
     }
     h->m = m;
-    if (http_guard_new(METRICS_MAX_CONNECTIONS, METRICS_MAX_PER_IP, METRICS_REQUEST_DEADLINE_S,
+    if (http_guard_new(METRICS_MAX_CONNECTIONS, METRICS_MAX_PER_IP, 0, METRICS_REQUEST_DEADLINE_S,
                        &h->guard, why, sizeof why)) {
         snprintf(err, errlen, "cannot serve metrics: %s", why);
         close(fd);

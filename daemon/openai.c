@@ -2,8 +2,8 @@
  * API keys; a chat request passed to the broker as the msgpack `query` (openai_req.c writes it),
  * its replies awaited and sent back as openai_reply.c writes them; a query cancelled when its
  * client hangs up. What one request may cost is bounded: its body (max_body), the tree parsed
- * from it (max_json_values) and the bodies parsed at once (parse slots); refusals are logged at
- * most once a second. */
+ * from it (max_json_values), the bodies parsed at once (parse slots), and the connections
+ * answering at once (the guard's reserved slots); refusals are logged at most once a second. */
 #include "daemon/openai.h"
 
 #include <errno.h>
@@ -73,6 +73,7 @@ struct ApiReq {
     int answered;                  /* a response is queued: the rest of the body is dropped */
     int has_body, body_read;       /* the request announces a body; it has all been read */
     int close_after;               /* the response ends the connection */
+    int busy;                      /* counted busy by the guard, without an idle timeout */
     char *body;
     size_t len, cap, expect;       /* expect: its Content-Length (0: none given) */
     int too_large;
@@ -345,6 +346,17 @@ static enum MHD_Result answer_chat(struct ApiReq *q)
                  a->max_body_key);
         return refuse(q, LL_INFO, 413, "invalid_request_error", "too_large", NULL, msg);
     }
+    /* From here the time is the answer's (a parse, a long prefill, a stream's pauses), bounded
+     * by the query's own limits: neither the guard's deadline nor the idle timeout applies; but
+     * a client that reads nothing of its answer is cut (http.h). Some connections are kept for
+     * other requests: past the rest, a 503. */
+    if (http_guard_busy(a->guard, q->conn)) {
+        snprintf(msg, sizeof msg, "every connection for answers is answering one "
+                 "(http_max_connections less http_reserved_connections): retry");
+        return refuse(q, LL_INFO, 503, "overloaded_error", "overloaded", NULL, msg);
+    }
+    q->busy = 1;
+    MHD_set_connection_option(q->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     if (parse_slot_take(a)) {
         snprintf(msg, sizeof msg, "the server is parsing as many request bodies as it parses at "
                  "once (http_parse_slots = %d): retry", a->parse_slots);
@@ -390,10 +402,6 @@ static enum MHD_Result answer_chat(struct ApiReq *q)
         o += snprintf(q->chat.id + o, sizeof q->chat.id - (size_t)o, "%02x", rnd[i]);
     q->chat.created = (long)time(NULL);
     q->chat.model = q->api->model;
-    /* From here the time is the answer's (a long prefill, a stream's pauses), bounded by the
-     * query's own limits: neither the guard's deadline nor the idle timeout applies. */
-    http_guard_busy(q->api->guard, q->conn);
-    MHD_set_connection_option(q->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     zmq_msg_t m;
     for (;;) {
         if (next_msg(q, &m))
@@ -507,6 +515,12 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
             return refuse(q, LL_INFO, bad, "invalid_request_error",
                           bad == 501 ? "not_implemented" : "bad_request", NULL, why);
         }
+        if (http_guard_refused(a->guard, c)) {
+            q->close_after = 1;
+            return refuse(q, LL_INFO, 503, "overloaded_error", "overloaded", NULL,
+                          "every connection of this server is answering a request "
+                          "(http_max_connections): retry");
+        }
         int post = !strcmp(method, "POST"), get = !strcmp(method, "GET");
         if (!strcmp(url, "/v1/chat/completions"))
             q->route = R_CHAT;
@@ -583,7 +597,7 @@ static void request_done(void *cls, struct MHD_Connection *c, void **state,
     http_guard_request_done(a->guard, c);
     if (!q)
         return;
-    if (q->sock)
+    if (q->busy)
         MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, a->idle_s);
     close_query(q);
     free(q->body);
@@ -762,8 +776,8 @@ int openai_start(const struct OpenAiOpts *o, struct OpenAi **out, char *err, siz
         flags |= MHD_USE_TLS;
     }
     char why[512];
-    if (http_guard_new(o->max_connections, o->max_connections, o->timeout_s, &a->guard, why,
-                       sizeof why)) {
+    if (http_guard_new(o->max_connections, o->max_connections, o->reserved_connections,
+                       o->timeout_s, &a->guard, why, sizeof why)) {
         snprintf(err, errlen, "cannot serve the HTTP API: %s", why);
         goto fail;
     }

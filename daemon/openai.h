@@ -18,7 +18,8 @@ struct OpenAiOpts {
     const char *tls_cert_file;       /* "" or NULL: plain HTTP */
     const char *tls_key_file;
     int max_connections;
-    double timeout_s;                /* to send a whole request */
+    int reserved_connections;        /* of them, never busy answering (http.h's guard) */
+    double timeout_s;                /* to send a whole request; to read some of an answer */
     size_t max_body_bytes;           /* larger bodies: 413, unread */
     const char *max_body_key;        /* the setting that sets it, for the 413's message */
     size_t max_json_values;          /* larger trees: 413, unparsed */

@@ -2,6 +2,10 @@
 
 - a 16 MiB body of `{}` values is refused (413) before it is parsed into a tree, adding at most
   256 MiB to the daemon's resident memory, alone or three at once;
+- 64 clients that send a request and never read its answer lock nobody out: /v1/models answers
+  within 2 s, a chat request past the slots left for others gets 503 with Retry-After (never a
+  silent close), and each stalled connection is closed within http_timeout of its last read,
+  its query cancelled;
 - ambiguous framing (two Content-Lengths, Content-Length with chunked, HTTP/1.1 without Host,
   a NUL in a header value) gets 400 and a close, an unsupported transfer coding 501, at once;
 - refusals are logged at most once a second, with the count of those held back."""
@@ -118,6 +122,81 @@ def test_a_body_of_empty_objects_costs_little(daemon):
     status, r, _ = post(daemon, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
                               "diffrag": {"docs": DOCS}})
     assert status == 200, r
+
+
+# ---- clients that never read ----
+
+@pytest.fixture
+def short_timeout(tmp_path, model):
+    d = Daemon(tmp_path, model, workers=1, threads=1, http_timeout=2, max_tokens=7168,
+               max_running=64)
+    with d:
+        yield d
+        assert d.stop() == 0, d.log_text()[-2000:]
+
+
+def test_clients_that_never_read_lock_nobody_out(short_timeout):
+    api = short_timeout
+    # 7,000 tokens streamed make about 1.5 MB: more than the kernel holds for a client that
+    # reads nothing
+    body = {"messages": [{"role": "user", "content": "Tell me about the Rhine."}],
+            "max_tokens": 7000, "stream": True, "diffrag": {"docs": DOCS}}
+    left0 = api.metric("diffrag_http_client_disconnects_total")
+    held = []
+    for _ in range(64):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # a small window: stalls soon
+        s.connect(("127.0.0.1", api.http_port))
+        s.sendall(request_bytes(body))
+        held.append(s)
+    try:
+        time.sleep(1.0)
+        t0 = time.time()
+        c = http.client.HTTPConnection("127.0.0.1", api.http_port, timeout=10)
+        try:
+            c.request("GET", "/v1/models")
+            r = c.getresponse()
+            models = r.status, r.read()
+        except (ConnectionError, http.client.HTTPException) as e:
+            models = 0, repr(e).encode()
+        c.close()
+        took = time.time() - t0
+        print("/v1/models with 64 clients that never read: %s in %.2f s" % (models[0], took))
+        assert models[0] == 200 and took < 2, models
+        # one more chat request while the slots for answers are taken: a prompt 503
+        t0 = time.time()
+        try:
+            status, r, resp = post(api, dict(body, stream=False, max_tokens=4), timeout=10)
+            retry = resp.getheader("Retry-After")
+        except (ConnectionError, http.client.HTTPException) as e:
+            status, r, retry = 0, repr(e), None
+        print("a chat request meanwhile: %s in %.2f s, Retry-After %s" % (status, time.time() - t0,
+                                                                          retry))
+        assert status in (200, 503), (status, r)
+        if status == 503:
+            assert retry and r["error"]["code"] == "overloaded", r
+        # the connections that read nothing are closed once http_timeout (2 s) passes without a
+        # read, their queries cancelled; each got a 200 stream or a 503
+        t_end = time.time() + 30
+        closed, codes = 0, {}
+        for s in held:
+            got, done = read_all(s, max(0.1, t_end - time.time()))
+            closed += done
+            code = got[9:12].decode(errors="replace")
+            codes[code] = codes.get(code, 0) + 1
+        print("the 64: %d closed by the server within %.1f s; statuses %s"
+              % (closed, 30 - (t_end - time.time()), codes))
+        assert closed == 64 and set(codes) <= {"200", "503"}, (closed, codes)
+        assert codes.get("503", 0) >= 1, codes
+        assert api.metric("diffrag_http_client_disconnects_total") > left0
+        assert "read nothing of its answer" in api.log_text()
+    finally:
+        for s in held:
+            s.close()
+    t_end = time.time() + 10
+    while api.metric("diffrag_inflight_requests") and time.time() < t_end:
+        time.sleep(0.1)
+    assert api.metric("diffrag_inflight_requests") == 0
 
 
 # ---- ambiguous framing ----
