@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -73,6 +74,8 @@ struct ApiReq {
     int answered;                  /* a response is queued: the rest of the body is dropped */
     int has_body, body_read;       /* the request announces a body; it has all been read */
     int close_after;               /* the response ends the connection */
+    int can_probe;                 /* plain HTTP/1.1: a half-close can be told from a close */
+    int probed;                    /* the interim response that tells them apart is sent */
     int busy;                      /* counted busy by the guard, without an idle timeout */
     char *body;
     size_t len, cap, expect;       /* expect: its Content-Length (0: none given) */
@@ -170,13 +173,29 @@ static enum MHD_Result bad_request(struct ApiReq *q, const char *param, const ch
     return respond_error(q, 400, "invalid_request_error", "bad_request", param, msg);
 }
 
-/* Whether the client has hung up (or its connection failed). */
-static int client_gone(int fd)
+/* Whether the client has hung up (or its connection failed). A client that only shut its
+ * sending side after its request (as `nc -N` does; HTTP/1.1 allows it) still reads its answer,
+ * but until something is written it looks the same as one that closed. Once the answer has
+ * begun, its own writes tell them apart (a closed socket answers with a reset); before, over
+ * plain HTTP/1.1, an interim `100 Continue` (which every client skips) is written once to the
+ * same end. Over TLS or HTTP/1.0 nothing can be written early: a half-close counts as leaving. */
+static int client_gone(struct ApiReq *q)
 {
-    if (fd < 0)
+    if (q->fd < 0)
         return 0;
-    struct pollfd p = { .fd = fd, .events = POLLRDHUP };
-    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+    struct pollfd p = { .fd = q->fd, .events = POLLRDHUP };
+    if (poll(&p, 1, 0) <= 0)
+        return 0;
+    if (p.revents & (POLLHUP | POLLERR | POLLNVAL))
+        return 1;
+    if (!(p.revents & POLLRDHUP) || q->answered || q->probed)
+        return 0;
+    if (!q->can_probe)
+        return 1;
+    static const char probe[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    q->probed = 1;
+    return send(q->fd, probe, sizeof probe - 1, MSG_NOSIGNAL | MSG_DONTWAIT) !=
+           (ssize_t)(sizeof probe - 1);
 }
 
 /* A parse slot: a chat body is parsed into a tree and written as the query (several times its
@@ -227,7 +246,7 @@ static int next_msg(struct ApiReq *q, zmq_msg_t *m)
         }
         if (n < 0 && errno != EINTR)
             return -1;
-        if (client_gone(q->fd)) {
+        if (client_gone(q)) {
             q->gone = 1;
             return -1;
         }
@@ -503,6 +522,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         const union MHD_ConnectionInfo *fi = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         if (fi)
             q->fd = fi->connect_fd;
+        q->can_probe = !a->tls_cert && version && !strcmp(version, "HTTP/1.1");
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
                                                      MHD_HTTP_HEADER_CONTENT_LENGTH);
         q->has_body = (cl && strtoull(cl, NULL, 10) > 0) ||

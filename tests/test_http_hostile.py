@@ -6,6 +6,8 @@
   within 2 s, a chat request past the slots left for others gets 503 with Retry-After (never a
   silent close), and each stalled connection is closed within http_timeout of its last read,
   its query cancelled;
+- a client that half-closes after its request (shutdown(SHUT_WR), as `nc -N` does) is
+  answered, whole or streamed;
 - ambiguous framing (two Content-Lengths, Content-Length with chunked, HTTP/1.1 without Host,
   a NUL in a header value) gets 400 and a close, an unsupported transfer coding 501, at once;
 - refusals are logged at most once a second, with the count of those held back."""
@@ -18,7 +20,7 @@ import time
 
 import pytest
 
-from daemon_util import SAMPLE_DOCS, Daemon, fast_model
+from daemon_util import SAMPLE_DOCS, Daemon, fast_model, slow_model
 
 DOCS = SAMPLE_DOCS
 CHAT = "/v1/chat/completions"
@@ -63,6 +65,25 @@ def read_all(s, timeout):
             return got, True
         got += b
     return got, False
+
+
+def split_response(raw):
+    """(status line and headers, body) of one raw HTTP/1.1 response, a chunked body decoded;
+    the body is None when it is cut short."""
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    if b"transfer-encoding: chunked" not in head.lower():
+        return head, rest
+    body = b""
+    while True:
+        size, sep, rest = rest.partition(b"\r\n")
+        if not sep:
+            return head, None
+        n = int(size.split(b";")[0], 16)
+        if n == 0:
+            return head, body
+        if len(rest) < n + 2:
+            return head, None
+        body, rest = body + rest[:n], rest[n + 2:]
 
 
 def post(d, body, headers=None, timeout=30):
@@ -197,6 +218,44 @@ def test_clients_that_never_read_lock_nobody_out(short_timeout):
     while api.metric("diffrag_inflight_requests") and time.time() < t_end:
         time.sleep(0.1)
     assert api.metric("diffrag_inflight_requests") == 0
+
+
+# ---- a half-closed client ----
+
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("slow")
+    d = Daemon(tmp, slow_model(tmp), workers=1, threads=1)
+    with d:
+        yield d
+        assert d.stop() == 0, d.log_text()[-2000:]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_half_closed_client_is_answered(slow, stream):
+    # a system text of its own, so that no cached prefix makes the answer come too soon to tell
+    system = "Answer request %s-%f." % (stream, time.time())
+    body = {"messages": [{"role": "system", "content": system},
+                         {"role": "user", "content": "Tell me about the Rhine."}],
+            "max_tokens": 64, "stream": stream, "diffrag": {"docs": DOCS}}
+    s = socket.create_connection(("127.0.0.1", slow.http_port))
+    s.sendall(request_bytes(body))
+    s.shutdown(socket.SHUT_WR)
+    t0 = time.time()
+    got, closed = read_all(s, 60)
+    s.close()
+    took = time.time() - t0
+    # an interim 100 (Continue) may come first
+    final = re.sub(rb"^(HTTP/1\.1 1\d\d [^\r]*\r\n\r\n)+", b"", got)
+    print("half-closed, stream=%s: %r... in %.2f s" % (stream, final[:40], took))
+    assert final.startswith(b"HTTP/1.1 200"), got[:300]
+    head, text = split_response(final)
+    assert text is not None, final[-300:]
+    assert took > 0.15, "the answer came too soon to tell (%.2f s)" % took
+    if stream:
+        assert text.endswith(b"data: [DONE]\n\n"), text[-300:]
+    else:
+        assert json.loads(text)["choices"][0]["finish_reason"] == "length", text[-300:]
 
 
 # ---- ambiguous framing ----
