@@ -119,7 +119,10 @@ static const struct Key keys[] = {
     { "max_docs", K_LONG, F(max_docs), "256", 1, 1000000, 1,
       "documents (or ids) per request, inline or ingested" },
     { "max_question_bytes", K_SIZE, F(max_question_bytes), "4096", 1, 1048576, 1,
-      "longest question in bytes; also the longest system text and history turn of a query" },
+      "longest question in bytes" },
+    { "max_turn_bytes", K_SIZE, F(max_turn_bytes), "1MiB", 1, 1073741824.0, 0,
+      "longest system text and earlier (history) turn of a query in bytes; whether it fits is "
+      "the prompt budget's to say (a turn that does not is left out with the older ones)" },
     { "max_context_tokens", K_LONG, F(max_context_tokens), "0", 0, 131072, 1,
       "cap of a query's prompt budget in tokens: frame, documents, question; 0 "
       "(auto): the model's usable context minus max_tokens, lowered to what kv_budget_bytes "

@@ -43,6 +43,7 @@ struct Config {
     size_t max_message_bytes;
     long max_docs;
     size_t max_question_bytes;
+    size_t max_turn_bytes;                       /* a query's system text; each history turn */
     long max_context_tokens, max_tokens, default_max_tokens;
     long default_context_tokens;                 /* 0: auto (config_default_context) */
     double relevance_floor;                      /* chunks under this share of the best

@@ -455,7 +455,7 @@ static int run_daemon(struct Config *c, int argc, char **argv)
             .max_body_key = c->http_max_body_bytes < c->max_message_bytes
                             ? "http_max_body_bytes" : "max_message_bytes",
             .max_json_values = (size_t)c->http_max_json_values,
-            .parse_slots = (int)c->http_parse_slots,
+            .parse_slots = (int)c->http_parse_slots, .max_turn_bytes = c->max_turn_bytes,
             .default_collection = c->default_collection,
             .model_name = served.name, .model_architecture = served.architecture,
             .model_quantization = served.quantization, .zctx = zctx, .metrics = metrics,

@@ -389,6 +389,7 @@ static enum MHD_Result answer_chat(struct ApiReq *q)
                                        &param);
     q->stream = ask.stream;
     q->chat.include_usage = ask.include_usage;
+    q->chat.history_left_out = ask.history_left_out;
     free(q->body);
     q->body = NULL;
     if (why) {
@@ -757,6 +758,7 @@ int openai_start(const struct OpenAiOpts *o, struct OpenAi **out, char *err, siz
     a->max_body = o->max_body_bytes;
     a->max_body_key = o->max_body_key ? o->max_body_key : "max_message_bytes";
     a->limits.max_json_values = o->max_json_values;
+    a->limits.max_turn_bytes = o->max_turn_bytes;
     a->parse_slots = a->parse_free = o->parse_slots > 0 ? o->parse_slots : 1;
     pthread_mutex_init(&a->parse_mu, NULL);
     pthread_condattr_t ca;

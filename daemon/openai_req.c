@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "daemon/proto.h"
 #include "text/json.h"
 
 #define API_MAX_MESSAGES 1024         /* messages of one request */
@@ -83,6 +84,7 @@ static const char *translate(struct OpenAiAsk *q, const struct OpenAiLimits *lim
                              struct MpWriter *w, char *msg, size_t cap, const char **param)
 {
     const char *default_collection = lim->default_collection;
+    size_t turn_len[API_MAX_MESSAGES];   /* each earlier user or assistant turn's text; 0: none */
     static const char *const ext_keys[] = { "collection", "docs", "ids", "top_k",
                                             "max_context_tokens", "order", "relevance_floor",
                                             "deadline_ms" };
@@ -113,6 +115,7 @@ static const char *translate(struct OpenAiAsk *q, const struct OpenAiLimits *lim
     }
     size_t last = json_array_size(messages) - 1, i, n_turns = 0;
     json_array_foreach(messages, i, m) {
+        turn_len[i] = 0;
         json_t *role = json_object_get(m, "role");
         if (!json_is_object(m) || !json_is_string(role)) {
             snprintf(msg, cap, "messages[%zu] must be an object with a string role", i);
@@ -150,10 +153,31 @@ static const char *translate(struct OpenAiAsk *q, const struct OpenAiLimits *lim
             goto out;
         }
         if (!is_sys && i < last) {
-            n_turns += text.len > 0;   /* an empty turn adds nothing: left out */
+            turn_len[i] = text.len;    /* an empty turn adds nothing: left out */
+            n_turns += text.len > 0;
             json_buf_free(&text);      /* written below, turn by turn */
         }
     }
+    if (system.len > lim->max_turn_bytes) {
+        snprintf(msg, cap, "the system text (system and developer messages joined) has %zu "
+                 "bytes; the limit is %zu (max_turn_bytes)", system.len, lim->max_turn_bytes);
+        q->status = 413;
+        why = msg;
+        goto out;
+    }
+    /* The newest turns go in, as many as the protocol takes, and none older than a turn too long
+     * to send (the planner places the newest that fit, so an older one would not be placed
+     * either); the rest are left out, as the planner leaves out what does not fit the budget. */
+    size_t first = last, kept = 0;
+    for (size_t j = last; j-- > 0;) {
+        if (!turn_len[j])
+            continue;
+        if (kept == PROTO_MAX_HISTORY || turn_len[j] > lim->max_turn_bytes)
+            break;
+        kept++;
+        first = j;
+    }
+    q->history_left_out = n_turns - kept;
     /* the question: the last message's text */
     json_buf_free(&text);
     if (content_text(field(json_array_get(messages, last), "content"), &text)) {
@@ -166,19 +190,17 @@ static const char *translate(struct OpenAiAsk *q, const struct OpenAiLimits *lim
         mpw_kv_str(&f, "system", system.p, system.len);
         n++;
     }
-    if (n_turns) {
+    if (kept) {
         mpw_cstr(&f, "history");
-        mpw_array(&f, n_turns);
+        mpw_array(&f, kept);
         n++;
-        json_array_foreach(messages, i, m) {
+        for (i = first; i < last; i++) {
+            if (!turn_len[i])
+                continue;
+            m = json_array_get(messages, i);
             const char *r = json_string_value(json_object_get(m, "role"));
-            json_t *content = field(m, "content");
-            if (i == last || (strcmp(r, "user") && strcmp(r, "assistant")) || !content)
-                continue;
             json_buf_free(&text);
-            content_text(content, &text);
-            if (!text.len)
-                continue;
+            content_text(field(m, "content"), &text);
             mpw_map(&f, 2);
             mpw_kv_cstr(&f, "role", r);
             mpw_kv_str(&f, "content", text.p ? text.p : "", text.len);

@@ -8,6 +8,8 @@
   its query cancelled;
 - a client that half-closes after its request (shutdown(SHUT_WR), as `nc -N` does) is
   answered, whole or streamed;
+- history past 256 turns, or with turns and a system text over 4,096 bytes, is answered with
+  the oldest turns left out and counted in `diffrag.context.history_left_out`;
 - ambiguous framing (two Content-Lengths, Content-Length with chunked, HTTP/1.1 without Host,
   a NUL in a header value) gets 400 and a close, an unsupported transfer coding 501, at once;
 - refusals are logged at most once a second, with the count of those held back."""
@@ -256,6 +258,48 @@ def test_a_half_closed_client_is_answered(slow, stream):
         assert text.endswith(b"data: [DONE]\n\n"), text[-300:]
     else:
         assert json.loads(text)["choices"][0]["finish_reason"] == "length", text[-300:]
+
+
+# ---- long conversations ----
+
+def test_long_conversations_leave_the_oldest_turns_out(daemon):
+    turns = [{"role": ("user", "assistant")[i % 2], "content": "Turn %d about rivers." % i}
+             for i in range(260)]
+    q = {"role": "user", "content": "How long is the Rhine?"}
+    status, r, _ = post(daemon, {"messages": turns + [q], "max_tokens": 2,
+                                 "diffrag": {"docs": DOCS}})
+    assert status == 200, r
+    cx = r["diffrag"]["context"]
+    print("260 turns:", {k: cx[k] for k in ("history_turns", "history_left_out")})
+    assert cx["history_turns"] + cx["history_left_out"] == 260 and cx["history_left_out"] >= 4, cx
+    # a long RAG system prompt, and a long earlier answer, each well over 4,096 bytes: the
+    # prompt budget, not a byte limit, decides whether they fit
+    system = {"role": "system", "content": "You answer questions about European rivers. " * 94}
+    answer = {"role": "assistant", "content": "The Rhine flows north. " * 180}
+    for messages in ([system, q],
+                     [{"role": "user", "content": "Tell me about the Rhine."}, answer, q]):
+        status, r, _ = post(daemon, {"messages": messages, "max_tokens": 2,
+                                  "diffrag": {"docs": DOCS, "max_context_tokens": 7100}})
+        assert status == 200, r
+        cx = r["diffrag"]["context"]
+        print("%s: %d prompt tokens," % ([len(m["content"]) for m in messages],
+                                         r["usage"]["prompt_tokens"]),
+              {k: cx[k] for k in ("history_turns", "history_left_out")})
+        turns = 0 if messages[0] is system else 2
+        assert cx["history_turns"] == turns and cx["history_left_out"] == 0, cx
+    # past max_turn_bytes (1 MiB): a turn is left out with the older ones; a system text is
+    # refused, naming the setting
+    huge = "The Rhine flows north. " * (1024 * 1024 // 23 + 1)
+    messages = [{"role": "user", "content": "Tell me about the Rhine."},
+                {"role": "assistant", "content": huge},
+                {"role": "user", "content": "And its length?"}, q]
+    status, r, _ = post(daemon, {"messages": messages, "max_tokens": 2, "diffrag": {"docs": DOCS}})
+    assert status == 200, r
+    cx = r["diffrag"]["context"]
+    assert cx["history_turns"] == 1 and cx["history_left_out"] == 2, cx
+    status, r, _ = post(daemon, {"messages": [{"role": "system", "content": huge}, q],
+                                 "max_tokens": 2, "diffrag": {"docs": DOCS}})
+    assert status == 413 and "max_turn_bytes" in r["error"]["message"], r
 
 
 # ---- ambiguous framing ----

@@ -37,7 +37,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char msg[512];
     const char *param;
     mpw_init(&w);
-    struct OpenAiLimits lim = { dflt, (size_t)cfg.http_max_json_values };
+    struct OpenAiLimits lim = { dflt, (size_t)cfg.http_max_json_values, cfg.max_turn_bytes };
     const char *why = openai_translate(body, len, &lim, &w, &ask, msg, sizeof msg, &param);
     if (why) {
         if (!why[0] || (ask.status != 400 && ask.status != 413))
