@@ -65,9 +65,22 @@ static const struct Key keys[] = {
     { "http_max_connections", K_LONG, F(http_max_connections), "64", 1, 4096, 0,
       "HTTP API connections open at once (each answered on its own thread); at the limit a new "
       "one replaces the connection that has waited longest without a complete request" },
+    { "http_reserved_connections", K_LONG, F(http_reserved_connections), "8", 0, 4095, 0,
+      "of http_max_connections, the connections kept for new requests (/v1/models among them) "
+      "while the others are answering: a chat request past the rest gets 503 with Retry-After. "
+      "Below http_max_connections" },
     { "http_timeout", K_DOUBLE, F(http_timeout), "10", 0.5, 3600, 0,
       "seconds an HTTP API client has to send a whole request (headers and body) from "
-      "connecting or its last answer; a slower one is disconnected" },
+      "connecting or its last answer, and to read some of an answer it is sent; a slower one "
+      "is disconnected (its query cancelled)" },
+    { "http_max_body_bytes", K_SIZE, F(http_max_body_bytes), "16MiB", 1024, 1073741824.0, 0,
+      "largest HTTP API request body (bigger: 413, unread); max_message_bytes caps it too" },
+    { "http_max_json_values", K_LONG, F(http_max_json_values), "65536", 64, 16777216, 0,
+      "values (objects, arrays, strings, numbers, literals) an HTTP API request body may hold; "
+      "more: 413 before it is parsed (a parsed value costs some 100-250 bytes)" },
+    { "http_parse_slots", K_LONG, F(http_parse_slots), "2", 1, 256, 0,
+      "HTTP API request bodies parsed at once (each costs a few times its size in memory); "
+      "another waits up to 5 s for a slot, then gets 503" },
     { "http_tls_cert_file", K_STR, F(http_tls_cert_file), "", 0, 0, 0,
       "PEM certificate (chain) of the HTTP API: set with http_tls_key_file, it speaks HTTPS; "
       "empty: plain HTTP" },
@@ -106,7 +119,10 @@ static const struct Key keys[] = {
     { "max_docs", K_LONG, F(max_docs), "256", 1, 1000000, 1,
       "documents (or ids) per request, inline or ingested" },
     { "max_question_bytes", K_SIZE, F(max_question_bytes), "4096", 1, 1048576, 1,
-      "longest question in bytes; also the longest system text and history turn of a query" },
+      "longest question in bytes" },
+    { "max_turn_bytes", K_SIZE, F(max_turn_bytes), "1MiB", 1, 1073741824.0, 0,
+      "longest system text and earlier (history) turn of a query in bytes; whether it fits is "
+      "the prompt budget's to say (a turn that does not is left out with the older ones)" },
     { "max_context_tokens", K_LONG, F(max_context_tokens), "0", 0, 131072, 1,
       "cap of a query's prompt budget in tokens: frame, documents, question; 0 "
       "(auto): the model's usable context minus max_tokens, lowered to what kv_budget_bytes "
@@ -530,6 +546,12 @@ int config_validate(const struct Config *c, char *err, size_t errlen)
         snprintf(err, errlen, "http_listen %s is not on loopback: set http_api_key_file (clients "
                  "then send a key), or http_allow_remote = 1 when a proxy in front "
                  "authenticates", c->http_listen);
+        return -1;
+    }
+    if (c->http_reserved_connections >= c->http_max_connections) {
+        snprintf(err, errlen, "http_reserved_connections (%ld) must be below "
+                 "http_max_connections (%ld): none would be left for answers",
+                 c->http_reserved_connections, c->http_max_connections);
         return -1;
     }
     if (!c->http_tls_cert_file[0] != !c->http_tls_key_file[0]) {

@@ -23,7 +23,11 @@ struct Config {
     char http_tls_key_file[CONFIG_STR_MAX];
     long http_allow_remote;                      /* 1: no key, yet off loopback */
     long http_max_connections;
+    long http_reserved_connections;              /* of them, kept from answers in progress */
     double http_timeout;                         /* seconds to send a whole request */
+    size_t http_max_body_bytes;                  /* a request body, besides max_message_bytes */
+    long http_max_json_values;                   /* values of a body's JSON */
+    long http_parse_slots;                       /* bodies parsed at once */
     char default_collection[CONFIG_STR_MAX];     /* the API's collection when none is named */
     char connect[CONFIG_STR_MAX];
     char curve_secret_key_file[CONFIG_STR_MAX];
@@ -39,6 +43,7 @@ struct Config {
     size_t max_message_bytes;
     long max_docs;
     size_t max_question_bytes;
+    size_t max_turn_bytes;                       /* a query's system text; each history turn */
     long max_context_tokens, max_tokens, default_max_tokens;
     long default_context_tokens;                 /* 0: auto (config_default_context) */
     double relevance_floor;                      /* chunks under this share of the best

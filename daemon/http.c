@@ -1,27 +1,40 @@
 /* HTTP plumbing shared by the metrics endpoint and the OpenAI-compatible API: binding, and the
- * connection guard against slow clients (http.h). */
+ * connection guard against slow clients and clients that read nothing (http.h). */
 #include "daemon/http.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <linux/sockios.h>
+#include <linux/tcp.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/log.h"
+
 #define HTTP_SWEEP_MS 200   /* how often deadlines are checked */
+/* Each connection's kernel send buffer (the kernel doubles it): what a client that reads nothing
+ * can hold in the kernel, instead of the megabytes autotuning grants a loopback connection, and
+ * how soon such a client is found out. A stream or a whole answer is far smaller per write. */
+#define HTTP_SNDBUF (64 * 1024)
 
 struct HttpConn {
     int used, closing;          /* closing: shut down here, MHD has not reported it closed */
     int busy;                   /* its request is being answered */
+    int refused;                /* came while every slot was busy: answered 503 */
     int fd;
     int family;                 /* AF_INET or AF_INET6 */
     unsigned char ip[16];       /* client address (4 or 16 bytes used) */
     double since;               /* accept, or end of the last request on this connection */
+    double stalled_since;       /* busy: since when its answer waits unread; 0: it does not */
+    uint64_t acked;             /* bytes of it the client had acknowledged then */
 };
 
 struct HttpGuard {
@@ -29,9 +42,10 @@ struct HttpGuard {
     pthread_cond_t wake;
     pthread_t sweeper;
     int stop;
-    int max_open, max_per_ip, n_slots;
+    int max_open, max_per_ip, max_busy, n_slots;
     double deadline_s;
     struct HttpConn *conns;
+    struct DlogLimit cut_log;   /* lines for connections cut for reading nothing */
 };
 
 static double now_s(void)
@@ -116,7 +130,9 @@ static int same_ip(const struct HttpConn *a, const struct HttpConn *b)
 
 /* Makes room for k (registered, not yet counted) under the per-address and total limits by
  * dropping the longest-held other connection that is not busy, of the same address first. When
- * every other connection is busy, k itself goes. */
+ * every other connection is busy (only possible with no reserved slots), k is marked refused:
+ * the handler answers it 503 rather than it being closed unanswered. Refused connections count
+ * toward no limit; libmicrohttpd's own (http_guard_slots) bounds them. */
 static void conns_admit(struct HttpGuard *g, struct HttpConn *k)
 {
     for (;;) {
@@ -124,7 +140,7 @@ static void conns_admit(struct HttpGuard *g, struct HttpConn *k)
         struct HttpConn *oldest_ip = NULL, *oldest = NULL;
         for (int i = 0; i < g->n_slots; i++) {
             struct HttpConn *o = &g->conns[i];
-            if (!o->used || o->closing || o == k)
+            if (!o->used || o->closing || o->refused || o == k)
                 continue;
             total++;
             if (!o->busy && (!oldest || o->since < oldest->since))
@@ -135,14 +151,18 @@ static void conns_admit(struct HttpGuard *g, struct HttpConn *k)
                     oldest_ip = o;
             }
         }
+        struct HttpConn *drop = NULL;
         if (per_ip >= g->max_per_ip)
-            conn_drop(oldest_ip ? oldest_ip : k);
+            drop = oldest_ip;
         else if (total >= g->max_open)
-            conn_drop(oldest ? oldest : k);
+            drop = oldest;
         else
             return;
-        if (k->closing)
+        if (!drop) {
+            k->refused = 1;
             return;
+        }
+        conn_drop(drop);
     }
 }
 
@@ -178,6 +198,8 @@ void http_guard_notify(void *cls, struct MHD_Connection *c, void **socket_contex
     k->used = 1;
     k->fd = fi->connect_fd;
     k->since = now_s();
+    int sndbuf = HTTP_SNDBUF;
+    setsockopt(k->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
     const struct sockaddr *sa = ai ? ai->client_addr : NULL;
     if (sa && sa->sa_family == AF_INET) {
         k->family = AF_INET;
@@ -208,13 +230,33 @@ void http_guard_request_done(struct HttpGuard *g, struct MHD_Connection *c)
     pthread_mutex_unlock(&g->mu);
 }
 
-void http_guard_busy(struct HttpGuard *g, struct MHD_Connection *c)
+int http_guard_busy(struct HttpGuard *g, struct MHD_Connection *c)
+{
+    int rc = 0;
+    pthread_mutex_lock(&g->mu);
+    struct HttpConn *k = conn_of(c);
+    if (k && !k->busy) {
+        int busy = 0;
+        for (int i = 0; i < g->n_slots; i++)
+            busy += g->conns[i].used && !g->conns[i].closing && g->conns[i].busy;
+        if (busy >= g->max_busy) {
+            rc = -1;
+        } else {
+            k->busy = 1;
+            k->stalled_since = 0;
+        }
+    }
+    pthread_mutex_unlock(&g->mu);
+    return rc;
+}
+
+int http_guard_refused(struct HttpGuard *g, struct MHD_Connection *c)
 {
     pthread_mutex_lock(&g->mu);
     struct HttpConn *k = conn_of(c);
-    if (k)
-        k->busy = 1;
+    int refused = k && k->refused;
     pthread_mutex_unlock(&g->mu);
+    return refused;
 }
 
 int http_guard_open(struct HttpGuard *g)
@@ -232,7 +274,32 @@ unsigned http_guard_slots(const struct HttpGuard *g)
     return (unsigned)g->n_slots;
 }
 
-/* Closes every connection past its deadline, a few times a second. */
+/* Whether a busy connection's client has read nothing of its answer for the deadline: bytes
+ * wait in its kernel send queue and the count it has acknowledged has not moved since
+ * stalled_since. A client that reads, however slowly, moves it. Where the kernel gives no
+ * acknowledged count (TCP_INFO before Linux 4.1), no connection is found stalled. */
+static int conn_stalled(struct HttpConn *k, double now, double deadline_s)
+{
+    int queued = 0;
+    struct tcp_info ti;
+    socklen_t tl = sizeof ti;
+    if (ioctl(k->fd, SIOCOUTQ, &queued) || queued <= 0 ||
+        getsockopt(k->fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) ||
+        tl < offsetof(struct tcp_info, tcpi_bytes_acked) + sizeof ti.tcpi_bytes_acked) {
+        k->stalled_since = 0;
+        return 0;
+    }
+    if (!k->stalled_since || ti.tcpi_bytes_acked != k->acked) {
+        k->stalled_since = now;
+        k->acked = ti.tcpi_bytes_acked;
+        return 0;
+    }
+    return now - k->stalled_since >= deadline_s;
+}
+
+/* A few times a second: closes every connection past its deadline, and every busy one whose
+ * client has read nothing for as long (its answer's end then comes as a hang-up: a stream's
+ * query is cancelled). */
 static void *sweep_main(void *arg)
 {
     struct HttpGuard *g = arg;
@@ -244,21 +311,36 @@ static void *sweep_main(void *arg)
         t.tv_sec += t.tv_nsec / 1000000000L;
         t.tv_nsec %= 1000000000L;
         pthread_cond_timedwait(&g->wake, &g->mu, &t);
-        double cut = now_s() - g->deadline_s;
+        double now = now_s(), cut = now - g->deadline_s;
         for (int i = 0; i < g->n_slots; i++) {
             struct HttpConn *k = &g->conns[i];
-            if (k->used && !k->closing && !k->busy && k->since < cut)
+            if (!k->used || k->closing)
+                continue;
+            if (!k->busy && k->since < cut) {
                 conn_drop(k);
+            } else if (k->busy && conn_stalled(k, now, g->deadline_s)) {
+                conn_drop(k);
+                unsigned long held;
+                if (LL_INFO <= dlog_level && dlog_limit_pass(&g->cut_log, &held))
+                    dlog_write(LL_INFO, "msg=\"http connection cut: its client read nothing of "
+                               "its answer\" seconds=%g suppressed_since_last=%lu",
+                               g->deadline_s, held);
+            }
         }
     }
     pthread_mutex_unlock(&g->mu);
     return NULL;
 }
 
-int http_guard_new(int max_open, int max_per_ip, double deadline_s, struct HttpGuard **out,
-                   char *err, size_t errlen)
+int http_guard_new(int max_open, int max_per_ip, int reserved, double deadline_s,
+                   struct HttpGuard **out, char *err, size_t errlen)
 {
     *out = NULL;
+    if (max_open < 1 || reserved < 0 || reserved >= max_open) {
+        snprintf(err, errlen, "%d reserved connections of %d: keep at least one for answers",
+                 reserved, max_open);
+        return -1;
+    }
     struct HttpGuard *g = calloc(1, sizeof *g);
     if (g)
         g->conns = calloc((size_t)(2 * max_open), sizeof *g->conns);
@@ -269,6 +351,7 @@ int http_guard_new(int max_open, int max_per_ip, double deadline_s, struct HttpG
     }
     g->max_open = max_open;
     g->max_per_ip = max_per_ip;
+    g->max_busy = max_open - reserved;
     g->n_slots = 2 * max_open;
     g->deadline_s = deadline_s;
     pthread_mutex_init(&g->mu, NULL);

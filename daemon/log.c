@@ -48,6 +48,20 @@ void dlog_write(int level, const char *fmt, ...)
     (void)w; /* nowhere to report a failed log write */
 }
 
+int dlog_limit_pass(struct DlogLimit *l, unsigned long *suppressed)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long long now = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + 1;   /* never 0 */
+    long long last = atomic_load(&l->last_ms);
+    if ((last && now - last < 1000) || !atomic_compare_exchange_strong(&l->last_ms, &last, now)) {
+        atomic_fetch_add(&l->suppressed, 1);
+        return 0;
+    }
+    *suppressed = atomic_exchange(&l->suppressed, 0);
+    return 1;
+}
+
 char *dlog_quote(char *out, size_t cap, const char *s, size_t len)
 {
     if (cap == 0)

@@ -4,6 +4,7 @@
 #ifndef DIFFRAG_DLOG_H
 #define DIFFRAG_DLOG_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 
 enum LogLevel { LL_ERROR = 0, LL_WARN = 1, LL_INFO = 2, LL_DEBUG = 3 };
@@ -19,6 +20,18 @@ const char *dlog_level_name(int level);
 void dlog_write(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #define dlog(level, ...) do { if ((level) <= dlog_level) dlog_write((level), __VA_ARGS__); } while (0)
+
+/* At most one line a second for an event a client can cause at will (a refused HTTP request, a
+ * refused CurveZMQ handshake), so that a flood of them cannot flood the log. Start from
+ * `struct DlogLimit l = { 0 };` (or zeroed memory); any thread may call dlog_limit_pass. */
+struct DlogLimit {
+    atomic_llong last_ms;           /* monotonic ms of the last line written; 0: none yet */
+    atomic_ulong suppressed;        /* events held back since then */
+};
+/* 1 when this event may be logged, with *suppressed the events held back since the last line
+ * (each event is either written or counted in exactly one later line); 0 when it is held back.
+ * Check the level first (dlog_level), so that events not logged anyway count nowhere. */
+int dlog_limit_pass(struct DlogLimit *l, unsigned long *suppressed);
 
 /* A logfmt value: bare when it is non-empty and has only safe characters, otherwise quoted
  * with \" \\ \n \t and \xNN escapes; cut to fit cap (always NUL-terminated). Returns out. */

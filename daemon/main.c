@@ -447,8 +447,16 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         struct OpenAiOpts ao = {
             .listen = c->http_listen, .api_key_file = c->http_api_key_file,
             .tls_cert_file = c->http_tls_cert_file, .tls_key_file = c->http_tls_key_file,
-            .max_connections = (int)c->http_max_connections, .timeout_s = c->http_timeout,
-            .max_body_bytes = c->max_message_bytes, .default_collection = c->default_collection,
+            .max_connections = (int)c->http_max_connections,
+            .reserved_connections = (int)c->http_reserved_connections,
+            .timeout_s = c->http_timeout,
+            .max_body_bytes = c->http_max_body_bytes < c->max_message_bytes
+                              ? c->http_max_body_bytes : c->max_message_bytes,
+            .max_body_key = c->http_max_body_bytes < c->max_message_bytes
+                            ? "http_max_body_bytes" : "max_message_bytes",
+            .max_json_values = (size_t)c->http_max_json_values,
+            .parse_slots = (int)c->http_parse_slots, .max_turn_bytes = c->max_turn_bytes,
+            .default_collection = c->default_collection,
             .model_name = served.name, .model_architecture = served.architecture,
             .model_quantization = served.quantization, .zctx = zctx, .metrics = metrics,
         };

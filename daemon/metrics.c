@@ -655,12 +655,15 @@ static void request_done(void *cls, struct MHD_Connection *c, void **state,
 static enum MHD_Result respond(struct MHD_Connection *c, unsigned status, char *body, size_t len,
                                const char *type)
 {
-    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    struct MHD_Response *r = body ? MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE)
+                                  : NULL;
     if (!r) {
         free(body);
         return MHD_NO;
     }
     MHD_add_response_header(r, "Content-Type", type);
+    if (status == 400 || status == 501)   /* framing not to be trusted: no next request */
+        MHD_add_response_header(r, "Connection", "close");
     enum MHD_Result ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return ret;
@@ -670,18 +673,23 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
                               const char *method, const char *version, const char *upload,
                               size_t *upload_size, void **state)
 {
-    (void)version;
     (void)upload;
     struct MetricsHttp *h = cls;
+    const char *text = "text/plain; charset=utf-8";
     if (*state == NULL) {   /* first call per request: headers only */
         *state = h;
+        char why[160];
+        unsigned bad = http_framing_check(c, method, version, why, sizeof why - 1);
+        if (bad) {
+            strcat(why, "\n");
+            return respond(c, bad, strdup(why), strlen(why), text);
+        }
         return MHD_YES;
     }
     if (*upload_size) {
         *upload_size = 0;
         return MHD_YES;
     }
-    const char *text = "text/plain; charset=utf-8";
     if (strcmp(method, "GET") && strcmp(method, "HEAD"))
         return respond(c, 405, strdup("method not allowed\n"), 19, text);
     if (!strcmp(url, "/metrics")) {
@@ -722,7 +730,7 @@ int metrics_http_start(struct Metrics *m, const char *hostport, struct MetricsHt
         return -1;
     }
     h->m = m;
-    if (http_guard_new(METRICS_MAX_CONNECTIONS, METRICS_MAX_PER_IP, METRICS_REQUEST_DEADLINE_S,
+    if (http_guard_new(METRICS_MAX_CONNECTIONS, METRICS_MAX_PER_IP, 0, METRICS_REQUEST_DEADLINE_S,
                        &h->guard, why, sizeof why)) {
         snprintf(err, errlen, "cannot serve metrics: %s", why);
         close(fd);

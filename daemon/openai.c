@@ -1,7 +1,9 @@
 /* The OpenAI-compatible HTTP API (openai.h, docs/openai.md): the server, its connections and
  * API keys; a chat request passed to the broker as the msgpack `query` (openai_req.c writes it),
  * its replies awaited and sent back as openai_reply.c writes them; a query cancelled when its
- * client hangs up. */
+ * client hangs up. What one request may cost is bounded: its body (max_body), the tree parsed
+ * from it (max_json_values), the bodies parsed at once (parse slots), and the connections
+ * answering at once (the guard's reserved slots); refusals are logged at most once a second. */
 #include "daemon/openai.h"
 
 #include <errno.h>
@@ -9,12 +11,14 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -31,6 +35,7 @@
 #define API_KEY_MAX_LEN 1024
 #define API_POLL_MS 100               /* how often a waiting request looks at its client */
 #define API_CANCEL_WAIT_MS 5000       /* for the final reply of a query cancelled on disconnect */
+#define API_PARSE_WAIT_MS 5000        /* for a parse slot, before a 503 */
 #define API_CONNECTION_MEMORY (64 * 1024)  /* per connection, for the request's headers */
 #define API_TLS_FILE_MAX (1 << 20)
 
@@ -43,6 +48,13 @@ struct OpenAi {
     char *architecture, *quantization;  /* the model's, for /v1/models */
     char *default_collection;          /* NULL: none */
     size_t max_body;
+    const char *max_body_key;          /* the setting naming max_body (a constant) */
+    struct OpenAiLimits limits;        /* what a body may hold (openai_translate) */
+    pthread_mutex_t parse_mu;          /* parse_free */
+    pthread_cond_t parse_cv;
+    int parse_slots, parse_free;       /* bodies parsed at once; slots free now */
+    int parse_init;                    /* parse_mu and parse_cv are initialised */
+    struct DlogLimit refusals;         /* their log lines: at most one a second */
     unsigned char (*keys)[32];         /* SHA-256 of each accepted key */
     size_t n_keys;
     char *tls_cert, *tls_key;          /* PEM text; NULL: plain HTTP */
@@ -60,8 +72,13 @@ struct ApiReq {
     enum Route route;
     int fd;                        /* the client's socket: polled for a hang-up */
     int answered;                  /* a response is queued: the rest of the body is dropped */
+    int has_body, body_read;       /* the request announces a body; it has all been read */
+    int close_after;               /* the response ends the connection */
+    int can_probe;                 /* plain HTTP/1.1: a half-close can be told from a close */
+    int probed;                    /* the interim response that tells them apart is sent */
+    int busy;                      /* counted busy by the guard, without an idle timeout */
     char *body;
-    size_t len, cap;
+    size_t len, cap, expect;       /* expect: its Content-Length (0: none given) */
     int too_large;
     /* the query */
     void *sock;                    /* DEALER to the broker; NULL before sending */
@@ -91,6 +108,10 @@ static enum MHD_Result respond(struct ApiReq *q, unsigned status, struct JsonBuf
     body->p = NULL;
     json_buf_free(body);
     MHD_add_response_header(r, "Content-Type", "application/json");
+    /* a response before the body's end, or to framing not to be trusted, ends the connection:
+     * what follows cannot be read as the next request */
+    if (q->close_after || (q->has_body && !q->body_read))
+        MHD_add_response_header(r, "Connection", "close");
     if (retry_after)
         MHD_add_response_header(r, "Retry-After", retry_after);
     if (www_auth)
@@ -102,9 +123,23 @@ static enum MHD_Result respond(struct ApiReq *q, unsigned status, struct JsonBuf
     return ret;
 }
 
-/* OpenAI's error object: {"error": {"message", "type", "param", "code"}}. */
-static enum MHD_Result respond_error(struct ApiReq *q, unsigned status, const char *type,
-                                     const char *code, const char *param, const char *msg)
+/* One line for a refused request, at most one a second (a flood of refusals must not flood
+ * the log), with how many were held back; the level checked first. */
+static void log_refusal(struct OpenAi *a, int level, unsigned status, const char *code,
+                        const char *msg)
+{
+    unsigned long held;
+    if (level > dlog_level || !dlog_limit_pass(&a->refusals, &held))
+        return;
+    char why[256];
+    dlog_quote(why, sizeof why, msg, strlen(msg));
+    dlog_write(level, "msg=\"http request refused\" status=%u code=%s reason=%s "
+               "suppressed_since_last=%lu", status, code ? code : "-", why, held);
+}
+
+/* OpenAI's error object: {"error": {"message", "type", "param", "code"}}, logged at level. */
+static enum MHD_Result refuse(struct ApiReq *q, int level, unsigned status, const char *type,
+                              const char *code, const char *param, const char *msg)
 {
     struct JsonBuf b = { 0 };
     json_buf_puts(&b, "{\"error\":{\"message\":");
@@ -122,9 +157,15 @@ static enum MHD_Result respond_error(struct ApiReq *q, unsigned status, const ch
     else
         json_buf_puts(&b, "null");
     json_buf_puts(&b, "}}\n");
-    if (status >= 400 && status != 401)
-        dlog(LL_DEBUG, "msg=\"http request refused\" status=%u code=%s", status, code ? code : "-");
+    log_refusal(q->api, level, status, code, msg);
     return respond(q, status, &b, status == 429 || status == 503 ? "1" : NULL, status == 401);
+}
+
+/* A refusal the client's own request explains (logged at debug). */
+static enum MHD_Result respond_error(struct ApiReq *q, unsigned status, const char *type,
+                                     const char *code, const char *param, const char *msg)
+{
+    return refuse(q, LL_DEBUG, status, type, code, param, msg);
 }
 
 static enum MHD_Result bad_request(struct ApiReq *q, const char *param, const char *msg)
@@ -132,13 +173,60 @@ static enum MHD_Result bad_request(struct ApiReq *q, const char *param, const ch
     return respond_error(q, 400, "invalid_request_error", "bad_request", param, msg);
 }
 
-/* Whether the client has hung up (or its connection failed). */
-static int client_gone(int fd)
+/* Whether the client has hung up (or its connection failed). A client that only shut its
+ * sending side after its request (as `nc -N` does; HTTP/1.1 allows it) still reads its answer,
+ * but until something is written it looks the same as one that closed. Once the answer has
+ * begun, its own writes tell them apart (a closed socket answers with a reset); before, over
+ * plain HTTP/1.1, an interim `100 Continue` (which every client skips) is written once to the
+ * same end. Over TLS or HTTP/1.0 nothing can be written early: a half-close counts as leaving. */
+static int client_gone(struct ApiReq *q)
 {
-    if (fd < 0)
+    if (q->fd < 0)
         return 0;
-    struct pollfd p = { .fd = fd, .events = POLLRDHUP };
-    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+    struct pollfd p = { .fd = q->fd, .events = POLLRDHUP };
+    if (poll(&p, 1, 0) <= 0)
+        return 0;
+    if (p.revents & (POLLHUP | POLLERR | POLLNVAL))
+        return 1;
+    if (!(p.revents & POLLRDHUP) || q->answered || q->probed)
+        return 0;
+    if (!q->can_probe)
+        return 1;
+    static const char probe[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    q->probed = 1;
+    return send(q->fd, probe, sizeof probe - 1, MSG_NOSIGNAL | MSG_DONTWAIT) !=
+           (ssize_t)(sizeof probe - 1);
+}
+
+/* A parse slot: a chat body is parsed into a tree and written as the query (several times its
+ * size in memory) by at most parse_slots requests at once. Waits for one up to
+ * API_PARSE_WAIT_MS (a parse takes milliseconds to a few hundred). 0, or -1 without one. */
+static int parse_slot_take(struct OpenAi *a)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += API_PARSE_WAIT_MS / 1000;
+    until.tv_nsec += (API_PARSE_WAIT_MS % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&a->parse_mu);
+    while (!a->parse_free && !atomic_load(&a->stopping))
+        if (pthread_cond_timedwait(&a->parse_cv, &a->parse_mu, &until) == ETIMEDOUT)
+            break;
+    int got = a->parse_free > 0 && !atomic_load(&a->stopping);
+    a->parse_free -= got;
+    pthread_mutex_unlock(&a->parse_mu);
+    return got ? 0 : -1;
+}
+
+static void parse_slot_give(struct OpenAi *a)
+{
+    pthread_mutex_lock(&a->parse_mu);
+    a->parse_free++;
+    pthread_cond_signal(&a->parse_cv);
+    pthread_mutex_unlock(&a->parse_mu);
 }
 
 /* ---- talking to the broker ---- */
@@ -158,7 +246,7 @@ static int next_msg(struct ApiReq *q, zmq_msg_t *m)
         }
         if (n < 0 && errno != EINTR)
             return -1;
-        if (client_gone(q->fd)) {
+        if (client_gone(q)) {
             q->gone = 1;
             return -1;
         }
@@ -270,25 +358,45 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max)
 /* A complete chat request: read, sent to the broker, answered. */
 static enum MHD_Result answer_chat(struct ApiReq *q)
 {
-    if (q->too_large) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (max_message_bytes)",
-                 q->api->max_body);
-        return respond_error(q, 413, "invalid_request_error", "too_large", NULL, msg);
-    }
+    struct OpenAi *a = q->api;
     char msg[512];
+    if (q->too_large) {
+        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (%s)", a->max_body,
+                 a->max_body_key);
+        return refuse(q, LL_INFO, 413, "invalid_request_error", "too_large", NULL, msg);
+    }
+    /* From here the time is the answer's (a parse, a long prefill, a stream's pauses), bounded
+     * by the query's own limits: neither the guard's deadline nor the idle timeout applies; but
+     * a client that reads nothing of its answer is cut (http.h). Some connections are kept for
+     * other requests: past the rest, a 503. */
+    if (http_guard_busy(a->guard, q->conn)) {
+        snprintf(msg, sizeof msg, "every connection for answers is answering one "
+                 "(http_max_connections less http_reserved_connections): retry");
+        return refuse(q, LL_INFO, 503, "overloaded_error", "overloaded", NULL, msg);
+    }
+    q->busy = 1;
+    MHD_set_connection_option(q->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    if (parse_slot_take(a)) {
+        snprintf(msg, sizeof msg, "the server is parsing as many request bodies as it parses at "
+                 "once (http_parse_slots = %d): retry", a->parse_slots);
+        return refuse(q, LL_INFO, 503, "overloaded_error", "overloaded", NULL, msg);
+    }
     const char *param = NULL;
     struct MpWriter w;
     struct OpenAiAsk ask;
     mpw_init(&w);
-    const char *why = openai_translate(q->body, q->len, q->api->default_collection, &w, &ask, msg,
-                                       sizeof msg, &param);
+    const char *why = openai_translate(q->body, q->len, &a->limits, &w, &ask, msg, sizeof msg,
+                                       &param);
     q->stream = ask.stream;
     q->chat.include_usage = ask.include_usage;
+    q->chat.history_left_out = ask.history_left_out;
     free(q->body);
     q->body = NULL;
     if (why) {
         mpw_destroy(&w);
+        parse_slot_give(a);
+        if (ask.status == 413)
+            return refuse(q, LL_INFO, 413, "invalid_request_error", "too_large", param, why);
         return bad_request(q, param, why);
     }
     q->sock = zmq_socket(q->api->zctx, ZMQ_DEALER);
@@ -297,6 +405,7 @@ static enum MHD_Result answer_chat(struct ApiReq *q)
         zmq_connect(q->sock, BROKER_HTTP_INPROC) ||
         zmq_send(q->sock, w.buf.data, w.buf.size, 0) < 0) {
         mpw_destroy(&w);
+        parse_slot_give(a);
         if (q->sock)
             zmq_close(q->sock);
         q->sock = NULL;
@@ -304,6 +413,7 @@ static enum MHD_Result answer_chat(struct ApiReq *q)
                              "cannot pass the request to the broker");
     }
     mpw_destroy(&w);
+    parse_slot_give(a);
     unsigned char rnd[12];
     if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
         memset(rnd, 0, sizeof rnd);
@@ -312,10 +422,6 @@ static enum MHD_Result answer_chat(struct ApiReq *q)
         o += snprintf(q->chat.id + o, sizeof q->chat.id - (size_t)o, "%02x", rnd[i]);
     q->chat.created = (long)time(NULL);
     q->chat.model = q->api->model;
-    /* From here the time is the answer's (a long prefill, a stream's pauses), bounded by the
-     * query's own limits: neither the guard's deadline nor the idle timeout applies. */
-    http_guard_busy(q->api->guard, q->conn);
-    MHD_set_connection_option(q->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     zmq_msg_t m;
     for (;;) {
         if (next_msg(q, &m))
@@ -417,6 +523,25 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         const union MHD_ConnectionInfo *fi = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         if (fi)
             q->fd = fi->connect_fd;
+        q->can_probe = !a->tls_cert && version && !strcmp(version, "HTTP/1.1");
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                     MHD_HTTP_HEADER_CONTENT_LENGTH);
+        q->has_body = (cl && strtoull(cl, NULL, 10) > 0) ||
+                      MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                  MHD_HTTP_HEADER_TRANSFER_ENCODING);
+        char why[256];
+        unsigned bad = http_framing_check(c, method, version, why, sizeof why);
+        if (bad) {
+            q->close_after = 1;
+            return refuse(q, LL_INFO, bad, "invalid_request_error",
+                          bad == 501 ? "not_implemented" : "bad_request", NULL, why);
+        }
+        if (http_guard_refused(a->guard, c)) {
+            q->close_after = 1;
+            return refuse(q, LL_INFO, 503, "overloaded_error", "overloaded", NULL,
+                          "every connection of this server is answering a request "
+                          "(http_max_connections): retry");
+        }
         int post = !strcmp(method, "POST"), get = !strcmp(method, "GET");
         if (!strcmp(url, "/v1/chat/completions"))
             q->route = R_CHAT;
@@ -424,14 +549,12 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
             q->route = R_MODELS;
         else if (!strncmp(url, "/v1/models/", 11) && url[11])
             q->route = R_MODEL;
-        if (!key_ok(a, MHD_lookup_connection_value(c, MHD_HEADER_KIND,
-                                                   MHD_HTTP_HEADER_AUTHORIZATION))) {
-            dlog(LL_INFO, "msg=\"http request refused\" status=401 reason=\"%s\"",
-                 MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION)
-                 ? "wrong key" : "no key");
-            return respond_error(q, 401, "invalid_request_error", "invalid_api_key", NULL,
-                                 "a valid API key is required: Authorization: Bearer KEY");
-        }
+        const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                       MHD_HTTP_HEADER_AUTHORIZATION);
+        if (!key_ok(a, auth))
+            return refuse(q, LL_INFO, 401, "invalid_request_error", "invalid_api_key", NULL,
+                          auth ? "a valid API key is required: this one is wrong"
+                               : "a valid API key is required: Authorization: Bearer KEY");
         if (q->route == R_NONE)
             return respond_error(q, 404, "not_found_error", "not_found", NULL,
                                  "no such endpoint (POST /v1/chat/completions, GET /v1/models)");
@@ -440,12 +563,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
                                  q->route == R_CHAT ? "use POST" : "use GET");
         if (q->route != R_CHAT)
             return answer_models(q, url);
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
-                                                     MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > a->max_body) {
             q->too_large = 1;
             return answer_chat(q);
         }
+        q->expect = cl ? (size_t)strtoull(cl, NULL, 10) : 0;
         return MHD_YES;
     }
     if (q->answered) {   /* the rest of a body already answered */
@@ -466,7 +588,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
             return MHD_YES;
         }
         if (q->len + n + 1 > q->cap) {
-            size_t cap = q->cap ? q->cap : 4096;
+            /* the announced length at once (no copies while growing); else doubling */
+            size_t cap = q->cap ? q->cap : q->expect >= q->len + n ? q->expect + 1 : 4096;
             while (cap < q->len + n + 1)
                 cap *= 2;
             if (cap > a->max_body + 1)
@@ -482,6 +605,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         q->body[q->len] = 0;
         return MHD_YES;
     }
+    q->body_read = 1;
     return answer_chat(q);
 }
 
@@ -494,7 +618,7 @@ static void request_done(void *cls, struct MHD_Connection *c, void **state,
     http_guard_request_done(a->guard, c);
     if (!q)
         return;
-    if (q->sock)
+    if (q->busy)
         MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, a->idle_s);
     close_query(q);
     free(q->body);
@@ -607,6 +731,10 @@ static void api_free(struct OpenAi *a)
     if (!a)
         return;
     http_guard_destroy(&a->guard);
+    if (a->parse_init) {
+        pthread_cond_destroy(&a->parse_cv);
+        pthread_mutex_destroy(&a->parse_mu);
+    }
     free(a->model);
     free(a->architecture);
     free(a->quantization);
@@ -628,12 +756,24 @@ int openai_start(const struct OpenAiOpts *o, struct OpenAi **out, char *err, siz
     a->metrics = o->metrics;
     a->zctx = o->zctx;
     a->max_body = o->max_body_bytes;
+    a->max_body_key = o->max_body_key ? o->max_body_key : "max_message_bytes";
+    a->limits.max_json_values = o->max_json_values;
+    a->limits.max_turn_bytes = o->max_turn_bytes;
+    a->parse_slots = a->parse_free = o->parse_slots > 0 ? o->parse_slots : 1;
+    pthread_mutex_init(&a->parse_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&a->parse_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    a->parse_init = 1;
     a->created = (long)time(NULL);
     a->model = strdup(o->model_name);
     a->architecture = strdup(o->model_architecture ? o->model_architecture : "unknown");
     a->quantization = strdup(o->model_quantization ? o->model_quantization : "unknown");
     if (o->default_collection && o->default_collection[0])
         a->default_collection = strdup(o->default_collection);
+    a->limits.default_collection = a->default_collection;
     if (!a->model || !a->architecture || !a->quantization ||
         (o->default_collection && o->default_collection[0] && !a->default_collection)) {
         snprintf(err, errlen, "out of memory");
@@ -658,8 +798,8 @@ int openai_start(const struct OpenAiOpts *o, struct OpenAi **out, char *err, siz
         flags |= MHD_USE_TLS;
     }
     char why[512];
-    if (http_guard_new(o->max_connections, o->max_connections, o->timeout_s, &a->guard, why,
-                       sizeof why)) {
+    if (http_guard_new(o->max_connections, o->max_connections, o->reserved_connections,
+                       o->timeout_s, &a->guard, why, sizeof why)) {
         snprintf(err, errlen, "cannot serve the HTTP API: %s", why);
         goto fail;
     }
@@ -705,6 +845,9 @@ void openai_stop(struct OpenAi **ap)
     if (!a)
         return;
     atomic_store(&a->stopping, 1);
+    pthread_mutex_lock(&a->parse_mu);
+    pthread_cond_broadcast(&a->parse_cv);   /* requests waiting for a parse slot end */
+    pthread_mutex_unlock(&a->parse_mu);
     MHD_stop_daemon(a->d);
     api_free(a);
     *ap = NULL;

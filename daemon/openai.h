@@ -18,8 +18,13 @@ struct OpenAiOpts {
     const char *tls_cert_file;       /* "" or NULL: plain HTTP */
     const char *tls_key_file;
     int max_connections;
-    double timeout_s;                /* to send a whole request */
+    int reserved_connections;        /* of them, never busy answering (http.h's guard) */
+    double timeout_s;                /* to send a whole request; to read some of an answer */
     size_t max_body_bytes;           /* larger bodies: 413, unread */
+    const char *max_body_key;        /* the setting that sets it, for the 413's message */
+    size_t max_json_values;          /* larger trees: 413, unparsed */
+    int parse_slots;                 /* bodies parsed at once */
+    size_t max_turn_bytes;           /* longest system text or earlier turn */
     const char *default_collection;  /* "" or NULL: none */
     const char *model_name;          /* what /v1/models lists and replies name */
     const char *model_architecture;  /* /v1/models' diffrag object (startup.h's ServedModel) */
@@ -41,13 +46,28 @@ void openai_stop(struct OpenAi **a);
 struct OpenAiAsk {
     int stream;          /* Server-Sent Events */
     int include_usage;   /* stream_options.include_usage */
+    size_t history_left_out;   /* earlier turns the API left out of the query (the oldest) */
+    unsigned status;     /* a refusal's HTTP status: 400, or 413 (too large) */
 };
 
+/* What openai_translate allows. */
+struct OpenAiLimits {
+    const char *default_collection;  /* read when a request names no documents; NULL or "": none */
+    size_t max_json_values;          /* values of the body's JSON (json_measure) */
+    size_t max_turn_bytes;           /* the joined system text; each earlier turn */
+};
+
+/* Nesting a request body may have (the outermost object counts 1). */
+#define OPENAI_JSON_DEPTH 32
+
 /* Reads a chat-completions request body (JSON) and writes the msgpack `query` it asks for into
- * w (initialised by the caller), reading default_collection (NULL or "": none) when it names no
- * documents. NULL, or why the request is refused (a 400: a message in msg or a constant) with
- * *param the field at fault (or NULL). The daemon's own decoder checks the query after it. */
-const char *openai_translate(const char *body, size_t len, const char *default_collection,
+ * w (initialised by the caller). A body of more than lim->max_json_values values is refused
+ * before it is parsed. Of the earlier turns the newest go in, at most PROTO_MAX_HISTORY, and
+ * none older than a turn over lim->max_turn_bytes (the ones left out: ask->history_left_out).
+ * NULL, or why the request is refused (ask->status 400 or 413; a message in msg or a constant)
+ * with *param the field at fault (or NULL). The daemon's own decoder checks the query after
+ * it. */
+const char *openai_translate(const char *body, size_t len, const struct OpenAiLimits *lim,
                              struct MpWriter *w, struct OpenAiAsk *ask, char *msg, size_t cap,
                              const char **param);
 
@@ -64,6 +84,7 @@ struct OpenAiChat {
     int role_sent;        /* the stream's first chunk (the assistant's role) is written */
     int final_seen;       /* the broker's final reply came */
     int ended;            /* the stream's last event ([DONE]) is written */
+    size_t history_left_out;  /* turns left out before the query: added to the context's */
 };
 
 struct JsonBuf;

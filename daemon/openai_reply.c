@@ -179,14 +179,56 @@ static void put_usage(struct JsonBuf *b, const void *buf, size_t len)
     json_buf_puts(b, t);
 }
 
+/* The reply's context, with the turns the API left out before the query (the oldest) added to
+ * those the planner left out, so that history_turns + history_left_out is every earlier turn of
+ * the request. */
+static void put_context(struct JsonBuf *b, const void *buf, size_t len, size_t left_out)
+{
+    struct MpCursor c;
+    struct MpObj o;
+    if (!left_out || !mp_find(buf, len, "context", &c) || mp_next(&c, &o) || o.type != MP_MAP) {
+        copy_field(b, buf, len, "context", 1);
+        return;
+    }
+    size_t at = b->len;
+    json_buf_puts(b, ",\"context\":{");
+    for (uint32_t i = 0; i < o.v.n; i++) {
+        struct MpObj k, v;
+        if (mp_next(&c, &k) || k.type != MP_STR)
+            goto bad;
+        json_buf_puts(b, i ? "," : "");
+        json_buf_string(b, k.s, k.len);
+        json_buf_puts(b, ":");
+        struct MpCursor at_v = c;
+        if (k.len == 16 && !memcmp(k.s, "history_left_out", 16) && !mp_next(&at_v, &v) &&
+            v.type == MP_UINT) {
+            char num[32];
+            snprintf(num, sizeof num, "%llu", (unsigned long long)(v.v.u + left_out));
+            json_buf_puts(b, num);
+            c = at_v;
+        } else if (mp_to_json(&c, b, 1)) {
+            goto bad;
+        }
+    }
+    json_buf_puts(b, "}");
+    return;
+bad:
+    if (!b->oom && b->p) {
+        b->len = at;
+        b->p[at] = 0;
+    }
+    copy_field(b, buf, len, "context", 1);
+}
+
 /* The `diffrag` object of a completion: citations, what the prompt read, grounding, timings
  * and the protocol's finish_reason. */
-static void put_diffrag(struct JsonBuf *b, const void *buf, size_t len)
+static void put_diffrag(struct JsonBuf *b, const struct OpenAiChat *ch, const void *buf,
+                        size_t len)
 {
     json_buf_puts(b, "\"diffrag\":{");
     copy_field(b, buf, len, "finish_reason", 0);
     copy_field(b, buf, len, "citations", 1);
-    copy_field(b, buf, len, "context", 1);
+    put_context(b, buf, len, ch->history_left_out);
     copy_field(b, buf, len, "grounding", 1);
     copy_field(b, buf, len, "timings", 1);
     json_buf_puts(b, "}");
@@ -247,7 +289,7 @@ void openai_put_completion(struct JsonBuf *b, const struct OpenAiChat *ch, const
     json_buf_puts(b, "\"}],");
     put_usage(b, buf, len);
     json_buf_puts(b, ",");
-    put_diffrag(b, buf, len);
+    put_diffrag(b, ch, buf, len);
     json_buf_puts(b, "}\n");
 }
 
@@ -293,7 +335,7 @@ void openai_put_stream(struct JsonBuf *b, struct OpenAiChat *ch, const void *buf
                          "\"finish_reason\":\"");
         json_buf_puts(b, finish_of(buf, len));
         json_buf_puts(b, "\"}],");
-        put_diffrag(b, buf, len);
+        put_diffrag(b, ch, buf, len);
         json_buf_puts(b, "}\n\n");
         if (ch->include_usage) {
             json_buf_puts(b, "data: ");

@@ -6,9 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "daemon/proto.h"
 #include "text/json.h"
 
-#define API_JSON_DEPTH 32             /* nesting a request body may have */
 #define API_MAX_MESSAGES 1024         /* messages of one request */
 
 /* Appends a message's content (a string, or an array of text parts) to out. NULL, or why not. */
@@ -80,9 +80,11 @@ static json_t *field(json_t *root, const char *key)
 }
 
 /* The chat request root as the msgpack query (openai_translate). */
-static const char *translate(struct OpenAiAsk *q, const char *default_collection, json_t *root,
+static const char *translate(struct OpenAiAsk *q, const struct OpenAiLimits *lim, json_t *root,
                              struct MpWriter *w, char *msg, size_t cap, const char **param)
 {
+    const char *default_collection = lim->default_collection;
+    size_t turn_len[API_MAX_MESSAGES];   /* each earlier user or assistant turn's text; 0: none */
     static const char *const ext_keys[] = { "collection", "docs", "ids", "top_k",
                                             "max_context_tokens", "order", "relevance_floor",
                                             "deadline_ms" };
@@ -113,6 +115,7 @@ static const char *translate(struct OpenAiAsk *q, const char *default_collection
     }
     size_t last = json_array_size(messages) - 1, i, n_turns = 0;
     json_array_foreach(messages, i, m) {
+        turn_len[i] = 0;
         json_t *role = json_object_get(m, "role");
         if (!json_is_object(m) || !json_is_string(role)) {
             snprintf(msg, cap, "messages[%zu] must be an object with a string role", i);
@@ -150,10 +153,31 @@ static const char *translate(struct OpenAiAsk *q, const char *default_collection
             goto out;
         }
         if (!is_sys && i < last) {
-            n_turns += text.len > 0;   /* an empty turn adds nothing: left out */
+            turn_len[i] = text.len;    /* an empty turn adds nothing: left out */
+            n_turns += text.len > 0;
             json_buf_free(&text);      /* written below, turn by turn */
         }
     }
+    if (system.len > lim->max_turn_bytes) {
+        snprintf(msg, cap, "the system text (system and developer messages joined) has %zu "
+                 "bytes; the limit is %zu (max_turn_bytes)", system.len, lim->max_turn_bytes);
+        q->status = 413;
+        why = msg;
+        goto out;
+    }
+    /* The newest turns go in, as many as the protocol takes, and none older than a turn too long
+     * to send (the planner places the newest that fit, so an older one would not be placed
+     * either); the rest are left out, as the planner leaves out what does not fit the budget. */
+    size_t first = last, kept = 0;
+    for (size_t j = last; j-- > 0;) {
+        if (!turn_len[j])
+            continue;
+        if (kept == PROTO_MAX_HISTORY || turn_len[j] > lim->max_turn_bytes)
+            break;
+        kept++;
+        first = j;
+    }
+    q->history_left_out = n_turns - kept;
     /* the question: the last message's text */
     json_buf_free(&text);
     if (content_text(field(json_array_get(messages, last), "content"), &text)) {
@@ -166,19 +190,17 @@ static const char *translate(struct OpenAiAsk *q, const char *default_collection
         mpw_kv_str(&f, "system", system.p, system.len);
         n++;
     }
-    if (n_turns) {
+    if (kept) {
         mpw_cstr(&f, "history");
-        mpw_array(&f, n_turns);
+        mpw_array(&f, kept);
         n++;
-        json_array_foreach(messages, i, m) {
+        for (i = first; i < last; i++) {
+            if (!turn_len[i])
+                continue;
+            m = json_array_get(messages, i);
             const char *r = json_string_value(json_object_get(m, "role"));
-            json_t *content = field(m, "content");
-            if (i == last || (strcmp(r, "user") && strcmp(r, "assistant")) || !content)
-                continue;
             json_buf_free(&text);
-            content_text(content, &text);
-            if (!text.len)
-                continue;
+            content_text(field(m, "content"), &text);
             mpw_map(&f, 2);
             mpw_kv_cstr(&f, "role", r);
             mpw_kv_str(&f, "content", text.p ? text.p : "", text.len);
@@ -329,16 +351,25 @@ out:
     return why;
 }
 
-const char *openai_translate(const char *body, size_t len, const char *default_collection,
+const char *openai_translate(const char *body, size_t len, const struct OpenAiLimits *lim,
                              struct MpWriter *w, struct OpenAiAsk *ask, char *msg, size_t cap,
                              const char **param)
 {
     json_t *root = NULL;
     *param = NULL;
     memset(ask, 0, sizeof *ask);
-    if (json_parse(body ? body : "", len, API_JSON_DEPTH, &root, msg, cap))
+    ask->status = 400;
+    /* what the tree would cost is known before it is built: a body of empty objects would cost
+     * jansson some 70 times its size */
+    if (json_measure(body ? body : "", len, lim->max_json_values) > lim->max_json_values) {
+        snprintf(msg, cap, "the body holds more than %zu JSON values (http_max_json_values)",
+                 lim->max_json_values);
+        ask->status = 413;
         return msg;
-    const char *why = translate(ask, default_collection, root, w, msg, cap, param);
+    }
+    if (json_parse(body ? body : "", len, OPENAI_JSON_DEPTH, &root, msg, cap))
+        return msg;
+    const char *why = translate(ask, lim, root, w, msg, cap, param);
     json_decref(root);
     return why;
 }

@@ -403,7 +403,7 @@ static int decode_history(struct ProtoDec *d)
                 snprintf(what, sizeof what, "history[%u].content", i);
                 if (have_content++)
                     FAIL(d, EC_BAD_REQUEST, "%s appears twice", what);
-                if (check_str(d, what, &v, 1, d->cfg->max_question_bytes, EC_TOO_LARGE, &s))
+                if (check_str(d, what, &v, 1, d->cfg->max_turn_bytes, EC_TOO_LARGE, &s))
                     return -1;
                 t->text = s.p;
                 t->len = s.len;
@@ -435,7 +435,7 @@ int proto_decode_query(struct ProtoDec *d)
     if (get_str(d, K_QUESTION, 1, cfg->max_question_bytes, EC_TOO_LARGE, &p->question) ||
         check_collection(d) || decode_ids(d) || decode_stop(d) || decode_docs(d, 0) ||
         decode_include(d) || decode_history(d) ||
-        get_str(d, K_SYSTEM, 1, cfg->max_question_bytes, EC_TOO_LARGE, &p->system))
+        get_str(d, K_SYSTEM, 1, cfg->max_turn_bytes, EC_TOO_LARGE, &p->system))
         return -1;
     if (p->n_docs == 0 && p->collection.len == 0)
         FAIL(d, EC_BAD_REQUEST, "query needs docs (inline documents) or a collection");

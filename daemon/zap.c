@@ -226,8 +226,7 @@ struct Zap {
     struct ZapKeys *keys;         /* clients; NULL: any client key */
     struct ZapKeys *worker_keys;  /* remote workers; NULL: none */
     struct Metrics *metrics;
-    double last_log;
-    unsigned long suppressed;
+    struct DlogLimit refusals;    /* their log lines: at most one a second */
 };
 
 static int frame_is(struct ZuMsg *m, int i, const char *s)
@@ -271,20 +270,14 @@ static void handle(struct Zap *z, struct ZuMsg *m)
     answer(z, m, ok, ok ? "OK" : why, ok ? user : "");
     if (z->metrics)
         metrics_auth(z->metrics, ok);
-    if (!ok) {
-        double now = zu_now_ms();
-        if (now - z->last_log < 1000) {
-            z->suppressed++;
-            return;
-        }
+    unsigned long suppressed;
+    if (!ok && LL_WARN <= dlog_level && dlog_limit_pass(&z->refusals, &suppressed)) {
         char addr[80] = "";
         if (m->n > 3)
             dlog_quote(addr, sizeof addr, zu_data(m, 3), zu_size(m, 3));
-        dlog(LL_WARN, "msg=\"%s refused by CurveZMQ authentication\" reason=\"%s\" address=%s "
-             "key=%s suppressed_since_last=%lu", worker ? "worker" : "client", why,
-             addr[0] ? addr : "-", user[0] ? user : "-", z->suppressed);
-        z->last_log = now;
-        z->suppressed = 0;
+        dlog_write(LL_WARN, "msg=\"%s refused by CurveZMQ authentication\" reason=\"%s\" "
+                   "address=%s key=%s suppressed_since_last=%lu", worker ? "worker" : "client",
+                   why, addr[0] ? addr : "-", user[0] ? user : "-", suppressed);
     }
 }
 

@@ -398,7 +398,7 @@ static void test_proto_history(void)
 {
     struct Config cfg;
     config_defaults(&cfg);
-    cfg.max_question_bytes = 40;
+    cfg.max_turn_bytes = 40;   /* system text and turns; the question has its own limit */
     struct MpWriter w;
     mpw_init(&w);
     struct RequestParams p;

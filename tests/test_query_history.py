@@ -22,7 +22,8 @@ TURNS = [{"role": "user", "content": "Where does the Rhine flow?"},
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
     model = fast_model(tmp_path_factory.mktemp("models"))
-    d = Daemon(tmp_path_factory.mktemp("hist"), model, workers=1, max_question_bytes=512)
+    d = Daemon(tmp_path_factory.mktemp("hist"), model, workers=1, max_question_bytes=512,
+               max_turn_bytes=512)
     with d:
         yield d
         assert d.stop() == 0, d.log_text()[-2000:]

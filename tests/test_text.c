@@ -8,6 +8,7 @@
 
 #include "tests/check.h"
 #include "text/hash.h"
+#include "text/json.h"
 #include "text/tokcount.h"
 #include "text/unicode.h"
 #include "text/utf8.h"
@@ -170,6 +171,41 @@ static void test_tokcount(void)
     CHECK(tc.decode(tc.ctx, &bogus, 1, out, sizeof out, &len) == TOKCOUNT_EINPUT, "bad id");
 }
 
+/* json_measure counts what jansson would build, checked against the tree json_parse builds. */
+static size_t tree_values(json_t *v)
+{
+    size_t n = 1, i;
+    const char *k;
+    json_t *e;
+    if (json_is_object(v))
+        json_object_foreach(v, k, e) n += 1 + tree_values(e);   /* the key, the value */
+    else if (json_is_array(v))
+        json_array_foreach(v, i, e) n += tree_values(e);
+    return n;
+}
+
+static void test_json_measure(void)
+{
+    static const char *const texts[] = {
+        "{}", "[{},{},[]]", "0", " -1.5e+3 ", "[true,false,null,\"x\"]",
+        "{\"a\\\"}\":[1,{\"b\":\"]}\\\\\"},\"c\"]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi [1] {x}\"}],\"n\":1}",
+    };
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        json_t *root = NULL;
+        char err[128];
+        CHECK(json_parse(texts[i], strlen(texts[i]), 8, &root, err, sizeof err) == JSON_OK,
+              "%s: %s", texts[i], err);
+        size_t want = root ? tree_values(root) : 0, got = json_measure(texts[i], strlen(texts[i]), 1000);
+        CHECK(got == want, "%s: measured %zu values, the tree has %zu", texts[i], got, want);
+        json_decref(root);
+    }
+    /* it stops one past the limit, and counts a malformed text as far as its tokens go */
+    CHECK(json_measure("[{},{},{},{},{}]", 16, 3) == 4, "stops past the limit");
+    CHECK(json_measure("[[[", 3, 100) == 3 && json_measure("\"open", 5, 100) == 1 &&
+          json_measure("", 0, 100) == 0, "malformed");
+}
+
 int main(void)
 {
     test_hash();
@@ -177,5 +213,6 @@ int main(void)
     test_unicode();
     test_words();
     test_tokcount();
+    test_json_measure();
     return check_report("test_text");
 }

@@ -3,6 +3,7 @@
  * writers. */
 #include "text/json.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -111,6 +112,27 @@ int json_parse(const char *text, size_t len, int max_depth, json_t **out, char *
     default:
         return json_fail(err, errlen, JSON_EINPUT, pos, "%s", e.text);
     }
+}
+
+size_t json_measure(const char *text, size_t len, size_t max_values)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < len && n <= max_values; i++) {
+        char c = text[i];
+        if (c == '{' || c == '[') {
+            n++;
+        } else if (c == '"') {
+            n++;
+            for (i++; i < len && text[i] != '"'; i++)
+                i += text[i] == '\\';
+        } else if (c == '-' || (c >= '0' && c <= '9') || c == 't' || c == 'f' || c == 'n') {
+            n++;   /* a number or a literal: one value, whatever its length */
+            while (i + 1 < len && (isalnum((unsigned char)text[i + 1]) || text[i + 1] == '.' ||
+                                   text[i + 1] == '+' || text[i + 1] == '-'))
+                i++;
+        }
+    }
+    return n;
 }
 
 int json_object_strings(const char *text, size_t len, const char *const *keys, size_t n_keys,

@@ -29,6 +29,14 @@ enum JsonStatus {
  * JSON_ENOMEM. */
 int json_parse(const char *text, size_t len, int max_depth, json_t **out, char *err, size_t errlen);
 
+/* Counts the values json_parse would build from text[0..len) (each object, array, string,
+ * number, true, false and null; an object's keys count as strings), without building anything
+ * or allocating, and stops once the count passes max_values: returns the count, or
+ * max_values + 1. A tree costs jansson a hundred bytes and more a value, so a caller can refuse
+ * a body whose tree would cost too much before parsing it. The text is not checked: a malformed
+ * one is counted as far as its tokens go, and json_parse then refuses it. */
+size_t json_measure(const char *text, size_t len, size_t max_values);
+
 /* Parses exactly one JSON object from text[0..len) (as json_parse, at most JSON_MAX_DEPTH deep).
  * For each wanted key present with a string value, out[i] receives a malloc'ed, unescaped,
  * NUL-terminated copy (the caller frees it) and lens[i] its length; absent keys leave

@@ -37,10 +37,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char msg[512];
     const char *param;
     mpw_init(&w);
-    const char *why = openai_translate(body, len, dflt, &w, &ask, msg, sizeof msg, &param);
+    struct OpenAiLimits lim = { dflt, (size_t)cfg.http_max_json_values, cfg.max_turn_bytes };
+    const char *why = openai_translate(body, len, &lim, &w, &ask, msg, sizeof msg, &param);
     if (why) {
-        if (!why[0])
-            abort();   /* a refusal always says why */
+        if (!why[0] || (ask.status != 400 && ask.status != 413))
+            abort();   /* a refusal always says why, with a status */
     } else if (!w.failed) {
         char err[512];
         if (mp_check(w.buf.data, w.buf.size, MP_MAX_DEPTH, err, sizeof err))
