@@ -113,6 +113,14 @@ static struct Seq *seq_admit(struct Worker *w, void *pair, uint64_t job_id, cons
     } else if (engine_new_seq(w->e, &q->e, err, sizeof err)) {
         goto fail;
     }
+    /* a prompt the whole pool cannot hold never runs; anything smaller runs, alone if need be */
+    long pool = engine_pages_total(q->e), need = engine_pages_needed(q->e, (int)q->job.n_tokens);
+    if (pool > 0 && need > pool) {
+        snprintf(err, sizeof err, "the KV pool cannot hold this request: its prompt needs %ld "
+                 "pages and the pool has %ld; raise kv_pool_bytes", need, pool);
+        code = "overloaded";
+        goto fail;
+    }
     for (size_t i = 0; i < q->job.n_tokens; i++)
         if (hist_push(q, q->job.tokens[i])) {
             snprintf(err, sizeof err, "out of memory");
@@ -244,11 +252,20 @@ static void sched_remove(struct Sched *sc, int i)
     sc->n--;
 }
 
-/* Reads the messages waiting on the PAIR (waits for one when nothing runs): jobs join, cancels
- * mark their sequence. Returns -1 when the thread is to end (DISCONNECT, a failed socket or an
+/* How long the thread waits for a message when it has requests but none could run (their
+ * pages are held by other workers' requests), before it tries again. */
+enum { SCHED_PAUSE_MS = 5 };
+
+/* Reads the messages waiting on the PAIR (waits for one when nothing runs; up to
+ * SCHED_PAUSE_MS when `paused`, nothing having run in the last step): jobs join, cancels mark
+ * their sequence. Returns -1 when the thread is to end (DISCONNECT, a failed socket or an
  * injected exit). */
-static int sched_read(struct Worker *w, void *pair, struct Sched *sc, int *stop)
+static int sched_read(struct Worker *w, void *pair, struct Sched *sc, int paused, int *stop)
 {
+    if (paused && sc->n) {
+        zmq_pollitem_t pi = { pair, 0, ZMQ_POLLIN, 0 };
+        zmq_poll(&pi, 1, SCHED_PAUSE_MS);
+    }
     for (;;) {
         struct ZuMsg m;
         if (zu_recv(pair, &m, sc->n ? ZMQ_DONTWAIT : 0)) {
@@ -442,9 +459,11 @@ static void seq_unstart(struct Worker *w, struct Seq *q)
 
 /* One step: the next token of every started sequence past its prompt (a decode token, or a
  * generated token fed again after a preemption), then prompt chunks within the budget, oldest
- * first. A sequence that has not started joins only with pages nobody uses (alone, it may try:
- * it then fits, or never will), so it never preempts a started one. Returns 1 when a step
- * ran, 0 when there was nothing to run. */
+ * first. A sequence that has not started joins only with pages nobody uses (alone, it may
+ * try), so it never preempts a started one. When a started one still lacks a page, the one
+ * that came last gives its pages back and waits; only one longer than the whole pool ends.
+ * Returns 1 when a step ran, 0 when there was nothing to run (or nothing could: the pages are
+ * other workers'). */
 static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
 {
     char err[512];
@@ -558,11 +577,18 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
         int rc = k ? engine_step(w->e, it, k, &failed, err, sizeof err) : ENGINE_OK;
         if (rc == ENGINE_EBUDGET && failed >= 0) {
             struct Seq *f = who[failed];
-            /* those that joined in this step start over; they wait for free pages */
-            int f_new = joined[failed];
+            /* those that joined in this step start over and wait for free pages; the pages
+             * they took (cached prefixes among them) may be what f lacked: without them, the
+             * started ones try again before anything is judged */
+            int n_joined = 0;
             for (int j = 0; j < k; j++)
-                if (joined[j])
+                if (joined[j]) {
                     seq_unstart(w, who[j]);
+                    n_joined++;
+                }
+            no_new = 1;
+            if (n_joined)
+                continue;
             int holders = 0, victim = -1;
             for (int i = 0; i < sc->n; i++)
                 if (sc->run[i]->started) {
@@ -570,21 +596,23 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
                     if (victim < 0 || sc->run[i]->order > sc->run[victim]->order)
                         victim = i;
                 }
-            if ((f_new && holders == 0) || (!f_new && holders == 1 && sc->run[victim] == f)) {
-                /* alone, and still no room: this request can never fit the pool */
-                for (int i = 0; i < sc->n; i++)
-                    if (sc->run[i] == f) {
-                        sched_remove(sc, i);
-                        break;
-                    }
-                worker_send_error(pair, f->job.job, "overloaded", "the KV pool cannot hold this "
-                           "request: raise kv_pool_bytes");
-                seq_free(w, f);
+            if (holders == 1 && engine_pages_for(f->e, (int)f->done + it[failed].n) >
+                                    engine_pages_total(f->e)) {
+                /* alone and longer than the whole pool: it can never go on. What it streamed
+                 * stands, ended as at a full context ("length"); the prompt fits (seq_admit) */
+                sched_remove(sc, victim);
+                if (f->decoding) {
+                    seq_finish(w, pair, f, 0);
+                } else {
+                    worker_send_error(pair, f->job.job, "overloaded", "the KV pool cannot hold "
+                                      "this request: raise kv_pool_bytes");
+                    seq_free(w, f);
+                }
                 continue;
             }
-            no_new = 1;
-            if (f_new)
-                continue;   /* it waits; the started ones go on */
+            /* the one that came last gives its pages back and waits; when f is alone here,
+             * it fits the pool alone and the pages it lacks are another worker's: it waits
+             * for them (sched_run pauses while nothing can run) */
             struct Seq *v = sc->run[victim];
             seq_unstart(w, v);
             if (w->o.stats)
@@ -633,7 +661,7 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
             if (seq_advance(w, pair, q) && at >= 0)
                 sched_remove(sc, at);   /* answered and freed: it leaves the batch */
         }
-        return 1;
+        break;
     }
     return 1;
 }
@@ -642,9 +670,9 @@ void sched_run(struct Worker *w, void *pair)
 {
     struct Sched sc;
     memset(&sc, 0, sizeof sc);
-    int stop = 0;
+    int stop = 0, ran = 1;
     for (;;) {
-        if (sched_read(w, pair, &sc, &stop)) {
+        if (sched_read(w, pair, &sc, !ran, &stop)) {
             /* the thread fails: its sequences are lost with it (the I/O thread answers them) */
             for (int i = 0; i < sc.n; i++)
                 seq_free(w, sc.run[i]);
@@ -652,7 +680,7 @@ void sched_run(struct Worker *w, void *pair)
         }
         if (stop)
             break;
-        sched_step(w, pair, &sc);
+        ran = sched_step(w, pair, &sc);
     }
     /* shutting down (or the socket failed): every sequence ends, answered as cancelled */
     for (int i = 0; i < sc.n; i++) {
