@@ -5,12 +5,14 @@
  * step_tokens and no more than fit step_ms at the speed the last steps measured; else the
  * context's prefill chunk), prompt chunks of the others in the order they came
  * (Sarathi-Serve's stall-free batching: a long prompt never stops the others' tokens for more
- * than one short step). New jobs and cancels are read between steps. A request that has
- * not started takes only pages that are free; when the pool has none for a started one, the
- * request that came last is preempted: its pages go back, and it is recomputed later, its
- * prompt in prefill chunks and the tokens it had generated fed again one per step as the
- * decode tokens they were, so every position gets the same keys and values as before and the
- * answer goes on exactly as it would have (on a GPU, within the products' rounding). With
+ * than one short step). New jobs and cancels are read between steps. A request starts when
+ * the pages it is promised (its prompt and max_tokens, less its cached prefix) fit beside what
+ * the started ones are promised, so a tight pool runs fewer at once rather than thrash. When
+ * the pool still has no page for a started one (other workers share it), the request that
+ * came last is preempted: its pages go back, and it is recomputed later, its prompt in
+ * prefill chunks and the tokens it had generated fed again one per step as the decode tokens
+ * they were, so every position gets the same keys and values as before and the answer goes
+ * on exactly as it would have (on a GPU, within the products' rounding). With
  * chunk KV reuse a request's documents are blended in steps too (docs/kv-reuse.md): the blend
  * takes what is left of a step's budget after the engine's step, one blend at a time. */
 #include "daemon/worker_internal.h"
@@ -222,6 +224,7 @@ struct Sched {
     struct Seq *run[WIRE_MAX_RUNNING];
     int n;
     uint64_t next_order;
+    long promised;      /* the pages this worker published as promised (sched_promise) */
     /* step_ms's estimates, exponential averages (0: none yet): seconds of a step of decode
      * tokens alone, and seconds each prefill token adds to such a step */
     double t_decode, t_token;
@@ -431,9 +434,19 @@ static void seq_blend_step(struct Worker *w, struct Seq *q, int tokens, int othe
          q->blend_others, zu_now_ms() - q->t_blend);
 }
 
-/* Pages a blend still needs: the rest of its prompt's (the probe runs where the question will
- * be) and the helper's for the longest lead and chunk after the frame. */
-static long blend_pages(const struct Worker *w, const struct Seq *q)
+/* ---- pages: what a request is promised, and what it costs the pool to start ----
+ * A request is promised the positions of its prompt and of the max_tokens answer tokens it
+ * may generate (within its context). It starts only when what it would take (those pages,
+ * less the prefix it finds cached, plus the cached pages it takes that nobody else holds: they
+ * stop being available) fits in the pages nobody uses less what the started requests, of
+ * this worker and the others sharing the pool, are promised and do not hold yet. A started
+ * request then never lacks a page, and a tight pool runs fewer requests at once instead of
+ * preempting them (docs/configuration.md, Continuous batching). Under FAULT_SCHED_OVERCOMMIT
+ * a step admits as before projections: a new request on its first chunk's pages, a started
+ * one keeping room for its next token, so a small pool runs out and preempts. */
+
+/* Pages the blend helper needs for the frame and the longest lead and chunk after it. */
+static long helper_pages(const struct Worker *w, const struct Seq *q)
 {
     int longest = 0;
     const uint32_t *l = q->job.doc_leads;
@@ -444,8 +457,61 @@ static long blend_pages(const struct Worker *w, const struct Seq *q)
             longest = n;
     }
     int helper = (int)q->job.docs[0] + longest - engine_n_past(w->ckv_helper);
-    return engine_pages_needed(q->e, (int)q->n_prompt - engine_n_past(q->e)) +
-           (helper > 0 ? engine_pages_needed(w->ckv_helper, helper) : 0);
+    return helper > 0 ? engine_pages_needed(w->ckv_helper, helper) : 0;
+}
+
+/* The positions a request is promised: its prompt and max_tokens answer tokens, within its
+ * context. */
+static int seq_span(const struct Seq *q)
+{
+    long n = (long)q->n_prompt + (q->job.max_tokens > 0 ? q->job.max_tokens : 1);
+    int ctx = engine_opts(q->e)->n_ctx;
+    return n < ctx ? (int)n : ctx;
+}
+
+/* Pages a started request may still take: up to its promised positions, and the helper's
+ * while its documents blend (overcommitting: its next token's, or a blend's prompt's). */
+static long seq_ahead(const struct Worker *w, const struct Seq *q, int overcommit)
+{
+    int n_past = engine_n_past(q->e);
+    int left = !overcommit ? seq_span(q) - n_past : q->blend ? (int)q->n_prompt - n_past : 1;
+    return (left > 0 ? engine_pages_needed(q->e, left) : 0) + (q->blend ? helper_pages(w, q) : 0);
+}
+
+/* What starting request q now costs the pool, in pages (blend: its documents blend; chunk:
+ * its first chunk's tokens, for overcommitting). */
+static long seq_cost(const struct Worker *w, const struct Seq *q, int blend, int chunk,
+                     int overcommit)
+{
+    long helper = blend ? helper_pages(w, q) : 0;
+    if (overcommit)
+        return engine_pages_needed(q->e, blend ? (int)q->n_prompt : chunk) + helper;
+    int idle = 0;
+    int cached = engine_peek_cached(q->e, q->hist, q->n_prompt, &idle);
+    return engine_pages_for(q->e, seq_span(q)) - engine_pages_for(q->e, cached) + idle + helper;
+}
+
+/* Pages the worker's started requests may still take. */
+static long sched_ahead(const struct Worker *w, const struct Sched *sc, int overcommit)
+{
+    long n = 0;
+    for (int i = 0; i < sc->n; i++)
+        if (sc->run[i]->started)
+            n += seq_ahead(w, sc->run[i], overcommit);
+    return n;
+}
+
+/* Publishes `mine`, what this worker's started requests may still take, where the other
+ * workers sharing the pool see it; returns what theirs may. */
+static long sched_promise(struct Worker *w, struct Sched *sc, long mine)
+{
+    struct WorkerStats *st = w->o.stats;
+    long delta = mine - sc->promised;
+    sc->promised = mine;
+    if (!st)
+        return 0;
+    long others = (long)(atomic_fetch_add(&st->kv_promised, delta) + delta) - mine;
+    return others > 0 ? others : 0;
 }
 
 /* A sequence that has not started, or was preempted: its pages go back, it starts over. */
@@ -459,14 +525,16 @@ static void seq_unstart(struct Worker *w, struct Seq *q)
 
 /* One step: the next token of every started sequence past its prompt (a decode token, or a
  * generated token fed again after a preemption), then prompt chunks within the budget, oldest
- * first. A sequence that has not started joins only with pages nobody uses (alone, it may
- * try), so it never preempts a started one. When a started one still lacks a page, the one
- * that came last gives its pages back and waits; only one longer than the whole pool ends.
- * Returns 1 when a step ran, 0 when there was nothing to run (or nothing could: the pages are
- * other workers'). */
+ * first. A sequence that has not started joins only when what it costs fits the pages nobody
+ * uses or is promised (alone in this worker, it may try), oldest first: one that does not fit
+ * holds back those after it. When a started one still lacks a page (the pool is shared by
+ * other workers, or overcommitted), the one that came last gives its pages back and waits;
+ * only one longer than the whole pool ends. Returns 1 when a step ran, 0 when there was
+ * nothing to run (or nothing could: the pages are other workers'). */
 static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
 {
     char err[512];
+    int overcommit = fault_hit(FAULT_SCHED_OVERCOMMIT);
     /* while a sequence is decoding, steps stay short so its tokens keep coming (stall-free);
      * otherwise a prompt prefills in whole chunks */
     int budget = engine_opts(w->e)->chunk, no_new = 0, decoding = 0;
@@ -498,16 +566,15 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
         int k = 0, left = budget, any_started = 0, blending = 0;
         struct Seq *bq = NULL;              /* the blend that takes a share of this step */
         int b_tokens = 0;
-        /* pages a sequence that has not started may take: those nobody uses, less what each
-         * started one may need for a decode token, and what a blend under way still needs */
-        long spare = engine_pages_available(w->e);
+        /* pages a sequence that has not started may take: those nobody uses, less what the
+         * started ones, here and in the other workers, may still take */
         for (int i = 0; i < sc->n; i++)
             if (sc->run[i]->started) {
-                spare -= sc->run[i]->blend ? blend_pages(w, sc->run[i])
-                                           : engine_pages_needed(sc->run[i]->e, 1);
                 any_started = 1;
                 blending |= sc->run[i]->blend != NULL;
             }
+        long mine = sched_ahead(w, sc, overcommit), others = sched_promise(w, sc, mine);
+        long spare = engine_pages_available(w->e) - mine - others;
         for (int i = 0; i < sc->n && left > 0; i++) {
             struct Seq *q = sc->run[i];
             if (!q->started || q->done < q->n_prompt)
@@ -539,9 +606,11 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
                 /* one blend at a time (the worker has one helper): the next one waits */
                 if (blend && blending)
                     continue;
-                long need = blend ? blend_pages(w, q) : engine_pages_needed(q->e, n);
-                if (any_started && need > spare)
+                long need = seq_cost(w, q, blend, n, overcommit);
+                if (any_started && need > spare) {
+                    no_new = 1;     /* it waits for room, and those after it behind it */
                     continue;
+                }
                 spare -= need;
                 any_started = 1;
                 q->done = engine_take_cached(q->e, q->hist, q->n_prompt);
@@ -572,6 +641,7 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
         }
         if (k == 0 && !bq)
             return 0;
+        sched_promise(w, sc, sched_ahead(w, sc, overcommit));
         int failed = -1;
         double t0 = zu_now_ms();
         int rc = k ? engine_step(w->e, it, k, &failed, err, sizeof err) : ENGINE_OK;
@@ -663,6 +733,8 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
         }
         break;
     }
+    /* what the others see until the next step: an idle worker promises nothing */
+    sched_promise(w, sc, sched_ahead(w, sc, overcommit));
     return 1;
 }
 
@@ -676,6 +748,7 @@ void sched_run(struct Worker *w, void *pair)
             /* the thread fails: its sequences are lost with it (the I/O thread answers them) */
             for (int i = 0; i < sc.n; i++)
                 seq_free(w, sc.run[i]);
+            sched_promise(w, &sc, 0);
             return;
         }
         if (stop)
@@ -688,5 +761,6 @@ void sched_run(struct Worker *w, void *pair)
             sc.run[i]->reason = WIRE_REASON_SHUTDOWN;
         seq_finish(w, pair, sc.run[i], 1);
     }
+    sched_promise(w, &sc, 0);
 }
 

@@ -1,16 +1,27 @@
 """The batch scheduler on a KV pool that holds only a few requests at once, through diffragd
 with a tiny random model (thousands of tokens a second; its greedy answers never end before
-max_tokens, so every request grows to its full size): a cancel storm, many streamed queries,
-each over a document of its own that an earlier query left in the prefix cache, every other
-one cancelled while it streams, the pool running out and requests preempted and resumed
-hundreds of times. No request that fits the pool alone is refused: every kept stream ends with
-its whole answer, none `overloaded`."""
+max_tokens, so every request grows to its full size):
+
+- a cancel storm: many streamed queries, each over a document of its own that an earlier
+  query left in the prefix cache, every other one cancelled while it streams. No request that
+  fits the pool alone is refused: every kept stream ends with its whole answer, none
+  `overloaded`. Once with the scheduler's admission (a request joins when its projected need
+  fits), once with it overcommitting on purpose (DIFFRAGD_FAULTS=sched_overcommit: a request
+  joins on its first chunk's pages, so the pool runs out and requests are preempted and
+  resumed, thousands of times);
+- a tight pool does not thrash: 24 queries of 300 answer tokens at max_running 8 on a pool
+  that holds three of them are admitted by their projected need (prompt plus max_tokens, less
+  the cached prefix), so no request is preempted, and each answer equals the one-at-a-time
+  answer."""
 import time
 
+import pytest
 import zmq
 
 from daemon_util import Daemon, fast_model, query
-from test_batching import assert_idle, metric_sum, page_bytes
+from test_batching import assert_idle, gather, metric_sum, page_bytes
+
+OVERCOMMIT = {"DIFFRAGD_FAULTS": "sched_overcommit=1"}
 
 
 def river_doc(k, rep):
@@ -73,12 +84,14 @@ def cancel_storm(d, n, rep, max_tokens):
 STORMS = [(16, 3, 400), (28, 12, 300)]
 
 
-def test_cancel_storm_refuses_no_request_that_fits(tmp_path):
+@pytest.mark.parametrize("overcommit", [False, True], ids=["admission", "overcommit"])
+def test_cancel_storm_refuses_no_request_that_fits(tmp_path, overcommit):
     model = fast_model(tmp_path)
     for pages, rep, max_tokens in STORMS:
         (tmp_path / str(pages)).mkdir()
         with Daemon(tmp_path / str(pages), model, workers=1, threads=1, max_running=8,
-                    kv_pool_bytes=pages * page_bytes(model), max_queue=64) as d:
+                    kv_pool_bytes=pages * page_bytes(model), max_queue=64,
+                    env=OVERCOMMIT if overcommit else None) as d:
             seen, finals = cancel_storm(d, 32, rep, max_tokens)
             preempted = metric_sum(d, "diffrag_preemptions_total")
             assert_idle(d)
@@ -100,6 +113,42 @@ def test_cancel_storm_refuses_no_request_that_fits(tmp_path):
         for k in range(1, 32, 2):
             assert finals[k]["ok"], finals[k]
             assert finals[k]["finish_reason"] in ("cancelled", "length"), finals[k]
-        # the pool ran out: the preemption path did the work
-        assert preempted and preempted > 100, preempted
+        if overcommit:
+            # the scheduler was made to run out of pages: the preemption path did the work
+            assert preempted and preempted > 100, preempted
 
+
+def test_tight_pool_admits_by_projected_need(tmp_path):
+    """24 queries of about 240 prompt tokens and 300 answer tokens (9 pages each) on a pool of
+    28 pages at max_running 8: three run at once, none is preempted; a request joined on its
+    first chunk's pages alone would run eight at once and preempt hundreds of times."""
+    model = fast_model(tmp_path)
+    msgs = [ask(k, 1, 300) for k in range(24)]
+    (tmp_path / "serial").mkdir()
+    with Daemon(tmp_path / "serial", model, workers=1, threads=1, max_running=1) as d:
+        c = d.client()
+        refs = [c.call(m, timeout=60)[1] for m in msgs]
+        assert d.stop() == 0, d.log_text()[-2000:]
+    need = -(-(refs[0]["usage"]["prompt_tokens"] + 300) // 64)
+    (tmp_path / "tight").mkdir()
+    with Daemon(tmp_path / "tight", model, workers=1, threads=1, max_running=8,
+                kv_pool_bytes=28 * page_bytes(model), max_queue=64) as d:
+        clients = [d.client() for _ in msgs]
+        for cl, m in zip(clients, msgs):
+            cl.send(m)
+        _, finals = gather({cl: [m["id"]] for cl, m in zip(clients, msgs)}, timeout=300)
+        text = d.metrics()
+        preempted = metric_sum(d, "diffrag_preemptions_total", text)
+        steps = metric_sum(d, "diffrag_step_tokens_count", text)
+        assert_idle(d)
+        assert d.stop() == 0, d.log_text()[-2000:]
+    generated = sum(r["usage"]["completion_tokens"] for r in refs)
+    print("24 requests of %d pages on 28: preemptions %s, %s steps for %d answer tokens"
+          % (need, preempted, steps, generated))
+    assert 3 * need <= 28 < 4 * need, need
+    for m, ref in zip(msgs, refs):
+        got = finals[m["id"]]
+        assert got["ok"] and got["answer"] == ref["answer"], (m["id"], got, ref)
+    assert preempted == 0, "a tight pool thrashed: %s preemptions" % preempted
+    # and the requests still ran together: three decode tokens in most steps
+    assert steps < generated / 2, (steps, generated)
