@@ -7,7 +7,13 @@ engine barely counts.
 2. the daemon's overhead on a query: everything except engine time (prefill + decode as the
    worker measured them), both as the daemon sees it (total_ms minus engine time: decoding,
    validation, retrieval and context assembly, queueing, the hops to the worker and back,
-   encoding) and as a client on the same machine sees it (round trip minus engine time).
+   encoding) and as a client on the same machine sees it (round trip minus engine time);
+3. a tight KV pool (with the tests' SmolLM2-135M when models/ has it, else the tiny model):
+   24 queries of 300 answer tokens (each over a document of its own, ~200 prompt tokens: 8
+   pages of 64 positions) sent at once to one worker whose pool holds 28 pages, with
+   max_running 8 and then 2: the wall time from the first request to the last reply and the
+   preemptions of each, and their ratio (target: 8 no slower than 2, the scheduler admitting a
+   request by its projected need instead of thrashing). --pool-only runs only this part.
 """
 import argparse
 import multiprocessing as mp
@@ -24,7 +30,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 import msgpack  # noqa: E402
 import zmq  # noqa: E402
 
+from conftest import DEFAULT_MODEL  # noqa: E402
 from daemon_util import Daemon, fast_model, query  # noqa: E402
+from test_batching import gather, metric_sum, page_bytes  # noqa: E402
 
 PING = msgpack.packb({"v": 1, "op": "ping"})
 
@@ -104,12 +112,88 @@ def bench_query(d, n):
     return server, client
 
 
+RIVERS = ["Rhine", "Danube", "Elbe", "Loire", "Po", "Vistula", "Oder", "Seine", "Rhone",
+          "Tagus", "Ebro", "Douro", "Garonne", "Thames", "Severn", "Shannon", "Meuse", "Main",
+          "Inn", "Drava", "Sava", "Tisza", "Dnieper", "Volga"]
+
+
+def pool_query(i, max_tokens):
+    """Query i of the tight-pool load: a document of its own and a question that SmolLM2
+    answers at length (greedy, it writes all 300 tokens)."""
+    n = RIVERS[i % len(RIVERS)] + ("" if i < len(RIVERS) else " %d" % (i // len(RIVERS)))
+    doc = [{"id": "r%d" % i, "title": n, "text": (
+        "The %s is a European river. It flows through several countries, past old towns, "
+        "vineyards, castles and industrial cities, and it carries barges, ferries and cruise "
+        "ships. " % n) * 3}]
+    return query("Write a long essay about the %s: its course, its towns, its history, its "
+                 "ships and its wildlife, one paragraph each." % n, doc, id=i,
+                 max_tokens=max_tokens, temperature=0)
+
+
+def bench_pool(tmp, model, n, max_tokens, pages, max_running, threads):
+    """n queries at once on one worker with a pool of `pages` pages: (seconds from the first
+    request to the last reply, preemptions, answer tokens, engine steps)."""
+    d = Daemon(tmp, model, workers=1, threads=threads, max_running=max_running,
+               kv_pool_bytes=pages * page_bytes(model), max_queue=max(64, n), log_level="warn")
+    with d:
+        clients = [d.client() for _ in range(n)]
+        msgs = [pool_query(i, max_tokens) for i in range(n)]
+        t0 = time.perf_counter()
+        for c, m in zip(clients, msgs):
+            c.send(m)
+        _, finals = gather({c: [m["id"]] for c, m in zip(clients, msgs)}, timeout=3600)
+        wall = time.perf_counter() - t0
+        text = d.metrics()
+        preempted = metric_sum(d, "diffrag_preemptions_total", text) or 0
+        steps = metric_sum(d, "diffrag_step_tokens_count", text) or 0
+        assert d.stop() == 0
+    bad = [r for r in finals.values() if not r["ok"]]
+    assert not bad, bad[:2]
+    return (wall, int(preempted), sum(r["usage"]["completion_tokens"] for r in finals.values()),
+            int(steps))
+
+
+def tight_pool(tmp, a):
+    model = DEFAULT_MODEL if DEFAULT_MODEL.exists() else fast_model(tmp)
+    print("tight KV pool: %d queries x %d answer tokens sent at once, a pool of %d pages, "
+          "1 worker x %d threads, %s, medians of %d"
+          % (a.pool_queries, a.pool_tokens, a.pool_pages, a.pool_threads, model.name,
+             a.pool_reps))
+    runs = {8: [], 2: []}
+    for rep in range(a.pool_reps):
+        # the two in turn, each first every other repetition: the machine's drift hits both
+        for mr in ((8, 2) if rep % 2 == 0 else (2, 8)):
+            sub = tmp / ("pool-%d-%d" % (mr, rep))
+            sub.mkdir()
+            runs[mr].append(bench_pool(sub, model, a.pool_queries, a.pool_tokens, a.pool_pages,
+                                       mr, a.pool_threads))
+            wall, pre, toks, steps = runs[mr][-1]
+            print("  max_running %d: %.1f s, %d preemptions, %d answer tokens in %d engine steps"
+                  % (mr, wall, pre, toks, steps))
+    med = {mr: statistics.median(r[0] for r in rs) for mr, rs in runs.items()}
+    ratio = med[8] / med[2]
+    print("  median: max_running 8 %.1f s, 2 %.1f s; ratio 8/2 %.2f (target <= 1: %s)"
+          % (med[8], med[2], ratio, "yes" if ratio <= 1.0 else "NO"))
+    return ratio <= 1.0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=3.0, help="per ping measurement")
     ap.add_argument("--queries", type=int, default=300)
+    ap.add_argument("--pool-only", action="store_true", help="only the tight KV pool")
+    ap.add_argument("--no-pool", action="store_true", help="no tight KV pool")
+    ap.add_argument("--pool-queries", type=int, default=24)
+    ap.add_argument("--pool-tokens", type=int, default=300, help="max_tokens of each query")
+    ap.add_argument("--pool-pages", type=int, default=28)
+    ap.add_argument("--pool-threads", type=int, default=2)
+    ap.add_argument("--pool-reps", type=int, default=1)
     a = ap.parse_args()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench-daemon-"))
+    if a.pool_only:
+        ok = tight_pool(tmp, a)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return 0 if ok else 1
     model = fast_model(tmp)
     with Daemon(tmp, model, workers=2, threads=1, log_level="warn", max_queue=1024) as d:
         print("diffragd bench: tiny model %s, 2 workers, loopback TCP, %d cores"
@@ -128,6 +212,8 @@ def main():
         ok = pct(server, 50) <= 1.0
         print("daemon overhead p50 <= 1 ms: %s" % ("yes" if ok else "NO"))
         assert d.stop() == 0
+    if not a.no_pool:
+        ok = tight_pool(tmp, a) and ok
     shutil.rmtree(tmp, ignore_errors=True)
     return 0 if ok else 1
 

@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const point_names[FAULT_COUNT] = { "worker_thread_exit", "worker_engine_error" };
+static const char *const point_names[FAULT_COUNT] = { "worker_thread_exit", "worker_engine_error",
+                                                      "sched_overcommit" };
 static _Atomic long period[FAULT_COUNT];
 static _Atomic long passes[FAULT_COUNT];
 static atomic_flag read_once = ATOMIC_FLAG_INIT;

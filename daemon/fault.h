@@ -14,6 +14,9 @@
 enum FaultPoint {
     FAULT_WORKER_THREAD_EXIT,   /* the compute thread returns on receiving a job, unanswered */
     FAULT_WORKER_ENGINE_ERROR,  /* the job fails as if the engine had */
+    FAULT_SCHED_OVERCOMMIT,     /* a scheduler step admits new requests on their first prompt
+                                   chunk's pages (as if their answers took no room), so a small
+                                   KV pool runs out and preempts: the preemption tests' pressure */
     FAULT_COUNT
 };
 

@@ -5,12 +5,14 @@
  * step_tokens and no more than fit step_ms at the speed the last steps measured; else the
  * context's prefill chunk), prompt chunks of the others in the order they came
  * (Sarathi-Serve's stall-free batching: a long prompt never stops the others' tokens for more
- * than one short step). New jobs and cancels are read between steps. A request that has
- * not started takes only pages that are free; when the pool has none for a started one, the
- * request that came last is preempted: its pages go back, and it is recomputed later, its
- * prompt in prefill chunks and the tokens it had generated fed again one per step as the
- * decode tokens they were, so every position gets the same keys and values as before and the
- * answer goes on exactly as it would have (on a GPU, within the products' rounding). With
+ * than one short step). New jobs and cancels are read between steps. A request starts when
+ * the pages it is promised (its prompt and max_tokens, less its cached prefix) fit beside what
+ * the started ones are promised, so a tight pool runs fewer at once rather than thrash. When
+ * the pool still has no page for a started one (other workers share it), the request that
+ * came last is preempted: its pages go back, and it is recomputed later, its prompt in
+ * prefill chunks and the tokens it had generated fed again one per step as the decode tokens
+ * they were, so every position gets the same keys and values as before and the answer goes
+ * on exactly as it would have (on a GPU, within the products' rounding). With
  * chunk KV reuse a request's documents are blended in steps too (docs/kv-reuse.md): the blend
  * takes what is left of a step's budget after the engine's step, one blend at a time. */
 #include "daemon/worker_internal.h"
@@ -23,8 +25,6 @@
 #include "daemon/fault.h"
 #include "daemon/log.h"
 #include "daemon/zutil.h"
-#include "retriever/status.h"
-#include "retriever/store.h"
 
 struct Seq {
     struct WireJob job;
@@ -113,6 +113,14 @@ static struct Seq *seq_admit(struct Worker *w, void *pair, uint64_t job_id, cons
     if (w->n_seq_e > 0) {
         q->e = w->seq_e[--w->n_seq_e];
     } else if (engine_new_seq(w->e, &q->e, err, sizeof err)) {
+        goto fail;
+    }
+    /* a prompt the whole pool cannot hold never runs; anything smaller runs, alone if need be */
+    long pool = engine_pages_total(q->e), need = engine_pages_needed(q->e, (int)q->job.n_tokens);
+    if (pool > 0 && need > pool) {
+        snprintf(err, sizeof err, "the KV pool cannot hold this request: its prompt needs %ld "
+                 "pages and the pool has %ld; raise kv_pool_bytes", need, pool);
+        code = "overloaded";
         goto fail;
     }
     for (size_t i = 0; i < q->job.n_tokens; i++)
@@ -216,6 +224,7 @@ struct Sched {
     struct Seq *run[WIRE_MAX_RUNNING];
     int n;
     uint64_t next_order;
+    long promised;      /* the pages this worker published as promised (sched_promise) */
     /* step_ms's estimates, exponential averages (0: none yet): seconds of a step of decode
      * tokens alone, and seconds each prefill token adds to such a step */
     double t_decode, t_token;
@@ -246,11 +255,20 @@ static void sched_remove(struct Sched *sc, int i)
     sc->n--;
 }
 
-/* Reads the messages waiting on the PAIR (waits for one when nothing runs): jobs join, cancels
- * mark their sequence. Returns -1 when the thread is to end (DISCONNECT, a failed socket or an
+/* How long the thread waits for a message when it has requests but none could run (their
+ * pages are held by other workers' requests), before it tries again. */
+enum { SCHED_PAUSE_MS = 5 };
+
+/* Reads the messages waiting on the PAIR (waits for one when nothing runs; up to
+ * SCHED_PAUSE_MS when `paused`, nothing having run in the last step): jobs join, cancels mark
+ * their sequence. Returns -1 when the thread is to end (DISCONNECT, a failed socket or an
  * injected exit). */
-static int sched_read(struct Worker *w, void *pair, struct Sched *sc, int *stop)
+static int sched_read(struct Worker *w, void *pair, struct Sched *sc, int paused, int *stop)
 {
+    if (paused && sc->n) {
+        zmq_pollitem_t pi = { pair, 0, ZMQ_POLLIN, 0 };
+        zmq_poll(&pi, 1, SCHED_PAUSE_MS);
+    }
     for (;;) {
         struct ZuMsg m;
         if (zu_recv(pair, &m, sc->n ? ZMQ_DONTWAIT : 0)) {
@@ -336,155 +354,6 @@ static void stats_blend(struct Worker *w, const struct ChunkKvBlend *b)
     w->ckv_last = now;
 }
 
-/* ---- the document store's chunk KV records (docs/kv-reuse.md) ----
- * Before a blend, each stored chunk of the prompt whose copy the chunk store lacks is looked
- * up among the records; after it, the copies it made are written as records, in one durable
- * transaction that also renews the use of the records read since the last write (a blend that
- * made no copy writes nothing: its uses wait for the next write, or for KV_TOUCH_BATCH of
- * them; a use lost in a crash only ages a record). A record that does not match (another
- * frame, tokens or encoding) or cannot be read is passed over: the blend makes the copy. */
-
-enum { KV_TOUCH_BATCH = 256 };
-
-/* What span i's copy is made after: the frame whose hash is `frame`, then the span's lead. */
-static uint64_t span_after(const struct Seq *q, uint64_t frame, size_t i)
-{
-    const uint32_t *l = q->job.doc_leads;
-    if (!l)
-        return frame;
-    return chunkkv_after(frame, q->job.lead_tokens + l[2 * i], (int)(l[2 * i + 1] - l[2 * i]));
-}
-
-/* The record name of span i of q made after what `after` names (span_after), or 0 when it is
- * not a stored chunk. */
-static int span_ref(const struct Worker *w, const struct Seq *q, uint64_t after, size_t i,
-                    struct StoreKvRef *ref)
-{
-    const uint32_t *r = q->job.chunk_refs;
-    if (!w->o.kv_store || !r || r[2 * i] == 0 ||
-        q->job.doc_spans[2 * i + 1] == q->job.doc_spans[2 * i])
-        return 0;
-    const int32_t *t = q->hist + q->job.doc_spans[2 * i];
-    int n = (int)(q->job.doc_spans[2 * i + 1] - q->job.doc_spans[2 * i]);
-    ref->coll = r[2 * i];
-    ref->chunk = r[2 * i + 1];
-    ref->key = w->o.kv_identity ^ chunkkv_key(after, t, n);
-    return 1;
-}
-
-/* Brings the records of q's stored chunks into the chunk store; to_write[i] = 1 for those
- * that have none (their copies, once the blend made them, are written). */
-static void records_load(struct Worker *w, struct Seq *q, uint64_t frame, unsigned char *to_write)
-{
-    struct StoreReader *rd = NULL;
-    char err[256];
-    struct WorkerStats *st = w->o.stats;
-    for (size_t i = 0; i < q->job.n_spans; i++) {
-        struct StoreKvRef ref;
-        to_write[i] = 0;
-        uint64_t after = span_after(q, frame, i);
-        if (!span_ref(w, q, after, i, &ref))
-            continue;
-        const int32_t *t = q->hist + q->job.doc_spans[2 * i];
-        int n = (int)(q->job.doc_spans[2 * i + 1] - q->job.doc_spans[2 * i]);
-        struct ChunkKvSpans full = { .ranks = q->job.doc_ranks, .n_full = w->o.kv_reuse_full };
-        if (chunkkv_has(w->ckv, after, t, n) || chunkkv_span_full(&full, (int)i))
-            continue;
-        if (!rd && store_read_begin(w->o.kv_store, &rd, err, sizeof err)) {
-            dlog(LL_WARN, "msg=\"cannot read chunk KV records\" worker=%d error=\"%s\"",
-                 w->o.index, err);
-            if (st) atomic_fetch_add(&st->kv_store_errors, 1);
-            return;
-        }
-        const void *data;
-        size_t len;
-        int rc = store_kv_get(rd, &ref, &data, &len, err, sizeof err);
-        to_write[i] = 1;
-        if (rc == RET_ENOTFOUND)
-            continue;
-        if (rc == RET_OK &&
-            chunkkv_insert(w->ckv, w->e, after, t, n, data, len, err, sizeof err) == ENGINE_OK) {
-            to_write[i] = 0;
-            if (st) atomic_fetch_add(&st->kv_loaded, 1);
-            continue;
-        }
-        dlog(LL_WARN, "msg=\"a chunk KV record was passed over\" worker=%d chunk=%u "
-             "error=\"%s\"", w->o.index, ref.chunk, err);
-        if (st) atomic_fetch_add(&st->kv_store_errors, 1);
-    }
-    store_read_end(&rd);
-}
-
-/* Keeps the use of a record for the next write; 0, or -1 out of memory (the use is lost). */
-static int touch_later(struct Worker *w, const struct StoreKvRef *ref)
-{
-    if (w->n_kv_touch == w->cap_kv_touch) {
-        size_t cap = w->cap_kv_touch ? 2 * w->cap_kv_touch : 64;
-        struct StoreKvRef *v = realloc(w->kv_touch, cap * sizeof *v);
-        if (!v) return -1;
-        w->kv_touch = v;
-        w->cap_kv_touch = cap;
-    }
-    w->kv_touch[w->n_kv_touch++] = *ref;
-    return 0;
-}
-
-/* Writes the records in puts[0..n_put) with the uses kept so far, in one transaction (none
- * when there is nothing to write). */
-void records_flush(struct Worker *w, const struct StoreKvPut *puts, size_t n_put)
-{
-    struct WorkerStats *st = w->o.stats;
-    struct StoreKvReport rep;
-    char err[256];
-    if (!w->o.kv_store || (!n_put && !w->n_kv_touch))
-        return;
-    if (store_kv_write(w->o.kv_store, puts, n_put, w->kv_touch, w->n_kv_touch,
-                       w->o.kv_store_bytes, &rep, err, sizeof err)) {
-        dlog(LL_WARN, "msg=\"cannot write chunk KV records\" worker=%d error=\"%s\"",
-             w->o.index, err);
-        if (st) atomic_fetch_add(&st->kv_store_errors, 1);
-    } else if (n_put && st) {
-        atomic_fetch_add(&st->kv_written, rep.written);
-    }
-    w->n_kv_touch = 0;
-}
-
-/* Writes the copies made for spans marked in to_write; the uses of the others are kept for
- * the next write. */
-static void records_save(struct Worker *w, struct Seq *q, uint64_t frame,
-                         const unsigned char *to_write)
-{
-    size_t n_spans = q->job.n_spans, n_put = 0;
-    struct StoreKvPut *puts = calloc(n_spans + 1, sizeof *puts);
-    struct ChunkKvRecord *recs = calloc(n_spans + 1, sizeof *recs);
-    struct WorkerStats *st = w->o.stats;
-    if (!puts || !recs) {
-        dlog(LL_WARN, "msg=\"out of memory writing chunk KV records\" worker=%d", w->o.index);
-        if (st) atomic_fetch_add(&st->kv_store_errors, 1);
-        free(puts);
-        free(recs);
-        return;
-    }
-    for (size_t i = 0; i < n_spans; i++) {
-        struct StoreKvRef ref;
-        uint64_t after = span_after(q, frame, i);
-        if (!span_ref(w, q, after, i, &ref))
-            continue;
-        const int32_t *t = q->hist + q->job.doc_spans[2 * i];
-        int n = (int)(q->job.doc_spans[2 * i + 1] - q->job.doc_spans[2 * i]);
-        if (!to_write[i]) {
-            touch_later(w, &ref);
-        } else if (chunkkv_record(w->ckv, after, t, n, &recs[n_put])) {
-            puts[n_put] = (struct StoreKvPut){ ref, recs[n_put].parts, recs[n_put].lens, 3 };
-            n_put++;
-        }
-    }
-    if (n_put || w->n_kv_touch >= KV_TOUCH_BATCH)
-        records_flush(w, puts, n_put);
-    free(puts);
-    free(recs);
-}
-
 /* A blend under way ends unfinished: the helper's copy under way is dropped, and the copies it
  * made are written to the store as a finished blend's are (a restart finds them in memory and
  * would not write them). The caller resets the sequence. */
@@ -493,7 +362,7 @@ static void seq_blend_drop(struct Worker *w, struct Seq *q)
     if (q->blend) {
         chunkkv_blend_end(&q->blend);
         if (q->to_write)
-            records_save(w, q, q->frame, q->to_write);
+            records_save(w, &q->job, q->hist, q->frame, q->to_write);
     }
     free(q->to_write);
     q->to_write = NULL;
@@ -525,7 +394,7 @@ static void seq_blend_begin(struct Worker *w, struct Seq *q)
     q->frame = chunkkv_frame(q->hist, (int)q->job.docs[0]);
     q->to_write = w->o.kv_store && q->job.chunk_refs ? calloc(q->job.n_spans + 1, 1) : NULL;
     if (q->to_write)
-        records_load(w, q, q->frame, q->to_write);
+        records_load(w, &q->job, q->hist, q->frame, q->to_write);
     struct ChunkKvSpans info = { q->job.lead_tokens, q->job.n_lead_tokens, q->job.doc_leads,
                                  q->job.doc_ranks, w->o.kv_reuse_full };
     if (chunkkv_blend_begin(w->ckv, q->e, w->ckv_helper, q->hist, (int)q->job.docs[0],
@@ -555,7 +424,7 @@ static void seq_blend_step(struct Worker *w, struct Seq *q, int tokens, int othe
     q->reused = b.reused;
     stats_blend(w, &b);
     if (q->to_write)
-        records_save(w, q, q->frame, q->to_write);
+        records_save(w, &q->job, q->hist, q->frame, q->to_write);
     free(q->to_write);
     q->to_write = NULL;
     dlog(LL_DEBUG, "msg=\"documents blended\" worker=%d job=%llu chunks=%d made=%d full=%d "
@@ -565,9 +434,19 @@ static void seq_blend_step(struct Worker *w, struct Seq *q, int tokens, int othe
          q->blend_others, zu_now_ms() - q->t_blend);
 }
 
-/* Pages a blend still needs: the rest of its prompt's (the probe runs where the question will
- * be) and the helper's for the longest lead and chunk after the frame. */
-static long blend_pages(const struct Worker *w, const struct Seq *q)
+/* ---- pages: what a request is promised, and what it costs the pool to start ----
+ * A request is promised the positions of its prompt and of the max_tokens answer tokens it
+ * may generate (within its context). It starts only when what it would take (those pages,
+ * less the prefix it finds cached, plus the cached pages it takes that nobody else holds: they
+ * stop being available) fits in the pages nobody uses less what the started requests, of
+ * this worker and the others sharing the pool, are promised and do not hold yet. A started
+ * request then never lacks a page, and a tight pool runs fewer requests at once instead of
+ * preempting them (docs/configuration.md, Continuous batching). Under FAULT_SCHED_OVERCOMMIT
+ * a step admits as before projections: a new request on its first chunk's pages, a started
+ * one keeping room for its next token, so a small pool runs out and preempts. */
+
+/* Pages the blend helper needs for the frame and the longest lead and chunk after it. */
+static long helper_pages(const struct Worker *w, const struct Seq *q)
 {
     int longest = 0;
     const uint32_t *l = q->job.doc_leads;
@@ -578,8 +457,61 @@ static long blend_pages(const struct Worker *w, const struct Seq *q)
             longest = n;
     }
     int helper = (int)q->job.docs[0] + longest - engine_n_past(w->ckv_helper);
-    return engine_pages_needed(q->e, (int)q->n_prompt - engine_n_past(q->e)) +
-           (helper > 0 ? engine_pages_needed(w->ckv_helper, helper) : 0);
+    return helper > 0 ? engine_pages_needed(w->ckv_helper, helper) : 0;
+}
+
+/* The positions a request is promised: its prompt and max_tokens answer tokens, within its
+ * context. */
+static int seq_span(const struct Seq *q)
+{
+    long n = (long)q->n_prompt + (q->job.max_tokens > 0 ? q->job.max_tokens : 1);
+    int ctx = engine_opts(q->e)->n_ctx;
+    return n < ctx ? (int)n : ctx;
+}
+
+/* Pages a started request may still take: up to its promised positions, and the helper's
+ * while its documents blend (overcommitting: its next token's, or a blend's prompt's). */
+static long seq_ahead(const struct Worker *w, const struct Seq *q, int overcommit)
+{
+    int n_past = engine_n_past(q->e);
+    int left = !overcommit ? seq_span(q) - n_past : q->blend ? (int)q->n_prompt - n_past : 1;
+    return (left > 0 ? engine_pages_needed(q->e, left) : 0) + (q->blend ? helper_pages(w, q) : 0);
+}
+
+/* What starting request q now costs the pool, in pages (blend: its documents blend; chunk:
+ * its first chunk's tokens, for overcommitting). */
+static long seq_cost(const struct Worker *w, const struct Seq *q, int blend, int chunk,
+                     int overcommit)
+{
+    long helper = blend ? helper_pages(w, q) : 0;
+    if (overcommit)
+        return engine_pages_needed(q->e, blend ? (int)q->n_prompt : chunk) + helper;
+    int idle = 0;
+    int cached = engine_peek_cached(q->e, q->hist, q->n_prompt, &idle);
+    return engine_pages_for(q->e, seq_span(q)) - engine_pages_for(q->e, cached) + idle + helper;
+}
+
+/* Pages the worker's started requests may still take. */
+static long sched_ahead(const struct Worker *w, const struct Sched *sc, int overcommit)
+{
+    long n = 0;
+    for (int i = 0; i < sc->n; i++)
+        if (sc->run[i]->started)
+            n += seq_ahead(w, sc->run[i], overcommit);
+    return n;
+}
+
+/* Publishes `mine`, what this worker's started requests may still take, where the other
+ * workers sharing the pool see it; returns what theirs may. */
+static long sched_promise(struct Worker *w, struct Sched *sc, long mine)
+{
+    struct WorkerStats *st = w->o.stats;
+    long delta = mine - sc->promised;
+    sc->promised = mine;
+    if (!st)
+        return 0;
+    long others = (long)(atomic_fetch_add(&st->kv_promised, delta) + delta) - mine;
+    return others > 0 ? others : 0;
 }
 
 /* A sequence that has not started, or was preempted: its pages go back, it starts over. */
@@ -593,12 +525,16 @@ static void seq_unstart(struct Worker *w, struct Seq *q)
 
 /* One step: the next token of every started sequence past its prompt (a decode token, or a
  * generated token fed again after a preemption), then prompt chunks within the budget, oldest
- * first. A sequence that has not started joins only with pages nobody uses (alone, it may try:
- * it then fits, or never will), so it never preempts a started one. Returns 1 when a step
- * ran, 0 when there was nothing to run. */
+ * first. A sequence that has not started joins only when what it costs fits the pages nobody
+ * uses or is promised (alone in this worker, it may try), oldest first: one that does not fit
+ * holds back those after it. When a started one still lacks a page (the pool is shared by
+ * other workers, or overcommitted), the one that came last gives its pages back and waits;
+ * only one longer than the whole pool ends. Returns 1 when a step ran, 0 when there was
+ * nothing to run (or nothing could: the pages are other workers'). */
 static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
 {
     char err[512];
+    int overcommit = fault_hit(FAULT_SCHED_OVERCOMMIT);
     /* while a sequence is decoding, steps stay short so its tokens keep coming (stall-free);
      * otherwise a prompt prefills in whole chunks */
     int budget = engine_opts(w->e)->chunk, no_new = 0, decoding = 0;
@@ -630,16 +566,15 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
         int k = 0, left = budget, any_started = 0, blending = 0;
         struct Seq *bq = NULL;              /* the blend that takes a share of this step */
         int b_tokens = 0;
-        /* pages a sequence that has not started may take: those nobody uses, less what each
-         * started one may need for a decode token, and what a blend under way still needs */
-        long spare = engine_pages_available(w->e);
+        /* pages a sequence that has not started may take: those nobody uses, less what the
+         * started ones, here and in the other workers, may still take */
         for (int i = 0; i < sc->n; i++)
             if (sc->run[i]->started) {
-                spare -= sc->run[i]->blend ? blend_pages(w, sc->run[i])
-                                           : engine_pages_needed(sc->run[i]->e, 1);
                 any_started = 1;
                 blending |= sc->run[i]->blend != NULL;
             }
+        long mine = sched_ahead(w, sc, overcommit), others = sched_promise(w, sc, mine);
+        long spare = engine_pages_available(w->e) - mine - others;
         for (int i = 0; i < sc->n && left > 0; i++) {
             struct Seq *q = sc->run[i];
             if (!q->started || q->done < q->n_prompt)
@@ -671,9 +606,11 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
                 /* one blend at a time (the worker has one helper): the next one waits */
                 if (blend && blending)
                     continue;
-                long need = blend ? blend_pages(w, q) : engine_pages_needed(q->e, n);
-                if (any_started && need > spare)
+                long need = seq_cost(w, q, blend, n, overcommit);
+                if (any_started && need > spare) {
+                    no_new = 1;     /* it waits for room, and those after it behind it */
                     continue;
+                }
                 spare -= need;
                 any_started = 1;
                 q->done = engine_take_cached(q->e, q->hist, q->n_prompt);
@@ -704,16 +641,24 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
         }
         if (k == 0 && !bq)
             return 0;
+        sched_promise(w, sc, sched_ahead(w, sc, overcommit));
         int failed = -1;
         double t0 = zu_now_ms();
         int rc = k ? engine_step(w->e, it, k, &failed, err, sizeof err) : ENGINE_OK;
         if (rc == ENGINE_EBUDGET && failed >= 0) {
             struct Seq *f = who[failed];
-            /* those that joined in this step start over; they wait for free pages */
-            int f_new = joined[failed];
+            /* those that joined in this step start over and wait for free pages; the pages
+             * they took (cached prefixes among them) may be what f lacked: without them, the
+             * started ones try again before anything is judged */
+            int n_joined = 0;
             for (int j = 0; j < k; j++)
-                if (joined[j])
+                if (joined[j]) {
                     seq_unstart(w, who[j]);
+                    n_joined++;
+                }
+            no_new = 1;
+            if (n_joined)
+                continue;
             int holders = 0, victim = -1;
             for (int i = 0; i < sc->n; i++)
                 if (sc->run[i]->started) {
@@ -721,21 +666,23 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
                     if (victim < 0 || sc->run[i]->order > sc->run[victim]->order)
                         victim = i;
                 }
-            if ((f_new && holders == 0) || (!f_new && holders == 1 && sc->run[victim] == f)) {
-                /* alone, and still no room: this request can never fit the pool */
-                for (int i = 0; i < sc->n; i++)
-                    if (sc->run[i] == f) {
-                        sched_remove(sc, i);
-                        break;
-                    }
-                worker_send_error(pair, f->job.job, "overloaded", "the KV pool cannot hold this "
-                           "request: raise kv_pool_bytes");
-                seq_free(w, f);
+            if (holders == 1 && engine_pages_for(f->e, (int)f->done + it[failed].n) >
+                                    engine_pages_total(f->e)) {
+                /* alone and longer than the whole pool: it can never go on. What it streamed
+                 * stands, ended as at a full context ("length"); the prompt fits (seq_admit) */
+                sched_remove(sc, victim);
+                if (f->decoding) {
+                    seq_finish(w, pair, f, 0);
+                } else {
+                    worker_send_error(pair, f->job.job, "overloaded", "the KV pool cannot hold "
+                                      "this request: raise kv_pool_bytes");
+                    seq_free(w, f);
+                }
                 continue;
             }
-            no_new = 1;
-            if (f_new)
-                continue;   /* it waits; the started ones go on */
+            /* the one that came last gives its pages back and waits; when f is alone here,
+             * it fits the pool alone and the pages it lacks are another worker's: it waits
+             * for them (sched_run pauses while nothing can run) */
             struct Seq *v = sc->run[victim];
             seq_unstart(w, v);
             if (w->o.stats)
@@ -784,8 +731,10 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
             if (seq_advance(w, pair, q) && at >= 0)
                 sched_remove(sc, at);   /* answered and freed: it leaves the batch */
         }
-        return 1;
+        break;
     }
+    /* what the others see until the next step: an idle worker promises nothing */
+    sched_promise(w, sc, sched_ahead(w, sc, overcommit));
     return 1;
 }
 
@@ -793,17 +742,18 @@ void sched_run(struct Worker *w, void *pair)
 {
     struct Sched sc;
     memset(&sc, 0, sizeof sc);
-    int stop = 0;
+    int stop = 0, ran = 1;
     for (;;) {
-        if (sched_read(w, pair, &sc, &stop)) {
+        if (sched_read(w, pair, &sc, !ran, &stop)) {
             /* the thread fails: its sequences are lost with it (the I/O thread answers them) */
             for (int i = 0; i < sc.n; i++)
                 seq_free(w, sc.run[i]);
+            sched_promise(w, &sc, 0);
             return;
         }
         if (stop)
             break;
-        sched_step(w, pair, &sc);
+        ran = sched_step(w, pair, &sc);
     }
     /* shutting down (or the socket failed): every sequence ends, answered as cancelled */
     for (int i = 0; i < sc.n; i++) {
@@ -811,5 +761,6 @@ void sched_run(struct Worker *w, void *pair)
             sc.run[i]->reason = WIRE_REASON_SHUTDOWN;
         seq_finish(w, pair, sc.run[i], 1);
     }
+    sched_promise(w, &sc, 0);
 }
 

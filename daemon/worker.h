@@ -32,6 +32,10 @@ struct WorkerStats {
     /* chunk copies taken from the document store's KV records, records written, and writes
      * or reads that failed (logged) */
     _Atomic uint64_t kv_loaded, kv_written, kv_store_errors;
+    /* KV pages the workers' schedulers have promised their running requests and not yet
+     * given them (the pool is shared by the process's workers, as these figures are): each
+     * admits a request only with pages that nobody, here or in another worker, is promised */
+    _Atomic int64_t kv_promised;
 };
 
 struct WorkerOpts {

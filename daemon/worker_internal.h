@@ -1,5 +1,5 @@
-/* The worker's insides, shared by daemon/worker.c (its threads) and
- * daemon/sched.c (the batch scheduler). Not a public header. */
+/* The worker's insides, shared by daemon/worker.c (its threads), daemon/sched.c (the batch
+ * scheduler) and daemon/sched_records.c (its chunk KV records). Not a public header. */
 #ifndef DIFFRAG_WORKER_INTERNAL_H
 #define DIFFRAG_WORKER_INTERNAL_H
 
@@ -104,8 +104,19 @@ void worker_after_answer(struct Worker *w, const struct WireJob *job, struct Eng
  * with it; the I/O thread answers them). */
 void sched_run(struct Worker *w, void *pair);
 
+/* ---- the document store's chunk KV records of a job's stored chunks (sched_records.c) ---- */
+
+/* Before a blend: brings the records of the job's stored chunks (its prompt is `hist`, the
+ * blend's frame hashes to `frame`) that the chunk store lacks into it; to_write[i] = 1 (for
+ * each of job->n_spans spans) for those that have none, whose copies are to be written. */
+void records_load(struct Worker *w, const struct WireJob *job, const int32_t *hist,
+                  uint64_t frame, unsigned char *to_write);
+/* After a blend (or when one ends unfinished): writes the copies made for the spans marked in
+ * to_write; the uses of the others are kept for the next write. */
+void records_save(struct Worker *w, const struct WireJob *job, const int32_t *hist,
+                  uint64_t frame, const unsigned char *to_write);
 /* Writes the chunk KV records puts[0..n_put) and the record uses kept since the last write,
- * in one transaction (none when there is nothing to write); sched.c. */
+ * in one transaction (none when there is nothing to write). */
 struct StoreKvPut;
 void records_flush(struct Worker *w, const struct StoreKvPut *puts, size_t n_put);
 

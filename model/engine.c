@@ -2,6 +2,7 @@
  * the sequences of a batch), the RoPE frequencies, reset and destruction, and the small
  * accessors. The forward pass is model/engine_step.c; the shared state model/engine_internal.h. */
 #include "model/engine.h"
+#include "kernels/gpu.h"
 #include "model/engine_gpu.h"
 #include "model/engine_internal.h"
 #include "model/kvpool.h"
@@ -322,6 +323,26 @@ long engine_pages_available(const struct Engine *e)
     struct KvPoolStats st;
     kvpool_stats(e->kv, &st);
     return (long)(st.pages - st.pages_used);
+}
+
+int engine_pages_for(const struct Engine *e, int n)
+{
+    if (n <= 0) return 0;
+    if (e->gpu) return (n + GPU_PAGE - 1) / GPU_PAGE;
+    return (int)kvpool_pages_for(n);
+}
+
+long engine_pages_total(const struct Engine *e)
+{
+    if (e->gpu) {
+        int pages = 0;
+        model_gpu_info(e->m, NULL, &pages, NULL);
+        return pages;
+    }
+    if (!e->kv) return 0;
+    struct KvPoolStats st;
+    kvpool_stats(e->kv, &st);
+    return (long)st.pages;
 }
 
 int engine_new_seq(struct Engine *r, struct Engine **out, char *err, size_t errlen)

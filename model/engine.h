@@ -86,10 +86,18 @@ int engine_cached(const struct Engine *e);
  * the longest cached run of full pages that starts `prompt` (n tokens), leaving at least the
  * last token to compute, and returns the positions taken (0 otherwise). */
 int engine_take_cached(struct Engine *e, const int32_t *prompt, size_t n);
-/* Pages the sequence would take to append n more tokens, and pages its pool could give now
- * (CPU: free or cached, nobody uses them; GPU: free in the device's pool). */
+/* What engine_take_cached would take now, without taking it: the positions (0 on GPU
+ * contexts and sequences that are not empty), and in *idle_pages how many of their pages no
+ * sequence holds (engine_pages_available counts those until they are taken). */
+int engine_peek_cached(const struct Engine *e, const int32_t *prompt, size_t n, int *idle_pages);
+/* Pages the sequence would take to append n more tokens; pages n positions fill in its pool
+ * (a page holds 64 positions on the CPU, GPU_PAGE on a GPU); pages its pool could give now
+ * (CPU: free or cached, nobody uses them; GPU: free in the device's pool); and the pool's
+ * pages in all. */
 int engine_pages_needed(const struct Engine *e, int n);
+int engine_pages_for(const struct Engine *e, int n_positions);
 long engine_pages_available(const struct Engine *e);
+long engine_pages_total(const struct Engine *e);
 
 /* ---- Batches: several sequences computed together ----
  * A sequence of a batch computes with its runner's threads and scratch (GPU: the runner's

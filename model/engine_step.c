@@ -419,6 +419,13 @@ int engine_take_cached(struct Engine *e, const int32_t *prompt, size_t n)
     return e->n_cached;
 }
 
+int engine_peek_cached(const struct Engine *e, const int32_t *prompt, size_t n, int *idle_pages)
+{
+    *idle_pages = 0;
+    if (e->gpu || e->n_past != 0 || e->n_pages != 0 || e->rope_offset || n < 2) return 0;
+    return kvpool_peek(e->kv, prompt, n, (int)((n - 1) / KV_TILE), idle_pages) * KV_TILE;
+}
+
 int engine_step(struct Engine *r, const struct EngineBatchItem *items, int n_items, int *failed,
                 char *err, size_t errlen)
 {

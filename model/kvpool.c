@@ -239,6 +239,28 @@ int kvpool_match(struct KvPool *p, const int32_t *tokens, size_t n_tokens, int m
     return m;
 }
 
+int kvpool_peek(struct KvPool *p, const int32_t *tokens, size_t n_tokens, int max_pages,
+                int *idle)
+{
+    *idle = 0;
+    if (!p->caching) return 0;
+    pthread_mutex_lock(&p->mu);
+    int m = 0;
+    uint64_t h = 0;
+    int32_t parent = -1;
+    while (m < max_pages && (size_t)(m + 1) * KV_TILE <= n_tokens) {
+        const int32_t *t = tokens + (size_t)m * KV_TILE;
+        h = kvpool_chain_hash(p, h, t);
+        int32_t i = find(p, h, parent, t);
+        if (i < 0) break;
+        *idle += p->meta[i].ref == 0;
+        m++;
+        parent = i;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return m;
+}
+
 void kvpool_publish(struct KvPool *p, int32_t page, int32_t parent, uint64_t hash,
                     const int32_t *tokens)
 {

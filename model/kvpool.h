@@ -70,6 +70,12 @@ int kvpool_alloc(struct KvPool *p, int32_t *page);
 int kvpool_match(struct KvPool *p, const int32_t *tokens, size_t n_tokens, int max_pages,
                  int32_t *pages, uint64_t *hashes);
 
+/* What kvpool_match would take now, without taking it (no reference, no count): the length
+ * of the run (the return), and in *idle how many of its pages nobody references (cached ones:
+ * they count as available to kvpool_alloc until a match takes them). */
+int kvpool_peek(struct KvPool *p, const int32_t *tokens, size_t n_tokens, int max_pages,
+                int *idle);
+
 /* The name of the page after `parent_hash` (0: the first page) holding `tokens` (KV_TILE ids). */
 uint64_t kvpool_chain_hash(const struct KvPool *p, uint64_t parent_hash, const int32_t *tokens);
 

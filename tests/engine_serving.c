@@ -2,7 +2,8 @@
  * DIFF V2 models and the default one). The prefix cache against cold prefills: prompts of 63, 64, 65 and 1,000 tokens and prompts that share only part of a
  * cached one, for every KV type; logits within 1e-5 relative (and whether bit for bit), the
  * watched heads' masses, greedy answers token for token, the cached counts; then a pool of a
- * few pages: eviction, the refusal when every page is referenced, and the pool back at idle.
+ * few pages: eviction, a peek at the cached prefix that takes nothing, the refusal when every
+ * page is referenced, and the pool back at idle.
  * Batches (engine_step) against sequences alone: 16 prompts of different lengths, prefilled in
  * steps of a small token budget beside the others' decode tokens, every logit bit for bit.
  * Usage: engine_serving MODEL.gguf */
@@ -263,9 +264,22 @@ static void small_pool(struct Model *m)
     CHECK(st.pages_used == 0 && st.evicted_pages > 0 && st.pages_cached <= 6,
           "after ten prompts: %zu used, %zu cached, %llu evicted", st.pages_used, st.pages_cached,
           (unsigned long long)st.evicted_pages);
-    /* The last prompt is still cached. */
+    /* The last prompt is still cached: a peek says what its prefill takes (2 pages that
+     * nobody holds) and takes nothing; once e1 holds them, they are no longer idle. */
+    int idle = -1;
+    long avail = engine_pages_available(e1);
+    int peeked = engine_peek_cached(e1, p, 192, &idle);
+    CHECK(peeked == 128 && idle == 2 && engine_pages_available(e1) == avail,
+          "peek: %d positions, %d idle pages, %ld then %ld available", peeked, idle, avail,
+          engine_pages_available(e1));
     CHECK(engine_prefill(e1, p, 192, err, sizeof err) == ENGINE_OK && engine_cached(e1) == 128,
           "the last prompt hits (%d cached)", engine_cached(e1));
+    peeked = engine_peek_cached(e2, p, 192, &idle);
+    CHECK(peeked == 128 && idle == 0, "peek beside e1: %d positions, %d idle", peeked, idle);
+    CHECK(engine_pages_total(e1) == 6 && engine_pages_for(e1, 64) == 1 &&
+          engine_pages_for(e1, 65) == 2 && engine_pages_for(e1, 0) == 0,
+          "pages: %ld in all, %d for 65 positions", engine_pages_total(e1),
+          engine_pages_for(e1, 65));
     engine_reset(e1);
     /* e1 holds 4 pages; e2 can get 2 and is refused the third with a clear error. */
     for (int i = 0; i < 256; i++) p[i] = (int32_t)((i * 7 + 3) % V);

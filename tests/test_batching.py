@@ -2,8 +2,10 @@
 paragraphs (dev, CC BY-SA 4.0) get the same greedy answers, citations, groundedness figures and
 token signals as the same queries asked one at a time of a daemon with max_running = 1; a
 cancel and a deadline in a running batch leave the other answers unchanged; a KV pool of a few
-pages preempts and recomputes sequences without changing an answer, answers every query, and
-is back at idle afterwards; a prompt that can never fit the pool is answered `overloaded`."""
+pages, overcommitted on purpose (admitted by their projected needs, the queries would run a few
+at a time and none would be preempted: tests/test_sched_pool.py), preempts and recomputes
+sequences without changing an answer, answers every query, and is back at idle afterwards; a
+prompt that can never fit the pool is answered `overloaded`."""
 import json
 import time
 
@@ -318,8 +320,11 @@ def test_small_pool_preempts_and_recovers(tmp_path, default_model, squad_dir, se
             for i, (q, docs) in enumerate(two_paragraph_queries(squad_dir, N_PREEMPT))]
     if SMALL:
         print("DIFFRAG_TEST_SCALE=small: %d queries instead of 32" % N_PREEMPT)
+    # every query joins on its first chunk's pages (DIFFRAGD_FAULTS=sched_overcommit), so the
+    # pool runs out and preempts
     with Daemon(tmp_path, default_model, max_running=16,
-                kv_pool_bytes=pages * page_bytes(default_model), max_queue=64, **COMMON) as d:
+                kv_pool_bytes=pages * page_bytes(default_model), max_queue=64,
+                env={"DIFFRAGD_FAULTS": "sched_overcommit=1"}, **COMMON) as d:
         clients = [d.client() for _ in msgs]
         for c, m in zip(clients, msgs):
             c.send(m)
@@ -356,6 +361,7 @@ def test_small_pool_preempts_and_recovers(tmp_path, default_model, squad_dir, se
     print("pool of %d pages (%s on /metrics): %d of %d answered, preemptions: %s, self-checks "
           "or reliances without room: %d" % (pages, pool, ok, len(msgs), preempted, no_room))
     assert preempted is not None, "no diffrag_preemptions_total on /metrics"
+    assert preempted > 0, "an overcommitted pool of %d pages preempted nothing" % pages
     assert pool == pages, pool
     assert not differ, "%d of %d answers differ from one at a time (preemptions: %s):\n%s" % (
         len(differ), ok, preempted, "\n".join(differ))

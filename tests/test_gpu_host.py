@@ -163,7 +163,9 @@ def test_gpu_batching_on_the_host_emulation(tmp_path, squad_dir):
     answered as alone, and the pool is back to idle afterwards. The emulation computes each
     product's rows alone here (DIFFRAG_HOSTGPU_ROWWISE), so a batched answer must equal the
     one-at-a-time answer exactly, figures included; on a GPU, cuBLAS may round a row differently
-    with another number of rows (docs/configuration.md)."""
+    with another number of rows (docs/configuration.md). The small pool is overcommitted on
+    purpose (DIFFRAGD_FAULTS=sched_overcommit): admitted by their projected needs, the requests
+    would run a few at a time and none would be preempted."""
     from daemon_util import Daemon, gen_model, query
     from test_batching import (assert_same, gather, metric_sum, one_paragraph_queries,
                                send_then_cancel, settle)
@@ -233,12 +235,14 @@ def test_gpu_batching_on_the_host_emulation(tmp_path, squad_dir):
     else:
         assert_same(got, ref_stop, "stop")
 
-    # a pool of 12 pages (768 positions) for 16 requests of up to ~250 positions each
+    # a pool of 12 pages (768 positions) for 16 requests of up to ~250 positions each, each
+    # joining on its first chunk's pages
     pages = 12
     pos_bytes = 2 * 2 * 1 * 64 * 2          # keys and values, 2 layers, 1 KV head of 64, bf16
     (tmp_path / "small").mkdir()
+    overcommit = dict(common, env=dict(env, DIFFRAGD_FAULTS="sched_overcommit=1"))
     with Daemon(tmp_path / "small", model, max_running=16, kv_pool_bytes=pages * 64 * pos_bytes,
-                max_queue=64, **common) as d:
+                max_queue=64, **overcommit) as d:
         clients = [d.client() for _ in msgs]
         for c, m in zip(clients, msgs):
             c.send(m)
