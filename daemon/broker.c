@@ -175,6 +175,14 @@ static void prep_done(struct Broker *b, struct Request *r)
         reply_error(b, r, r->code, r->message);
         return;
     }
+    if (reply_declines_unread(r)) {   /* nothing bears on the question: no prefill */
+        b->n_pending--;
+        r->t_dispatch = zu_now_ms();
+        if (r->p.stream && !r->req_envelope)   /* the deltas concatenate to the answer */
+            reply_delta(b, r, b->cfg->decline_text, strlen(b->cfg->decline_text));
+        reply_query(b, r, &(struct WireResult){ .finish = WF_STOP });
+        return;
+    }
     request_wait_worker(b, r, 0);
     b->gauges_dirty = 1;
 }

@@ -74,6 +74,10 @@ void reply_finish(struct Broker *b, struct Request *r, enum ErrCode code, const 
 void reply_error(struct Broker *b, struct Request *r, enum ErrCode code, const char *msg);
 /* A query's final reply from its worker's result (grounding, token signals, metrics). */
 void reply_query(struct Broker *b, struct Request *r, const struct WireResult *res);
+/* Whether a retrieved query is declined without generating: its policy is decline and the
+ * search matched no chunk (docs/groundedness.md#declining). The broker then answers it with
+ * reply_query and an empty result, never a worker. */
+int reply_declines_unread(const struct Request *r);
 /* A store op's reply: the fields its I/O stage wrote into r->reply. */
 void reply_store_op(struct Broker *b, struct Request *r);
 void reply_ping(struct Broker *b, struct Request *r);

@@ -15,7 +15,17 @@
 #include "daemon/log.h"
 #include "model/gguf.h"
 #include "model/model_ctx.h"
+#include "text/utf8.h"
 
+
+int config_unsupported_parse(const char *name, size_t len)
+{
+    static const char *const names[] = { "answer", "mark", "decline" };
+    for (int i = 0; i < 3; i++)
+        if (len == strlen(names[i]) && !memcmp(name, names[i], len))
+            return i;
+    return -1;
+}
 
 static const struct Key *find_key(const char *name, size_t len)
 {
@@ -372,6 +382,15 @@ int config_validate(const struct Config *c, char *err, size_t errlen)
     }
     if (!strcmp(c->kv_type, "q8") && !strcmp(c->device, "cuda")) {
         snprintf(err, errlen, "kv_type q8 is for the CPU backend; device cuda keeps a bf16 cache");
+        return -1;
+    }
+    if (config_unsupported_parse(c->unsupported, strlen(c->unsupported)) < 0) {
+        snprintf(err, errlen, "unsupported: \"%s\" is not answer, mark or decline",
+                 c->unsupported);
+        return -1;
+    }
+    if (!c->decline_text[0] || !utf8_valid(c->decline_text, strlen(c->decline_text), NULL)) {
+        snprintf(err, errlen, "decline_text: must be a non-empty UTF-8 sentence");
         return -1;
     }
     if (dlog_level_parse(c->log_level) < 0) {

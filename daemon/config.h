@@ -69,7 +69,11 @@ struct Config {
     char grounding_heads[8192];                  /* "auto" or L:H,L:H,... */
     long grounding_self_check;                   /* 1: the self-check after each answer */
     long grounding_reliance;                     /* 1: context reliance after each answer */
-    char grounding_hidden_layers[256];           /* "" or L,L,...: residual stream reported */
+    char grounding_hidden_layers[256];
+    char unsupported[16];                        /* answer, mark or decline: what a query that
+                                                    does not say does with an answer the
+                                                    documents do not support */
+    char decline_text[CONFIG_STR_MAX];           /* the answer of a declined query */           /* "" or L,L,...: residual stream reported */
     char rope_scaling[16];                       /* "": the file's; none, linear, yarn */
     double rope_factor;                          /* 0: unset */
     long rope_orig_ctx;                          /* 0: the file's context_length */
@@ -84,6 +88,12 @@ struct ConfigCli {
     const char *config_path;   /* NULL: CONFIG_DEFAULT_PATH when it exists */
     int check, print, help, version, worker;
 };
+
+/* The unsupported-answer policies (the key `unsupported` and a query's own): report the answer
+ * with no flag, flag it, or decline it (docs/groundedness.md#declining). */
+enum ConfigUnsupported { UNSUP_ANSWER, UNSUP_MARK, UNSUP_DECLINE };
+/* The policy a name of len bytes spells ("answer", "mark", "decline"), or -1. */
+int config_unsupported_parse(const char *name, size_t len);
 
 /* Fills every key with its embedded default. */
 void config_defaults(struct Config *c);

@@ -198,6 +198,14 @@ const struct Key config_keys[] = {
       "layers whose residual stream each answer reports to requests that include "
       "hidden_states (L,L,...; at most 8; 0..layers), to fit a hidden-state "
       "probe; empty: only the calibration's probe layer" },
+    { "unsupported", K_STR, F(unsupported), "mark", 0, 0, 1,
+      "what a query that does not say does with an answer the documents do not support: answer "
+      "(report it, never flagged), mark (report it with grounding.flagged) or decline (answer "
+      "decline_text instead: when retrieval matched nothing, without generating; when the "
+      "detector flags the answer or the model refuses, keeping its attempt; "
+      "docs/groundedness.md#declining)" },
+    { "decline_text", K_STR, F(decline_text), "The documents do not say.", 0, 0, 1,
+      "the answer of a declined query (unsupported = decline)" },
     { "grounding_heads", K_STR, F(grounding_heads), "auto", 0, 0, 0,
       "attention heads watched without a calibration: auto (every head of the layers at 1/2 "
       "and 3/4 depth) or LAYER:HEAD,LAYER:HEAD,..." },

@@ -83,6 +83,7 @@ struct Metrics {
     char *calibration, *threshold;
     uint64_t g_checked, g_flagged, g_abstained, g_answer_tokens, g_flagged_tokens;
     struct Hist g_score, g_lookback, g_unsupported;
+    uint64_t outcomes[MO_COUNT], declines[MD_COUNT];
 };
 
 static void hist_init(struct Hist *h, const double *bounds, int n)
@@ -179,6 +180,29 @@ void metrics_query(struct Metrics *m, const struct QueryObs *q)
     m->generated_tokens += q->generated_tokens;
     if (q->finish >= 0 && q->finish < 4)
         m->finished[q->finish]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+const char *metrics_outcome_name(int outcome)
+{
+    static const char *const names[MO_COUNT] = { "answered", "flagged", "declined" };
+    return outcome >= 0 && outcome < MO_COUNT ? names[outcome] : "answered";
+}
+
+const char *metrics_decline_name(int reason)
+{
+    static const char *const names[MD_COUNT] = { "no_match", "flagged", "model_refused" };
+    return reason >= 0 && reason < MD_COUNT ? names[reason] : "no_match";
+}
+
+void metrics_outcome(struct Metrics *m, int outcome, int decline_reason)
+{
+    if (outcome < 0 || outcome >= MO_COUNT)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->outcomes[outcome]++;
+    if (outcome == MO_DECLINED && decline_reason >= 0 && decline_reason < MD_COUNT)
+        m->declines[decline_reason]++;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -483,6 +507,18 @@ char *metrics_render(struct Metrics *m, size_t *len)
     head(f, "diffrag_abstained_requests_total", "counter",
          "Answers that gave the prompt's refusal phrase.");
     fprintf(f, "diffrag_abstained_requests_total %llu\n", (unsigned long long)m->g_abstained);
+    head(f, "diffrag_answers_total", "counter",
+         "Answered queries by what the answer policy (unsupported) made of them: answered, "
+         "flagged (returned with grounding.flagged) or declined (the fixed decline_text).");
+    for (int i = 0; i < MO_COUNT; i++)
+        fprintf(f, "diffrag_answers_total{outcome=\"%s\"} %llu\n", metrics_outcome_name(i),
+                (unsigned long long)m->outcomes[i]);
+    head(f, "diffrag_declined_answers_total", "counter",
+         "Declined answers by why: no_match (retrieval found nothing; nothing generated), "
+         "flagged (the detector flagged the attempt) or model_refused (the model refused).");
+    for (int i = 0; i < MD_COUNT; i++)
+        fprintf(f, "diffrag_declined_answers_total{reason=\"%s\"} %llu\n",
+                metrics_decline_name(i), (unsigned long long)m->declines[i]);
     head(f, "diffrag_answer_tokens_total", "counter",
          "Answer tokens (generated tokens without the control token that ends the turn).");
     fprintf(f, "diffrag_answer_tokens_total %llu\n", (unsigned long long)m->g_answer_tokens);

@@ -33,6 +33,13 @@ void metrics_query(struct Metrics *m, const struct QueryObs *q);
 void metrics_worker_lost(struct Metrics *m);
 /* The groundedness figures of one answer (docs/groundedness.md#metrics). */
 void metrics_grounding(struct Metrics *m, const struct GrSummary *g);
+/* What the answer policy (unsupported) made of one answered query: enum MetricsOutcome, and
+ * when declined, enum MetricsDecline (docs/groundedness.md#declining). */
+enum MetricsOutcome { MO_ANSWERED, MO_FLAGGED, MO_DECLINED, MO_COUNT };
+enum MetricsDecline { MD_NO_MATCH, MD_FLAGGED, MD_MODEL_REFUSED, MD_COUNT };
+const char *metrics_outcome_name(int outcome);   /* "answered", "flagged", "declined" */
+const char *metrics_decline_name(int reason);    /* "no_match", "flagged", "model_refused" */
+void metrics_outcome(struct Metrics *m, int outcome, int decline_reason);
 /* The detector in use, for diffrag_hallucination_detector_info: the calibration's name (or
  * "none") and its threshold as text (or "none"); copied. 0 or -1 (out of memory). */
 int metrics_set_detector(struct Metrics *m, const char *calibration, const char *threshold);

@@ -220,13 +220,20 @@ bad:
     copy_field(b, buf, len, "context", 1);
 }
 
-/* The `diffrag` object of a completion: citations, what the prompt read, grounding, timings
- * and the protocol's finish_reason. */
+/* The `diffrag` object of a completion: citations, what the prompt read, grounding, timings,
+ * the protocol's finish_reason and whether the answer was declined (with why, and the model's
+ * attempt); a stream's last chunk adds the final `answer`, which replaces what its deltas
+ * showed when it was declined after generating (docs/openai.md). */
 static void put_diffrag(struct JsonBuf *b, const struct OpenAiChat *ch, const void *buf,
-                        size_t len)
+                        size_t len, int with_answer)
 {
     json_buf_puts(b, "\"diffrag\":{");
     copy_field(b, buf, len, "finish_reason", 0);
+    copy_field(b, buf, len, "declined", 1);
+    copy_field(b, buf, len, "decline_reason", 1);
+    copy_field(b, buf, len, "attempt", 1);
+    if (with_answer)
+        copy_field(b, buf, len, "answer", 1);
     copy_field(b, buf, len, "citations", 1);
     put_context(b, buf, len, ch->history_left_out);
     copy_field(b, buf, len, "grounding", 1);
@@ -289,7 +296,7 @@ void openai_put_completion(struct JsonBuf *b, const struct OpenAiChat *ch, const
     json_buf_puts(b, "\"}],");
     put_usage(b, buf, len);
     json_buf_puts(b, ",");
-    put_diffrag(b, ch, buf, len);
+    put_diffrag(b, ch, buf, len, 0);
     json_buf_puts(b, "}\n");
 }
 
@@ -335,7 +342,7 @@ void openai_put_stream(struct JsonBuf *b, struct OpenAiChat *ch, const void *buf
                          "\"finish_reason\":\"");
         json_buf_puts(b, finish_of(buf, len));
         json_buf_puts(b, "\"}],");
-        put_diffrag(b, ch, buf, len);
+        put_diffrag(b, ch, buf, len, 1);
         json_buf_puts(b, "}\n\n");
         if (ch->include_usage) {
             json_buf_puts(b, "data: ");

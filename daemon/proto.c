@@ -27,11 +27,12 @@ const char *ec_name(enum ErrCode c)
 enum Key { K_V, K_OP, K_ID, K_QUESTION, K_DOCS, K_COLLECTION, K_IDS, K_TOP_K, K_MAX_CONTEXT,
            K_MAX_TOKENS, K_TEMPERATURE, K_TOP_P, K_SEED, K_STOP, K_STREAM, K_DEADLINE, K_TARGET,
            K_DOC_ID, K_AFTER, K_LIMIT, K_INCLUDE, K_ORDER, K_RELEVANCE, K_HISTORY, K_SYSTEM,
-           K_COUNT };
+           K_UNSUPPORTED, K_COUNT };
 static const char *const key_names[K_COUNT] = {
     "v", "op", "id", "question", "docs", "collection", "ids", "top_k", "max_context_tokens",
     "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "deadline_ms", "target",
-    "doc_id", "after", "limit", "include", "order", "relevance_floor", "history", "system" };
+    "doc_id", "after", "limit", "include", "order", "relevance_floor", "history", "system",
+    "unsupported" };
 
 struct ProtoDec {
     const uint8_t *end;
@@ -472,6 +473,15 @@ int proto_decode_query(struct ProtoDec *d)
         FAIL(d, EC_BAD_REQUEST, "order must be \"rank\", \"document\" or \"nearest\"");
     else if (!order.len)
         p->order = plan_default_order(cfg->kv_reuse != 0);
+    struct Slice unsup = {0};
+    if (get_str(d, K_UNSUPPORTED, 1, 16, EC_BAD_REQUEST, &unsup))
+        return -1;
+    if (unsup.len) {
+        int u = config_unsupported_parse(unsup.p, unsup.len);
+        if (u < 0)
+            FAIL(d, EC_BAD_REQUEST, "unsupported must be \"answer\", \"mark\" or \"decline\"");
+        p->unsupported = u;
+    }
     if (d->val[K_SEED]) {
         struct MpCursor c;
         struct MpObj o;
@@ -568,6 +578,8 @@ int proto_decode(const void *buf, size_t len, const struct Config *cfg, struct R
                                                               : cfg->max_tokens;
     p->top_p = 1;
     p->relevance_floor = cfg->relevance_floor;
+    int unsup = config_unsupported_parse(cfg->unsupported, strlen(cfg->unsupported));
+    p->unsupported = unsup < 0 ? UNSUP_MARK : unsup;
     p->limit = 100;
     struct ProtoDec d = { .end = (const uint8_t *)buf + len, .cfg = cfg, .p = p, .code = code,
                      .err = err, .errlen = errlen };

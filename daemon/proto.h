@@ -61,6 +61,8 @@ struct RequestParams {
     struct Slice system;                        /* query: the client's system text; len 0:
                                                    none */
     struct CtxTurn *history; size_t n_history;  /* query: earlier turns, oldest first */
+    int unsupported;                            /* query: enum ConfigUnsupported, the request's
+                                                   or the configuration's */
     const uint8_t *target_raw; size_t target_len; /* cancel: the id of the request to stop */
 };
 

@@ -284,6 +284,43 @@ static void put_token_signals(struct MpWriter *w, const struct WireResult *res,
     }
 }
 
+/* What the answer policy (the query's unsupported) makes of an answer: its outcome and, when
+ * declined, why (docs/groundedness.md#declining). `answer` drops the detector's flag from the
+ * reply and the flag counters (the score stays); `decline` replaces the answer with
+ * decline_text when retrieval matched nothing (no generation: reply_declines_unread), when the
+ * model gave the prompt's refusal, or when the detector flagged it. */
+struct Outcome {
+    int outcome;        /* enum MetricsOutcome */
+    int reason;         /* enum MetricsDecline when declined; -1 otherwise */
+};
+
+int reply_declines_unread(const struct Request *r)
+{
+    return r->p.op == OP_QUERY && r->p.unsupported == UNSUP_DECLINE && r->read.chunks_matched == 0;
+}
+
+static struct Outcome outcome_of(const struct Request *r, struct GrSummary *gs)
+{
+    struct Outcome o = { MO_ANSWERED, -1 };
+    if (r->p.unsupported == UNSUP_ANSWER && gs->scored) {
+        gs->flagged = 0;
+        gs->flagged_tokens = 0;
+    }
+    if (r->p.unsupported == UNSUP_DECLINE) {
+        if (reply_declines_unread(r))
+            o.reason = MD_NO_MATCH;
+        else if (gs->abstained)
+            o.reason = MD_MODEL_REFUSED;
+        else if (gs->scored && gs->flagged)
+            o.reason = MD_FLAGGED;
+    }
+    if (o.reason >= 0)
+        o.outcome = MO_DECLINED;
+    else if (gs->scored && gs->flagged)
+        o.outcome = MO_FLAGGED;
+    return o;
+}
+
 /* logfmt of an optional figure: "-" when it is not defined. */
 static const char *opt_fmt(char *buf, size_t cap, int have, double v)
 {
@@ -319,15 +356,36 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
         reply_error(b, r, EC_INTERNAL, "out of memory scoring the answer");
         return;
     }
+    struct Outcome oc = outcome_of(r, &g.sum);
+    int declined = oc.outcome == MO_DECLINED, unread = oc.reason == MD_NO_MATCH;
+    const char *text = res->text ? res->text : "";
+    size_t text_len = res->text ? res->text_len : 0;
+    const char *answer = declined ? b->cfg->decline_text : text;
+    size_t answer_len = declined ? strlen(answer) : text_len;
+    size_t n_cites = unread ? 0 : ctx->n_cites;   /* nothing was read: nothing to cite */
+    size_t prompt_tokens = unread ? 0 : ctx->n_tokens;
+    if (unread)
+        context_tokens = 0;
     struct MpWriter *w = &b->w;
     mpw_reset(w);
-    proto_reply_head(w, 7 + (r->p.include_token_signals ? 1 : 0) +
+    proto_reply_head(w, 10 + (r->p.include_token_signals ? 1 : 0) +
                         (r->p.include_hidden_states ? 1 : 0), r->p.id_raw, r->p.id_len, 1);
-    mpw_kv_str(w, "answer", res->text ? res->text : "", res->text ? res->text_len : 0);
+    mpw_kv_str(w, "answer", answer, answer_len);
+    mpw_kv_bool(w, "declined", declined);
+    mpw_cstr(w, "decline_reason");
+    if (declined)
+        mpw_cstr(w, metrics_decline_name(oc.reason));
+    else
+        mpw_nil(w);
+    mpw_cstr(w, "attempt");   /* what the model generated, when it was declined */
+    if (declined && !unread)
+        mpw_str(w, text, text_len);
+    else
+        mpw_nil(w);
     mpw_kv_cstr(w, "finish_reason", wire_finish_name(res->finish));
     mpw_cstr(w, "citations");
-    mpw_array(w, ctx->n_cites);
-    for (size_t i = 0; i < ctx->n_cites; i++) {
+    mpw_array(w, n_cites);
+    for (size_t i = 0; i < n_cites; i++) {
         const struct CtxCitation *c = &ctx->cites[i];
         mpw_map(w, 8);
         mpw_kv_str(w, "doc_id", c->doc_id, c->doc_id_len);
@@ -338,14 +396,14 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
         mpw_uint(w, c->byte_start);
         mpw_uint(w, c->byte_end);
         mpw_kv_int(w, "marker", c->marker);
-        mpw_kv_bool(w, "cited", res->text && answer_cites(res->text, res->text_len, c->marker));
+        mpw_kv_bool(w, "cited", answer_cites(answer, answer_len, c->marker));
         mpw_kv_bool(w, "truncated", c->truncated);
         mpw_kv_bool(w, "whole", c->whole);
     }
     put_read(w, &r->read, ctx);
     mpw_cstr(w, "usage");
     mpw_map(w, 5);
-    mpw_kv_uint(w, "prompt_tokens", ctx->n_tokens);
+    mpw_kv_uint(w, "prompt_tokens", prompt_tokens);
     mpw_kv_uint(w, "context_tokens", context_tokens);
     mpw_kv_uint(w, "completion_tokens", (uint64_t)res->completion_tokens);
     mpw_kv_uint(w, "cached_tokens", (uint64_t)res->cached_tokens);
@@ -378,9 +436,11 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
         .context_tokens = ctx->n_tokens, .cached_tokens = (uint64_t)res->cached_tokens,
         .finish = (int)res->finish,
     };
-    metrics_query(b->o.metrics, &q);
+    if (!unread)   /* the generation figures count queries a worker ran */
+        metrics_query(b->o.metrics, &q);
     const struct GrSummary *gs = &g.sum;
     metrics_grounding(b->o.metrics, gs);
+    metrics_outcome(b->o.metrics, oc.outcome, oc.reason);
     char extra[1024], f_score[32], f_lb[32], f_uns[32], f_mlp[32], f_minlp[32];
     snprintf(extra, sizeof extra,
              "finish=%s queue_ms=%.3f retrieve_ms=%.3f prefill_ms=%.3f ttft_ms=%.3f decode_ms=%.3f "
@@ -389,9 +449,9 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
              "doc_tokens=%lld placed_tokens=%zu chunks_left_out=%zu whole=%s "
              "retried=%d detector=%s "
              "score=%s flagged=%s abstained=%s lookback_ratio=%s unsupported_token_ratio=%s "
-             "mean_logprob=%s min_logprob=%s answer_tokens=%zu flagged_tokens=%zu",
+             "mean_logprob=%s min_logprob=%s answer_tokens=%zu flagged_tokens=%zu outcome=%s%s%s",
              wire_finish_name(res->finish), queue_ms, r->retrieve_ms, res->prefill_ms, ttft,
-             res->decode_ms, ctx->n_tokens, (long long)res->cached_tokens,
+             res->decode_ms, prompt_tokens, (long long)res->cached_tokens,
              (long long)res->reused_tokens, context_tokens,
              (long long)res->completion_tokens, r->read.doc_tokens, r->read.placed_tokens,
              r->read.chunks_left_out, r->read.whole ? "true" : "false",
@@ -402,7 +462,8 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
              opt_fmt(f_uns, sizeof f_uns, gs->has_ratios, gs->unsupported_token_ratio),
              opt_fmt(f_mlp, sizeof f_mlp, gs->has_ratios, gs->mean_logprob),
              opt_fmt(f_minlp, sizeof f_minlp, gs->has_ratios, gs->min_logprob),
-             gs->answer_tokens, gs->flagged_tokens);
+             gs->answer_tokens, gs->flagged_tokens, metrics_outcome_name(oc.outcome),
+             declined ? " decline_reason=" : "", declined ? metrics_decline_name(oc.reason) : "");
     reply_finish(b, r, EC_OK, extra, w->buf.data, w->buf.size);
 }
 
