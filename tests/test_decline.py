@@ -186,3 +186,48 @@ def test_bad_configuration_is_refused(model, args, needle):
     p = subprocess.run([str(DIFFRAGD), "--config", "/dev/null", "--model", str(model),
                         "--check-config", *args], capture_output=True, text=True, timeout=60)
     assert p.returncode != 0 and needle in p.stderr, (p.returncode, p.stderr)
+
+
+def test_cli_shows_the_decline(daemon, tmp_path):
+    from test_cli import cli
+    doc = tmp_path / "rhine.txt"
+    doc.write_text(DOCS[0]["text"])
+    r = cli("ask", UNMATCHED, "-d", doc, "--unsupported", "decline", endpoint=daemon.endpoint)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(DEFAULT_TEXT + "\n"), r.stdout
+    assert "declined: the documents do not say (retrieval found nothing on the question)" \
+        in r.stdout and "attempt:" not in r.stdout, r.stdout
+    r = cli("ask", ANSWERABLE, "-d", doc, "--unsupported", "decline", "--temperature", "1",
+            "--seed", "3", "--max-tokens", "8", endpoint=daemon.endpoint)
+    assert r.returncode == 0, r.stderr
+    assert "declined: the documents do not say (the detector flagged the model's answer)" \
+        in r.stdout and "\nattempt: " in r.stdout, r.stdout
+    r = cli("ask", ANSWERABLE, "-d", doc, "--unsupported", "decline", "--stream",
+            "--temperature", "1", "--seed", "3", "--max-tokens", "8", endpoint=daemon.endpoint)
+    assert "attempt: the streamed text above, replaced by: " + DEFAULT_TEXT in r.stdout, r.stdout
+    r = cli("ask", ANSWERABLE, "-d", doc, endpoint=daemon.endpoint)   # mark: no decline line
+    assert r.returncode == 0 and "declined" not in r.stdout, r.stdout
+    r = cli("ask", ANSWERABLE, "-d", doc, "--unsupported", "never", endpoint=daemon.endpoint)
+    assert r.returncode == 2 and "--unsupported wants answer, mark or decline" in r.stderr
+
+
+def test_python_client_reads_the_decline(daemon):
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, str(ROOT / "clients" / "python"))
+    import diffrag
+    with diffrag.Client(daemon.endpoint) as c:
+        a = c.query(UNMATCHED, docs=DOCS, unsupported="decline")
+        assert a.declined is True and a.decline_reason == "no_match", a
+        assert a.answer == DEFAULT_TEXT and a.attempt is None and a.usage.prompt_tokens == 0
+        a = c.query(ANSWERABLE, docs=DOCS, unsupported="decline", temperature=1.0, seed=3,
+                    max_tokens=8)
+        assert a.declined and a.decline_reason == "flagged" and a.attempt, a
+        parts = list(c.stream(ANSWERABLE, docs=DOCS, unsupported="decline", temperature=1.0,
+                              seed=3, max_tokens=8))
+        final = parts[-1]
+        assert final.declined and final.attempt == "".join(p.text for p in parts[:-1])
+        a = c.query(ANSWERABLE, docs=DOCS)
+        assert a.declined is False and a.decline_reason is None and a.attempt is None
+        with pytest.raises(diffrag.BadRequest):
+            c.query(ANSWERABLE, docs=DOCS, unsupported="sometimes")

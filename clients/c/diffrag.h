@@ -165,6 +165,9 @@ typedef struct DiffragQuery {
                                     * over the same chunks share the cached prompt prefix);
                                     * NULL: the daemon's ("rank"; "nearest" when it
                                     * blends documents from chunk KV, kv_reuse = 1) */
+    const char *unsupported;       /* "answer", "mark" or "decline": what the daemon does with
+                                    * an answer the documents do not support; NULL: the
+                                    * daemon's (its `unsupported` key, default "mark") */
 } DiffragQuery;
 
 typedef struct DiffragCitation {
@@ -235,6 +238,14 @@ typedef struct DiffragAnswer {
     char *json;
     int64_t reused_tokens;      /* document tokens blended from stored chunk KV (kv_reuse;
                                    0: none, or an older daemon) */
+    int declined;               /* the daemon declined: answer is its fixed sentence */
+    char *decline_reason;       /* "no_match" (retrieval found nothing on the question; nothing
+                                   generated), "flagged" (the detector flagged the attempt),
+                                   "model_refused"; NULL when not declined */
+    char *attempt;              /* what the model generated when declined (attempt_len bytes);
+                                   NULL for no_match or when not declined. A streamed query's
+                                   deltas were the attempt: show answer instead */
+    size_t attempt_len;
 } DiffragAnswer;
 
 /* Called for every delta of a streaming query, in order; text is borrowed until the callback

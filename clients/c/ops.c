@@ -90,6 +90,8 @@ static void answer_free_more(void *res)
     for (size_t i = 0; i < a->n_citations; i++)
         free(a->citations[i].doc_id);
     free(a->citations);
+    free(a->decline_reason);
+    free(a->attempt);
 }
 
 static const struct ResultType ANSWER_TYPE = {
@@ -115,6 +117,7 @@ static const struct ReqField QUERY_REQ[] = {
     REQ(QA, "stream", REQ_TRUE_OPT, stream),
     REQ(QA, "deadline_ms", REQ_INT_OPT, q.deadline_ms),
     REQ(QA, "order", REQ_STR_OPT, q.order),
+    REQ(QA, "unsupported", REQ_STR_OPT, q.unsupported),
 };
 #undef QA
 
@@ -187,6 +190,16 @@ static void decode_answer(struct Dec *d, const msgpack_object *map, const void *
         r->chunks_placed = (int64_t)opt_num(cx, "chunks_placed", 0);
         r->chunks_left_out = (int64_t)opt_num(cx, "chunks_left_out", 0);
         r->whole = opt_bool(cx, "whole");
+    }
+    /* the answer policy's decline (a daemon before it sends none: not declined) */
+    a->declined = opt_bool(map, "declined");
+    const msgpack_object *why = mpo_get(map, "decline_reason");
+    if (a->declined && why && why->type == MSGPACK_OBJECT_STR && !d->failed)
+        a->decline_reason = dec_strdup(d, why->via.str.ptr, why->via.str.size);
+    const msgpack_object *att = mpo_get(map, "attempt");
+    if (a->declined && att && att->type == MSGPACK_OBJECT_STR && !d->failed) {
+        a->attempt = dec_strdup(d, att->via.str.ptr, att->via.str.size);
+        a->attempt_len = a->attempt ? att->via.str.size : 0;
     }
     const msgpack_object *g = mpo_get(map, "grounding");
     if (g && g->type == MSGPACK_OBJECT_MAP && !d->failed) {

@@ -83,6 +83,25 @@ static void print_read(const DiffragAnswer *r)
            (long long)x->chunks_left_out);
 }
 
+/* A declined answer: why, and what the model had written (streamed: shown above already). */
+static void print_declined(const DiffragAnswer *r, int streamed)
+{
+    const char *why = r->decline_reason ? r->decline_reason : "";
+    printf("declined: the documents do not say (%s)\n",
+           !strcmp(why, "no_match") ? "retrieval found nothing on the question"
+           : !strcmp(why, "flagged") ? "the detector flagged the model's answer"
+           : !strcmp(why, "model_refused") ? "the model found no answer in them" : why);
+    if (r->attempt && streamed) {
+        printf("attempt: the streamed text above, replaced by: ");
+        cli_print_safe(r->answer, r->answer_len, 1);
+        putchar('\n');
+    } else if (r->attempt) {
+        printf("attempt: ");
+        cli_print_safe(r->attempt, r->attempt_len, 1);
+        putchar('\n');
+    }
+}
+
 static void print_details(const DiffragAnswer *r)
 {
     if (r->n_citations == 0)
@@ -215,6 +234,7 @@ int cmd_ask(const struct CliArgs *a)
     q.n_stop = a->n_stops;
     q.deadline_ms = a->deadline_ms;
     q.order = a->order;
+    q.unsupported = a->unsupported;
     q.id = ASK_ID;
 
     rc = cli_connect(a, &c);
@@ -237,6 +257,8 @@ int cmd_ask(const struct CliArgs *a)
         if (!nl)
             putchar('\n');
         putchar('\n');
+        if (ans->declined)
+            print_declined(ans, a->stream);
         print_details(ans);
     }
     rc = strcmp(ans->finish_reason, "cancelled") == 0 && cli_interrupted ? CLI_EXIT_INTERRUPTED

@@ -34,6 +34,7 @@ struct CliArgs {
     unsigned long long seed;
     const char *after, *out;
     const char *order;           /* ask --order: NULL, "rank", "nearest" or "document" */
+    const char *unsupported;     /* ask --unsupported: NULL, "answer", "mark" or "decline" */
     const char **doc_files;
     size_t n_doc_files;
     const char **doc_ids;

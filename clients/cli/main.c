@@ -65,7 +65,7 @@ enum {
     O_YES = 'y',
     O_JSON = 256, O_TIMEOUT, O_CONNECT_TIMEOUT, O_SERVER_KEY, O_KEY, O_DOC_ID, O_STREAM,
     O_MAX_TOKENS, O_TOP_K, O_MAX_CONTEXT, O_TEMPERATURE, O_TOP_P, O_SEED, O_STOP, O_DEADLINE,
-    O_BATCH, O_PROGRESS, O_LIMIT, O_AFTER, O_FORCE, O_ORDER,
+    O_BATCH, O_PROGRESS, O_LIMIT, O_AFTER, O_FORCE, O_ORDER, O_UNSUPPORTED,
 };
 
 /* Command-specific options, by a letter each in Cmd.opts. */
@@ -78,10 +78,11 @@ static const struct { char letter; int code; const char *name; } SPECIFIC[] = {
     { 'P', O_PROGRESS, "--progress" }, { 'q', O_QUIET, "--quiet" }, { 'l', O_LIMIT, "--limit" },
     { 'a', O_AFTER, "--after" }, { 'o', O_OUT, "--out" }, { 'f', O_FORCE, "--force" },
     { 'y', O_YES, "--yes" }, { 'r', O_ORDER, "--order" },
+    { 'u', O_UNSUPPORTED, "--unsupported" },
 };
 
 static const struct Cmd CMDS[] = {
-    { "ask", cmd_ask, "dismkxtpSzDr", 1, 1,
+    { "ask", cmd_ask, "dismkxtpSzDru", 1, 1,
       "usage: diffrag ask QUESTION|- [-c COLLECTION] [-d FILE]... [--stream] [--json]\n"
       "                  [--max-tokens N] [options]\n"
       "Answers QUESTION (\"-\": read it from stdin) from the collection, the files given\n"
@@ -105,6 +106,11 @@ static const struct Cmd CMDS[] = {
       "                           next to the question; document: by document and position\n"
       "                           (questions over the same documents then share the cached\n"
       "                           prompt prefix)\n"
+      "      --unsupported POLICY answer: never flag; mark: flag an answer the detector\n"
+      "                           doubts (the daemon's default unless configured);\n"
+      "                           decline: answer \"The documents do not say.\" instead\n"
+      "                           when retrieval finds nothing, the detector flags the\n"
+      "                           answer or the model refuses (its attempt is shown)\n"
       "Ctrl-C cancels the query on the daemon and prints what was generated.\n" },
     { "ingest", cmd_ingest, "bPq", 1, -1,
       "usage: diffrag ingest PATH... [-c COLLECTION] [--batch N] [--progress|--quiet]\n"
@@ -420,6 +426,7 @@ int main(int argc, char **argv)
         { "stop", required_argument, NULL, O_STOP },
         { "deadline", required_argument, NULL, O_DEADLINE },
         { "order", required_argument, NULL, O_ORDER },
+        { "unsupported", required_argument, NULL, O_UNSUPPORTED },
         { "batch", required_argument, NULL, O_BATCH },
         { "progress", no_argument, NULL, O_PROGRESS },
         { "quiet", no_argument, NULL, O_QUIET },
@@ -541,6 +548,12 @@ int main(int argc, char **argv)
                 return cli_usage_error(cn, "--order wants rank, nearest or document, not \"%s\"",
                                        optarg);
             a.order = optarg;
+            break;
+        case O_UNSUPPORTED:
+            if (strcmp(optarg, "answer") && strcmp(optarg, "mark") && strcmp(optarg, "decline"))
+                return cli_usage_error(cn, "--unsupported wants answer, mark or decline, not "
+                                       "\"%s\"", optarg);
+            a.unsupported = optarg;
             break;
         case O_BATCH:
             if (parse_int(cn, "--batch", optarg, 1, 100000, &a.batch))

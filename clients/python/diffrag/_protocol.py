@@ -54,7 +54,8 @@ def query_request(rid: Any, question: str, *, collection: Optional[str],
                   stop: Union[str, Sequence[str], None], deadline_ms: Optional[int],
                   stream: bool, order: Optional[str] = None,
                   history: Optional[Iterable[Mapping[str, Any]]] = None,
-                  system: Optional[str] = None) -> Dict[str, Any]:
+                  system: Optional[str] = None,
+                  unsupported: Optional[str] = None) -> Dict[str, Any]:
     if not isinstance(question, str) or not question:
         raise ValueError("a query needs a question")
     turns = None if history is None else [dict(t) for t in history]
@@ -67,7 +68,7 @@ def query_request(rid: Any, question: str, *, collection: Optional[str],
                    temperature=temperature, top_p=top_p, seed=seed,
                    stop=stop if isinstance(stop, (str, type(None))) else list(stop),
                    deadline_ms=deadline_ms, order=order, history=turns or None, system=system,
-                   stream=True if stream else None)
+                   unsupported=unsupported, stream=True if stream else None)
 
 
 def ingest_request(rid: Any, collection: str, docs: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
@@ -252,8 +253,12 @@ def parse_answer(m: Dict[str, Any]) -> Answer:
                               whole=cx.get("whole") is True,
                               history_turns=count("history_turns") or 0,
                               history_left_out=count("history_left_out") or 0)
+    # a daemon before declining existed sends none of these: not declined
     return Answer(id=m["id"], answer=answer, finish_reason=finish, citations=cites, usage=usage,
-                  timings=timings, grounding=grounding, context=context, raw=m)
+                  timings=timings, grounding=grounding, context=context,
+                  declined=f.bool("declined", False) is True,
+                  decline_reason=f.str("decline_reason", False),
+                  attempt=f.str("attempt", False), raw=m)
 
 
 def parse_pong(m: Dict[str, Any], rtt_ms: float) -> Pong:

@@ -190,7 +190,8 @@ class Client:
               order: Optional[str] = None, id: Optional[str] = None,
               timeout: Optional[float] = None,
               history: Optional[Iterable[Mapping[str, Any]]] = None,
-              system: Optional[str] = None) -> Answer:
+              system: Optional[str] = None,
+              unsupported: Optional[str] = None) -> Answer:
         """Answers ``question`` from ``collection`` and/or inline ``docs`` (each a str or a
         mapping with "text" and optional "id", "title"); blocks until the whole answer.
         ``max_context_tokens`` decides how much of the documents is read (documents that fit go
@@ -201,12 +202,16 @@ class Client:
         the daemon's default holds (best first, or best last on a daemon with kv_reuse = 1).
         ``history``: the earlier turns of a conversation, oldest first, each ``{"role": "user"
         | "assistant", "content": str}`` (the newest that fit go in; ``Answer.context`` counts
-        them); ``system``: an instruction of your own, added after the daemon's."""
+        them); ``system``: an instruction of your own, added after the daemon's.
+        ``unsupported``: "answer", "mark" or "decline", what the daemon does with an answer
+        the documents do not support (default: its configuration's); declined answers come
+        back with ``Answer.declined`` and ``Answer.decline_reason``."""
         msg = P.query_request(id or self._next_id(), question, collection=collection, docs=docs,
                               ids=ids, top_k=top_k, max_context_tokens=max_context_tokens,
                               max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                               seed=seed, stop=stop, deadline_ms=deadline_ms, order=order,
-                              history=history, system=system, stream=False)
+                              history=history, system=system, unsupported=unsupported,
+                              stream=False)
         m = self._call(msg, self.query_timeout if timeout is None else timeout)
         return P.parse_answer(m)
 
@@ -219,7 +224,8 @@ class Client:
                order: Optional[str] = None, id: Optional[str] = None,
                timeout: Optional[float] = None,
                history: Optional[Iterable[Mapping[str, Any]]] = None,
-               system: Optional[str] = None) -> Iterator[Union[Delta, Answer]]:
+               system: Optional[str] = None,
+               unsupported: Optional[str] = None) -> Iterator[Union[Delta, Answer]]:
         """Like :meth:`query`, streaming: yields a :class:`Delta` per generated piece of text,
         then the final :class:`Answer` (whose ``answer`` is the deltas joined). Leaving the
         loop early (break, an exception, Ctrl-C) cancels the query on the daemon."""
@@ -228,7 +234,8 @@ class Client:
                               top_k=top_k, max_context_tokens=max_context_tokens,
                               max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                               seed=seed, stop=stop, deadline_ms=deadline_ms, order=order,
-                              history=history, system=system, stream=True)
+                              history=history, system=system, unsupported=unsupported,
+                              stream=True)
         wait = self.query_timeout if timeout is None else timeout
         self._register(rid)
         done = False

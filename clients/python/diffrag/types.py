@@ -98,7 +98,13 @@ class Delta:
 
 @dataclass
 class Answer:
-    """The final reply to a query. ``finish_reason``: stop, length, cancelled or deadline."""
+    """The final reply to a query. ``finish_reason``: stop, length, cancelled or deadline.
+    ``declined``: the daemon declined to answer (a query with ``unsupported="decline"``):
+    ``answer`` is then its fixed sentence, ``decline_reason`` says why ("no_match": retrieval
+    found nothing on the question and nothing was generated; "flagged": the detector flagged
+    the model's answer; "model_refused": the model refused), and ``attempt`` holds what the
+    model generated (None for "no_match"). A streamed query's deltas showed the attempt: show
+    ``answer`` instead."""
 
     id: Any
     answer: str
@@ -108,6 +114,9 @@ class Answer:
     timings: Timings
     grounding: Optional[Grounding] = None
     context: Optional[ContextRead] = None
+    declined: bool = False
+    decline_reason: Optional[str] = None
+    attempt: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
 
