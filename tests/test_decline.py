@@ -4,7 +4,8 @@ Declined when retrieval matched nothing, the answer is decline_text and nothing 
 prefill: no engine step, no prompt token counted); declined when the detector flags the
 answer, the model's attempt is kept in `attempt`; `answer` reports the score with no flag; the
 outcome counters move by what the replies say; the OpenAI API shows a decline as a normal
-completion; a bad value is refused with a clear message. A tiny random model with a calibration
+completion, and so do the CLI and the Python client; SIGHUP reloads the policy; a bad value
+is refused with a clear message. A tiny random model with a calibration
 whose threshold is 0 flags every answer it scores, so the flagged paths are deterministic."""
 import http.client
 import json
@@ -231,3 +232,24 @@ def test_python_client_reads_the_decline(daemon):
         assert a.declined is False and a.decline_reason is None and a.attempt is None
         with pytest.raises(diffrag.BadRequest):
             c.query(ANSWERABLE, docs=DOCS, unsupported="sometimes")
+
+
+def test_sighup_reloads_the_policy(tmp_path, model):
+    import signal
+    import time
+    conf = tmp_path / "diffragd.conf"
+    conf.write_text("unsupported = mark\n")
+    d = Daemon(tmp_path, model, workers=1, grounding_calibration="none")
+    d.argv[d.argv.index("/dev/null")] = str(conf)
+    with d:
+        _, r = ask(d, UNMATCHED)
+        assert r["declined"] is False, r
+        conf.write_text("unsupported = decline\ndecline_text = Not in the documents.\n")
+        d.send_signal(signal.SIGHUP)
+        for _ in range(200):
+            if "configuration reloaded" in d.log_text():
+                break
+            time.sleep(0.05)
+        assert 'changed="unsupported,decline_text"' in d.log_text(), d.log_text()[-2000:]
+        _, r = ask(d, UNMATCHED)
+        assert r["answer"] == "Not in the documents." and r["decline_reason"] == "no_match", r
