@@ -403,7 +403,9 @@ static int specific_allowed(const struct Cmd *cmd, int code, const char **name)
     return 1; /* a common option */
 }
 
-int main(int argc, char **argv)
+/* Parses the command line into *a and runs the command; every exit leaves what a owns for the
+ * caller to free (main), usage errors included. */
+static int cli_main(int argc, char **argv, struct CliArgs *a)
 {
     static const struct option LONG[] = {
         { "endpoint", required_argument, NULL, O_ENDPOINT },
@@ -437,19 +439,18 @@ int main(int argc, char **argv)
         { "yes", no_argument, NULL, O_YES },
         { NULL, 0, NULL, 0 },
     };
-    struct CliArgs a;
-    memset(&a, 0, sizeof a);
-    a.endpoint = getenv("DIFFRAG_ENDPOINT");
-    if (!a.endpoint || !*a.endpoint)
-        a.endpoint = CLI_DEFAULT_ENDPOINT;
-    a.server_key = getenv("DIFFRAG_SERVER_KEY");
-    if (a.server_key && !*a.server_key)
-        a.server_key = NULL;
-    a.key_file = getenv("DIFFRAG_KEY");
-    if (a.key_file && !*a.key_file)
-        a.key_file = NULL;
-    a.collection = CLI_DEFAULT_COLLECTION;
-    a.batch = 64;
+    memset(a, 0, sizeof *a);
+    a->endpoint = getenv("DIFFRAG_ENDPOINT");
+    if (!a->endpoint || !*a->endpoint)
+        a->endpoint = CLI_DEFAULT_ENDPOINT;
+    a->server_key = getenv("DIFFRAG_SERVER_KEY");
+    if (a->server_key && !*a->server_key)
+        a->server_key = NULL;
+    a->key_file = getenv("DIFFRAG_KEY");
+    if (a->key_file && !*a->key_file)
+        a->key_file = NULL;
+    a->collection = CLI_DEFAULT_COLLECTION;
+    a->batch = 64;
 
     /* The subcommand is the first argument that is not an option: find it first so that
      * options can be checked against it. */
@@ -487,53 +488,53 @@ int main(int argc, char **argv)
             return cli_usage_error(cn, "%s does not apply to %s", name,
                                    cmd ? cmd->name : "diffrag without a command");
         switch (opt) {
-        case O_ENDPOINT: a.endpoint = optarg; break;
+        case O_ENDPOINT: a->endpoint = optarg; break;
         case O_COLLECTION:
-            a.collection = optarg;
-            a.collection_given = 1;
+            a->collection = optarg;
+            a->collection_given = 1;
             break;
-        case O_JSON: a.json = 1; break;
+        case O_JSON: a->json = 1; break;
         case O_HELP: help = 1; break;
         case O_TIMEOUT:
             if (parse_double(cn, "--timeout", optarg, 0.001, 86400, &secs))
                 return CLI_EXIT_USAGE;
-            a.timeout_ms = (int)(secs * 1000 + 0.5);
+            a->timeout_ms = (int)(secs * 1000 + 0.5);
             break;
         case O_CONNECT_TIMEOUT:
             if (parse_double(cn, "--connect-timeout", optarg, 0.001, 86400, &secs))
                 return CLI_EXIT_USAGE;
-            a.connect_timeout_ms = (int)(secs * 1000 + 0.5);
+            a->connect_timeout_ms = (int)(secs * 1000 + 0.5);
             break;
-        case O_SERVER_KEY: a.server_key = optarg; break;
-        case O_KEY: a.key_file = optarg; break;
-        case O_DOC: rc = push(&a.doc_files, &a.n_doc_files, optarg); break;
-        case O_DOC_ID: rc = push(&a.doc_ids, &a.n_doc_ids, optarg); break;
-        case O_STOP: rc = push(&a.stops, &a.n_stops, optarg); break;
-        case O_STREAM: a.stream = 1; break;
+        case O_SERVER_KEY: a->server_key = optarg; break;
+        case O_KEY: a->key_file = optarg; break;
+        case O_DOC: rc = push(&a->doc_files, &a->n_doc_files, optarg); break;
+        case O_DOC_ID: rc = push(&a->doc_ids, &a->n_doc_ids, optarg); break;
+        case O_STOP: rc = push(&a->stops, &a->n_stops, optarg); break;
+        case O_STREAM: a->stream = 1; break;
         case O_MAX_TOKENS:
-            if (parse_int(cn, "--max-tokens", optarg, 1, INT_MAX, &a.max_tokens))
+            if (parse_int(cn, "--max-tokens", optarg, 1, INT_MAX, &a->max_tokens))
                 return CLI_EXIT_USAGE;
             break;
         case O_TOP_K:
-            if (parse_int(cn, "--top-k", optarg, 1, INT_MAX, &a.top_k))
+            if (parse_int(cn, "--top-k", optarg, 1, INT_MAX, &a->top_k))
                 return CLI_EXIT_USAGE;
             break;
         case O_MAX_CONTEXT:
-            if (parse_int(cn, "--max-context-tokens", optarg, 1, INT_MAX, &a.max_context_tokens))
+            if (parse_int(cn, "--max-context-tokens", optarg, 1, INT_MAX, &a->max_context_tokens))
                 return CLI_EXIT_USAGE;
             break;
         case O_TEMPERATURE:
-            if (parse_double(cn, "--temperature", optarg, 0, 10, &a.temperature))
+            if (parse_double(cn, "--temperature", optarg, 0, 10, &a->temperature))
                 return CLI_EXIT_USAGE;
             break;
         case O_TOP_P:
-            if (parse_double(cn, "--top-p", optarg, 1e-9, 1, &a.top_p))
+            if (parse_double(cn, "--top-p", optarg, 1e-9, 1, &a->top_p))
                 return CLI_EXIT_USAGE;
             break;
         case O_SEED: {
             char *end;
             errno = 0;
-            a.seed = strtoull(optarg, &end, 10);
+            a->seed = strtoull(optarg, &end, 10);
             if (errno || end == optarg || *end || optarg[0] == '-')
                 return cli_usage_error(cn, "--seed wants a non-negative integer, not \"%s\"", optarg);
             break;
@@ -541,34 +542,34 @@ int main(int argc, char **argv)
         case O_DEADLINE:
             if (parse_double(cn, "--deadline", optarg, 0.001, 86400, &secs))
                 return CLI_EXIT_USAGE;
-            a.deadline_ms = (int)(secs * 1000 + 0.5);
+            a->deadline_ms = (int)(secs * 1000 + 0.5);
             break;
         case O_ORDER:
             if (strcmp(optarg, "rank") && strcmp(optarg, "document") && strcmp(optarg, "nearest"))
                 return cli_usage_error(cn, "--order wants rank, nearest or document, not \"%s\"",
                                        optarg);
-            a.order = optarg;
+            a->order = optarg;
             break;
         case O_UNSUPPORTED:
             if (strcmp(optarg, "answer") && strcmp(optarg, "mark") && strcmp(optarg, "decline"))
                 return cli_usage_error(cn, "--unsupported wants answer, mark or decline, not "
                                        "\"%s\"", optarg);
-            a.unsupported = optarg;
+            a->unsupported = optarg;
             break;
         case O_BATCH:
-            if (parse_int(cn, "--batch", optarg, 1, 100000, &a.batch))
+            if (parse_int(cn, "--batch", optarg, 1, 100000, &a->batch))
                 return CLI_EXIT_USAGE;
             break;
-        case O_PROGRESS: a.progress = 1; break;
-        case O_QUIET: a.quiet = 1; break;
+        case O_PROGRESS: a->progress = 1; break;
+        case O_QUIET: a->quiet = 1; break;
         case O_LIMIT:
-            if (parse_int(cn, "--limit", optarg, 1, INT_MAX, &a.limit))
+            if (parse_int(cn, "--limit", optarg, 1, INT_MAX, &a->limit))
                 return CLI_EXIT_USAGE;
             break;
-        case O_AFTER: a.after = optarg; break;
-        case O_OUT: a.out = optarg; break;
-        case O_FORCE: a.force = 1; break;
-        case O_YES: a.yes = 1; break;
+        case O_AFTER: a->after = optarg; break;
+        case O_OUT: a->out = optarg; break;
+        case O_FORCE: a->force = 1; break;
+        case O_YES: a->yes = 1; break;
         default:
             return cli_usage_error(cn, "bad option");
         }
@@ -589,21 +590,27 @@ int main(int argc, char **argv)
         return CLI_EXIT_USAGE;
     }
     /* getopt moved the operands to the end: the command, then its arguments */
-    a.cmd = cmd->name;
-    a.pos = argv + optind + 1;
-    a.n_pos = (size_t)(argc - optind - 1);
-    if ((int)a.n_pos < cmd->min_pos || (cmd->max_pos >= 0 && (int)a.n_pos > cmd->max_pos)) {
+    a->cmd = cmd->name;
+    a->pos = argv + optind + 1;
+    a->n_pos = (size_t)(argc - optind - 1);
+    if ((int)a->n_pos < cmd->min_pos || (cmd->max_pos >= 0 && (int)a->n_pos > cmd->max_pos)) {
         fprintf(stderr, "%s", cmd->help);
-        return cli_usage_error(cmd->name, "wrong number of arguments (%zu)", a.n_pos);
+        return cli_usage_error(cmd->name, "wrong number of arguments (%zu)", a->n_pos);
     }
-    if (a.progress && a.quiet)
+    if (a->progress && a->quiet)
         return cli_usage_error(cmd->name, "--progress and --quiet exclude each other");
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_sigint;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
-    rc = cmd->run(&a);
+    return cmd->run(a);
+}
+
+int main(int argc, char **argv)
+{
+    struct CliArgs a;
+    int rc = cli_main(argc, argv, &a);
     free(a.doc_files);
     free(a.doc_ids);
     free(a.stops);
