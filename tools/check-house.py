@@ -2,8 +2,8 @@
 """The house rules a tree keeps, besides the layers (tools/check-layers.py):
 - no C or CUDA file outside tests/ is over 900 lines (a file past that holds two concerns);
 - nothing in the repository reads outside it: no path into a `shared` folder beside the
-  checkout (`../shared`, or `ROOT.parent / "shared"` in Python); the data the tests, tools and
-  benchmarks use ships in the repository (tests/data/);
+  checkout (a dot-dot path to it, or the checkout's parent joined with it in Python); the data
+  the tests, tools and benchmarks use ships in the repository (tests/data/);
 - one context planner (retriever/planner.c) owns what goes into a prompt: outside retriever/,
   only tests and benchmarks call the layout (ctx_assemble) directly; the daemon asks the planner.
 
