@@ -27,6 +27,15 @@ int config_unsupported_parse(const char *name, size_t len)
     return -1;
 }
 
+int config_answer_mode_parse(const char *name, size_t len)
+{
+    if (len == 4 && !memcmp(name, "free", 4))
+        return ANSWER_FREE;
+    if (len == 5 && !memcmp(name, "quote", 5))
+        return ANSWER_QUOTE;
+    return -1;
+}
+
 static const struct Key *find_key(const char *name, size_t len)
 {
     char norm[64];
@@ -387,6 +396,10 @@ int config_validate(const struct Config *c, char *err, size_t errlen)
     if (config_unsupported_parse(c->unsupported, strlen(c->unsupported)) < 0) {
         snprintf(err, errlen, "unsupported: \"%s\" is not answer, mark or decline",
                  c->unsupported);
+        return -1;
+    }
+    if (config_answer_mode_parse(c->answer_mode, strlen(c->answer_mode)) < 0) {
+        snprintf(err, errlen, "answer_mode: \"%s\" is not free or quote", c->answer_mode);
         return -1;
     }
     if (!c->decline_text[0] || !utf8_valid(c->decline_text, strlen(c->decline_text), NULL)) {

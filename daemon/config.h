@@ -73,7 +73,9 @@ struct Config {
     char unsupported[16];                        /* answer, mark or decline: what a query that
                                                     does not say does with an answer the
                                                     documents do not support */
-    char decline_text[CONFIG_STR_MAX];           /* the answer of a declined query */           /* "" or L,L,...: residual stream reported */
+    char decline_text[CONFIG_STR_MAX];           /* the answer of a declined query */
+    char answer_mode[16];                        /* free or quote: how a query that does not
+                                                    say writes its answer */           /* "" or L,L,...: residual stream reported */
     char rope_scaling[16];                       /* "": the file's; none, linear, yarn */
     double rope_factor;                          /* 0: unset */
     long rope_orig_ctx;                          /* 0: the file's context_length */
@@ -94,6 +96,12 @@ struct ConfigCli {
 enum ConfigUnsupported { UNSUP_ANSWER, UNSUP_MARK, UNSUP_DECLINE };
 /* The policy a name of len bytes spells ("answer", "mark", "decline"), or -1. */
 int config_unsupported_parse(const char *name, size_t len);
+
+/* The answer modes (the key `answer_mode` and a query's own): free text, or quote decoding
+ * (docs/groundedness.md#quote-mode). */
+enum ConfigAnswerMode { ANSWER_FREE, ANSWER_QUOTE };
+/* The mode a name of len bytes spells ("free", "quote"), or -1. */
+int config_answer_mode_parse(const char *name, size_t len);
 
 /* Fills every key with its embedded default. */
 void config_defaults(struct Config *c);

@@ -206,6 +206,10 @@ const struct Key config_keys[] = {
       "docs/groundedness.md#declining)" },
     { "decline_text", K_STR, F(decline_text), "The documents do not say.", 0, 0, 1,
       "the answer of a declined query (unsupported = decline)" },
+    { "answer_mode", K_STR, F(answer_mode), "free", 0, 0, 1,
+      "how a query that does not say writes its answer: free (the model's own words) or quote "
+      "(every answer token continues a verbatim span of the placed documents, each span "
+      "returned with its document and byte range; docs/groundedness.md#quote-mode)" },
     { "grounding_heads", K_STR, F(grounding_heads), "auto", 0, 0, 0,
       "attention heads watched without a calibration: auto (every head of the layers at 1/2 "
       "and 3/4 depth) or LAYER:HEAD,LAYER:HEAD,..." },

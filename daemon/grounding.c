@@ -17,7 +17,7 @@
 
 static const char *const feature_names[GR_N_FEATURES] = {
     "mean_logprob", "min_logprob", "mean_entropy", "mean_margin", "lookback", "diff_doc_mass",
-    "unsupported_ratio", "self_check", "context_reliance", "hidden_probe",
+    "unsupported_ratio", "self_check", "context_reliance", "hidden_probe", "quote_removed",
 };
 
 const char *gr_feature_name(int f)
@@ -131,7 +131,10 @@ size_t gr_windows(size_t n, int window, int stride, struct GrWindow *out, size_t
 void gr_window_features(const struct GrSignals *s, size_t a, size_t b, double f[GR_N_FEATURES])
 {
     double lp = 0, lp_min = INFINITY, ent = 0, mar = 0, doc = 0, gen = 0, diff = 0, uns = 0;
+    double qr = 0;
     for (size_t i = a; i < b; i++) {
+        if (s->quote_removed)
+            qr += s->quote_removed[i];
         lp += s->logprob[i];
         if (s->logprob[i] < lp_min)
             lp_min = s->logprob[i];
@@ -155,6 +158,7 @@ void gr_window_features(const struct GrSignals *s, size_t a, size_t b, double f[
                        : s->check < -GR_CHECK_CLIP ? -GR_CHECK_CLIP : s->check;
     f[GR_RELIANCE] = s->has_reliance ? s->reliance : NAN;
     f[GR_PROBE] = s->has_probe ? s->probe : NAN;
+    f[GR_QUOTE_REMOVED] = s->quote_removed ? qr / k : NAN;
 }
 
 double gr_window_score(const struct GrCalibration *c, const double f[GR_N_FEATURES])
@@ -223,6 +227,13 @@ void gr_summarize(const struct GrCalibration *cal, double threshold, const struc
             uns += s->unsupported[i] ? 1 : 0;
         }
         out->has_ratios = 1;
+        if (s->quote_removed) {
+            double qr = 0;
+            for (size_t i = 0; i < n; i++)
+                qr += s->quote_removed[i];
+            out->has_quote = 1;
+            out->quote_removed = qr / (double)n;
+        }
         /* mean(doc) / (mean(doc) + mean(gen)): the n cancels */
         out->lookback_ratio = doc + gen != 0 ? doc / (doc + gen) : 0;
         out->unsupported_token_ratio = uns / (double)n;

@@ -14,7 +14,8 @@
 
 enum GrFeature {
     GR_MEAN_LOGPROB, GR_MIN_LOGPROB, GR_MEAN_ENTROPY, GR_MEAN_MARGIN, GR_LOOKBACK,
-    GR_DIFF_DOC_MASS, GR_UNSUPPORTED_RATIO, GR_SELF_CHECK, GR_RELIANCE, GR_PROBE, GR_N_FEATURES
+    GR_DIFF_DOC_MASS, GR_UNSUPPORTED_RATIO, GR_SELF_CHECK, GR_RELIANCE, GR_PROBE,
+    GR_QUOTE_REMOVED, GR_N_FEATURES
 };
 /* The self-check feature's log-odds are clipped to [-GR_CHECK_CLIP, GR_CHECK_CLIP]. */
 #define GR_CHECK_CLIP 20.0
@@ -89,6 +90,8 @@ struct GrSignals {
     double reliance;                   /* mean log-probability with the documents - without */
     int has_probe;                     /* the hidden-state probe ran */
     double probe;                      /* its logit (gr_probe_logit) */
+    const float *quote_removed;        /* quote decoding: the mass the constraint removed at
+                                          each token; NULL: a free-text answer */
 };
 
 /* ---- words and lexical support ---- */
@@ -135,6 +138,8 @@ struct GrSummary {
     double context_reliance;      /* has_reliance: GrSignals.reliance */
     int has_probe;
     double hidden_probe;          /* has_probe: sigma(GrSignals.probe) */
+    int has_quote;                /* a quoted answer of >= 1 token */
+    double quote_removed;         /* has_quote: mean of GrSignals.quote_removed */
     size_t answer_tokens, flagged_tokens;
 };
 

@@ -27,12 +27,12 @@ const char *ec_name(enum ErrCode c)
 enum Key { K_V, K_OP, K_ID, K_QUESTION, K_DOCS, K_COLLECTION, K_IDS, K_TOP_K, K_MAX_CONTEXT,
            K_MAX_TOKENS, K_TEMPERATURE, K_TOP_P, K_SEED, K_STOP, K_STREAM, K_DEADLINE, K_TARGET,
            K_DOC_ID, K_AFTER, K_LIMIT, K_INCLUDE, K_ORDER, K_RELEVANCE, K_HISTORY, K_SYSTEM,
-           K_UNSUPPORTED, K_COUNT };
+           K_UNSUPPORTED, K_ANSWER_MODE, K_COUNT };
 static const char *const key_names[K_COUNT] = {
     "v", "op", "id", "question", "docs", "collection", "ids", "top_k", "max_context_tokens",
     "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "deadline_ms", "target",
     "doc_id", "after", "limit", "include", "order", "relevance_floor", "history", "system",
-    "unsupported" };
+    "unsupported", "answer_mode" };
 
 struct ProtoDec {
     const uint8_t *end;
@@ -482,6 +482,15 @@ int proto_decode_query(struct ProtoDec *d)
             FAIL(d, EC_BAD_REQUEST, "unsupported must be \"answer\", \"mark\" or \"decline\"");
         p->unsupported = u;
     }
+    struct Slice mode = {0};
+    if (get_str(d, K_ANSWER_MODE, 1, 16, EC_BAD_REQUEST, &mode))
+        return -1;
+    if (mode.len) {
+        int m = config_answer_mode_parse(mode.p, mode.len);
+        if (m < 0)
+            FAIL(d, EC_BAD_REQUEST, "answer_mode must be \"free\" or \"quote\"");
+        p->answer_mode = m;
+    }
     if (d->val[K_SEED]) {
         struct MpCursor c;
         struct MpObj o;
@@ -580,6 +589,8 @@ int proto_decode(const void *buf, size_t len, const struct Config *cfg, struct R
     p->relevance_floor = cfg->relevance_floor;
     int unsup = config_unsupported_parse(cfg->unsupported, strlen(cfg->unsupported));
     p->unsupported = unsup < 0 ? UNSUP_MARK : unsup;
+    int mode = config_answer_mode_parse(cfg->answer_mode, strlen(cfg->answer_mode));
+    p->answer_mode = mode < 0 ? ANSWER_FREE : mode;
     p->limit = 100;
     struct ProtoDec d = { .end = (const uint8_t *)buf + len, .cfg = cfg, .p = p, .code = code,
                      .err = err, .errlen = errlen };

@@ -63,6 +63,7 @@ struct RequestParams {
     struct CtxTurn *history; size_t n_history;  /* query: earlier turns, oldest first */
     int unsupported;                            /* query: enum ConfigUnsupported, the request's
                                                    or the configuration's */
+    int answer_mode;                            /* query: enum ConfigAnswerMode, likewise */
     const uint8_t *target_raw; size_t target_len; /* cancel: the id of the request to stop */
 };
 

@@ -150,6 +150,7 @@ static int ground(const struct Broker *b, const struct Request *r, const struct 
         .text_end = ws->text_end, .unsupported = g->unsupported,
         .has_check = res->has_check, .check = res->check,
         .has_reliance = res->has_reliance, .reliance = res->reliance,
+        .quote_removed = n ? ws->quote_removed : NULL,
     };
     probe(b, res, &g->sig);
     if (n)
@@ -192,7 +193,7 @@ static void put_grounding(const struct Broker *b, struct MpWriter *w, const stru
 {
     const struct GrSummary *s = &g->sum;
     mpw_cstr(w, "grounding");
-    mpw_map(w, 13);
+    mpw_map(w, 14);
     put_opt_double(w, "score", s->scored, s->score);
     mpw_cstr(w, "flagged");
     if (s->scored)
@@ -207,6 +208,7 @@ static void put_grounding(const struct Broker *b, struct MpWriter *w, const stru
     put_opt_double(w, "self_check", s->has_check, s->self_check);
     put_opt_double(w, "context_reliance", s->has_reliance, s->context_reliance);
     put_opt_double(w, "hidden_probe", s->has_probe, s->hidden_probe);
+    put_opt_double(w, "quote_removed", s->has_quote, s->quote_removed);
     mpw_kv_uint(w, "answer_tokens", s->answer_tokens);
     mpw_kv_uint(w, "flagged_tokens", s->flagged_tokens);
     mpw_kv_cstr(w, "detector", b->o.calibration ? b->o.calibration->name : "none");
@@ -258,7 +260,7 @@ static void put_token_signals(struct MpWriter *w, const struct WireResult *res,
     const char *text = res->text ? res->text : "";   /* text_end was checked against it */
     mpw_cstr(w, "token_signals");
     int scored = g->token_score && g->sum.scored;
-    mpw_map(w, 9 + (scored ? 1 : 0));
+    mpw_map(w, 9 + (scored ? 1 : 0) + (s->quote_removed ? 1 : 0));
     mpw_cstr(w, "text");
     mpw_array(w, s->n);
     for (size_t i = 0; i < s->n; i++) {
@@ -272,6 +274,8 @@ static void put_token_signals(struct MpWriter *w, const struct WireResult *res,
     put_float_array(w, "gen_mass", s->gen_mass, s->n);
     put_float_array(w, "diff_doc_mass", s->diff_doc_mass, s->n);
     put_float_array(w, "lookback", s->lookback, s->n);
+    if (s->quote_removed)
+        put_float_array(w, "quote_removed", s->quote_removed, s->n);
     mpw_cstr(w, "unsupported");
     mpw_array(w, s->n);
     for (size_t i = 0; i < s->n; i++)
@@ -321,6 +325,58 @@ static struct Outcome outcome_of(const struct Request *r, struct GrSummary *gs)
     return o;
 }
 
+/* The quoted spans of a quote-mode answer, checked against the prompt: each must be inside its
+ * chunk's text, and the spans' bytes, one after the other, must be the answer's. A span that
+ * fails is left out (and logged: the worker and the broker disagree about the prompt). */
+struct Quote { size_t cite, start, end, at; };   /* chunk-text bytes; `at`: in the answer */
+
+static size_t check_quotes(const struct Context *ctx, const struct WireResult *res,
+                           struct Quote *out)
+{
+    size_t n = 0, at = 0;
+    const char *text = res->text ? res->text : "";
+    for (size_t i = 0; i < res->n_quotes && n < WIRE_MAX_QUOTES; i++) {
+        uint32_t span = res->quotes[3 * i], s = res->quotes[3 * i + 1], e = res->quotes[3 * i + 2];
+        const struct CtxCitation *c = span < ctx->n_cites ? &ctx->cites[span] : NULL;
+        if (!c || e > c->bytes.end - c->bytes.start || at + (e - s) > res->text_len ||
+            memcmp(ctx->text + c->bytes.start + s, text + at, e - s) != 0) {
+            dlog_write(LL_WARN, "quote %zu of the answer does not match the prompt's documents "
+                       "(span %u, bytes %u-%u): left out", i, span, s, e);
+            continue;
+        }
+        out[n++] = (struct Quote){ span, s, e, at };
+        at += e - s;
+    }
+    return n;
+}
+
+static void put_quotes(struct MpWriter *w, const struct Context *ctx, const struct Quote *q,
+                       size_t n, const char *text)
+{
+    mpw_cstr(w, "quotes");
+    mpw_array(w, n);
+    for (size_t i = 0; i < n; i++) {
+        const struct CtxCitation *c = &ctx->cites[q[i].cite];
+        mpw_map(w, 5);
+        mpw_kv_int(w, "marker", c->marker);
+        mpw_kv_str(w, "doc_id", c->doc_id, c->doc_id_len);
+        mpw_kv_uint(w, "chunk", c->chunk);
+        mpw_cstr(w, "offsets");   /* in the document, like a citation's */
+        mpw_array(w, 2);
+        mpw_uint(w, c->byte_start + q[i].start);
+        mpw_uint(w, c->byte_start + q[i].end);
+        mpw_kv_str(w, "text", text + q[i].at, q[i].end - q[i].start);
+    }
+}
+
+static int quotes_cite(const struct Quote *q, size_t n, size_t cite)
+{
+    for (size_t i = 0; i < n; i++)
+        if (q[i].cite == cite)
+            return 1;
+    return 0;
+}
+
 /* logfmt of an optional figure: "-" when it is not defined. */
 static const char *opt_fmt(char *buf, size_t cap, int have, double v)
 {
@@ -366,9 +422,12 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
     size_t prompt_tokens = unread ? 0 : ctx->n_tokens;
     if (unread)
         context_tokens = 0;
+    struct Quote quotes[WIRE_MAX_QUOTES];
+    size_t n_quotes = unread ? 0 : check_quotes(ctx, res, quotes);
+    int quoting = r->p.answer_mode == ANSWER_QUOTE;
     struct MpWriter *w = &b->w;
     mpw_reset(w);
-    proto_reply_head(w, 10 + (r->p.include_token_signals ? 1 : 0) +
+    proto_reply_head(w, 12 + (r->p.include_token_signals ? 1 : 0) +
                         (r->p.include_hidden_states ? 1 : 0), r->p.id_raw, r->p.id_len, 1);
     mpw_kv_str(w, "answer", answer, answer_len);
     mpw_kv_bool(w, "declined", declined);
@@ -383,6 +442,8 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
     else
         mpw_nil(w);
     mpw_kv_cstr(w, "finish_reason", wire_finish_name(res->finish));
+    mpw_kv_cstr(w, "answer_mode", quoting ? "quote" : "free");
+    put_quotes(w, ctx, quotes, n_quotes, text);   /* of the generated text: attempt or answer */
     mpw_cstr(w, "citations");
     mpw_array(w, n_cites);
     for (size_t i = 0; i < n_cites; i++) {
@@ -396,7 +457,9 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
         mpw_uint(w, c->byte_start);
         mpw_uint(w, c->byte_end);
         mpw_kv_int(w, "marker", c->marker);
-        mpw_kv_bool(w, "cited", answer_cites(answer, answer_len, c->marker));
+        /* a quoted answer cites by its spans; a free one by its markers */
+        mpw_kv_bool(w, "cited", quoting ? !declined && quotes_cite(quotes, n_quotes, i)
+                                        : answer_cites(answer, answer_len, c->marker));
         mpw_kv_bool(w, "truncated", c->truncated);
         mpw_kv_bool(w, "whole", c->whole);
     }

@@ -43,6 +43,7 @@ struct Seq {
     int no_blend;               /* a blend failed: the prompt is prefilled as it is */
     int reused;                 /* document tokens whose stored KV stayed in the last blend */
     struct ChunkKvJob *blend;   /* its documents' blend, under way between steps */
+    struct QuoteIndex *quote;   /* quote decoding: the index of its documents; NULL: free text */
     unsigned char *to_write;    /* the blend's chunks whose copies go to the store after it */
     uint64_t frame;             /* the hash of the blend's frame */
     double t_blend;             /* when the blend began */
@@ -76,6 +77,7 @@ static void seq_free(struct Worker *w, struct Seq *q)
         w->seq_e[w->n_seq_e++] = q->e;   /* back to the idle contexts */
     }
     gen_abort(&q->gen);
+    quote_index_destroy(&q->quote);
     worker_sigbuf_free(&q->rc.sig);
     free(q->hist);
     wire_job_free(&q->job);
@@ -141,6 +143,13 @@ static struct Seq *seq_admit(struct Worker *w, void *pair, uint64_t job_id, cons
     p.sampler.seed = q->job.seed;
     p.stop = (const char *const *)q->job.stop;
     p.n_stop = q->job.n_stop;
+    if (q->job.quote) {
+        if (quote_index_new(q->job.tokens, q->job.n_tokens, q->job.doc_spans, q->job.n_spans,
+                            w->m->tok, &q->quote, err, sizeof err))
+            goto fail;
+        p.quote = q->quote;
+        q->rc.sig.quoting = 1;
+    }
     if (gen_begin(w->m, &p, worker_on_token, &q->rc, &q->gen, err, sizeof err))
         goto fail;
     q->n_prompt = q->n_hist;
@@ -184,6 +193,9 @@ static void seq_finish(struct Worker *w, void *pair, struct Seq *q, int cancelle
     r.decode_ms = q->decoding ? now - q->t_prefilled : 0;
     r.sig = q->rc.sig.s;
     r.hidden = worker_sigbuf_hidden(&q->rc.sig, &r.n_hidden);
+    uint32_t quotes[3 * QUOTE_MAX_SPANS];
+    r.quotes = quotes;
+    r.n_quotes = worker_quote_bytes(w->m->tok, &q->job, g.quotes, g.n_quotes, g.text_len, quotes);
     /* alone, between steps: a few dozen tokens against the sequence's pages */
     worker_after_answer(w, &q->job, q->e, q->hist + q->n_prompt, q->n_hist - q->n_prompt, &r);
     worker_send_result(pair, &r);

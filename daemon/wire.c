@@ -176,8 +176,10 @@ void wire_job_encode(struct MpWriter *w, const int32_t *tokens, size_t n_tokens,
     int hidden = g && g->hidden && g->n_hidden;
     int leads = g && g->lead_tokens && g->doc_leads && g->n_spans;
     int ranks = g && g->doc_ranks && g->n_spans;
+    int quote = g && g->quote;
     mpw_map(w, 8 + (watch ? 1 : 0) + (check ? 1 : 0) + (bare ? 1 : 0) + (docs ? 1 : 0) +
-                   (refs ? 1 : 0) + (hidden ? 1 : 0) + (leads ? 2 : 0) + (ranks ? 1 : 0));
+                   (refs ? 1 : 0) + (hidden ? 1 : 0) + (leads ? 2 : 0) + (ranks ? 1 : 0) +
+                   (quote ? 1 : 0));
     /* int32 little-endian: the x86/arm in-memory layout, converted where it is not */
     mpw_cstr(w, "tokens");
     put_words_bin(w, tokens, n_tokens);
@@ -198,6 +200,8 @@ void wire_job_encode(struct MpWriter *w, const int32_t *tokens, size_t n_tokens,
     }
     if (check)
         mpw_kv_bool(w, "self_check", 1);
+    if (quote)
+        mpw_kv_bool(w, "quote", 1);
     if (bare) {
         mpw_cstr(w, "bare");
         put_words_bin(w, g->bare, g->n_bare);
@@ -294,6 +298,9 @@ int wire_job_decode(const void *buf, size_t len, struct WireJob *out, char *err,
         } else if (key_is(&k, "self_check")) {
             if (v.type != MP_BOOL) goto bad;
             out->self_check = v.v.b;
+        } else if (key_is(&k, "quote")) {
+            if (v.type != MP_BOOL) goto bad;
+            out->quote = v.v.b;
         } else if (key_is(&k, "docs")) {
             if (v.type != MP_BIN || v.len != 8 || out->docs[1]) goto bad;
             uint32_t *d2 = get_words_bin(&v, 2);
@@ -436,7 +443,7 @@ void wire_result_encode(struct MpWriter *w, const struct WireResult *r)
     int is_err = r->finish == WF_ERROR;
     mpw_map(w, 8 + (is_err ? 2 : 0) + (r->has_signals ? 1 : 0) + (r->has_check ? 1 : 0) +
                (r->has_reliance ? 1 : 0) + (r->reused_tokens > 0 ? 1 : 0) +
-               (r->n_hidden > 0 ? 1 : 0));
+               (r->n_hidden > 0 ? 1 : 0) + (r->n_quotes > 0 ? 1 : 0));
     mpw_kv_cstr(w, "finish", wire_finish_name(r->finish));
     mpw_kv_str(w, "text", r->text ? r->text : "", r->text ? r->text_len : 0);
     mpw_kv_int(w, "prompt_tokens", r->prompt_tokens);
@@ -453,7 +460,7 @@ void wire_result_encode(struct MpWriter *w, const struct WireResult *r)
         mpw_kv_double(w, "reliance", r->reliance);
     if (r->has_signals) {
         mpw_cstr(w, "signals");
-        mpw_map(w, WS_N_FLOAT + 2);
+        mpw_map(w, WS_N_FLOAT + 2 + (r->sig.quote_removed ? 1 : 0));
         mpw_kv_uint(w, "n", r->sig.n);
         for (int i = 0; i < WS_N_FLOAT; i++) {
             mpw_cstr(w, sig_names[i]);
@@ -461,6 +468,14 @@ void wire_result_encode(struct MpWriter *w, const struct WireResult *r)
         }
         mpw_cstr(w, "text_end");
         put_words_bin(w, r->sig.text_end, r->sig.n);
+        if (r->sig.quote_removed) {
+            mpw_cstr(w, "quote_removed");
+            put_words_bin(w, r->sig.quote_removed, r->sig.n);
+        }
+    }
+    if (r->n_quotes > 0) {
+        mpw_cstr(w, "quotes");
+        put_words_bin(w, r->quotes, 3 * r->n_quotes);
     }
     if (r->n_hidden > 0) {
         mpw_cstr(w, "hidden");
@@ -480,8 +495,13 @@ void wire_result_free(struct WireResult *r)
     }
     free(r->sig.text_end);
     r->sig.text_end = NULL;
+    free(r->sig.quote_removed);
+    r->sig.quote_removed = NULL;
     r->sig.n = 0;
     r->has_signals = 0;
+    free(r->quotes);
+    r->quotes = NULL;
+    r->n_quotes = 0;
     free(r->hidden);
     r->hidden = NULL;
     r->n_hidden = 0;
@@ -491,8 +511,8 @@ void wire_result_free(struct WireResult *r)
 static int signals_decode(struct MpCursor *c, const struct MpObj *m, struct WireSignals *sg,
                           char *err, size_t errlen)
 {
-    const struct MpObj *arrays[WS_N_FLOAT + 1] = { 0 };
-    struct MpObj vals[WS_N_FLOAT + 1];
+    const struct MpObj *arrays[WS_N_FLOAT + 2] = { 0 };   /* the floats, text_end, quote_removed */
+    struct MpObj vals[WS_N_FLOAT + 2];
     int have_n = 0;
     uint64_t n = 0;
     for (uint32_t i = 0; i < m->v.n; i++) {
@@ -507,6 +527,8 @@ static int signals_decode(struct MpCursor *c, const struct MpObj *m, struct Wire
             have_n = 1;
         } else if (key_is(&k, "text_end")) {
             slot = WS_N_FLOAT;
+        } else if (key_is(&k, "quote_removed")) {
+            slot = WS_N_FLOAT + 1;
         } else {
             for (int s = 0; s < WS_N_FLOAT; s++)
                 if (key_is(&k, sig_names[s]))
@@ -548,6 +570,23 @@ static int signals_decode(struct MpCursor *c, const struct MpObj *m, struct Wire
                 snprintf(err, errlen, "RESULT signals: %s[%zu] is not finite", sig_names[s], i);
                 return -1;
             }
+    if (arrays[WS_N_FLOAT + 1]) {
+        if (arrays[WS_N_FLOAT + 1]->len != n * 4) {
+            snprintf(err, errlen, "RESULT signals: quote_removed is not %llu values long",
+                     (unsigned long long)n);
+            return -1;
+        }
+        sg->quote_removed = get_words_bin(arrays[WS_N_FLOAT + 1], sg->n);
+        if (!sg->quote_removed && sg->n) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        for (size_t i = 0; i < sg->n; i++)
+            if (!(sg->quote_removed[i] >= 0 && sg->quote_removed[i] <= 1)) {
+                snprintf(err, errlen, "RESULT signals: quote_removed[%zu] is not in [0, 1]", i);
+                return -1;
+            }
+    }
     return 0;
 bad:
     snprintf(err, errlen, "malformed RESULT signals");
@@ -606,6 +645,23 @@ int wire_result_decode(const void *buf, size_t len, struct WireResult *out, char
             for (size_t j = 0; j < out->n_hidden; j++)
                 if (!isfinite(out->hidden[j])) {
                     snprintf(err, errlen, "RESULT hidden[%zu] is not finite", j);
+                    wire_result_free(out);
+                    return -1;
+                }
+        } else if (key_is(&k, "quotes")) {
+            if (v.type != MP_BIN || v.len % 12 || v.len == 0 || v.len / 12 > WIRE_MAX_QUOTES ||
+                out->quotes)
+                goto bad;
+            out->n_quotes = v.len / 12;
+            out->quotes = get_words_bin(&v, 3 * out->n_quotes);
+            if (!out->quotes) {
+                snprintf(err, errlen, "out of memory");
+                wire_result_free(out);
+                return -1;
+            }
+            for (size_t j = 0; j < out->n_quotes; j++)
+                if (out->quotes[3 * j + 1] >= out->quotes[3 * j + 2]) {
+                    snprintf(err, errlen, "RESULT quotes[%zu] is empty or reversed", j);
                     wire_result_free(out);
                     return -1;
                 }

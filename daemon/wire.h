@@ -19,7 +19,8 @@
  *                                      end) into lead_tokens, one a doc span: what each
  *                                      chunk's KV copy is made after besides the frame],
  *                                      [doc_ranks: bin of uint32 LE, one a doc span: its
- *                                      retrieval rank among the prompt's chunks, 0 the best]}
+ *                                      retrieval rank among the prompt's chunks, 0 the best],
+ *                                      [quote: true: quote decoding over the doc spans]}
  *   WIRE_DELTA      0x04  w -> b       u64 job id | UTF-8 text released by one token
  *   WIRE_RESULT     0x05  w -> b       u64 job id | msgpack {finish, text, prompt_tokens,
  *                                      completion_tokens, cached_tokens, [reused_tokens],
@@ -27,7 +28,9 @@
  *                                      decode_ms,
  *                                      signals: {n, logprob, entropy, margin, doc_mass,
  *                                      gen_mass, diff_doc_mass, lookback: bin of n float32 LE,
- *                                      text_end: bin of n uint32 LE},
+ *                                      text_end: bin of n uint32 LE, [quote_removed: bin
+ *                                      of n float32 LE]}, [quotes: bin of uint32 LE
+ *                                      triples (doc span, byte start, byte end)],
  *                                      [code, message] when finish is "error"}
  *
  * The signals are those of the answer tokens (the generated tokens without the control token
@@ -105,6 +108,7 @@ struct WireGround {
     const uint32_t *doc_leads;  /* (n_spans, 2) */
     const uint32_t *doc_ranks;  /* (n_spans) each span's rank among them by retrieval score, 0
                                    the best; NULL: none */
+    int quote;                  /* quote decoding over the doc spans (model/quote.h) */
 };
 
 #define WIRE_MAX_WATCH 1024
@@ -142,6 +146,7 @@ struct WireJob {
     size_t n_lead_tokens;
     uint32_t *doc_leads;      /* (n_spans, 2) inside lead_tokens, given with them */
     uint32_t *doc_ranks;      /* (n_spans) (WireGround); NULL: none */
+    int quote;                /* quote decoding (WireGround) */
 };
 
 /* The answer tokens' signals, struct of arrays of n each. */
@@ -152,6 +157,8 @@ struct WireSignals {
     size_t n;
     float *f[WS_N_FLOAT];
     uint32_t *text_end;       /* non-decreasing; the last equals the text's length */
+    float *quote_removed;     /* quote decoding: the mass the constraint removed at each token,
+                                 in [0, 1] (key "quote_removed"); NULL: the job did not quote */
 };
 
 struct WireResult {
@@ -180,7 +187,15 @@ struct WireResult {
      * every value finite. */
     float *hidden;
     size_t n_hidden;
+    /* Quote decoding: the answer's spans in order, (n_quotes, 3): doc span index, and the
+     * bytes [start, end) of that span's text the answer quotes. encode: borrowed; decode:
+     * owned, each span index below the job's doc spans' count is the broker's to check; start < end (the broker checks
+     * them against its prompt). */
+    uint32_t *quotes;
+    size_t n_quotes;
 };
+
+#define WIRE_MAX_QUOTES 64
 
 static inline void wire_put_u64(uint8_t *p, uint64_t v)
 {

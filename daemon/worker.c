@@ -34,6 +34,7 @@ void worker_sigbuf_free(struct SigBuf *b)
     for (int i = 0; i < WS_N_FLOAT; i++)
         free(b->s.f[i]);
     free(b->s.text_end);
+    free(b->s.quote_removed);
     free(b->hid_first);
     free(b->hid_sum);
     free(b->hid_last);
@@ -105,6 +106,12 @@ static int sigbuf_grow(struct SigBuf *b)
     if (!te)
         return -1;
     b->s.text_end = te;
+    if (b->quoting) {
+        float *qr = realloc(b->s.quote_removed, cap * sizeof *qr);
+        if (!qr)
+            return -1;
+        b->s.quote_removed = qr;
+    }
     b->cap = cap;
     return 0;
 }
@@ -137,6 +144,8 @@ static void sigbuf_add(struct SigBuf *b, const struct GenToken *t, uint32_t text
     b->s.f[WS_DIFF_DOC_MASS][i] = (float)(diff / k);
     b->s.f[WS_LOOKBACK][i] = (float)(lb / k);
     b->s.text_end[i] = text_end;
+    if (b->quoting)
+        b->s.quote_removed[i] = t->quote_removed == t->quote_removed ? t->quote_removed : 0;
 }
 
 int worker_on_token(void *user, const struct GenToken *t)
@@ -163,6 +172,42 @@ int worker_on_token(void *user, const struct GenToken *t)
             sigbuf_hidden(&rc->sig, t, rc->w->m->cfg.dim);
     }
     return *rc->cancelled;
+}
+
+size_t worker_quote_bytes(const struct Tokenizer *tok, const struct WireJob *job,
+                          const struct QuoteSpan *spans, int n, size_t text_len, uint32_t *out)
+{
+    size_t k = 0, used = 0;
+    for (int i = 0; i < n && used < text_len; i++) {
+        const struct QuoteSpan *qs = &spans[i];
+        if (qs->span >= job->n_spans)
+            continue;
+        uint32_t first = job->doc_spans[2 * qs->span];
+        size_t start = 0, end;
+        for (uint32_t t = first; t < first + qs->tok_start && t < job->n_tokens; t++) {
+            size_t len = 0;
+            tok_piece(tok, job->tokens[t], &len);
+            start += len;
+        }
+        end = start;
+        for (uint32_t t = first + qs->tok_start; t < first + qs->tok_end && t < job->n_tokens; t++) {
+            size_t len = 0;
+            tok_piece(tok, job->tokens[t], &len);
+            end += len;
+        }
+        if (qs->skip_space && start < end)
+            start++;
+        if (end - start > text_len - used)
+            end = start + (text_len - used);
+        if (end <= start || end > UINT32_MAX)
+            continue;
+        used += end - start;
+        out[3 * k] = qs->span;
+        out[3 * k + 1] = (uint32_t)start;
+        out[3 * k + 2] = (uint32_t)end;
+        k++;
+    }
+    return k;
 }
 
 void worker_send_result(void *pair, const struct WireResult *r)

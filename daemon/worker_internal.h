@@ -53,6 +53,7 @@ struct SigBuf {
     struct WireSignals s;
     size_t cap;
     int oom;
+    int quoting;              /* the job quotes: s.quote_removed is kept too */
     /* the captured residual stream (WireResult.hidden): per layer, the first answer token's
      * row, the sum of every answer token's, and the last row seen (the one that gave the
      * end-of-turn token when the model ended its turn), rows of dim */
@@ -82,6 +83,12 @@ float *worker_sigbuf_hidden(const struct SigBuf *b, size_t *n);
  * the request is to stop. */
 int worker_on_token(void *user, const struct GenToken *t);
 void worker_send_result(void *pair, const struct WireResult *r);
+/* The quoted spans of an answer of text_len bytes as WireResult.quotes wants them: for each,
+ * its doc span and the bytes [start, end) of that span's text (the pieces of its tokens from
+ * the span's first), clipped to the answer's bytes (a stop string may have cut it); empty
+ * ones are left out. Writes at most 3 * n triples' words into out; returns their count. */
+size_t worker_quote_bytes(const struct Tokenizer *tok, const struct WireJob *job,
+                          const struct QuoteSpan *spans, int n, size_t text_len, uint32_t *out);
 void worker_send_error(void *pair, uint64_t job, const char *code, const char *msg);
 /* Points context e at a job's grounding: the heads it asks to watch (the model's default set
  * when it names none) and its prompt's document positions (everything after the prompt counts

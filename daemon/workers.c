@@ -305,7 +305,8 @@ void workers_dispatch(struct Broker *b)
                                  .hidden = b->o.hidden, .n_hidden = b->o.n_hidden,
                                  .lead_tokens = r->ctx->leads,
                                  .n_lead_tokens = r->ctx->n_leads, .doc_leads = leads,
-                                 .doc_ranks = ranks };
+                                 .doc_ranks = ranks,
+                                 .quote = r->p.answer_mode == ANSWER_QUOTE };
         /* context reliance: the same prompt without its documents (frame, question, turn) */
         const struct Context *cx = r->ctx;
         int32_t *bare = NULL;

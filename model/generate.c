@@ -2,6 +2,7 @@
  * become part of a stop string, so streamed text never has to be taken back. */
 #include "model/generate.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,8 @@ struct GenState {
     int index;
     int n_generated;
     enum FinishReason finish;
+    struct QuoteCursor qc;      /* quote decoding: the answer's walk */
+    float *masked;              /* quote decoding: (vocab) the allowed logits */
 };
 
 int gen_begin(const struct Model *m, const struct GenParams *p, gen_token_fn cb, void *user,
@@ -84,6 +87,13 @@ int gen_begin(const struct Model *m, const struct GenParams *p, gen_token_fn cb,
     g->cb = cb;
     g->user = user;
     g->finish = FINISH_LENGTH;
+    quote_cursor_init(&g->qc);
+    if (p->quote && !(g->masked = malloc((size_t)m->cfg.vocab * sizeof *g->masked))) {
+        sampler_destroy(&g->smp);
+        free(g);
+        snprintf(err, errlen, "out of memory");
+        return ENGINE_ENOMEM;
+    }
     tok_stream_init(&g->ts, m->tok);
     *out = g;
     return ENGINE_OK;
@@ -94,9 +104,26 @@ int gen_next(struct GenState *g, struct Engine *e, int32_t *next, char *err, siz
     if (g->index >= g->p.max_tokens) return 0;
     const struct GenParams *p = &g->p;
     struct OutBuf *out = &g->out;
-    struct GenToken gt = {.index = g->index++};
-    int rc = engine_sample(e, g->smp, &gt.id, &gt.sig, err, errlen);
-    if (rc) return rc;
+    struct GenToken gt = {.index = g->index++, .quote_removed = NAN};
+    if (p->quote) {
+        /* the draw over the allowed tokens; the signals of the model's own distribution */
+        const float *lg = engine_logits(e);
+        if (!lg) {
+            snprintf(err, errlen, "quote decoding: the logits could not be read");
+            return ENGINE_EDEVICE;
+        }
+        int nv = g->m->cfg.vocab;
+        gt.quote_removed = quote_mask(p->quote, &g->qc, lg, nv, g->masked);
+        gt.id = sampler_sample(g->smp, g->masked, NULL);
+        sampler_signal(lg, nv, gt.id, &gt.sig);
+        if (quote_advance(p->quote, &g->qc, gt.id)) {
+            snprintf(err, errlen, "quote decoding drew token %d outside the documents", gt.id);
+            return ENGINE_EINPUT;
+        }
+    } else {
+        int rc = engine_sample(e, g->smp, &gt.id, &gt.sig, err, errlen);
+        if (rc) return rc;
+    }
     gt.mass = engine_attn_mass(e, &gt.n_mass);
     gt.hidden = engine_hidden(e, &gt.n_hidden);
     g->n_generated++;
@@ -137,6 +164,7 @@ void gen_abort(struct GenState **pg)
     struct GenState *g = *pg;
     if (!g) return;
     free(g->out.p);
+    free(g->masked);
     sampler_destroy(&g->smp);
     free(g);
     *pg = NULL;
@@ -167,6 +195,8 @@ int gen_end(struct GenState **pg, int cancelled, struct GenResult *r)
     }
     r->n_generated = g->n_generated;
     r->finish = rc ? FINISH_ERROR : g->finish;
+    r->n_quotes = g->qc.n_spans;
+    memcpy(r->quotes, g->qc.spans, sizeof r->quotes);
     gen_abort(pg);
     return rc;
 }

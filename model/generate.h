@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "model/engine.h"
+#include "model/quote.h"
 #include "model/sampler.h"
 
 enum FinishReason { FINISH_STOP = 0, FINISH_LENGTH = 1, FINISH_CANCELLED = 2, FINISH_ERROR = 3 };
@@ -19,6 +20,9 @@ struct GenParams {
     size_t n_stop;
     int prefilled;             /* the engine already holds exactly `prompt` (the caller
                                   prefilled it, e.g. to read its logits): skip the prefill */
+    const struct QuoteIndex *quote; /* non-NULL: quote decoding over it (model/quote.h): every
+                                  token is drawn from the allowed set; borrowed, it must
+                                  outlive the generation */
 };
 
 /* One generated token (or, with id -1, the release of text held back for a stop string that
@@ -39,6 +43,9 @@ struct GenToken {
      * model's dim); NULL and 0 when nothing is captured. Borrowed for the callback. */
     const float *hidden;
     int n_hidden;
+    /* Quote decoding: the probability mass the constraint removed at this step (model/quote.h);
+     * NaN without it. sig stays the model's own distribution's. */
+    float quote_removed;
 };
 /* Return non-zero to stop generation (finish reason: cancelled). */
 typedef int (*gen_token_fn)(void *user, const struct GenToken *t);
@@ -49,6 +56,10 @@ struct GenResult {
     int n_prompt, n_generated;
     enum FinishReason finish;
     double prefill_ms, decode_ms;
+    /* Quote decoding: the answer's spans, in order (their tokens make the answer's tokens
+     * before the end of the turn) */
+    struct QuoteSpan quotes[QUOTE_MAX_SPANS];
+    int n_quotes;
 };
 
 /* Generation one token at a time, for a scheduler that runs many sequences (and for

@@ -23,7 +23,7 @@ import grounding_features as gf  # noqa: E402
 
 GROUNDING_KEYS = {"score", "flagged", "abstained", "lookback_ratio", "unsupported_token_ratio",
                   "mean_logprob", "min_logprob", "self_check", "context_reliance",
-                  "hidden_probe", "answer_tokens", "flagged_tokens", "detector"}
+                  "hidden_probe", "quote_removed", "answer_tokens", "flagged_tokens", "detector"}
 SIGNAL_KEYS = {"text", "logprob", "entropy", "margin", "doc_mass", "gen_mass", "diff_doc_mass",
                "lookback", "unsupported"}
 DOCS = [{"id": "rhine", "title": "Rhine",

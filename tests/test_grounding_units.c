@@ -161,7 +161,7 @@ static void test_calibration(void)
     bad_cal(10, "mean 0 0 0", "x.grounding:10: mean has 3 numbers; features names 7");
     bad_cal(11, "scale 1 1 1 1 0 1 1", "x.grounding:11: scale of lookback is 0");
     bad_cal(12, "weights 0 0 0 0 inf 0 0", "x.grounding:12: weights: \"inf\" is not a finite");
-    bad_cal(12, "weights 0 0 0 0 0 0 0 0 0 0 0", "x.grounding:12: weights has more than 10");
+    bad_cal(12, "weights 0 0 0 0 0 0 0 0 0 0 0 0", "x.grounding:12: weights has more than 11");
     bad_cal(14, "bias 1x", "x.grounding:14: bias: \"1x\" is not a finite number");
     bad_cal(13, "window 4", "x.grounding:13: window appears twice (first on line 5)");
     bad_cal(13, "colour blue", "x.grounding:13: unknown key \"colour\"");

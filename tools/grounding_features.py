@@ -9,7 +9,7 @@ import numpy as np
 
 FEATURES = ("mean_logprob", "min_logprob", "mean_entropy", "mean_margin", "lookback",
             "diff_doc_mass", "unsupported_ratio", "self_check", "context_reliance",
-            "hidden_probe")
+            "hidden_probe", "quote_removed")
 
 # the self-check's log-odds are clipped to +-CHECK_CLIP (daemon/grounding.h GR_CHECK_CLIP)
 CHECK_CLIP = 20.0
@@ -244,6 +244,12 @@ def signal_arrays(sig):
     out["context_reliance"] = math.nan if r is None else float(r)
     z = sig.get("hidden_probe")
     out["hidden_probe"] = math.nan if z is None else float(z)
+    q = sig.get("quote_removed")   # a quoted answer's per-token array; absent: free text
+    if q is not None:
+        q = np.asarray(q, dtype=np.float64)
+        if q.shape != (n,):
+            raise ValueError("token_signals 'quote_removed' has %d values, not %d" % (len(q), n))
+        out["quote_removed"] = q
     return out
 
 
@@ -294,7 +300,7 @@ def check_logodds(p):
 
 
 def window_features(sig, a, b):
-    """The 10 features of tokens [a, b) in FEATURES order (sig: token_signals map, or the
+    """The 11 features of tokens [a, b) in FEATURES order (sig: token_signals map, or the
     arrays of signal_arrays). The token_signals map may carry the reply's
     grounding.self_check under "self_check" and grounding.context_reliance under
     "context_reliance"; without them those features are NaN."""
@@ -310,7 +316,8 @@ def window_features(sig, a, b):
     return np.array([lp.mean(), lp.min(), s["entropy"][a:b].mean(), s["margin"][a:b].mean(),
                      lookback, s["diff_doc_mass"][a:b].mean(), s["unsupported"][a:b].mean(),
                      s.get("self_check", math.nan), s.get("context_reliance", math.nan),
-                     s.get("hidden_probe", math.nan)],
+                     s.get("hidden_probe", math.nan),
+                     s["quote_removed"][a:b].mean() if "quote_removed" in s else math.nan],
                     dtype=np.float64)
 
 
