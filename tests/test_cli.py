@@ -266,25 +266,114 @@ def test_ask_human_output_stdin_and_stream(daemon, folder):
     print("stream rows:", len(rows))
 
 
+def ask_fake(reply, *args):
+    with FakeServer(lambda req: [reply] if req["op"] == "query" else pong(req)) as srv:
+        r = cli("ask", "-c", "x", *args, "How long is the Rhine?", endpoint=srv.endpoint)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def grounding_lines(out):
+    """The grounding verdict and its details line (when there is one)."""
+    lines = out.splitlines()
+    i = next(i for i, ln in enumerate(lines) if ln.startswith("grounding: "))
+    return lines[i:i + 2] if lines[i + 1].startswith("  details: ") else lines[i:i + 1]
+
+
+def with_grounding(reply=GROUNDED, **figures):
+    return dict(reply, grounding=dict(reply["grounding"], **figures))
+
+
 def test_grounding_figures_shown():
-    with FakeServer(lambda req: [GROUNDED] if req["op"] == "query" else pong(req)) as srv:
-        r = cli("ask", "-c", "x", "How long is the Rhine?", endpoint=srv.endpoint)
-    assert r.returncode == 0
-    assert r.stdout.startswith("It is 1,230 km long [1].\n\nsources:\n")
-    assert "  [1] rhine  chunk 0, score 2.50, bytes 0-40, cited\n" in r.stdout
-    assert ("grounding: FLAGGED: the answer may not rest on the sources, score 0.820, lookback "
-            "ratio 0.410, unsupported tokens 0.250 (2 of 8 flagged), mean logprob -1.50 "
-            "(detector smollm2-v1)\n") in r.stdout
+    """The grounding verdict in words, the score and detector behind it, then every figure
+    named: each case the daemon can report."""
+    out = ask_fake(GROUNDED)
+    assert out.startswith("It is 1,230 km long [1].\n\nsources:\n")
+    assert "  [1] rhine  chunk 0, score 2.50, bytes 0-40, cited\n" in out
+    # flagged: how many answer tokens lie in windows scored at or above the threshold, apart
+    # from the share of answer tokens on words the documents lack
+    assert grounding_lines(out) == [
+        "grounding: FLAGGED: the answer may not rest on the documents (score 0.820, 2 of 8 "
+        "answer tokens in flagged windows, detector smollm2-v1)",
+        "  details: answer tokens on words absent from the documents 25.0% (2 of 8), lookback "
+        "ratio 0.410, mean logprob -1.50"], out
     assert "finish: stop; tokens: 120 prompt (80 from documents), 9 generated; first token " \
-           "12 ms, total 30 ms" in r.stdout
-    # the self-check's verdict, when the daemon ran it
-    checked = dict(GROUNDED, grounding=dict(GROUNDED["grounding"], self_check=0.4567,
-                                            context_reliance=1.234, hidden_probe=0.3125))
-    with FakeServer(lambda req: [checked] if req["op"] == "query" else pong(req)) as srv:
-        r = cli("ask", "-c", "x", "How long is the Rhine?", endpoint=srv.endpoint)
-    assert r.returncode == 0
-    assert ("mean logprob -1.50, self-check 0.46, context reliance 1.23, hidden-state probe "
-            "0.31 (detector smollm2-v1)\n" in r.stdout), r.stdout
+           "12 ms, total 30 ms" in out
+    # not flagged; the self-check, context reliance and probe when the daemon measured them
+    quiet = with_grounding(score=0.331, flagged=False, flagged_tokens=0,
+                           unsupported_token_ratio=0.125, self_check=0.4567,
+                           context_reliance=1.234, hidden_probe=0.3125)
+    assert grounding_lines(ask_fake(quiet)) == [
+        "grounding: not flagged: likely supported by the documents (score 0.331, detector "
+        "smollm2-v1)",
+        "  details: answer tokens on words absent from the documents 12.5% (1 of 8), lookback "
+        "ratio 0.410, mean logprob -1.50, self-check 0.46, context reliance 1.23, hidden-state "
+        "probe 0.31"]
+    # --unsupported answer: nothing is flagged, so "not flagged" says nothing of the score
+    assert grounding_lines(ask_fake(quiet, "--unsupported", "answer"))[0] == \
+        "grounding: not flagged: --unsupported answer flags nothing (score 0.331, detector " \
+        "smollm2-v1)"
+    # the model gave the refusal phrase: never flagged
+    refused = dict(with_grounding(score=0.12, flagged=False, abstained=True, flagged_tokens=0,
+                                  unsupported_token_ratio=0.0),
+                   answer="I cannot find the answer in the provided documents.")
+    assert grounding_lines(ask_fake(refused))[0] == \
+        "grounding: the model said the documents do not answer (abstained; score 0.120, " \
+        "detector smollm2-v1)"
+    # no calibrated detector for the daemon's model: figures without a verdict
+    unscored = with_grounding(score=None, flagged=None, flagged_tokens=0, detector="none")
+    assert grounding_lines(ask_fake(unscored)) == [
+        "grounding: not scored: no calibrated detector for this model",
+        "  details: answer tokens on words absent from the documents 25.0% (2 of 8), lookback "
+        "ratio 0.410, mean logprob -1.50"]
+    assert grounding_lines(ask_fake(with_grounding(unscored, abstained=True)))[0] == \
+        "grounding: the model said the documents do not answer (abstained; not scored: no " \
+        "calibrated detector for this model)"
+    # a calibration with a probe, and an answer without the probe's rows
+    assert grounding_lines(ask_fake(with_grounding(unscored, detector="probe-v2")))[0] == \
+        "grounding: not scored: detector probe-v2 needs hidden-state figures the worker did " \
+        "not send"
+    # only the token that ended the turn: no figure (they are all nil)
+    empty = dict(with_grounding(score=None, flagged=None, lookback_ratio=None,
+                                unsupported_token_ratio=None, mean_logprob=None,
+                                min_logprob=None, answer_tokens=0, flagged_tokens=0),
+                 answer="", usage={"prompt_tokens": 120, "context_tokens": 80,
+                                   "completion_tokens": 1})
+    assert grounding_lines(ask_fake(empty)) == ["grounding: none: the answer has no token"]
+    # a daemon that reports no grounding
+    bare = {k: v for k, v in GROUNDED.items() if k != "grounding"}
+    assert grounding_lines(ask_fake(bare)) == ["grounding: not reported by this daemon"]
+
+
+def test_grounding_of_a_declined_answer():
+    """A declined answer's figures are its attempt's: the verdict says it was declined, why,
+    and that they describe the attempt shown above."""
+    declined = dict(GROUNDED, answer="The documents do not say.", declined=True,
+                    decline_reason="flagged", attempt="It is 1,230 km long [1].")
+    out = ask_fake(declined)
+    assert "\nattempt: It is 1,230 km long [1].\n" in out, out
+    assert grounding_lines(out) == [
+        "grounding: declined (reason: flagged): the attempt above is FLAGGED (score 0.820, 2 of 8 "
+        "tokens in flagged windows, detector smollm2-v1)",
+        "  details: attempt tokens on words absent from the documents 25.0% (2 of 8), lookback "
+        "ratio 0.410, mean logprob -1.50"]
+    refused = with_grounding(dict(declined, decline_reason="model_refused",
+                                  attempt="I cannot find the answer in the provided documents."),
+                             score=0.12, flagged=False, abstained=True, flagged_tokens=0)
+    assert grounding_lines(ask_fake(refused))[0] == \
+        "grounding: declined (reason: model_refused): the attempt above says the documents do " \
+        "not answer (score 0.120, detector smollm2-v1)"
+    # retrieval found nothing: nothing was generated, so there is nothing to score
+    nothing = dict(declined, decline_reason="no_match", attempt=None, citations=[],
+                   usage={"prompt_tokens": 0, "context_tokens": 0, "completion_tokens": 0},
+                   grounding=dict(GROUNDED["grounding"], score=None, flagged=None,
+                                  lookback_ratio=None, unsupported_token_ratio=None,
+                                  mean_logprob=None, min_logprob=None, answer_tokens=0,
+                                  flagged_tokens=0))
+    out = ask_fake(nothing)
+    assert "attempt:" not in out, out
+    assert grounding_lines(out) == [
+        "grounding: none: declined before generating (reason: no_match), nothing to score"]
 
 
 def test_progress_line_while_a_long_ingest_runs(tmp_path):

@@ -64,7 +64,11 @@ def sample_matches(out):
     forms = {"source": r"  \[\d+\] docs/[\w-]+\.md  (?:chunk \d+|whole document), score \d+\.\d+, "
                        r"bytes \d+-\d+(?:, cited)?",
              "read": r"read: \d+ .*document tokens: .*",
-             "grounding": r"grounding: (?:not flagged|FLAGGED: .*), score .*",  # figures vary by detector
+             # the verdict and its figures vary by answer and detector
+             "grounding": r"grounding: (?:not flagged: likely supported by the documents|FLAGGED: "
+                          r"the answer may not rest on the documents) \(score \d\.\d{3}(?:, .*)?\)",
+             "details": r"  details: answer tokens on words absent from the documents "
+                        r"\d+\.\d%( \(\d+ of \d+\))?(, [a-z -]+ -?\d+\.\d+)*",
              "finish": r"finish: (?:stop|length); tokens: \d+ prompt \(\d+ from documents\), \d+ "
                        r"generated; first token \d+ ms, total \d+ ms"}
 

@@ -48,23 +48,6 @@ static const char *base_name(const char *path)
 
 /* One line when the prompt left out part of the documents: how much was read, and how to read
  * more. */
-/* ", self-check 0.46" (the model's P(yes) that the documents support the answer),
- * ", context reliance 1.20" (mean log-probability of the answer with the documents minus
- * without) and ", hidden-state probe 0.31" (its probability that the answer is unsupported),
- * each when the daemon measured it; or "". */
-static const char *self_check_text(const DiffragGrounding *g, char *buf, size_t cap)
-{
-    int n = 0;
-    buf[0] = 0;
-    if (!isnan(g->self_check))
-        n = snprintf(buf, cap, ", self-check %.2f", g->self_check);
-    if (!isnan(g->context_reliance) && n >= 0 && (size_t)n < cap)
-        n += snprintf(buf + n, cap - (size_t)n, ", context reliance %.2f", g->context_reliance);
-    if (!isnan(g->hidden_probe) && n >= 0 && (size_t)n < cap)
-        snprintf(buf + n, cap - (size_t)n, ", hidden-state probe %.2f", g->hidden_probe);
-    return buf;
-}
-
 static void print_read(const DiffragAnswer *r)
 {
     const DiffragContextRead *x = &r->context;
@@ -102,7 +85,113 @@ static void print_declined(const DiffragAnswer *r, int streamed)
     }
 }
 
-static void print_details(const DiffragAnswer *r)
+/* The detector's name, or "" when the daemon has no calibrated detector for its model. */
+static const char *detector_name(const DiffragGrounding *g)
+{
+    return g->detector && *g->detector && strcmp(g->detector, "none") ? g->detector : "";
+}
+
+/* The second line: every figure the daemon measured, named (docs/groundedness.md defines
+ * each). noun: "answer", or "attempt" for a declined answer's figures. */
+static void print_grounding_details(const DiffragGrounding *g, const char *noun)
+{
+    const char *sep = "  details: ";
+    if (!isnan(g->unsupported_token_ratio)) {
+        /* a share of the answer's tokens: those whose bytes overlap a content word the
+         * documents lack */
+        printf("%s%s tokens on words absent from the documents %.1f%%", sep, noun,
+               100.0 * g->unsupported_token_ratio);
+        if (g->answer_tokens > 0)
+            printf(" (%lld of %lld)",
+                   (long long)llround(g->unsupported_token_ratio * (double)g->answer_tokens),
+                   (long long)g->answer_tokens);
+        sep = ", ";
+    }
+    const struct { const char *name; int digits; double v; } f[] = {
+        { "lookback ratio", 3, g->lookback_ratio },
+        { "mean logprob", 2, g->mean_logprob },
+        { "self-check", 2, g->self_check },
+        { "context reliance", 2, g->context_reliance },
+        { "hidden-state probe", 2, g->hidden_probe },
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        if (isnan(f[i].v))
+            continue;
+        printf("%s%s %.*f", sep, f[i].name, f[i].digits, f[i].v);
+        sep = ", ";
+    }
+    if (sep[0] == ',') /* something printed */
+        putchar('\n');
+}
+
+/* The grounding verdict in words, with the score and detector behind it, then the figures.
+ * policy: the query's --unsupported (NULL: the daemon's). */
+static void print_grounding(const DiffragAnswer *r, const char *policy)
+{
+    if (!r->has_grounding) {
+        printf("grounding: not reported by this daemon\n");
+        return;
+    }
+    const DiffragGrounding *g = &r->grounding;
+    const char *why = r->declined && r->decline_reason ? r->decline_reason : "";
+    if (r->declined && !strcmp(why, "no_match")) {
+        printf("grounding: none: declined before generating (reason: no_match), nothing to "
+               "score\n");
+        return;
+    }
+    if (g->answer_tokens == 0 && (r->completion_tokens == 0 || isnan(g->lookback_ratio))) {
+        /* no token (or only the one that ended the turn): no figure to show, all nil */
+        if (r->completion_tokens == 0 && strcmp(r->finish_reason, "cancelled") == 0)
+            printf("grounding: none: the request was cancelled before its first token\n");
+        else
+            printf("grounding: none: the answer has no token\n");
+        return;
+    }
+    /* "score 0.820, 2 of 8 answer tokens in flagged windows, detector NAME", or why the answer
+     * was not scored */
+    char score[256];
+    const char *det = detector_name(g);
+    if (isnan(g->score) && *det)
+        snprintf(score, sizeof score, "not scored: detector %s needs hidden-state figures the "
+                 "worker did not send", det);
+    else if (isnan(g->score))
+        snprintf(score, sizeof score, "not scored: no calibrated detector for this model");
+    else if (g->flagged)
+        snprintf(score, sizeof score, "score %.3f, %lld of %lld %stokens in flagged windows%s%s",
+                 g->score, (long long)g->flagged_tokens, (long long)g->answer_tokens,
+                 r->declined ? "" : "answer ", *det ? ", detector " : "", det);
+    else
+        snprintf(score, sizeof score, "score %.3f%s%s", g->score, *det ? ", detector " : "",
+                 det);
+    if (r->declined && !strcmp(why, "flagged"))
+        printf("grounding: declined (reason: flagged): the attempt above is FLAGGED (%s)\n", score);
+    else if (r->declined && !strcmp(why, "model_refused"))
+        printf("grounding: declined (reason: model_refused): the attempt above says the "
+               "documents do not answer (%s)\n", score);
+    else {
+        if (r->declined) {
+            printf("grounding: declined (reason: ");
+            cli_print_safe(why, strlen(why), 0);
+            printf("), of the attempt above: ");
+        } else {
+            printf("grounding: ");
+        }
+        if (g->abstained)
+            printf("the model said the documents do not answer (abstained; %s)\n", score);
+        else if (g->flagged)
+            printf("FLAGGED: the %s may not rest on the documents (%s)\n",
+                   r->declined ? "attempt" : "answer", score);
+        else if (isnan(g->score))
+            printf("%s\n", score);
+        else if (policy && !strcmp(policy, "answer"))
+            printf("not flagged: --unsupported answer flags nothing (%s)\n", score);
+        else
+            printf("not flagged: likely supported by the documents (%s)\n", score);
+    }
+    print_grounding_details(g, r->declined ? "attempt" : "answer");
+}
+
+static void print_details(const DiffragAnswer *r, const char *policy)
 {
     if (r->n_citations == 0)
         printf("sources: none (nothing retrieved)\n");
@@ -121,32 +210,7 @@ static void print_details(const DiffragAnswer *r)
                    c->truncated ? ", truncated" : "");
     }
     print_read(r);
-    char check[96];
-    if (r->has_grounding && r->grounding.answer_tokens == 0 && r->completion_tokens == 0) {
-        /* no token: no figure to show (they are all nil) */
-        if (strcmp(r->finish_reason, "cancelled") == 0)
-            printf("grounding: none: the request was cancelled before its first token\n");
-        else
-            printf("grounding: none: the answer has no token\n");
-    } else if (r->has_grounding && !isnan(r->grounding.score)) {
-        const DiffragGrounding *g = &r->grounding;
-        printf("grounding: %s, score %.3f, lookback ratio %.3f, unsupported tokens %.3f "
-               "(%lld of %lld flagged), mean logprob %.2f%s%s%s%s\n",
-               g->abstained ? "abstained" : g->flagged ? "FLAGGED: the answer may not rest on "
-               "the sources" : "not flagged", g->score, g->lookback_ratio,
-               g->unsupported_token_ratio, (long long)g->flagged_tokens,
-               (long long)g->answer_tokens, g->mean_logprob, self_check_text(g, check, sizeof check),
-               g->detector ? " (detector " : "", g->detector ? g->detector : "",
-               g->detector ? ")" : "");
-    } else if (r->has_grounding) {
-        const DiffragGrounding *g = &r->grounding;
-        printf("grounding: %snot scored (no calibrated detector for this model), lookback ratio "
-               "%.3f, unsupported tokens %.3f of %lld, mean logprob %.2f%s\n",
-               g->abstained ? "abstained, " : "", g->lookback_ratio, g->unsupported_token_ratio,
-               (long long)g->answer_tokens, g->mean_logprob, self_check_text(g, check, sizeof check));
-    } else {
-        printf("grounding: not reported by this daemon\n");
-    }
+    print_grounding(r, policy);
     char cached[112] = "";
     if (r->cached_tokens > 0)
         snprintf(cached, sizeof cached, ", %lld from the prefix cache", (long long)r->cached_tokens);
@@ -259,7 +323,7 @@ int cmd_ask(const struct CliArgs *a)
         putchar('\n');
         if (ans->declined)
             print_declined(ans, a->stream);
-        print_details(ans);
+        print_details(ans, a->unsupported);
     }
     rc = strcmp(ans->finish_reason, "cancelled") == 0 && cli_interrupted ? CLI_EXIT_INTERRUPTED
                                                                          : CLI_EXIT_OK;
