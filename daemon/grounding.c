@@ -18,6 +18,7 @@
 static const char *const feature_names[GR_N_FEATURES] = {
     "mean_logprob", "min_logprob", "mean_entropy", "mean_margin", "lookback", "diff_doc_mass",
     "unsupported_ratio", "self_check", "context_reliance", "hidden_probe", "quote_removed",
+    "log_context_tokens",
 };
 
 const char *gr_feature_name(int f)
@@ -159,6 +160,7 @@ void gr_window_features(const struct GrSignals *s, size_t a, size_t b, double f[
     f[GR_RELIANCE] = s->has_reliance ? s->reliance : NAN;
     f[GR_PROBE] = s->has_probe ? s->probe : NAN;
     f[GR_QUOTE_REMOVED] = s->quote_removed ? qr / k : NAN;
+    f[GR_LOG_CONTEXT] = log1p((double)s->context_tokens);
 }
 
 double gr_window_score(const struct GrCalibration *c, const double f[GR_N_FEATURES])

@@ -15,7 +15,7 @@
 enum GrFeature {
     GR_MEAN_LOGPROB, GR_MIN_LOGPROB, GR_MEAN_ENTROPY, GR_MEAN_MARGIN, GR_LOOKBACK,
     GR_DIFF_DOC_MASS, GR_UNSUPPORTED_RATIO, GR_SELF_CHECK, GR_RELIANCE, GR_PROBE,
-    GR_QUOTE_REMOVED, GR_N_FEATURES
+    GR_QUOTE_REMOVED, GR_LOG_CONTEXT, GR_N_FEATURES
 };
 /* The self-check feature's log-odds are clipped to [-GR_CHECK_CLIP, GR_CHECK_CLIP]. */
 #define GR_CHECK_CLIP 20.0
@@ -92,6 +92,8 @@ struct GrSignals {
     double probe;                      /* its logit (gr_probe_logit) */
     const float *quote_removed;        /* quote decoding: the mass the constraint removed at
                                           each token; NULL: a free-text answer */
+    size_t context_tokens;             /* the documents' tokens in the prompt (feature
+                                          log_context_tokens = ln(1 + it)) */
 };
 
 /* ---- words and lexical support ---- */

@@ -151,6 +151,8 @@ static int ground(const struct Broker *b, const struct Request *r, const struct 
         .has_check = res->has_check, .check = res->check,
         .has_reliance = res->has_reliance, .reliance = res->reliance,
         .quote_removed = n ? ws->quote_removed : NULL,
+        .context_tokens = r->ctx->documents.end > r->ctx->documents.start
+                        ? r->ctx->documents.end - r->ctx->documents.start : 0,
     };
     probe(b, res, &g->sig);
     if (n)

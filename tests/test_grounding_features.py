@@ -76,13 +76,16 @@ def test_window_features_by_hand():
     expect = [sum(s["logprob"][sl]) / 5, min(s["logprob"][sl]), sum(s["entropy"][sl]) / 5,
               sum(s["margin"][sl]) / 5, doc / (doc + gen), sum(s["diff_doc_mass"][sl]) / 5,
               sum(s["unsupported"][sl]) / 5]
-    assert len(f) == len(gf.FEATURES) == 11
+    assert len(f) == len(gf.FEATURES) == 12
     np.testing.assert_allclose(f[:7], expect, rtol=0, atol=1e-12)
     # without a self-check its feature is NaN; with one, the clipped log-odds of P(yes)
     assert math.isnan(f[7]) and math.isnan(f[8]) and math.isnan(f[9]) and math.isnan(f[10])
     # a quoted answer's removed mass: its window mean
     removed = [0.05 * i for i in range(10)]
     assert abs(gf.window_features(dict(s, quote_removed=removed), 2, 7)[10] - 0.2) < 1e-12
+    # the documents' length: ln(1 + tokens), NaN when not given
+    assert math.isnan(f[11])
+    assert abs(gf.window_features(dict(s, context_tokens=2047), 2, 7)[11] - math.log(2048)) < 1e-12
     assert gf.window_features(dict(s, context_reliance=1.75), 2, 7)[8] == 1.75
     assert gf.window_features(dict(s, hidden_probe=-2.5), 2, 7)[9] == -2.5
     for p, want in ((0.8, math.log(4.0)), (0.5, 0.0), (1e-12, -20.0), (1.0, 20.0), (0.0, -20.0)):
@@ -124,7 +127,8 @@ def test_window_features_refuse_bad_input():
 def calibration(**kw):
     cal = {"name": "unit-v1", "model_sha256": "ab" * 32, "window": 8, "stride": 4,
            "threshold": 0.5, "watch": [(15, 0), (22, 8)],
-           "features": [f for f in gf.FEATURES if f not in ("hidden_probe", "quote_removed")],
+           "features": [f for f in gf.FEATURES
+                        if f not in ("hidden_probe", "quote_removed", "log_context_tokens")],
            "mean": np.linspace(-1, 1, 9), "scale": np.linspace(0.5, 2, 9),
            "weights": np.array([-0.8, -0.3, 0.4, -0.5, -1.2, -0.7, 2.0, -0.6, 0.3]),
            "bias": -0.25}

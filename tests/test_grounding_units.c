@@ -161,7 +161,7 @@ static void test_calibration(void)
     bad_cal(10, "mean 0 0 0", "x.grounding:10: mean has 3 numbers; features names 7");
     bad_cal(11, "scale 1 1 1 1 0 1 1", "x.grounding:11: scale of lookback is 0");
     bad_cal(12, "weights 0 0 0 0 inf 0 0", "x.grounding:12: weights: \"inf\" is not a finite");
-    bad_cal(12, "weights 0 0 0 0 0 0 0 0 0 0 0 0", "x.grounding:12: weights has more than 11");
+    bad_cal(12, "weights 0 0 0 0 0 0 0 0 0 0 0 0 0", "x.grounding:12: weights has more than 12");
     bad_cal(14, "bias 1x", "x.grounding:14: bias: \"1x\" is not a finite number");
     bad_cal(13, "window 4", "x.grounding:13: window appears twice (first on line 5)");
     bad_cal(13, "colour blue", "x.grounding:13: unknown key \"colour\"");
@@ -295,6 +295,27 @@ static void test_features_and_score(void)
     CHECK(fabs(f[GR_LOOKBACK] - (.1 + .3) / (.1 + .3 + .1 + .2)) < 1e-6, "lookback %g", f[4]);
     CHECK(fabs(f[GR_DIFF_DOC_MASS] - (-.1 + .3) / 4) < 1e-6, "diff");
     CHECK(fabs(f[GR_UNSUPPORTED_RATIO] - 0.5) < 1e-12, "unsupported");
+    CHECK(isnan(f[GR_QUOTE_REMOVED]), "a free-text answer has no removed mass");
+    CHECK(f[GR_LOG_CONTEXT] == 0, "no documents: ln(1 + 0)");
+    {
+        /* a quoted answer: the window mean of the removed mass; the documents' length */
+        float qr[NTOK];
+        for (int i = 0; i < NTOK; i++)
+            qr[i] = 0.1f * (float)i;
+        struct GrSignals sq = s;
+        sq.quote_removed = qr;
+        sq.context_tokens = 16383;
+        gr_window_features(&sq, 1, 5, f);
+        CHECK(fabs(f[GR_QUOTE_REMOVED] - 0.25) < 1e-6, "removed mass %g", f[GR_QUOTE_REMOVED]);
+        CHECK(fabs(f[GR_LOG_CONTEXT] - log(16384.0)) < 1e-12, "log context %g", f[GR_LOG_CONTEXT]);
+        struct GrSummary sum;
+        gr_summarize(NULL, 0.5, &sq, "x", 1, NULL, &sum);
+        double mean = 0;
+        for (int i = 0; i < NTOK; i++)
+            mean += qr[i];
+        CHECK(sum.has_quote && fabs(sum.quote_removed - mean / NTOK) < 1e-6, "summary %g",
+              sum.quote_removed);
+    }
     gr_window_features(&s, 3, 5, f);   /* no mass at all */
     CHECK(f[GR_LOOKBACK] == 0, "lookback of no mass is 0");
     /* the self-check: missing (NaN) unless it ran; its log-odds clipped to +-20 */

@@ -126,9 +126,7 @@ CITATION_RE = re.compile(r"\[\d+(?:\s*,\s*\d+)*\]")
 EvalError = ec.EvalError
 
 
-def article_split(title):
-    """fit or test for a SQuAD article: a fixed hash, so both halves are stable."""
-    return "fit" if hashlib.sha256(title.encode()).digest()[0] % 2 == 0 else "test"
+article_split = ec.article_split
 
 
 def load_squad(squad_dir):

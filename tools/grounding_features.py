@@ -9,7 +9,7 @@ import numpy as np
 
 FEATURES = ("mean_logprob", "min_logprob", "mean_entropy", "mean_margin", "lookback",
             "diff_doc_mass", "unsupported_ratio", "self_check", "context_reliance",
-            "hidden_probe", "quote_removed")
+            "hidden_probe", "quote_removed", "log_context_tokens")
 
 # the self-check's log-odds are clipped to +-CHECK_CLIP (daemon/grounding.h GR_CHECK_CLIP)
 CHECK_CLIP = 20.0
@@ -250,6 +250,9 @@ def signal_arrays(sig):
         if q.shape != (n,):
             raise ValueError("token_signals 'quote_removed' has %d values, not %d" % (len(q), n))
         out["quote_removed"] = q
+    # the documents' tokens in the prompt (the reply's usage.context_tokens); absent: unknown
+    c = sig.get("context_tokens")
+    out["log_context_tokens"] = math.nan if c is None else math.log1p(float(c))
     return out
 
 
@@ -300,7 +303,7 @@ def check_logodds(p):
 
 
 def window_features(sig, a, b):
-    """The 11 features of tokens [a, b) in FEATURES order (sig: token_signals map, or the
+    """The 12 features of tokens [a, b) in FEATURES order (sig: token_signals map, or the
     arrays of signal_arrays). The token_signals map may carry the reply's
     grounding.self_check under "self_check" and grounding.context_reliance under
     "context_reliance"; without them those features are NaN."""
@@ -317,7 +320,8 @@ def window_features(sig, a, b):
                      lookback, s["diff_doc_mass"][a:b].mean(), s["unsupported"][a:b].mean(),
                      s.get("self_check", math.nan), s.get("context_reliance", math.nan),
                      s.get("hidden_probe", math.nan),
-                     s["quote_removed"][a:b].mean() if "quote_removed" in s else math.nan],
+                     s["quote_removed"][a:b].mean() if "quote_removed" in s else math.nan,
+                     s.get("log_context_tokens", math.nan)],
                     dtype=np.float64)
 
 

@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""Answers a user can trust, measured through diffragd on held-out SQuAD 2.0 articles (the
+test split of tools/grounding-eval.py: articles the calibration never saw), answerable and
+unanswerable questions, at about 2K and about 16K tokens of context, in both answer modes.
+
+Contexts are whole SQuAD paragraphs sent inline, placed whole and in document order
+(relevance_floor 0, order "document"), so the questions over one context share its prefill:
+  2K   the gold paragraph and the paragraphs around it in its article
+  16K  an article's paragraphs and those of the next test-split articles
+Each question is asked greedily in `free` and in `quote` mode with policy `mark`; what policy
+`decline` makes of the same answer is what it would decline: an answer the detector flags or a
+refusal (retrieval always matches here, so no `no_match`).
+
+  right        an answerable question whose answer contains a gold answer (SQuAD's
+               normalisation)
+  hallucinated an answerable question answered wrong, or an unanswerable one answered
+               without the refusal (the label of tools/grounding-eval.py)
+
+Per band and mode: right answers; unanswerable questions declined; right answers kept under
+`decline` (not flagged, not refused); right answers flagged; AUROC of the detector's score
+(hallucinated against not) and, in quote mode, of the removed mass alone (its mean over the
+answer, and its largest token value).
+
+  tools/eval-trust.py --bands 2048,16384 --contexts 12,3 --per-context 4,16 --json out.jsonl
+"""
+import argparse
+import json
+import math
+import pathlib
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import eval_common as ec  # noqa: E402
+import grounding_features as gf  # noqa: E402
+
+CHARS_PER_TOKEN = 4.3   # English Wikipedia text in the default model's tokenizer
+MAX_TOKENS = 48
+
+
+def split_articles(passages, split):
+    """[(title, [paragraphs in order])] of a split, in file order (passages: by id)."""
+    arts = {}
+    for p in passages.values():
+        if ec.article_split(p["title"]) == split:
+            arts.setdefault(p["title"], []).append(p)
+    return list(arts.items())
+
+
+def fill(paras, budget_chars):
+    """The longest prefix of paras within budget_chars (at least one paragraph)."""
+    out, n = [], 0
+    for p in paras:
+        if out and n + len(p["text"]) > budget_chars:
+            break
+        out.append(p)
+        n += len(p["text"])
+    return out
+
+
+def pick_questions(qs, n):
+    """Up to n questions, half answerable, half not, in file order."""
+    a = [q for q in qs if not q["is_impossible"]]
+    u = [q for q in qs if q["is_impossible"]]
+    k = min(n // 2, len(a), len(u))
+    return a[:k] + u[:k]
+
+
+def contexts(band, n_ctx, per_ctx, articles, by_passage):
+    """[(paragraphs, questions)] for one band."""
+    budget = band * CHARS_PER_TOKEN * 0.92   # the frame and the labels take the rest
+    out = []
+    if band <= 4096:
+        # a context around each chosen gold paragraph, at most four an article
+        for ai in range(len(articles)):
+            if len(out) >= n_ctx:
+                break
+            title, paras = articles[ai]
+            taken, n_taken = set(), 0
+            for i, p in enumerate(paras):
+                if n_taken >= 4 or len(out) >= n_ctx:
+                    break
+                qs = pick_questions(by_passage.get(p["id"], []), per_ctx)
+                if len(qs) < 2 or i in taken:
+                    continue
+                n_taken += 1
+                # the gold paragraph with its neighbours, before it and after it in turn
+                lo = hi = i
+                while True:
+                    grown = False
+                    for j in (hi + 1, lo - 1):
+                        if 0 <= j < len(paras) and sum(len(x["text"]) for x in paras[min(lo, j):max(hi, j) + 1]) <= budget:
+                            lo, hi = min(lo, j), max(hi, j)
+                            grown = True
+                    if not grown:
+                        break
+                out.append((paras[lo:hi + 1], qs))
+                taken |= set(range(lo, hi + 1))
+        return out
+    for ai in range(0, len(articles)):
+        if len(out) >= n_ctx:
+            break
+        title, paras = articles[ai]
+        pool = list(paras)
+        for _, more in articles[ai + 1:]:
+            if sum(len(p["text"]) for p in pool) > budget:
+                break
+            pool += more
+        ctx = fill(pool, budget)
+        qs = []
+        for p in ctx:
+            qs += by_passage.get(p["id"], [])
+        qs = pick_questions(qs, per_ctx)
+        if len(qs) >= per_ctx // 2:
+            out.append((ctx, qs))
+        articles = articles[:ai + 1] + [a for a in articles[ai + 1:] if a[1][0] not in ctx]
+    return out
+
+
+def ask(asker, q, ctx, band, mode, timeout):
+    msg = {"v": 1, "op": "query", "id": "%s-%d-%s" % (q["id"], band, mode),
+           "question": q["question"],
+           "docs": [{"id": p["id"], "title": p["title"].replace("_", " "), "text": p["text"]}
+                    for p in ctx],
+           "max_context_tokens": int(band * 1.25) + 512, "relevance_floor": 0,
+           "order": "document", "max_tokens": MAX_TOKENS, "temperature": 0,
+           "answer_mode": mode, "unsupported": "mark", "include": ["token_signals"]}
+    r = asker.ask(msg, timeout)
+    if not r.get("ok"):
+        raise ec.EvalError("%s: %s" % (q["id"], r.get("error")))
+    g = r["grounding"]
+    text = r["answer"]
+    abstained = bool(g["abstained"]) or ec.declined(text)
+    right = not q["is_impossible"] and ec.contains(text, q["answers"])
+    qr = r["token_signals"].get("quote_removed") or []
+    return {"id": q["id"], "band": band, "mode": mode, "is_impossible": q["is_impossible"],
+            "question": q["question"], "gold": q["answers"], "answer": text,
+            "right": right, "abstained": abstained,
+            "hallucinated": (not abstained) if q["is_impossible"] else not right,
+            "score": g["score"], "flagged": g["flagged"],
+            "quote_removed": g["quote_removed"], "quote_removed_max": max(qr) if qr else None,
+            "hidden_probe": g["hidden_probe"], "token_signals": r["token_signals"],
+            "context_tokens": r["usage"]["context_tokens"],
+            "left_out": r["context"]["chunks_left_out"],
+            "cached_tokens": r["usage"]["cached_tokens"],
+            "total_ms": r["timings"]["total_ms"]}
+
+
+def share(rs, key):
+    return (sum(1 for r in rs if r[key]) / len(rs), len(rs)) if rs else (math.nan, 0)
+
+
+def auroc(rs, key):
+    xs = [(r[key], r["hallucinated"]) for r in rs if r[key] is not None]
+    pos = [x for x, h in xs if h]
+    neg = [x for x, h in xs if not h]
+    if not pos or not neg:
+        return math.nan
+    v = gf.auroc([1] * len(pos) + [0] * len(neg), pos + neg)
+    return math.nan if v is None else v
+
+
+def report(results):
+    lines = ["| band | mode | n | right (answerable) | unanswerable declined | right kept under "
+             "decline | right flagged | AUROC score | AUROC removed mass (mean / max) | "
+             "context tokens (median) |", "|" + "---|" * 10]
+    for band in sorted({r["band"] for r in results}):
+        for mode in ("free", "quote"):
+            rs = [r for r in results if r["band"] == band and r["mode"] == mode]
+            if not rs:
+                continue
+            a = [r for r in rs if not r["is_impossible"]]
+            u = [r for r in rs if r["is_impossible"]]
+            right = [r for r in a if r["right"]]
+            for r in rs:
+                r["declines"] = bool(r["flagged"]) or r["abstained"]
+                r["kept"] = not r["declines"]
+            ctx = sorted(r["context_tokens"] for r in rs)
+            rm = "%.3f / %.3f" % (auroc(rs, "quote_removed"), auroc(rs, "quote_removed_max")) \
+                if mode == "quote" else "-"
+            lines.append("| %d | %s | %d | %.2f (%d of %d) | %.2f (%d of %d) | %.2f (%d of %d) | "
+                         "%.2f | %.3f | %s | %d |" % (
+                             band, mode, len(rs), share(a, "right")[0], len(right), len(a),
+                             share(u, "declines")[0], sum(r["declines"] for r in u), len(u),
+                             share(right, "kept")[0], sum(r["kept"] for r in right), len(right),
+                             share(right, "flagged")[0], auroc(rs, "score"), rm,
+                             ctx[len(ctx) // 2]))
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(ec.QWEN_MODEL))
+    ap.add_argument("--bands", default="2048,16384", help="context sizes in tokens")
+    ap.add_argument("--contexts", default="12,3", help="contexts per band")
+    ap.add_argument("--per-context", default="4,16", help="questions per context, per band")
+    ap.add_argument("--modes", default="free,quote")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--split", default="test", choices=("test", "fit"),
+                    help="the articles asked about (default test: those no calibration saw)")
+    ap.add_argument("--squad", default=str(ec.DEFAULT_SQUAD))
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per question")
+    ap.add_argument("--json", help="append every result here (JSON lines)")
+    ap.add_argument("--report", help="only report the results of this JSON lines file")
+    args = ap.parse_args()
+    if args.report:
+        print(report([json.loads(l) for l in open(args.report)]))
+        return 0
+    passages, questions = ec.load_squad(args.squad)
+    by_passage = {}
+    for q in questions:
+        by_passage.setdefault(q["gold_passage_id"], []).append(q)
+    articles = split_articles(passages, args.split)
+    bands = [int(x) for x in args.bands.split(",")]
+    n_ctx = [int(x) for x in args.contexts.split(",")]
+    per = [int(x) for x in args.per_context.split(",")]
+    modes = args.modes.split(",")
+    results = []
+    out = open(args.json, "a") if args.json else None
+    t0 = time.time()
+    try:
+        with tempfile.TemporaryDirectory(prefix="eval-trust-") as work, \
+                ec.LocalDaemon(work, args.model, threads=args.threads,
+                               max_context_tokens=min(max(bands) * 2, 30000)) as d, \
+                ec.Asker(d.endpoint, d.proc) as asker:
+            for band, nc, pc in zip(bands, n_ctx, per):
+                for ctx, qs in contexts(band, nc, pc, articles, by_passage):
+                    for q in qs:
+                        for mode in modes:
+                            r = ask(asker, q, ctx, band, mode, args.timeout)
+                            results.append(r)
+                            print(json.dumps({k: r[k] for k in ("band", "mode", "right",
+                                                                 "hallucinated", "score",
+                                                                 "quote_removed", "answer",
+                                                                 "context_tokens",
+                                                                 "cached_tokens")}),
+                                  file=sys.stderr, flush=True)
+                            if out:
+                                out.write(json.dumps(r) + "\n")
+                                out.flush()
+    except ec.EvalError as e:
+        print("eval-trust: %s" % e, file=sys.stderr)
+        return 2
+    print("model %s; %d answers in %.0f s" % (pathlib.Path(args.model).name, len(results),
+                                              time.time() - t0))
+    print(report(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
