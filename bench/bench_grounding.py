@@ -14,6 +14,10 @@
    paragraphs, so no prefix cache helps any of them) in a rotating order; prints the median
    request time of each and each signal's share. Target: at most 10% of a request's time at
    4K tokens.
+3. Quote decoding (`answer_mode = quote`): two daemons, free text and quoting, the same
+   queries at about 4K tokens; the prefill (the documents' index included), the time of an
+   answer token, and a quoted request priced at the free answer's length. Target: at most 10%
+   of a request at 4K tokens.
 
 Writes nothing."""
 import argparse
@@ -132,6 +136,52 @@ def after_answer_cost(reps, threads, depth, max_tokens):
           f"-> {'met' if worst <= 0.10 else 'NOT met'}")
 
 
+def quote_cost(reps, threads, depth, max_tokens):
+    """What quote decoding adds to a request: two daemons, one answering in free text and one
+    quoting (answer_mode = quote), asked the same queries in a rotating order. A quoted
+    answer is other text of another length, so besides the request times this compares what
+    the mechanism adds: the prefill (which includes building the documents' index) and the
+    time of each answer token (the constraint's pass over the vocabulary), and prices a
+    quoted request at the free answer's length."""
+    from daemon_util import Daemon, query
+    sets = squad_sets(reps, 4 * depth)
+    common = dict(workers=1, threads=threads, log_level="warn", max_context_tokens=2 * depth,
+                  grounding_calibration="none")
+    fig = {m: {"req": [], "prefill": [], "tok": [], "n": []} for m in ("free", "quote")}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        daemons = {}
+        for m in fig:
+            d = pathlib.Path(tmp) / m
+            d.mkdir()
+            daemons[m] = stack.enter_context(Daemon(d, QWEN, answer_mode=m, **common))
+        for k, (docs, q) in enumerate(sets):
+            for m in (("free", "quote") if k % 2 == 0 else ("quote", "free")):
+                msg = query(q, docs=docs, max_tokens=max_tokens, temperature=0,
+                            max_context_tokens=depth)
+                t0 = time.time()
+                _, r = daemons[m].client().call(msg, timeout=900)
+                if not r.get("ok") or r["answer_mode"] != m:
+                    raise RuntimeError("query failed: %s" % r)
+                n = r["usage"]["completion_tokens"]
+                fig[m]["req"].append(1000 * (time.time() - t0))
+                fig[m]["prefill"].append(r["timings"]["prefill_ms"])
+                fig[m]["tok"].append(r["timings"]["decode_ms"] / max(n - 1, 1))
+                fig[m]["n"].append(n)
+    med = {m: {k: statistics.median(v) for k, v in f.items()} for m, f in fig.items()}
+    f, qt = med["free"], med["quote"]
+    at_free_len = (qt["prefill"] + qt["tok"] * f["n"]) / (f["prefill"] + f["tok"] * f["n"]) - 1
+    print(f"quote decoding: medians of {reps} queries of about {depth} tokens, {threads} "
+          f"threads, the default model, at most {max_tokens} answer tokens")
+    for m in ("free", "quote"):
+        print(f"{m} request_ms={med[m]['req']:.0f} prefill_ms={med[m]['prefill']:.0f} "
+              f"ms_per_token={med[m]['tok']:.1f} answer_tokens={med[m]['n']:.0f}")
+    print(f"quote at the free answer's length: cost_pct={100 * at_free_len:.1f} "
+          f"(prefill {qt['prefill'] - f['prefill']:+.0f} ms, {qt['tok'] - f['tok']:+.2f} ms a "
+          f"token); whole requests {100 * (qt['req'] / f['req'] - 1):+.1f}%")
+    print(f"target: <= 10% of a request at {depth} tokens -> "
+          f"{'met' if at_free_len <= 0.10 else 'NOT met'}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=5)
@@ -141,8 +191,12 @@ def main():
     ap.add_argument("--check-depth", type=int, default=4096,
                     help="document tokens of the self-check's queries")
     ap.add_argument("--check-reps", type=int, default=5)
-    ap.add_argument("--only", choices=["masses", "after-answer"], help="one part only")
+    ap.add_argument("--only", choices=["masses", "after-answer", "quote"], help="one part only")
     a = ap.parse_args()
+    if a.only in (None, "quote"):
+        quote_cost(a.check_reps, a.threads, a.check_depth, a.gen)
+    if a.only == "quote":
+        return
     if a.only != "masses":
         after_answer_cost(a.check_reps, a.threads, a.check_depth, a.gen)
     if a.only == "after-answer":

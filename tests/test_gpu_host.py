@@ -78,14 +78,26 @@ def test_daemon_on_the_host_emulation(tmp_path):
                 assert 'backend="cuda"' in d.metrics()
             c = d.client()
             for name, kw in (("greedy", {"temperature": 0}),
-                             ("sampled", {"temperature": 0.8, "seed": 5})):
+                             ("sampled", {"temperature": 0.8, "seed": 5}),
+                             ("quoted", {"temperature": 0.8, "seed": 5,
+                                         "answer_mode": "quote"})):
                 _, r = c.call(query("How long is the Rhine?", docs, max_tokens=16,
                                     include=["token_signals", "hidden_states"], **kw),
                               timeout=120)
                 assert r["ok"], r
                 replies[device, name] = r
             assert d.stop() == 0, d.log_text()[-2000:]
-    for name in ("greedy", "sampled"):
+    # quote mode on the device: the step's logits come back for the constraint, and every
+    # span is the documents'
+    texts = {d["id"]: d["text"] for d in docs}
+    for device in ("cuda", "cpu"):
+        r = replies[device, "quoted"]
+        assert r["answer_mode"] == "quote" and r["quotes"], r
+        assert "".join(q["text"] for q in r["quotes"]) == r["answer"], r
+        for q in r["quotes"]:
+            assert texts[q["doc_id"]][q["offsets"][0]:q["offsets"][1]] == q["text"], q
+        assert 0 <= r["grounding"]["quote_removed"] <= 1, r["grounding"]
+    for name in ("greedy", "sampled", "quoted"):
         g, c = replies["cuda", name], replies["cpu", name]
         ts, tc = g["token_signals"], c["token_signals"]
         n = len(ts["text"])

@@ -135,6 +135,7 @@ def ask(asker, q, ctx, band, mode, timeout):
     right = not q["is_impossible"] and ec.contains(text, q["answers"])
     qr = r["token_signals"].get("quote_removed") or []
     return {"id": q["id"], "band": band, "mode": mode, "is_impossible": q["is_impossible"],
+            "article": ctx[0]["title"],
             "question": q["question"], "gold": q["answers"], "answer": text,
             "right": right, "abstained": abstained,
             "hallucinated": (not abstained) if q["is_impossible"] else not right,
@@ -145,6 +146,46 @@ def ask(asker, q, ctx, band, mode, timeout):
             "left_out": r["context"]["chunks_left_out"],
             "cached_tokens": r["usage"]["cached_tokens"],
             "total_ms": r["timings"]["total_ms"]}
+
+
+def signals_of(r):
+    """An answer's token_signals with what the calibration's scalar features read: the probe's
+    logit (from the reply's hidden_probe) and the documents' tokens."""
+    return dict(r["token_signals"], context_tokens=r["context_tokens"],
+                hidden_probe=gf.probe_from_reply(r["hidden_probe"]))
+
+
+def rescore(results, cal):
+    """Each result's score and flag under another calibration (the signals are the reply's)."""
+    for r in results:
+        r["score"] = float(gf.score(cal, signals_of(r))[0]) if r["token_signals"]["logprob"] \
+            else None
+        r["flagged"] = None if r["score"] is None else (r["score"] >= cal["threshold"] and
+                                                        not r["abstained"])
+
+
+def refit(fit_results, base, features, max_fpr):
+    """The base calibration's combination fitted again on these answers (its watch and probe
+    kept), with `features`: tools/grounding-eval.py's procedure (L2 by cross-validation grouped
+    by article, threshold at the best out-of-fold F1 within max_fpr)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "grounding_eval", pathlib.Path(__file__).resolve().parent / "grounding-eval.py")
+    ge = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ge)
+    if any("article" not in r for r in fit_results):
+        passages, questions = ec.load_squad()
+        title = {q["id"]: passages[q["gold_passage_id"]]["title"] for q in questions}
+        for r in fit_results:
+            r.setdefault("article", title[r["id"]])
+    rows = [({"kind": "squad", "id": r["id"], "docs": [{"title": r["article"]}]},
+             {"token_signals": signals_of(r)}, int(r["hallucinated"]))
+            for r in fit_results if r["token_signals"]["logprob"]]
+    cal, info = ge.train(rows, features, base["window"], base["stride"], max_fpr=max_fpr)
+    for k in ("name", "model_sha256", "watch", "probe_layer", "probe_weights", "probe_bias"):
+        if k in base:
+            cal[k] = base[k]
+    return cal, info, len(rows)
 
 
 def share(rs, key):
@@ -204,9 +245,36 @@ def main():
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per question")
     ap.add_argument("--json", help="append every result here (JSON lines)")
     ap.add_argument("--report", help="only report the results of this JSON lines file")
+    ap.add_argument("--refit", metavar="FIT_JSONL",
+                    help="with --report: fit the calibration's combination again on these "
+                         "(fit-split) answers, then report --report's answers under it")
+    ap.add_argument("--calibration", help="the calibration --refit starts from")
+    ap.add_argument("--features", help="--refit's features (default: the calibration's)")
+    ap.add_argument("--max-fpr", type=float, default=0.2, help="--refit's threshold bound")
+    ap.add_argument("--name", help="--refit's calibration name")
+    ap.add_argument("--write", help="--refit: write the calibration here")
     args = ap.parse_args()
     if args.report:
-        print(report([json.loads(l) for l in open(args.report)]))
+        results = [json.loads(l) for l in open(args.report)]
+        if args.refit:
+            base = gf.read_calibration(args.calibration)
+            feats = args.features.split(",") if args.features else list(base["features"])
+            fit = [json.loads(l) for l in open(args.refit)]
+            cal, info, n = refit(fit, base, feats, args.max_fpr)
+            if args.name:
+                cal["name"] = args.name
+            print("refit on %d answers: features %s; L2 %g, grouped CV AUROC %.3f; threshold "
+                  "%.3f" % (n, ",".join(feats), info["lambda"], info["cv_auroc"],
+                            cal["threshold"]))
+            if args.write:
+                gf.write_calibration(args.write, cal, comment=(
+                    "Fitted by tools/eval-trust.py --refit on %d answers of the fit split at "
+                    "2K-16K tokens in both answer modes (L2 %g, grouped 5-fold CV AUROC %.3f); "
+                    "threshold = max F1 on out-of-fold scores with a false-positive rate of at "
+                    "most %g. The hidden-state probe is the base calibration's (%s)." % (
+                        n, info["lambda"], info["cv_auroc"], args.max_fpr, base["name"])))
+            rescore(results, cal)
+        print(report(results))
         return 0
     passages, questions = ec.load_squad(args.squad)
     by_passage = {}
