@@ -30,6 +30,7 @@ struct CtxChunk {
     int whole;                      /* the text is the whole document */
     uint64_t ref;                   /* the caller's name for it, copied to its citation (the
                                        daemon: a stored chunk's collection and chunk ids) */
+    const char *heading; size_t heading_len; /* its heading path, shown in its label (0: none) */
 };
 
 /* An earlier turn of the conversation; the text is borrowed for the call. */

@@ -90,7 +90,7 @@ static int change_chunk(const char *dir, uint32_t cid)
     MDB_txn *txn = NULL;
     MDB_dbi docs, chunks, meta;
     int rc = raw_open(dir, &env, &txn, &docs, &chunks, &meta);
-    uint8_t kb[8], copy[CHUNK_RECORD_SIZE + INDEX_MAX_ID_BYTES];
+    uint8_t kb[8], copy[CHUNK_RECORD_MAX];
     MDB_val k = { key_chunk(kb, 1, cid), kb }, v;
     rc = rc ? rc : mdb_get(txn, chunks, &k, &v);
     if (!rc) {
