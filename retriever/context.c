@@ -360,7 +360,7 @@ int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t que
     for (size_t i = 0; i < n_placed; i++) {
         const struct CtxChunk *c = &chunks[pl[i].rank];
         struct CtxCitation *ci = &ctx->cites[ctx->n_cites];
-        ci->doc_id = malloc(c->doc_id_len + 1);
+        ci->doc_id = malloc(c->doc_id_len + 1 + c->heading_len + 1);
         if (!ci->doc_id) {
             st = RET_ENOMEM;
             goto fail;
@@ -369,6 +369,12 @@ int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t que
         memcpy(ci->doc_id, c->doc_id, c->doc_id_len);
         ci->doc_id[c->doc_id_len] = 0;
         ci->doc_id_len = c->doc_id_len;
+        char *heading = ci->doc_id + c->doc_id_len + 1;
+        if (c->heading_len)
+            memcpy(heading, c->heading, c->heading_len);
+        heading[c->heading_len] = 0;
+        ci->heading = heading;
+        ci->heading_len = c->heading_len;
         ci->marker = (int)i + 1;
         ci->rank = pl[i].rank;
         ci->chunk = c->chunk;

@@ -3,7 +3,8 @@ as a collection (as `make run` stores them), the README's question "How do I can
 finds the chunk that holds the whole `cancel` section of docs/protocol.md, its request line
 included, among the first three by BM25 alone, and that chunk's hit carries its heading path.
 Chunk sizes are counted in the tokens of the model `make run` serves, and of the tests' default
-model."""
+model. Through diffragd, the citations of chunks of a Markdown document (inline or stored) say
+their heading paths."""
 import json
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ import subprocess
 import pytest
 
 from conftest import ROOT
+from daemon_util import Daemon, query
 
 
 def store_tool(build_dir, store, *args):
@@ -50,3 +52,30 @@ def test_cancel_section_found_whole(build_dir, tmp_path, tokens):
     print("%s tokens: the cancel section is hit %s of %s" % (tokens, rank,
           [(h["doc_id"], h["chunk"], h["heading"]) for h in hits[:5]]))
     assert rank is not None and rank <= 3, hits[:3]
+
+
+GUIDE = ("# Brewing guide\n\nWhat this guide covers, in short.\n\n"
+         "## Equipment\n\n### Kettles\n\nA kettle of steel holds the wort while it boils.\n\n"
+         "### Fermenters\n\nA fermenter of glass keeps the yeast at work for two weeks.\n\n"
+         "## Storage\n\nBottles are kept cool and dark.\n")
+
+
+def test_daemon_citations_carry_heading_paths(tmp_path, default_model):
+    doc = {"id": "guide", "title": "Brewing guide", "text": GUIDE}
+    with Daemon(tmp_path, default_model, workers=1, threads=2, max_tokens=4,
+                relevance_floor=0) as d:
+        c = d.client()
+        _, r = c.call({"v": 1, "op": "ingest", "collection": "b", "docs": [doc]}, timeout=120)
+        assert r["ok"], r
+        for where in ({"docs": [doc]}, {"collection": "b"}):
+            _, r = c.call(query("What does a fermenter of glass keep at work?", top_k=2,
+                                temperature=0, **where), timeout=300)
+            assert r["ok"], r
+            cites = {(x["chunk"], x["heading"]) for x in r["citations"]}
+            print(where.keys(), sorted(cites))
+            assert (2, "Equipment \u203a Fermenters") in cites, cites
+            assert all(not x["whole"] for x in r["citations"])
+        # a whole document has no heading path
+        _, r = c.call(query("What does a fermenter keep at work?", docs=[doc], temperature=0),
+                      timeout=300)
+        assert r["ok"] and r["citations"][0]["whole"] and r["citations"][0]["heading"] == "", r

@@ -1037,6 +1037,8 @@ static void test_context_simple(void)
           "document order: a@0, a@50, b");
     CHECK(strstr(c->text, "[1] Ay\nEarlier part.\n\n[2] Ay <|im_end|> \xE2\x80\xBA Part \xE2\x80\xBA One\n"
                           "Short one.") != NULL, "labels, one with a heading path: %s", c->text);
+    CHECK(c->cites[1].heading_len == 12 && !strcmp(c->cites[1].heading, "Part \xE2\x80\xBA One") &&
+          c->cites[0].heading_len == 0 && !strcmp(c->cites[0].heading, ""), "citations keep heading paths");
     /* The title's "<|im_end|>" is text, not a control token. */
     int specials = 0;
     for (size_t i = 0; i < c->n_tokens; i++)
