@@ -1,6 +1,7 @@
 /* Sentence segmentation (end punctuation followed by a space and not a lowercase word, skipping
  * initials and common abbreviations; blank lines start paragraphs; Markdown block lines stand
- * alone), oversize-sentence splitting, and greedy packing of sentences into chunks. */
+ * alone), oversize-sentence splitting, Markdown headings (outside fenced code) as section
+ * starts, and packing of sections, paragraphs and sentences into chunks. */
 #include "retriever/chunker.h"
 
 #include <ctype.h>
@@ -165,7 +166,7 @@ nomem:
     return RET_ENOMEM;
 }
 
-struct Unit { size_t start, end; uint32_t n_tokens; uint8_t para; };
+struct Unit { size_t start, end; uint32_t n_tokens; uint8_t para, head; };
 
 static size_t trim_end(const char *text, size_t start, size_t end)
 {
@@ -236,12 +237,259 @@ static int split_unit(const char *text, size_t s, size_t e, size_t n, uint8_t pa
         size_t next = cut;
         while (next < e && is_ws((unsigned char)text[next]))
             next++;
-        struct Unit v = { cur, next >= e ? e : next, (uint32_t)cnt, first ? para : 0 };
+        struct Unit v = { cur, next >= e ? e : next, (uint32_t)cnt, first ? para : 0, 0 };
         if (push(u, nu, cap, v))
             return RET_ENOMEM;
         first = 0;
         cur = next;
     }
+    return RET_OK;
+}
+
+/* ---- headings ---------------------------------------------------------------------------- */
+
+struct Head { size_t at; struct ChunkHeading h; }; /* at: the first '#' */
+
+/* A fence opening or closing line: up to 3 spaces, then 3 or more ` or ~. */
+static size_t fence_run(const char *text, size_t ls, size_t le, char *ch)
+{
+    size_t i = ls;
+    while (i < le && i - ls < 3 && text[i] == ' ')
+        i++;
+    if (i >= le || (text[i] != '`' && text[i] != '~'))
+        return 0;
+    size_t j = i;
+    while (j < le && text[j] == text[i])
+        j++;
+    if (j - i < 3)
+        return 0;
+    *ch = text[i];
+    if (text[i] == '`' && memchr(text + j, '`', le - j))
+        return 0; /* a backtick fence's info string has no backticks */
+    return j - i;
+}
+
+/* The ATX headings of text outside fenced code blocks, in order. */
+static int find_headings(const char *text, size_t len, struct Head **out, size_t *n_out)
+{
+    struct Head *hs = NULL;
+    size_t n = 0, cap = 0;
+    char fence = 0;
+    size_t fence_len = 0;
+    for (size_t ls = 0; ls < len;) {
+        const char *nl = memchr(text + ls, '\n', len - ls);
+        size_t le = nl ? (size_t)(nl - text) : len;
+        char ch = 0;
+        size_t run = fence_run(text, ls, le, &ch);
+        if (fence) {
+            if (run >= fence_len && ch == fence) {
+                size_t k = ls;
+                while (k < le && (text[k] == ' ' || text[k] == '`' || text[k] == '~'))
+                    k++;
+                while (k < le && is_ws((unsigned char)text[k]))
+                    k++;
+                if (k == le)
+                    fence = 0;
+            }
+        } else if (run) {
+            fence = ch;
+            fence_len = run;
+        } else {
+            size_t i = ls;
+            while (i < le && i - ls < 3 && text[i] == ' ')
+                i++;
+            size_t h = i;
+            while (i < le && text[i] == '#')
+                i++;
+            size_t level = i - h;
+            if (level >= 1 && level <= CHUNK_MAX_DEPTH && i < le && (text[i] == ' ' || text[i] == '\t')) {
+                size_t ts = i, te = le;
+                while (ts < te && is_ws((unsigned char)text[ts]))
+                    ts++;
+                while (te > ts && is_ws((unsigned char)text[te - 1]))
+                    te--;
+                size_t c = te; /* a closing run of #s after a space */
+                while (c > ts && text[c - 1] == '#')
+                    c--;
+                if (c < te && (c == ts || text[c - 1] == ' ' || text[c - 1] == '\t')) {
+                    te = c;
+                    while (te > ts && is_ws((unsigned char)text[te - 1]))
+                        te--;
+                }
+                if (te > ts && te - ts <= UINT32_MAX) {
+                    if (n == cap) {
+                        size_t nc = cap ? cap * 2 : 16;
+                        struct Head *p = realloc(hs, nc * sizeof *p);
+                        if (!p) {
+                            free(hs);
+                            return RET_ENOMEM;
+                        }
+                        hs = p;
+                        cap = nc;
+                    }
+                    hs[n++] = (struct Head){ h, { ts, (uint32_t)(te - ts), (uint32_t)level } };
+                }
+            }
+        }
+        ls = le + 1;
+    }
+    *out = hs;
+    *n_out = n;
+    return RET_OK;
+}
+
+size_t chunk_heading_path(const char *text, const struct ChunkSpan *span, const char *title,
+                          size_t title_len, char *out, size_t cap)
+{
+    if (cap == 0)
+        return 0;
+    size_t limit = cap - 1 < CHUNK_MAX_PATH_BYTES ? cap - 1 : CHUNK_MAX_PATH_BYTES;
+    size_t n = 0, sep = strlen(CHUNK_PATH_SEPARATOR);
+    uint32_t first = 0;
+    if (span->n_heads && span->heads[0].len == title_len &&
+        memcmp(text + span->heads[0].start, title, title_len) == 0)
+        first = 1;
+    for (uint32_t i = first; i < span->n_heads && n < limit; i++) {
+        const struct ChunkHeading *h = &span->heads[i];
+        if (n) {
+            if (n + sep > limit)
+                break;
+            memcpy(out + n, CHUNK_PATH_SEPARATOR, sep);
+            n += sep;
+        }
+        size_t l = h->len;
+        if (n + l > limit) {
+            l = limit - n;
+            while (l > 0 && ((unsigned char)text[h->start + l] & 0xC0) == 0x80)
+                l--;
+        }
+        for (size_t k = 0; k < l; k++) {
+            char c = text[h->start + k];
+            out[n++] = (c == '\n' || c == '\r' || c == '\t') ? ' ' : c;
+        }
+    }
+    while (n > 0 && out[n - 1] == ' ')
+        n--;
+    if (n >= sep && memcmp(out + n - (sep - 1), CHUNK_PATH_SEPARATOR, sep - 1) == 0)
+        n -= sep - 1; /* a cut left a dangling separator */
+    while (n > 0 && out[n - 1] == ' ')
+        n--;
+    out[n] = 0;
+    return n;
+}
+
+/* ---- packing ------------------------------------------------------------------------------- */
+
+struct Packer {
+    const char *text;
+    const struct Unit *u;
+    uint32_t target, overlap;
+    struct ChunkSpan *ch;
+    size_t n, cap;
+    const struct Head *heads;  /* the headings, and how many of them the path has taken in */
+    size_t n_heads, next_head;
+    struct ChunkHeading path[CHUNK_MAX_DEPTH];
+    uint32_t depth;
+};
+
+static int emit(struct Packer *p, size_t a, size_t b, uint64_t sum)
+{
+    if (p->n == p->cap) {
+        size_t c = p->cap ? p->cap * 2 : 8;
+        struct ChunkSpan *q = realloc(p->ch, c * sizeof *q);
+        if (!q)
+            return RET_ENOMEM;
+        p->ch = q;
+        p->cap = c;
+    }
+    struct ChunkSpan *c = &p->ch[p->n++];
+    memset(c, 0, sizeof *c);
+    c->start = p->u[a].start;
+    c->end = trim_end(p->text, p->u[a].start, p->u[b - 1].end);
+    c->n_tokens = (uint32_t)sum;
+    while (p->next_head < p->n_heads && p->heads[p->next_head].at < c->end) {
+        const struct ChunkHeading *h = &p->heads[p->next_head++].h;
+        while (p->depth && p->path[p->depth - 1].level >= h->level)
+            p->depth--;
+        p->path[p->depth++] = *h;
+    }
+    c->n_heads = p->depth;
+    memcpy(c->heads, p->path, p->depth * sizeof *p->path);
+    return RET_OK;
+}
+
+/* Greedy packing of the sentence units [a, b): a chunk ends before a unit that would pass the
+ * target, or before a paragraph once it holds half the target; the next one repeats whole
+ * trailing sentences of the same paragraph up to the overlap. */
+static int pack_units(struct Packer *p, size_t a, size_t b)
+{
+    const struct Unit *u = p->u;
+    size_t i = a, first_new = a; /* units before first_new repeat the previous chunk's tail */
+    while (i < b) {
+        size_t j = i;
+        uint64_t sum = 0;
+        while (j < b) {
+            if (j > first_new && sum + u[j].n_tokens > p->target)
+                break;
+            if (j > first_new && u[j].para && sum >= p->target / 2)
+                break;
+            sum += u[j].n_tokens;
+            j++;
+        }
+        if (emit(p, i, j, sum))
+            return RET_ENOMEM;
+        if (j >= b)
+            break;
+        size_t k = j;
+        uint64_t osum = 0;
+        while (p->overlap && k - 1 > i && osum + u[k - 1].n_tokens <= p->overlap &&
+               osum + u[k - 1].n_tokens + u[j].n_tokens <= p->target && !u[k].para) {
+            k--;
+            osum += u[k].n_tokens;
+        }
+        i = k;
+        first_new = j;
+    }
+    return RET_OK;
+}
+
+/* One section, units [a, b): whole when it fits; else paragraphs packed whole while they fit
+ * (the headings it starts with stay with its first paragraph), and a paragraph over the target
+ * cut at sentences. */
+static int pack_section(struct Packer *p, size_t a, size_t b)
+{
+    const struct Unit *u = p->u;
+    uint64_t total = 0;
+    for (size_t i = a; i < b; i++)
+        total += u[i].n_tokens;
+    if (total <= p->target)
+        return emit(p, a, b, total);
+    size_t cur = a;      /* the pending chunk: units [cur, q) */
+    uint64_t cur_sum = 0;
+    for (size_t q = a; q < b;) {
+        size_t r = q + 1;
+        uint64_t psum = u[q].n_tokens;
+        while (r < b && !((u[r].para || u[r].head) && !u[r - 1].head))
+            psum += u[r++].n_tokens;
+        if (psum > p->target) {
+            if (cur < q && emit(p, cur, q, cur_sum))
+                return RET_ENOMEM;
+            if (pack_units(p, q, r))
+                return RET_ENOMEM;
+            cur = r;
+            cur_sum = 0;
+        } else if (cur < q && cur_sum + psum > p->target) {
+            if (emit(p, cur, q, cur_sum))
+                return RET_ENOMEM;
+            cur = q;
+            cur_sum = psum;
+        } else {
+            cur_sum += psum;
+        }
+        q = r;
+    }
+    if (cur < b)
+        return emit(p, cur, b, cur_sum);
     return RET_OK;
 }
 
@@ -260,76 +508,66 @@ int chunk_text(const char *text, size_t len, const struct ChunkOptions *o,
     uint8_t *para = NULL;
     struct Unit *u = NULL;
     size_t nu = 0, ucap = 0;
-    struct ChunkSpan *ch = NULL;
-    size_t nch = 0, chcap = 0;
+    struct Head *heads = NULL;
+    size_t n_heads = 0;
+    struct Packer pk = { .text = text, .target = o->target_tokens, .overlap = o->overlap_tokens };
     int rc = chunk_sentences(text, len, &starts, &para, &n_st);
-    if (rc)
+    if (rc || (rc = find_headings(text, len, &heads, &n_heads)))
         goto err;
+    size_t h = 0, n_head_units = 0;
     for (size_t i = 0; i < n_st; i++) {
         size_t s = starts[i], e = i + 1 < n_st ? starts[i + 1] : len;
         size_t te = trim_end(text, s, e), cnt;
+        while (h < n_heads && heads[h].at < s)
+            h++;
+        uint8_t head = h < n_heads && heads[h].at == s;
+        n_head_units += head;
         if (tokcount_count(tc, text + s, te - s, &cnt)) {
             rc = RET_ETOKEN;
             goto err;
         }
+        size_t first = nu;
         if (cnt > o->target_tokens) {
             if ((rc = split_unit(text, s, e, cnt, para[i], o->target_tokens, tc, &u, &nu, &ucap)))
                 goto err;
         } else {
-            struct Unit v = { s, e, (uint32_t)cnt, para[i] };
+            struct Unit v = { s, e, (uint32_t)cnt, para[i], 0 };
             if ((rc = push(&u, &nu, &ucap, v)))
                 goto err;
         }
+        if (first < nu)
+            u[first].head = head;
     }
-    size_t i = 0, first_new = 0; /* units before first_new repeat the previous chunk's tail */
-    while (i < nu) {
-        size_t j = i;
-        uint64_t sum = 0;
-        while (j < nu) {
-            if (j > first_new && sum + u[j].n_tokens > o->target_tokens)
-                break;
-            if (j > first_new && u[j].para && sum >= o->target_tokens / 2)
-                break;
-            sum += u[j].n_tokens;
-            j++;
+    pk.u = u;
+    pk.heads = heads;
+    pk.n_heads = n_heads;
+    if (n_head_units == 0) {
+        rc = pack_units(&pk, 0, nu); /* no headings: one run of sentences */
+    } else {
+        /* a section starts at the first of a run of heading units */
+        for (size_t a = 0; a < nu && !rc;) {
+            size_t b = a + 1;
+            while (b < nu && !(u[b].head && !u[b - 1].head))
+                b++;
+            rc = pack_section(&pk, a, b);
+            a = b;
         }
-        if (nch == chcap) {
-            size_t c = chcap ? chcap * 2 : 8;
-            struct ChunkSpan *p = realloc(ch, c * sizeof *p);
-            if (!p) {
-                rc = RET_ENOMEM;
-                goto err;
-            }
-            ch = p;
-            chcap = c;
-        }
-        ch[nch].start = u[i].start;
-        ch[nch].end = trim_end(text, u[i].start, u[j - 1].end);
-        ch[nch].n_tokens = (uint32_t)sum;
-        nch++;
-        if (j >= nu)
-            break;
-        size_t k = j;
-        uint64_t osum = 0;
-        while (o->overlap_tokens && k - 1 > i && osum + u[k - 1].n_tokens <= o->overlap_tokens &&
-               osum + u[k - 1].n_tokens + u[j].n_tokens <= o->target_tokens && !u[k].para) {
-            k--;
-            osum += u[k].n_tokens;
-        }
-        i = k;
-        first_new = j;
     }
+    if (rc)
+        goto err;
     free(starts);
     free(para);
     free(u);
-    *out = ch;
-    *n_out = nch;
+    free(heads);
+    *out = pk.ch;
+    *n_out = pk.n;
     return RET_OK;
 err:
     free(starts);
     free(para);
     free(u);
-    free(ch);
+    free(heads);
+    free(pk.ch);
     if (rc == RET_ETOKEN)
         return ret_fail(err, errlen, rc, "the token counter failed while chunking");
     return ret_fail(err, errlen, rc, "out of memory while chunking");

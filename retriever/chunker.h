@@ -1,6 +1,14 @@
 /* Splits a document into chunks of about a target number of model tokens, at sentence and
  * paragraph boundaries, with an optional overlap of whole trailing sentences. Each chunk is a
- * byte range of the document, trimmed of surrounding whitespace. */
+ * byte range of the document, trimmed of surrounding whitespace.
+ *
+ * A Markdown ATX heading (`#`..`######` and a space at the start of a line, outside fenced
+ * ``` / ~~~ code blocks) starts a chunk: a section (the heading and its body up to the next
+ * heading) that fits the target is one chunk; a longer one is cut at paragraphs, and a
+ * paragraph longer than the target at sentences. Headings with no body of their own go with the
+ * chunk that follows them. Overlap never crosses a heading. Each chunk records its heading
+ * path: the headings that enclose it, outermost first. Text without headings is chunked as
+ * one run of sentences, as before headings counted. */
 #ifndef DIFFRAG_CHUNKER_H
 #define DIFFRAG_CHUNKER_H
 
@@ -19,10 +27,25 @@ struct ChunkOptions {
     uint32_t overlap_tokens;  /* < target_tokens; 0 = no overlap */
 };
 
+#define CHUNK_MAX_DEPTH 6          /* heading levels */
+#define CHUNK_MAX_PATH_BYTES 512    /* a formatted heading path is cut to this */
+#define CHUNK_PATH_SEPARATOR " \xE2\x80\xBA " /* " › " */
+
+/* A heading's title in the document: its bytes without the #s, the spaces around them or a
+ * closing run of #s. */
+struct ChunkHeading {
+    uint64_t start;
+    uint32_t len;
+    uint32_t level;       /* 1..6 */
+};
+
 struct ChunkSpan {
     uint64_t start, end;  /* byte offsets in the document, [start, end) */
     uint32_t n_tokens;    /* sum of the sentence token counts (BPE merges across sentence
                              joins can make the exact count differ by a token or two) */
+    uint32_t n_heads;     /* the heading path: headings open at the chunk's end (after those
+                             it starts with), outermost first */
+    struct ChunkHeading heads[CHUNK_MAX_DEPTH];
 };
 
 /* Chunk text[0..len). *out (malloc'ed, caller frees) receives *n_out spans in document order;
@@ -32,6 +55,13 @@ struct ChunkSpan {
 int chunk_text(const char *text, size_t len, const struct ChunkOptions *o,
                const struct TokenCounter *tc, struct ChunkSpan **out, size_t *n_out,
                char *err, size_t errlen);
+
+/* Format span's heading path into out (cap bytes, NUL-terminated): the titles joined by
+ * CHUNK_PATH_SEPARATOR, the outermost left out when it is the document's title (title, may be
+ * empty), newlines as spaces, cut at a character boundary to fit cap - 1 and
+ * CHUNK_MAX_PATH_BYTES. Returns the length (0: no path). */
+size_t chunk_heading_path(const char *text, const struct ChunkSpan *span, const char *title,
+                          size_t title_len, char *out, size_t cap);
 
 /* Sentence units as the chunker sees them (exposed for tests): starts of units and whether
  * each begins a paragraph. *starts / *para are malloc'ed. */

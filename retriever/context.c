@@ -18,7 +18,7 @@ struct Placed {
     int truncated;
     int32_t *label; size_t n_label;
     int32_t *lead; size_t n_lead;    /* the label with marker PROMPT_COPY_MARKER */
-    char label_text[PROMPT_MAX_TITLE_BYTES + 32];
+    char label_text[PROMPT_LABEL_BYTES];
     size_t label_len;
 };
 
@@ -27,7 +27,8 @@ static int encode_label(const struct TokenCounter *tc, struct Placed *p, int mar
 {
     free(p->label);
     p->label = NULL;
-    int len = prompt_label(marker, c->title, c->title_len, p->label_text, sizeof p->label_text);
+    int len = prompt_label(marker, c->title, c->title_len, c->heading, c->heading_len, p->label_text,
+                           sizeof p->label_text);
     if (len < 0)
         return RET_EINPUT;
     p->label_len = (size_t)len;
@@ -37,8 +38,9 @@ static int encode_label(const struct TokenCounter *tc, struct Placed *p, int mar
 /* The copy label of a placed chunk: its label with the marker every placement shares. */
 static int encode_lead(const struct TokenCounter *tc, struct Placed *p, const struct CtxChunk *c)
 {
-    char text[PROMPT_MAX_TITLE_BYTES + 32];
-    int len = prompt_label(PROMPT_COPY_MARKER, c->title, c->title_len, text, sizeof text);
+    char text[PROMPT_LABEL_BYTES];
+    int len = prompt_label(PROMPT_COPY_MARKER, c->title, c->title_len, c->heading, c->heading_len,
+                           text, sizeof text);
     if (len < 0)
         return RET_EINPUT;
     return tokcount_encode_alloc(tc, text, (size_t)len, 0, &p->lead, &p->n_lead);
@@ -101,7 +103,8 @@ void ctx_chunks_from_hits(const struct SearchHit *hits, size_t n, struct CtxChun
     for (size_t i = 0; i < n; i++)
         out[i] = (struct CtxChunk){ hits[i].doc_id, hits[i].doc_id_len, hits[i].title, hits[i].title_len,
                                     hits[i].text, hits[i].text_len, hits[i].chunk, hits[i].byte_start,
-                                    hits[i].byte_end, hits[i].score, 0, 0 };
+                                    hits[i].byte_end, hits[i].score, 0, 0, hits[i].heading,
+                                    hits[i].heading_len };
 }
 
 void ctx_destroy(struct Context **pc)
@@ -357,7 +360,7 @@ int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t que
     for (size_t i = 0; i < n_placed; i++) {
         const struct CtxChunk *c = &chunks[pl[i].rank];
         struct CtxCitation *ci = &ctx->cites[ctx->n_cites];
-        ci->doc_id = malloc(c->doc_id_len + 1);
+        ci->doc_id = malloc(c->doc_id_len + 1 + c->heading_len + 1);
         if (!ci->doc_id) {
             st = RET_ENOMEM;
             goto fail;
@@ -366,6 +369,12 @@ int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t que
         memcpy(ci->doc_id, c->doc_id, c->doc_id_len);
         ci->doc_id[c->doc_id_len] = 0;
         ci->doc_id_len = c->doc_id_len;
+        char *heading = ci->doc_id + c->doc_id_len + 1;
+        if (c->heading_len)
+            memcpy(heading, c->heading, c->heading_len);
+        heading[c->heading_len] = 0;
+        ci->heading = heading;
+        ci->heading_len = c->heading_len;
         ci->marker = (int)i + 1;
         ci->rank = pl[i].rank;
         ci->chunk = c->chunk;

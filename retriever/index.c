@@ -144,12 +144,16 @@ int index_validate_options(const struct IndexOptions *o, char *err, size_t errle
 }
 
 int index_chunk_terms(struct Analyzer *a, unsigned index_flags, const char *title, size_t title_len,
-                      const char *text, size_t text_len, struct TermBag *bag)
+                      const char *heading, size_t heading_len, const char *text, size_t text_len,
+                      struct TermBag *bag)
 {
     termbag_clear(bag);
     int rc;
     if ((index_flags & INDEX_TITLE) && title_len &&
         (rc = analyzer_run(a, title, title_len, termbag_emit, bag)))
+        return rc;
+    if ((index_flags & INDEX_TITLE) && heading_len &&
+        (rc = analyzer_run(a, heading, heading_len, termbag_emit, bag)))
         return rc;
     return analyzer_run(a, text, text_len, termbag_emit, bag);
 }

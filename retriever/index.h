@@ -57,6 +57,7 @@ struct SearchHit {
     uint64_t byte_start, byte_end; /* the chunk's bytes in its document's text */
     const char *doc_id; size_t doc_id_len;
     const char *title; size_t title_len;
+    const char *heading; size_t heading_len; /* the chunk's heading path (chunker.h; 0: none) */
     const char *text; size_t text_len; /* the chunk's text */
 };
 
@@ -72,10 +73,11 @@ int index_validate_collection(const char *name, char *err, size_t errlen);
 /* Check options (RET_EINPUT on an unknown flag or a bad chunk size). */
 int index_validate_options(const struct IndexOptions *o, char *err, size_t errlen);
 
-/* Terms of one chunk (title first when INDEX_TITLE) into bag (cleared first). bag->total is
- * the chunk's length in terms. RET_OK or RET_ENOMEM. */
+/* Terms of one chunk (with INDEX_TITLE, the title's and then its heading path's first) into
+ * bag (cleared first). bag->total is the chunk's length in terms. RET_OK or RET_ENOMEM. */
 int index_chunk_terms(struct Analyzer *a, unsigned index_flags, const char *title, size_t title_len,
-                      const char *text, size_t text_len, struct TermBag *bag);
+                      const char *heading, size_t heading_len, const char *text, size_t text_len,
+                      struct TermBag *bag);
 
 /* Query terms with their multiplicity into bag (cleared first): a question's words, less its
  * interrogatives, auxiliaries and pronouns (analyzer_run_question) unless those are all it

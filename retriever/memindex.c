@@ -7,7 +7,7 @@
 
 #include "retriever/status.h"
 
-struct MemChunk { uint32_t doc, chunk, n_terms; uint64_t start, end; };
+struct MemChunk { uint32_t doc, chunk, n_terms; uint64_t start, end; size_t head_off, head_len; };
 struct PostList { struct Posting *p; size_t n, cap; };
 
 struct MemIndex {
@@ -23,6 +23,8 @@ struct MemIndex {
     uint64_t total_terms;
     struct Analyzer *an;
     struct TermBag query;
+    char *heads;            /* the chunks' heading paths, end to end */
+    size_t heads_len, heads_cap;
 };
 
 void memidx_destroy(struct MemIndex **pm)
@@ -34,6 +36,7 @@ void memidx_destroy(struct MemIndex **pm)
         free(m->lists[i].p);
     free(m->lists);
     free(m->chunks);
+    free(m->heads);
     free(m->doc_first);
     termbag_free(&m->dict);
     termbag_free(&m->query);
@@ -131,14 +134,29 @@ int memidx_build(const struct StoreDoc *docs, size_t n, const struct IndexOption
         }
         for (size_t j = 0; j < nsp; j++) {
             uint32_t cid = (uint32_t)m->n_chunks;
+            if (m->heads_cap - m->heads_len < CHUNK_MAX_PATH_BYTES + 1) {
+                size_t c = m->heads_cap ? m->heads_cap * 2 : 4 * (CHUNK_MAX_PATH_BYTES + 1);
+                char *p = realloc(m->heads, c);
+                if (!p) {
+                    st = ret_fail(err, errlen, RET_ENOMEM, "out of memory");
+                    goto err;
+                }
+                m->heads = p;
+                m->heads_cap = c;
+            }
+            size_t hl = chunk_heading_path(docs[d].text, &sp[j], docs[d].title, docs[d].title_len,
+                                           m->heads + m->heads_len, CHUNK_MAX_PATH_BYTES + 1);
             if ((st = index_chunk_terms(m->an, o.index_flags, docs[d].title, docs[d].title_len,
-                                        docs[d].text + sp[j].start, sp[j].end - sp[j].start, &bag)) ||
+                                        m->heads + m->heads_len, hl, docs[d].text + sp[j].start,
+                                        sp[j].end - sp[j].start, &bag)) ||
                 (st = add_chunk_postings(m, cid, &bag))) {
                 st = ret_fail(err, errlen, RET_ENOMEM, "out of memory indexing");
                 goto err;
             }
             m->chunks[m->n_chunks++] = (struct MemChunk){ (uint32_t)d, (uint32_t)j,
-                                                          (uint32_t)bag.total, sp[j].start, sp[j].end };
+                                                          (uint32_t)bag.total, sp[j].start, sp[j].end,
+                                                          m->heads_len, hl };
+            m->heads_len += hl;
             m->total_terms += bag.total;
         }
         free(sp);
@@ -246,6 +264,7 @@ int memidx_search(struct MemIndex *m, const char *query, size_t qlen, const stru
             .score = top[i].score, .chunk_id = top[i].id, .chunk = c->chunk,
             .byte_start = c->start, .byte_end = c->end,
             .doc_id = d->id, .doc_id_len = d->id_len, .title = d->title, .title_len = d->title_len,
+            .heading = m->heads ? m->heads + c->head_off : NULL, .heading_len = c->head_len,
             .text = d->text + c->start, .text_len = c->end - c->start,
         };
     }

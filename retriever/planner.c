@@ -165,7 +165,7 @@ static int place_whole(const struct PlanRequest *rq, const struct CtxChunk *foun
     for (size_t i = 0; i < n; i++) {
         const struct PlanDoc *d = c[i].doc;
         whole[i] = (struct CtxChunk){ d->id, d->id_len, d->title, d->title_len, d->text,
-                                      d->text_len, 0, 0, d->text_len, c[i].score, 1, d->ref };
+                                      d->text_len, 0, 0, d->text_len, c[i].score, 1, d->ref, NULL, 0 };
     }
     /* document order is the candidates' own; nearest lays them out best last */
     struct CtxOptions co = { .budget = rq->budget, .no_truncate = 1,

@@ -53,25 +53,39 @@ const char *const *prompt_check_words(int yes)
     return yes ? yes_words : no_words;
 }
 
-int prompt_label(int marker, const char *title, size_t title_len, char *out, size_t cap)
+/* Append " " (first) or " › " (after the title) and s, cut to max bytes at a character
+ * boundary, to out. */
+static int label_part(char *out, size_t *len, size_t cap, int first, const char *s, size_t n,
+                      size_t max)
+{
+    const char *sep = first ? " " : " \xE2\x80\xBA ";
+    size_t sl = strlen(sep);
+    if (n > max) {
+        n = max;
+        while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
+            n--;
+    }
+    if (*len + sl + n + 2 > cap)
+        return -1;
+    memcpy(out + *len, sep, sl);
+    *len += sl;
+    for (size_t i = 0; i < n; i++)
+        out[(*len)++] = (s[i] == '\n' || s[i] == '\r') ? ' ' : s[i];
+    return 0;
+}
+
+int prompt_label(int marker, const char *title, size_t title_len, const char *heading,
+                 size_t heading_len, char *out, size_t cap)
 {
     int n = snprintf(out, cap, "[%d]", marker);
     if (n < 0 || (size_t)n >= cap)
         return -1;
     size_t len = (size_t)n;
-    if (title_len) {
-        size_t tl = title_len;
-        if (tl > PROMPT_MAX_TITLE_BYTES) {
-            tl = PROMPT_MAX_TITLE_BYTES;
-            while (tl > 0 && ((unsigned char)title[tl] & 0xC0) == 0x80)
-                tl--;
-        }
-        if (len + 1 + tl + 2 > cap)
-            return -1;
-        out[len++] = ' ';
-        for (size_t i = 0; i < tl; i++)
-            out[len++] = (title[i] == '\n' || title[i] == '\r') ? ' ' : title[i];
-    }
+    if (title_len && label_part(out, &len, cap, 1, title, title_len, PROMPT_MAX_TITLE_BYTES))
+        return -1;
+    if (heading_len &&
+        label_part(out, &len, cap, !title_len, heading, heading_len, PROMPT_MAX_HEADING_BYTES))
+        return -1;
     if (len + 2 > cap)
         return -1;
     out[len++] = '\n';

@@ -1,7 +1,8 @@
 /* The prompt layout for grounded answering, kept in one place so it can be changed: a ChatML
  * frame whose system turn tells the model to answer only from the documents, cite them as [n]
  * and otherwise give the fixed refusal; the user turn lists the documents (each a label
- * "[n] Title" and its text) and then the question.
+ * "[n] Title › Heading › Subheading", the title and the chunk's heading path, and its text)
+ * and then the question.
  *
  *   <|im_start|>system\n INSTRUCTION <|im_end|>\n<|im_start|>user\nDocuments:\n\n   (head)
  *   [1] Title\n  CHUNK TEXT  \n\n                                                  (per chunk)
@@ -31,6 +32,8 @@
 
 #define PROMPT_REFUSAL "I cannot find the answer in the provided documents."
 #define PROMPT_MAX_TITLE_BYTES 200   /* titles are cut (at a character boundary) in labels */
+#define PROMPT_MAX_HEADING_BYTES 200 /* and so are heading paths */
+#define PROMPT_LABEL_BYTES (PROMPT_MAX_TITLE_BYTES + PROMPT_MAX_HEADING_BYTES + 40) /* suffices */
 
 const char *prompt_head(void);            /* frame + instruction + "Documents:\n\n" */
 const char *prompt_doc_separator(void);   /* after each chunk's text */
@@ -57,9 +60,11 @@ const char *prompt_check(void);
 const char *const *prompt_check_words(int yes);
 
 /* Write the label for citation `marker` into out (cap bytes, NUL-terminated): "[n] Title\n",
- * or "[n]\n" without a title; newlines in the title become spaces. Returns the length, or -1
- * when cap is too small (cap >= PROMPT_MAX_TITLE_BYTES + 32 always suffices). */
-int prompt_label(int marker, const char *title, size_t title_len, char *out, size_t cap);
+ * "[n] Title › Heading path\n" for a chunk with a heading path (chunker.h), "[n] Heading path\n"
+ * without a title, or "[n]\n" with neither; newlines become spaces. Returns the length, or -1
+ * when cap is too small (cap >= PROMPT_LABEL_BYTES always suffices). */
+int prompt_label(int marker, const char *title, size_t title_len, const char *heading,
+                 size_t heading_len, char *out, size_t cap);
 
 /* The marker of the label a chunk's stored KV copy is made after (docs/kv-reuse.md): the same
  * for every placement, so one copy serves the chunk wherever it lands, and that of the first

@@ -106,7 +106,7 @@ int doc_record_decode(const MDB_val *v, struct DocHeader *h, const char **title,
 
 int chunk_record_decode(const MDB_val *v, struct ChunkRecord *c, const char **doc_id, size_t *doc_id_len)
 {
-    if (v->mv_size <= CHUNK_RECORD_SIZE || v->mv_size > CHUNK_RECORD_SIZE + INDEX_MAX_ID_BYTES)
+    if (v->mv_size <= CHUNK_RECORD_SIZE || v->mv_size > CHUNK_RECORD_MAX)
         return RET_ECORRUPT;
     const uint8_t *p = v->mv_data;
     c->chunk = get_le32(p);
@@ -117,8 +117,24 @@ int chunk_record_decode(const MDB_val *v, struct ChunkRecord *c, const char **do
     c->byte_end = get_le64(p + 24);
     if (c->byte_start > c->byte_end)
         return RET_ECORRUPT;
-    *doc_id = (const char *)p + CHUNK_RECORD_SIZE;
-    *doc_id_len = v->mv_size - CHUNK_RECORD_SIZE;
+    size_t at = CHUNK_RECORD_SIZE;
+    c->heading = NULL;
+    c->heading_len = 0;
+    if (c->n_tokens & CHUNK_HEADED) {
+        c->n_tokens &= ~CHUNK_HEADED;
+        if (v->mv_size < at + CHUNK_HEADING_LEN_SIZE)
+            return RET_ECORRUPT;
+        c->heading_len = (size_t)p[at] | (size_t)p[at + 1] << 8;
+        at += CHUNK_HEADING_LEN_SIZE;
+        c->heading = (const char *)p + at;
+        at += c->heading_len;
+        if (c->heading_len == 0 || c->heading_len > CHUNK_MAX_PATH_BYTES || v->mv_size <= at)
+            return RET_ECORRUPT;
+    }
+    if (v->mv_size - at > INDEX_MAX_ID_BYTES)
+        return RET_ECORRUPT;
+    *doc_id = (const char *)p + at;
+    *doc_id_len = v->mv_size - at;
     return RET_OK;
 }
 
@@ -369,10 +385,11 @@ static int read_version(struct Store *s, MDB_txn *txn, uint32_t *version, int *p
 
 static const MDB_val UNSUMMED = { 8, "unsummed" };
 
-/* Upgrades a version 1 or 2 store in place, in one transaction: version 1 lacks the chunk KV
- * databases (created empty); both hold document and chunk records without checksums, which
- * meta "unsummed" allows from then on. Nothing else changes. */
-static int upgrade(struct Store *s, char *err, size_t errlen)
+/* Upgrades a version 1, 2 or 3 store in place, in one transaction: version 1 lacks the chunk
+ * KV databases (created empty); versions 1 and 2 hold document and chunk records without
+ * checksums, which meta "unsummed" allows from then on; the chunk records of all three have no
+ * heading paths, which records need not have. Nothing else changes. */
+static int upgrade(struct Store *s, uint32_t from, char *err, size_t errlen)
 {
     MDB_txn *txn;
     int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
@@ -382,9 +399,15 @@ static int upgrade(struct Store *s, char *err, size_t errlen)
     put_le32(vb, STORE_SCHEMA_VERSION);
     put_le32(one, 1);
     MDB_val k = { 6, "schema" }, v = { 4, vb }, uk = UNSUMMED, uv = { 4, one };
+    int unsummed = from < 3;
     rc = open_dbs(s, txn, MDB_CREATE);
     if (!rc) rc = mdb_put(txn, s->db_meta, &k, &v, 0);
-    if (!rc) rc = mdb_put(txn, s->db_meta, &uk, &uv, 0);
+    if (!rc && unsummed) rc = mdb_put(txn, s->db_meta, &uk, &uv, 0);
+    if (!rc && !unsummed) { /* a version 3 store upgraded from version 1 or 2 says so already */
+        rc = mdb_get(txn, s->db_meta, &uk, &uv);
+        unsummed = rc == 0;
+        rc = rc == MDB_NOTFOUND ? 0 : rc;
+    }
     if (rc) {
         mdb_txn_abort(txn);
         return store_mdb_fail(err, errlen, rc, "upgrade the store");
@@ -392,7 +415,7 @@ static int upgrade(struct Store *s, char *err, size_t errlen)
     rc = mdb_txn_commit(txn);
     if (rc)
         return store_mdb_fail(err, errlen, rc, "upgrade the store");
-    s->unsummed = 1;
+    s->unsummed = unsummed;
     return RET_OK;
 }
 
@@ -420,16 +443,17 @@ static int open_schema(struct Store *s, char *err, size_t errlen)
             return ret_fail(err, errlen, RET_ECORRUPT,
                             "store at %s has no schema version record; refusing to read it", s->dir);
         }
-        if (version == 1 || version == 2) {
+        if (version >= 1 && version < STORE_SCHEMA_VERSION) {
             mdb_txn_abort(txn);
-            return upgrade(s, err, errlen);
+            return upgrade(s, version, err, errlen);
         }
         if (version != STORE_SCHEMA_VERSION) {
             mdb_txn_abort(txn);
             return ret_fail(err, errlen, RET_EVERSION,
-                            "store at %s has schema version %u; this build reads versions 1 and 2 "
+                            "store at %s has schema version %u; this build reads versions 1 to %u "
                             "(upgraded when opened) and %u only: rebuild the store or use a "
-                            "matching build", s->dir, version, STORE_SCHEMA_VERSION);
+                            "matching build", s->dir, version, STORE_SCHEMA_VERSION - 1,
+                            STORE_SCHEMA_VERSION);
         }
         rc = open_dbs(s, txn, 0);
         MDB_val uk = UNSUMMED, uv;
@@ -741,6 +765,8 @@ int store_get_chunk(struct StoreReader *r, const char *collection, uint32_t chun
     out->byte_end = cr.byte_end;
     out->n_terms = cr.n_terms;
     out->n_tokens = cr.n_tokens;
+    out->heading = cr.heading;
+    out->heading_len = cr.heading_len;
     return RET_OK;
 }
 

@@ -56,13 +56,22 @@ struct DocHeader {
 
 /* Chunk record (value in db_chunks), 32 bytes followed by the doc id: u32 index in the
  * document, u32 length in terms, u32 tokens, u32 checksum (chunk_sum; 0 in records written
- * before schema 3), u64 byte start, u64 byte end. */
+ * before schema 3), u64 byte start, u64 byte end. When the tokens field's top bit
+ * (CHUNK_HEADED, schema 4) is set, the 32 bytes are followed by a u16 length and the chunk's
+ * heading path (chunk_heading_path, never empty), then the doc id; records without it have no
+ * heading path. */
 struct ChunkRecord {
     uint32_t chunk, n_terms, n_tokens, sum;
     uint64_t byte_start, byte_end;
+    const char *heading; size_t heading_len;   /* borrowing the record; 0: none */
 };
 #define CHUNK_RECORD_SIZE 32
 #define CHUNK_SUM_OFFSET 12
+#define CHUNK_HEADED 0x80000000u
+#define CHUNK_HEADING_LEN_SIZE 2
+/* The largest chunk record */
+#define CHUNK_RECORD_MAX (CHUNK_RECORD_SIZE + CHUNK_HEADING_LEN_SIZE + CHUNK_MAX_PATH_BYTES + \
+                          INDEX_MAX_ID_BYTES)
 
 /* Term header (value of a postings key without a block suffix). */
 struct TermHeader { uint32_t df, max_tf, min_len; };

@@ -38,8 +38,12 @@ static int prep_one(const struct StoreDoc *d, const struct IndexOptions *o, cons
     if (!p->term_first || !p->chunk_len)
         goto nomem;
     for (size_t j = 0; j < p->n_spans; j++) {
-        if ((st = index_chunk_terms(an, o->index_flags, d->title, d->title_len, d->text + p->spans[j].start,
-                                    p->spans[j].end - p->spans[j].start, bag)))
+        char heading[CHUNK_MAX_PATH_BYTES + 1];
+        size_t hl = chunk_heading_path(d->text, &p->spans[j], d->title, d->title_len, heading,
+                                       sizeof heading);
+        if ((st = index_chunk_terms(an, o->index_flags, d->title, d->title_len, heading, hl,
+                                    d->text + p->spans[j].start, p->spans[j].end - p->spans[j].start,
+                                    bag)))
             goto nomem;
         if (bag->total > UINT32_MAX || p->n_terms + bag->n > UINT32_MAX)
             return ret_fail(err, errlen, RET_ELIMIT, "a chunk has too many terms");

@@ -242,6 +242,8 @@ int store_search(struct StoreReader *r, const char *collection, const char *quer
         hit->doc_id_len = did_len;
         hit->title = title;
         hit->title_len = h.title_len;
+        hit->heading = cr.heading;
+        hit->heading_len = cr.heading_len;
         hit->text = text + cr.byte_start;
         hit->text_len = cr.byte_end - cr.byte_start;
     }

@@ -21,7 +21,7 @@ uint64_t doc_sum(const MDB_val *k, const void *rec, size_t len)
 uint32_t chunk_sum(const void *rec, size_t rec_len, const char *title, size_t title_len,
                    const char *text, size_t text_len)
 {
-    uint8_t buf[CHUNK_RECORD_SIZE + INDEX_MAX_ID_BYTES];
+    uint8_t buf[CHUNK_RECORD_MAX];
     if (rec_len > sizeof buf)
         rec_len = sizeof buf;
     memcpy(buf, rec, rec_len);

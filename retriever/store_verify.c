@@ -161,8 +161,8 @@ static int verify_chunks(struct Verify *v, const struct CollRecord *rec, const c
         if (chunk_record_check(v->s, name, cid, &d, &cr, did, did_len, title, h.title_len, text,
                                why, sizeof why))
             problem(v, "%s", why);
-        if (index_chunk_terms(an, rec->index_flags, title, h.title_len, text + cr.byte_start,
-                              cr.byte_end - cr.byte_start, bag))
+        if (index_chunk_terms(an, rec->index_flags, title, h.title_len, cr.heading, cr.heading_len,
+                              text + cr.byte_start, cr.byte_end - cr.byte_start, bag))
             return ENOMEM;
         if (bag->total != cr.n_terms)
             problem(v, "collection \"%s\": chunk %u length %u, analysed %llu", name, cid, cr.n_terms,

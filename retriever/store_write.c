@@ -124,8 +124,9 @@ static int remove_doc(struct Batch *b, const MDB_val *dk, const MDB_val *docv, c
         size_t did_len;
         if (chunk_record_decode(&v, &cr, &did, &did_len) || cr.byte_end > h.text_len)
             return ret_fail(err, errlen, RET_ECORRUPT, "chunk %u: malformed record", cid);
-        st = index_chunk_terms(b->an, b->rec.index_flags, title, h.title_len, text + cr.byte_start,
-                               cr.byte_end - cr.byte_start, &b->chunk);
+        st = index_chunk_terms(b->an, b->rec.index_flags, title, h.title_len, cr.heading,
+                               cr.heading_len, text + cr.byte_start, cr.byte_end - cr.byte_start,
+                               &b->chunk);
         if (st)
             return ret_fail(err, errlen, st, "out of memory analysing a chunk");
         if (b->chunk.total != cr.n_terms)
@@ -170,18 +171,27 @@ static int insert_doc(struct Batch *b, const struct StoreDoc *d, const struct Pr
             if (add_op(b, p->arena + pt->off, pt->len, cid, pt->tf, p->chunk_len[j], 0))
                 return ret_fail(err, errlen, RET_ENOMEM, "out of memory");
         }
-        uint8_t kb[8], vb[CHUNK_RECORD_SIZE + INDEX_MAX_ID_BYTES];
+        uint8_t kb[8], vb[CHUNK_RECORD_MAX];
+        char heading[CHUNK_MAX_PATH_BYTES + 1];
+        size_t hl = chunk_heading_path(d->text, &p->spans[j], d->title, d->title_len, heading,
+                                       sizeof heading), at = CHUNK_RECORD_SIZE;
         memset(vb, 0, CHUNK_RECORD_SIZE);
         put_le32(vb, (uint32_t)j);
         put_le32(vb + 4, p->chunk_len[j]);
-        put_le32(vb + 8, p->spans[j].n_tokens);
+        put_le32(vb + 8, p->spans[j].n_tokens | (hl ? CHUNK_HEADED : 0));
         put_le64(vb + 16, p->spans[j].start);
         put_le64(vb + 24, p->spans[j].end);
-        memcpy(vb + CHUNK_RECORD_SIZE, d->id, d->id_len);
-        put_le32(vb + CHUNK_SUM_OFFSET, chunk_sum(vb, CHUNK_RECORD_SIZE + d->id_len, d->title,
+        if (hl) {
+            vb[at] = (uint8_t)hl;
+            vb[at + 1] = (uint8_t)(hl >> 8);
+            memcpy(vb + at + CHUNK_HEADING_LEN_SIZE, heading, hl);
+            at += CHUNK_HEADING_LEN_SIZE + hl;
+        }
+        memcpy(vb + at, d->id, d->id_len);
+        put_le32(vb + CHUNK_SUM_OFFSET, chunk_sum(vb, at + d->id_len, d->title,
                                                   d->title_len, d->text + p->spans[j].start,
                                                   p->spans[j].end - p->spans[j].start));
-        MDB_val k = { key_chunk(kb, b->rec.id, cid), kb }, v = { CHUNK_RECORD_SIZE + d->id_len, vb };
+        MDB_val k = { key_chunk(kb, b->rec.id, cid), kb }, v = { at + d->id_len, vb };
         int rc = mdb_put(b->txn, s->db_chunks, &k, &v, MDB_NOOVERWRITE);
         if (rc)
             return wfail(err, errlen, rc, "write chunk");

@@ -381,6 +381,18 @@ def test_malformed_replies_raise_protocol_error():
         print("malformed replies: %d kinds, each a ProtocolError" % (len(MALFORMED) + 1))
 
 
+def test_citation_heading_parsed():
+    """A citation's heading path (a chunk of a Markdown document) is read into
+    Citation.heading; a reply without one (a daemon before heading paths) gives ""."""
+    with_heading = dict(GROUNDED, citations=[dict(GROUNDED["citations"][0],
+                                                  heading="Rivers \u203a Rhine")])
+    for reply, want in ((with_heading, "Rivers \u203a Rhine"), (GROUNDED, "")):
+        with FakeServer(lambda req: [reply] if req["op"] == "query" else pong(req)) as srv, \
+                diffrag.Client(srv.endpoint) as c:
+            a = c.query("How long is the Rhine?", docs=["The Rhine is 1,230 km long."])
+            assert a.citations[0].heading == want, a.citations
+
+
 def test_grounding_figures_parsed():
     """The grounding figures of a reply (the groundedness work adds them) become a typed
     Grounding; a field of an unexpected type reads as None instead of failing the answer."""

@@ -90,7 +90,7 @@ static int change_chunk(const char *dir, uint32_t cid)
     MDB_txn *txn = NULL;
     MDB_dbi docs, chunks, meta;
     int rc = raw_open(dir, &env, &txn, &docs, &chunks, &meta);
-    uint8_t kb[8], copy[CHUNK_RECORD_SIZE + INDEX_MAX_ID_BYTES];
+    uint8_t kb[8], copy[CHUNK_RECORD_MAX];
     MDB_val k = { key_chunk(kb, 1, cid), kb }, v;
     rc = rc ? rc : mdb_get(txn, chunks, &k, &v);
     if (!rc) {
@@ -326,9 +326,72 @@ static void test_old_store(void)
     free(dir);
 }
 
+/* The meta records "schema" (its value into *version) and "unsummed" (whether present) of dir;
+ * with set, the schema is first set to *version. */
+static int meta_of(const char *dir, uint32_t *version, int *unsummed, int set)
+{
+    MDB_env *env;
+    MDB_txn *txn = NULL;
+    MDB_dbi docs, chunks, meta;
+    int rc = raw_open(dir, &env, &txn, &docs, &chunks, &meta);
+    uint8_t vb[4];
+    put_le32(vb, *version);
+    MDB_val sk = { 6, "schema" }, sv = { 4, vb }, uk = { 8, "unsummed" }, uv;
+    if (!rc && set)
+        rc = mdb_put(txn, meta, &sk, &sv, 0);
+    if (!rc)
+        rc = mdb_get(txn, meta, &sk, &sv);
+    if (!rc)
+        *version = get_le32(sv.mv_data);
+    int got = rc ? rc : mdb_get(txn, meta, &uk, &uv);
+    *unsummed = got == 0;
+    if (!rc && got && got != MDB_NOTFOUND)
+        rc = got;
+    return raw_close(env, txn, rc);
+}
+
+/* A schema 3 store (checksums, no heading paths) is upgraded to 4 as it is: its records still
+ * pass their checksums and it does not become "unsummed"; one that was upgraded from schema 2
+ * to 3 stays "unsummed". */
+static void test_schema_3(void)
+{
+    char *dir = temp_dir(), err[512], doc[64];
+    struct Store *s;
+    struct StoreVerifyReport rep;
+    uint32_t version = 3;
+    int unsummed = 1;
+    CHECK(store_open(dir, NULL, &s, err, sizeof err) == RET_OK, "open: %s", err);
+    CHECK(put_all(s, err, sizeof err) == RET_OK, "put: %s", err);
+    store_close(&s);
+    CHECK(meta_of(dir, &version, &unsummed, 1) == 0 && version == 3, "set schema 3");
+    CHECK(store_open(dir, NULL, &s, err, sizeof err) == RET_OK, "a schema 3 store opens: %s", err);
+    CHECK(search(s, "Matterhorn", doc, sizeof doc, err, sizeof err) == RET_OK &&
+          !strcmp(doc, "alps"), "searched: %s", err);
+    CHECK(verify(s, &rep) == RET_OK && rep.problems == 0 && rep.docs_unsummed == 0,
+          "verify passes, every record summed: %s", rep.first_problem);
+    store_close(&s);
+    CHECK(meta_of(dir, &version, &unsummed, 0) == 0 && version == STORE_SCHEMA_VERSION && !unsummed,
+          "upgraded to %u (%u), not unsummed (%d)", STORE_SCHEMA_VERSION, version, unsummed);
+    /* from schema 2 to 4, then set back to 3 as a build of schema 3 would have left it */
+    CHECK(make_old(dir, 2) == 0, "make a schema 2 store");
+    CHECK(store_open(dir, NULL, &s, err, sizeof err) == RET_OK, "open: %s", err);
+    store_close(&s);
+    version = 3;
+    CHECK(meta_of(dir, &version, &unsummed, 1) == 0 && unsummed, "schema 3, unsummed");
+    CHECK(store_open(dir, NULL, &s, err, sizeof err) == RET_OK, "open: %s", err);
+    CHECK(verify(s, &rep) == RET_OK && rep.problems == 0 && rep.docs_unsummed == N_DOCS,
+          "its old records are still allowed: %s", rep.first_problem);
+    store_close(&s);
+    CHECK(meta_of(dir, &version, &unsummed, 0) == 0 && version == STORE_SCHEMA_VERSION && unsummed,
+          "still unsummed");
+    rm_store(dir);
+    free(dir);
+}
+
 int main(void)
 {
     test_damage();
     test_old_store();
+    test_schema_3();
     return check_report("test_store_checksum");
 }

@@ -120,3 +120,42 @@ def test_old_store_without_checksums(build_dir, tmp_path):
     assert "not valid UTF-8" in r.stderr, r.stderr
     r = store_tool(build_dir, store, "verify")
     assert r.returncode == 1 and "problems" in r.stdout, r.stdout + r.stderr
+
+
+def test_old_store_takes_heading_paths(build_dir, tmp_path):
+    """Upgraded, the old store's chunks have no heading path (their hits say so) and are found
+    as before (the scores move with the collection's statistics); a Markdown document ingested since is chunked at its headings, its chunks carry
+    their paths (found by them, given with their hits), and verify passes over the mix, also
+    after that document is replaced and deleted."""
+    store = tmp_path / "old"
+    store.mkdir()
+    with gzip.open(FIXTURE / "data.mdb.gz", "rb") as src, open(store / "data.mdb", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    r = store_tool(build_dir, store, "-c", "default", "search", "--json", "-k", "5", "KV cache budget")
+    assert r.returncode == 0, r.stderr
+    old_hits = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+    assert old_hits and all(h["heading"] == "" for h in old_hits), old_hits
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "guide.md").write_text("# Guide\n\nWhat this guide covers.\n\n## Zymurgy\n\n"
+                                  "Brewing is a craft. It takes time.\n\n## Storage\n\nKeep it cool.\n")
+    r = store_tool(build_dir, store, "-c", "default", "ingest", "--approx-tokens", str(src))
+    assert r.returncode == 0, r.stderr
+    r = store_tool(build_dir, store, "verify")
+    assert r.returncode == 0 and " 0 problems" in r.stdout, r.stdout + r.stderr
+    r = store_tool(build_dir, store, "-c", "default", "search", "--json", "-k", "5", "zymurgy")
+    hits = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+    assert [(h["doc_id"], h["chunk"], h["heading"]) for h in hits] == [("src/guide.md", 1, "Zymurgy")]
+    assert hits[0]["text"].startswith("## Zymurgy\n") and hits[0]["text"].endswith("It takes time.")
+    r = store_tool(build_dir, store, "-c", "default", "search", "--json", "-k", "5", "KV cache budget")
+    again = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+    key = ("doc_id", "chunk", "byte_start", "byte_end", "heading", "text")
+    assert [again[0][k] for k in key] == [old_hits[0][k] for k in key]
+    assert all(h["heading"] == "" for h in again)
+    (src / "guide.md").write_text("# Guide\n\n## Cellar\n\nKeep it cool.\n")
+    r = store_tool(build_dir, store, "-c", "default", "ingest", "--approx-tokens", str(src))
+    assert r.returncode == 0, r.stderr
+    r = store_tool(build_dir, store, "-c", "default", "delete", "src/guide.md")
+    assert r.returncode == 0, r.stderr
+    r = store_tool(build_dir, store, "verify")
+    assert r.returncode == 0 and " 0 problems" in r.stdout and "28 documents" in r.stdout, r.stdout

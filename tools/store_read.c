@@ -205,6 +205,8 @@ static void print_hit_json(const struct SearchHit *h, size_t rank, int with_text
         printf(",\"chunk_id\":%u,\"byte_start\":%llu,\"byte_end\":%llu,\"title\":", h->chunk_id,
                (unsigned long long)h->byte_start, (unsigned long long)h->byte_end);
         json_write_string(stdout, h->title, h->title_len);
+        fputs(",\"heading\":", stdout);
+        json_write_string(stdout, h->heading ? h->heading : "", h->heading_len);
         fputs(",\"text\":", stdout);
         json_write_string(stdout, h->text, h->text_len);
     }
@@ -255,6 +257,10 @@ int tool_search(struct Store *s, const struct StoreArgs *a)
                 print_safe(h->doc_id, h->doc_id_len, 0);
                 printf(" #%u  ", h->chunk);
                 print_safe(h->title, h->title_len, 0);
+                if (h->heading_len) {
+                    fputs(" \xE2\x80\xBA ", stdout);
+                    print_safe(h->heading, h->heading_len, 0);
+                }
                 putchar('\n');
                 size_t show = h->text_len < 240 ? h->text_len : 240;
                 while (show < h->text_len && show > 0 && ((unsigned char)h->text[show] & 0xC0) == 0x80)

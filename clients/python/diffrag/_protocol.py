@@ -208,7 +208,8 @@ def parse_answer(m: Dict[str, Any]) -> Answer:
                               marker=cf.int("marker", False) or 0,
                               cited=bool(cf.bool("cited", False)),
                               truncated=bool(cf.bool("truncated", False)),
-                              whole=bool(cf.bool("whole", False))))
+                              whole=bool(cf.bool("whole", False)),
+                              heading=cf.str("heading", False) or ""))
     u = f.sub("usage")
     usage = Usage(prompt_tokens=u.int("prompt_tokens"),
                   context_tokens=u.int("context_tokens", False) or 0,

@@ -19,6 +19,7 @@ class Citation:
     cited: bool = False
     truncated: bool = False
     whole: bool = False  # the whole document: every document of the query fitted the budget
+    heading: str = ""  # the chunk's heading path in a Markdown document ("" for none)
 
 
 @dataclass

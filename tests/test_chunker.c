@@ -1,0 +1,245 @@
+/* The chunker and Markdown structure: a heading starts a chunk, a section that fits stays whole,
+ * a long section is cut at paragraphs (and a long paragraph at sentences, never inside one),
+ * headings in fenced code are text, bodiless headings join what follows, each chunk's heading
+ * path, and text without headings chunked as the sentence packer alone does. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "retriever/chunker.h"
+#include "retriever/status.h"
+#include "tests/check.h"
+
+static struct TokenCounter tc;
+
+static size_t chunks(const char *t, uint32_t target, uint32_t overlap, struct ChunkSpan **cs)
+{
+    struct ChunkOptions co = { target, overlap };
+    size_t n = 0;
+    char err[256];
+    int rc = chunk_text(t, strlen(t), &co, &tc, cs, &n, err, sizeof err);
+    CHECK(rc == RET_OK, "chunk_text: %s", err);
+    return rc == RET_OK ? n : 0;
+}
+
+/* Does chunk c's text start with `head` and end with `tail`? */
+static int span_is(const char *t, const struct ChunkSpan *c, const char *head, const char *tail)
+{
+    size_t len = c->end - c->start, hl = strlen(head), tl = strlen(tail);
+    return len >= hl && len >= tl && memcmp(t + c->start, head, hl) == 0 &&
+           memcmp(t + c->end - tl, tail, tl) == 0;
+}
+
+static const char *path(const char *t, const struct ChunkSpan *c, const char *title)
+{
+    static char buf[CHUNK_MAX_PATH_BYTES + 1];
+    chunk_heading_path(t, c, title, title ? strlen(title) : 0, buf, sizeof buf);
+    return buf;
+}
+
+static void test_sections(void)
+{
+    const char *t =
+        "# Protocol\n\nThe wire protocol of the daemon.\n\n"
+        "## stats\n\nRequest: stats. Reply: counters of the daemon.\n\n"
+        "## cancel\n\nRequest: cancel with a target. The worker stops at its next step.\n\n"
+        "Not found: the error not_found.\n";
+    struct ChunkSpan *cs;
+    size_t n = chunks(t, 64, 16, &cs);
+    CHECK(n == 3, "three sections, three chunks (got %zu)", n);
+    if (n == 3) {
+        CHECK(span_is(t, &cs[0], "# Protocol", "of the daemon."), "the title's own body");
+        CHECK(span_is(t, &cs[1], "## stats", "of the daemon."), "stats whole");
+        CHECK(span_is(t, &cs[2], "## cancel", "not_found."), "cancel whole, both paragraphs");
+        CHECK(strcmp(path(t, &cs[0], NULL), "Protocol") == 0, "path 0: %s", path(t, &cs[0], NULL));
+        CHECK(strcmp(path(t, &cs[1], NULL), "Protocol \xE2\x80\xBA stats") == 0, "path 1: %s",
+              path(t, &cs[1], NULL));
+        CHECK(strcmp(path(t, &cs[2], NULL), "Protocol \xE2\x80\xBA cancel") == 0, "path 2: %s",
+              path(t, &cs[2], NULL));
+        /* the outermost heading is left out where it is the document's title */
+        CHECK(strcmp(path(t, &cs[2], "Protocol"), "cancel") == 0, "path without the title: %s",
+              path(t, &cs[2], "Protocol"));
+        CHECK(strcmp(path(t, &cs[0], "Protocol"), "") == 0, "the title alone: no path");
+        CHECK(strcmp(path(t, &cs[2], "Other"), "Protocol \xE2\x80\xBA cancel") == 0,
+              "another title keeps it");
+    }
+    free(cs);
+
+    /* A heading with no body joins the chunk that follows; deeper levels nest and a sibling
+     * closes them; closing #s are not part of the title. */
+    const char *u =
+        "# Guide\n## Setup ##\n### Linux\n\nInstall the package.\n\n### macOS\n\nUse brew.\n\n"
+        "## Use\n\nRun it.\n";
+    n = chunks(u, 64, 16, &cs);
+    CHECK(n == 3, "three chunks with bodies (got %zu)", n);
+    if (n == 3) {
+        CHECK(span_is(u, &cs[0], "# Guide", "the package."), "bodiless headings joined");
+        CHECK(strcmp(path(u, &cs[0], NULL), "Guide \xE2\x80\xBA Setup \xE2\x80\xBA Linux") == 0,
+              "nested path: %s", path(u, &cs[0], NULL));
+        CHECK(span_is(u, &cs[1], "### macOS", "brew."), "sibling");
+        CHECK(strcmp(path(u, &cs[1], NULL), "Guide \xE2\x80\xBA Setup \xE2\x80\xBA macOS") == 0,
+              "sibling path: %s", path(u, &cs[1], NULL));
+        CHECK(strcmp(path(u, &cs[2], NULL), "Guide \xE2\x80\xBA Use") == 0, "closed levels: %s",
+              path(u, &cs[2], NULL));
+    }
+    for (size_t i = 0; i < n; i++)
+        CHECK(cs[i].end - cs[i].start > 12, "chunk %zu holds more than a heading", i);
+    free(cs);
+
+    /* Text before the first heading is a section of its own, with no path. */
+    const char *v = "Some preface.\n\n## Part\n\nThe part.\n";
+    n = chunks(v, 64, 0, &cs);
+    CHECK(n == 2 && span_is(v, &cs[0], "Some", "preface.") && cs[0].n_heads == 0 &&
+          span_is(v, &cs[1], "## Part", "part."), "preface then section");
+    free(cs);
+}
+
+static void test_fences(void)
+{
+    const char *t =
+        "## Build\n\nRun the script:\n\n```sh\n# install the tools\nmake deps\n## not a heading\n```\n\n"
+        "~~~~\n# neither\n~~~\nstill code\n~~~~\n\nDone.\n\n## Next\n\nMore.\n";
+    struct ChunkSpan *cs;
+    size_t n = chunks(t, 128, 0, &cs);
+    CHECK(n == 2, "lines with # in fenced code start no chunk (got %zu)", n);
+    if (n == 2) {
+        CHECK(span_is(t, &cs[0], "## Build", "Done."), "the code stays in its section");
+        CHECK(strcmp(path(t, &cs[0], NULL), "Build") == 0 && strcmp(path(t, &cs[1], NULL), "Next") == 0,
+              "paths ignore the code");
+    }
+    free(cs);
+    /* not headings: no space after the #s, seven #s, indented four spaces */
+    const char *u = "#hashtag and more words here.\n####### seven\n    # code\nEnd of it.\n";
+    n = chunks(u, 64, 0, &cs);
+    CHECK(n == 1 && cs[0].n_heads == 0, "no headings there (%zu chunks)", n);
+    free(cs);
+}
+
+/* A sentence of `words` words: "Wn w w ... w." */
+static size_t sentence(char *out, size_t cap, int id, int words)
+{
+    size_t n = (size_t)snprintf(out, cap, "S%d", id);
+    for (int w = 1; w < words; w++)
+        n += (size_t)snprintf(out + n, cap - n, " word");
+    n += (size_t)snprintf(out + n, cap - n, ".");
+    return n;
+}
+
+static void test_long_section(void)
+{
+    /* A section of 6 paragraphs of 3 sentences (about 24 tokens each), then one paragraph of
+     * 12 sentences (about 100 tokens), against a 64-token target. */
+    size_t cap = 1 << 16, len = 0;
+    char *t = malloc(cap);
+    len += (size_t)snprintf(t, cap, "# Doc\n\n## Long\n\n");
+    int id = 0;
+    for (int p = 0; p < 6; p++) {
+        for (int s = 0; s < 3; s++) {
+            len += sentence(t + len, cap - len, id++, 7);
+            t[len++] = s < 2 ? ' ' : '\n';
+        }
+        t[len++] = '\n';
+    }
+    size_t big_para = len;
+    for (int s = 0; s < 12; s++) {
+        len += sentence(t + len, cap - len, id++, 7);
+        t[len++] = ' ';
+    }
+    t[len - 1] = '\n';
+    len += (size_t)snprintf(t + len, cap - len, "\n## Short\n\nS%d word word.\n", id++);
+    struct ChunkSpan *cs;
+    size_t n = chunks(t, 64, 16, &cs);
+    CHECK(n >= 5, "long section split (%zu chunks)", n);
+    int ok = 1, whole_paras = 1, overlaps = 0;
+    size_t max_tok = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t cnt;
+        tokcount_count(&tc, t + cs[i].start, cs[i].end - cs[i].start, &cnt);
+        max_tok = cnt > max_tok ? cnt : max_tok;
+        /* every chunk starts at a sentence or heading and ends at a sentence's end */
+        ok &= t[cs[i].start] == 'S' || t[cs[i].start] == '#';
+        ok &= t[cs[i].end - 1] == '.';
+        if (i + 1 < n && cs[i].end <= big_para) /* before the long paragraph: whole paragraphs */
+            whole_paras &= t[cs[i].end] == '\n' && t[cs[i].end + 1] == '\n';
+        if (i)
+            overlaps += cs[i].start < cs[i - 1].end;
+        const char *want = i + 1 < n ? "Doc \xE2\x80\xBA Long" : "Doc \xE2\x80\xBA Short";
+        CHECK(strcmp(path(t, &cs[i], NULL), want) == 0, "chunk %zu path %s", i, path(t, &cs[i], NULL));
+    }
+    CHECK(ok, "chunks begin and end at sentence boundaries");
+    CHECK(whole_paras, "paragraphs that fit are not cut");
+    CHECK(max_tok <= 64 + 2, "largest chunk %zu tokens", max_tok);
+    CHECK(overlaps > 0, "the long paragraph's pieces overlap");
+    CHECK(n >= 2 && span_is(t, &cs[0], "# Doc", ".") && span_is(t, &cs[n - 1], "## Short", "word."),
+          "the headings start the first and last chunks");
+    CHECK(n >= 2 && cs[n - 1].start > cs[n - 2].end, "no overlap across a heading");
+    free(cs);
+    free(t);
+}
+
+/* Without headings the chunks are those of the sentence packer alone: a text of list lines and
+ * paragraphs chunks exactly as the chunker before headings counted did (the spans it gave), and
+ * its twin with the list lines made headings (block lines as well, so the sentence units are
+ * the same) starts a chunk at each. */
+static void test_no_headings(void)
+{
+    size_t cap = 1 << 16, len = 0;
+    char *t = malloc(cap);
+    int id = 0;
+    for (int p = 0; p < 12; p++) {
+        if (p % 4 == 0)
+            len += (size_t)snprintf(t + len, cap - len, "- Part %d\n\n", p);
+        for (int s = 0; s < 4; s++) {
+            len += sentence(t + len, cap - len, id, 3 + (id * 7) % 11);
+            id++;
+            t[len++] = ' ';
+        }
+        t[len - 1] = '\n';
+        t[len++] = '\n';
+    }
+    t[len] = 0;
+    struct ChunkSpan *cs;
+    size_t n = chunks(t, 64, 16, &cs);
+    /* the packer's rule: a chunk ends before a unit that would pass the target or before a
+     * paragraph once it holds half of it; the next repeats trailing sentences of its paragraph */
+    static const uint64_t want[][2] = {
+        {0, 165}, {167, 332}, {334, 456}, {458, 602}, {603, 743}, {744, 909}, {895, 1055},
+        {1056, 1226}, {1187, 1301}, {1303, 1442}, {1444, 1578}, {1554, 1638}, {1640, 1789}, {1791, 1950},
+    };
+    size_t n_want = sizeof want / sizeof want[0];
+    int same = n == n_want;
+    for (size_t i = 0; same && i < n; i++)
+        same &= cs[i].start == want[i][0] && cs[i].end == want[i][1];
+    CHECK(same, "without headings: %zu chunks as before (%zu)", n, n_want);
+    int straddles = 0;
+    for (size_t i = 0; i < n; i++) {
+        CHECK(cs[i].n_heads == 0, "no heading path");
+        for (size_t k = cs[i].start; k + 2 < cs[i].end; k++)
+            straddles += t[k] == '\n' && t[k + 1] == '-';
+    }
+    CHECK(straddles > 0, "without headings chunks run across the list lines");
+    char *h = strdup(t);
+    for (size_t k = 0; k + 1 < len; k++)
+        if ((k == 0 || h[k - 1] == '\n') && h[k] == '-' && h[k + 1] == ' ')
+            h[k] = '#';
+    struct ChunkSpan *hs;
+    size_t hn = chunks(h, 64, 16, &hs);
+    int starts = 0;
+    for (size_t i = 0; i < hn; i++)
+        starts += h[hs[i].start] == '#';
+    CHECK(starts == 3, "with headings, three chunks start at them (got %d)", starts);
+    free(hs);
+    free(h);
+    free(cs);
+    free(t);
+}
+
+int main(void)
+{
+    tokcount_simple(&tc);
+    test_sections();
+    test_fences();
+    test_long_section();
+    test_no_headings();
+    return check_report("test_chunker");
+}
