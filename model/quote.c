@@ -266,7 +266,25 @@ int quote_is_end(const struct QuoteIndex *q, int32_t token)
 
 static int may_start_span(const struct QuoteCursor *c)
 {
-    return c->n_tokens == 0 || (c->len >= QUOTE_MIN_SPAN && c->n_spans < QUOTE_MAX_SPANS);
+    return c->n_tokens == 0 ||
+           (c->pending == 0 && c->len >= QUOTE_MIN_SPAN && c->n_spans < QUOTE_MAX_SPANS);
+}
+
+/* The continuation bytes still owed after the token's bytes (UTF-8 lead bytes open a
+ * character, continuation bytes close it). */
+static int pending_after(const struct QuoteIndex *q, int pending, int32_t token, int skip)
+{
+    size_t len = 0;
+    const unsigned char *p = (const unsigned char *)tok_piece(q->tok, token, &len);
+    for (size_t i = skip ? 1 : 0; p && i < len; i++) {
+        unsigned char b = p[i];
+        if (pending > 0 && (b & 0xC0) == 0x80) pending--;
+        else if (b >= 0xF0) pending = 3;
+        else if (b >= 0xE0) pending = 2;
+        else if (b >= 0xC0) pending = 1;
+        else pending = 0;
+    }
+    return pending;
 }
 
 /* Allows token t: copies its logit and adds its weight once. */
@@ -303,7 +321,7 @@ float quote_mask(const struct QuoteIndex *q, const struct QuoteCursor *c, const 
                 allow(logits, masked, n_vocab, q->alias_from[i], mx, &kept);
     }
     int any = kept > 0;
-    if (c->n_tokens > 0 || !any) {
+    if ((c->n_tokens > 0 && c->pending == 0) || !any) {
         for (size_t i = 0; i < q->n_ends; i++)
             allow(logits, masked, n_vocab, q->ends[i], mx, &kept);
     }
@@ -344,14 +362,16 @@ int quote_advance(const struct QuoteIndex *q, struct QuoteCursor *c, int32_t tok
         c->state = to;
         c->len++;
         c->n_tokens++;
+        c->pending = pending_after(q, c->pending, token, 0);
         span_place(q, c);
         return 0;
     }
     if (!may_start_span(c)) return -1;
     int skip = 0;
+    int32_t doc = -1;
     to = next_state(q, 0, token);
     if (to < 0 && c->n_tokens == 0) {
-        int32_t doc = alias_of(q, token);
+        doc = alias_of(q, token);
         if (doc >= 0) {
             to = next_state(q, 0, doc);
             skip = 1;
@@ -363,6 +383,7 @@ int quote_advance(const struct QuoteIndex *q, struct QuoteCursor *c, int32_t tok
     c->len = 1;
     c->skip_space = skip;
     c->n_tokens++;
+    c->pending = pending_after(q, 0, skip ? doc : token, 0);
     span_place(q, c);
     return 0;
 }

@@ -6,7 +6,9 @@
  * cursor walks it as the answer is generated: at each step the allowed tokens are those that
  * continue the current span, the tokens that start a new span (once the current one has
  * QUOTE_MIN_SPAN tokens and fewer than QUOTE_MAX_SPANS were used) and the end of the turn
- * (once the answer has a token). At the answer's first step a document token that begins
+ * (once the answer has a token); while the answer's last character is incomplete (a token
+ * that holds part of a multi-byte character) only the current span may go on. At the answer's
+ * first step a document token that begins
  * with a space may also be taken without it (the spelling a reply's first word has), which
  * quotes the same bytes less the space.
  *
@@ -42,6 +44,8 @@ struct QuoteCursor {
     int32_t len;            /* tokens in the current span */
     int32_t n_tokens;       /* answer tokens so far (the end of the turn not counted) */
     int skip_space;         /* the current span's first token was its spaceless alias */
+    int pending;            /* continuation bytes the answer's last character still needs: a
+                               span ends, and the answer with it, only between characters */
     struct QuoteSpan spans[QUOTE_MAX_SPANS];
     int n_spans;            /* spans closed or open; the last is open while len > 0 */
 };

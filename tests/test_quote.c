@@ -195,6 +195,38 @@ static void test_text(const struct Tokenizer *tok)
     CHECK(n_alps == 1 && (masked[alps[0]] == -INFINITY) == (QUOTE_MIN_SPAN > 1),
           "another span after one token only when QUOTE_MIN_SPAN allows it");
     CHECK(masked[tok_eos(tok)] != -INFINITY, "the end may come after a token");
+    /* a character split across tokens: while it is incomplete the span must go on (no end, no
+     * new span), so every span holds whole characters */
+    {
+        const char *rare = "Clef \xf0\x9d\x84\x9e and \xea\x99\xae eye.";
+        int32_t rt[64];
+        size_t nr = 0;
+        CHECK(tok_encode(tok, rare, strlen(rare), 0, rt, 64, &nr) == TOK_OK && nr < 64, "encode");
+        uint32_t rs[2] = {0, (uint32_t)nr};
+        struct QuoteIndex *rq = NULL;
+        CHECK(quote_index_new(rt, nr, rs, 1, tok, &rq, err, sizeof err) == 0, "%s", err);
+        struct QuoteCursor rc;
+        quote_cursor_init(&rc);
+        int split_seen = 0, bad = 0;
+        for (size_t i = 0; rq && i < nr; i++) {
+            CHECK(quote_advance(rq, &rc, rt[i]) == 0, "the document's own tokens");
+            quote_mask(rq, &rc, logits, nv, masked);
+            int end_open = masked[tok_eos(tok)] != -INFINITY;
+            if (rc.pending > 0) {
+                split_seen++;
+                /* only the document's next token: the one that goes on with the character */
+                for (int t = 0; t < nv; t++)
+                    if (masked[t] != -INFINITY && (i + 1 >= nr || t != rt[i + 1]))
+                        bad++;
+            } else if (!end_open) {
+                bad++;
+            }
+        }
+        printf("multi-byte characters: %d steps inside one\n", split_seen);
+        CHECK(split_seen > 0, "the test text splits a character across tokens");
+        CHECK(bad == 0, "inside a character only the span goes on (%d wrong)", bad);
+        quote_index_destroy(&rq);
+    }
     /* an empty index: the answer can only end */
     struct QuoteIndex *empty = NULL;
     uint32_t none[2] = {0, 0};
