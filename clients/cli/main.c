@@ -112,10 +112,10 @@ static const struct Cmd CMDS[] = {
       "                           decline: answer \"The documents do not say.\" instead\n"
       "                           when retrieval finds nothing, the detector flags the\n"
       "                           answer or the model refuses (its attempt is shown)\n"
-      "      --answer-mode MODE   free: the model's own words (the daemon's default unless\n"
-      "                           configured); quote: every word continues a verbatim\n"
-      "                           span of the documents, each span printed with its\n"
-      "                           source and byte range\n"
+      "      --answer-mode MODE   free: the model's own words (the daemon's default\n"
+      "                           unless configured); quote: every word continues a\n"
+      "                           verbatim span of the documents, each span printed\n"
+      "                           with its source and byte range\n"
       "Ctrl-C cancels the query on the daemon and prints what was generated.\n" },
     { "ingest", cmd_ingest, "bPq", 1, -1,
       "usage: diffrag ingest PATH... [-c COLLECTION] [--batch N] [--progress|--quiet]\n"
