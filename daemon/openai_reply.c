@@ -221,9 +221,10 @@ bad:
 }
 
 /* The `diffrag` object of a completion: citations, what the prompt read, grounding, timings,
- * the protocol's finish_reason and whether the answer was declined (with why, and the model's
- * attempt); a stream's last chunk adds the final `answer`, which replaces what its deltas
- * showed when it was declined after generating (docs/openai.md). */
+ * the protocol's finish_reason, whether the answer was declined (with why, and the model's
+ * attempt), and how it was written (answer_mode, and a quote-mode answer's quotes); a
+ * stream's last chunk adds the final `answer`, which replaces what its deltas showed when it
+ * was declined after generating (docs/openai.md). */
 static void put_diffrag(struct JsonBuf *b, const struct OpenAiChat *ch, const void *buf,
                         size_t len, int with_answer)
 {
@@ -232,6 +233,8 @@ static void put_diffrag(struct JsonBuf *b, const struct OpenAiChat *ch, const vo
     copy_field(b, buf, len, "declined", 1);
     copy_field(b, buf, len, "decline_reason", 1);
     copy_field(b, buf, len, "attempt", 1);
+    copy_field(b, buf, len, "answer_mode", 1);
+    copy_field(b, buf, len, "quotes", 1);
     if (with_answer)
         copy_field(b, buf, len, "answer", 1);
     copy_field(b, buf, len, "citations", 1);

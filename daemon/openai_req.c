@@ -87,7 +87,7 @@ static const char *translate(struct OpenAiAsk *q, const struct OpenAiLimits *lim
     size_t turn_len[API_MAX_MESSAGES];   /* each earlier user or assistant turn's text; 0: none */
     static const char *const ext_keys[] = { "collection", "docs", "ids", "top_k",
                                             "max_context_tokens", "order", "relevance_floor",
-                                            "deadline_ms", "unsupported" };
+                                            "deadline_ms", "unsupported", "answer_mode" };
     struct MpWriter f;         /* the map's entries; counted in n */
     size_t n = 0;
     struct JsonBuf system = { 0 }, text = { 0 };
@@ -312,7 +312,8 @@ static const char *translate(struct OpenAiAsk *q, const struct OpenAiLimits *lim
                 e++;
             if (e == sizeof ext_keys / sizeof ext_keys[0]) {
                 snprintf(msg, cap, "diffrag.%.64s is not a field (collection, docs, ids, top_k, "
-                         "max_context_tokens, order, relevance_floor, deadline_ms, unsupported)", k);
+                         "max_context_tokens, order, relevance_floor, deadline_ms, unsupported, "
+                         "answer_mode)", k);
                 why = msg;
                 goto out;
             }

@@ -6,7 +6,13 @@
  * cancels (interrupt, callback, diffrag_cancel from a callback).
  * With --endpoint EP (tests/test_clients_c.py starts diffragd with a tiny model): every call
  * against the live daemon, streaming, cancel and server errors. Both modes also run under
- * valgrind there. */
+ * valgrind there.
+ * With --endpoint EP --quote QUESTION MAX_TOKENS FILE... (tests/test_quote_interfaces.py): one
+ * greedy quote-mode query over the files as inline documents (each named by its path), blocking
+ * and streamed, checked (each quote is its document's bytes at its offsets, the quotes make the
+ * answer, the cited flags follow them), a free query and a bad answer_mode, with the decoded
+ * quotes printed one a line ("quote MARKER DOC_ID CHUNK START END HEX-TEXT") for the caller to
+ * compare with the daemon's own reply. */
 #include <inttypes.h>
 #include <math.h>
 #include <msgpack.h>
@@ -269,7 +275,7 @@ static void send_answer(struct Fake *f, const char *id, const char *answer, cons
 {
     msgpack_sbuffer sb;
     msgpack_packer pk;
-    begin_reply(&sb, &pk, id, 8 + (grounding != 0));
+    begin_reply(&sb, &pk, id, 8 + (grounding != 0) * 3);
     pk_str(&pk, "ok"); msgpack_pack_true(&pk);
     pk_kv_str(&pk, "answer", answer);
     pk_kv_str(&pk, "finish_reason", finish);
@@ -293,9 +299,22 @@ static void send_answer(struct Fake *f, const char *id, const char *answer, cons
     pk_str(&pk, "ttft_ms"); msgpack_pack_double(&pk, 12.5);
     pk_str(&pk, "total_ms"); msgpack_pack_double(&pk, 30.25);
     pk_str(&pk, "future_field"); msgpack_pack_int(&pk, 7); /* unknown keys are ignored */
-    if (grounding) {
+    if (grounding) {   /* and a quote-mode answer's fields */
+        pk_kv_str(&pk, "answer_mode", "quote");
+        pk_str(&pk, "quotes");
+        msgpack_pack_array(&pk, 2);
+        for (int i = 0; i < 2; i++) {
+            msgpack_pack_map(&pk, 5);
+            pk_str(&pk, "marker"); msgpack_pack_int(&pk, 1);
+            pk_kv_str(&pk, "doc_id", "rhine");
+            pk_str(&pk, "chunk"); msgpack_pack_int(&pk, 0);
+            pk_str(&pk, "offsets"); msgpack_pack_array(&pk, 2);
+            msgpack_pack_int(&pk, i ? 13 : 3); msgpack_pack_int(&pk, i ? 25 : 12);
+            pk_kv_str(&pk, "text", i ? " 1,230 km lo" : "It is a\nb");
+        }
         pk_str(&pk, "grounding");
-        msgpack_pack_map(&pk, 13);
+        msgpack_pack_map(&pk, 14);
+        pk_str(&pk, "quote_removed"); msgpack_pack_double(&pk, 0.125);
         pk_str(&pk, "score"); msgpack_pack_double(&pk, 0.75);
         pk_str(&pk, "flagged"); msgpack_pack_true(&pk);
         pk_str(&pk, "abstained"); msgpack_pack_false(&pk);
@@ -368,6 +387,22 @@ static void send_bad_query(struct Fake *f, const char *id, int kind)
     } else if (kind == 3) { /* a delta that is not a string */
         begin_reply(&sb, &pk, id, 2);
         pk_str(&pk, "delta"); msgpack_pack_int(&pk, 1);
+    } else if (kind == 6) { /* a quote whose offsets are one number */
+        begin_reply(&sb, &pk, id, 7);
+        pk_str(&pk, "ok"); msgpack_pack_true(&pk);
+        pk_kv_str(&pk, "answer", "x");
+        pk_kv_str(&pk, "finish_reason", "stop");
+        pk_str(&pk, "citations"); msgpack_pack_array(&pk, 0);
+        pk_str(&pk, "usage"); msgpack_pack_map(&pk, 2);
+        pk_str(&pk, "prompt_tokens"); msgpack_pack_int(&pk, 1);
+        pk_str(&pk, "completion_tokens"); msgpack_pack_int(&pk, 1);
+        pk_str(&pk, "quotes"); msgpack_pack_array(&pk, 1);
+        msgpack_pack_map(&pk, 5);
+        pk_str(&pk, "marker"); msgpack_pack_int(&pk, 1);
+        pk_kv_str(&pk, "doc_id", "d");
+        pk_str(&pk, "chunk"); msgpack_pack_int(&pk, 0);
+        pk_str(&pk, "offsets"); msgpack_pack_int(&pk, 3);
+        pk_kv_str(&pk, "text", "x");
     } else if (kind == 5) { /* a well-formed delta (for a request that does not stream) */
         begin_reply(&sb, &pk, id, 2);
         pk_kv_str(&pk, "delta", "x");
@@ -686,8 +721,11 @@ static void test_fake_server(void)
     DiffragAnswer *a = NULL;
     static const char *const bad_query[] = { "answer: expected a string, got an integer",
         "citations[0].offsets: expected [start, end]", "an error reply needs",
-        "neither \"ok\" nor a string \"delta\"", "usage: missing" };
-    for (int k = 0; k < 5; k++) {
+        "neither \"ok\" nor a string \"delta\"", "usage: missing", NULL,
+        "quotes[0].offsets: expected an array" };
+    for (int k = 0; k < 7; k++) {
+        if (!bad_query[k])
+            continue;
         pthread_mutex_lock(&fake.mu);
         fake.mode = FAKE_QUERY_BAD;
         fake.bad_kind = k;
@@ -726,12 +764,22 @@ static void test_fake_server(void)
               a->grounding.detector && !strcmp(a->grounding.detector, "test-detector"), "grounding");
         CHECK(a->json && strstr(a->json, "\"future_field\": 7") && strstr(a->json, "\"grounding\": {"),
               "json %s", a->json);
+        CHECK(a->answer_mode && !strcmp(a->answer_mode, "quote") && a->n_quotes == 2 &&
+              a->quotes[0].marker == 1 && !strcmp(a->quotes[0].doc_id, "rhine") &&
+              a->quotes[0].chunk == 0 && a->quotes[0].start == 3 && a->quotes[0].end == 12 &&
+              a->quotes[0].text_len == 9 && !strcmp(a->quotes[0].text, "It is a\nb") &&
+              a->quotes[1].start == 13 && a->quotes[1].end == 25 &&
+              !strcmp(a->quotes[1].text, " 1,230 km lo") && a->grounding.quote_removed == 0.125,
+              "quotes: mode %s, %zu quotes", a->answer_mode ? a->answer_mode : "-", a->n_quotes);
         diffrag_answer_free(&a);
         CHECK(a == NULL, "free clears the pointer");
     }
     fake_mode(FAKE_OK);
     rc = diffrag_query(c, &q, NULL, NULL, &a);
     CHECK(rc == DIFFRAG_OK && a && !a->has_grounding, "answer without grounding");
+    /* a reply without answer_mode (a daemon before quote mode): free, no quotes */
+    CHECK(a && a->answer_mode && !strcmp(a->answer_mode, "free") && !a->n_quotes && !a->quotes,
+          "free by default");
     diffrag_answer_free(&a);
 
     /* stale replies are dropped; a nil-id error is this call's */
@@ -1088,14 +1136,148 @@ static void test_live(const char *endpoint)
     diffrag_destroy(&c);
 }
 
+static char *read_all(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    char *p = NULL;
+    *len = 0;
+    if (!f)
+        return NULL;
+    if (fseek(f, 0, SEEK_END) == 0) {
+        long n = ftell(f);
+        if (n > 0 && fseek(f, 0, SEEK_SET) == 0 && (p = malloc((size_t)n + 1)) &&
+            fread(p, 1, (size_t)n, f) == (size_t)n) {
+            p[n] = 0;
+            *len = (size_t)n;
+        } else {
+            free(p);
+            p = NULL;
+        }
+    }
+    fclose(f);
+    return p;
+}
+
+static void print_hex(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        printf("%02x", (unsigned char)s[i]);
+}
+
+/* The quotes of a quote-mode answer against the documents they name. */
+static void check_quotes(const DiffragAnswer *a, const DiffragDoc *docs, size_t n_docs,
+                         const char *what)
+{
+    CHECK(a->answer_mode && !strcmp(a->answer_mode, "quote") && a->n_quotes >= 1,
+          "%s: answer_mode %s, %zu quotes", what, a->answer_mode ? a->answer_mode : "-",
+          a->n_quotes);
+    size_t at = 0;
+    for (size_t i = 0; i < a->n_quotes; i++) {
+        const DiffragQuote *q = &a->quotes[i];
+        const DiffragDoc *d = NULL;
+        for (size_t k = 0; k < n_docs; k++)
+            if (!strcmp(docs[k].id, q->doc_id))
+                d = &docs[k];
+        CHECK(d && q->start >= 0 && q->start < q->end && (size_t)q->end <= d->text_len &&
+              (size_t)(q->end - q->start) == q->text_len &&
+              !memcmp(d->text + q->start, q->text, q->text_len),
+              "%s: quote %zu (%s %lld-%lld) is the document's bytes", what, i, q->doc_id,
+              (long long)q->start, (long long)q->end);
+        CHECK(at + q->text_len <= a->answer_len && !memcmp(a->answer + at, q->text, q->text_len),
+              "%s: quote %zu continues the answer", what, i);
+        at += q->text_len;
+        int marked = 0;
+        for (size_t k = 0; k < a->n_citations; k++)
+            marked |= a->citations[k].marker == q->marker && a->citations[k].cited &&
+                      !strcmp(a->citations[k].doc_id, q->doc_id);
+        CHECK(marked, "%s: quote %zu's citation [%lld] is cited", what, i, (long long)q->marker);
+    }
+    CHECK(at == a->answer_len, "%s: the quotes make the answer (%zu of %zu bytes)", what, at,
+          a->answer_len);
+    CHECK(a->has_grounding && a->grounding.quote_removed >= 0 && a->grounding.quote_removed <= 1,
+          "%s: quote_removed %g", what, a->has_grounding ? a->grounding.quote_removed : NAN);
+}
+
+static void test_quote(const char *endpoint, const char *question, int max_tokens,
+                       char **files, int n_files)
+{
+    DiffragClient *c = client_for(endpoint, 2000, 60000);
+    DiffragDoc *docs = calloc((size_t)n_files, sizeof *docs);
+    if (!c || !docs) {
+        CHECK(0, "client and documents");
+        free(docs);
+        diffrag_destroy(&c);
+        return;
+    }
+    for (int i = 0; i < n_files; i++) {
+        const char *slash = strrchr(files[i], '/');
+        docs[i].id = files[i];                        /* as `diffrag ask -d FILE` names it */
+        docs[i].title = slash ? slash + 1 : files[i];
+        docs[i].text = read_all(files[i], &docs[i].text_len);
+        CHECK(docs[i].text && docs[i].text_len, "read %s", files[i]);
+    }
+    DiffragQuery q = { .question = question, .docs = docs, .n_docs = (size_t)n_files,
+                       .max_tokens = max_tokens, .answer_mode = "quote" };
+    DiffragAnswer *a = NULL, *s = NULL;
+    int rc = diffrag_query(c, &q, NULL, NULL, &a);
+    CHECK(rc == DIFFRAG_OK && a, "quote query: %s", diffrag_last_error(c));
+    if (a) {
+        check_quotes(a, docs, (size_t)n_files, "blocking");
+        for (size_t i = 0; i < a->n_quotes; i++) {
+            const DiffragQuote *x = &a->quotes[i];
+            printf("quote %lld %s %lld %lld %lld ", (long long)x->marker, x->doc_id,
+                   (long long)x->chunk, (long long)x->start, (long long)x->end);
+            print_hex(x->text, x->text_len);
+            putchar('\n');
+        }
+        printf("quote_removed %.17g\n", a->grounding.quote_removed);
+    }
+    /* streamed: the same greedy answer, its deltas the quotes' text */
+    struct DeltaLog log = { 0 };
+    rc = diffrag_query(c, &q, log_delta, &log, &s);
+    CHECK(rc == DIFFRAG_OK && s && !strcmp(log.text, s->answer), "streamed quote query: %s",
+          diffrag_last_error(c));
+    if (s) {
+        check_quotes(s, docs, (size_t)n_files, "streamed");
+        int same = a && a->n_quotes == s->n_quotes;
+        for (size_t i = 0; same && i < a->n_quotes; i++)
+            same = a->quotes[i].start == s->quotes[i].start &&
+                   a->quotes[i].end == s->quotes[i].end &&
+                   !strcmp(a->quotes[i].doc_id, s->quotes[i].doc_id);
+        CHECK(same, "streamed quotes equal the blocking query's");
+    }
+    diffrag_answer_free(&a);
+    diffrag_answer_free(&s);
+    /* free: no quotes, no removed mass */
+    q.answer_mode = "free";
+    rc = diffrag_query(c, &q, NULL, NULL, &a);
+    CHECK(rc == DIFFRAG_OK && a && !strcmp(a->answer_mode, "free") && !a->n_quotes &&
+          !a->quotes && a->has_grounding && isnan(a->grounding.quote_removed),
+          "free query: %s", diffrag_last_error(c));
+    diffrag_answer_free(&a);
+    q.answer_mode = "bogus";
+    rc = diffrag_query(c, &q, NULL, NULL, &a);
+    CHECK(rc == DIFFRAG_ESERVER && !a && !strcmp(diffrag_last_error_code(c), "bad_request") &&
+          strstr(diffrag_last_error(c), "answer_mode must be"), "bad answer_mode: %s",
+          diffrag_last_error(c));
+    for (int i = 0; i < n_files; i++)
+        free((char *)docs[i].text);
+    free(docs);
+    diffrag_destroy(&c);
+}
+
 int main(int argc, char **argv)
 {
     const char *endpoint = NULL;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--endpoint") && i + 1 < argc)
+        if (!strcmp(argv[i], "--endpoint") && i + 1 < argc) {
             endpoint = argv[++i];
-        else {
-            fprintf(stderr, "usage: %s [--endpoint EP]\n", argv[0]);
+        } else if (!strcmp(argv[i], "--quote") && endpoint && i + 3 < argc) {
+            test_quote(endpoint, argv[i + 1], atoi(argv[i + 2]), argv + i + 3, argc - i - 3);
+            return check_report("test_client_c");
+        } else {
+            fprintf(stderr, "usage: %s [--endpoint EP [--quote QUESTION MAX_TOKENS FILE...]]\n",
+                    argv[0]);
             return 2;
         }
     }

@@ -168,6 +168,10 @@ typedef struct DiffragQuery {
     const char *unsupported;       /* "answer", "mark" or "decline": what the daemon does with
                                     * an answer the documents do not support; NULL: the
                                     * daemon's (its `unsupported` key, default "mark") */
+    const char *answer_mode;       /* "free" (the model's own words) or "quote" (every answer
+                                    * token continues a verbatim span of the placed documents;
+                                    * the spans come back in DiffragAnswer.quotes); NULL: the
+                                    * daemon's (its `answer_mode` key, default "free") */
 } DiffragQuery;
 
 typedef struct DiffragCitation {
@@ -182,6 +186,18 @@ typedef struct DiffragCitation {
     int whole;         /* the whole document (start..end spans it), placed because every
                           document of the query fitted the budget */
 } DiffragCitation;
+
+/* One verbatim span of a quote-mode answer (answer_mode "quote"): the answer (or, when
+ * declined, the attempt) is its quotes' texts one after the other. */
+typedef struct DiffragQuote {
+    int64_t marker;    /* the n of the [n] citation the span comes from */
+    char *doc_id;
+    int64_t chunk;     /* index of the chunk in its document */
+    int64_t start;     /* byte range of the quoted text in the document (like a citation's) */
+    int64_t end;
+    char *text;        /* the quoted bytes (text_len of them, NUL-terminated) */
+    size_t text_len;
+} DiffragQuote;
 
 /* What the prompt held of the documents the query could read (the reply's `context`): the
  * inline documents, those `ids` named, or those of a collection in which the search found a
@@ -217,6 +233,10 @@ typedef struct DiffragGrounding {
                                      * documents minus without them; NAN: not measured */
     double hidden_probe;            /* the calibration's hidden-state probe: its probability
                                      * that the answer is not supported; NAN: no probe */
+    double quote_removed;           /* quote mode: the mean over the answer's tokens of the
+                                     * probability mass the quote constraint removed (what the
+                                     * model would have said outside the documents), 0..1;
+                                     * NAN: a free answer */
 } DiffragGrounding;
 
 typedef struct DiffragAnswer {
@@ -246,6 +266,11 @@ typedef struct DiffragAnswer {
                                    NULL for no_match or when not declined. A streamed query's
                                    deltas were the attempt: show answer instead */
     size_t attempt_len;
+    char *answer_mode;          /* "free" or "quote": how the answer was written ("free" from
+                                   a daemon without quote mode) */
+    DiffragQuote *quotes;       /* quote mode: the spans of the generated text (the answer, or
+                                   the attempt when declined), in order; none in free mode */
+    size_t n_quotes;
 } DiffragAnswer;
 
 /* Called for every delta of a streaming query, in order; text is borrowed until the callback

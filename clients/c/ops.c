@@ -92,6 +92,12 @@ static void answer_free_more(void *res)
     free(a->citations);
     free(a->decline_reason);
     free(a->attempt);
+    free(a->answer_mode);
+    for (size_t i = 0; i < a->n_quotes; i++) {
+        free(a->quotes[i].doc_id);
+        free(a->quotes[i].text);
+    }
+    free(a->quotes);
 }
 
 static const struct ResultType ANSWER_TYPE = {
@@ -118,6 +124,7 @@ static const struct ReqField QUERY_REQ[] = {
     REQ(QA, "deadline_ms", REQ_INT_OPT, q.deadline_ms),
     REQ(QA, "order", REQ_STR_OPT, q.order),
     REQ(QA, "unsupported", REQ_STR_OPT, q.unsupported),
+    REQ(QA, "answer_mode", REQ_STR_OPT, q.answer_mode),
 };
 #undef QA
 
@@ -131,11 +138,21 @@ static const struct RepField CITATION_REP[] = {
     REP(DiffragCitation, "truncated", REP_BOOL, 0, truncated),
     REP(DiffragCitation, "whole", REP_BOOL, 0, whole),
 };
+static const struct RepField QUOTE_REP[] = {
+    REP(DiffragQuote, "marker", REP_INT, 1, marker),
+    REP(DiffragQuote, "doc_id", REP_STR, 1, doc_id),
+    REP(DiffragQuote, "chunk", REP_INT, 1, chunk),
+    REP2(DiffragQuote, "offsets", REP_INT_PAIR, 1, start, end),
+    REP2(DiffragQuote, "text", REP_STR_LEN, 1, text, text_len),
+};
 static const struct RepField QUERY_REP[] = {
     REP2(DiffragAnswer, "answer", REP_STR_LEN, 1, answer, answer_len),
     REP(DiffragAnswer, "finish_reason", REP_STR, 1, finish_reason),
     REP_ARRAY(DiffragAnswer, "citations", 1, citations, n_citations, DiffragCitation,
               CITATION_REP),
+    /* quote mode (a daemon before it sends neither: free, no quotes) */
+    REP(DiffragAnswer, "answer_mode", REP_STR, 0, answer_mode),
+    REP_ARRAY(DiffragAnswer, "quotes", 0, quotes, n_quotes, DiffragQuote, QUOTE_REP),
     REP_MAP("usage", 1),
     REP(DiffragAnswer, "prompt_tokens", REP_INT, 1, prompt_tokens),
     REP(DiffragAnswer, "context_tokens", REP_INT, 0, context_tokens),
@@ -201,6 +218,8 @@ static void decode_answer(struct Dec *d, const msgpack_object *map, const void *
         a->attempt = dec_strdup(d, att->via.str.ptr, att->via.str.size);
         a->attempt_len = a->attempt ? att->via.str.size : 0;
     }
+    if (!a->answer_mode && !d->failed)
+        a->answer_mode = dec_strdup(d, "free", 4);
     const msgpack_object *g = mpo_get(map, "grounding");
     if (g && g->type == MSGPACK_OBJECT_MAP && !d->failed) {
         /* informational and still evolving: a field of another type is skipped, never a
@@ -217,6 +236,7 @@ static void decode_answer(struct Dec *d, const msgpack_object *map, const void *
         gr->self_check = opt_num(g, "self_check", NAN);
         gr->context_reliance = opt_num(g, "context_reliance", NAN);
         gr->hidden_probe = opt_num(g, "hidden_probe", NAN);
+        gr->quote_removed = opt_num(g, "quote_removed", NAN);
         gr->answer_tokens = (int64_t)opt_num(g, "answer_tokens", 0);
         gr->flagged_tokens = (int64_t)opt_num(g, "flagged_tokens", 0);
         const msgpack_object *det = mpo_get(g, "detector");

@@ -85,6 +85,51 @@ static void print_declined(const DiffragAnswer *r, int streamed)
     }
 }
 
+#define QUOTE_SHOWN 100 /* characters of a quote shown; a longer one is cut with "…" */
+
+/* One line per quoted span of a quote-mode answer (or of its attempt), after the sources:
+ *   quote [1] notes/rhine.txt bytes 36-64: "about 1,230 kilometres long"
+ * the text on one line (each run of whitespace a space), cut at QUOTE_SHOWN characters. */
+static void print_quotes(const DiffragAnswer *r)
+{
+    if (!r->answer_mode || strcmp(r->answer_mode, "quote"))
+        return;
+    if (r->n_quotes == 0)
+        printf("quotes: none (the answer quotes nothing)\n");
+    for (size_t i = 0; i < r->n_quotes; i++) {
+        const DiffragQuote *q = &r->quotes[i];
+        char line[4 * QUOTE_SHOWN + 8];
+        size_t n = 0, chars = 0, k = 0;
+        while (k < q->text_len && (q->text[k] == ' ' || (q->text[k] >= '\t' && q->text[k] <= '\r')))
+            k++;
+        for (int space = 0; k < q->text_len; k++) {
+            unsigned char ch = (unsigned char)q->text[k];
+            if (ch == ' ' || (ch >= '\t' && ch <= '\r')) {
+                space = 1;
+                continue;
+            }
+            /* a character starts here (or the buffer is full: text cut inside a character) */
+            if ((ch & 0xC0) != 0x80 || n + 8 > sizeof line) {
+                if (chars + space >= QUOTE_SHOWN || n + 8 > sizeof line) {
+                    memcpy(line + n, "\xe2\x80\xa6", 3);   /* … */
+                    n += 3;
+                    break;
+                }
+                chars += 1 + space;
+            }
+            if (space)
+                line[n++] = ' ';
+            space = 0;
+            line[n++] = (char)ch;
+        }
+        printf("quote [%lld] ", (long long)q->marker);
+        cli_print_safe(q->doc_id, strlen(q->doc_id), 0);
+        printf(" bytes %lld-%lld: \"", (long long)q->start, (long long)q->end);
+        cli_print_safe(line, n, 0);
+        printf("\"\n");
+    }
+}
+
 /* The detector's name, or "" when the daemon has no calibrated detector for its model. */
 static const char *detector_name(const DiffragGrounding *g)
 {
@@ -105,6 +150,12 @@ static void print_grounding_details(const DiffragGrounding *g, const char *noun)
             printf(" (%lld of %lld)",
                    (long long)llround(g->unsupported_token_ratio * (double)g->answer_tokens),
                    (long long)g->answer_tokens);
+        sep = ", ";
+    }
+    if (!isnan(g->quote_removed)) {
+        /* quote mode: the share of the model's probability, per answer token on average, on
+         * tokens that continue no span of the documents (the constraint removed it) */
+        printf("%sprobability quote mode removed %.1f%%", sep, 100.0 * g->quote_removed);
         sep = ", ";
     }
     const struct { const char *name; int digits; double v; } f[] = {
@@ -209,6 +260,7 @@ static void print_details(const DiffragAnswer *r, const char *policy)
                    c->score, (long long)c->start, (long long)c->end, c->cited ? ", cited" : "",
                    c->truncated ? ", truncated" : "");
     }
+    print_quotes(r);
     print_read(r);
     print_grounding(r, policy);
     char cached[112] = "";
@@ -299,6 +351,7 @@ int cmd_ask(const struct CliArgs *a)
     q.deadline_ms = a->deadline_ms;
     q.order = a->order;
     q.unsupported = a->unsupported;
+    q.answer_mode = a->answer_mode;
     q.id = ASK_ID;
 
     rc = cli_connect(a, &c);

@@ -35,6 +35,7 @@ struct CliArgs {
     const char *after, *out;
     const char *order;           /* ask --order: NULL, "rank", "nearest" or "document" */
     const char *unsupported;     /* ask --unsupported: NULL, "answer", "mark" or "decline" */
+    const char *answer_mode;     /* ask --answer-mode: NULL, "free" or "quote" */
     const char **doc_files;
     size_t n_doc_files;
     const char **doc_ids;

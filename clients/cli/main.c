@@ -66,6 +66,7 @@ enum {
     O_JSON = 256, O_TIMEOUT, O_CONNECT_TIMEOUT, O_SERVER_KEY, O_KEY, O_DOC_ID, O_STREAM,
     O_MAX_TOKENS, O_TOP_K, O_MAX_CONTEXT, O_TEMPERATURE, O_TOP_P, O_SEED, O_STOP, O_DEADLINE,
     O_BATCH, O_PROGRESS, O_LIMIT, O_AFTER, O_FORCE, O_ORDER, O_UNSUPPORTED,
+    O_ANSWER_MODE,
 };
 
 /* Command-specific options, by a letter each in Cmd.opts. */
@@ -78,11 +79,11 @@ static const struct { char letter; int code; const char *name; } SPECIFIC[] = {
     { 'P', O_PROGRESS, "--progress" }, { 'q', O_QUIET, "--quiet" }, { 'l', O_LIMIT, "--limit" },
     { 'a', O_AFTER, "--after" }, { 'o', O_OUT, "--out" }, { 'f', O_FORCE, "--force" },
     { 'y', O_YES, "--yes" }, { 'r', O_ORDER, "--order" },
-    { 'u', O_UNSUPPORTED, "--unsupported" },
+    { 'u', O_UNSUPPORTED, "--unsupported" }, { 'Q', O_ANSWER_MODE, "--answer-mode" },
 };
 
 static const struct Cmd CMDS[] = {
-    { "ask", cmd_ask, "dismkxtpSzDru", 1, 1,
+    { "ask", cmd_ask, "dismkxtpSzDruQ", 1, 1,
       "usage: diffrag ask QUESTION|- [-c COLLECTION] [-d FILE]... [--stream] [--json]\n"
       "                  [--max-tokens N] [options]\n"
       "Answers QUESTION (\"-\": read it from stdin) from the collection, the files given\n"
@@ -111,6 +112,10 @@ static const struct Cmd CMDS[] = {
       "                           decline: answer \"The documents do not say.\" instead\n"
       "                           when retrieval finds nothing, the detector flags the\n"
       "                           answer or the model refuses (its attempt is shown)\n"
+      "      --answer-mode MODE   free: the model's own words (the daemon's default\n"
+      "                           unless configured); quote: every word continues a\n"
+      "                           verbatim span of the documents, each span printed\n"
+      "                           with its source and byte range\n"
       "Ctrl-C cancels the query on the daemon and prints what was generated.\n" },
     { "ingest", cmd_ingest, "bPq", 1, -1,
       "usage: diffrag ingest PATH... [-c COLLECTION] [--batch N] [--progress|--quiet]\n"
@@ -429,6 +434,7 @@ static int cli_main(int argc, char **argv, struct CliArgs *a)
         { "deadline", required_argument, NULL, O_DEADLINE },
         { "order", required_argument, NULL, O_ORDER },
         { "unsupported", required_argument, NULL, O_UNSUPPORTED },
+        { "answer-mode", required_argument, NULL, O_ANSWER_MODE },
         { "batch", required_argument, NULL, O_BATCH },
         { "progress", no_argument, NULL, O_PROGRESS },
         { "quiet", no_argument, NULL, O_QUIET },
@@ -555,6 +561,12 @@ static int cli_main(int argc, char **argv, struct CliArgs *a)
                 return cli_usage_error(cn, "--unsupported wants answer, mark or decline, not "
                                        "\"%s\"", optarg);
             a->unsupported = optarg;
+            break;
+        case O_ANSWER_MODE:
+            if (strcmp(optarg, "free") && strcmp(optarg, "quote"))
+                return cli_usage_error(cn, "--answer-mode wants free or quote, not \"%s\"",
+                                       optarg);
+            a->answer_mode = optarg;
             break;
         case O_BATCH:
             if (parse_int(cn, "--batch", optarg, 1, 100000, &a->batch))

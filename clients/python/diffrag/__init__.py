@@ -19,8 +19,8 @@ from .errors import (BadRequest, Cancelled, ConnectionFailed, DeadlineExceeded, 
                      InternalError, NotFound, Overloaded, ProtocolError, ServerError,
                      ShuttingDown, Timeout, TooLarge, UnsupportedVersion)
 from .types import (Answer, Citation, CollectionStats, ContextRead, DaemonStats, DeleteResult, Delta, DocInfo,
-                    Document, DropResult, Grounding, IngestResult, ListResult, Pong, Timings,
-                    Usage)
+                    Document, DropResult, Grounding, IngestResult, ListResult, Pong, Quote,
+                    Timings, Usage)
 
 __version__ = "0.1.0"
 
@@ -30,5 +30,6 @@ __all__ = [
     "DeadlineExceeded", "Cancelled", "ShuttingDown", "UnsupportedVersion", "InternalError",
     "ConnectionFailed", "Timeout", "ProtocolError",
     "Answer", "Citation", "CollectionStats", "ContextRead", "DaemonStats", "DeleteResult", "Delta", "DocInfo",
-    "Document", "DropResult", "Grounding", "IngestResult", "ListResult", "Pong", "Timings", "Usage",
+    "Document", "DropResult", "Grounding", "IngestResult", "ListResult", "Pong", "Quote", "Timings",
+    "Usage",
 ]

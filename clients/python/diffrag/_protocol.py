@@ -13,8 +13,8 @@ import zmq.utils.z85
 
 from .errors import ProtocolError, server_error
 from .types import (Answer, Citation, CollectionStats, ContextRead, DaemonStats, DeleteResult, DocInfo,
-                    Document, DropResult, Grounding, IngestResult, ListResult, Pong, Timings,
-                    Usage)
+                    Document, DropResult, Grounding, IngestResult, ListResult, Pong, Quote,
+                    Timings, Usage)
 
 PROTOCOL_VERSION = 1
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:7400"
@@ -55,7 +55,8 @@ def query_request(rid: Any, question: str, *, collection: Optional[str],
                   stream: bool, order: Optional[str] = None,
                   history: Optional[Iterable[Mapping[str, Any]]] = None,
                   system: Optional[str] = None,
-                  unsupported: Optional[str] = None) -> Dict[str, Any]:
+                  unsupported: Optional[str] = None,
+                  answer_mode: Optional[str] = None) -> Dict[str, Any]:
     if not isinstance(question, str) or not question:
         raise ValueError("a query needs a question")
     turns = None if history is None else [dict(t) for t in history]
@@ -68,7 +69,8 @@ def query_request(rid: Any, question: str, *, collection: Optional[str],
                    temperature=temperature, top_p=top_p, seed=seed,
                    stop=stop if isinstance(stop, (str, type(None))) else list(stop),
                    deadline_ms=deadline_ms, order=order, history=turns or None, system=system,
-                   unsupported=unsupported, stream=True if stream else None)
+                   unsupported=unsupported, answer_mode=answer_mode,
+                   stream=True if stream else None)
 
 
 def ingest_request(rid: Any, collection: str, docs: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
@@ -237,6 +239,7 @@ def parse_answer(m: Dict[str, Any]) -> Answer:
                               self_check=pick("self_check", int, float),
                               context_reliance=pick("context_reliance", int, float),
                               hidden_probe=pick("hidden_probe", int, float),
+                              quote_removed=pick("quote_removed", int, float),
                               answer_tokens=pick("answer_tokens", int),
                               flagged_tokens=pick("flagged_tokens", int),
                               detector=pick("detector", str), raw=g)
@@ -254,12 +257,24 @@ def parse_answer(m: Dict[str, Any]) -> Answer:
                               whole=cx.get("whole") is True,
                               history_turns=count("history_turns") or 0,
                               history_left_out=count("history_left_out") or 0)
+    quotes = []
+    for i, q in enumerate(f.list("quotes", False) or []):
+        qf = _Fields(q, f"quotes[{i}]")
+        off = qf.list("offsets")
+        if len(off) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in off):
+            raise ProtocolError(f"malformed reply: field quotes[{i}].offsets: expected "
+                                "[start, end]")
+        quotes.append(Quote(marker=qf.int("marker"), doc_id=qf.str("doc_id"),
+                            chunk=qf.int("chunk"), offsets=(off[0], off[1]),
+                            text=qf.str("text")))
     # a daemon before declining existed sends none of these: not declined
     return Answer(id=m["id"], answer=answer, finish_reason=finish, citations=cites, usage=usage,
                   timings=timings, grounding=grounding, context=context,
                   declined=f.bool("declined", False) is True,
                   decline_reason=f.str("decline_reason", False),
-                  attempt=f.str("attempt", False), raw=m)
+                  attempt=f.str("attempt", False),
+                  # a daemon before quote mode existed sends neither: a free answer
+                  answer_mode=f.str("answer_mode", False) or "free", quotes=quotes, raw=m)
 
 
 def parse_pong(m: Dict[str, Any], rtt_ms: float) -> Pong:

@@ -191,7 +191,8 @@ class Client:
               timeout: Optional[float] = None,
               history: Optional[Iterable[Mapping[str, Any]]] = None,
               system: Optional[str] = None,
-              unsupported: Optional[str] = None) -> Answer:
+              unsupported: Optional[str] = None,
+              answer_mode: Optional[str] = None) -> Answer:
         """Answers ``question`` from ``collection`` and/or inline ``docs`` (each a str or a
         mapping with "text" and optional "id", "title"); blocks until the whole answer.
         ``max_context_tokens`` decides how much of the documents is read (documents that fit go
@@ -205,13 +206,16 @@ class Client:
         them); ``system``: an instruction of your own, added after the daemon's.
         ``unsupported``: "answer", "mark" or "decline", what the daemon does with an answer
         the documents do not support (default: its configuration's); declined answers come
-        back with ``Answer.declined`` and ``Answer.decline_reason``."""
+        back with ``Answer.declined`` and ``Answer.decline_reason``.
+        ``answer_mode``: "free" (the model's own words) or "quote" (every answer token
+        continues a verbatim span of the placed documents; ``Answer.quotes`` holds the spans
+        with their documents and byte ranges); default: the daemon's configuration's."""
         msg = P.query_request(id or self._next_id(), question, collection=collection, docs=docs,
                               ids=ids, top_k=top_k, max_context_tokens=max_context_tokens,
                               max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                               seed=seed, stop=stop, deadline_ms=deadline_ms, order=order,
                               history=history, system=system, unsupported=unsupported,
-                              stream=False)
+                              answer_mode=answer_mode, stream=False)
         m = self._call(msg, self.query_timeout if timeout is None else timeout)
         return P.parse_answer(m)
 
@@ -225,7 +229,8 @@ class Client:
                timeout: Optional[float] = None,
                history: Optional[Iterable[Mapping[str, Any]]] = None,
                system: Optional[str] = None,
-               unsupported: Optional[str] = None) -> Iterator[Union[Delta, Answer]]:
+               unsupported: Optional[str] = None,
+               answer_mode: Optional[str] = None) -> Iterator[Union[Delta, Answer]]:
         """Like :meth:`query`, streaming: yields a :class:`Delta` per generated piece of text,
         then the final :class:`Answer` (whose ``answer`` is the deltas joined). Leaving the
         loop early (break, an exception, Ctrl-C) cancels the query on the daemon."""
@@ -235,7 +240,7 @@ class Client:
                               max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                               seed=seed, stop=stop, deadline_ms=deadline_ms, order=order,
                               history=history, system=system, unsupported=unsupported,
-                              stream=True)
+                              answer_mode=answer_mode, stream=True)
         wait = self.query_timeout if timeout is None else timeout
         self._register(rid)
         done = False

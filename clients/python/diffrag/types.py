@@ -23,6 +23,20 @@ class Citation:
 
 
 @dataclass
+class Quote:
+    """A verbatim span of a quote-mode answer (``answer_mode="quote"``): ``text`` is the
+    document's bytes at ``offsets`` (a byte range in the document, like a citation's), from
+    the chunk labelled ``[marker]``. The answer (or, when declined, the attempt) is its quotes'
+    texts one after the other."""
+
+    marker: int
+    doc_id: str
+    chunk: int
+    offsets: Tuple[int, int]
+    text: str
+
+
+@dataclass
 class Usage:
     prompt_tokens: int
     context_tokens: int
@@ -71,7 +85,10 @@ class Grounding:
     answer (None when the check did not run); ``context_reliance`` how much more likely the
     answer's tokens are with the documents than without them (mean log-probability difference;
     None when not measured); ``hidden_probe`` the calibration's hidden-state probe, its
-    probability that the answer is not supported (None without a probe)."""
+    probability that the answer is not supported (None without a probe); ``quote_removed``,
+    in quote mode, the mean over the answer's tokens of the probability mass the quote
+    constraint removed: what the model would have said outside the documents (None for a free
+    answer)."""
 
     score: Optional[float] = None
     flagged: Optional[bool] = None
@@ -83,6 +100,7 @@ class Grounding:
     self_check: Optional[float] = None
     context_reliance: Optional[float] = None
     hidden_probe: Optional[float] = None
+    quote_removed: Optional[float] = None
     answer_tokens: Optional[int] = None
     flagged_tokens: Optional[int] = None
     detector: Optional[str] = None
@@ -105,7 +123,9 @@ class Answer:
     found nothing on the question and nothing was generated; "flagged": the detector flagged
     the model's answer; "model_refused": the model refused), and ``attempt`` holds what the
     model generated (None for "no_match"). A streamed query's deltas showed the attempt: show
-    ``answer`` instead."""
+    ``answer`` instead. ``answer_mode``: "free" (the model's own words) or "quote" (every
+    answer token continued a verbatim span of the documents); ``quotes`` are then those spans,
+    in order (empty for a free answer)."""
 
     id: Any
     answer: str
@@ -118,6 +138,8 @@ class Answer:
     declined: bool = False
     decline_reason: Optional[str] = None
     attempt: Optional[str] = None
+    answer_mode: str = "free"
+    quotes: List[Quote] = field(default_factory=list)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
 
