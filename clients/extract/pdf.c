@@ -199,21 +199,21 @@ static int child_failed(const char *prog, const struct Run *r, const struct Extr
             snprintf(err, errlen, "%s ran out of its %u s of processor time; stopped", prog,
                      lim->cpu_seconds);
         else
-            snprintf(err, errlen, "%s crashed (%s): a damaged PDF?", prog, strsignal(sig));
+            snprintf(err, errlen, "%s crashed (%s): a damaged file?", prog, strsignal(sig));
         return sig == SIGXCPU || sig == SIGKILL ? EXTRACT_ELIMIT : EXTRACT_EBAD;
     }
     int code = WIFEXITED(r->status) ? WEXITSTATUS(r->status) : -1;
     if (strstr(r->errtext, "assword")) {
-        snprintf(err, errlen, "an encrypted PDF that needs a password: decrypt it first (e.g. "
+        snprintf(err, errlen, "encrypted: it needs a password; decrypt it first (e.g. "
                  "qpdf --decrypt --password=PASSWORD IN.pdf OUT.pdf)");
         return EXTRACT_EBAD;
     }
     if (code == 3) {
-        snprintf(err, errlen, "the PDF's permissions forbid copying its text");
+        snprintf(err, errlen, "its permissions forbid copying its text");
         return EXTRACT_EBAD;
     }
     last_line(r->errtext, line, sizeof line);
-    snprintf(err, errlen, "a damaged PDF (%s exit status %d: %s)", prog, code, line);
+    snprintf(err, errlen, "damaged (%s exit status %d: %s)", prog, code, line);
     return EXTRACT_EBAD;
 }
 
@@ -302,8 +302,8 @@ int extract_pdf(int fd, const struct ExtractLimits *lim, struct Md *out, char **
     char path[64];
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
     if (!has_eof_marker(fd)) {
-        snprintf(err, errlen, "a truncated PDF (no %%%%EOF at its end): an incomplete copy or "
-                 "download?");
+        snprintf(err, errlen, "truncated: no %%%%EOF at its end (an incomplete copy or "
+                 "download?)");
         return EXTRACT_EBAD;
     }
     double timeout = lim->cpu_seconds * 2.0 + 5;
