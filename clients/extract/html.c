@@ -337,6 +337,10 @@ static void walk(struct Html *h, const GumboNode *n, int depth)
 int extract_html(const char *buf, size_t len, struct Md *out, char **title, char *err,
                  size_t errlen)
 {
+    if (len >= 3 && !memcmp(buf, "\xEF\xBB\xBF", 3)) { /* a byte order mark is not text */
+        buf += 3;
+        len -= 3;
+    }
     GumboOptions opt = kGumboDefaultOptions;
     opt.max_errors = 0; /* the parse errors are not reported: keep none */
     GumboOutput *g = gumbo_parse_with_options(&opt, buf, len);
