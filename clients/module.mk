@@ -1,5 +1,6 @@
 # clients/: libdiffrag (the C client: $(BUILD)/libdiffrag.a and .so, one header, diffrag.pc),
-# the `diffrag` command line, the C example and the C client test, and `make install-clients`.
+# the `diffrag` command line, diffrag-extract, the C example and the C client test, and
+# `make install-clients`.
 # They speak only the wire protocol and need libzmq and msgpack-c, nothing else of diffrag.
 CLIENT_VERSION := 0.1.0
 CLIENT_SONAME  := libdiffrag.so.0
@@ -39,6 +40,15 @@ $(BUILD)/examples/ask_folder.o: CFLAGS += -Iclients/c
 $(BUILD)/examples/ask_folder: $(BUILD)/examples/ask_folder.o $(LIB_CLIENT)
 	$(CC) $(LDFLAGS) $< -o $@ $(LIB_CLIENT) $(CLIENT_EXT) $(LDLIBS)
 
+# diffrag-extract: PDF, DOCX and HTML to Markdown for the ingest (docs/cli.md), in a process of
+# its own under rlimits and a seccomp filter. It links gumbo, libzip, libxml2 and libseccomp;
+# PDF text comes from poppler's pdftotext, run as a program, never linked.
+EXTRACT_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard clients/extract/*.c) clients/ingest/docformat.c)
+$(BUILD)/clients/extract/docx.o: CFLAGS += $(shell pkg-config --cflags libxml-2.0)
+BINS += $(BUILD)/diffrag-extract
+$(BUILD)/diffrag-extract: $(EXTRACT_OBJS)
+	$(CC) $(LDFLAGS) $^ -o $@ -lgumbo -lzip -lxml2 -lseccomp $(LDLIBS)
+
 # The C client test (run by tests/test_c_units.py without a daemon, and by
 # tests/test_clients_c.py against one) links the client, not the engine libraries.
 $(BUILD)/tests/test_client_c: $(BUILD)/tests/test_client_c.o $(CLIENT_OBJS)
@@ -51,7 +61,7 @@ PREFIX       ?= /usr/local
 LIBDIR       ?= $(PREFIX)/lib
 INCLUDEDIR   ?= $(PREFIX)/include
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
-install-clients: $(LIB_CLIENT) $(SO_CLIENT) $(BUILD)/diffrag
+install-clients: $(LIB_CLIENT) $(SO_CLIENT) $(BUILD)/diffrag $(BUILD)/diffrag-extract
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) \
 	    $(DESTDIR)$(PKGCONFIGDIR)
 	install -m 644 clients/c/diffrag.h $(DESTDIR)$(INCLUDEDIR)/diffrag.h
@@ -63,5 +73,6 @@ install-clients: $(LIB_CLIENT) $(SO_CLIENT) $(BUILD)/diffrag
 	    -e 's|@VERSION@|$(CLIENT_VERSION)|' -e 's|@SAN@|$(if $(SAN), $(SAN))|' clients/c/diffrag.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/diffrag.pc
 	chmod 644 $(DESTDIR)$(PKGCONFIGDIR)/diffrag.pc
 	install -m 755 $(BUILD)/diffrag $(DESTDIR)$(PREFIX)/bin/diffrag
+	install -m 755 $(BUILD)/diffrag-extract $(DESTDIR)$(PREFIX)/bin/diffrag-extract
 
 .PHONY: install-clients

@@ -164,10 +164,10 @@ def test_ingest_names_every_skipped_file(daemon, folder):
     r = cli("ingest", "-c", "named", folder, endpoint=daemon.endpoint)
     assert r.returncode == 0
     # a file of another kind is named like any other skipped file, with the reason
-    assert "diffrag ingest: %s: not .txt, .md or .jsonl; skipped" % (folder / "image.png") in r.stderr
+    assert "diffrag ingest: %s: not .txt, .md, .jsonl, .pdf, .docx or .html; skipped" % (folder / "image.png") in r.stderr
     assert any("empty.txt" in ln for ln in r.stderr.splitlines())
     assert ".hidden.txt" not in r.stderr
-    assert "skipped 2 files (1 not .txt, .md or .jsonl; 1 for other reasons; each named above)" in r.stdout
+    assert "skipped 2 files (1 not .txt, .md, .jsonl, .pdf, .docx or .html; 1 for other reasons; each named above)" in r.stdout
 
 
 def test_ingest_names_only_the_first_files_of_other_kinds(daemon, tmp_path):
@@ -176,10 +176,10 @@ def test_ingest_names_only_the_first_files_of_other_kinds(daemon, tmp_path):
     (tmp_path / "a.txt").write_text("The Loire is the longest river in France.\n")
     r = cli("ingest", "-c", "many", tmp_path, endpoint=daemon.endpoint)
     assert r.returncode == 0
-    named = [ln for ln in r.stderr.splitlines() if ".bin: not .txt, .md or .jsonl; skipped" in ln]
+    named = [ln for ln in r.stderr.splitlines() if ".bin: not .txt, .md, .jsonl, .pdf, .docx or .html; skipped" in ln]
     assert len(named) == 20 and "f00.bin" in named[0] and "f19.bin" in named[-1], r.stderr
-    assert "more files that are not .txt, .md or .jsonl; skipped without a note each" in r.stderr
-    assert "skipped 25 files (not .txt, .md or .jsonl; named above)" in r.stdout
+    assert "more files that are not .txt, .md, .jsonl, .pdf, .docx or .html; skipped without a note each" in r.stderr
+    assert "skipped 25 files (not .txt, .md, .jsonl, .pdf, .docx or .html; named above)" in r.stdout
 
 def test_every_command_json_and_exit_codes(daemon, folder):
     ep = daemon.endpoint

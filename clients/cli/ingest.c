@@ -172,7 +172,7 @@ int cmd_ingest(const struct CliArgs *a)
     }
     in.skipped = f.skipped;
     if (!rc && f.n == 0) {
-        fprintf(stderr, "diffrag ingest: no .txt, .md or .jsonl files found\n");
+        fprintf(stderr, "diffrag ingest: no " DOCSRC_KINDS " files found\n");
         rc = CLI_EXIT_USAGE;
     }
     if (!rc)

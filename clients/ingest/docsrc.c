@@ -1,7 +1,7 @@
 /* Documents from local files (docsrc.h): the folder walk with its id and link rules, and the
- * readers of text files and .jsonl lines. Only regular files are read, sizes are checked before
- * reading, and a file that is not UTF-8 text is refused with the byte where it stops being
- * text. */
+ * readers of text files, .jsonl lines and (through diffrag-extract) PDF, DOCX and HTML files.
+ * Only regular files are read, sizes are checked before reading, and a file that is not UTF-8
+ * text is refused with the byte where it stops being text. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -13,7 +13,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "clients/ingest/docformat.h"
 #include "clients/ingest/docsrc.h"
+#include "clients/ingest/extract_run.h"
 #include "text/errmsg.h"
 #include "text/json.h"
 #include "text/utf8.h"
@@ -79,6 +81,7 @@ static int kind_of(const char *name, enum DocsrcKind *kind)
     if (ends_with(name, ".jsonl")) *kind = DOCSRC_JSONL;
     else if (ends_with(name, ".md")) *kind = DOCSRC_MARKDOWN;
     else if (ends_with(name, ".txt")) *kind = DOCSRC_TEXT;
+    else if (docformat_of_name(name) != DOCFMT_TEXT) *kind = DOCSRC_DOCUMENT;
     else return 0;
     return 1;
 }
@@ -246,9 +249,9 @@ static int walk(const struct DocsrcOptions *o, struct DocsrcList *l, const char 
         } else if (!kind_of(names[i], &kind)) {
             /* named, up to a bound: a folder of a thousand source files says so in one line */
             if (l->other_kind < DOCSRC_NAMED_OTHER)
-                note(o, "%s: not .txt, .md or .jsonl; skipped", path);
+                note(o, "%s: not " DOCSRC_KINDS "; skipped", path);
             else if (l->other_kind == DOCSRC_NAMED_OTHER)
-                note(o, "more files that are not .txt, .md or .jsonl; skipped without a note each");
+                note(o, "more files that are not " DOCSRC_KINDS "; skipped without a note each");
             l->skipped++;
             l->other_kind++;
         } else if (!S_ISREG(sb.st_mode)) {
@@ -306,7 +309,7 @@ int docsrc_collect(const struct DocsrcOptions *o, const char *const *paths, size
         enum DocsrcKind kind;
         if (!kind_of(p, &kind)) {
             if (!o->any_named_file)
-                return errmsg_set(err, errlen, DOCSRC_EINPUT, "%s: not a .txt, .md or .jsonl file",
+                return errmsg_set(err, errlen, DOCSRC_EINPUT, "%s: not a " DOCSRC_KINDS " file",
                             printable(p, buf, sizeof buf));
             kind = DOCSRC_TEXT;
         }
@@ -407,6 +410,52 @@ static char *title_of(const struct DocsrcFile *f, const char *text)
     return strndup(base, dot && dot != base ? (size_t)(dot - base) : strlen(base));
 }
 
+/* A PDF, DOCX or HTML file (by content, or by name for the helper to judge): one document of
+ * the Markdown diffrag-extract writes. Closes fd. */
+static int read_extracted(const struct DocsrcOptions *o, const struct DocsrcFile *f, int fd,
+                          const struct stat *sb, enum DocFormat fmt, docsrc_doc_fn fn, void *ctx,
+                          char *err, size_t errlen)
+{
+    const char *what = fmt != DOCFMT_TEXT ? docformat_name(fmt)
+                                          : docformat_name(docformat_of_name(f->path));
+    const char *article = fmt == DOCFMT_HTML || (fmt == DOCFMT_TEXT &&
+                          docformat_of_name(f->path) == DOCFMT_HTML) ? "an" : "a";
+    char a[32], b[32], why[1024];
+    if ((uint64_t)sb->st_size > DOCSRC_MAX_EXTRACT_INPUT) {
+        close(fd);
+        mib(a, sizeof a, (size_t)sb->st_size);
+        mib(b, sizeof b, DOCSRC_MAX_EXTRACT_INPUT);
+        return errmsg_set(err, errlen, DOCSRC_EFILE, "%s: %s %s of %s, over the %s a document "
+                          "file may have", f->path, article, what, a, b);
+    }
+    struct DocsrcDoc d = { 0 };
+    int oom = 0;
+    int st = extract_run(fd, f->path, o->max_file_bytes,
+                         o->extract_timeout_s > 0 ? o->extract_timeout_s : DOCSRC_EXTRACT_TIMEOUT_S,
+                         &d.title, &d.text, &d.text_len, &oom, why, sizeof why);
+    close(fd);
+    if (st)
+        return errmsg_set(err, errlen, oom ? DOCSRC_ENOMEM : DOCSRC_EFILE, "%s: %s %s: %s",
+                          f->path, article, what, why);
+    const char *nul = memchr(d.text, 0, d.text_len);
+    size_t bad = utf8_bad_offset(d.text, nul ? (size_t)(nul - d.text) : d.text_len);
+    if (nul || bad < d.text_len || !utf8_ok(d.title)) {
+        docsrc_doc_free(&d);
+        return errmsg_set(err, errlen, DOCSRC_EFILE, "%s: %s %s: " EXTRACT_PROGRAM " wrote text "
+                          "that is not UTF-8: a mismatched version?", f->path, article, what);
+    }
+    d.id = strdup(f->id);
+    if (!d.id) {
+        docsrc_doc_free(&d);
+        return errmsg_set(err, errlen, DOCSRC_ENOMEM, "out of memory");
+    }
+    d.id_len = strlen(d.id);
+    d.title_len = strlen(d.title);
+    st = fn(ctx, &d) ? DOCSRC_ESTOP : DOCSRC_OK;
+    docsrc_doc_free(&d);
+    return st;
+}
+
 static int read_text(const struct DocsrcOptions *o, const struct DocsrcFile *f, docsrc_doc_fn fn,
                      void *ctx, char *err, size_t errlen)
 {
@@ -417,6 +466,11 @@ static int read_text(const struct DocsrcOptions *o, const struct DocsrcFile *f, 
         return rc;
     size_t size = (size_t)sb.st_size, n = 0;
     char a[32], b[32];
+    unsigned char head[DOCFORMAT_SNIFF_BYTES];
+    ssize_t hn = pread(fd, head, sizeof head, 0);
+    enum DocFormat fmt = hn > 0 ? docformat_sniff(head, (size_t)hn) : DOCFMT_TEXT;
+    if (fmt != DOCFMT_TEXT || f->kind == DOCSRC_DOCUMENT)
+        return read_extracted(o, f, fd, &sb, fmt, fn, ctx, err, errlen);
     if ((uint64_t)sb.st_size > o->max_file_bytes) {
         close(fd);
         mib(a, sizeof a, size);
@@ -635,10 +689,10 @@ const char *docsrc_skip_summary(size_t skipped, size_t other_kind, char *buf, si
 {
     size_t noted = skipped - (other_kind < skipped ? other_kind : skipped);
     if (other_kind && noted)
-        snprintf(buf, cap, "skipped %zu files (%zu not .txt, .md or .jsonl; %zu for other reasons; "
+        snprintf(buf, cap, "skipped %zu files (%zu not " DOCSRC_KINDS "; %zu for other reasons; "
                  "each named above)", skipped, other_kind, noted);
     else if (other_kind)
-        snprintf(buf, cap, "skipped %zu files (not .txt, .md or .jsonl; named above)", skipped);
+        snprintf(buf, cap, "skipped %zu files (not " DOCSRC_KINDS "; named above)", skipped);
     else
         snprintf(buf, cap, "skipped %zu files (for the reasons noted above)", skipped);
     return buf;

@@ -1,6 +1,10 @@
 /* Documents from local files, for `diffrag ingest` and `diffrag-store ingest`: walks the files
  * and folders given, reads a .txt or .md file as one document and a .jsonl file as one document
- * a line ({"id", "text", "title"?, "meta"?}), and refuses what is not a text file.
+ * a line ({"id", "text", "title"?, "meta"?}), a PDF, DOCX or HTML file as one document of the
+ * Markdown diffrag-extract makes of it (extract_run.h), and refuses what is not a text file.
+ * Content decides: a file whose first bytes are a PDF's, a zip archive's or an HTML page's goes
+ * through diffrag-extract whatever its name; a walk takes .pdf, .docx, .html, .htm and .xhtml
+ * files besides .txt, .md and .jsonl.
  *
  * Document ids of text files: the name of the folder given, then the file's path inside it,
  * with '/' separators. For a folder whose real path is /home/u/notes:
@@ -35,15 +39,26 @@ enum DocsrcStatus {
     DOCSRC_OK = 0,
     DOCSRC_EFILE = -1,  /* this file cannot be a document (not a regular file, too large, empty,
                          * not UTF-8, a NUL byte, a name that is not UTF-8, an id over
-                         * DOCSRC_MAX_ID_BYTES, replaced since the walk): callers skip it when
-                         * a folder walk found it and fail when it was named */
+                         * DOCSRC_MAX_ID_BYTES, replaced since the walk, its text could not be
+                         * extracted): callers skip it when a folder walk found it and fail when
+                         * it was named */
     DOCSRC_EINPUT = -2, /* a malformed .jsonl line, a missing or unusable path */
     DOCSRC_EIO = -3,    /* the operating system failed to read */
     DOCSRC_ENOMEM = -4,
     DOCSRC_ESTOP = -5,  /* the document callback returned non-zero */
 };
 
-enum DocsrcKind { DOCSRC_TEXT, DOCSRC_MARKDOWN, DOCSRC_JSONL };
+/* DOCSRC_DOCUMENT: named .pdf, .docx, .html, .htm or .xhtml (its content still decides). */
+enum DocsrcKind { DOCSRC_TEXT, DOCSRC_MARKDOWN, DOCSRC_JSONL, DOCSRC_DOCUMENT };
+
+/* The extensions a walk takes, for messages. */
+#define DOCSRC_KINDS ".txt, .md, .jsonl, .pdf, .docx or .html"
+
+/* A PDF, DOCX or HTML file larger than this is refused unread; its text is held to
+ * max_file_bytes. */
+#define DOCSRC_MAX_EXTRACT_INPUT ((size_t)1 << 30)
+/* Seconds diffrag-extract may take over a file when the options do not say. */
+#define DOCSRC_EXTRACT_TIMEOUT_S 60
 
 struct DocsrcOptions {
     /* A text file larger than this is refused before it is read; a .jsonl line longer than
@@ -52,9 +67,12 @@ struct DocsrcOptions {
     const char *limit_hint;
     /* Nesting allowed in a .jsonl line, the line's object counting 1 (0: JSON_MAX_DEPTH). */
     int max_depth;
-    /* 1: a file named directly is read as text whatever its name (the CLI); 0: only .txt, .md
-     * and .jsonl, others are an error. Folder walks take those three and skip the rest. */
+    /* 1: a file named directly is read as text (or extracted, by its content) whatever its
+     * name (the CLI); 0: only the DOCSRC_KINDS, others are an error. Folder walks take those
+     * and skip the rest. */
     int any_named_file;
+    /* Wall-clock seconds diffrag-extract may take over one file (0: DOCSRC_EXTRACT_TIMEOUT_S). */
+    double extract_timeout_s;
     /* Notes about files a walk skipped go to notes, each line starting with prog; NULL: none.
      * Hidden files are passed over silently; files of other extensions are named, the first
      * DOCSRC_NAMED_OTHER of them, then one line says more were skipped. */
@@ -68,7 +86,7 @@ struct DocsrcOptions {
 /* A file to read, in walk order (each folder's entries sorted by name). */
 struct DocsrcFile {
     char *path;   /* to open: the folder as given joined with the names below it */
-    char *id;     /* the id of its document, for .txt and .md */
+    char *id;     /* the id of its document, for all but .jsonl */
     int named;    /* given directly, not found by walking a folder */
     enum DocsrcKind kind;
     dev_t dev;    /* the file the walk saw (a link's target): what is opened must be it */
@@ -109,8 +127,9 @@ struct DocsrcDoc {
 typedef int (*docsrc_doc_fn)(void *ctx, struct DocsrcDoc *doc);
 
 /* Reads file f and calls fn for each of its documents. *stop is checked before each .jsonl
- * line (a Ctrl-C flag; NULL: never). Returns DOCSRC_OK, DOCSRC_EFILE (a text file that cannot
- * be a document: err says why and how to fix it), DOCSRC_EINPUT (a .jsonl line: err starts
+ * line (a Ctrl-C flag; NULL: never). Returns DOCSRC_OK, DOCSRC_EFILE (a file that cannot be a
+ * document: err names it and says why, for a PDF, DOCX or HTML file "PATH: a PDF: REASON",
+ * REASON what diffrag-extract said or how it failed: a crash, a limit, the timeout), DOCSRC_EINPUT (a .jsonl line: err starts
  * with "PATH:LINE: "; the lines before it were given to fn), DOCSRC_EIO, DOCSRC_ENOMEM,
  * DOCSRC_ESTOP. */
 int docsrc_read(const struct DocsrcOptions *o, const struct DocsrcFile *f, docsrc_doc_fn fn,

@@ -1,0 +1,345 @@
+/* PDF to Markdown for diffrag-extract: poppler's pdftotext (GPL, so run as its own program,
+ * never linked) writes the text layer in reading order, each page ended by a form feed; each
+ * page with text becomes "<!-- page N -->" and its lines. The title is the document's Title
+ * (pdfinfo), when it has one. The children inherit this process's limits and seccomp filter,
+ * and each gets a wall-clock limit of its own. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "clients/extract/extract.h"
+
+/* What a child wrote and how it ended. */
+struct Run {
+    char *out;
+    size_t out_len;
+    char errtext[1024];
+    int status;      /* waitpid's */
+    int timed_out, too_long, not_found;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Runs argv (found on PATH) with stdout and stderr captured: at most max_out bytes of stdout
+ * (more: killed, too_long), for at most timeout_s seconds (timed_out). Returns 0, or -1 when
+ * it cannot be started (err set). */
+static int run_capture(char *const argv[], size_t max_out, double timeout_s, struct Run *r,
+                       char *err, size_t errlen)
+{
+    int po[2], pe[2], px[2];
+    memset(r, 0, sizeof *r);
+    if (pipe2(po, O_CLOEXEC))
+        goto fail0;
+    if (pipe2(pe, O_CLOEXEC))
+        goto fail1;
+    if (pipe2(px, O_CLOEXEC)) /* carries errno of a failed exec */
+        goto fail2;
+    pid_t pid = fork();
+    if (pid < 0)
+        goto fail3;
+    if (pid == 0) {
+        dup2(po[1], 1);
+        dup2(pe[1], 2);
+        execvp(argv[0], argv);
+        int e = errno;
+        ssize_t w = write(px[1], &e, sizeof e);
+        (void)w;
+        _exit(127);
+    }
+    close(po[1]);
+    close(pe[1]);
+    close(px[1]);
+    int e = 0;
+    if (read(px[0], &e, sizeof e) == (ssize_t)sizeof e)
+        r->not_found = e == ENOENT || e == EACCES ? 1 : 2;
+    close(px[0]);
+    size_t cap = 0, elen = 0;
+    struct pollfd fds[2] = { { po[0], POLLIN, 0 }, { pe[0], POLLIN, 0 } };
+    int open_fds = 2;
+    double deadline = now_s() + timeout_s;
+    while (open_fds && !r->not_found) {
+        double left = deadline - now_s();
+        if (left <= 0) {
+            r->timed_out = 1;
+            break;
+        }
+        int k = poll(fds, 2, (int)(left * 1000) + 1);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            break;
+        for (int i = 0; i < 2; i++) {
+            if (fds[i].fd < 0 || !fds[i].revents)
+                continue;
+            char buf[65536];
+            ssize_t n = read(fds[i].fd, buf, sizeof buf);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0) {
+                close(fds[i].fd);
+                fds[i].fd = -1;
+                open_fds--;
+                continue;
+            }
+            if (i == 1) {
+                size_t take = (size_t)n < sizeof r->errtext - 1 - elen ? (size_t)n
+                                                                     : sizeof r->errtext - 1 - elen;
+                memcpy(r->errtext + elen, buf, take);
+                elen += take;
+                continue;
+            }
+            if (r->out_len + (size_t)n > max_out) {
+                r->too_long = 1;
+                open_fds = 0;
+                break;
+            }
+            if (r->out_len + (size_t)n + 1 > cap) {
+                size_t nc = cap ? cap : 65536;
+                while (nc < r->out_len + (size_t)n + 1)
+                    nc *= 2;
+                char *p = realloc(r->out, nc);
+                if (!p) {
+                    r->too_long = 1; /* treated as a limit: memory */
+                    open_fds = 0;
+                    break;
+                }
+                r->out = p;
+                cap = nc;
+            }
+            memcpy(r->out + r->out_len, buf, (size_t)n);
+            r->out_len += (size_t)n;
+            r->out[r->out_len] = 0;
+        }
+    }
+    r->errtext[elen] = 0;
+    if (r->timed_out || r->too_long)
+        kill(pid, SIGKILL);
+    for (int i = 0; i < 2; i++)
+        if (fds[i].fd >= 0)
+            close(fds[i].fd);
+    while (waitpid(pid, &r->status, 0) < 0 && errno == EINTR)
+        ;
+    return 0;
+fail3:
+    close(px[0]);
+    close(px[1]);
+fail2:
+    close(pe[0]);
+    close(pe[1]);
+fail1:
+    close(po[0]);
+    close(po[1]);
+fail0:
+    snprintf(err, errlen, "cannot start %s: %s", argv[0], strerror(errno));
+    return -1;
+}
+
+/* The last non-empty line of s, with its "Syntax Error: " and like prefixes kept (they say
+ * what is wrong), at most cap-1 bytes. */
+static void last_line(const char *s, char *buf, size_t cap)
+{
+    const char *best = NULL;
+    size_t best_len = 0;
+    for (const char *p = s; *p;) {
+        size_t l = strcspn(p, "\n");
+        size_t t = l;
+        while (t && (p[t - 1] == '\r' || p[t - 1] == ' '))
+            t--;
+        if (t) {
+            best = p;
+            best_len = t;
+        }
+        p += l + (p[l] == '\n');
+    }
+    if (!best) {
+        snprintf(buf, cap, "no message");
+        return;
+    }
+    snprintf(buf, cap, "%.*s", (int)best_len, best);
+}
+
+/* Why the child failed, into err; the EXTRACT_* status. */
+static int child_failed(const char *prog, const struct Run *r, const struct ExtractLimits *lim,
+                        char *err, size_t errlen)
+{
+    char line[512];
+    if (r->not_found == 1) {
+        snprintf(err, errlen, "%s is not installed (Debian: apt-get install poppler-utils)", prog);
+        return EXTRACT_ETOOL;
+    }
+    if (r->not_found) {
+        snprintf(err, errlen, "cannot start %s", prog);
+        return EXTRACT_ETOOL;
+    }
+    if (r->timed_out) {
+        snprintf(err, errlen, "%s took too long; stopped", prog);
+        return EXTRACT_ELIMIT;
+    }
+    if (r->too_long) {
+        snprintf(err, errlen, "its text is over %.0f MiB, the most it may have",
+                 lim->max_output / 1048576.0);
+        return EXTRACT_ELIMIT;
+    }
+    if (WIFSIGNALED(r->status)) {
+        int sig = WTERMSIG(r->status);
+        if (sig == SIGXCPU || sig == SIGKILL)
+            snprintf(err, errlen, "%s ran out of its %u s of processor time; stopped", prog,
+                     lim->cpu_seconds);
+        else
+            snprintf(err, errlen, "%s crashed (%s): a damaged file?", prog, strsignal(sig));
+        return sig == SIGXCPU || sig == SIGKILL ? EXTRACT_ELIMIT : EXTRACT_EBAD;
+    }
+    int code = WIFEXITED(r->status) ? WEXITSTATUS(r->status) : -1;
+    if (strstr(r->errtext, "assword")) {
+        snprintf(err, errlen, "encrypted: it needs a password; decrypt it first (e.g. "
+                 "qpdf --decrypt --password=PASSWORD IN.pdf OUT.pdf)");
+        return EXTRACT_EBAD;
+    }
+    if (code == 3) {
+        snprintf(err, errlen, "its permissions forbid copying its text");
+        return EXTRACT_EBAD;
+    }
+    last_line(r->errtext, line, sizeof line);
+    snprintf(err, errlen, "damaged (%s exit status %d: %s)", prog, code, line);
+    return EXTRACT_EBAD;
+}
+
+static int blank(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\n' && s[i] != '\f' &&
+            s[i] != '\v')
+            return 0;
+    return 1;
+}
+
+/* The pages of pdftotext's output (each ended by '\f') into out. Returns the pages with text. */
+static size_t pages(const char *s, size_t n, struct Md *out)
+{
+    size_t page = 0, with_text = 0;
+    for (size_t i = 0; i < n;) {
+        const char *ff = memchr(s + i, '\f', n - i);
+        size_t end = ff ? (size_t)(ff - s) : n;
+        page++;
+        if (!blank(s + i, end - i)) {
+            char mark[48];
+            int ml = snprintf(mark, sizeof mark, "<!-- page %zu -->", page);
+            md_block(out);
+            md_raw(out, mark, (size_t)ml);
+            md_block(out);
+            int blank_run = 0;
+            for (size_t j = i; j < end;) {
+                size_t l = strcspn(s + j, "\n\f");
+                if (j + l > end)
+                    l = end - j;
+                if (blank(s + j, l)) {
+                    blank_run = 1;
+                } else {
+                    if (blank_run)
+                        md_block(out);
+                    blank_run = 0;
+                    md_newline(out);
+                    md_text(out, s + j, l); /* collapses runs of spaces, escapes a leading '#' */
+                }
+                j += l + 1;
+            }
+            with_text++;
+        }
+        i = end + 1;
+    }
+    md_block(out);
+    return with_text;
+}
+
+/* The Title line of pdfinfo's output, or NULL. */
+static char *info_title(const char *s)
+{
+    for (const char *p = s; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (!strncmp(p, "Title:", 6)) {
+            const char *v = p + 6;
+            size_t l = strcspn(v, "\n");
+            char *t = md_one_line(v, l);
+            if (t && !t[0]) {
+                free(t);
+                t = NULL;
+            }
+            return t;
+        }
+    return NULL;
+}
+
+/* 1 when "%%EOF" is in the last 1024 bytes of the file (where readers look for it). */
+static int has_eof_marker(int fd)
+{
+    struct stat sb;
+    char tail[1024 + 1];
+    if (fstat(fd, &sb))
+        return 0;
+    off_t from = sb.st_size > 1024 ? sb.st_size - 1024 : 0;
+    ssize_t n = pread(fd, tail, sizeof tail - 1, from);
+    if (n <= 0)
+        return 0;
+    tail[n] = 0;
+    return memmem(tail, (size_t)n, "%%EOF", 5) != NULL;
+}
+
+int extract_pdf(int fd, const struct ExtractLimits *lim, struct Md *out, char **title,
+                char *err, size_t errlen)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    if (!has_eof_marker(fd)) {
+        snprintf(err, errlen, "truncated: no %%%%EOF at its end (an incomplete copy or "
+                 "download?)");
+        return EXTRACT_EBAD;
+    }
+    double timeout = lim->cpu_seconds * 2.0 + 5;
+    char *argv[] = { "pdftotext", "-enc", "UTF-8", "-eol", "unix", "-q", path, "-", NULL };
+    struct Run r;
+    if (run_capture(argv, lim->max_output, timeout, &r, err, errlen))
+        return EXTRACT_ETOOL;
+    /* -q hides the messages of a file that opens: run again without it for why it failed */
+    if (!r.not_found && !r.timed_out && !r.too_long && !(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0)) {
+        struct Run again;
+        char *argv2[] = { "pdftotext", "-enc", "UTF-8", path, "-", NULL };
+        if (!run_capture(argv2, lim->max_output, timeout, &again, err, errlen)) {
+            memcpy(r.errtext, again.errtext, sizeof r.errtext);
+            free(again.out);
+        }
+    }
+    int rc = WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0 && !r.not_found && !r.timed_out &&
+             !r.too_long ? EXTRACT_OK : child_failed("pdftotext", &r, lim, err, errlen);
+    if (!rc && pages(r.out ? r.out : "", r.out_len, out) == 0) {
+        snprintf(err, errlen, "no text layer: a scanned PDF? OCR it first (e.g. ocrmypdf IN.pdf "
+                 "OUT.pdf)");
+        rc = EXTRACT_EBAD;
+    }
+    free(r.out);
+    if (!rc && out->oom) {
+        snprintf(err, errlen, "out of memory");
+        rc = EXTRACT_ENOMEM;
+    }
+    if (rc)
+        return rc;
+    char *argv3[] = { "pdfinfo", "-enc", "UTF-8", path, NULL };
+    char ignored[256];
+    if (!run_capture(argv3, 1 << 20, timeout, &r, ignored, sizeof ignored)) {
+        if (WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0 && r.out)
+            *title = info_title(r.out);
+        free(r.out);
+    }
+    return EXTRACT_OK;
+}

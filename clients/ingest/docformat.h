@@ -1,0 +1,27 @@
+/* What a file holds, by its first bytes: PDF, a zip archive (a DOCX document when it holds
+ * word/document.xml: diffrag-extract looks), HTML, or anything else (text). Shared by the ingest
+ * (which files go through diffrag-extract) and by diffrag-extract itself. */
+#ifndef DIFFRAG_DOCFORMAT_H
+#define DIFFRAG_DOCFORMAT_H
+
+#include <stddef.h>
+
+enum DocFormat { DOCFMT_TEXT = 0, DOCFMT_PDF, DOCFMT_ZIP, DOCFMT_HTML };
+
+/* How many leading bytes docformat_sniff looks at: give it at least this many when the file
+ * has them. */
+#define DOCFORMAT_SNIFF_BYTES 1024
+
+/* The format of a file that starts with head[0..n): "%PDF-" within its first 1024 bytes (as
+ * readers accept), "PK\3\4", or, after an optional byte order mark, white space, an <?xml ...?>
+ * declaration and comments, a tag <!doctype html, <html, <head or <body (any case). */
+enum DocFormat docformat_sniff(const unsigned char *head, size_t n);
+
+/* The format a name's extension suggests: .pdf, .docx, .html/.htm/.xhtml (any case); DOCFMT_TEXT
+ * for any other. */
+enum DocFormat docformat_of_name(const char *name);
+
+/* "PDF", "DOCX", "HTML", "text". */
+const char *docformat_name(enum DocFormat f);
+
+#endif
