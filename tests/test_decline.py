@@ -253,3 +253,60 @@ def test_sighup_reloads_the_policy(tmp_path, model):
         assert 'changed="unsupported,decline_text"' in d.log_text(), d.log_text()[-2000:]
         _, r = ask(d, UNMATCHED)
         assert r["answer"] == "Not in the documents." and r["decline_reason"] == "no_match", r
+
+
+def test_a_model_refusal_is_declined(tmp_path, model):
+    """The model's own refusal counts as a decline (reason model_refused): a worker that joins
+    over TCP (here one that answers every job with the prompt's refusal, as a model that
+    refuses would) is asked through the real broker; the reply is decline_text with the
+    refusal kept as the attempt, and the outcome counters say model_refused."""
+    import struct
+
+    import msgpack
+    import zmq
+
+    from daemon_util import free_port
+    wport = free_port()
+    d = Daemon(tmp_path, model, workers=0, worker_listen="tcp://127.0.0.1:%d" % wport,
+               unsupported="decline")
+    ctx = zmq.Context()
+    w = ctx.socket(zmq.DEALER)
+    try:
+        d.start(wait_ready=False)
+        w.connect("tcp://127.0.0.1:%d" % wport)
+        w.send_multipart([b"\x01", msgpack.packb({"v": 1, "model": "refuser", "vocab": 512,
+                                                  "n_ctx": 8192, "kv_bytes": 1 << 20,
+                                                  "threads": 1, "max_running": 1})])
+        d.wait_ready()
+        refusal = "I cannot find the answer in the provided documents."
+        c = d.client()
+        c.send(query(ANSWERABLE, DOCS, max_tokens=12, id="r1"))
+        job = None
+        while job is None:
+            assert w.poll(30000), "no job reached the worker"
+            frames = w.recv_multipart()
+            if frames[0] == b"\x03":
+                job = frames[1][:8]
+        n = 3
+        f32 = lambda v: struct.pack("<%df" % n, *([v] * n))   # noqa: E731
+        ends = [10, 30, len(refusal)]
+        sig = {"n": n, "logprob": f32(-0.1), "entropy": f32(0.5), "margin": f32(0.8),
+               "doc_mass": f32(0.2), "gen_mass": f32(0.1), "diff_doc_mass": f32(0.2),
+               "lookback": f32(0.6), "text_end": struct.pack("<3I", *ends)}
+        before = d.metric("diffrag_declined_answers_total", reason="model_refused")
+        w.send_multipart([b"\x05", job + msgpack.packb({
+            "finish": "stop", "text": refusal, "prompt_tokens": 40, "completion_tokens": n + 1,
+            "cached_tokens": 0, "prefill_ms": 1.0, "ttft_ms": 1.0, "decode_ms": 1.0,
+            "signals": sig})])
+        r = c.recv(timeout=30)
+        assert r["ok"], r
+        assert r["declined"] and r["decline_reason"] == "model_refused", r
+        assert r["answer"] == DEFAULT_TEXT and r["attempt"] == refusal, r
+        assert r["grounding"]["abstained"] is True
+        after = d.metric("diffrag_declined_answers_total", reason="model_refused")
+        assert after == before + 1, (before, after)
+        assert d.metric("diffrag_answers_total", outcome="declined") >= 1
+    finally:
+        w.close(0)
+        ctx.term()
+        d.__exit__(None, None, None)
