@@ -450,10 +450,18 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
     mpw_array(w, n_cites);
     for (size_t i = 0; i < n_cites; i++) {
         const struct CtxCitation *c = &ctx->cites[i];
-        mpw_map(w, 9);
+        mpw_map(w, 10);
         mpw_kv_str(w, "doc_id", c->doc_id, c->doc_id_len);
         mpw_kv_uint(w, "chunk", c->chunk);
         mpw_kv_str(w, "heading", c->heading, c->heading_len);
+        mpw_cstr(w, "page");  /* [first, last] pages of a text with page markers, else nil */
+        if (c->page_first) {
+            mpw_array(w, 2);
+            mpw_uint(w, c->page_first);
+            mpw_uint(w, c->page_last);
+        } else {
+            mpw_nil(w);
+        }
         mpw_kv_double(w, "score", c->score);
         mpw_cstr(w, "offsets");
         mpw_array(w, 2);

@@ -1,7 +1,7 @@
 /* Sentence segmentation (end punctuation followed by a space and not a lowercase word, skipping
  * initials and common abbreviations; blank lines start paragraphs; Markdown block lines stand
  * alone), oversize-sentence splitting, Markdown headings (outside fenced code) as section
- * starts, and packing of sections, paragraphs and sentences into chunks. */
+ * starts, page markers, and packing of sections, paragraphs and sentences into chunks. */
 #include "retriever/chunker.h"
 
 #include <ctype.h>
@@ -46,9 +46,35 @@ static int before_is_abbrev(const char *text, size_t dot)
     return 0;
 }
 
-/* Markdown block markers that make a line a unit of its own. */
+/* The page number of a page marker line text[ls, le) ("<!-- page N -->"), or 0. */
+static uint32_t page_marker(const char *text, size_t ls, size_t le)
+{
+    static const char open[] = "<!-- page ", close[] = " -->";
+    size_t ol = sizeof open - 1, cl = sizeof close - 1;
+    while (le > ls && is_ws((unsigned char)text[le - 1]))
+        le--;
+    if (le - ls < ol + 1 + cl || memcmp(text + ls, open, ol) || memcmp(text + le - cl, close, cl))
+        return 0;
+    size_t a = ls + ol, b = le - cl;
+    if (b - a > 9 || text[a] == '0')
+        return 0;
+    uint32_t n = 0;
+    for (size_t i = a; i < b; i++) {
+        if (!isdigit((unsigned char)text[i]))
+            return 0;
+        n = n * 10 + (uint32_t)(text[i] - '0');
+    }
+    return n;
+}
+
+/* Markdown block markers (and page markers) that make a line a unit of its own. */
 static int line_is_block(const char *text, size_t len, size_t i)
 {
+    if (i + 5 < len && memcmp(text + i, "<!-- ", 5) == 0) {
+        const char *nl = memchr(text + i, '\n', len - i);
+        if (page_marker(text, i, nl ? (size_t)(nl - text) : len))
+            return 1;
+    }
     while (i < len && (text[i] == ' ' || text[i] == '\t'))
         i++;
     if (i >= len)
@@ -249,6 +275,21 @@ static int split_unit(const char *text, size_t s, size_t e, size_t n, uint8_t pa
 /* ---- headings ---------------------------------------------------------------------------- */
 
 struct Head { size_t at; struct ChunkHeading h; }; /* at: the first '#' */
+struct Mark { size_t at, end; uint32_t page; };    /* a page marker line [at, end) */
+
+static int push_mark(struct Mark **ms, size_t *n, size_t *cap, struct Mark m)
+{
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 16;
+        struct Mark *p = realloc(*ms, nc * sizeof *p);
+        if (!p)
+            return RET_ENOMEM;
+        *ms = p;
+        *cap = nc;
+    }
+    (*ms)[(*n)++] = m;
+    return RET_OK;
+}
 
 /* A fence opening or closing line: up to 3 spaces, then 3 or more ` or ~. */
 static size_t fence_run(const char *text, size_t ls, size_t le, char *ch)
@@ -269,11 +310,14 @@ static size_t fence_run(const char *text, size_t ls, size_t le, char *ch)
     return j - i;
 }
 
-/* The ATX headings of text outside fenced code blocks, in order. */
-static int find_headings(const char *text, size_t len, struct Head **out, size_t *n_out)
+/* The ATX headings and the page markers of text outside fenced code blocks, in order. */
+static int find_headings(const char *text, size_t len, struct Head **out, size_t *n_out,
+                         struct Mark **marks, size_t *n_marks)
 {
     struct Head *hs = NULL;
-    size_t n = 0, cap = 0;
+    size_t n = 0, cap = 0, mcap = 0;
+    *marks = NULL;
+    *n_marks = 0;
     char fence = 0;
     size_t fence_len = 0;
     for (size_t ls = 0; ls < len;) {
@@ -294,6 +338,13 @@ static int find_headings(const char *text, size_t len, struct Head **out, size_t
         } else if (run) {
             fence = ch;
             fence_len = run;
+        } else if (page_marker(text, ls, le)) {
+            if (push_mark(marks, n_marks, &mcap, (struct Mark){ ls, le, page_marker(text, ls, le) })) {
+                free(hs);
+                free(*marks);
+                *marks = NULL;
+                return RET_ENOMEM;
+            }
         } else {
             size_t i = ls;
             while (i < le && i - ls < 3 && text[i] == ' ')
@@ -322,6 +373,8 @@ static int find_headings(const char *text, size_t len, struct Head **out, size_t
                         struct Head *p = realloc(hs, nc * sizeof *p);
                         if (!p) {
                             free(hs);
+                            free(*marks);
+                            *marks = NULL;
                             return RET_ENOMEM;
                         }
                         hs = p;
@@ -376,6 +429,48 @@ size_t chunk_heading_path(const char *text, const struct ChunkSpan *span, const 
         n--;
     out[n] = 0;
     return n;
+}
+
+/* The pages of each chunk from the page markers (chunker.h). */
+static void set_pages(struct ChunkSpan *cs, size_t n, const struct Mark *m, size_t nm)
+{
+    size_t k = 0; /* markers before k start at or before the current chunk's start */
+    for (size_t i = 0; i < n && nm; i++) {
+        struct ChunkSpan *c = &cs[i];
+        while (k > 0 && m[k - 1].at > c->start) /* overlap: a chunk may start before the last */
+            k--;
+        while (k < nm && m[k].at <= c->start)
+            k++;
+        uint32_t first = k ? m[k - 1].page : 0, last = first;
+        for (size_t j = k; j < nm && m[j].at < c->end; j++)
+            if (m[j].end < c->end) { /* text after it in the chunk */
+                if (!first)
+                    first = m[j].page;
+                last = m[j].page;
+            }
+        c->page_first = first;
+        c->page_last = first ? last : 0;
+    }
+}
+
+int chunk_text_pages(const char *text, size_t len, uint32_t *first, uint32_t *last)
+{
+    struct Head *heads = NULL;
+    struct Mark *marks = NULL;
+    size_t n_heads = 0, n_marks = 0;
+    struct ChunkSpan c = { 0 };
+    c.end = len;
+    int rc = find_headings(text, len, &heads, &n_heads, &marks, &n_marks);
+    if (rc == RET_OK) {
+        while (c.end > 0 && is_ws((unsigned char)text[c.end - 1]))
+            c.end--;
+        set_pages(&c, 1, marks, n_marks);
+    }
+    *first = c.page_first;
+    *last = c.page_last;
+    free(heads);
+    free(marks);
+    return rc;
 }
 
 /* ---- packing ------------------------------------------------------------------------------- */
@@ -509,18 +604,25 @@ int chunk_text(const char *text, size_t len, const struct ChunkOptions *o,
     struct Unit *u = NULL;
     size_t nu = 0, ucap = 0;
     struct Head *heads = NULL;
-    size_t n_heads = 0;
+    size_t n_heads = 0, n_marks = 0;
+    struct Mark *marks = NULL;
     struct Packer pk = { .text = text, .target = o->target_tokens, .overlap = o->overlap_tokens };
     int rc = chunk_sentences(text, len, &starts, &para, &n_st);
-    if (rc || (rc = find_headings(text, len, &heads, &n_heads)))
+    if (rc || (rc = find_headings(text, len, &heads, &n_heads, &marks, &n_marks)))
         goto err;
-    size_t h = 0, n_head_units = 0;
+    size_t h = 0, n_head_units = 0, mk = 0;
+    int after_mark = 0;
     for (size_t i = 0; i < n_st; i++) {
         size_t s = starts[i], e = i + 1 < n_st ? starts[i + 1] : len;
         size_t te = trim_end(text, s, e), cnt;
         while (h < n_heads && heads[h].at < s)
             h++;
         uint8_t head = h < n_heads && heads[h].at == s;
+        while (mk < n_marks && marks[mk].at < s)
+            mk++;
+        /* a page marker starts the paragraph that follows it: never a chunk of its own */
+        uint8_t is_para = para[i] && !after_mark;
+        after_mark = mk < n_marks && marks[mk].at == s;
         n_head_units += head;
         if (tokcount_count(tc, text + s, te - s, &cnt)) {
             rc = RET_ETOKEN;
@@ -528,10 +630,10 @@ int chunk_text(const char *text, size_t len, const struct ChunkOptions *o,
         }
         size_t first = nu;
         if (cnt > o->target_tokens) {
-            if ((rc = split_unit(text, s, e, cnt, para[i], o->target_tokens, tc, &u, &nu, &ucap)))
+            if ((rc = split_unit(text, s, e, cnt, is_para, o->target_tokens, tc, &u, &nu, &ucap)))
                 goto err;
         } else {
-            struct Unit v = { s, e, (uint32_t)cnt, para[i], 0 };
+            struct Unit v = { s, e, (uint32_t)cnt, is_para, 0 };
             if ((rc = push(&u, &nu, &ucap, v)))
                 goto err;
         }
@@ -555,10 +657,12 @@ int chunk_text(const char *text, size_t len, const struct ChunkOptions *o,
     }
     if (rc)
         goto err;
+    set_pages(pk.ch, pk.n, marks, n_marks);
     free(starts);
     free(para);
     free(u);
     free(heads);
+    free(marks);
     *out = pk.ch;
     *n_out = pk.n;
     return RET_OK;
@@ -567,6 +671,7 @@ err:
     free(para);
     free(u);
     free(heads);
+    free(marks);
     free(pk.ch);
     if (rc == RET_ETOKEN)
         return ret_fail(err, errlen, rc, "the token counter failed while chunking");

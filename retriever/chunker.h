@@ -8,7 +8,15 @@
  * paragraph longer than the target at sentences. Headings with no body of their own go with the
  * chunk that follows them. Overlap never crosses a heading. Each chunk records its heading
  * path: the headings that enclose it, outermost first. Text without headings is chunked as
- * one run of sentences, as before headings counted. */
+ * one run of sentences, as before headings counted.
+ *
+ * Page markers: a line that is exactly `<!-- page N -->` (N from 1, no leading zero; trailing
+ * whitespace allowed), outside fenced code, as diffrag-extract writes at the start of each
+ * page of a PDF, says that page starts there. It is a sentence unit of its own and stays in
+ * the chunk's text. Each chunk records the page it starts on (the last marker at or before its
+ * start; for a chunk that starts before any marker, the first marker with text after it in the
+ * chunk: what precedes page 1 is the title line the extractor adds) and the page it ends on
+ * (the last marker in it with text after it). Text without markers gives chunks no pages. */
 #ifndef DIFFRAG_CHUNKER_H
 #define DIFFRAG_CHUNKER_H
 
@@ -46,7 +54,10 @@ struct ChunkSpan {
     uint32_t n_heads;     /* the heading path: headings open at the chunk's end (after those
                              it starts with), outermost first */
     struct ChunkHeading heads[CHUNK_MAX_DEPTH];
+    uint32_t page_first, page_last; /* the pages it starts and ends on (0, 0: none) */
 };
+
+#define CHUNK_MAX_PAGE 999999999u  /* the largest page number a marker may give */
 
 /* Chunk text[0..len). *out (malloc'ed, caller frees) receives *n_out spans in document order;
  * text with no non-whitespace gives zero chunks. A sentence longer than the target is cut at
@@ -62,6 +73,10 @@ int chunk_text(const char *text, size_t len, const struct ChunkOptions *o,
  * CHUNK_MAX_PATH_BYTES. Returns the length (0: no path). */
 size_t chunk_heading_path(const char *text, const struct ChunkSpan *span, const char *title,
                           size_t title_len, char *out, size_t cap);
+
+/* The pages of the whole of text[0..len) as one chunk (*first, *last; 0, 0: no markers).
+ * Returns RET_OK or RET_ENOMEM. */
+int chunk_text_pages(const char *text, size_t len, uint32_t *first, uint32_t *last);
 
 /* Sentence units as the chunker sees them (exposed for tests): starts of units and whether
  * each begins a paragraph. *starts / *para are malloc'ed. */

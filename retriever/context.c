@@ -104,7 +104,7 @@ void ctx_chunks_from_hits(const struct SearchHit *hits, size_t n, struct CtxChun
         out[i] = (struct CtxChunk){ hits[i].doc_id, hits[i].doc_id_len, hits[i].title, hits[i].title_len,
                                     hits[i].text, hits[i].text_len, hits[i].chunk, hits[i].byte_start,
                                     hits[i].byte_end, hits[i].score, 0, 0, hits[i].heading,
-                                    hits[i].heading_len };
+                                    hits[i].heading_len, hits[i].page_first, hits[i].page_last };
 }
 
 void ctx_destroy(struct Context **pc)
@@ -375,6 +375,8 @@ int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t que
         heading[c->heading_len] = 0;
         ci->heading = heading;
         ci->heading_len = c->heading_len;
+        ci->page_first = c->page_first;
+        ci->page_last = c->page_last;
         ci->marker = (int)i + 1;
         ci->rank = pl[i].rank;
         ci->chunk = c->chunk;

@@ -31,6 +31,7 @@ struct CtxChunk {
     uint64_t ref;                   /* the caller's name for it, copied to its citation (the
                                        daemon: a stored chunk's collection and chunk ids) */
     const char *heading; size_t heading_len; /* its heading path, shown in its label (0: none) */
+    uint32_t page_first, page_last; /* the pages it starts and ends on (chunker.h; 0: none) */
 };
 
 /* An earlier turn of the conversation; the text is borrowed for the call. */
@@ -61,6 +62,7 @@ struct CtxCitation {
     char *doc_id; size_t doc_id_len;  /* owned copy */
     const char *heading; size_t heading_len; /* the chunk's heading path (NUL-terminated, in
                                        doc_id's allocation; "" for none) */
+    uint32_t page_first, page_last; /* CtxChunk's pages (0: none), also when truncated */
     uint32_t chunk;
     uint64_t byte_start, byte_end;  /* in the document (a truncated chunk ends earlier) */
     double score;

@@ -58,6 +58,7 @@ struct SearchHit {
     const char *doc_id; size_t doc_id_len;
     const char *title; size_t title_len;
     const char *heading; size_t heading_len; /* the chunk's heading path (chunker.h; 0: none) */
+    uint32_t page_first, page_last;    /* the pages it starts and ends on (chunker.h; 0: none) */
     const char *text; size_t text_len; /* the chunk's text */
 };
 

@@ -7,7 +7,12 @@
 
 #include "retriever/status.h"
 
-struct MemChunk { uint32_t doc, chunk, n_terms; uint64_t start, end; size_t head_off, head_len; };
+struct MemChunk {
+    uint32_t doc, chunk, n_terms;
+    uint64_t start, end;
+    size_t head_off, head_len;
+    uint32_t page_first, page_last;
+};
 struct PostList { struct Posting *p; size_t n, cap; };
 
 struct MemIndex {
@@ -155,7 +160,8 @@ int memidx_build(const struct StoreDoc *docs, size_t n, const struct IndexOption
             }
             m->chunks[m->n_chunks++] = (struct MemChunk){ (uint32_t)d, (uint32_t)j,
                                                           (uint32_t)bag.total, sp[j].start, sp[j].end,
-                                                          m->heads_len, hl };
+                                                          m->heads_len, hl, sp[j].page_first,
+                                                          sp[j].page_last };
             m->heads_len += hl;
             m->total_terms += bag.total;
         }
@@ -265,6 +271,7 @@ int memidx_search(struct MemIndex *m, const char *query, size_t qlen, const stru
             .byte_start = c->start, .byte_end = c->end,
             .doc_id = d->id, .doc_id_len = d->id_len, .title = d->title, .title_len = d->title_len,
             .heading = m->heads ? m->heads + c->head_off : NULL, .heading_len = c->head_len,
+            .page_first = c->page_first, .page_last = c->page_last,
             .text = d->text + c->start, .text_len = c->end - c->start,
         };
     }

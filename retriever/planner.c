@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "retriever/chunker.h"
 #include "retriever/status.h"
 
 /* Chunks asked for per budget token without a top_k (one per 8 tokens, and a few more: short
@@ -165,7 +166,12 @@ static int place_whole(const struct PlanRequest *rq, const struct CtxChunk *foun
     for (size_t i = 0; i < n; i++) {
         const struct PlanDoc *d = c[i].doc;
         whole[i] = (struct CtxChunk){ d->id, d->id_len, d->title, d->title_len, d->text,
-                                      d->text_len, 0, 0, d->text_len, c[i].score, 1, d->ref, NULL, 0 };
+                                      d->text_len, 0, 0, d->text_len, c[i].score, 1, d->ref, NULL, 0,
+                                      0, 0 };
+        if (chunk_text_pages(d->text, d->text_len, &whole[i].page_first, &whole[i].page_last)) {
+            st = ret_fail(err, errlen, RET_ENOMEM, "out of memory");
+            goto done;
+        }
     }
     /* document order is the candidates' own; nearest lays them out best last */
     struct CtxOptions co = { .budget = rq->budget, .no_truncate = 1,

@@ -120,8 +120,10 @@ int chunk_record_decode(const MDB_val *v, struct ChunkRecord *c, const char **do
     size_t at = CHUNK_RECORD_SIZE;
     c->heading = NULL;
     c->heading_len = 0;
-    if (c->n_tokens & CHUNK_HEADED) {
-        c->n_tokens &= ~CHUNK_HEADED;
+    c->page_first = c->page_last = 0;
+    int headed = (c->n_tokens & CHUNK_HEADED) != 0, paged = (c->n_tokens & CHUNK_PAGED) != 0;
+    c->n_tokens &= ~(CHUNK_HEADED | CHUNK_PAGED);
+    if (headed) {
         if (v->mv_size < at + CHUNK_HEADING_LEN_SIZE)
             return RET_ECORRUPT;
         c->heading_len = (size_t)p[at] | (size_t)p[at + 1] << 8;
@@ -129,6 +131,15 @@ int chunk_record_decode(const MDB_val *v, struct ChunkRecord *c, const char **do
         c->heading = (const char *)p + at;
         at += c->heading_len;
         if (c->heading_len == 0 || c->heading_len > CHUNK_MAX_PATH_BYTES || v->mv_size <= at)
+            return RET_ECORRUPT;
+    }
+    if (paged) {
+        if (v->mv_size <= at + CHUNK_PAGES_SIZE)
+            return RET_ECORRUPT;
+        c->page_first = get_le32(p + at);
+        c->page_last = get_le32(p + at + 4);
+        at += CHUNK_PAGES_SIZE;
+        if (c->page_first == 0 || c->page_last < c->page_first)
             return RET_ECORRUPT;
     }
     if (v->mv_size - at > INDEX_MAX_ID_BYTES)
@@ -385,10 +396,11 @@ static int read_version(struct Store *s, MDB_txn *txn, uint32_t *version, int *p
 
 static const MDB_val UNSUMMED = { 8, "unsummed" };
 
-/* Upgrades a version 1, 2 or 3 store in place, in one transaction: version 1 lacks the chunk
- * KV databases (created empty); versions 1 and 2 hold document and chunk records without
- * checksums, which meta "unsummed" allows from then on; the chunk records of all three have no
- * heading paths, which records need not have. Nothing else changes. */
+/* Upgrades a version 1 to 4 store in place, in one transaction: version 1 lacks the chunk KV
+ * databases (created empty); versions 1 and 2 hold document and chunk records without
+ * checksums, which meta "unsummed" allows from then on; the chunk records of versions 1 to 3
+ * have no heading paths and those of all four no pages, which records need not have. Nothing
+ * else changes. */
 static int upgrade(struct Store *s, uint32_t from, char *err, size_t errlen)
 {
     MDB_txn *txn;
@@ -767,6 +779,8 @@ int store_get_chunk(struct StoreReader *r, const char *collection, uint32_t chun
     out->n_tokens = cr.n_tokens;
     out->heading = cr.heading;
     out->heading_len = cr.heading_len;
+    out->page_first = cr.page_first;
+    out->page_last = cr.page_last;
     return RET_OK;
 }
 

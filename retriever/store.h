@@ -5,7 +5,7 @@
  *   docs      coll id (u32 BE) | doc id -> doc record (chunk range, title, metadata, text,
  *             checksum)
  *   chunks    coll id | chunk id (u32 BE) -> chunk record (index in doc, byte offsets,
- *             length in terms, tokens, checksum, heading path, doc id)
+ *             length in terms, tokens, checksum, heading path, pages, doc id)
  *   postings  coll id | term | 0x00 -> term header (df, max tf, min length)
  *             coll id | term | 0x00 | first chunk id (u32 BE) -> posting block (postings.h)
  *   kv        coll id | chunk id | key (u64 BE) -> a chunk's KV record (checksummed payload)
@@ -34,12 +34,13 @@
 #include "text/tokcount.h"
 
 /* Version 2 added the chunk KV databases, version 3 checksums in document and chunk records,
- * version 4 heading paths in chunk records. A version 1, 2 or 3 store is upgraded in place when
- * opened: the KV databases are created empty where missing, and its records stay as they are:
- * without heading paths, and from versions 1 and 2 without checksums (meta "unsummed" says it
- * may hold such records; their text is checked as UTF-8 instead), while every record written
- * from then on carries one (and its chunk's heading path, when it has one). */
-#define STORE_SCHEMA_VERSION 4
+ * version 4 heading paths in chunk records, version 5 pages in chunk records. A version 1 to 4
+ * store is upgraded in place when opened: the KV databases are created empty where missing,
+ * and its records stay as they are: without pages, before version 4 without heading paths, and
+ * from versions 1 and 2 without checksums (meta "unsummed" says it may hold such records;
+ * their text is checked as UTF-8 instead), while every record written from then on carries one
+ * (and its chunk's heading path and pages, when it has them). */
+#define STORE_SCHEMA_VERSION 5
 
 struct StoreOptions {
     size_t map_size;        /* initial map size in bytes (default 64 MiB); grows on demand */
@@ -144,6 +145,7 @@ struct StoreChunkView {
     uint32_t n_terms, n_tokens;
     const char *doc_id; size_t doc_id_len;
     const char *heading; size_t heading_len; /* its heading path (0: none) */
+    uint32_t page_first, page_last;          /* the pages it starts and ends on (0: none) */
 };
 int store_get_chunk(struct StoreReader *r, const char *collection, uint32_t chunk_id,
                     struct StoreChunkView *out, char *err, size_t errlen);

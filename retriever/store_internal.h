@@ -59,19 +59,24 @@ struct DocHeader {
  * before schema 3), u64 byte start, u64 byte end. When the tokens field's top bit
  * (CHUNK_HEADED, schema 4) is set, the 32 bytes are followed by a u16 length and the chunk's
  * heading path (chunk_heading_path, never empty), then the doc id; records without it have no
- * heading path. */
+ * heading path. When the tokens field's next bit (CHUNK_PAGED, schema 5) is set, the pages the
+ * chunk starts and ends on (u32 first, u32 last; 1 <= first <= last) follow the heading path
+ * (or the 32 bytes); records without it have no pages. */
 struct ChunkRecord {
     uint32_t chunk, n_terms, n_tokens, sum;
     uint64_t byte_start, byte_end;
     const char *heading; size_t heading_len;   /* borrowing the record; 0: none */
+    uint32_t page_first, page_last;            /* 0, 0: none */
 };
 #define CHUNK_RECORD_SIZE 32
 #define CHUNK_SUM_OFFSET 12
 #define CHUNK_HEADED 0x80000000u
 #define CHUNK_HEADING_LEN_SIZE 2
+#define CHUNK_PAGED 0x40000000u
+#define CHUNK_PAGES_SIZE 8
 /* The largest chunk record */
 #define CHUNK_RECORD_MAX (CHUNK_RECORD_SIZE + CHUNK_HEADING_LEN_SIZE + CHUNK_MAX_PATH_BYTES + \
-                          INDEX_MAX_ID_BYTES)
+                          CHUNK_PAGES_SIZE + INDEX_MAX_ID_BYTES)
 
 /* Term header (value of a postings key without a block suffix). */
 struct TermHeader { uint32_t df, max_tf, min_len; };

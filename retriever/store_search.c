@@ -244,6 +244,8 @@ int store_search(struct StoreReader *r, const char *collection, const char *quer
         hit->title_len = h.title_len;
         hit->heading = cr.heading;
         hit->heading_len = cr.heading_len;
+        hit->page_first = cr.page_first;
+        hit->page_last = cr.page_last;
         hit->text = text + cr.byte_start;
         hit->text_len = cr.byte_end - cr.byte_start;
     }

@@ -178,7 +178,8 @@ static int insert_doc(struct Batch *b, const struct StoreDoc *d, const struct Pr
         memset(vb, 0, CHUNK_RECORD_SIZE);
         put_le32(vb, (uint32_t)j);
         put_le32(vb + 4, p->chunk_len[j]);
-        put_le32(vb + 8, p->spans[j].n_tokens | (hl ? CHUNK_HEADED : 0));
+        const struct ChunkSpan *sp = &p->spans[j];
+        put_le32(vb + 8, sp->n_tokens | (hl ? CHUNK_HEADED : 0) | (sp->page_first ? CHUNK_PAGED : 0));
         put_le64(vb + 16, p->spans[j].start);
         put_le64(vb + 24, p->spans[j].end);
         if (hl) {
@@ -186,6 +187,11 @@ static int insert_doc(struct Batch *b, const struct StoreDoc *d, const struct Pr
             vb[at + 1] = (uint8_t)(hl >> 8);
             memcpy(vb + at + CHUNK_HEADING_LEN_SIZE, heading, hl);
             at += CHUNK_HEADING_LEN_SIZE + hl;
+        }
+        if (sp->page_first) {
+            put_le32(vb + at, sp->page_first);
+            put_le32(vb + at + 4, sp->page_last);
+            at += CHUNK_PAGES_SIZE;
         }
         memcpy(vb + at, d->id, d->id_len);
         put_le32(vb + CHUNK_SUM_OFFSET, chunk_sum(vb, at + d->id_len, d->title,

@@ -1,7 +1,8 @@
 /* The chunker and Markdown structure: a heading starts a chunk, a section that fits stays whole,
  * a long section is cut at paragraphs (and a long paragraph at sentences, never inside one),
  * headings in fenced code are text, bodiless headings join what follows, each chunk's heading
- * path, and text without headings chunked as the sentence packer alone does. */
+ * path, text without headings chunked as the sentence packer alone does, and the pages page
+ * markers give each chunk. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -234,6 +235,87 @@ static void test_no_headings(void)
     free(t);
 }
 
+/* A three-page text as diffrag-extract writes a PDF: a title line, then each page's marker and
+ * its sentences. Each chunk's first and last pages are those of the first and last sentence it
+ * holds; without markers, or with markers that are not (in code, page 0, a leading zero), none. */
+static void test_pages(void)
+{
+    static const char *const words[] = { "one", "two", "three" };
+    char t[8192];
+    size_t at = 0;
+    size_t sent_at[60];
+    uint32_t sent_page[60];
+    size_t ns = 0;
+    at += (size_t)snprintf(t + at, sizeof t - at, "# Quarterly report\n\n");
+    for (uint32_t pg = 1; pg <= 3; pg++) {
+        at += (size_t)snprintf(t + at, sizeof t - at, "<!-- page %u -->\n\n", pg);
+        for (int para = 0; para < 2; para++) {
+            for (int k = 0; k < 5; k++) {
+                sent_at[ns] = at;
+                sent_page[ns++] = pg;
+                at += (size_t)snprintf(t + at, sizeof t - at, "Page %s sentence %d tells of %s things. ",
+                                       words[pg - 1], para * 5 + k, k % 2 ? "small" : "other");
+            }
+            at += (size_t)snprintf(t + at, sizeof t - at, "\n\n");
+        }
+    }
+    struct ChunkSpan *cs;
+    size_t n = chunks(t, 4096, 0, &cs);
+    CHECK(n == 1 && cs[0].page_first == 1 && cs[0].page_last == 3,
+          "one chunk of the whole text: pp. 1-3 (got %zu chunks, %u-%u)", n,
+          n ? cs[0].page_first : 0, n ? cs[0].page_last : 0);
+    free(cs);
+    int spans_any = 0;
+    for (uint32_t target = 24; target <= 168; target += 48) {
+        n = chunks(t, target, target / 4, &cs);
+        int spans = 0, bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t lo = 0, hi = 0;
+            for (size_t j = 0; j < ns; j++)
+                if (sent_at[j] >= cs[i].start && sent_at[j] < cs[i].end) {
+                    if (!lo)
+                        lo = sent_page[j];
+                    hi = sent_page[j];
+                }
+            if (cs[i].page_first != lo || cs[i].page_last != hi) {
+                bad++;
+                CHECK(0, "target %u chunk %zu: pages %u-%u, its sentences' %u-%u", target, i,
+                      cs[i].page_first, cs[i].page_last, lo, hi);
+            }
+            spans += lo != hi;
+        }
+        CHECK(n >= 3 && !bad, "target %u: %zu chunks, each with its sentences' pages", target, n);
+        spans_any += spans;
+        free(cs);
+    }
+    CHECK(spans_any > 0, "some chunk spans two pages");
+    /* a chunk that starts on a page and ends at the next marker stays on its page */
+    const char *w = "<!-- page 4 -->\n\nThe end of it.\n\n<!-- page 5 -->\n";
+    n = chunks(w, 64, 0, &cs);
+    CHECK(n == 1 && cs[0].page_first == 4 && cs[0].page_last == 4, "a trailing marker adds no page");
+    free(cs);
+    /* a marker is never a chunk of its own: it starts the paragraph after it */
+    n = chunks(t, 24, 0, &cs);
+    for (size_t i = 0; i < n; i++)
+        CHECK(strncmp(t + cs[i].start, "<!--", 4) || cs[i].end - cs[i].start > 20,
+              "chunk %zu is more than a marker", i);
+    free(cs);
+    const char *none[] = {
+        "# Notes\n\nNo markers here. Just text about page 3 and <!-- comments -->.\n",
+        "```\n<!-- page 2 -->\n```\n\nCode shows a marker.\n",
+        "<!-- page 0 -->\n\nPage zero is no page.\n\n<!-- page 02 -->\n\nNor is a leading zero.\n",
+        "Text <!-- page 2 --> inside a line.\n",
+    };
+    for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) {
+        n = chunks(none[i], 64, 0, &cs);
+        for (size_t j = 0; j < n; j++)
+            CHECK(cs[j].page_first == 0 && cs[j].page_last == 0, "text %zu chunk %zu: no page (%u)",
+                  i, j, cs[j].page_first);
+        CHECK(n >= 1, "text %zu chunked", i);
+        free(cs);
+    }
+}
+
 int main(void)
 {
     tokcount_simple(&tc);
@@ -241,5 +323,6 @@ int main(void)
     test_fences();
     test_long_section();
     test_no_headings();
+    test_pages();
     return check_report("test_chunker");
 }

@@ -281,9 +281,13 @@ static void send_answer(struct Fake *f, const char *id, const char *answer, cons
     pk_kv_str(&pk, "finish_reason", finish);
     pk_str(&pk, "citations");
     msgpack_pack_array(&pk, 1);
-    msgpack_pack_map(&pk, 7);
+    msgpack_pack_map(&pk, 7 + (grounding != 0) * 2);
     pk_kv_str(&pk, "doc_id", "rhine");
     pk_str(&pk, "chunk"); msgpack_pack_int(&pk, 0);
+    if (grounding) {   /* where the chunk is: its heading path and pages */
+        pk_kv_str(&pk, "heading", "Rivers \xe2\x80\xba Rhine");
+        pk_str(&pk, "page"); msgpack_pack_array(&pk, 2); msgpack_pack_int(&pk, 3); msgpack_pack_int(&pk, 4);
+    }
     pk_str(&pk, "score"); msgpack_pack_double(&pk, 2.5);
     pk_str(&pk, "offsets"); msgpack_pack_array(&pk, 2); msgpack_pack_int(&pk, 3); msgpack_pack_int(&pk, 40);
     pk_str(&pk, "marker"); msgpack_pack_int(&pk, 1);
@@ -403,6 +407,21 @@ static void send_bad_query(struct Fake *f, const char *id, int kind)
         pk_str(&pk, "chunk"); msgpack_pack_int(&pk, 0);
         pk_str(&pk, "offsets"); msgpack_pack_int(&pk, 3);
         pk_kv_str(&pk, "text", "x");
+    } else if (kind == 7) { /* a citation whose pages run backwards */
+        begin_reply(&sb, &pk, id, 6);
+        pk_str(&pk, "ok"); msgpack_pack_true(&pk);
+        pk_kv_str(&pk, "answer", "x");
+        pk_kv_str(&pk, "finish_reason", "stop");
+        pk_str(&pk, "usage"); msgpack_pack_map(&pk, 2);
+        pk_str(&pk, "prompt_tokens"); msgpack_pack_int(&pk, 1);
+        pk_str(&pk, "completion_tokens"); msgpack_pack_int(&pk, 1);
+        pk_str(&pk, "citations"); msgpack_pack_array(&pk, 1);
+        msgpack_pack_map(&pk, 5);
+        pk_kv_str(&pk, "doc_id", "d");
+        pk_str(&pk, "chunk"); msgpack_pack_int(&pk, 0);
+        pk_str(&pk, "score"); msgpack_pack_double(&pk, 1);
+        pk_str(&pk, "offsets"); msgpack_pack_array(&pk, 2); msgpack_pack_int(&pk, 0); msgpack_pack_int(&pk, 1);
+        pk_str(&pk, "page"); msgpack_pack_array(&pk, 2); msgpack_pack_int(&pk, 2); msgpack_pack_int(&pk, 1);
     } else if (kind == 5) { /* a well-formed delta (for a request that does not stream) */
         begin_reply(&sb, &pk, id, 2);
         pk_kv_str(&pk, "delta", "x");
@@ -722,8 +741,9 @@ static void test_fake_server(void)
     static const char *const bad_query[] = { "answer: expected a string, got an integer",
         "citations[0].offsets: expected [start, end]", "an error reply needs",
         "neither \"ok\" nor a string \"delta\"", "usage: missing", NULL,
-        "quotes[0].offsets: expected an array" };
-    for (int k = 0; k < 7; k++) {
+        "quotes[0].offsets: expected an array",
+        "citations[0].page: expected [first, last] with 1 <= first <= last" };
+    for (int k = 0; k < 8; k++) {
         if (!bad_query[k])
             continue;
         pthread_mutex_lock(&fake.mu);
@@ -755,6 +775,12 @@ static void test_fake_server(void)
         CHECK(a->n_citations == 1 && !strcmp(a->citations[0].doc_id, "rhine") &&
               a->citations[0].start == 3 && a->citations[0].end == 40 && a->citations[0].cited &&
               !a->citations[0].truncated && a->citations[0].score == 2.5, "citation");
+        CHECK(a->citations[0].heading && a->citations[0].heading_len == 16 &&
+              !strcmp(a->citations[0].heading, "Rivers \xe2\x80\xba Rhine") &&
+              a->citations[0].page_first == 3 && a->citations[0].page_last == 4,
+              "citation heading %s, pages %lld-%lld",
+              a->citations[0].heading ? a->citations[0].heading : "(null)",
+              (long long)a->citations[0].page_first, (long long)a->citations[0].page_last);
         CHECK(a->prompt_tokens == 120 && a->context_tokens == 80 && a->completion_tokens == 2 &&
               a->ttft_ms == 12.5 && a->total_ms == 30.25, "usage and timings");
         CHECK(a->has_grounding && a->grounding.flagged && !a->grounding.abstained &&
@@ -780,6 +806,9 @@ static void test_fake_server(void)
     /* a reply without answer_mode (a daemon before quote mode): free, no quotes */
     CHECK(a && a->answer_mode && !strcmp(a->answer_mode, "free") && !a->n_quotes && !a->quotes,
           "free by default");
+    /* nor heading nor page (a daemon before them): NULL, no pages */
+    CHECK(a && a->n_citations == 1 && !a->citations[0].heading && !a->citations[0].heading_len &&
+          !a->citations[0].page_first && !a->citations[0].page_last, "no heading, no pages");
     diffrag_answer_free(&a);
 
     /* stale replies are dropped; a nil-id error is this call's */
@@ -1020,6 +1049,22 @@ static void test_live(const char *endpoint)
     CHECK(rc == DIFFRAG_OK && d && d->text_len == 39 && !d->meta_json && !strcmp(d->title, ""),
           "get oxygen (text_len honoured, no title, no meta)");
     diffrag_document_free(&d);
+
+    /* a document with headings and page markers (a PDF as diffrag-extract writes it): its
+     * citations say where, the whole document its first and last pages */
+    DiffragDoc paged = { .id = "report.pdf", .title = "Harbour report",
+        .text = "# Harbour report\n\n<!-- page 1 -->\n\nThe harbour handled more grain.\n\n"
+                "<!-- page 2 -->\n\n## Results\n\nThe quay was rebuilt in spring.\n" };
+    DiffragQuery pq = { .question = "When was the quay rebuilt?", .docs = &paged, .n_docs = 1,
+                        .max_tokens = 2 };
+    DiffragAnswer *pa = NULL;
+    rc = diffrag_query(c, &pq, NULL, NULL, &pa);
+    CHECK(rc == DIFFRAG_OK && pa && pa->n_citations == 1 && pa->citations[0].whole &&
+          pa->citations[0].page_first == 1 && pa->citations[0].page_last == 2 &&
+          pa->citations[0].heading && !pa->citations[0].heading_len,
+          "a whole paged document: pp. %lld-%lld: %s", pa && pa->n_citations ? (long long)pa->citations[0].page_first : -1,
+          pa && pa->n_citations ? (long long)pa->citations[0].page_last : -1, diffrag_last_error(c));
+    diffrag_answer_free(&pa);
 
     DiffragStats *s = NULL;
     rc = diffrag_stats(c, coll, &s);

@@ -39,7 +39,7 @@ static struct CtxChunk chunk_of(int d, int half, double score)
     size_t start = half ? cut + 1 : 0, end = half ? len : cut;
     return (struct CtxChunk){ doc_ids[d], strlen(doc_ids[d]), "", 0, t + start, end - start,
                               (uint32_t)half, start, end, score, 0, (uint64_t)(10 * d + half),
-                              NULL, 0 };
+                              NULL, 0, 0, 0 };
 }
 
 static struct PlanRequest request(const struct CtxChunk *chunks, size_t n_chunks, size_t n_docs,
@@ -229,7 +229,7 @@ static void test_uncounted_and_errors(size_t frame)
     for (size_t i = 0; i + 1 < sizeof big; i++)
         big[i] = i % 6 == 5 ? ' ' : 'a' + (char)(i % 5);
     struct PlanDoc stored[1] = { { "big", 3, "", 0, big, strlen(big), PLAN_DOC_FOUND, 0 } };
-    struct CtxChunk ch[1] = { { "big", 3, "", 0, big, 60, 0, 0, 60, 1.0, 0, 0, NULL, 0 } };
+    struct CtxChunk ch[1] = { { "big", 3, "", 0, big, 60, 0, 0, 60, 1.0, 0, 0, NULL, 0, 0, 0 } };
     struct PlanRequest rq = request(ch, 1, 1, strlen(big) / 32 - 1);
     rq.docs = stored;
     CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_OK, "plan: %s", err);

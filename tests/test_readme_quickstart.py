@@ -41,11 +41,15 @@ def section_commands():
     return commands
 
 
+# a source: its marker, document, heading path and pages (clients/cli/ask.c)
+WHERE = r"  \[\d+\] (\S+)(?: \u203a .+?)?(?:, p\. \d+|, pp\. \d+\u2013\d+)?"
+
+
 def sources(out):
     """The doc ids of the "sources:" lines of `diffrag ask`, in order."""
     assert "\nsources:\n" in out, out
     tail = out.split("\nsources:\n", 1)[1].splitlines()
-    ids = [m.group(1) for m in (re.match(r"  \[\d+\] (\S+)  (?:chunk \d+|whole document), score ", ln)
+    ids = [m.group(1) for m in (re.match(WHERE + r"  (?:chunk \d+|whole document), score ", ln)
                                 for ln in tail) if m]
     assert ids, out
     assert any(ln.startswith("grounding: ") for ln in tail), out
@@ -61,7 +65,8 @@ def sample_matches(out):
     body = (ROOT / "README.md").read_text().split(SECTION + "\n", 1)[1].split("\n## ", 1)[0]
     sample = re.search(r"```text\n(.*?)```", body, re.S).group(1).splitlines()
     assert "sources:" in sample[1:], sample  # an answer, then what follows it
-    forms = {"source": r"  \[\d+\] docs/[\w-]+\.md  (?:chunk \d+|whole document), score \d+\.\d+, "
+    forms = {"source": WHERE.replace(r"(\S+)", r"docs/[\w-]+\.md") +
+                       r"  (?:chunk \d+|whole document), score \d+\.\d+, "
                        r"bytes \d+-\d+(?:, cited)?",
              "read": r"read: \d+ .*document tokens: .*",
              # the verdict and its figures vary by answer and detector

@@ -6,7 +6,9 @@
  * - a store of schema 2 (records without checksums) is upgraded when opened: its documents
  *   are served and verify passes, counting them as older than checksums; one whose text is
  *   not UTF-8 is refused all the same; a document written since carries a checksum; in a
- *   store created with checksums, a record without one is damage. */
+ *   store created with checksums, a record without one is damage;
+ * - a schema 3 or 4 store is upgraded as it is; the pages of a chunk record are covered by its
+ *   checksum. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -388,10 +390,74 @@ static void test_schema_3(void)
     free(dir);
 }
 
+/* A schema 4 store (heading paths, no pages) is upgraded to 5 as it is; a document with page
+ * markers written then has pages, and a changed page number in its chunk record is damage. */
+static void test_schema_4(void)
+{
+    char *dir = temp_dir(), err[512], doc[64];
+    struct Store *s;
+    struct StoreVerifyReport rep;
+    uint32_t version = 4;
+    int unsummed = 1;
+    CHECK(store_open(dir, NULL, &s, err, sizeof err) == RET_OK, "open: %s", err);
+    CHECK(put_all(s, err, sizeof err) == RET_OK, "put: %s", err);
+    store_close(&s);
+    CHECK(meta_of(dir, &version, &unsummed, 1) == 0 && version == 4, "set schema 4");
+    CHECK(store_open(dir, NULL, &s, err, sizeof err) == RET_OK, "a schema 4 store opens: %s", err);
+    CHECK(search(s, "Matterhorn", doc, sizeof doc, err, sizeof err) == RET_OK &&
+          !strcmp(doc, "alps"), "searched: %s", err);
+    struct TokenCounter tc;
+    tokcount_simple(&tc);
+    struct StoreDoc pd = mkdoc("scan", "Scan", "<!-- page 7 -->\n\nThe glacier retreats.\n\n"
+                                               "<!-- page 8 -->\n\nIts lake grows.\n");
+    CHECK(store_put_docs(s, COLL, &pd, 1, NULL, &tc, err, sizeof err) == RET_OK, "put: %s", err);
+    CHECK(verify(s, &rep) == RET_OK && rep.problems == 0 && rep.docs_unsummed == 0,
+          "verify passes: %s", rep.first_problem);
+    struct StoreReader *r;
+    struct StoreChunkView cv;
+    uint32_t cid = 0;
+    int found = 0;
+    CHECK(store_read_begin(s, &r, err, sizeof err) == RET_OK, "read");
+    for (cid = 0; cid < 16 && !found; cid++)
+        found = store_get_chunk(r, COLL, cid, &cv, err, sizeof err) == RET_OK && cv.doc_id_len == 4 &&
+                !memcmp(cv.doc_id, "scan", 4);
+    cid--;
+    CHECK(found && cv.page_first == 7 && cv.page_last == 8, "pages 7-8 (%u-%u)", cv.page_first,
+          cv.page_last);
+    store_read_end(&r);
+    store_close(&s);
+    CHECK(meta_of(dir, &version, &unsummed, 0) == 0 && version == STORE_SCHEMA_VERSION && !unsummed,
+          "upgraded to %u (%u), not unsummed (%d)", STORE_SCHEMA_VERSION, version, unsummed);
+    /* the last page, 8, made 9 in the record: the checksum catches it */
+    MDB_env *env;
+    MDB_txn *txn = NULL;
+    MDB_dbi docs, chunks, meta;
+    int rc = raw_open(dir, &env, &txn, &docs, &chunks, &meta);
+    uint8_t kb[8], copy[CHUNK_RECORD_MAX];
+    MDB_val k = { key_chunk(kb, 1, cid), kb }, v;
+    rc = rc ? rc : mdb_get(txn, chunks, &k, &v);
+    if (!rc) {
+        memcpy(copy, v.mv_data, v.mv_size);
+        size_t at = v.mv_size - 4 - 4; /* no heading path: the pages end just before "scan" */
+        CHECK(get_le32(copy + at) == 8, "the last page in the record");
+        put_le32(copy + at, 9);
+        MDB_val nv = { v.mv_size, copy };
+        rc = mdb_put(txn, chunks, &k, &nv, 0);
+    }
+    CHECK(raw_close(env, txn, rc) == 0, "change the page: %s", mdb_strerror(rc));
+    CHECK(store_open(dir, NULL, &s, err, sizeof err) == RET_OK, "reopen: %s", err);
+    CHECK(verify(s, &rep) == RET_ECORRUPT && rep.problems == 1, "verify finds the changed page (%zu)",
+          (size_t)rep.problems);
+    store_close(&s);
+    rm_store(dir);
+    free(dir);
+}
+
 int main(void)
 {
     test_damage();
     test_old_store();
     test_schema_3();
+    test_schema_4();
     return check_report("test_store_checksum");
 }

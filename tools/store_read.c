@@ -207,6 +207,10 @@ static void print_hit_json(const struct SearchHit *h, size_t rank, int with_text
         json_write_string(stdout, h->title, h->title_len);
         fputs(",\"heading\":", stdout);
         json_write_string(stdout, h->heading ? h->heading : "", h->heading_len);
+        if (h->page_first)
+            printf(",\"page\":[%u,%u]", h->page_first, h->page_last);
+        else
+            fputs(",\"page\":null", stdout);
         fputs(",\"text\":", stdout);
         json_write_string(stdout, h->text, h->text_len);
     }
@@ -261,6 +265,10 @@ int tool_search(struct Store *s, const struct StoreArgs *a)
                     fputs(" \xE2\x80\xBA ", stdout);
                     print_safe(h->heading, h->heading_len, 0);
                 }
+                if (h->page_first && h->page_last > h->page_first)
+                    printf(", pp. %u\xE2\x80\x93%u", h->page_first, h->page_last);
+                else if (h->page_first)
+                    printf(", p. %u", h->page_first);
                 putchar('\n');
                 size_t show = h->text_len < 240 ? h->text_len : 240;
                 while (show < h->text_len && show > 0 && ((unsigned char)h->text[show] & 0xC0) == 0x80)

@@ -185,6 +185,11 @@ typedef struct DiffragCitation {
     int truncated;     /* only a prefix fitted the prompt budget */
     int whole;         /* the whole document (start..end spans it), placed because every
                           document of the query fitted the budget */
+    char *heading;     /* the chunk's heading path in a Markdown document, its parts joined by
+                          " U+203A " in UTF-8 ("" for none; NULL from a daemon without it) */
+    size_t heading_len;
+    int64_t page_first; /* the pages the chunk starts and ends on, in a text with page markers */
+    int64_t page_last;  /* (a PDF's, by diffrag-extract); 0 and 0 for none */
 } DiffragCitation;
 
 /* One verbatim span of a quote-mode answer (answer_mode "quote"): the answer (or, when

@@ -45,6 +45,7 @@ enum RepKind {
     REP_STR_NIL,  /* char *, NULL for nil */
     REP_INT,      /* int64_t */
     REP_INT_PAIR, /* [a, b]: int64_t a at off, b at off2 */
+    REP_INT_PAIR_NIL, /* the same or nil (0, 0 for nil or, not required, absent) */
     REP_NUM,      /* double */
     REP_BOOL,     /* int */
     REP_TRUE,     /* a boolean that must be true; nothing stored */

@@ -232,8 +232,16 @@ static void rep_fields(struct Dec *d, const msgpack_object *map, const struct Re
             break;
         case REP_STR_NIL: RES(res, f->off, char *) = dec_str_or_nil(d, m, f->key); break;
         case REP_INT: RES(res, f->off, int64_t) = dec_int(d, m, f->key, f->required); break;
+        case REP_INT_PAIR_NIL:
         case REP_INT_PAIR: {
-            const msgpack_object *a = dec_type(d, m, f->key, MSGPACK_OBJECT_ARRAY, f->required);
+            const msgpack_object *a = NULL;
+            if (f->kind == REP_INT_PAIR_NIL) {
+                RES(res, f->off, int64_t) = RES(res, f->off2, int64_t) = 0;
+                const msgpack_object *o = d->failed ? NULL : mpo_get(m, f->key);
+                if (o && o->type == MSGPACK_OBJECT_NIL)
+                    break;
+            }
+            a = dec_type(d, m, f->key, MSGPACK_OBJECT_ARRAY, f->required);
             char k0[40], k1[40];
             snprintf(k0, sizeof k0, "%s[0]", f->key);
             snprintf(k1, sizeof k1, "%s[1]", f->key);
@@ -242,6 +250,10 @@ static void rep_fields(struct Dec *d, const msgpack_object *map, const struct Re
             } else if (a) {
                 RES(res, f->off, int64_t) = dec_as_int(d, &a->via.array.ptr[0], k0);
                 RES(res, f->off2, int64_t) = dec_as_int(d, &a->via.array.ptr[1], k1);
+                if (f->kind == REP_INT_PAIR_NIL && !d->failed &&
+                    (RES(res, f->off, int64_t) < 1 ||
+                     RES(res, f->off2, int64_t) < RES(res, f->off, int64_t)))
+                    dec_bad(d, f->key, "expected [first, last] with 1 <= first <= last");
             }
             break;
         }

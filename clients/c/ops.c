@@ -87,8 +87,10 @@ static int check_query(DiffragClient *c, const void *args)
 static void answer_free_more(void *res)
 {
     DiffragAnswer *a = res;
-    for (size_t i = 0; i < a->n_citations; i++)
+    for (size_t i = 0; i < a->n_citations; i++) {
         free(a->citations[i].doc_id);
+        free(a->citations[i].heading);
+    }
     free(a->citations);
     free(a->decline_reason);
     free(a->attempt);
@@ -131,6 +133,8 @@ static const struct ReqField QUERY_REQ[] = {
 static const struct RepField CITATION_REP[] = {
     REP(DiffragCitation, "doc_id", REP_STR, 1, doc_id),
     REP(DiffragCitation, "chunk", REP_INT, 1, chunk),
+    REP2(DiffragCitation, "heading", REP_STR_LEN, 0, heading, heading_len),
+    REP2(DiffragCitation, "page", REP_INT_PAIR_NIL, 0, page_first, page_last),
     REP(DiffragCitation, "score", REP_NUM, 1, score),
     REP2(DiffragCitation, "offsets", REP_INT_PAIR, 1, start, end),
     REP(DiffragCitation, "marker", REP_INT, 0, marker),

@@ -242,6 +242,23 @@ static void print_grounding(const DiffragAnswer *r, const char *policy)
     print_grounding_details(g, r->declined ? "attempt" : "answer");
 }
 
+/* Where a source is: its document, then its heading path and its pages when it has them:
+ *   docs/protocol.md › Requests › cancel
+ *   report.pdf › Results, pp. 3–4
+ *   report.pdf, p. 12 */
+static void print_where(const DiffragCitation *c)
+{
+    cli_print_safe(c->doc_id, strlen(c->doc_id), 0);
+    if (c->heading && c->heading_len) {
+        fputs(" \xe2\x80\xba ", stdout);
+        cli_print_safe(c->heading, c->heading_len, 0);
+    }
+    if (c->page_first > 0 && c->page_last > c->page_first)
+        printf(", pp. %lld\xe2\x80\x93%lld", (long long)c->page_first, (long long)c->page_last);
+    else if (c->page_first > 0)
+        printf(", p. %lld", (long long)c->page_first);
+}
+
 static void print_details(const DiffragAnswer *r, const char *policy)
 {
     if (r->n_citations == 0)
@@ -251,7 +268,7 @@ static void print_details(const DiffragAnswer *r, const char *policy)
     for (size_t i = 0; i < r->n_citations; i++) {
         const DiffragCitation *c = &r->citations[i];
         printf("  [%lld] ", (long long)c->marker);
-        cli_print_safe(c->doc_id, strlen(c->doc_id), 0);
+        print_where(c);
         if (c->whole)
             printf("  whole document, score %.2f, bytes %lld-%lld%s\n", c->score,
                    (long long)c->start, (long long)c->end, c->cited ? ", cited" : "");

@@ -205,13 +205,20 @@ def parse_answer(m: Dict[str, Any]) -> Answer:
         if len(off) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in off):
             raise ProtocolError(f"malformed reply: field citations[{i}].offsets: expected "
                                 "[start, end]")
+        page = cf.list("page", False)
+        if page is not None and (len(page) != 2 or not all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in page)
+                or page[1] < page[0]):
+            raise ProtocolError(f"malformed reply: field citations[{i}].page: expected "
+                                "[first, last] or nil")
         cites.append(Citation(doc_id=cf.str("doc_id"), chunk=cf.int("chunk"),
                               score=cf.num("score"), offsets=(off[0], off[1]),
                               marker=cf.int("marker", False) or 0,
                               cited=bool(cf.bool("cited", False)),
                               truncated=bool(cf.bool("truncated", False)),
                               whole=bool(cf.bool("whole", False)),
-                              heading=cf.str("heading", False) or ""))
+                              heading=cf.str("heading", False) or "",
+                              page=(page[0], page[1]) if page is not None else None))
     u = f.sub("usage")
     usage = Usage(prompt_tokens=u.int("prompt_tokens"),
                   context_tokens=u.int("context_tokens", False) or 0,

@@ -20,6 +20,9 @@ class Citation:
     truncated: bool = False
     whole: bool = False  # the whole document: every document of the query fitted the budget
     heading: str = ""  # the chunk's heading path in a Markdown document ("" for none)
+    # (first, last) pages the chunk starts and ends on, in a text with page markers (a PDF's);
+    # None for none
+    page: Optional[Tuple[int, int]] = None
 
 
 @dataclass
