@@ -107,6 +107,14 @@ def test_cli_sync_over_the_daemon(daemon, tmp_path):
     assert "docs/sub/oxygen.txt" not in search_ids(data, "s", "oxygen")
     assert search_ids(data, "s", "tin") == {"other/tin.txt"}
 
+    # --sync into a collection that nothing was stored in (every file skipped): nothing to remove
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    (lone / "latin1.txt").write_bytes(b"caf\xe9\n")
+    r = cli("ingest", "-c", "fresh", "--sync", lone, endpoint=ep)
+    assert r.returncode == 0 and summary(r).startswith("0 added, 0 changed, 0 unchanged, 0 "
+                                                       "removed, 1 skipped ("), r.stdout + r.stderr
+
     # the reply of the op itself, per batch
     c = daemon.client()
     _, rep = c.call({"v": 1, "op": "ingest", "collection": "s", "docs": [

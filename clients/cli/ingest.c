@@ -184,6 +184,8 @@ static int sync_remove(struct Ingest *in)
             int st = diffrag_list(in->c, in->a->collection, after, 1000, &l);
             free(after);
             after = NULL;
+            if (st == DIFFRAG_ESERVER && !strcmp(diffrag_last_error_code(in->c), "not_found"))
+                break; /* no collection (nothing was stored): nothing to remove */
             if (st) {
                 rc = cli_fail(in->a, in->c, st);
                 break;
