@@ -310,7 +310,9 @@ void stage_ingest(const struct PrepShared *sh, struct Request *r)
     size_t bytes = 0;
     for (size_t i = 0; i < r->p.n_docs; i++)
         bytes += r->p.docs[i].text_len;
-    int st = store_put_docs(sh->store, coll, r->p.docs, r->p.n_docs, &io, &sh->tc, err, sizeof err);
+    struct StorePutReport rep;
+    int st = store_put_docs_report(sh->store, coll, r->p.docs, r->p.n_docs, &io, &sh->tc, &rep,
+                                   err, sizeof err);
     if (st) {
         fail_write(sh, r, st, err);
         return;
@@ -318,8 +320,11 @@ void stage_ingest(const struct PrepShared *sh, struct Request *r)
     mpw_kv_str(&r->reply, "collection", coll, strlen(coll));
     mpw_kv_uint(&r->reply, "ingested", r->p.n_docs);
     mpw_kv_uint(&r->reply, "bytes", bytes);
+    mpw_kv_uint(&r->reply, "added", rep.added);
+    mpw_kv_uint(&r->reply, "changed", rep.changed);
+    mpw_kv_uint(&r->reply, "unchanged", rep.unchanged);
     coll_counts(sh, coll, &r->reply);
-    r->reply_fields = 5;
+    r->reply_fields = 8;
 }
 
 void stage_delete(const struct PrepShared *sh, struct Request *r)

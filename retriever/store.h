@@ -65,7 +65,8 @@ size_t store_map_size(struct Store *s);
 
 /* Insert or replace documents in `collection` (created on first ingest with `create_opts`, or
  * the defaults when NULL; an existing collection keeps its own options). A replaced
- * document's chunks and postings go in the same transaction. The whole batch is validated
+ * document's chunks and postings go in the same transaction; a document stored already exactly
+ * as given is left as it is (store_put_docs_report below). The whole batch is validated
  * first (UTF-8, sizes, empty text, duplicate ids): any bad document rejects the batch and
  * leaves the store unchanged. `tc` counts tokens for chunking (borrowed for the call).
  * Returns RET_OK (committed durably), RET_EINPUT, RET_ELIMIT, RET_ETOKEN, RET_EFULL (the disk
@@ -74,6 +75,20 @@ size_t store_map_size(struct Store *s);
 int store_put_docs(struct Store *s, const char *collection, const struct StoreDoc *docs, size_t n,
                    const struct IndexOptions *create_opts, const struct TokenCounter *tc,
                    char *err, size_t errlen);
+
+/* What a put did with its documents: stored new (no document had the id), replaced one that
+ * differed, or left one as it was. A document is unchanged when the stored one under its id has
+ * the same text, title and metadata, byte for byte, and passes its checksum; it is not written
+ * again (no chunking, no index change; a batch of only such documents commits nothing). A
+ * changed title or metadata with the same text is a change: the document is replaced. A record
+ * from before checksums (schema 1 or 2) is always replaced. */
+struct StorePutReport { size_t added, changed, unchanged; };
+
+/* store_put_docs, and *rep (optional) says what it did (zeros unless RET_OK). */
+int store_put_docs_report(struct Store *s, const char *collection, const struct StoreDoc *docs,
+                          size_t n, const struct IndexOptions *create_opts,
+                          const struct TokenCounter *tc, struct StorePutReport *rep, char *err,
+                          size_t errlen);
 
 /* Delete documents by id in one transaction; ids that are not present are skipped.
  * *n_deleted (optional) receives how many existed. RET_OK, RET_ENOTFOUND (unknown

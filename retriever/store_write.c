@@ -12,6 +12,7 @@
 #include "retriever/status.h"
 
 #define NEED_RECHUNK 1   /* internal: the collection's options differ from the ones chunked with */
+#define NEED_PREP 2      /* internal: a document taken as unchanged was not, and needs chunking */
 
 struct TermOp { uint32_t term, id, tf, len; uint8_t del; };
 
@@ -153,6 +154,25 @@ static int remove_doc(struct Batch *b, const MDB_val *dk, const MDB_val *docv, c
     b->rec.total_terms -= terms_removed;
     b->rec.text_bytes -= h.text_len;
     return RET_OK;
+}
+
+/* 1 when the stored record (key k, value v) holds exactly d's title, metadata and text and
+ * passes its checksum: storing d again would change nothing. A record without a checksum
+ * (written before schema 3), or one that fails its check, is never the same: it is rewritten,
+ * or the write fails on it as any replace of it does. */
+static int doc_same(const struct Store *s, const char *coll, const MDB_val *k, const MDB_val *v,
+                    const struct StoreDoc *d)
+{
+    struct DocHeader h;
+    const char *title, *text;
+    const void *meta;
+    if (doc_record_decode(v, &h, &title, &meta, &text) || !h.summed ||
+        h.title_len != d->title_len || h.meta_len != d->meta_len || h.text_len != d->text_len ||
+        doc_record_check(s, coll, k, v, &h, NULL, 0))
+        return 0;
+    return (!d->title_len || memcmp(title, d->title, d->title_len) == 0) &&
+           (!d->meta_len || memcmp(meta, d->meta, d->meta_len) == 0) &&
+           memcmp(text, d->text, d->text_len) == 0;
 }
 
 /* Insert one document, chunked and analysed beforehand. */
@@ -483,12 +503,18 @@ static int same_options(const struct IndexOptions *a, const struct IndexOptions 
            a->analyzer_flags == b->analyzer_flags && a->index_flags == b->index_flags;
 }
 
+/* Per document of a put (state[i]): */
+#define DOC_TODO 1       /* to be stored: needs chunking */
+#define DOC_PREPARED 2   /* chunked and analysed (pre[i] holds it) */
+
 /* One attempt at a write transaction. Returns RET_OK, a RET_E* status, MDB_MAP_FULL (caller
- * grows and retries) or NEED_RECHUNK (*opts then holds the collection's options). */
+ * grows and retries), NEED_RECHUNK (*opts then holds the collection's options) or NEED_PREP (a
+ * document found changed was not prepared: its state is now DOC_TODO). A put whose documents
+ * are all unchanged, stored exactly as given, writes nothing and commits nothing. */
 static int write_attempt(struct Store *s, const char *collection, const struct StoreDoc *docs, size_t n,
-                         const struct PreDoc *pre, struct IndexOptions *opts,
+                         const struct PreDoc *pre, uint8_t *state, struct IndexOptions *opts,
                          const char *const *del_ids, const size_t *del_lens, size_t n_del,
-                         size_t *n_deleted, char *err, size_t errlen)
+                         size_t *n_deleted, struct StorePutReport *rep, char *err, size_t errlen)
 {
     struct Batch b;
     memset(&b, 0, sizeof b);
@@ -512,6 +538,7 @@ static int write_attempt(struct Store *s, const char *collection, const struct S
     if ((st = analyzer_new(b.rec.analyzer_flags, &b.an, err, errlen)))
         goto out;
     size_t deleted = 0;
+    struct StorePutReport got = { 0, 0, 0 };
     for (size_t i = 0; i < n + n_del; i++) {
         const char *id = i < n ? docs[i].id : del_ids[i - n];
         size_t id_len = i < n ? docs[i].id_len : del_lens[i - n];
@@ -520,6 +547,22 @@ static int write_attempt(struct Store *s, const char *collection, const struct S
         uint8_t kb[KEY_MAX];
         MDB_val k = { key_doc(kb, b.rec.id, id, id_len), kb }, v;
         int rc = mdb_get(b.txn, s->db_docs, &k, &v);
+        if (i < n && rc == 0 && doc_same(s, collection, &k, &v, &docs[i])) {
+            got.unchanged++;
+            continue;
+        }
+        if (i < n && (rc == 0 || rc == MDB_NOTFOUND)) {
+            if (rc == 0)
+                got.changed++;
+            else
+                got.added++;
+            if (state[i] != DOC_PREPARED) {
+                state[i] = DOC_TODO;
+                st = NEED_PREP;
+            }
+        }
+        if (st == NEED_PREP)
+            continue; /* find every document that needs chunking before trying again */
         if (rc == 0) {
             if ((st = remove_doc(&b, &k, &v, err, errlen)))
                 goto out;
@@ -535,10 +578,16 @@ static int write_attempt(struct Store *s, const char *collection, const struct S
         if (i < n && (st = insert_doc(&b, &docs[i], &pre[i], err, errlen)))
             goto out;
     }
-    if ((st = apply_ops(&b, err, errlen)) || (st = put_coll(&b, collection, err, errlen)))
+    if (st == NEED_PREP)
         goto out;
+    if (rep)
+        *rep = got;
     if (n_deleted)
         *n_deleted = deleted;
+    if (docs && got.added + got.changed == 0)
+        goto out; /* nothing to write: the transaction is given up, not committed */
+    if ((st = apply_ops(&b, err, errlen)) || (st = put_coll(&b, collection, err, errlen)))
+        goto out;
     st = store_txn_commit(s, b.txn, err, errlen);
     b.txn = NULL;
 out:
@@ -548,10 +597,87 @@ out:
     return st;
 }
 
+/* Chunks and analyses the documents whose state is DOC_TODO (a batch of them, spread over
+ * threads as store_prep_docs does) into pre; they become DOC_PREPARED. */
+static int prep_todo(const struct StoreDoc *docs, size_t n, uint8_t *state, struct PreDoc *pre,
+                     const struct IndexOptions *opts, const struct TokenCounter *tc, char *err,
+                     size_t errlen)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        m += state[i] == DOC_TODO;
+    if (m == 0)
+        return RET_OK;
+    struct StoreDoc *sub = malloc(m * sizeof *sub);
+    struct PreDoc *sub_pre = calloc(m, sizeof *sub_pre);
+    size_t *at = malloc(m * sizeof *at);
+    int st = RET_OK;
+    if (!sub || !sub_pre || !at) {
+        st = ret_fail(err, errlen, RET_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0, j = 0; i < n; i++)
+        if (state[i] == DOC_TODO) {
+            sub[j] = docs[i];
+            at[j++] = i;
+        }
+    if ((st = store_prep_docs(sub, m, opts, tc, sub_pre, err, errlen)))
+        goto out;
+    for (size_t j = 0; j < m; j++) {
+        pre[at[j]] = sub_pre[j];
+        state[at[j]] = DOC_PREPARED;
+    }
+out:
+    free(sub);
+    free(sub_pre);
+    free(at);
+    return st;
+}
+
+/* Forgets every prepared document (chunked with other options): each is DOC_TODO again. */
+static void prep_forget(uint8_t *state, struct PreDoc *pre, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (state[i] == DOC_PREPARED) {
+            store_prep_free(&pre[i], 1);
+            state[i] = DOC_TODO;
+        }
+}
+
+/* In a read snapshot (outside the write lock): the collection's options, and which documents
+ * are new or differ from their stored records (DOC_TODO; the rest are left 0 and, once the
+ * write transaction finds them still the same, not written at all). */
+static int put_survey(struct Store *s, const char *collection, const struct StoreDoc *docs,
+                      size_t n, struct IndexOptions *opts, uint8_t *state, char *err,
+                      size_t errlen)
+{
+    struct StoreReader *r;
+    int st = store_read_begin(s, &r, err, errlen);
+    if (st)
+        return st;
+    struct CollRecord rec;
+    st = store_coll_get(s, r->txn, collection, &rec, NULL, 0);
+    if (st == RET_OK)
+        coll_record_options(&rec, opts);
+    for (size_t i = 0; i < n; i++) {
+        state[i] = DOC_TODO;
+        if (st != RET_OK)
+            continue;
+        uint8_t kb[KEY_MAX];
+        MDB_val k = { key_doc(kb, rec.id, docs[i].id, docs[i].id_len), kb }, v;
+        if (mdb_get(r->txn, s->db_docs, &k, &v) == 0 && doc_same(s, collection, &k, &v, &docs[i]))
+            state[i] = 0;
+    }
+    store_read_end(&r);
+    if (st != RET_OK && st != RET_ENOTFOUND)
+        return ret_fail(err, errlen, st, "collection \"%s\": cannot read its record", collection);
+    return RET_OK;
+}
+
 static int write_loop(struct Store *s, const char *collection, const struct StoreDoc *docs, size_t n,
                       const struct IndexOptions *create_opts, const struct TokenCounter *tc,
                       const char *const *del_ids, const size_t *del_lens, size_t n_del,
-                      size_t *n_deleted, char *err, size_t errlen)
+                      size_t *n_deleted, struct StorePutReport *rep, char *err, size_t errlen)
 {
     struct IndexOptions opts;
     if (create_opts)
@@ -559,50 +685,45 @@ static int write_loop(struct Store *s, const char *collection, const struct Stor
     else
         index_options_default(&opts);
     struct PreDoc *pre = NULL;
-    int st = RET_OK, prepared = 0;
+    uint8_t *state = NULL;
+    int st = RET_OK;
     if (docs) {
-        /* Chunk with the collection's options when it exists (a read, outside the write lock). */
-        struct StoreReader *r;
-        if ((st = store_read_begin(s, &r, err, errlen)))
-            return st;
-        struct CollRecord rec;
-        st = store_coll_get(s, r->txn, collection, &rec, NULL, 0);
-        if (st == RET_OK)
-            coll_record_options(&rec, &opts);
-        store_read_end(&r);
-        if (st != RET_OK && st != RET_ENOTFOUND)
-            return ret_fail(err, errlen, st, "collection \"%s\": cannot read its record", collection);
-        st = RET_OK;
         pre = calloc(n, sizeof *pre);
-        if (!pre)
-            return ret_fail(err, errlen, RET_ENOMEM, "out of memory");
+        state = calloc(n, 1);
+        if (!pre || !state) {
+            st = ret_fail(err, errlen, RET_ENOMEM, "out of memory");
+            goto out;
+        }
+        /* Chunk with the collection's options when it exists. */
+        if ((st = put_survey(s, collection, docs, n, &opts, state, err, errlen)))
+            goto out;
     }
     for (int attempt = 0; attempt < 64; attempt++) {
-        if (docs && !prepared) {
-            if ((st = store_prep_docs(docs, n, &opts, tc, pre, err, errlen)))
-                goto out;
-            prepared = 1;
-        }
-        st = write_attempt(s, collection, docs, n, pre, &opts, del_ids, del_lens, n_del, n_deleted, err, errlen);
+        if (docs && (st = prep_todo(docs, n, state, pre, &opts, tc, err, errlen)))
+            goto out;
+        st = write_attempt(s, collection, docs, n, pre, state, &opts, del_ids, del_lens, n_del,
+                           n_deleted, rep, err, errlen);
         if (st == MDB_MAP_FULL) {
             if ((st = store_grow(s, err, errlen)))
                 goto out;
             continue;
         }
         if (st == NEED_RECHUNK) {
-            store_prep_free(pre, n);
-            prepared = 0;
+            prep_forget(state, pre, n);
             continue;
         }
+        if (st == NEED_PREP)
+            continue;
         if (st == MDB_TXN_FULL)
             st = ret_fail(err, errlen, RET_ELIMIT, "batch too large for one transaction; split it");
         goto out;
     }
     st = ret_fail(err, errlen, RET_EIO, "write kept failing to fit the map");
 out:
-    if (prepared)
+    if (pre)
         store_prep_free(pre, n);
     free(pre);
+    free(state);
     return st;
 }
 
@@ -610,7 +731,17 @@ int store_put_docs(struct Store *s, const char *collection, const struct StoreDo
                    const struct IndexOptions *create_opts, const struct TokenCounter *tc,
                    char *err, size_t errlen)
 {
+    return store_put_docs_report(s, collection, docs, n, create_opts, tc, NULL, err, errlen);
+}
+
+int store_put_docs_report(struct Store *s, const char *collection, const struct StoreDoc *docs,
+                          size_t n, const struct IndexOptions *create_opts,
+                          const struct TokenCounter *tc, struct StorePutReport *rep, char *err,
+                          size_t errlen)
+{
     int st;
+    if (rep)
+        memset(rep, 0, sizeof *rep);
     if ((st = index_validate_collection(collection, err, errlen)))
         return st;
     if (create_opts && (st = index_validate_options(create_opts, err, errlen)))
@@ -619,7 +750,8 @@ int store_put_docs(struct Store *s, const char *collection, const struct StoreDo
         return st;
     if (n == 0)
         return RET_OK;
-    return write_loop(s, collection, docs, n, create_opts, tc, NULL, NULL, 0, NULL, err, errlen);
+    return write_loop(s, collection, docs, n, create_opts, tc, NULL, NULL, 0, NULL, rep, err,
+                      errlen);
 }
 
 static int cmp_id(const void *pa, const void *pb, void *lens_v)
@@ -654,5 +786,6 @@ int store_delete_docs(struct Store *s, const char *collection, const char *const
     free(tmp);
     if (dup)
         return ret_fail(err, errlen, RET_EINPUT, "duplicate document id in one delete batch");
-    return write_loop(s, collection, NULL, 0, NULL, NULL, ids, id_lens, n, n_deleted, err, errlen);
+    return write_loop(s, collection, NULL, 0, NULL, NULL, ids, id_lens, n, n_deleted, NULL, err,
+                      errlen);
 }

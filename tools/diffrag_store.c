@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "clients/ingest/docsrc.h"
+#include "clients/ingest/docsync.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 #include "retriever/bm25.h"
@@ -52,6 +53,11 @@ static void usage(FILE *f)
         "      --batch-docs N    documents per transaction (default 10000)\n"
         "      --batch-bytes N   text bytes per transaction (default 4 MiB)\n"
         "      --ack             after each commit print one line per document: ack \"ID\"\n"
+        "      --sync            PATHs are folders; then remove the collection's documents\n"
+        "                        whose ids lie under a folder's name (\"notes/...\") and\n"
+        "                        whose files are gone from it. A document stored exactly so\n"
+        "                        already is left as it is (unchanged); the summary counts\n"
+        "                        added, changed, unchanged, removed and skipped\n"
         "  delete ID...          remove documents\n"
         "  drop                  remove the collection given with -c and all its documents\n"
         "  get ID                print a document as JSON\n"
@@ -79,7 +85,7 @@ static const char *const SUBS[N_SUB] = { "ingest", "delete", "drop", "get", "lis
 enum {
     O_DATA_DIR = 256, O_MAP_SIZE, O_CHUNK_TOKENS, O_OVERLAP, O_NO_STEM, O_STOPWORDS, O_NO_TITLE,
     O_MODEL, O_APPROX, O_BATCH_DOCS, O_BATCH_BYTES, O_ACK, O_AFTER, O_LIMIT, O_JSON, O_K1, O_B,
-    O_DOC, O_EXHAUSTIVE,
+    O_DOC, O_EXHAUSTIVE, O_SYNC,
 };
 
 #define ANY (~0u)
@@ -104,6 +110,7 @@ static const struct Opt {
     { "batch-docs", 1, O_BATCH_DOCS, ONLY(SUB_INGEST) },
     { "batch-bytes", 1, O_BATCH_BYTES, ONLY(SUB_INGEST) },
     { "ack", 0, O_ACK, ONLY(SUB_INGEST) },
+    { "sync", 0, O_SYNC, ONLY(SUB_INGEST) },
     { "after", 1, O_AFTER, ONLY(SUB_LIST) | ONLY(SUB_EXPORT) },
     { "limit", 1, O_LIMIT, ONLY(SUB_LIST) },
     { "json", 0, O_JSON, ONLY(SUB_LIST) | ONLY(SUB_STATS) | ONLY(SUB_SEARCH) },
@@ -187,6 +194,7 @@ static int take(struct StoreArgs *a, int code, const char *v)
     case O_NO_TITLE: a->iopt.index_flags &= ~(unsigned)INDEX_TITLE; break;
     case O_JSON: a->json = 1; break;
     case O_ACK: a->ack = 1; break;
+    case O_SYNC: a->sync = 1; break;
     case O_EXHAUSTIVE: a->exhaustive = 1; break;
     case O_AFTER: a->after = v; break;
     case O_DOC: a->docs[a->n_docs_filter++] = v; break;
@@ -360,6 +368,10 @@ struct Ingest {
     struct Pending *docs;
     size_t n, cap, bytes;
     size_t total_docs, total_bytes, skipped_files;
+    size_t added, changed, unchanged, removed;
+    struct Docsync *sync;  /* --sync: the folders, and the ids stored */
+    char skip_why[3][256]; /* the first files skipped when read, and why */
+    size_t n_skip_why;
     double started;
 };
 
@@ -386,8 +398,9 @@ static int flush(struct Ingest *in)
         sd[i] = (struct StoreDoc){ p->id, p->id_len, p->text, p->text_len, p->title, p->title_len, NULL, 0 };
     }
     char err[512];
-    int st = store_put_docs(in->store, in->a->collection, sd, in->n, &in->a->iopt, &in->counter.tc,
-                            err, sizeof err);
+    struct StorePutReport rep;
+    int st = store_put_docs_report(in->store, in->a->collection, sd, in->n, &in->a->iopt,
+                                   &in->counter.tc, &rep, err, sizeof err);
     free(sd);
     if (st) {
         fprintf(stderr, "diffrag-store: ingest failed (%s): %s\n", ret_strerror(st), err);
@@ -403,6 +416,9 @@ static int flush(struct Ingest *in)
     }
     in->total_docs += in->n;
     in->total_bytes += in->bytes;
+    in->added += rep.added;
+    in->changed += rep.changed;
+    in->unchanged += rep.unchanged;
     pending_clear(in);
     return 0;
 }
@@ -413,6 +429,10 @@ static int flush(struct Ingest *in)
 static int on_doc(void *ctx, struct DocsrcDoc *d)
 {
     struct Ingest *in = ctx;
+    if (in->sync && docsync_seen(in->sync, d->id, d->id_len)) {
+        fprintf(stderr, "diffrag-store: out of memory\n");
+        return -1;
+    }
     for (size_t i = 0; i < in->n; i++)
         if (in->docs[i].id_len == d->id_len && memcmp(in->docs[i].id, d->id, d->id_len) == 0) {
             if (flush(in))
@@ -438,6 +458,78 @@ static int on_doc(void *ctx, struct DocsrcDoc *d)
     return 0;
 }
 
+/* --sync: the collection's documents under each folder's prefix whose files are gone
+ * (docsync.h), deleted in one transaction. */
+static int sync_remove(struct Ingest *in)
+{
+    struct Docsync *sy = in->sync;
+    char err[512];
+    char **gone = NULL;
+    size_t *lens = NULL, n_gone = 0, cap = 0;
+    int st = RET_OK;
+    struct StoreDocView page[256];
+    for (size_t i = 0; i < sy->n_roots && !st; i++) {
+        if (!sy->roots[i].first)
+            continue;
+        const char *prefix = sy->roots[i].prefix;
+        char *after = strdup(prefix);
+        size_t after_len = after ? strlen(after) : 0;
+        while (after && !st) {
+            struct StoreReader *r;
+            size_t n = 0;
+            if ((st = store_read_begin(in->store, &r, err, sizeof err)))
+                break;
+            st = store_list_docs(r, in->a->collection, after, after_len, page, 256, &n, err,
+                                 sizeof err);
+            free(after);
+            after = NULL;
+            if (st == RET_ENOTFOUND)
+                st = RET_OK, n = 0; /* no collection: nothing to remove */
+            int past = 0;
+            for (size_t j = 0; j < n && !st; j++) {
+                if (!docsync_under(prefix, page[j].id, page[j].id_len)) {
+                    past = 1;
+                    break;
+                }
+                if (!docsync_gone(sy, page[j].id, page[j].id_len))
+                    continue;
+                if (n_gone == cap) {
+                    cap = cap ? 2 * cap : 64;
+                    char **g = realloc(gone, cap * sizeof *g);
+                    size_t *l = g ? realloc(lens, cap * sizeof *l) : NULL;
+                    gone = g ? g : gone;
+                    lens = l ? l : lens;
+                    if (!g || !l) {
+                        st = ret_fail(err, sizeof err, RET_ENOMEM, "out of memory");
+                        break;
+                    }
+                }
+                if (!(gone[n_gone] = strndup(page[j].id, page[j].id_len)))
+                    st = ret_fail(err, sizeof err, RET_ENOMEM, "out of memory");
+                else
+                    lens[n_gone++] = page[j].id_len;
+            }
+            if (!st && !past && n == 256) {
+                after = strndup(page[n - 1].id, page[n - 1].id_len);
+                after_len = page[n - 1].id_len;
+                if (!after)
+                    st = ret_fail(err, sizeof err, RET_ENOMEM, "out of memory");
+            }
+            store_read_end(&r);
+        }
+    }
+    if (!st && n_gone)
+        st = store_delete_docs(in->store, in->a->collection, (const char *const *)gone, lens,
+                               n_gone, &in->removed, err, sizeof err);
+    if (st)
+        fprintf(stderr, "diffrag-store: --sync failed (%s): %s\n", ret_strerror(st), err);
+    for (size_t i = 0; i < n_gone; i++)
+        free(gone[i]);
+    free(gone);
+    free(lens);
+    return st ? -1 : 0;
+}
+
 static int cmd_ingest(struct Store *s, const struct StoreArgs *a)
 {
     if (a->n_pos < 2) {
@@ -452,15 +544,26 @@ static int cmd_ingest(struct Store *s, const struct StoreArgs *a)
     struct DocsrcList files = { 0 };
     struct Ingest in;
     char err[1024];
+    struct Docsync sync;
     memset(&in, 0, sizeof in);
+    memset(&sync, 0, sizeof sync);
     in.store = s;
     in.a = a;
+    if (a->sync) {
+        if (docsync_init(&sync, a->pos + 1, a->n_pos - 1, err, sizeof err)) {
+            fprintf(stderr, "diffrag-store: %s\n", err);
+            return 2;
+        }
+        in.sync = &sync;
+    }
     if (docsrc_collect(&opt, a->pos + 1, a->n_pos - 1, &files, err, sizeof err)) {
+        docsync_free(&sync);
         fprintf(stderr, "diffrag-store: %s\n", err);
         docsrc_list_free(&files);
         return 1;
     }
     if (counter_open(a, &in.counter)) {
+        docsync_free(&sync);
         docsrc_list_free(&files);
         return 1;
     }
@@ -472,6 +575,8 @@ static int cmd_ingest(struct Store *s, const struct StoreArgs *a)
         rc = docsrc_read(&opt, &files.files[i], on_doc, &in, NULL, err, sizeof err);
         if (rc == DOCSRC_EFILE && !files.files[i].named) {
             fprintf(stderr, "diffrag-store: %s; skipped\n", err);
+            if (in.n_skip_why < 3)
+                snprintf(in.skip_why[in.n_skip_why++], sizeof in.skip_why[0], "%.255s", err);
             in.skipped_files++;
             rc = 0;
         } else if (rc && rc != DOCSRC_ESTOP) {
@@ -480,15 +585,25 @@ static int cmd_ingest(struct Store *s, const struct StoreArgs *a)
     }
     if (rc == 0)
         rc = flush(&in);
+    /* only after every file was read and stored: a failed ingest removes nothing */
+    if (rc == 0 && in.sync)
+        rc = sync_remove(&in);
     double dt = tool_now() - in.started;
     pending_clear(&in);
     free(in.docs);
     counter_close(&in.counter);
     docsrc_list_free(&files);
+    docsync_free(&sync);
     fprintf(stderr, "diffrag-store: ingested %zu documents (%.2f MB) into \"%s\" in %.2f s "
-                    "(%.2f MB/s, %.0f docs/s)",
+                    "(%.2f MB/s, %.0f docs/s): %zu added, %zu changed, %zu unchanged, %zu "
+                    "removed, %zu skipped",
             in.total_docs, in.total_bytes / 1e6, a->collection, dt,
-            dt > 0 ? in.total_bytes / 1e6 / dt : 0.0, dt > 0 ? in.total_docs / dt : 0.0);
+            dt > 0 ? in.total_bytes / 1e6 / dt : 0.0, dt > 0 ? in.total_docs / dt : 0.0,
+            in.added, in.changed, in.unchanged, in.removed, in.skipped_files);
+    for (size_t i = 0; i < in.n_skip_why; i++)
+        fprintf(stderr, "%s%s", i ? "; " : " (", in.skip_why[i]);
+    if (in.n_skip_why)
+        fprintf(stderr, "%s)", in.skipped_files > in.n_skip_why ? "; ..." : "");
     char why[160];
     if (in.skipped_files)
         fprintf(stderr, "; %s", docsrc_skip_summary(in.skipped_files, other_kind, why, sizeof why));

@@ -11,7 +11,7 @@
 struct StoreArgs {
     const char *data_dir, *collection, *model;
     int collection_given;
-    int approx_tokens, json, ack, exhaustive;
+    int approx_tokens, json, ack, exhaustive, sync;
     struct IndexOptions iopt;
     size_t k, batch_docs, batch_bytes, limit, map_mb;
     double k1, b;

@@ -310,10 +310,15 @@ typedef struct DiffragIngestResult {
     int64_t docs;       /* documents in the collection after the commit */
     int64_t chunks;     /* chunks in the collection after the commit */
     char *json;
+    /* Of the ingested: stored new, replacing a different one, and left as they were (the
+     * same text, title and metadata were stored under the id already). All 0 from a daemon
+     * that does not report them (their sum is then not `ingested`). */
+    int64_t added, changed, unchanged;
 } DiffragIngestResult;
 
 /* Stores docs (1..max_docs of the daemon, each with a unique id) in collection, created on
- * first use; a document with an existing id is replaced. The reply comes after the durable
+ * first use; a document with an existing id is replaced, unless it is stored exactly so already
+ * (then it is left as it is and counted unchanged). The reply comes after the durable
  * commit. One bad document rejects the whole batch (DIFFRAG_ESERVER "bad_request"); a batch
  * over max_message_bytes or max_docs gets "too_large". */
 DIFFRAG_API int diffrag_ingest(DiffragClient *c, const char *collection, const DiffragDoc *docs,

@@ -286,6 +286,9 @@ static const struct RepField INGEST_REP[] = {
     REP(DiffragIngestResult, "bytes", REP_INT, 0, bytes),
     REP(DiffragIngestResult, "docs", REP_INT, 1, docs),
     REP(DiffragIngestResult, "chunks", REP_INT, 1, chunks),
+    REP(DiffragIngestResult, "added", REP_INT, 0, added),
+    REP(DiffragIngestResult, "changed", REP_INT, 0, changed),
+    REP(DiffragIngestResult, "unchanged", REP_INT, 0, unchanged),
 };
 static const struct OpDesc OP_INGEST = {
     .op = "ingest", .check = check_ingest, .type = &INGEST_TYPE,

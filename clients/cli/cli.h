@@ -28,7 +28,7 @@ struct CliArgs {
     const char *endpoint, *collection, *server_key, *key_file;
     int collection_given;
     int timeout_ms, connect_timeout_ms; /* 0: the library's defaults */
-    int json, stream, progress, quiet, force, yes;
+    int json, stream, progress, quiet, force, yes, sync;
     int max_tokens, top_k, max_context_tokens, limit, batch, deadline_ms;
     double temperature, top_p;
     unsigned long long seed;

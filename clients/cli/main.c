@@ -66,7 +66,7 @@ enum {
     O_JSON = 256, O_TIMEOUT, O_CONNECT_TIMEOUT, O_SERVER_KEY, O_KEY, O_DOC_ID, O_STREAM,
     O_MAX_TOKENS, O_TOP_K, O_MAX_CONTEXT, O_TEMPERATURE, O_TOP_P, O_SEED, O_STOP, O_DEADLINE,
     O_BATCH, O_PROGRESS, O_LIMIT, O_AFTER, O_FORCE, O_ORDER, O_UNSUPPORTED,
-    O_ANSWER_MODE,
+    O_ANSWER_MODE, O_SYNC,
 };
 
 /* Command-specific options, by a letter each in Cmd.opts. */
@@ -80,6 +80,7 @@ static const struct { char letter; int code; const char *name; } SPECIFIC[] = {
     { 'a', O_AFTER, "--after" }, { 'o', O_OUT, "--out" }, { 'f', O_FORCE, "--force" },
     { 'y', O_YES, "--yes" }, { 'r', O_ORDER, "--order" },
     { 'u', O_UNSUPPORTED, "--unsupported" }, { 'Q', O_ANSWER_MODE, "--answer-mode" },
+    { 'Y', O_SYNC, "--sync" },
 };
 
 static const struct Cmd CMDS[] = {
@@ -117,8 +118,8 @@ static const struct Cmd CMDS[] = {
       "                           verbatim span of the documents, each span printed\n"
       "                           with its source and byte range\n"
       "Ctrl-C cancels the query on the daemon and prints what was generated.\n" },
-    { "ingest", cmd_ingest, "bPq", 1, -1,
-      "usage: diffrag ingest PATH... [-c COLLECTION] [--batch N] [--progress|--quiet]\n"
+    { "ingest", cmd_ingest, "bPqY", 1, -1,
+      "usage: diffrag ingest PATH... [-c COLLECTION] [--sync] [--batch N] [--progress|--quiet]\n"
       "Stores documents in the collection (created on first use; default \"" CLI_DEFAULT_COLLECTION "\").\n"
       "Folders are walked for .txt, .md, .jsonl, .pdf, .docx and .html files (hidden ones and\n"
       "links to folders left out); a file named on the command line is read whatever its name.\n"
@@ -130,8 +131,13 @@ static const struct Cmd CMDS[] = {
       "the name of the folder it was found from, then its path inside it: notes/sub/a.md is\n"
       "\"notes/sub/a.md\" whether the folder is given as notes, /abs/notes or \".\" inside it;\n"
       "a file given directly keeps its folder's name (\"notes/a.txt\"). Each line of a .jsonl\n"
-      "file is a document {\"id\", \"text\", \"title\"?, \"meta\"?}. An existing id is replaced.\n"
+      "file is a document {\"id\", \"text\", \"title\"?, \"meta\"?}. An existing id is replaced\n"
+      "unless the same text, title and metadata are stored under it already (unchanged: not\n"
+      "stored again). The summary counts documents added, changed, unchanged and removed.\n"
       "A progress line goes to stderr while a long ingest runs.\n"
+      "      --sync               PATHs are folders; after the ingest, remove the\n"
+      "                           collection's documents whose ids lie under a folder's\n"
+      "                           name (\"notes/...\") and whose files are gone from it\n"
       "      --batch N            documents per request (default 64; requests also stay\n"
       "                           under 4 MiB of text)\n"
       "      --progress           a progress line after every request\n"
@@ -445,6 +451,7 @@ static int cli_main(int argc, char **argv, struct CliArgs *a)
         { "out", required_argument, NULL, O_OUT },
         { "force", no_argument, NULL, O_FORCE },
         { "yes", no_argument, NULL, O_YES },
+        { "sync", no_argument, NULL, O_SYNC },
         { NULL, 0, NULL, 0 },
     };
     memset(a, 0, sizeof *a);
@@ -584,6 +591,7 @@ static int cli_main(int argc, char **argv, struct CliArgs *a)
         case O_OUT: a->out = optarg; break;
         case O_FORCE: a->force = 1; break;
         case O_YES: a->yes = 1; break;
+        case O_SYNC: a->sync = 1; break;
         default:
             return cli_usage_error(cn, "bad option");
         }

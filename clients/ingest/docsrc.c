@@ -346,6 +346,27 @@ int docsrc_collect(const struct DocsrcOptions *o, const char *const *paths, size
     return DOCSRC_OK;
 }
 
+int docsrc_walk_takes(const char *path)
+{
+    enum DocsrcKind kind;
+    for (const char *c = path; c; c = strchr(c, '/'), c = c ? c + 1 : NULL)
+        if (c[0] == '.' || c[0] == '/' || c[0] == 0)
+            return 0; /* hidden, empty or "." / ".." components: never a walk's */
+    return kind_of(path, &kind) && kind != DOCSRC_JSONL;
+}
+
+int docsrc_folder_prefix(const char *dir, char **prefix, char *err, size_t errlen)
+{
+    char *name = NULL;
+    *prefix = NULL;
+    int rc = folder_name(dir, &name, NULL, err, errlen);
+    if (rc)
+        return rc;
+    *prefix = name[0] ? join(name, "") : strdup("");
+    free(name);
+    return *prefix ? DOCSRC_OK : errmsg_set(err, errlen, DOCSRC_ENOMEM, "out of memory");
+}
+
 void docsrc_list_free(struct DocsrcList *l)
 {
     for (size_t i = 0; i < l->n; i++) {

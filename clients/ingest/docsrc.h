@@ -114,6 +114,16 @@ int docsrc_collect(const struct DocsrcOptions *o, const char *const *paths, size
                    struct DocsrcList *list, char *err, size_t errlen);
 void docsrc_list_free(struct DocsrcList *list);
 
+/* The start of the ids of the files a walk of folder `dir` finds: its name and a '/'
+ * ("notes/"), "" for "/" (malloc'd into *prefix). DOCSRC_OK, DOCSRC_EINPUT (no such folder),
+ * DOCSRC_EFILE (a name that is not UTF-8), DOCSRC_ENOMEM. */
+int docsrc_folder_prefix(const char *dir, char **prefix, char *err, size_t errlen);
+
+/* 1 when a walk gives a file at `path` (relative to the folder, '/' separators) an id of its
+ * own: no hidden or empty component, and a .txt, .md, .pdf, .docx or .html name (not .jsonl,
+ * whose lines carry their own ids). */
+int docsrc_walk_takes(const char *path);
+
 /* One document; every string is malloc'd, NUL-terminated and valid UTF-8. title and meta_json
  * (the "meta" object of a .jsonl line as compact JSON text) may be NULL. */
 struct DocsrcDoc {

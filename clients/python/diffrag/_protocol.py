@@ -296,7 +296,9 @@ def parse_ingest(m: Dict[str, Any], collection: str) -> IngestResult:
     f = _Fields(m)
     return IngestResult(collection=f.str("collection", False) or collection,
                         ingested=f.int("ingested"), bytes=f.int("bytes", False) or 0,
-                        docs=f.int("docs"), chunks=f.int("chunks"), raw=m)
+                        docs=f.int("docs"), chunks=f.int("chunks"), raw=m,
+                        added=f.int("added", False), changed=f.int("changed", False),
+                        unchanged=f.int("unchanged", False))
 
 
 def parse_delete(m: Dict[str, Any]) -> DeleteResult:

@@ -157,7 +157,9 @@ class Pong:
 @dataclass
 class IngestResult:
     """``ingested`` documents (``bytes`` of text) stored; the collection now holds ``docs``
-    documents in ``chunks`` chunks."""
+    documents in ``chunks`` chunks. Of the ingested, ``added`` were new, ``changed`` replaced
+    a different document and ``unchanged`` were stored exactly so already (left as they were);
+    all three are ``None`` from a daemon that does not report them."""
 
     collection: str
     ingested: int
@@ -165,6 +167,9 @@ class IngestResult:
     docs: int
     chunks: int
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+    added: Optional[int] = None
+    changed: Optional[int] = None
+    unchanged: Optional[int] = None
 
 
 @dataclass
