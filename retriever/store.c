@@ -91,6 +91,8 @@ int doc_record_decode(const MDB_val *v, struct DocHeader *h, const char **title,
     h->text_len = get_le64(p + 16);
     h->summed = (h->title_len & DOC_SUMMED) != 0;
     h->title_len &= ~DOC_SUMMED;
+    h->structured = (h->meta_len & DOC_STRUCTURED) != 0;
+    h->meta_len &= ~DOC_STRUCTURED;
     uint64_t size = (uint64_t)DOC_HEADER_SIZE + h->title_len + h->meta_len + h->text_len +
                     (h->summed ? DOC_SUM_SIZE : 0);
     if (h->text_len > v->mv_size || size != v->mv_size)

@@ -43,16 +43,21 @@ struct CollRecord {
 /* Doc record (value in db_docs): the header (24 bytes: u32 first chunk, u32 chunk count, u32
  * title length, u32 meta length, u64 text length), title, meta, text, then, when the title
  * length's top bit (DOC_SUMMED) is set, as in every record schema 3 writes, a u64 checksum:
- * doc_sum of the record's key and of every byte before it (store_sum.c). */
+ * doc_sum of the record's key and of every byte before it (store_sum.c). The meta length's
+ * top bit (DOC_STRUCTURED, schema 5) says the document's chunks were made at its structure
+ * (headings, pages); a document stored before is re-chunked when it is ingested again, even
+ * unchanged. */
 struct DocHeader {
     uint32_t first_chunk, n_chunks, title_len, meta_len;
     uint64_t text_len;
     int summed;      /* the record ends with its checksum */
+    int structured;  /* its chunks follow its headings and pages */
     uint64_t sum;
 };
 #define DOC_HEADER_SIZE 24
 #define DOC_SUM_SIZE 8
 #define DOC_SUMMED 0x80000000u
+#define DOC_STRUCTURED 0x80000000u   /* in the meta length */
 
 /* Chunk record (value in db_chunks), 32 bytes followed by the doc id: u32 index in the
  * document, u32 length in terms, u32 tokens, u32 checksum (chunk_sum; 0 in records written

@@ -159,14 +159,15 @@ static int remove_doc(struct Batch *b, const MDB_val *dk, const MDB_val *docv, c
 /* 1 when the stored record (key k, value v) holds exactly d's title, metadata and text and
  * passes its checksum: storing d again would change nothing. A record without a checksum
  * (written before schema 3), or one that fails its check, is never the same: it is rewritten,
- * or the write fails on it as any replace of it does. */
+ * or the write fails on it as any replace of it does; nor is one chunked before chunks followed
+ * the structure (schema 5): ingesting it again re-chunks it. */
 static int doc_same(const struct Store *s, const char *coll, const MDB_val *k, const MDB_val *v,
                     const struct StoreDoc *d)
 {
     struct DocHeader h;
     const char *title, *text;
     const void *meta;
-    if (doc_record_decode(v, &h, &title, &meta, &text) || !h.summed ||
+    if (doc_record_decode(v, &h, &title, &meta, &text) || !h.summed || !h.structured ||
         h.title_len != d->title_len || h.meta_len != d->meta_len || h.text_len != d->text_len ||
         doc_record_check(s, coll, k, v, &h, NULL, 0))
         return 0;
@@ -234,7 +235,7 @@ static int insert_doc(struct Batch *b, const struct StoreDoc *d, const struct Pr
     put_le32(o, first);
     put_le32(o + 4, (uint32_t)nsp);
     put_le32(o + 8, (uint32_t)d->title_len | DOC_SUMMED);
-    put_le32(o + 12, (uint32_t)d->meta_len);
+    put_le32(o + 12, (uint32_t)d->meta_len | DOC_STRUCTURED);
     put_le64(o + 16, d->text_len);
     o += DOC_HEADER_SIZE;
     if (d->title_len) memcpy(o, d->title, d->title_len);

@@ -76,7 +76,8 @@ static int change_text(const char *dir, const char *id, size_t at, uint8_t byte)
     if (!rc) {
         uint8_t *copy = malloc(v.mv_size);
         memcpy(copy, v.mv_data, v.mv_size);
-        uint32_t title = get_le32(copy + 8) & ~DOC_SUMMED, meta_len = get_le32(copy + 12);
+        uint32_t title = get_le32(copy + 8) & ~DOC_SUMMED;
+        uint32_t meta_len = get_le32(copy + 12) & ~DOC_STRUCTURED;
         copy[DOC_HEADER_SIZE + title + meta_len + at] = byte;
         MDB_val nv = { v.mv_size, copy };
         rc = mdb_put(txn, docs, &k, &nv, 0);
@@ -137,6 +138,7 @@ static int make_old(const char *dir, uint32_t version)
             uint8_t *copy = vals[i].mv_data;
             if (d == 0) {
                 put_le32(copy + 8, get_le32(copy + 8) & ~DOC_SUMMED);
+                put_le32(copy + 12, get_le32(copy + 12) & ~DOC_STRUCTURED);
                 vals[i].mv_size -= DOC_SUM_SIZE;
             } else {
                 put_le32(copy + CHUNK_SUM_OFFSET, 0);
@@ -390,6 +392,55 @@ static void test_schema_3(void)
     free(dir);
 }
 
+/* A document stored before chunks followed the structure (a summed record without
+ * DOC_STRUCTURED, as schemas 3 and 4 wrote them) is re-chunked when it is ingested again
+ * unchanged: counted as changed once, then unchanged. */
+static void test_rechunked_when_old(void)
+{
+    char *dir = temp_dir(), err[512];
+    struct Store *s;
+    struct StoreVerifyReport rep;
+    struct TokenCounter tc;
+    tokcount_simple(&tc);
+    struct StoreDoc d = mkdoc("guide", "Guide", "# Guide\n\nIntro text.\n\n## Cancel\n\nSend cancel.\n");
+    CHECK(store_open(dir, NULL, &s, err, sizeof err) == RET_OK, "open: %s", err);
+    CHECK(store_put_docs(s, COLL, &d, 1, NULL, &tc, err, sizeof err) == RET_OK, "put: %s", err);
+    store_close(&s);
+    /* the record as a schema 4 build wrote it: the flag cleared, the checksum made again */
+    MDB_env *env;
+    MDB_txn *txn = NULL;
+    MDB_dbi docs, chunks, meta;
+    int rc = raw_open(dir, &env, &txn, &docs, &chunks, &meta);
+    uint8_t kb[KEY_MAX];
+    MDB_val k = { key_doc(kb, 1, "guide", 5), kb }, v;
+    rc = rc ? rc : mdb_get(txn, docs, &k, &v);
+    if (!rc) {
+        uint8_t *copy = malloc(v.mv_size);
+        memcpy(copy, v.mv_data, v.mv_size);
+        put_le32(copy + 12, get_le32(copy + 12) & ~DOC_STRUCTURED);
+        size_t body = v.mv_size - DOC_SUM_SIZE;
+        put_le64(copy + body, doc_sum(&k, copy, body));
+        MDB_val nv = { v.mv_size, copy };
+        rc = mdb_put(txn, docs, &k, &nv, 0);
+        free(copy);
+    }
+    CHECK(raw_close(env, txn, rc) == 0, "rewrite the record");
+    CHECK(store_open(dir, NULL, &s, err, sizeof err) == RET_OK, "open: %s", err);
+    CHECK(verify(s, &rep) == RET_OK && rep.problems == 0, "the old record verifies: %s",
+          rep.first_problem);
+    struct StorePutReport pr;
+    CHECK(store_put_docs_report(s, COLL, &d, 1, NULL, &tc, &pr, err, sizeof err) == RET_OK &&
+          pr.changed == 1 && pr.unchanged == 0, "re-chunked (%zu changed, %zu unchanged): %s",
+          pr.changed, pr.unchanged, err);
+    CHECK(store_put_docs_report(s, COLL, &d, 1, NULL, &tc, &pr, err, sizeof err) == RET_OK &&
+          pr.changed == 0 && pr.unchanged == 1, "then unchanged (%zu, %zu)", pr.changed,
+          pr.unchanged);
+    CHECK(verify(s, &rep) == RET_OK && rep.problems == 0, "verify: %s", rep.first_problem);
+    store_close(&s);
+    rm_store(dir);
+    free(dir);
+}
+
 /* A schema 4 store (heading paths, no pages) is upgraded to 5 as it is; a document with page
  * markers written then has pages, and a changed page number in its chunk record is damage. */
 static void test_schema_4(void)
@@ -459,5 +510,6 @@ int main(void)
     test_old_store();
     test_schema_3();
     test_schema_4();
+    test_rechunked_when_old();
     return check_report("test_store_checksum");
 }
