@@ -40,12 +40,6 @@ static int on_delta(void *user, const char *text, size_t len)
     return 0;
 }
 
-static const char *base_name(const char *path)
-{
-    const char *s = strrchr(path, '/');
-    return s && s[1] ? s + 1 : path;
-}
-
 /* One line when the prompt left out part of the documents: how much was read, and how to read
  * more: a larger budget when it left matching chunks out, a lower relevance floor when that
  * dropped chunks the search found. */
@@ -334,8 +328,10 @@ int cmd_ask(const struct CliArgs *a)
                     len ? "not UTF-8 text" : "empty");
             goto out;
         }
+        /* the path names it in citations; no title, so that the prompt is the one the same
+         * text gets through the Python client or the OpenAI API (a bare text has none) and
+         * the prefix cache serves it to both */
         docs[i].id = a->doc_files[i];
-        docs[i].title = base_name(a->doc_files[i]);
         docs[i].text = texts[i];
         docs[i].text_len = len;
     }
