@@ -175,7 +175,7 @@ static void put_opt_double(struct MpWriter *w, const char *key, int have, double
 static void put_read(struct MpWriter *w, const struct PlanRead *rs, const struct Context *ctx)
 {
     mpw_cstr(w, "context");
-    mpw_map(w, 9);
+    mpw_map(w, 10);
     mpw_kv_uint(w, "documents", rs->documents);
     mpw_cstr(w, "doc_tokens");
     if (rs->doc_tokens >= 0)
@@ -186,6 +186,7 @@ static void put_read(struct MpWriter *w, const struct PlanRead *rs, const struct
     mpw_kv_uint(w, "chunks_matched", rs->chunks_matched);
     mpw_kv_uint(w, "chunks_placed", rs->chunks_placed);
     mpw_kv_uint(w, "chunks_left_out", rs->chunks_left_out);
+    mpw_kv_uint(w, "chunks_below_floor", rs->chunks_below_floor);
     mpw_kv_bool(w, "whole", rs->whole);
     mpw_kv_uint(w, "history_turns", ctx->n_turns);
     mpw_kv_uint(w, "history_left_out", ctx->n_turns_skipped);

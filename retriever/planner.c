@@ -106,7 +106,8 @@ static int count_docs(const struct PlanRequest *rq, size_t *tokens, int *counted
 /* The chunks offered, best first, into chunks[0..*n_offered); chunks[0..n_chunks) holds every
  * chunk found (the whole-document layout scores documents by all of them). Inline and stored
  * hits come from two indexes: BM25 scores of one query, merged by score. */
-static int offer_chunks(const struct PlanRequest *rq, struct CtxChunk **out, size_t *n_offered)
+static int offer_chunks(const struct PlanRequest *rq, struct CtxChunk **out, size_t *n_offered,
+                        size_t *n_below)
 {
     size_t n = rq->n_chunks;
     struct CtxChunk *chunks = malloc((n ? n : 1) * sizeof *chunks);
@@ -126,6 +127,7 @@ static int offer_chunks(const struct PlanRequest *rq, struct CtxChunk **out, siz
         size_t m = 1;
         while (m < n && chunks[m].score >= floor_score)
             m++;
+        *n_below = n - m;
         n = m;
     }
     *out = chunks;
@@ -190,6 +192,144 @@ done:
     return st;
 }
 
+static int by_size(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int is_blank(const char *s, size_t from, size_t to)
+{
+    for (size_t i = from; i < to; i++)
+        if (s[i] != ' ' && s[i] != '\n' && s[i] != '\t' && s[i] != '\r')
+            return 0;
+    return 1;
+}
+
+static int by_cite_doc(const void *a, const void *b, void *cites_v)
+{
+    const struct CtxCitation *cites = cites_v;
+    const struct CtxCitation *x = &cites[*(const size_t *)a], *y = &cites[*(const size_t *)b];
+    size_t n = x->doc_id_len < y->doc_id_len ? x->doc_id_len : y->doc_id_len;
+    int c = n ? memcmp(x->doc_id, y->doc_id, n) : 0;
+    if (c || x->doc_id_len != y->doc_id_len)
+        return c ? c : x->doc_id_len < y->doc_id_len ? -1 : 1;
+    return (x->byte_start > y->byte_start) - (x->byte_start < y->byte_start);
+}
+
+/* Marks in covered[] (one per rq->docs) the documents whose placed chunks, untruncated, cover
+ * their whole text (what lies between and around them is blank); returns how many. */
+static size_t find_covered(const struct PlanRequest *rq, const struct Context *ctx,
+                           unsigned char *covered, size_t *order)
+{
+    const struct CtxCitation *ci = ctx->cites;
+    size_t n = ctx->n_cites, n_covered = 0;
+    for (size_t i = 0; i < n; i++)
+        order[i] = i;
+    qsort_r(order, n, sizeof *order, by_cite_doc, (void *)ci);
+    for (size_t g = 0, e; g < n; g = e) {
+        for (e = g + 1; e < n && same_id(ci[order[e]].doc_id, ci[order[e]].doc_id_len,
+                                         ci[order[g]].doc_id, ci[order[g]].doc_id_len); e++)
+            ;
+        size_t d = 0;
+        while (d < rq->n_docs && !same_id(rq->docs[d].id, rq->docs[d].id_len,
+                                          ci[order[g]].doc_id, ci[order[g]].doc_id_len))
+            d++;
+        if (d == rq->n_docs || covered[d])
+            continue;
+        const struct PlanDoc *doc = &rq->docs[d];
+        uint64_t end = 0;
+        int ok = 1;
+        for (size_t i = g; i < e && ok; i++) {
+            const struct CtxCitation *c = &ci[order[i]];
+            ok = !c->truncated && c->byte_end <= doc->text_len &&
+                 (c->byte_start <= end || is_blank(doc->text, end, c->byte_start));
+            if (c->byte_end > end)
+                end = c->byte_end;
+        }
+        if (ok && is_blank(doc->text, end, doc->text_len)) {
+            covered[d] = 1;
+            n_covered++;
+        }
+    }
+    return n_covered;
+}
+
+/* After the chunk layout *ctx: a document all of whose chunks were placed goes in whole
+ * instead, one piece of text in its own order (its prompt then does not depend on which of its
+ * chunks the question ranked best). Every candidate so covered: the whole-document layout
+ * (place_whole); else each covered document takes its best chunk's place among the other
+ * chunks. Kept only if everything fits as it did; *n_whole: the documents placed whole. */
+static int place_covered(const struct PlanRequest *rq, const struct CtxChunk *chunks,
+                         size_t n_chunks, struct Context **ctx, size_t *n_whole, char *err,
+                         size_t errlen)
+{
+    const struct Context *c1 = *ctx;
+    size_t n = c1->n_cites;
+    unsigned char *covered = calloc(rq->n_docs ? rq->n_docs : 1, 1);
+    size_t *order = malloc((n ? n : 1) * sizeof *order);
+    struct CtxChunk *list = malloc((n ? n : 1) * sizeof *list);
+    struct Context *c2 = NULL;
+    int st = RET_OK;
+    *n_whole = 0;
+    if (!covered || !order || !list) {
+        st = ret_fail(err, errlen, RET_ENOMEM, "out of memory");
+        goto done;
+    }
+    size_t n_covered = find_covered(rq, c1, covered, order), n_list = 0, in_docs = 0;
+    if (n_covered == 0)
+        goto done;
+    /* the placed chunks best first, each covered document whole at its best chunk's place */
+    for (size_t i = 0; i < n; i++)
+        order[i] = c1->cites[i].rank;
+    qsort(order, n, sizeof *order, by_size);
+    for (size_t i = 0; i < n; i++) {
+        const struct CtxChunk *ch = &chunks[order[i]];
+        size_t d = 0;
+        while (d < rq->n_docs && !same_id(rq->docs[d].id, rq->docs[d].id_len, ch->doc_id,
+                                          ch->doc_id_len))
+            d++;
+        in_docs += d < rq->n_docs && covered[d];
+        if (d == rq->n_docs || !covered[d]) {
+            list[n_list++] = *ch;
+        } else if (covered[d] == 1) {
+            const struct PlanDoc *p = &rq->docs[d];
+            struct CtxChunk *w = &list[n_list++];
+            *w = (struct CtxChunk){ p->id, p->id_len, p->title, p->title_len, p->text,
+                                    p->text_len, 0, 0, p->text_len, ch->score, 1, p->ref, NULL,
+                                    0, 0, 0 };
+            if (chunk_text_pages(p->text, p->text_len, &w->page_first, &w->page_last)) {
+                st = ret_fail(err, errlen, RET_ENOMEM, "out of memory");
+                goto done;
+            }
+            covered[d] = 2;
+        }
+    }
+    if (n_covered == rq->n_docs && in_docs == n) {
+        if ((st = place_whole(rq, chunks, n_chunks, &c2, err, errlen)))
+            goto done;
+    } else {
+        struct CtxOptions co = { .budget = rq->budget, .no_truncate = 1, .order = rq->order,
+                                 .system = rq->system, .system_len = rq->system_len,
+                                 .history = rq->history, .n_history = rq->n_history };
+        if ((st = ctx_assemble(rq->tc, rq->question, rq->question_len, list, n_list, &co, &c2,
+                               err, errlen)))
+            goto done;
+        if (c2->n_skipped > 0)
+            ctx_destroy(&c2);  /* the whole text did not fit where its chunks did */
+    }
+    if (c2) {
+        ctx_destroy(ctx);
+        *ctx = c2;
+        *n_whole = n_covered;
+    }
+done:
+    free(covered);
+    free(order);
+    free(list);
+    return st;
+}
+
 static int check_request(const struct PlanRequest *rq, char *err, size_t errlen)
 {
     if (!rq->tc)
@@ -220,7 +360,7 @@ int plan_context(const struct PlanRequest *rq, struct Plan *out, char *err, size
         return st;
     rd->documents = rq->n_docs;
     rd->doc_tokens = counted ? (long long)tokens : -1;
-    if ((st = offer_chunks(rq, &chunks, &n_offered)))
+    if ((st = offer_chunks(rq, &chunks, &n_offered, &rd->chunks_below_floor)))
         return ret_fail(err, errlen, st, "out of memory");
     rd->chunks_matched = n_offered;
     /* Without a top_k cap, documents that fit the budget together go in whole. */
@@ -228,15 +368,22 @@ int plan_context(const struct PlanRequest *rq, struct Plan *out, char *err, size
         (st = place_whole(rq, chunks, rq->n_chunks, &out->ctx, err, errlen)))
         goto done;
     rd->whole = out->ctx != NULL;
+    rd->chunks_placed = n_offered;
     if (!rd->whole) {
         struct CtxOptions co = { .budget = rq->budget, .order = rq->order,
                                  .system = rq->system, .system_len = rq->system_len,
                                  .history = rq->history, .n_history = rq->n_history };
+        size_t n_whole = 0;
         if ((st = ctx_assemble(rq->tc, rq->question, rq->question_len, chunks, n_offered, &co,
                                &out->ctx, err, errlen)))
             goto done;
+        rd->chunks_placed = out->ctx->n_cites;
+        if ((st = place_covered(rq, chunks, n_offered, &out->ctx, &n_whole, err, errlen)))
+            goto done;
+        rd->whole = n_whole > 0 && n_whole == rq->n_docs;
+        for (size_t i = 0; rd->whole && i < out->ctx->n_cites; i++)
+            rd->whole = out->ctx->cites[i].whole;
     }
-    rd->chunks_placed = rd->whole ? n_offered : out->ctx->n_cites;
     rd->chunks_left_out = rd->chunks_matched - rd->chunks_placed;
     for (size_t i = 0; i < out->ctx->n_cites; i++)
         rd->placed_tokens += out->ctx->cites[i].tokens.end - out->ctx->cites[i].tokens.start;

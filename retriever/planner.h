@@ -2,7 +2,9 @@
  * prompt, in which order, and what the reply says it read. Whole documents when, with no
  * top_k, they fit the token budget together; else the chunks the searches found, merged by
  * score, at most top_k (or about one per 8 budget tokens), none under the relevance floor,
- * laid out best first, best last (nearest) or in document order. The caller does the I/O: it
+ * laid out best first, best last (nearest) or in document order; a document all of whose
+ * chunks are placed goes in whole instead, in its own order, whatever top_k and the scores
+ * (its prompt then does not depend on the question). The caller does the I/O: it
  * searches for plan_search_hits chunks, reads the candidate documents (stored ones until their
  * text passes plan_read_bytes) and hands both over; ctx_assemble (context.h) lays out the
  * prompt the plan chooses. */
@@ -45,7 +47,8 @@ struct PlanRequest {
                                        (max_context_tokens) */
     size_t top_k;                   /* 0: none (the budget decides how many chunks are read,
                                        and documents that fit it together go in whole); else
-                                       at most this many chunks, never whole documents */
+                                       at most this many chunks (a document all of whose
+                                       chunks are placed still goes in whole) */
     double relevance_floor;         /* 0..1: chunks scoring under this share of the best
                                        one's are not offered (0: every chunk found is) */
     enum CtxOrder order;
@@ -70,7 +73,10 @@ struct PlanRead {
                                   relevance floor */
     size_t chunks_placed;      /* of those, placed (whole documents: all of them) */
     size_t chunks_left_out;    /* matched but not placed */
-    int whole;                 /* every candidate document placed whole */
+    size_t chunks_below_floor; /* found within top_k (or the hits asked for) but under the
+                                  relevance floor: not matched */
+    int whole;                 /* every candidate document placed whole (by the budget, or
+                                  because every chunk of each was placed) */
 };
 
 struct Plan {

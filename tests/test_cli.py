@@ -284,6 +284,58 @@ def with_grounding(reply=GROUNDED, **figures):
     return dict(reply, grounding=dict(reply["grounding"], **figures))
 
 
+def read_line(context, *args):
+    """The `read:` line `ask` prints for a reply with this context map (None: no such line)."""
+    out = ask_fake(dict(GROUNDED, context=context), *args)
+    lines = [ln for ln in out.splitlines() if ln.startswith("read: ")]
+    assert len(lines) <= 1, out
+    return lines[0] if lines else None
+
+
+def test_read_line_names_what_left_chunks_out():
+    """The hint names the budget only when the budget left matching chunks out, and the
+    relevance floor (--relevance-floor) when that dropped chunks the search found."""
+    base = {"documents": 1, "doc_tokens": 17686, "placed_tokens": 709, "chunks_matched": 3,
+            "chunks_placed": 3, "chunks_left_out": 0, "chunks_below_floor": 23, "whole": False}
+    line = read_line(base)
+    assert line == ("read: 709 of 17686 document tokens: 3 of 3 matching chunks placed, 0 left "
+                    "out, 23 under the relevance floor; a lower --relevance-floor reads more"), line
+    line = read_line(dict(base, chunks_matched=9, chunks_left_out=6, chunks_below_floor=0))
+    assert line.endswith("6 left out; a larger --max-context-tokens reads more"), line
+    assert "relevance" not in line
+    line = read_line(dict(base, chunks_matched=9, chunks_left_out=6))
+    assert line.endswith("6 left out, 23 under the relevance floor; a larger "
+                         "--max-context-tokens and a lower --relevance-floor read more"), line
+    # neither: the rest shares no word with the question (or lay past --top-k)
+    line = read_line(dict(base, chunks_below_floor=0))
+    assert "--max-context-tokens" not in line and "--relevance-floor" not in line, line
+    # a daemon that does not count the floor's chunks: as before
+    old = {k: v for k, v in base.items() if k != "chunks_below_floor"}
+    assert "--max-context-tokens" in read_line(dict(old, chunks_left_out=2, chunks_matched=5))
+    assert read_line(dict(base, whole=True)) is None
+
+
+def test_relevance_floor_option_is_sent():
+    """--relevance-floor X sends relevance_floor (0 included); without it none is sent; out of
+    0..1 it is a usage error."""
+    seen = []
+
+    def handle(req):
+        if req["op"] == "query":
+            seen.append(req)
+            return [GROUNDED]
+        return pong(req)
+    with FakeServer(handle) as srv:
+        for extra in (["--relevance-floor", "0"], ["--relevance-floor", "0.25"], []):
+            r = cli("ask", "-c", "x", *extra, "How long?", endpoint=srv.endpoint)
+            assert r.returncode == 0, r.stderr
+        bad = cli("ask", "-c", "x", "--relevance-floor", "1.5", "How long?",
+                  endpoint=srv.endpoint)
+    assert [q.get("relevance_floor") for q in seen] == [0.0, 0.25, None], seen
+    assert "relevance_floor" in seen[0] and "relevance_floor" not in seen[2]
+    assert bad.returncode == 2 and "--relevance-floor" in bad.stderr, bad.stderr
+
+
 def test_grounding_figures_shown():
     """The grounding verdict in words, the score and detector behind it, then every figure
     named: each case the daemon can report."""

@@ -393,6 +393,28 @@ def test_citation_heading_parsed():
             assert a.citations[0].heading == want, a.citations
 
 
+def test_relevance_floor_sent_and_below_floor_parsed():
+    """query(relevance_floor=0) sends the floor (0 included; None sends none), and the
+    reply's context.chunks_below_floor is read (0 when the daemon does not say)."""
+    seen = []
+    reply = dict(GROUNDED, context={"documents": 1, "doc_tokens": 900, "placed_tokens": 100,
+                                    "chunks_matched": 2, "chunks_placed": 2,
+                                    "chunks_left_out": 0, "chunks_below_floor": 7,
+                                    "whole": False})
+
+    def handle(req):
+        if req["op"] != "query":
+            return pong(req)
+        seen.append(req)
+        return [dict(reply, id=req["id"])]
+    with FakeServer(handle) as srv, diffrag.Client(srv.endpoint) as c:
+        a = c.query("How long is the Rhine?", docs=["The Rhine is 1,230 km long."],
+                    relevance_floor=0)
+        b = c.query("How long is the Rhine?", docs=["The Rhine is 1,230 km long."])
+    assert seen[0]["relevance_floor"] == 0 and "relevance_floor" not in seen[1], seen
+    assert a.context.chunks_below_floor == 7 and b.context.chunks_matched == 2
+
+
 def test_grounding_figures_parsed():
     """The grounding figures of a reply (the groundedness work adds them) become a typed
     Grounding; a field of an unexpected type reads as None instead of failing the answer."""

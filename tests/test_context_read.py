@@ -186,6 +186,11 @@ def test_relevance_floor_keeps_weak_chunks_out(tmp_path, default_model, squad_di
         assert floor["context"]["chunks_matched"] >= some["context"]["chunks_matched"] >= 1
         assert floor["usage"]["prompt_tokens"] < full["usage"]["prompt_tokens"]
         assert min(x["score"] for x in full["citations"]) < 0.5 * max(scores)
+        # the chunks the floor dropped are counted: found, but not matched
+        assert floor["context"]["chunks_below_floor"] == (
+            full["context"]["chunks_matched"] - floor["context"]["chunks_matched"]), \
+            (floor["context"], full["context"])
+        assert full["context"]["chunks_below_floor"] == 0, full["context"]
         _, bad = c.call(query(qs[0], docs, relevance_floor=1.5), timeout=60)
         assert not bad["ok"] and bad["error"]["code"] == "bad_request", bad
         assert "relevance_floor" in bad["error"]["message"], bad

@@ -1,7 +1,8 @@
 /* Tests for the context planner (retriever/planner.c), on the simple token counter: documents
  * that fit the budget go in whole and those that do not as chunks; top_k caps the chunks and
- * rules out whole documents; the relevance floor drops low scores; two searches' chunks are
- * merged by score; the orders (rank, nearest, document) for chunks and for whole documents;
+ * rules out the budget's whole documents, but a document all of whose chunks are placed goes
+ * in whole, the same for every question; the relevance floor drops low scores (and counts
+ * them); two searches' chunks are merged by score; the orders (rank, nearest, document) for chunks and for whole documents;
  * stored text past plan_read_bytes is not counted; the default order; the read figures; the
  * errors. */
 #include <stdio.h>
@@ -157,6 +158,8 @@ static void test_floor_and_merge(void)
     CHECK(pl.read.chunks_matched == 3 && pl.ctx->n_cites == 3 && at(&pl, 2, "a-paris", 1) &&
           pl.read.chunks_left_out == 0, "the floor drops the chunks under half the best: %zu "
           "matched", pl.read.chunks_matched);
+    CHECK(pl.read.chunks_below_floor == 2, "two chunks under the floor: %zu",
+          pl.read.chunks_below_floor);
     ctx_destroy(&pl.ctx);
     /* top_k caps after the merge */
     rq.relevance_floor = 0;
@@ -164,6 +167,7 @@ static void test_floor_and_merge(void)
     CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_OK, "plan: %s", err);
     CHECK(pl.read.chunks_matched == 2 && at(&pl, 0, "a-paris", 0) && at(&pl, 1, "b-rhine", 0),
           "top_k 2: the two best of both searches");
+    CHECK(pl.read.chunks_below_floor == 0, "no floor, none under it");
     ctx_destroy(&pl.ctx);
 }
 
@@ -179,13 +183,14 @@ static void test_orders(void)
     rq.top_k = 4;
     rq.order = CTX_ORDER_NEAREST;
     CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_OK, "plan: %s", err);
-    CHECK(pl.ctx->n_cites == 4 && at(&pl, 0, "a-paris", 0) && at(&pl, 3, "c-oxygen", 1),
-          "nearest: the best chunk last");
+    /* both chunks of c-oxygen are placed: it goes in whole (test_covered) */
+    CHECK(pl.ctx->n_cites == 3 && at(&pl, 0, "a-paris", 0) && at(&pl, 2, "c-oxygen", 0) &&
+          pl.ctx->cites[2].whole && !pl.read.whole, "nearest: the best chunk last");
     ctx_destroy(&pl.ctx);
     rq.order = CTX_ORDER_DOCUMENT;
     CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_OK, "plan: %s", err);
-    CHECK(pl.ctx->n_cites == 4 && at(&pl, 0, "a-paris", 0) && at(&pl, 1, "b-rhine", 1) &&
-          at(&pl, 2, "c-oxygen", 0) && at(&pl, 3, "c-oxygen", 1),
+    CHECK(pl.ctx->n_cites == 3 && at(&pl, 0, "a-paris", 0) && at(&pl, 1, "b-rhine", 1) &&
+          at(&pl, 2, "c-oxygen", 0) && pl.ctx->cites[2].whole,
           "document: by id, then by position");
     ctx_destroy(&pl.ctx);
     /* whole documents: rank by each one's best chunk; nearest the other way round; document
@@ -217,6 +222,100 @@ static void test_orders(void)
           at(&pl, 2, "a-paris", 0) && pl.ctx->cites[2].score == 0.0,
           "a document the search found nothing in goes last");
     ctx_destroy(&pl.ctx);
+}
+
+/* The tokens of the plan's prompt before the question. */
+static int same_prefix(const struct Plan *a, const struct Plan *b)
+{
+    size_t n = a->ctx->question.start;
+    return n == b->ctx->question.start &&
+           !memcmp(a->ctx->tokens, b->ctx->tokens, n * sizeof *a->ctx->tokens);
+}
+
+/* A document all of whose chunks are placed goes in whole, in its own order, whatever top_k
+ * and the scores: its prompt is the same for every question. */
+static void test_covered(size_t frame)
+{
+    make_docs(PLAN_DOC_INLINE);
+    char err[256];
+    struct Plan p1, p2;
+    size_t doc_tokens = tokens_of(doc_texts[0]);
+    /* two questions rank the document's two chunks the other way round */
+    struct CtxChunk q1[2] = { chunk_of(0, 1, 4.0), chunk_of(0, 0, 2.0) };
+    struct CtxChunk q2[2] = { chunk_of(0, 0, 5.0), chunk_of(0, 1, 1.0) };
+    struct PlanRequest rq = request(q1, 2, 1, 4096);
+    rq.top_k = 5;
+    CHECK(plan_context(&rq, &p1, err, sizeof err) == RET_OK, "plan: %s", err);
+    rq.chunks = q2;
+    CHECK(plan_context(&rq, &p2, err, sizeof err) == RET_OK, "plan: %s", err);
+    CHECK(p1.read.whole && p1.ctx->n_cites == 1 && p1.ctx->cites[0].whole &&
+          p1.ctx->cites[0].byte_end == strlen(doc_texts[0]) && p1.ctx->cites[0].ref == 100,
+          "every chunk placed under a top_k: the document whole");
+    CHECK(p1.read.chunks_matched == 2 && p1.read.chunks_placed == 2 &&
+          p1.read.chunks_left_out == 0 && p1.read.placed_tokens == doc_tokens,
+          "read: %zu placed, %zu tokens", p1.read.chunks_placed, p1.read.placed_tokens);
+    CHECK(same_prefix(&p1, &p2), "two rank orders, the same prompt up to the question");
+    ctx_destroy(&p1.ctx);
+    ctx_destroy(&p2.ctx);
+    /* the same without a top_k when the document is too long to go in whole by the budget
+     * rule: it fits when its chunks do */
+    rq.top_k = 0;
+    rq.chunks = q1;
+    rq.budget = frame + doc_tokens + 12;
+    CHECK(plan_context(&rq, &p1, err, sizeof err) == RET_OK && p1.read.whole &&
+          p1.ctx->n_cites == 1, "no top_k: whole too (%s)", err);
+    ctx_destroy(&p1.ctx);
+    /* text between the placed chunks that no chunk holds: not whole */
+    struct CtxChunk gap[2] = { chunk_of(0, 1, 4.0), chunk_of(0, 0, 2.0) };
+    gap[1].text_len = gap[1].byte_end = 9;   /* "The Rhine" */
+    rq.chunks = gap;
+    rq.top_k = 5;
+    rq.budget = 4096;
+    CHECK(plan_context(&rq, &p1, err, sizeof err) == RET_OK && !p1.read.whole &&
+          p1.ctx->n_cites == 2 && !p1.ctx->cites[0].whole, "a gap: chunks as before");
+    ctx_destroy(&p1.ctx);
+    /* two documents: the one whose chunks are all placed whole, at its best chunk's place;
+     * the other's one chunk as a chunk */
+    struct CtxChunk mix[3] = { chunk_of(1, 0, 6.0), chunk_of(0, 1, 5.0), chunk_of(0, 0, 1.0) };
+    rq = request(mix, 3, 2, 4096);
+    rq.top_k = 5;
+    CHECK(plan_context(&rq, &p1, err, sizeof err) == RET_OK, "plan: %s", err);
+    CHECK(!p1.read.whole && p1.ctx->n_cites == 2 && at(&p1, 0, "a-paris", 0) &&
+          !p1.ctx->cites[0].whole && at(&p1, 1, "b-rhine", 0) && p1.ctx->cites[1].whole &&
+          p1.read.chunks_placed == 3 && p1.read.chunks_left_out == 0,
+          "one document whole among chunks (%zu cites)", p1.ctx->n_cites);
+    ctx_destroy(&p1.ctx);
+    /* every chunk of both: the whole-document layout, in document order (as sent) when asked */
+    struct CtxChunk all[4] = { chunk_of(1, 0, 6.0), chunk_of(0, 1, 5.0), chunk_of(1, 1, 3.0),
+                               chunk_of(0, 0, 1.0) };
+    rq.chunks = all;
+    rq.n_chunks = 4;
+    CHECK(plan_context(&rq, &p1, err, sizeof err) == RET_OK && p1.read.whole &&
+          p1.ctx->n_cites == 2 && at(&p1, 0, "a-paris", 0) && at(&p1, 1, "b-rhine", 0),
+          "all whole, best first");
+    ctx_destroy(&p1.ctx);
+    rq.order = CTX_ORDER_DOCUMENT;
+    CHECK(plan_context(&rq, &p1, err, sizeof err) == RET_OK && p1.read.whole &&
+          p1.ctx->n_cites == 2 && at(&p1, 0, "b-rhine", 0) && at(&p1, 1, "a-paris", 0),
+          "all whole, in document order as sent");
+    ctx_destroy(&p1.ctx);
+    /* a budget that leaves a-paris's second chunk out: b-rhine whole, a-paris's best chunk
+     * as a chunk */
+    rq.order = CTX_ORDER_RANK;
+    rq.budget = frame + tokens_of(all[0].text) + tokens_of(all[1].text) + 4;
+    CHECK(plan_context(&rq, &p1, err, sizeof err) == RET_OK && !p1.read.whole &&
+          p1.ctx->n_cites == 2 && at(&p1, 0, "a-paris", 0) && !p1.ctx->cites[0].whole &&
+          at(&p1, 1, "b-rhine", 0) && p1.ctx->cites[1].whole && p1.read.chunks_placed == 3 &&
+          p1.read.chunks_left_out == 1, "a chunk left out by the budget: its document as "
+          "chunks (%zu placed)", p1.read.chunks_placed);
+    ctx_destroy(&p1.ctx);
+    /* room for a-paris's and b-rhine's first chunks only: neither document is whole */
+    rq.budget = frame + tokens_of(all[0].text) + 2;
+    CHECK(plan_context(&rq, &p1, err, sizeof err) == RET_OK && !p1.read.whole &&
+          p1.ctx->n_cites == 2 && at(&p1, 0, "a-paris", 0) && at(&p1, 1, "b-rhine", 0) &&
+          !p1.ctx->cites[0].whole && !p1.ctx->cites[1].whole && p1.read.chunks_left_out == 2,
+          "half of each document placed: chunks");
+    ctx_destroy(&p1.ctx);
 }
 
 static void test_uncounted_and_errors(size_t frame)
@@ -275,6 +374,7 @@ int main(void)
     test_whole_or_chunks(frame);
     test_floor_and_merge();
     test_orders();
+    test_covered(frame);
     test_uncounted_and_errors(frame);
     return check_report("test_planner");
 }

@@ -91,3 +91,86 @@ def test_cli_order_document_shares_the_prefix(tmp_path, default_model, squad_dir
     print(u1, u2)
     assert u1["cached_tokens"] == 0 and u2["cached_tokens"] >= u2["context_tokens"] - 128, (u1, u2)
     assert bad.returncode == 2 and "--order" in bad.stderr, bad.stderr
+
+
+def long_document(squad_dir, min_chars):
+    """One SQuAD article's paragraphs joined: at least min_chars characters."""
+    ps = [json.loads(l) for l in open(squad_dir / "passages.jsonl")]
+    by_title = {}
+    for p in ps:
+        by_title.setdefault(p["title"], []).append(p["text"])
+    for texts in by_title.values():
+        text = "\n\n".join(texts)
+        if len(text) >= min_chars:
+            return text
+    raise AssertionError("no SQuAD article of %d characters" % min_chars)
+
+
+def test_every_chunk_placed_reads_the_document_whole(tmp_path, default_model, squad_dir):
+    """A ~3K-token document sent inline with a top_k that places all its chunks and no
+    relevance floor goes in whole, in its own order, whatever the question ranked best: two
+    different questions get the same prompt up to the question, and the second takes the
+    document from the prefix cache."""
+    text = long_document(squad_dir, 12000)[:12000]
+    doc = [{"text": text}]
+    with Daemon(tmp_path, default_model, workers=1, threads=2, max_context_tokens=6144,
+                max_tokens=8, relevance_floor=0) as d:
+        c = d.client()
+        rs = []
+        for i, q in enumerate(["Which people and which century does the text tell of?",
+                               "What happened to the people, and when, in the text?"]):
+            _, r = c.call(query(q, doc, id=i, top_k=100, max_tokens=4,
+                                     max_context_tokens=6144), timeout=300)
+            assert r["ok"], r
+            rs.append(r)
+        assert d.stop() == 0
+    for r in rs:
+        print(r["context"], r["usage"])
+    ctx = [r["context"] for r in rs]
+    u1, u2 = rs[0]["usage"], rs[1]["usage"]
+    assert all(x["whole"] and x["chunks_left_out"] == 0 for x in ctx), ctx
+    assert [len(r["citations"]) for r in rs] == [1, 1] and rs[0]["citations"][0]["whole"]
+    assert ctx[0]["placed_tokens"] == ctx[0]["doc_tokens"] > 2000, ctx
+    assert u1["cached_tokens"] == 0, u1
+    # everything up to the question's page comes from the cache: the document
+    assert u2["cached_tokens"] >= ctx[1]["doc_tokens"] and u2["cached_tokens"] % 64 == 0, u2
+
+
+def test_cli_and_openai_api_share_a_documents_prefix(tmp_path, default_model, squad_dir):
+    """The same text asked about through `diffrag ask -d FILE` and then through the OpenAI API
+    (diffrag.docs, a bare string) gets the same prompt up to the question: the API's request
+    takes the document from the prefix cache, and so does the CLI's after the API's."""
+    import http.client
+    import subprocess
+
+    from conftest import BUILD, ROOT
+    text = long_document(squad_dir, 4000)[:4000]
+    f = tmp_path / "article.txt"
+    f.write_text(text)
+    (tmp_path / "d").mkdir()
+    with Daemon(tmp_path / "d", default_model, workers=1, threads=2, max_context_tokens=4096,
+                max_tokens=8, relevance_floor=0) as d:
+        def cli(q):
+            p = subprocess.run([str(BUILD / "diffrag"), "--endpoint", d.endpoint, "ask",
+                                "--json", "--max-tokens", "4", "-d", str(f), q],
+                               cwd=ROOT, capture_output=True, text=True, timeout=300)
+            assert p.returncode == 0, p.stderr
+            return json.loads(p.stdout)
+
+        def api(q):
+            body = json.dumps({"model": "m", "max_tokens": 4, "diffrag": {"docs": [text]},
+                               "messages": [{"role": "user", "content": q}]})
+            h = http.client.HTTPConnection("127.0.0.1", d.http_port, timeout=300)
+            h.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+            r = h.getresponse()
+            assert r.status == 200
+            return json.loads(r.read())
+        a = cli("Who ruled the region?")
+        b = api("Which century is it about?")
+        e = cli("Where did they come from?")
+        assert d.stop() == 0
+    print(a["usage"], a["context"], b["usage"], e["usage"])
+    assert a["context"]["whole"] and a["usage"]["cached_tokens"] == 0, a["usage"]
+    doc_tokens = a["context"]["doc_tokens"]
+    assert b["usage"]["prompt_tokens_details"]["cached_tokens"] >= doc_tokens, b["usage"]
+    assert e["usage"]["cached_tokens"] >= doc_tokens, e["usage"]

@@ -172,6 +172,10 @@ typedef struct DiffragQuery {
                                     * token continues a verbatim span of the placed documents;
                                     * the spans come back in DiffragAnswer.quotes); NULL: the
                                     * daemon's (its `answer_mode` key, default "free") */
+    double relevance_floor;        /* 0..1, sent when relevance_floor_given: chunks scoring
+                                    * under this share of the best one's are not placed (0:
+                                    * none dropped); else the daemon's (default 0.5) */
+    int relevance_floor_given;
 } DiffragQuery;
 
 typedef struct DiffragCitation {
@@ -212,6 +216,8 @@ typedef struct DiffragContextRead {
     int64_t doc_tokens;       /* their tokens; -1: not counted (too much text) */
     int64_t placed_tokens;    /* of those, placed in the prompt */
     int64_t chunks_matched, chunks_placed, chunks_left_out;
+    int64_t chunks_below_floor; /* found but under the relevance floor (not matched); 0 from a
+                                   daemon that does not say */
     int whole;                /* every document placed whole */
 } DiffragContextRead;
 

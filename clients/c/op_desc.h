@@ -26,6 +26,7 @@ enum ReqKind {
     REQ_INT_OPT,   /* int, left out when 0 */
     REQ_U64_OPT,   /* uint64_t, left out when 0 */
     REQ_NUM_OPT,   /* double, left out when 0 */
+    REQ_NUM_GIVEN, /* double, sent when the int at count_off is not 0 */
     REQ_TRUE_OPT,  /* int, sent as true when not 0 */
     REQ_STRS,      /* const char *const [count], left out when count is 0 */
     REQ_DOCS,      /* const DiffragDoc [count], left out when count is 0; meta_json ignored */

@@ -80,6 +80,7 @@ static int req_has(const struct ReqField *f, const void *args)
     case REQ_TRUE_OPT: return ARG(args, f->off, int) != 0;
     case REQ_U64_OPT: return ARG(args, f->off, uint64_t) != 0;
     case REQ_NUM_OPT: return ARG(args, f->off, double) != 0;
+    case REQ_NUM_GIVEN: return ARG(args, f->count_off, int) != 0;
     case REQ_STRS:
     case REQ_DOCS:
     case REQ_DOCS_META: return ARG(args, f->count_off, size_t) > 0;
@@ -99,7 +100,8 @@ static void req_field(struct Req *q, DiffragClient *c, const struct ReqField *f,
     }
     case REQ_INT_OPT: q->fail |= msgpack_pack_int64(&q->pk, ARG(args, f->off, int)); break;
     case REQ_U64_OPT: q->fail |= msgpack_pack_uint64(&q->pk, ARG(args, f->off, uint64_t)); break;
-    case REQ_NUM_OPT: q->fail |= msgpack_pack_double(&q->pk, ARG(args, f->off, double)); break;
+    case REQ_NUM_OPT:
+    case REQ_NUM_GIVEN: q->fail |= msgpack_pack_double(&q->pk, ARG(args, f->off, double)); break;
     case REQ_TRUE_OPT: q->fail |= msgpack_pack_true(&q->pk); break;
     case REQ_STRS: {
         const char *const *v = ARG(args, f->off, const char *const *);

@@ -127,6 +127,7 @@ static const struct ReqField QUERY_REQ[] = {
     REQ(QA, "order", REQ_STR_OPT, q.order),
     REQ(QA, "unsupported", REQ_STR_OPT, q.unsupported),
     REQ(QA, "answer_mode", REQ_STR_OPT, q.answer_mode),
+    REQ_N(QA, "relevance_floor", REQ_NUM_GIVEN, q.relevance_floor, q.relevance_floor_given),
 };
 #undef QA
 
@@ -210,6 +211,7 @@ static void decode_answer(struct Dec *d, const msgpack_object *map, const void *
         r->chunks_matched = (int64_t)opt_num(cx, "chunks_matched", 0);
         r->chunks_placed = (int64_t)opt_num(cx, "chunks_placed", 0);
         r->chunks_left_out = (int64_t)opt_num(cx, "chunks_left_out", 0);
+        r->chunks_below_floor = (int64_t)opt_num(cx, "chunks_below_floor", 0);
         r->whole = opt_bool(cx, "whole");
     }
     /* the answer policy's decline (a daemon before it sends none: not declined) */

@@ -40,30 +40,32 @@ static int on_delta(void *user, const char *text, size_t len)
     return 0;
 }
 
-static const char *base_name(const char *path)
-{
-    const char *s = strrchr(path, '/');
-    return s && s[1] ? s + 1 : path;
-}
-
 /* One line when the prompt left out part of the documents: how much was read, and how to read
- * more. */
+ * more: a larger budget when it left matching chunks out, a lower relevance floor when that
+ * dropped chunks the search found. */
 static void print_read(const DiffragAnswer *r)
 {
     const DiffragContextRead *x = &r->context;
     if (!r->has_context || x->whole)
         return;
-    int left = x->chunks_left_out > 0 ||
+    int left = x->chunks_left_out > 0 || x->chunks_below_floor > 0 ||
                (x->doc_tokens >= 0 && x->placed_tokens < x->doc_tokens);
     if (!left)
         return;
-    char of[64] = "";
+    char of[64] = "", floor[96] = "";
     if (x->doc_tokens >= 0)
         snprintf(of, sizeof of, " of %lld", (long long)x->doc_tokens);
-    printf("read: %lld%s document tokens: %lld of %lld matching chunks placed, %lld left out; "
-           "a larger --max-context-tokens reads more\n", (long long)x->placed_tokens, of,
-           (long long)x->chunks_placed, (long long)x->chunks_matched,
-           (long long)x->chunks_left_out);
+    if (x->chunks_below_floor > 0)
+        snprintf(floor, sizeof floor, ", %lld under the relevance floor",
+                 (long long)x->chunks_below_floor);
+    const char *hint = x->chunks_left_out > 0 && x->chunks_below_floor > 0
+                           ? "a larger --max-context-tokens and a lower --relevance-floor read more"
+                       : x->chunks_left_out > 0 ? "a larger --max-context-tokens reads more"
+                       : x->chunks_below_floor > 0 ? "a lower --relevance-floor reads more"
+                       : "the rest matched no word of the question or fell past --top-k";
+    printf("read: %lld%s document tokens: %lld of %lld matching chunks placed, %lld left out%s; "
+           "%s\n", (long long)x->placed_tokens, of, (long long)x->chunks_placed,
+           (long long)x->chunks_matched, (long long)x->chunks_left_out, floor, hint);
 }
 
 /* A declined answer: why, and what the model had written (streamed: shown above already). */
@@ -343,8 +345,10 @@ int cmd_ask(const struct CliArgs *a)
                     len ? "not UTF-8 text" : "empty");
             goto out;
         }
+        /* the path names it in citations; no title, so that the prompt is the one the same
+         * text gets through the Python client or the OpenAI API (a bare text has none) and
+         * the prefix cache serves it to both */
         docs[i].id = a->doc_files[i];
-        docs[i].title = base_name(a->doc_files[i]);
         docs[i].text = texts[i];
         docs[i].text_len = len;
     }
@@ -359,6 +363,8 @@ int cmd_ask(const struct CliArgs *a)
     q.n_doc_ids = a->n_doc_ids;
     q.top_k = a->top_k;
     q.max_context_tokens = a->max_context_tokens;
+    q.relevance_floor = a->relevance_floor;
+    q.relevance_floor_given = a->relevance_floor_given;
     q.max_tokens = a->max_tokens;
     q.temperature = a->temperature;
     q.top_p = a->top_p;

@@ -31,6 +31,8 @@ struct CliArgs {
     int json, stream, progress, quiet, force, yes, sync;
     int max_tokens, top_k, max_context_tokens, limit, batch, deadline_ms;
     double temperature, top_p;
+    double relevance_floor;      /* ask --relevance-floor, when relevance_floor_given */
+    int relevance_floor_given;
     unsigned long long seed;
     const char *after, *out;
     const char *order;           /* ask --order: NULL, "rank", "nearest" or "document" */

@@ -66,7 +66,7 @@ enum {
     O_JSON = 256, O_TIMEOUT, O_CONNECT_TIMEOUT, O_SERVER_KEY, O_KEY, O_DOC_ID, O_STREAM,
     O_MAX_TOKENS, O_TOP_K, O_MAX_CONTEXT, O_TEMPERATURE, O_TOP_P, O_SEED, O_STOP, O_DEADLINE,
     O_BATCH, O_PROGRESS, O_LIMIT, O_AFTER, O_FORCE, O_ORDER, O_UNSUPPORTED,
-    O_ANSWER_MODE, O_SYNC,
+    O_ANSWER_MODE, O_SYNC, O_FLOOR,
 };
 
 /* Command-specific options, by a letter each in Cmd.opts. */
@@ -80,11 +80,11 @@ static const struct { char letter; int code; const char *name; } SPECIFIC[] = {
     { 'a', O_AFTER, "--after" }, { 'o', O_OUT, "--out" }, { 'f', O_FORCE, "--force" },
     { 'y', O_YES, "--yes" }, { 'r', O_ORDER, "--order" },
     { 'u', O_UNSUPPORTED, "--unsupported" }, { 'Q', O_ANSWER_MODE, "--answer-mode" },
-    { 'Y', O_SYNC, "--sync" },
+    { 'Y', O_SYNC, "--sync" }, { 'F', O_FLOOR, "--relevance-floor" },
 };
 
 static const struct Cmd CMDS[] = {
-    { "ask", cmd_ask, "dismkxtpSzDruQ", 1, 1,
+    { "ask", cmd_ask, "dismkxFtpSzDruQ", 1, 1,
       "usage: diffrag ask QUESTION|- [-c COLLECTION] [-d FILE]... [--stream] [--json]\n"
       "                  [--max-tokens N] [options]\n"
       "Answers QUESTION (\"-\": read it from stdin) from the collection, the files given\n"
@@ -98,6 +98,9 @@ static const struct Cmd CMDS[] = {
       "      --top-k N            place at most N chunks (default: the budget decides)\n"
       "      --max-context-tokens N  prompt budget in tokens: how much of the documents is\n"
       "                           read (the daemon's default_context_tokens if not given)\n"
+      "      --relevance-floor X  0..1: chunks scoring under X times the best one's are\n"
+      "                           not read, whatever the budget (0: none dropped; the\n"
+      "                           daemon's relevance_floor, 0.5 by default, if not given)\n"
       "      --temperature X      sampling temperature (default 0: greedy)\n"
       "      --top-p X            nucleus sampling\n"
       "      --seed N             sampling seed\n"
@@ -435,6 +438,7 @@ static int cli_main(int argc, char **argv, struct CliArgs *a)
         { "max-tokens", required_argument, NULL, O_MAX_TOKENS },
         { "top-k", required_argument, NULL, O_TOP_K },
         { "max-context-tokens", required_argument, NULL, O_MAX_CONTEXT },
+        { "relevance-floor", required_argument, NULL, O_FLOOR },
         { "temperature", required_argument, NULL, O_TEMPERATURE },
         { "top-p", required_argument, NULL, O_TOP_P },
         { "seed", required_argument, NULL, O_SEED },
@@ -537,6 +541,11 @@ static int cli_main(int argc, char **argv, struct CliArgs *a)
         case O_MAX_CONTEXT:
             if (parse_int(cn, "--max-context-tokens", optarg, 1, INT_MAX, &a->max_context_tokens))
                 return CLI_EXIT_USAGE;
+            break;
+        case O_FLOOR:
+            if (parse_double(cn, "--relevance-floor", optarg, 0, 1, &a->relevance_floor))
+                return CLI_EXIT_USAGE;
+            a->relevance_floor_given = 1;
             break;
         case O_TEMPERATURE:
             if (parse_double(cn, "--temperature", optarg, 0, 10, &a->temperature))

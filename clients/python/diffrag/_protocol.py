@@ -56,7 +56,8 @@ def query_request(rid: Any, question: str, *, collection: Optional[str],
                   history: Optional[Iterable[Mapping[str, Any]]] = None,
                   system: Optional[str] = None,
                   unsupported: Optional[str] = None,
-                  answer_mode: Optional[str] = None) -> Dict[str, Any]:
+                  answer_mode: Optional[str] = None,
+                  relevance_floor: Optional[float] = None) -> Dict[str, Any]:
     if not isinstance(question, str) or not question:
         raise ValueError("a query needs a question")
     turns = None if history is None else [dict(t) for t in history]
@@ -70,7 +71,7 @@ def query_request(rid: Any, question: str, *, collection: Optional[str],
                    stop=stop if isinstance(stop, (str, type(None))) else list(stop),
                    deadline_ms=deadline_ms, order=order, history=turns or None, system=system,
                    unsupported=unsupported, answer_mode=answer_mode,
-                   stream=True if stream else None)
+                   relevance_floor=relevance_floor, stream=True if stream else None)
 
 
 def ingest_request(rid: Any, collection: str, docs: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
@@ -261,6 +262,7 @@ def parse_answer(m: Dict[str, Any]) -> Answer:
                               chunks_matched=count("chunks_matched") or 0,
                               chunks_placed=count("chunks_placed") or 0,
                               chunks_left_out=count("chunks_left_out") or 0,
+                              chunks_below_floor=count("chunks_below_floor") or 0,
                               whole=cx.get("whole") is True,
                               history_turns=count("history_turns") or 0,
                               history_left_out=count("history_left_out") or 0)

@@ -192,13 +192,15 @@ class AsyncClient:
                     history: Optional[Iterable[Mapping[str, Any]]] = None,
                     system: Optional[str] = None,
                     unsupported: Optional[str] = None,
-                    answer_mode: Optional[str] = None) -> Answer:
+                    answer_mode: Optional[str] = None,
+              relevance_floor: Optional[float] = None) -> Answer:
         msg = P.query_request(id or self._next_id(), question, collection=collection, docs=docs,
                               ids=ids, top_k=top_k, max_context_tokens=max_context_tokens,
                               max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                               seed=seed, stop=stop, deadline_ms=deadline_ms, order=order,
                               history=history, system=system, unsupported=unsupported,
-                              answer_mode=answer_mode, stream=False)
+                              answer_mode=answer_mode,
+                              relevance_floor=relevance_floor, stream=False)
         m = await self._call(msg, self.query_timeout if timeout is None else timeout)
         return P.parse_answer(m)
 
@@ -214,7 +216,8 @@ class AsyncClient:
                      history: Optional[Iterable[Mapping[str, Any]]] = None,
                      system: Optional[str] = None,
                      unsupported: Optional[str] = None,
-                     answer_mode: Optional[str] = None) -> AsyncIterator[Union[Delta, Answer]]:
+                     answer_mode: Optional[str] = None,
+              relevance_floor: Optional[float] = None) -> AsyncIterator[Union[Delta, Answer]]:
         """Yields a :class:`Delta` per piece of generated text, then the :class:`Answer`;
         leaving early (break, cancellation of the task) cancels the query on the daemon."""
         rid = id or self._next_id()
@@ -223,7 +226,8 @@ class AsyncClient:
                               max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                               seed=seed, stop=stop, deadline_ms=deadline_ms, order=order,
                               history=history, system=system, unsupported=unsupported,
-                              answer_mode=answer_mode, stream=True)
+                              answer_mode=answer_mode,
+                              relevance_floor=relevance_floor, stream=True)
         wait = self.query_timeout if timeout is None else timeout
         q = self._register(rid)
         done = False

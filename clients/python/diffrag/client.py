@@ -192,7 +192,8 @@ class Client:
               history: Optional[Iterable[Mapping[str, Any]]] = None,
               system: Optional[str] = None,
               unsupported: Optional[str] = None,
-              answer_mode: Optional[str] = None) -> Answer:
+              answer_mode: Optional[str] = None,
+              relevance_floor: Optional[float] = None) -> Answer:
         """Answers ``question`` from ``collection`` and/or inline ``docs`` (each a str or a
         mapping with "text" and optional "id", "title"); blocks until the whole answer.
         ``max_context_tokens`` decides how much of the documents is read (documents that fit go
@@ -209,13 +210,17 @@ class Client:
         back with ``Answer.declined`` and ``Answer.decline_reason``.
         ``answer_mode``: "free" (the model's own words) or "quote" (every answer token
         continues a verbatim span of the placed documents; ``Answer.quotes`` holds the spans
-        with their documents and byte ranges); default: the daemon's configuration's."""
+        with their documents and byte ranges); default: the daemon's configuration's.
+        ``relevance_floor`` (0..1): chunks scoring under this share of the best one's are not
+        placed, whatever the budget (0: none dropped); default: the daemon's (0.5);
+        ``Answer.context.chunks_below_floor`` counts those it dropped."""
         msg = P.query_request(id or self._next_id(), question, collection=collection, docs=docs,
                               ids=ids, top_k=top_k, max_context_tokens=max_context_tokens,
                               max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                               seed=seed, stop=stop, deadline_ms=deadline_ms, order=order,
                               history=history, system=system, unsupported=unsupported,
-                              answer_mode=answer_mode, stream=False)
+                              answer_mode=answer_mode,
+                              relevance_floor=relevance_floor, stream=False)
         m = self._call(msg, self.query_timeout if timeout is None else timeout)
         return P.parse_answer(m)
 
@@ -230,7 +235,8 @@ class Client:
                history: Optional[Iterable[Mapping[str, Any]]] = None,
                system: Optional[str] = None,
                unsupported: Optional[str] = None,
-               answer_mode: Optional[str] = None) -> Iterator[Union[Delta, Answer]]:
+               answer_mode: Optional[str] = None,
+              relevance_floor: Optional[float] = None) -> Iterator[Union[Delta, Answer]]:
         """Like :meth:`query`, streaming: yields a :class:`Delta` per generated piece of text,
         then the final :class:`Answer` (whose ``answer`` is the deltas joined). Leaving the
         loop early (break, an exception, Ctrl-C) cancels the query on the daemon."""
@@ -240,7 +246,8 @@ class Client:
                               max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                               seed=seed, stop=stop, deadline_ms=deadline_ms, order=order,
                               history=history, system=system, unsupported=unsupported,
-                              answer_mode=answer_mode, stream=True)
+                              answer_mode=answer_mode,
+                              relevance_floor=relevance_floor, stream=True)
         wait = self.query_timeout if timeout is None else timeout
         self._register(rid)
         done = False

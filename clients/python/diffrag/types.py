@@ -53,7 +53,9 @@ class ContextRead:
     """What the prompt held of the documents the query could read: the inline ones, those
     ``ids`` named, or those of a collection in which the search found a chunk. ``doc_tokens``
     is None when the daemon did not count them (too much text). ``history_turns`` earlier turns
-    of the conversation were placed, ``history_left_out`` (the oldest) were not."""
+    of the conversation were placed, ``history_left_out`` (the oldest) were not.
+    ``chunks_below_floor``: chunks the search found that the relevance floor dropped (0 from a
+    daemon that does not say)."""
 
     documents: int = 0
     doc_tokens: Optional[int] = None
@@ -61,6 +63,7 @@ class ContextRead:
     chunks_matched: int = 0
     chunks_placed: int = 0
     chunks_left_out: int = 0
+    chunks_below_floor: int = 0
     whole: bool = False
     history_turns: int = 0
     history_left_out: int = 0
