@@ -316,6 +316,55 @@ static void test_pages(void)
     }
 }
 
+/* Text without headings or tables chunks exactly as before tables counted: a mixed text (lists,
+ * quotes, numbered items, lines with pipes that make no table, fenced code, page markers,
+ * abbreviations, a paragraph longer than the target) gives the spans the chunker gave before. */
+static const char *mixed_text(void)
+{
+    static char t[8192];
+    size_t n = 0, cap = sizeof t;
+    int id = 0;
+    n += (size_t)snprintf(t + n, cap - n, "Report\n\n<!-- page 1 -->\n");
+    for (int p = 0; p < 9; p++) {
+        switch (p % 5) {
+        case 0: n += (size_t)snprintf(t + n, cap - n, "- item %d of the list\n- next one\n\n", p); break;
+        case 1: n += (size_t)snprintf(t + n, cap - n, "> Quoted by Dr. Smith, e.g. here.\n\n"); break;
+        case 2: n += (size_t)snprintf(t + n, cap - n, "| a lone pipe line | without a separator |\n"
+                                                         "| and another | row. Of text |\n\n"); break;
+        case 3: n += (size_t)snprintf(t + n, cap - n, "```\n| x | y |\n|---|---|\n| 1 | 2 |\n```\n\n"); break;
+        default: n += (size_t)snprintf(t + n, cap - n, "<!-- page %d -->\n1. first\n2. second\n\n", p); break;
+        }
+        for (int s = 0; s < 3 + (p == 4) * 12; s++) {
+            n += sentence(t + n, cap - n, id, 3 + (id * 5) % 9);
+            id++;
+            t[n++] = ' ';
+        }
+        t[n - 1] = '\n';
+        t[n++] = '\n';
+    }
+    t[n] = 0;
+    return t;
+}
+
+static void test_tableless_unchanged(void)
+{
+    const char *t = mixed_text();
+    struct ChunkSpan *cs;
+    size_t n = chunks(t, 40, 8, &cs);
+    static const uint64_t want[][2] = {
+        {0, 55}, {57, 128}, {130, 232}, {233, 325}, {326, 386}, {387, 474}, {476, 568}, {569, 624},
+        {626, 695}, {696, 775}, {776, 880}, {866, 940}, {921, 1010}, {1011, 1090}, {1091, 1180},
+        {1182, 1269}, {1270, 1324}, {1326, 1395}, {1396, 1489}, {1490, 1551}, {1552, 1641},
+        {1643, 1736}, {1737, 1756},
+    };
+    size_t n_want = sizeof want / sizeof want[0];
+    int same = n == n_want;
+    for (size_t i = 0; same && i < n; i++)
+        same &= cs[i].start == want[i][0] && cs[i].end == want[i][1] && cs[i].n_heads == 0;
+    CHECK(same, "headingless, tableless text: %zu chunks as before (%zu)", n, n_want);
+    free(cs);
+}
+
 int main(void)
 {
     tokcount_simple(&tc);
@@ -324,5 +373,6 @@ int main(void)
     test_long_section();
     test_no_headings();
     test_pages();
+    test_tableless_unchanged();
     return check_report("test_chunker");
 }
