@@ -55,7 +55,12 @@ struct ChunkSpan {
                              it starts with), outermost first */
     struct ChunkHeading heads[CHUNK_MAX_DEPTH];
     uint32_t page_first, page_last; /* the pages it starts and ends on (0, 0: none) */
+    uint64_t table_cap, table_head; /* a later part of a split table: the table's caption and */
+    uint32_t table_cap_len, table_head_len; /* header row (len 0: none; table_head_len 0: not one) */
 };
+
+#define CHUNK_MAX_CAPTION_BYTES 200      /* a longer line before a table is not its caption */
+#define CHUNK_TABLE_CONT " (cont.)"       /* follows a split table's caption in later parts' paths */
 
 #define CHUNK_MAX_PAGE 999999999u  /* the largest page number a marker may give */
 
