@@ -10,6 +10,15 @@
  * path: the headings that enclose it, outermost first. Text without headings is chunked as
  * one run of sentences, as before headings counted.
  *
+ * Tables: a header row, a separator row (`|---|...`) and body rows, lines starting with `|`,
+ * outside fenced code, with the one-line paragraph right before them (at most
+ * CHUNK_MAX_CAPTION_BYTES) as caption. Rows are units (no cut inside one but in a row longer
+ * than the target); a table that fits is never split and stays with its caption (and the
+ * paragraph before it when both fit); a longer one starts a chunk and is cut between rows, its
+ * first part holding caption and header row, and each later part records both (table_cap,
+ * table_head), which its heading path shows: "caption (cont.) › header row". No overlap in or
+ * out of a table.
+ *
  * Page markers: a line that is exactly `<!-- page N -->` (N from 1, no leading zero; trailing
  * whitespace allowed), outside fenced code, as diffrag-extract writes at the start of each
  * page of a PDF, says that page starts there. It is a sentence unit of its own and stays in
