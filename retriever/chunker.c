@@ -1,17 +1,18 @@
 /* Sentence segmentation (end punctuation followed by a space and not a lowercase word, skipping
  * initials and common abbreviations; blank lines start paragraphs; Markdown block lines stand
- * alone), oversize-sentence splitting, Markdown headings (outside fenced code) as section
- * starts, page markers, and packing of sections, paragraphs and sentences into chunks. */
+ * alone), table rows as units, oversize-sentence splitting, and packing of sections, paragraphs,
+ * tables and sentences into chunks. The Markdown structure is found by chunker_md.c. */
 #include "retriever/chunker.h"
 
 #include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "retriever/chunker_md.h"
 #include "retriever/status.h"
 #include "retriever/text.h"
 
-static int is_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+#define is_ws chunk_is_ws
 
 static const char *const ABBREVIATIONS[] = {
     "mr", "mrs", "ms", "dr", "prof", "st", "jr", "sr", "vs", "eg", "ie", "no", "fig", "inc",
@@ -46,51 +47,6 @@ static int before_is_abbrev(const char *text, size_t dot)
     return 0;
 }
 
-/* The page number of a page marker line text[ls, le) ("<!-- page N -->"), or 0. */
-static uint32_t page_marker(const char *text, size_t ls, size_t le)
-{
-    static const char open[] = "<!-- page ", close[] = " -->";
-    size_t ol = sizeof open - 1, cl = sizeof close - 1;
-    while (le > ls && is_ws((unsigned char)text[le - 1]))
-        le--;
-    if (le - ls < ol + 1 + cl || memcmp(text + ls, open, ol) || memcmp(text + le - cl, close, cl))
-        return 0;
-    size_t a = ls + ol, b = le - cl;
-    if (b - a > 9 || text[a] == '0')
-        return 0;
-    uint32_t n = 0;
-    for (size_t i = a; i < b; i++) {
-        if (!isdigit((unsigned char)text[i]))
-            return 0;
-        n = n * 10 + (uint32_t)(text[i] - '0');
-    }
-    return n;
-}
-
-/* Markdown block markers (and page markers) that make a line a unit of its own. */
-static int line_is_block(const char *text, size_t len, size_t i)
-{
-    if (i + 5 < len && memcmp(text + i, "<!-- ", 5) == 0) {
-        const char *nl = memchr(text + i, '\n', len - i);
-        if (page_marker(text, i, nl ? (size_t)(nl - text) : len))
-            return 1;
-    }
-    while (i < len && (text[i] == ' ' || text[i] == '\t'))
-        i++;
-    if (i >= len)
-        return 0;
-    char c = text[i];
-    if (c == '#' || c == '>' || c == '|')
-        return 1;
-    if ((c == '-' || c == '*' || c == '+') && i + 1 < len && text[i + 1] == ' ')
-        return 1;
-    if (isdigit((unsigned char)c)) {
-        while (i < len && isdigit((unsigned char)text[i]))
-            i++;
-        return i + 1 < len && (text[i] == '.' || text[i] == ')') && text[i + 1] == ' ';
-    }
-    return 0;
-}
 
 static int push_unit(size_t **starts, uint8_t **para, size_t *n, size_t *cap, size_t at, int is_para)
 {
@@ -138,7 +94,7 @@ int chunk_sentences(const char *text, size_t len, size_t **starts, uint8_t **par
                 j++;
             if (j < len && text[j] == '\n')
                 is_para = 1;
-            if (is_para || line_is_block(text, len, line_start) || line_is_block(text, len, i + 1))
+            if (is_para || chunk_line_is_block(text, len, line_start) || chunk_line_is_block(text, len, i + 1))
                 boundary = i + 1;
             line_start = i + 1;
         } else if (c == '.' || c == '!' || c == '?') {
@@ -192,7 +148,7 @@ nomem:
     return RET_ENOMEM;
 }
 
-struct Unit { size_t start, end; uint32_t n_tokens; uint8_t para, head; };
+struct Unit { size_t start, end; uint32_t n_tokens; uint8_t para, head; uint32_t table; /* its table + 1 */ };
 
 static size_t trim_end(const char *text, size_t start, size_t end)
 {
@@ -263,7 +219,7 @@ static int split_unit(const char *text, size_t s, size_t e, size_t n, uint8_t pa
         size_t next = cut;
         while (next < e && is_ws((unsigned char)text[next]))
             next++;
-        struct Unit v = { cur, next >= e ? e : next, (uint32_t)cnt, first ? para : 0, 0 };
+        struct Unit v = { cur, next >= e ? e : next, (uint32_t)cnt, first ? para : 0, 0, 0 };
         if (push(u, nu, cap, v))
             return RET_ENOMEM;
         first = 0;
@@ -272,208 +228,9 @@ static int split_unit(const char *text, size_t s, size_t e, size_t n, uint8_t pa
     return RET_OK;
 }
 
-/* ---- headings ---------------------------------------------------------------------------- */
-
-struct Head { size_t at; struct ChunkHeading h; }; /* at: the first '#' */
-struct Mark { size_t at, end; uint32_t page; };    /* a page marker line [at, end) */
-
-static int push_mark(struct Mark **ms, size_t *n, size_t *cap, struct Mark m)
-{
-    if (*n == *cap) {
-        size_t nc = *cap ? *cap * 2 : 16;
-        struct Mark *p = realloc(*ms, nc * sizeof *p);
-        if (!p)
-            return RET_ENOMEM;
-        *ms = p;
-        *cap = nc;
-    }
-    (*ms)[(*n)++] = m;
-    return RET_OK;
-}
-
-/* A fence opening or closing line: up to 3 spaces, then 3 or more ` or ~. */
-static size_t fence_run(const char *text, size_t ls, size_t le, char *ch)
-{
-    size_t i = ls;
-    while (i < le && i - ls < 3 && text[i] == ' ')
-        i++;
-    if (i >= le || (text[i] != '`' && text[i] != '~'))
-        return 0;
-    size_t j = i;
-    while (j < le && text[j] == text[i])
-        j++;
-    if (j - i < 3)
-        return 0;
-    *ch = text[i];
-    if (text[i] == '`' && memchr(text + j, '`', le - j))
-        return 0; /* a backtick fence's info string has no backticks */
-    return j - i;
-}
-
-/* The ATX headings and the page markers of text outside fenced code blocks, in order. */
-static int find_headings(const char *text, size_t len, struct Head **out, size_t *n_out,
-                         struct Mark **marks, size_t *n_marks)
-{
-    struct Head *hs = NULL;
-    size_t n = 0, cap = 0, mcap = 0;
-    *marks = NULL;
-    *n_marks = 0;
-    char fence = 0;
-    size_t fence_len = 0;
-    for (size_t ls = 0; ls < len;) {
-        const char *nl = memchr(text + ls, '\n', len - ls);
-        size_t le = nl ? (size_t)(nl - text) : len;
-        char ch = 0;
-        size_t run = fence_run(text, ls, le, &ch);
-        if (fence) {
-            if (run >= fence_len && ch == fence) {
-                size_t k = ls;
-                while (k < le && (text[k] == ' ' || text[k] == '`' || text[k] == '~'))
-                    k++;
-                while (k < le && is_ws((unsigned char)text[k]))
-                    k++;
-                if (k == le)
-                    fence = 0;
-            }
-        } else if (run) {
-            fence = ch;
-            fence_len = run;
-        } else if (page_marker(text, ls, le)) {
-            if (push_mark(marks, n_marks, &mcap, (struct Mark){ ls, le, page_marker(text, ls, le) })) {
-                free(hs);
-                free(*marks);
-                *marks = NULL;
-                return RET_ENOMEM;
-            }
-        } else {
-            size_t i = ls;
-            while (i < le && i - ls < 3 && text[i] == ' ')
-                i++;
-            size_t h = i;
-            while (i < le && text[i] == '#')
-                i++;
-            size_t level = i - h;
-            if (level >= 1 && level <= CHUNK_MAX_DEPTH && i < le && (text[i] == ' ' || text[i] == '\t')) {
-                size_t ts = i, te = le;
-                while (ts < te && is_ws((unsigned char)text[ts]))
-                    ts++;
-                while (te > ts && is_ws((unsigned char)text[te - 1]))
-                    te--;
-                size_t c = te; /* a closing run of #s after a space */
-                while (c > ts && text[c - 1] == '#')
-                    c--;
-                if (c < te && (c == ts || text[c - 1] == ' ' || text[c - 1] == '\t')) {
-                    te = c;
-                    while (te > ts && is_ws((unsigned char)text[te - 1]))
-                        te--;
-                }
-                if (te > ts && te - ts <= UINT32_MAX) {
-                    if (n == cap) {
-                        size_t nc = cap ? cap * 2 : 16;
-                        struct Head *p = realloc(hs, nc * sizeof *p);
-                        if (!p) {
-                            free(hs);
-                            free(*marks);
-                            *marks = NULL;
-                            return RET_ENOMEM;
-                        }
-                        hs = p;
-                        cap = nc;
-                    }
-                    hs[n++] = (struct Head){ h, { ts, (uint32_t)(te - ts), (uint32_t)level } };
-                }
-            }
-        }
-        ls = le + 1;
-    }
-    *out = hs;
-    *n_out = n;
-    return RET_OK;
-}
-
-size_t chunk_heading_path(const char *text, const struct ChunkSpan *span, const char *title,
-                          size_t title_len, char *out, size_t cap)
-{
-    if (cap == 0)
-        return 0;
-    size_t limit = cap - 1 < CHUNK_MAX_PATH_BYTES ? cap - 1 : CHUNK_MAX_PATH_BYTES;
-    size_t n = 0, sep = strlen(CHUNK_PATH_SEPARATOR);
-    uint32_t first = 0;
-    if (span->n_heads && span->heads[0].len == title_len &&
-        memcmp(text + span->heads[0].start, title, title_len) == 0)
-        first = 1;
-    for (uint32_t i = first; i < span->n_heads && n < limit; i++) {
-        const struct ChunkHeading *h = &span->heads[i];
-        if (n) {
-            if (n + sep > limit)
-                break;
-            memcpy(out + n, CHUNK_PATH_SEPARATOR, sep);
-            n += sep;
-        }
-        size_t l = h->len;
-        if (n + l > limit) {
-            l = limit - n;
-            while (l > 0 && ((unsigned char)text[h->start + l] & 0xC0) == 0x80)
-                l--;
-        }
-        for (size_t k = 0; k < l; k++) {
-            char c = text[h->start + k];
-            out[n++] = (c == '\n' || c == '\r' || c == '\t') ? ' ' : c;
-        }
-    }
-    while (n > 0 && out[n - 1] == ' ')
-        n--;
-    if (n >= sep && memcmp(out + n - (sep - 1), CHUNK_PATH_SEPARATOR, sep - 1) == 0)
-        n -= sep - 1; /* a cut left a dangling separator */
-    while (n > 0 && out[n - 1] == ' ')
-        n--;
-    out[n] = 0;
-    return n;
-}
-
-/* The pages of each chunk from the page markers (chunker.h). */
-static void set_pages(struct ChunkSpan *cs, size_t n, const struct Mark *m, size_t nm)
-{
-    size_t k = 0; /* markers before k start at or before the current chunk's start */
-    for (size_t i = 0; i < n && nm; i++) {
-        struct ChunkSpan *c = &cs[i];
-        while (k > 0 && m[k - 1].at > c->start) /* overlap: a chunk may start before the last */
-            k--;
-        while (k < nm && m[k].at <= c->start)
-            k++;
-        uint32_t first = k ? m[k - 1].page : 0, last = first;
-        for (size_t j = k; j < nm && m[j].at < c->end; j++)
-            if (m[j].end < c->end) { /* text after it in the chunk */
-                if (!first)
-                    first = m[j].page;
-                last = m[j].page;
-            }
-        c->page_first = first;
-        c->page_last = first ? last : 0;
-    }
-}
-
-int chunk_text_pages(const char *text, size_t len, uint32_t *first, uint32_t *last)
-{
-    struct Head *heads = NULL;
-    struct Mark *marks = NULL;
-    size_t n_heads = 0, n_marks = 0;
-    struct ChunkSpan c = { 0 };
-    c.end = len;
-    int rc = find_headings(text, len, &heads, &n_heads, &marks, &n_marks);
-    if (rc == RET_OK) {
-        while (c.end > 0 && is_ws((unsigned char)text[c.end - 1]))
-            c.end--;
-        set_pages(&c, 1, marks, n_marks);
-    }
-    *first = c.page_first;
-    *last = c.page_last;
-    free(heads);
-    free(marks);
-    return rc;
-}
-
 /* ---- packing ------------------------------------------------------------------------------- */
+
+struct TabUnits { size_t ua, ub; uint64_t sum; }; /* a table's units [ua, ub) and their tokens */
 
 struct Packer {
     const char *text;
@@ -481,11 +238,19 @@ struct Packer {
     uint32_t target, overlap;
     struct ChunkSpan *ch;
     size_t n, cap;
-    const struct Head *heads;  /* the headings, and how many of them the path has taken in */
+    const struct MdHead *heads;  /* the headings, and how many of them the path has taken in */
     size_t n_heads, next_head;
     struct ChunkHeading path[CHUNK_MAX_DEPTH];
     uint32_t depth;
+    const struct MdTable *tables;
+    const struct TabUnits *tab;
+    size_t split_end;            /* the end unit of a table being cut at rows (0: none) */
 };
+
+static const struct TabUnits *tab_at(const struct Packer *p, size_t j)
+{
+    return p->u[j].table ? &p->tab[p->u[j].table - 1] : NULL;
+}
 
 static int emit(struct Packer *p, size_t a, size_t b, uint64_t sum)
 {
@@ -510,12 +275,44 @@ static int emit(struct Packer *p, size_t a, size_t b, uint64_t sum)
     }
     c->n_heads = p->depth;
     memcpy(c->heads, p->path, p->depth * sizeof *p->path);
+    if (p->u[a].table) { /* a later part of a table: its path takes the caption and header row */
+        const struct MdTable *t = &p->tables[p->u[a].table - 1];
+        if (c->start > t->head) {
+            c->table_cap = t->cap;
+            c->table_cap_len = (uint32_t)(t->cap_end - t->cap);
+            c->table_head = t->head;
+            c->table_head_len = (uint32_t)(t->head_end - t->head);
+        }
+    }
     return RET_OK;
+}
+
+/* Where a chunk that would hold units [first_new, j) ends when the table starting at j goes to
+ * the next one: before the paragraph that introduces the table (its last paragraph) when that
+ * paragraph and the table fit together and something new stays; else at j. */
+static size_t before_intro(const struct Packer *p, size_t first_new, size_t j, uint64_t tsum,
+                           uint64_t *sum)
+{
+    const struct Unit *u = p->u;
+    size_t k = j;
+    uint64_t ks = 0;
+    while (k > first_new + 1 && !u[k - 1].para && !u[k - 1].table && !u[k - 1].head)
+        ks += u[--k].n_tokens;
+    if (k > first_new + 1 && u[k - 1].para && !u[k - 1].table && !u[k - 1].head &&
+        ks + u[k - 1].n_tokens + tsum <= p->target) {
+        k--;
+        *sum -= ks + u[k].n_tokens;
+        return k;
+    }
+    return j;
 }
 
 /* Greedy packing of the sentence units [a, b): a chunk ends before a unit that would pass the
  * target, or before a paragraph once it holds half the target; the next one repeats whole
- * trailing sentences of the same paragraph up to the overlap. */
+ * trailing sentences of the same paragraph up to the overlap. A table that fits is taken whole
+ * or starts the next chunk (with its introducing paragraph when both fit); a longer one starts a
+ * chunk of its own (after any headings) and is cut between rows, and its last part ends the
+ * chunk. Nothing overlaps into or out of a table. */
 static int pack_units(struct Packer *p, size_t a, size_t b)
 {
     const struct Unit *u = p->u;
@@ -523,21 +320,44 @@ static int pack_units(struct Packer *p, size_t a, size_t b)
     while (i < b) {
         size_t j = i;
         uint64_t sum = 0;
+        int only_heads = 1;      /* the new units so far are headings */
         while (j < b) {
+            const struct TabUnits *t = tab_at(p, j);
+            if (j > first_new && j == p->split_end)
+                break;           /* a table cut at rows ends its last part */
+            if (t && t->ua == j && !(p->split_end > j)) {
+                if (t->sum <= p->target && !(only_heads && j > first_new && sum + t->sum > p->target)) {
+                    if (j > first_new && (sum + t->sum > p->target || (u[j].para && sum >= p->target / 2))) {
+                        j = before_intro(p, first_new, j, t->sum, &sum);
+                        break;
+                    }
+                    sum += t->sum;
+                    j = t->ub;
+                    only_heads = 0;
+                    continue;
+                }
+                if (j > first_new && !only_heads)
+                    break;       /* a long table starts a chunk */
+                p->split_end = t->ub;
+            }
             if (j > first_new && sum + u[j].n_tokens > p->target)
                 break;
             if (j > first_new && u[j].para && sum >= p->target / 2)
                 break;
             sum += u[j].n_tokens;
+            only_heads &= u[j].head;
             j++;
         }
         if (emit(p, i, j, sum))
             return RET_ENOMEM;
+        if (j >= p->split_end)
+            p->split_end = 0;
         if (j >= b)
             break;
         size_t k = j;
         uint64_t osum = 0;
-        while (p->overlap && k - 1 > i && osum + u[k - 1].n_tokens <= p->overlap &&
+        while (p->overlap && !u[j].table && !u[j - 1].table && k - 1 > i &&
+               osum + u[k - 1].n_tokens <= p->overlap &&
                osum + u[k - 1].n_tokens + u[j].n_tokens <= p->target && !u[k].para) {
             k--;
             osum += u[k].n_tokens;
@@ -548,9 +368,10 @@ static int pack_units(struct Packer *p, size_t a, size_t b)
     return RET_OK;
 }
 
-/* One section, units [a, b): whole when it fits; else paragraphs packed whole while they fit
- * (the headings it starts with stay with its first paragraph), and a paragraph over the target
- * cut at sentences. */
+/* One section, units [a, b): whole when it fits; else paragraphs (a table with its caption is
+ * one) packed whole while they fit (the headings it starts with stay with its first paragraph;
+ * a table that fits takes the paragraph before it along when both fit), and a paragraph or
+ * table over the target packed by pack_units. */
 static int pack_section(struct Packer *p, size_t a, size_t b)
 {
     const struct Unit *u = p->u;
@@ -559,8 +380,8 @@ static int pack_section(struct Packer *p, size_t a, size_t b)
         total += u[i].n_tokens;
     if (total <= p->target)
         return emit(p, a, b, total);
-    size_t cur = a;      /* the pending chunk: units [cur, q) */
-    uint64_t cur_sum = 0;
+    size_t cur = a, last = a; /* the pending chunk: units [cur, q); its last paragraph at last */
+    uint64_t cur_sum = 0, last_sum = 0;
     for (size_t q = a; q < b;) {
         size_t r = q + 1;
         uint64_t psum = u[q].n_tokens;
@@ -574,18 +395,76 @@ static int pack_section(struct Packer *p, size_t a, size_t b)
             cur = r;
             cur_sum = 0;
         } else if (cur < q && cur_sum + psum > p->target) {
-            if (emit(p, cur, q, cur_sum))
-                return RET_ENOMEM;
-            cur = q;
-            cur_sum = psum;
+            if (u[q].table && last > cur && !u[last].table && last_sum + psum <= p->target) {
+                if (emit(p, cur, last, cur_sum - last_sum)) /* the table's introduction goes along */
+                    return RET_ENOMEM;
+                cur = last;
+                cur_sum = last_sum + psum;
+            } else {
+                if (emit(p, cur, q, cur_sum))
+                    return RET_ENOMEM;
+                cur = q;
+                cur_sum = psum;
+            }
         } else {
             cur_sum += psum;
         }
+        last = q;
+        last_sum = psum;
         q = r;
     }
     if (cur < b)
         return emit(p, cur, b, cur_sum);
     return RET_OK;
+}
+
+/* The sentence units with a table's units in place of those inside it: its caption line, its
+ * header and separator rows together, then each body row (sentence ends inside a row cut
+ * nothing). starts/para are rebuilt; their arrays are malloc'ed. */
+static int table_units(const char *text, const struct ChunkMd *md, size_t **starts, uint8_t **para,
+                       size_t *n)
+{
+    if (!md->n_tables)
+        return RET_OK;
+    size_t *ns = NULL, nn = 0, cap = 0;
+    uint8_t *np = NULL;
+    size_t k = 0;
+    int after = 0; /* the unit after a table starts a paragraph */
+    for (size_t t = 0; t <= md->n_tables; t++) {
+        size_t lim = t < md->n_tables ? md->tables[t].start : SIZE_MAX;
+        for (; k < *n && (*starts)[k] < lim; k++, after = 0)
+            if (push_unit(&ns, &np, &nn, &cap, (*starts)[k], (*para)[k] || after))
+                goto nomem;
+        if (t == md->n_tables)
+            break;
+        const struct MdTable *tb = &md->tables[t];
+        if (push_unit(&ns, &np, &nn, &cap, tb->start, 1) ||
+            push_unit(&ns, &np, &nn, &cap, tb->head, tb->head == tb->start))
+            goto nomem;
+        for (size_t s = tb->body; s < tb->end;) {
+            if (push_unit(&ns, &np, &nn, &cap, s, 0))
+                goto nomem;
+            const char *nl = memchr(text + s, '\n', tb->end - s);
+            if (!nl)
+                break;
+            s = (size_t)(nl - text) + 1;
+            while (s < tb->end && (text[s] == ' ' || text[s] == '\t'))
+                s++;
+        }
+        while (k < *n && (*starts)[k] <= tb->end)
+            k++;
+        after = 1;
+    }
+    free(*starts);
+    free(*para);
+    *starts = ns;
+    *para = np;
+    *n = nn;
+    return RET_OK;
+nomem:
+    free(ns);
+    free(np);
+    return RET_ENOMEM;
 }
 
 int chunk_text(const char *text, size_t len, const struct ChunkOptions *o,
@@ -603,26 +482,32 @@ int chunk_text(const char *text, size_t len, const struct ChunkOptions *o,
     uint8_t *para = NULL;
     struct Unit *u = NULL;
     size_t nu = 0, ucap = 0;
-    struct Head *heads = NULL;
-    size_t n_heads = 0, n_marks = 0;
-    struct Mark *marks = NULL;
+    struct ChunkMd md = { 0 };
+    struct TabUnits *tab = NULL;
     struct Packer pk = { .text = text, .target = o->target_tokens, .overlap = o->overlap_tokens };
     int rc = chunk_sentences(text, len, &starts, &para, &n_st);
-    if (rc || (rc = find_headings(text, len, &heads, &n_heads, &marks, &n_marks)))
+    if (rc || (rc = chunk_md_scan(text, len, &md)) || (rc = table_units(text, &md, &starts, &para, &n_st)))
         goto err;
-    size_t h = 0, n_head_units = 0, mk = 0;
+    if (md.n_tables && !(tab = calloc(md.n_tables, sizeof *tab))) {
+        rc = RET_ENOMEM;
+        goto err;
+    }
+    size_t h = 0, n_head_units = 0, mk = 0, tb = 0;
     int after_mark = 0;
     for (size_t i = 0; i < n_st; i++) {
         size_t s = starts[i], e = i + 1 < n_st ? starts[i + 1] : len;
         size_t te = trim_end(text, s, e), cnt;
-        while (h < n_heads && heads[h].at < s)
+        while (h < md.n_heads && md.heads[h].at < s)
             h++;
-        uint8_t head = h < n_heads && heads[h].at == s;
-        while (mk < n_marks && marks[mk].at < s)
+        uint8_t head = h < md.n_heads && md.heads[h].at == s;
+        while (mk < md.n_marks && md.marks[mk].at < s)
             mk++;
+        while (tb < md.n_tables && md.tables[tb].end <= s)
+            tb++;
+        uint32_t table = tb < md.n_tables && md.tables[tb].start <= s ? (uint32_t)tb + 1 : 0;
         /* a page marker starts the paragraph that follows it: never a chunk of its own */
         uint8_t is_para = para[i] && !after_mark;
-        after_mark = mk < n_marks && marks[mk].at == s;
+        after_mark = mk < md.n_marks && md.marks[mk].at == s;
         n_head_units += head;
         if (tokcount_count(tc, text + s, te - s, &cnt)) {
             rc = RET_ETOKEN;
@@ -633,16 +518,26 @@ int chunk_text(const char *text, size_t len, const struct ChunkOptions *o,
             if ((rc = split_unit(text, s, e, cnt, is_para, o->target_tokens, tc, &u, &nu, &ucap)))
                 goto err;
         } else {
-            struct Unit v = { s, e, (uint32_t)cnt, is_para, 0 };
+            struct Unit v = { s, e, (uint32_t)cnt, is_para, 0, 0 };
             if ((rc = push(&u, &nu, &ucap, v)))
                 goto err;
         }
         if (first < nu)
             u[first].head = head;
+        for (size_t k = first; table && k < nu; k++) {
+            struct TabUnits *t = &tab[table - 1];
+            if (!t->ub)
+                t->ua = k;
+            t->ub = k + 1;
+            t->sum += u[k].n_tokens;
+            u[k].table = table;
+        }
     }
     pk.u = u;
-    pk.heads = heads;
-    pk.n_heads = n_heads;
+    pk.heads = md.heads;
+    pk.n_heads = md.n_heads;
+    pk.tables = md.tables;
+    pk.tab = tab;
     if (n_head_units == 0) {
         rc = pack_units(&pk, 0, nu); /* no headings: one run of sentences */
     } else {
@@ -657,12 +552,12 @@ int chunk_text(const char *text, size_t len, const struct ChunkOptions *o,
     }
     if (rc)
         goto err;
-    set_pages(pk.ch, pk.n, marks, n_marks);
+    chunk_set_pages(pk.ch, pk.n, md.marks, md.n_marks);
     free(starts);
     free(para);
     free(u);
-    free(heads);
-    free(marks);
+    free(tab);
+    chunk_md_free(&md);
     *out = pk.ch;
     *n_out = pk.n;
     return RET_OK;
@@ -670,8 +565,8 @@ err:
     free(starts);
     free(para);
     free(u);
-    free(heads);
-    free(marks);
+    free(tab);
+    chunk_md_free(&md);
     free(pk.ch);
     if (rc == RET_ETOKEN)
         return ret_fail(err, errlen, rc, "the token counter failed while chunking");

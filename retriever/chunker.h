@@ -10,6 +10,15 @@
  * path: the headings that enclose it, outermost first. Text without headings is chunked as
  * one run of sentences, as before headings counted.
  *
+ * Tables: a header row, a separator row (`|---|...`) and body rows, lines starting with `|`,
+ * outside fenced code, with the one-line paragraph right before them (at most
+ * CHUNK_MAX_CAPTION_BYTES) as caption. Rows are units (no cut inside one but in a row longer
+ * than the target); a table that fits is never split and stays with its caption (and the
+ * paragraph before it when both fit); a longer one starts a chunk and is cut between rows, its
+ * first part holding caption and header row, and each later part records both (table_cap,
+ * table_head), which its heading path shows: "caption (cont.) › header row". No overlap in or
+ * out of a table.
+ *
  * Page markers: a line that is exactly `<!-- page N -->` (N from 1, no leading zero; trailing
  * whitespace allowed), outside fenced code, as diffrag-extract writes at the start of each
  * page of a PDF, says that page starts there. It is a sentence unit of its own and stays in
@@ -55,7 +64,12 @@ struct ChunkSpan {
                              it starts with), outermost first */
     struct ChunkHeading heads[CHUNK_MAX_DEPTH];
     uint32_t page_first, page_last; /* the pages it starts and ends on (0, 0: none) */
+    uint64_t table_cap, table_head; /* a later part of a split table: the table's caption and */
+    uint32_t table_cap_len, table_head_len; /* header row (len 0: none; table_head_len 0: not one) */
 };
+
+#define CHUNK_MAX_CAPTION_BYTES 200      /* a longer line before a table is not its caption */
+#define CHUNK_TABLE_CONT " (cont.)"       /* follows a split table's caption in later parts' paths */
 
 #define CHUNK_MAX_PAGE 999999999u  /* the largest page number a marker may give */
 

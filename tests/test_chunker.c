@@ -316,6 +316,202 @@ static void test_pages(void)
     }
 }
 
+/* Text without headings or tables chunks exactly as before tables counted: a mixed text (lists,
+ * quotes, numbered items, lines with pipes that make no table, fenced code, page markers,
+ * abbreviations, a paragraph longer than the target) gives the spans the chunker gave before. */
+static const char *mixed_text(void)
+{
+    static char t[8192];
+    size_t n = 0, cap = sizeof t;
+    int id = 0;
+    n += (size_t)snprintf(t + n, cap - n, "Report\n\n<!-- page 1 -->\n");
+    for (int p = 0; p < 9; p++) {
+        switch (p % 5) {
+        case 0: n += (size_t)snprintf(t + n, cap - n, "- item %d of the list\n- next one\n\n", p); break;
+        case 1: n += (size_t)snprintf(t + n, cap - n, "> Quoted by Dr. Smith, e.g. here.\n\n"); break;
+        case 2: n += (size_t)snprintf(t + n, cap - n, "| a lone pipe line | without a separator |\n"
+                                                         "| and another | row. Of text |\n\n"); break;
+        case 3: n += (size_t)snprintf(t + n, cap - n, "```\n| x | y |\n|---|---|\n| 1 | 2 |\n```\n\n"); break;
+        default: n += (size_t)snprintf(t + n, cap - n, "<!-- page %d -->\n1. first\n2. second\n\n", p); break;
+        }
+        for (int s = 0; s < 3 + (p == 4) * 12; s++) {
+            n += sentence(t + n, cap - n, id, 3 + (id * 5) % 9);
+            id++;
+            t[n++] = ' ';
+        }
+        t[n - 1] = '\n';
+        t[n++] = '\n';
+    }
+    t[n] = 0;
+    return t;
+}
+
+static void test_tableless_unchanged(void)
+{
+    const char *t = mixed_text();
+    struct ChunkSpan *cs;
+    size_t n = chunks(t, 40, 8, &cs);
+    static const uint64_t want[][2] = {
+        {0, 55}, {57, 128}, {130, 232}, {233, 325}, {326, 386}, {387, 474}, {476, 568}, {569, 624},
+        {626, 695}, {696, 775}, {776, 880}, {866, 940}, {921, 1010}, {1011, 1090}, {1091, 1180},
+        {1182, 1269}, {1270, 1324}, {1326, 1395}, {1396, 1489}, {1490, 1551}, {1552, 1641},
+        {1643, 1736}, {1737, 1756},
+    };
+    size_t n_want = sizeof want / sizeof want[0];
+    int same = n == n_want;
+    for (size_t i = 0; same && i < n; i++)
+        same &= cs[i].start == want[i][0] && cs[i].end == want[i][1] && cs[i].n_heads == 0;
+    CHECK(same, "headingless, tableless text: %zu chunks as before (%zu)", n, n_want);
+    free(cs);
+}
+
+/* Is no chunk boundary (a start or an end) strictly inside [a, b)? */
+static int uncut(const struct ChunkSpan *cs, size_t n, size_t a, size_t b)
+{
+    for (size_t i = 0; i < n; i++)
+        if ((cs[i].start > a && cs[i].start < b) || (cs[i].end > a && cs[i].end < b))
+            return 0;
+    return 1;
+}
+
+/* A table that fits the target is one unit with its caption (the line before it, as
+ * diffrag-extract writes an HTML caption) and, when both fit, the paragraph that introduces
+ * it; with headings or without, wherever the packer would have cut. */
+static void test_small_table(void)
+{
+    static char t[4096];
+    const char *table = "Table 1: Sizes of the models\n\n| Model | Size |\n|---|---|\n"
+                        "| alpha | 1 GB. Big |\n| beta | 2 GB. Bigger |\n| gamma | 3 GB |";
+    for (int heads = 0; heads < 2; heads++) {
+        for (int lead = 0; lead < 12; lead++) {
+            size_t n = (size_t)snprintf(t, sizeof t, "%s", heads ? "# Doc\n\n## Sizes\n\n" : "");
+            for (int s = 0; s < lead; s++) {
+                n += sentence(t + n, sizeof t - n, s, 6);
+                t[n++] = s % 3 == 2 ? '\n' : ' ';
+                if (s % 3 == 2)
+                    t[n++] = '\n';
+            }
+            n += (size_t)snprintf(t + n, sizeof t - n, "\n\nThe sizes follow.\n\n%s\n\nAfter it. ", table);
+            for (int s = 0; s < 4; s++)
+                n += sentence(t + n, sizeof t - n, 100 + s, 5), t[n++] = ' ';
+            t[n] = 0;
+            struct ChunkSpan *cs;
+            size_t k = chunks(t, 64, 8, &cs);
+            size_t a = (size_t)(strstr(t, "Table 1") - t), b = a + strlen(table);
+            size_t intro = (size_t)(strstr(t, "The sizes") - t);
+            CHECK(uncut(cs, k, a, b), "headings %d lead %d: the table and its caption in one chunk", heads, lead);
+            CHECK(uncut(cs, k, intro, b), "headings %d lead %d: with its introduction", heads, lead);
+            for (size_t i = 0; i < k; i++)
+                CHECK(cs[i].table_head_len == 0 && cs[i].n_tokens <= 64, "no later parts, within the target");
+            free(cs);
+        }
+    }
+}
+
+/* A long table is cut between rows only: its first part holds the caption and header row,
+ * every part is within the target, and each later part's heading path carries the caption
+ * (marked continued) and the header row. A row longer than the target is cut as a long
+ * sentence is, within the target. After the table the chunks go on as before. */
+static void test_long_table(void)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *t = malloc(cap);
+    n += (size_t)snprintf(t + n, cap - n, "# Report\n\n## Results\n\nMeasured on one machine.\n\n"
+                                          "Table 2: Latency by model\n\n| Model | p50 | Note |\n|---|---:|---|\n");
+    size_t long_row = 0;
+    for (int r = 0; r < 200; r++) {
+        if (r == 150) {
+            long_row = n;
+            n += (size_t)snprintf(t + n, cap - n, "| wide |");
+            for (int w = 0; w < 120; w++)
+                n += (size_t)snprintf(t + n, cap - n, " cell");
+            n += (size_t)snprintf(t + n, cap - n, " |\n");
+            continue;
+        }
+        n += (size_t)snprintf(t + n, cap - n, "| m%d | %d ms. Fast | Dr. Who said so. Yes |\n", r, r * 3);
+    }
+    size_t tend = n - 1;
+    n += (size_t)snprintf(t + n, cap - n, "\nAfter the table. More text here.\n");
+    t[n] = 0;
+    struct ChunkSpan *cs;
+    size_t k = chunks(t, 64, 16, &cs);
+    size_t cap_at = (size_t)(strstr(t, "Table 2") - t);
+    int first = -1, parts = 0, rows_ok = 1, paths_ok = 1, within = 1, in_row = 0;
+    for (size_t i = 0; i < k; i++) {
+        if (cs[i].end <= cap_at || cs[i].start >= tend)
+            continue;
+        parts++;
+        if (first < 0)
+            first = (int)i;
+        size_t cnt = 0;
+        tokcount_count(&tc, t + cs[i].start, cs[i].end - cs[i].start, &cnt);
+        within &= cs[i].n_tokens <= 64 && cnt <= 64 + 2;
+        int cut_row = (cs[i].start > long_row && cs[i].start < long_row + 600) ||
+                      (cs[i].end > long_row && cs[i].end < long_row + 600);
+        in_row += cut_row;
+        if (!cut_row && (int)i != first)
+            rows_ok &= t[cs[i].start] == '|' && t[cs[i].start - 1] == '\n' &&
+                       (t[cs[i].end] == '\n' || cs[i].end == tend);
+        if ((int)i != first)
+            paths_ok &= strcmp(path(t, &cs[i], "Report"),
+                               "Results \xE2\x80\xBA Table 2: Latency by model (cont.) \xE2\x80\xBA "
+                               "| Model | p50 | Note |") == 0;
+    }
+    CHECK(parts >= 10, "the long table in %d parts", parts);
+    CHECK(first >= 0 && span_is(t, &cs[first], "Table 2: Latency by model\n\n| Model | p50 | Note |\n|---|---:|---|\n| m0 |", "|"),
+          "the first part: caption, header row, rows");
+    CHECK(first >= 0 && strcmp(path(t, &cs[first], "Report"), "Results") == 0 && cs[first].table_head_len == 0,
+          "the first part's path is its section's: %s", first >= 0 ? path(t, &cs[first], "Report") : "");
+    CHECK(rows_ok, "later parts start and end at row boundaries");
+    CHECK(paths_ok, "later parts' paths carry the caption and header row");
+    CHECK(within, "every part within the target");
+    CHECK(in_row >= 2, "the row longer than the target is cut (%d boundaries in it)", in_row);
+    CHECK(k > 0 && span_is(t, &cs[k - 1], "After the table.", "here.") && cs[k - 1].table_head_len == 0,
+          "the text after the table starts a chunk of its own, with its section's path");
+    /* the same table without a caption (a one-line paragraph right before a table is one):
+     * later parts carry the header row, marked continued */
+    for (char *c = strstr(t, "Measured"); c < strstr(t, "| Model"); c++)
+        if (*c != '\n')
+            *c = ' ';
+    struct ChunkSpan *ns;
+    size_t nk = chunks(t, 64, 16, &ns);
+    int later = 0;
+    for (size_t i = 0; i < nk; i++)
+        if (ns[i].table_head_len) {
+            later++;
+            CHECK(strcmp(path(t, &ns[i], "Report"), "Results \xE2\x80\xBA | Model | p50 | Note | (cont.)") == 0,
+                  "without a caption: %s", path(t, &ns[i], "Report"));
+        }
+    CHECK(later >= 10, "without a caption, %d later parts", later);
+    free(ns);
+    free(cs);
+    free(t);
+}
+
+/* Rows in fenced code are code: no table units, no table paths; sentence ends inside them cut
+ * as they did before. */
+static void test_fenced_table(void)
+{
+    size_t cap = 1 << 15, n = 0;
+    char *t = malloc(cap);
+    n += (size_t)snprintf(t + n, cap - n, "Table 3: In code\n\n```\n| Model | p50 |\n|---|---|\n");
+    for (int r = 0; r < 120; r++)
+        n += (size_t)snprintf(t + n, cap - n, "| m%d | %d ms. Fast and. Quick |\n", r, r);
+    n += (size_t)snprintf(t + n, cap - n, "```\n");
+    t[n] = 0;
+    struct ChunkSpan *cs;
+    size_t k = chunks(t, 40, 0, &cs);
+    int mid_row = 0, paths = 0;
+    for (size_t i = 0; i < k; i++) {
+        mid_row += t[cs[i].start] != '|' && t[cs[i].start - (i > 0)] != '\n';
+        paths += cs[i].table_head_len != 0;
+    }
+    CHECK(k > 5 && paths == 0, "fenced rows: %zu chunks, %d with a table path", k, paths);
+    CHECK(mid_row > 0, "fenced rows are cut at sentences as before (%d mid-row starts)", mid_row);
+    free(cs);
+    free(t);
+}
+
 int main(void)
 {
     tokcount_simple(&tc);
@@ -324,5 +520,9 @@ int main(void)
     test_long_section();
     test_no_headings();
     test_pages();
+    test_tableless_unchanged();
+    test_small_table();
+    test_long_table();
+    test_fenced_table();
     return check_report("test_chunker");
 }
