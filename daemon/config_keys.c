@@ -102,7 +102,8 @@ const struct Key config_keys[] = {
       "diffrag-extract, which turns the PDF, DOCX and HTML files of an ingest into text; "
       "empty: the one beside diffragd, else diffrag-extract on PATH" },
     { "extract_timeout_ms", K_LONG, F(extract_timeout_ms), "60000", 100, 3600000, 1,
-      "wall-clock limit of one file's extraction in milliseconds (the helper is killed after)" },
+      "wall-clock limit of the extraction of an ingest request's files, together, in "
+      "milliseconds (the helper is killed after)" },
     { "max_question_bytes", K_SIZE, F(max_question_bytes), "4096", 1, 1048576, 1,
       "longest question in bytes" },
     { "max_turn_bytes", K_SIZE, F(max_turn_bytes), "1MiB", 1, 1073741824.0, 0,

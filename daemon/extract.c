@@ -237,8 +237,13 @@ enum DextractFail dextract_run(const struct DextractOpts *o, const void *bytes, 
         rc = DEXTRACT_ENOMEM;
         snprintf(err, errlen, "out of memory");
     } else if (timed_out) {
-        snprintf(err, errlen, "extracting its text took over %ld ms (extract_timeout_ms); "
-                 "stopped", o->timeout_ms);
+        if (o->limit_ms > o->timeout_ms)
+            snprintf(err, errlen, "extracting its text took over the %ld ms left of the "
+                     "request's %ld ms (extract_timeout_ms, for its files together); stopped",
+                     o->timeout_ms, o->limit_ms);
+        else
+            snprintf(err, errlen, "extracting its text took over %ld ms (extract_timeout_ms); "
+                     "stopped", o->timeout_ms);
     } else if (too_long) {
         snprintf(err, errlen, "its text is over %.1f MiB, the most a document may have",
                  o->max_text / 1048576.0);

@@ -21,6 +21,8 @@ struct DextractOpts {
                                 program, else DEXTRACT_PROGRAM on PATH */
     size_t max_text;         /* most bytes of text (the store's document limit) */
     long timeout_ms;         /* wall clock, the helper and its children together */
+    long limit_ms;           /* what the timeout comes from (extract_timeout_ms), for the
+                                message; 0: timeout_ms */
 };
 
 /* Extracts bytes[0..len), a file named `name` (NUL-terminated; the helper's fallback title).

@@ -343,6 +343,8 @@ static int decode_docs(struct ProtoDec *d, int need_ids)
                     FAIL(d, EC_BAD_REQUEST, "%s appears twice", what);
                 if (check_str(d, what, &v, 1, INDEX_MAX_ID_BYTES, EC_BAD_REQUEST, &s))
                     return -1;
+                if (memchr(s.p, 0, s.len))
+                    FAIL(d, EC_BAD_REQUEST, "%s holds a NUL byte", what);
                 name = s;
             } else if (k.len == 4 && !memcmp(k.s, "meta", 4)) {
                 if (have_meta++)

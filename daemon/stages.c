@@ -12,6 +12,7 @@
 
 #include "daemon/extract.h"
 #include "daemon/log.h"
+#include "daemon/zutil.h"
 #include "retriever/bm25.h"
 #include "retriever/memindex.h"
 #include "retriever/planner.h"
@@ -334,7 +335,12 @@ static struct Slice text_title(const char *name, size_t name_len, const char *te
  * document: the batch is then refused whole, as a batch with an invalid document is. */
 static int ingest_files(const struct PrepShared *sh, struct Request *r, char **held)
 {
-    struct DextractOpts o = { sh->extract_helper, sh->max_doc_bytes, r->extract_timeout_ms };
+    /* the batch's files together: at most the store's document limit of text and
+     * extract_timeout_ms of wall clock, so one request holds neither memory nor an I/O thread
+     * without bound */
+    struct DextractOpts o = { sh->extract_helper, 0, 0, r->extract_timeout_ms };
+    size_t used = 0;
+    double end = 0; /* set at the first extraction */
     for (size_t i = 0; i < r->p.n_docs && r->p.files; i++) {
         const struct DocFile *f = &r->p.files[i];
         struct StoreDoc *d = &r->p.docs[i];
@@ -355,10 +361,28 @@ static int ingest_files(const struct PrepShared *sh, struct Request *r, char **h
             continue;
         }
         enum DocFormat what = fmt != DOCFMT_TEXT ? fmt : by_name;
-        char *title, *text, why[768];
-        size_t text_len;
-        enum DextractFail st = dextract_run(&o, f->bytes, f->len, name, &title, &text, &text_len,
-                                            why, sizeof why);
+        char *title = NULL, *text = NULL, why[768];
+        size_t text_len = 0;
+        enum DextractFail st = DEXTRACT_EDOC;
+        o.max_text = sh->max_doc_bytes - used;
+        /* the first file extracted gets the whole of it; one after others what they left */
+        if (end == 0) {
+            end = zu_now_ms() + (double)r->extract_timeout_ms;
+            o.timeout_ms = r->extract_timeout_ms;
+        } else {
+            o.timeout_ms = (long)(end - zu_now_ms());
+        }
+        if (used >= sh->max_doc_bytes)
+            snprintf(why, sizeof why, "the text of the request's files before it reached %.1f "
+                     "MiB, the most a request's files may have together; send it in another "
+                     "request", sh->max_doc_bytes / 1048576.0);
+        else if (o.timeout_ms <= 0)
+            snprintf(why, sizeof why, "the request's files before it took its %ld ms "
+                     "(extract_timeout_ms, for its files together); send it in another request",
+                     o.limit_ms);
+        else
+            st = dextract_run(&o, f->bytes, f->len, name, &title, &text, &text_len, why,
+                              sizeof why);
         if (st != DEXTRACT_OK) {
             r->code = st == DEXTRACT_EDOC ? EC_BAD_REQUEST : EC_INTERNAL;
             snprintf(r->message, sizeof r->message, "document %zu (\"%.100s\"): %s %s: %.300s", i, name,
@@ -369,6 +393,7 @@ static int ingest_files(const struct PrepShared *sh, struct Request *r, char **h
         }
         held[2 * i] = text;
         held[2 * i + 1] = title;
+        used += text_len;
         d->text = text;
         d->text_len = text_len;
         if (!d->title) {

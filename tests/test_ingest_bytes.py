@@ -162,6 +162,7 @@ def test_request_limits_and_shape(daemon):
     assert "no name" in err({"bytes": b"text"})[1]
     assert "both text and bytes" in err({"name": "a", "bytes": b"x", "text": "x"})[1]
     assert "goes with bytes" in err({"id": "a", "name": "a", "text": "x"})[1]
+    assert "NUL" in err({"name": "a\0b", "bytes": b"x"})[1]
     assert "a query's documents are text" in err({"name": "a", "bytes": b"x"}, op="query")[1]
     code, msg = err({"name": "empty.txt", "bytes": b""})
     assert code == "bad_request" and "empty text" in msg, msg
@@ -188,10 +189,13 @@ def test_python_client_ingest_files(daemon, tmp_path):
 
 
 def hanging_helper(tmp_path):
-    """A stand-in for diffrag-extract that starts a child and never answers."""
+    """A stand-in for diffrag-extract (argv: --name NAME --max-output N -): for a file named
+    hang*, it starts a child and never answers; for others it waits a second, then runs the
+    real one."""
     script = tmp_path / "hang.sh"
-    script.write_text("#!/bin/sh\necho $$ > %s/helper.pid\nsleep 300 &\necho $! > %s/child.pid\n"
-                      "wait\n" % (tmp_path, tmp_path))
+    script.write_text('#!/bin/sh\ncase "$2" in\nhang*)\n  echo $$ > %s/helper.pid\n'
+                      '  sleep 300 &\n  echo $! > %s/child.pid\n  wait;;\n'
+                      '*) sleep 1; exec %s "$@";;\nesac\n' % (tmp_path, tmp_path, EXTRACT))
     script.chmod(0o755)
     return script
 
@@ -216,7 +220,7 @@ def test_hanging_helper_is_stopped(tmp_path):
         slow = d.client()
         t0 = time.time()
         slow.send({"v": 1, "op": "ingest", "collection": "h", "id": 1,
-                   "docs": [{"name": "page.html", "bytes": HTML.encode()}]})
+                   "docs": [{"name": "hang.html", "bytes": HTML.encode()}]})
         # the other I/O thread and the broker go on meanwhile
         time.sleep(0.3)
         t1 = time.time()
@@ -226,13 +230,24 @@ def test_hanging_helper_is_stopped(tmp_path):
         r = slow.recv(timeout=30)
         took = time.time() - t0
         assert not r["ok"] and r["error"]["code"] == "bad_request", r
-        assert r["error"]["message"] == ('document 0 ("page.html"): an HTML: extracting its text '
+        assert r["error"]["message"] == ('document 0 ("hang.html"): an HTML: extracting its text '
                                          'took over 1500 ms (extract_timeout_ms); stopped'), r
         assert 1.4 < took < 10, took
         # the helper and its child were killed with their process group
         for f in ("helper.pid", "child.pid"):
             assert gone(int((tmp_path / f).read_text())), f
-        assert get(d, "page.html", "h")["error"]["code"] == "not_found"
+        assert get(d, "hang.html", "h")["error"]["code"] == "not_found"
+        # extract_timeout_ms holds for a request's files together: the first takes a second,
+        # the second gets what is left
+        if EXTRACT.exists():
+            r = ingest(d, [{"name": "a.html", "bytes": HTML.encode()},
+                           {"name": "b.html", "bytes": HTML.encode()}], coll="h")
+            assert not r["ok"], r
+            msg = r["error"]["message"]
+            assert msg.startswith('document 1 ("b.html"): an HTML: extracting its text took over '
+                                  'the ') and "left of the request's 1500 ms" in msg, msg
+            r = ingest(d, [{"name": "a.html", "bytes": HTML.encode()}], coll="h")
+            assert r["ok"], r
         _, m = d.client().call(query("What did the harbour handle?", collection="t",
                                      temperature=0), timeout=120)
         assert m["ok"], m
