@@ -43,7 +43,7 @@ $(BUILD)/examples/ask_folder: $(BUILD)/examples/ask_folder.o $(LIB_CLIENT)
 # diffrag-extract: PDF, DOCX and HTML to Markdown for the ingest (docs/cli.md), in a process of
 # its own under rlimits and a seccomp filter. It links gumbo, libzip, libxml2 and libseccomp;
 # PDF text comes from poppler's pdftotext, run as a program, never linked.
-EXTRACT_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard clients/extract/*.c) clients/ingest/docformat.c)
+EXTRACT_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard clients/extract/*.c) text/docformat.c)
 $(BUILD)/clients/extract/docx.o: CFLAGS += $(shell pkg-config --cflags libxml-2.0)
 BINS += $(BUILD)/diffrag-extract
 $(BUILD)/diffrag-extract: $(EXTRACT_OBJS)

@@ -314,6 +314,7 @@ static void admit(struct Broker *b, struct Request *r)
     }
     r->chunk_tokens = cfg->chunk_tokens;
     r->chunk_overlap = cfg->chunk_overlap;
+    r->extract_timeout_ms = cfg->extract_timeout_ms;
     r->deadline = r->p.deadline_ms ? r->t_recv + (double)r->p.deadline_ms : 0;
     r->state = RS_PREP_WAIT;
     live_link(b, r);

@@ -42,6 +42,9 @@ struct Config {
     long max_queue;
     size_t max_message_bytes;
     long max_docs;
+    size_t max_file_bytes;                       /* an ingest document's file bytes */
+    char extract_helper[CONFIG_STR_MAX];         /* "": beside diffragd, else on PATH */
+    long extract_timeout_ms;                     /* one file's extraction */
     size_t max_question_bytes;
     size_t max_turn_bytes;                       /* a query's system text; each history turn */
     long max_context_tokens, max_tokens, default_max_tokens;

@@ -95,6 +95,15 @@ const struct Key config_keys[] = {
       "largest request accepted (bigger: too_large; over 4x: the connection is dropped)" },
     { "max_docs", K_LONG, F(max_docs), "256", 1, 1000000, 1,
       "documents (or ids) per request, inline or ingested" },
+    { "max_file_bytes", K_SIZE, F(max_file_bytes), "64MiB", 1, 1073741824.0, 1,
+      "largest file an ingest document may carry as bytes (its request must fit "
+      "max_message_bytes too)" },
+    { "extract_helper", K_STR, F(extract_helper), "", 0, 0, 0,
+      "diffrag-extract, which turns the PDF, DOCX and HTML files of an ingest into text; "
+      "empty: the one beside diffragd, else diffrag-extract on PATH" },
+    { "extract_timeout_ms", K_LONG, F(extract_timeout_ms), "60000", 100, 3600000, 1,
+      "wall-clock limit of the extraction of an ingest request's files, together, in "
+      "milliseconds (the helper is killed after)" },
     { "max_question_bytes", K_SIZE, F(max_question_bytes), "4096", 1, 1048576, 1,
       "longest question in bytes" },
     { "max_turn_bytes", K_SIZE, F(max_turn_bytes), "1MiB", 1, 1073741824.0, 0,

@@ -347,7 +347,9 @@ static int run_daemon(struct Config *c, int argc, char **argv)
         dlog(LL_ERROR, "msg=\"out of memory\"");
         goto out;
     }
-    struct PrepShared shared = { .store = store, .data_dir = c->data_dir };
+    struct PrepShared shared = { .store = store, .data_dir = c->data_dir,
+                                 .max_doc_bytes = so.max_doc_bytes,
+                                 .extract_helper = c->extract_helper };
     tokcount_model_counter(tcm, &shared.tc);
     if (metrics_new(DIFFRAGD_VERSION, c->device, served.name, served.architecture,
                     served.quantization, &metrics)) {

@@ -19,6 +19,8 @@ struct PrepShared {
     struct Store *store;          /* shared by the threads (LMDB: many readers, one writer) */
     const char *data_dir;         /* the store's directory, to explain failed writes */
     struct TokenCounter tc;       /* the model's tokenizer; thread-safe */
+    size_t max_doc_bytes;         /* the store's largest document text */
+    const char *extract_helper;   /* diffrag-extract as configured; "": the default */
 };
 
 struct PrepPool;

@@ -284,7 +284,9 @@ static int decode_docs(struct ProtoDec *d, int need_ids)
         if (m.type != MP_MAP)
             FAIL(d, EC_BAD_REQUEST, "docs[%u] must be a map, not %s", i, mp_type_name(m.type));
         struct StoreDoc *sd = &p->docs[i];
-        int have_text = 0, have_id = 0, have_title = 0, have_meta = 0;
+        struct Slice name = { NULL, 0 };
+        int have_text = 0, have_id = 0, have_title = 0, have_meta = 0, have_bytes = 0,
+            have_name = 0;
         for (uint32_t f = 0; f < m.v.n; f++) {
             struct MpObj k, v;
             mp_next(&c, &k);
@@ -319,6 +321,31 @@ static int decode_docs(struct ProtoDec *d, int need_ids)
                     return -1;
                 sd->title = s.p;
                 sd->title_len = s.len;
+            } else if (k.len == 5 && !memcmp(k.s, "bytes", 5)) {
+                if (!need_ids)
+                    FAIL(d, EC_BAD_REQUEST, "docs[%u].bytes: a query's documents are text; "
+                         "ingest a file's bytes, then query the collection", i);
+                if (have_bytes++)
+                    FAIL(d, EC_BAD_REQUEST, "docs[%u].bytes appears twice", i);
+                if (v.type != MP_BIN)
+                    FAIL(d, EC_BAD_REQUEST, "docs[%u].bytes must be binary (msgpack bin), not %s",
+                         i, mp_type_name(v.type));
+                if (v.len > d->cfg->max_file_bytes)
+                    FAIL(d, EC_TOO_LARGE, "docs[%u].bytes is %u bytes; the limit is %zu "
+                         "(max_file_bytes)", i, v.len, d->cfg->max_file_bytes);
+                if (!p->files && !(p->files = calloc(o.v.n, sizeof *p->files)))
+                    FAIL(d, EC_INTERNAL, "out of memory");
+                p->files[i].bytes = (const uint8_t *)v.s;
+                p->files[i].len = v.len;
+            } else if (k.len == 4 && !memcmp(k.s, "name", 4)) {
+                snprintf(what, sizeof what, "docs[%u].name", i);
+                if (have_name++)
+                    FAIL(d, EC_BAD_REQUEST, "%s appears twice", what);
+                if (check_str(d, what, &v, 1, INDEX_MAX_ID_BYTES, EC_BAD_REQUEST, &s))
+                    return -1;
+                if (memchr(s.p, 0, s.len))
+                    FAIL(d, EC_BAD_REQUEST, "%s holds a NUL byte", what);
+                name = s;
             } else if (k.len == 4 && !memcmp(k.s, "meta", 4)) {
                 if (have_meta++)
                     FAIL(d, EC_BAD_REQUEST, "docs[%u].meta appears twice", i);
@@ -335,8 +362,22 @@ static int decode_docs(struct ProtoDec *d, int need_ids)
             if (v.type == MP_ARRAY || v.type == MP_MAP)
                 mp_skip_body(&c, &v);
         }
-        if (!have_text)
-            FAIL(d, EC_BAD_REQUEST, "docs[%u] has no text", i);
+        if (have_text && have_bytes)
+            FAIL(d, EC_BAD_REQUEST, "docs[%u] has both text and bytes; give one", i);
+        if (have_name && !have_bytes)
+            FAIL(d, EC_BAD_REQUEST, "docs[%u].name names a file: it goes with bytes", i);
+        if (!have_text && !have_bytes)
+            FAIL(d, EC_BAD_REQUEST, "docs[%u] has no text%s", i, need_ids ? " (or bytes)" : "");
+        if (have_bytes) {
+            if (!have_name)
+                FAIL(d, EC_BAD_REQUEST, "docs[%u] has bytes but no name (the file's name)", i);
+            p->files[i].name = name;
+            if (!have_id) {
+                sd->id = name.p;
+                sd->id_len = name.len;
+                have_id = 1;
+            }
+        }
         if (!have_id) {
             if (need_ids)
                 FAIL(d, EC_BAD_REQUEST, "docs[%u] has no id (ingest needs one per document)", i);
@@ -698,10 +739,12 @@ void proto_params_free(struct RequestParams *p)
 {
     free(p->docs);
     free(p->auto_ids);
+    free(p->files);
     free(p->ids);
     free(p->history);
     p->docs = NULL;
     p->auto_ids = NULL;
+    p->files = NULL;
     p->ids = NULL;
     p->history = NULL;
     p->n_docs = p->n_ids = p->n_history = 0;

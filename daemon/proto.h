@@ -33,8 +33,12 @@ const char *ec_name(enum ErrCode c);   /* "ok", "bad_request", ... */
 
 struct Slice { const char *p; size_t len; };
 
+/* An ingest document given as a file: its bytes (msgpack bin) and its name, borrowed from the
+ * message; the stage extracts its text (daemon/extract.h). bytes NULL: a text document. */
+struct DocFile { const uint8_t *bytes; size_t len; struct Slice name; };
+
 /* A decoded request. Every pointer borrows the message buffer given to proto_decode, except
- * the arrays docs, ids, auto_ids and history, which proto_params_free releases (the turns'
+ * the arrays docs, files, ids, auto_ids and history, which proto_params_free releases (the turns'
  * texts borrow the buffer too). */
 struct RequestParams {
     enum Op op;
@@ -42,6 +46,8 @@ struct RequestParams {
     struct Slice question;
     struct StoreDoc *docs; size_t n_docs;       /* query: inline; ingest: to store */
     char (*auto_ids)[16];                       /* ids given to inline docs without one */
+    struct DocFile *files;                      /* ingest: per document; NULL: no document
+                                                   of the batch carries bytes */
     struct Slice collection;                    /* len 0: none; drop: the one to remove */
     struct Slice *ids; size_t n_ids;            /* query filter, delete list */
     struct Slice doc_id;                        /* get */

@@ -39,6 +39,7 @@ struct Request {
     enum ReqState state;
     /* copied from the configuration at admission, so a reload cannot race the I/O thread */
     long chunk_tokens, chunk_overlap;
+    long extract_timeout_ms;
     /* times (ms, monotonic) */
     double t_recv, t_dispatch, deadline;
     /* filled by the I/O thread */

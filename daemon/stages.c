@@ -8,12 +8,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
+#include "daemon/extract.h"
 #include "daemon/log.h"
+#include "daemon/zutil.h"
 #include "retriever/bm25.h"
 #include "retriever/memindex.h"
 #include "retriever/planner.h"
 #include "retriever/status.h"
+#include "text/docformat.h"
+#include "text/utf8.h"
 
 static enum ErrCode ret_code(int st)
 {
@@ -299,8 +304,117 @@ static void coll_counts(const struct PrepShared *sh, const char *coll, struct Mp
     mpw_kv_uint(w, "chunks", cs.n_chunks);
 }
 
+/* The title of a text file: a Markdown file's first "# " heading, else the name without its
+ * folders and extension. Borrows name or text (the message's, which outlive the write). */
+static struct Slice text_title(const char *name, size_t name_len, const char *text, size_t len)
+{
+    const char *dot = memrchr(name, '.', name_len);
+    size_t ext = dot ? name_len - (size_t)(dot - name) : 0;
+    if ((ext == 3 && !strncasecmp(dot, ".md", 3)) || (ext == 9 && !strncasecmp(dot, ".markdown", 9)))
+        for (size_t i = 0; i + 2 <= len; i++)
+            if ((i == 0 || text[i - 1] == '\n') && text[i] == '#' && text[i + 1] == ' ') {
+                const char *h = text + i + 2, *end = memchr(h, '\n', len - i - 2);
+                size_t hl = end ? (size_t)(end - h) : len - i - 2;
+                while (hl && (h[hl - 1] == '\r' || h[hl - 1] == ' '))
+                    hl--;
+                if (hl)
+                    return (struct Slice){ h, utf8_cut(h, hl, INDEX_MAX_TITLE_BYTES) };
+            }
+    const char *slash = memrchr(name, '/', name_len);
+    const char *base = slash ? slash + 1 : name;
+    size_t bl = name_len - (size_t)(base - name);
+    if (dot && dot > base)
+        bl = (size_t)(dot - base);
+    return (struct Slice){ base, utf8_cut(base, bl, INDEX_MAX_TITLE_BYTES) };
+}
+
+/* The documents given as files (bytes and a name): text files stored as they are (the store
+ * checks them as it checks any text), PDF, DOCX and HTML files (by content, or by a .pdf,
+ * .docx or .html name for the helper to judge) through diffrag-extract. The texts and titles
+ * made are added to held[] (freed by the caller). 0; or -1 with the error set, naming the
+ * document: the batch is then refused whole, as a batch with an invalid document is. */
+static int ingest_files(const struct PrepShared *sh, struct Request *r, char **held)
+{
+    /* the batch's files together: at most the store's document limit of text and
+     * extract_timeout_ms of wall clock, so one request holds neither memory nor an I/O thread
+     * without bound */
+    struct DextractOpts o = { sh->extract_helper, 0, 0, r->extract_timeout_ms };
+    size_t used = 0;
+    double end = 0; /* set at the first extraction */
+    for (size_t i = 0; i < r->p.n_docs && r->p.files; i++) {
+        const struct DocFile *f = &r->p.files[i];
+        struct StoreDoc *d = &r->p.docs[i];
+        if (!f->bytes)
+            continue;
+        char name[INDEX_MAX_ID_BYTES + 1];
+        memcpy(name, f->name.p, f->name.len);
+        name[f->name.len] = 0;
+        enum DocFormat fmt = docformat_sniff(f->bytes, f->len), by_name = docformat_of_name(name);
+        if (fmt == DOCFMT_TEXT && by_name == DOCFMT_TEXT) {
+            d->text = (const char *)f->bytes;
+            d->text_len = f->len;
+            if (!d->title) {
+                struct Slice t = text_title(f->name.p, f->name.len, d->text, d->text_len);
+                d->title = t.p;
+                d->title_len = t.len;
+            }
+            continue;
+        }
+        enum DocFormat what = fmt != DOCFMT_TEXT ? fmt : by_name;
+        char *title = NULL, *text = NULL, why[768];
+        size_t text_len = 0;
+        enum DextractFail st = DEXTRACT_EDOC;
+        o.max_text = sh->max_doc_bytes - used;
+        /* the first file extracted gets the whole of it; one after others what they left */
+        if (end == 0) {
+            end = zu_now_ms() + (double)r->extract_timeout_ms;
+            o.timeout_ms = r->extract_timeout_ms;
+        } else {
+            o.timeout_ms = (long)(end - zu_now_ms());
+        }
+        if (used >= sh->max_doc_bytes)
+            snprintf(why, sizeof why, "the text of the request's files before it reached %.1f "
+                     "MiB, the most a request's files may have together; send it in another "
+                     "request", sh->max_doc_bytes / 1048576.0);
+        else if (o.timeout_ms <= 0)
+            snprintf(why, sizeof why, "the request's files before it took its %ld ms "
+                     "(extract_timeout_ms, for its files together); send it in another request",
+                     o.limit_ms);
+        else
+            st = dextract_run(&o, f->bytes, f->len, name, &title, &text, &text_len, why,
+                              sizeof why);
+        if (st != DEXTRACT_OK) {
+            r->code = st == DEXTRACT_EDOC ? EC_BAD_REQUEST : EC_INTERNAL;
+            snprintf(r->message, sizeof r->message, "document %zu (\"%.100s\"): %s %s: %.300s", i, name,
+                     what == DOCFMT_HTML ? "an" : "a", docformat_name(what), why);
+            if (st != DEXTRACT_EDOC)
+                dlog(LL_ERROR, "msg=\"cannot extract a document\" error=\"%s\"", why);
+            return -1;
+        }
+        held[2 * i] = text;
+        held[2 * i + 1] = title;
+        used += text_len;
+        d->text = text;
+        d->text_len = text_len;
+        if (!d->title) {
+            d->title = title;
+            d->title_len = utf8_cut(title, strlen(title), INDEX_MAX_TITLE_BYTES);
+        }
+    }
+    return 0;
+}
+
 void stage_ingest(const struct PrepShared *sh, struct Request *r)
 {
+    char **held = NULL;
+    if (r->p.files) {
+        if (!(held = calloc(2 * r->p.n_docs, sizeof *held))) {
+            fail(sh, r, RET_ENOMEM, "out of memory");
+            return;
+        }
+        if (ingest_files(sh, r, held))
+            goto done;
+    }
     char coll[INDEX_MAX_COLLECTION_BYTES + 1], err[512];
     coll_name(r, coll);
     struct IndexOptions io;
@@ -315,7 +429,7 @@ void stage_ingest(const struct PrepShared *sh, struct Request *r)
                                    err, sizeof err);
     if (st) {
         fail_write(sh, r, st, err);
-        return;
+        goto done;
     }
     mpw_kv_str(&r->reply, "collection", coll, strlen(coll));
     mpw_kv_uint(&r->reply, "ingested", r->p.n_docs);
@@ -325,6 +439,19 @@ void stage_ingest(const struct PrepShared *sh, struct Request *r)
     mpw_kv_uint(&r->reply, "unchanged", rep.unchanged);
     coll_counts(sh, coll, &r->reply);
     r->reply_fields = 8;
+done:
+    if (held) {
+        /* the documents no longer point at what is freed */
+        for (size_t i = 0; i < r->p.n_docs; i++)
+            if (held[2 * i]) {
+                if (r->p.docs[i].title == held[2 * i + 1])
+                    r->p.docs[i].title = NULL, r->p.docs[i].title_len = 0;
+                r->p.docs[i].text = NULL, r->p.docs[i].text_len = 0;
+            }
+        for (size_t i = 0; i < 2 * r->p.n_docs; i++)
+            free(held[i]);
+        free(held);
+    }
 }
 
 void stage_delete(const struct PrepShared *sh, struct Request *r)

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "clients/extract/extract.h"
-#include "clients/ingest/docformat.h"
+#include "text/docformat.h"
 
 #define PROG "diffrag-extract"
 

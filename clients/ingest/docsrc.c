@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "clients/ingest/docformat.h"
+#include "text/docformat.h"
 #include "clients/ingest/docsrc.h"
 #include "clients/ingest/extract_run.h"
 #include "text/errmsg.h"

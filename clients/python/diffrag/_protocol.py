@@ -3,6 +3,7 @@
 results, socket options (CurveZMQ included) and the reading of connection events."""
 from __future__ import annotations
 
+import os
 import re
 import socket
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
@@ -38,12 +39,34 @@ def _doc(d: DocLike, i: int, need_id: bool, with_meta: bool) -> Dict[str, Any]:
         return {"text": d}
     if not isinstance(d, Mapping):
         raise TypeError(f"docs[{i}]: expected a str or a mapping, not {type(d).__name__}")
+    if need_id and d.get("bytes") is not None:
+        # a file's content: the daemon finds its format and extracts PDF, DOCX and HTML
+        if d.get("text") is not None:
+            raise ValueError(f"docs[{i}] has both text and bytes; give one")
+        if not isinstance(d["bytes"], (bytes, bytearray, memoryview)):
+            raise TypeError(f"docs[{i}].bytes must be bytes, not {type(d['bytes']).__name__}")
+        if not isinstance(d.get("name"), str) or not d["name"]:
+            raise ValueError(f"docs[{i}] has bytes but no name (the file's name)")
+        out = {k: d[k] for k in ("id", "title", "meta", "name") if d.get(k) is not None}
+        out["bytes"] = bytes(d["bytes"])
+        return out
     if not isinstance(d.get("text"), str):
-        raise ValueError(f"docs[{i}] has no text")
+        raise ValueError(f"docs[{i}] has no text" + (" (or bytes and a name)" if need_id else ""))
     if need_id and not isinstance(d.get("id"), str):
         raise ValueError(f"docs[{i}] has no id")
     keys = ("id", "title", "text", "meta") if with_meta else ("id", "title", "text")
     return {k: d[k] for k in keys if d.get(k) is not None}
+
+
+def file_docs(paths: Iterable[Any]) -> List[Dict[str, Any]]:
+    """Documents of files' bytes, each named by its file name (its id too)."""
+    docs = []
+    for p in paths:
+        path = os.fspath(p)
+        with open(path, "rb") as f:
+            data = f.read()
+        docs.append({"name": os.path.basename(path) or path, "bytes": data})
+    return docs
 
 
 def query_request(rid: Any, question: str, *, collection: Optional[str],

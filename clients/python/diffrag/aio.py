@@ -260,6 +260,9 @@ class AsyncClient:
         m = await self._call(P.ingest_request(self._next_id(), collection, docs))
         return P.parse_ingest(m, collection)
 
+    async def ingest_files(self, collection: str, paths: Iterable[Any]) -> IngestResult:
+        return await self.ingest(collection, P.file_docs(paths))
+
     async def delete(self, collection: str, ids: Sequence[str]) -> DeleteResult:
         if isinstance(ids, str):
             ids = [ids]

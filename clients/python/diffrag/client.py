@@ -281,10 +281,17 @@ class Client:
         return P.parse_cancel(self._call(P.request("cancel", self._next_id(), target=target)))
 
     def ingest(self, collection: str, docs: Iterable[Mapping[str, Any]]) -> IngestResult:
-        """Stores documents ({"id", "text", "title"?, "meta"?}) in ``collection``, created on
-        first use; an existing id is replaced. Returns after the durable commit."""
+        """Stores documents ({"id", "text", "title"?, "meta"?}, or a file's content as
+        {"name", "bytes", "id"?, "title"?, "meta"?}: the daemon extracts PDF, DOCX and HTML) in
+        ``collection``, created on first use; an existing id is replaced. Returns after the
+        durable commit."""
         m = self._call(P.ingest_request(self._next_id(), collection, docs))
         return P.parse_ingest(m, collection)
+
+    def ingest_files(self, collection: str, paths: Iterable[Any]) -> IngestResult:
+        """Sends the files' bytes to be stored, each with its file name as name and id (the
+        daemon extracts PDF, DOCX and HTML; docs/protocol.md#ingest)."""
+        return self.ingest(collection, P.file_docs(paths))
 
     def delete(self, collection: str, ids: Sequence[str]) -> DeleteResult:
         """Removes documents by id (ids not present are skipped)."""

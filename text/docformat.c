@@ -1,6 +1,6 @@
 /* Format detection by content (docformat.h): magic bytes for PDF and zip, the opening tag for
  * HTML; and the extensions a folder walk takes for those formats. */
-#include "clients/ingest/docformat.h"
+#include "text/docformat.h"
 
 #include <string.h>
 #include <strings.h>

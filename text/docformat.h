@@ -1,8 +1,9 @@
 /* What a file holds, by its first bytes: PDF, a zip archive (a DOCX document when it holds
  * word/document.xml: diffrag-extract looks), HTML, or anything else (text). Shared by the ingest
- * (which files go through diffrag-extract) and by diffrag-extract itself. */
-#ifndef DIFFRAG_DOCFORMAT_H
-#define DIFFRAG_DOCFORMAT_H
+ * (which files go through diffrag-extract), by diffrag-extract itself and by the daemon's ingest
+ * of a file's bytes. A pure function of the bytes. */
+#ifndef DIFFRAG_TEXT_DOCFORMAT_H
+#define DIFFRAG_TEXT_DOCFORMAT_H
 
 #include <stddef.h>
 

@@ -1,0 +1,286 @@
+/* Running diffrag-extract from the daemon (extract.h): the helper's path, a memory file with
+ * the bytes as its stdin, posix_spawn into a process group of its own with default signals,
+ * its stdout and stderr read within the limits until the deadline, then the group killed and
+ * the child reaped; and its exit status turned into a reason. */
+#include "daemon/extract.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+/* diffrag-extract's exit statuses (docs/cli.md) */
+enum { HX_BAD = 1, HX_USAGE = 2, HX_TOOL = 3, HX_LIMIT = 4, HX_NOMEM = 5 };
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* The configured helper, else the one beside the running program when it is there, else the
+ * bare name (PATH). */
+static void helper_path(const char *cfg, char *out, size_t cap)
+{
+    if (cfg && cfg[0]) {
+        snprintf(out, cap, "%s", cfg);
+        return;
+    }
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            if ((size_t)snprintf(out, cap, "%s/" DEXTRACT_PROGRAM, exe) < cap &&
+                access(out, X_OK) == 0)
+                return;
+        }
+    }
+    snprintf(out, cap, DEXTRACT_PROGRAM);
+}
+
+/* The helper's reason: the last line of its stderr, without "diffrag-extract: -: ". */
+static void reason(const char *errtext, char *err, size_t errlen)
+{
+    const char *line = errtext, *p = errtext;
+    while (*p) {
+        const char *nl = strchr(p, '\n');
+        if (p[0] && p[0] != '\n')
+            line = p;
+        if (!nl)
+            break;
+        p = nl + 1;
+    }
+    size_t l = strcspn(line, "\n");
+    static const char prefix[] = DEXTRACT_PROGRAM ": -: ";
+    if (l >= sizeof prefix - 1 && !strncmp(line, prefix, sizeof prefix - 1)) {
+        line += sizeof prefix - 1;
+        l -= sizeof prefix - 1;
+    }
+    snprintf(err, errlen, "%.*s", (int)l, l ? line : "no reason given");
+}
+
+static int write_all(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n) {
+        ssize_t w = write(fd, c, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        c += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* The child: stdin the memory file, stdout and stderr the pipes, nothing else open, its own
+ * process group, no signal blocked or ignored. 0 with *pid, or an errno. */
+static int spawn(const char *helper, char *const argv[], int in, int out, int errfd, pid_t *pid)
+{
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t at;
+    if (posix_spawn_file_actions_init(&fa))
+        return ENOMEM;
+    if (posix_spawnattr_init(&at)) {
+        posix_spawn_file_actions_destroy(&fa);
+        return ENOMEM;
+    }
+    sigset_t none, def;
+    sigemptyset(&none);
+    sigemptyset(&def);
+    int sigs[] = { SIGPIPE, SIGCHLD, SIGHUP, SIGINT, SIGTERM, SIGQUIT, SIGXCPU, SIGXFSZ, SIGUSR1,
+                   SIGUSR2 };
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        sigaddset(&def, sigs[i]);
+    int rc = posix_spawn_file_actions_adddup2(&fa, in, 0) ||
+             posix_spawn_file_actions_adddup2(&fa, out, 1) ||
+             posix_spawn_file_actions_adddup2(&fa, errfd, 2) ||
+             posix_spawn_file_actions_addclosefrom_np(&fa, 3) ||
+             posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
+                                               POSIX_SPAWN_SETSIGDEF) ||
+             posix_spawnattr_setpgroup(&at, 0) || posix_spawnattr_setsigmask(&at, &none) ||
+             posix_spawnattr_setsigdefault(&at, &def)
+                 ? ENOMEM
+                 : posix_spawnp(pid, helper, &fa, &at, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    return rc;
+}
+
+enum DextractFail dextract_run(const struct DextractOpts *o, const void *bytes, size_t len,
+                               const char *name, char **title, char **text, size_t *text_len,
+                               char *err, size_t errlen)
+{
+    char helper[PATH_MAX + 32], max_arg[32];
+    helper_path(o->helper, helper, sizeof helper);
+    snprintf(max_arg, sizeof max_arg, "%zu", o->max_text);
+    *title = *text = NULL;
+    *text_len = 0;
+    int mf = memfd_create("diffrag-ingest", MFD_CLOEXEC);
+    if (mf < 0 || write_all(mf, bytes, len) || lseek(mf, 0, SEEK_SET) != 0) {
+        int e = errno;
+        if (mf >= 0)
+            close(mf);
+        snprintf(err, errlen, "cannot hold the file for " DEXTRACT_PROGRAM ": %s", strerror(e));
+        return e == ENOMEM ? DEXTRACT_ENOMEM : DEXTRACT_EHELPER;
+    }
+    int po[2] = { -1, -1 }, pe[2] = { -1, -1 };
+    if (pipe2(po, O_CLOEXEC) || pipe2(pe, O_CLOEXEC)) {
+        snprintf(err, errlen, "cannot run " DEXTRACT_PROGRAM ": %s", strerror(errno));
+        for (int i = 0; i < 2; i++) {
+            if (po[i] >= 0) close(po[i]);
+            if (pe[i] >= 0) close(pe[i]);
+        }
+        close(mf);
+        return DEXTRACT_EHELPER;
+    }
+    char *argv[] = { helper, "--name", (char *)name, "--max-output", max_arg, "-", NULL };
+    pid_t pid = -1;
+    int se = spawn(helper, argv, mf, po[1], pe[1], &pid);
+    close(mf);
+    close(po[1]);
+    close(pe[1]);
+    if (se) {
+        close(po[0]);
+        close(pe[0]);
+        if (o->helper && o->helper[0])
+            snprintf(err, errlen, DEXTRACT_PROGRAM " (extract_helper = %s) cannot be run: %s",
+                     helper, strerror(se));
+        else
+            snprintf(err, errlen, DEXTRACT_PROGRAM " cannot be run (%s): install it beside "
+                     "diffragd or on PATH, or set extract_helper", strerror(se));
+        return se == ENOMEM ? DEXTRACT_ENOMEM : DEXTRACT_EHELPER;
+    }
+    char errtext[2048];
+    size_t elen = 0, cap = 0, n = 0, max = o->max_text + 65536 + PATH_MAX;
+    char *out = NULL;
+    int timed_out = 0, too_long = 0, oom = 0, open_fds = 2;
+    struct pollfd fds[2] = { { po[0], POLLIN, 0 }, { pe[0], POLLIN, 0 } };
+    double deadline = now_ms() + (double)o->timeout_ms;
+    while (open_fds && !too_long && !oom) {
+        double left = deadline - now_ms();
+        if (left <= 0) {
+            timed_out = 1;
+            break;
+        }
+        int k = poll(fds, 2, (int)left + 1);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            break;
+        for (int i = 0; i < 2; i++) {
+            if (fds[i].fd < 0 || !fds[i].revents)
+                continue;
+            char buf[65536];
+            ssize_t r = read(fds[i].fd, buf, sizeof buf);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0) {
+                close(fds[i].fd);
+                fds[i].fd = -1;
+                open_fds--;
+            } else if (i == 1) {
+                size_t take = (size_t)r < sizeof errtext - 1 - elen ? (size_t)r
+                                                                   : sizeof errtext - 1 - elen;
+                memcpy(errtext + elen, buf, take);
+                elen += take;
+            } else if (n + (size_t)r > max) {
+                too_long = 1;
+                break;
+            } else {
+                if (n + (size_t)r + 1 > cap) {
+                    size_t nc = cap ? cap : 65536;
+                    while (nc < n + (size_t)r + 1)
+                        nc *= 2;
+                    char *p = realloc(out, nc);
+                    if (!p) {
+                        oom = 1;
+                        break;
+                    }
+                    out = p;
+                    cap = nc;
+                }
+                memcpy(out + n, buf, (size_t)r);
+                n += (size_t)r;
+                out[n] = 0;
+            }
+        }
+    }
+    errtext[elen] = 0;
+    kill(-pid, SIGKILL); /* the helper and pdftotext, when anything is left */
+    for (int i = 0; i < 2; i++)
+        if (fds[i].fd >= 0)
+            close(fds[i].fd);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    kill(-pid, SIGKILL);
+    enum DextractFail rc = DEXTRACT_EDOC;
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    if (oom) {
+        rc = DEXTRACT_ENOMEM;
+        snprintf(err, errlen, "out of memory");
+    } else if (timed_out) {
+        if (o->limit_ms > o->timeout_ms)
+            snprintf(err, errlen, "extracting its text took over the %ld ms left of the "
+                     "request's %ld ms (extract_timeout_ms, for its files together); stopped",
+                     o->timeout_ms, o->limit_ms);
+        else
+            snprintf(err, errlen, "extracting its text took over %ld ms (extract_timeout_ms); "
+                     "stopped", o->timeout_ms);
+    } else if (too_long) {
+        snprintf(err, errlen, "its text is over %.1f MiB, the most a document may have",
+                 o->max_text / 1048576.0);
+    } else if (WIFSIGNALED(status) && WTERMSIG(status) == SIGXCPU) {
+        snprintf(err, errlen, "extracting its text ran out of processor time; stopped");
+    } else if (WIFSIGNALED(status)) {
+        snprintf(err, errlen, DEXTRACT_PROGRAM " crashed on it (%s): a damaged or hostile file?",
+                 strsignal(WTERMSIG(status)));
+    } else if (code == HX_BAD || code == HX_LIMIT) {
+        reason(errtext, err, errlen);
+    } else if (code != 0) {
+        char why[512];
+        reason(errtext, why, sizeof why);
+        rc = code == HX_NOMEM ? DEXTRACT_ENOMEM : DEXTRACT_EHELPER;
+        snprintf(err, errlen, DEXTRACT_PROGRAM " failed (exit status %d): %s", code, why);
+    } else if (n < 7 || strncmp(out, "title: ", 7) || !memchr(out, '\n', n)) {
+        rc = DEXTRACT_EHELPER;
+        snprintf(err, errlen, DEXTRACT_PROGRAM " wrote no \"title: \" line: a mismatched "
+                 "version?");
+    } else {
+        rc = DEXTRACT_OK;
+    }
+    if (rc != DEXTRACT_OK) {
+        free(out);
+        return rc;
+    }
+    char *nl = memchr(out, '\n', n);
+    size_t body = (size_t)(nl + 1 - out);
+    *title = strndup(out + 7, (size_t)(nl - out) - 7);
+    memmove(out, out + body, n - body + 1);
+    *text = out;
+    *text_len = n - body;
+    if (!*title) {
+        free(out);
+        *text = NULL;
+        snprintf(err, errlen, "out of memory");
+        return DEXTRACT_ENOMEM;
+    }
+    return DEXTRACT_OK;
+}
