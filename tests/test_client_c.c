@@ -1255,9 +1255,8 @@ static void test_quote(const char *endpoint, const char *question, int max_token
         return;
     }
     for (int i = 0; i < n_files; i++) {
-        const char *slash = strrchr(files[i], '/');
-        docs[i].id = files[i];                        /* as `diffrag ask -d FILE` names it */
-        docs[i].title = slash ? slash + 1 : files[i];
+        docs[i].id = files[i];                        /* as `diffrag ask -d FILE` sends it: */
+        docs[i].title = NULL;                         /* the path as its id, no title */
         docs[i].text = read_all(files[i], &docs[i].text_len);
         CHECK(docs[i].text && docs[i].text_len, "read %s", files[i]);
     }

@@ -33,9 +33,9 @@ def setup(tmp_path_factory):
     for name, text in TEXTS.items():
         (tmp / name).write_text(text)
         files.append(str(tmp / name))
-    # the documents as `diffrag ask -d FILE` sends them: the path as id, the name as title
-    docs = [{"id": f, "title": f.rsplit("/", 1)[1], "text": TEXTS[f.rsplit("/", 1)[1]]}
-            for f in files]
+    # the documents as `diffrag ask -d FILE` sends them: the path as id, no title (so that the
+    # same text through any interface makes the same prompt)
+    docs = [{"id": f, "text": TEXTS[f.rsplit("/", 1)[1]]} for f in files]
     with Daemon(tmp, DEFAULT_MODEL, workers=1) as d:
         yield d, files, docs
 
