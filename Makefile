@@ -163,6 +163,15 @@ eval-rag: all $(QWEN_FILE) venv
 	BUILD=$(BUILD) $(VENV_PATH) $(PYTHON) tools/eval-rag.py $(EVAL_ARGS)
 .PHONY: eval-rag
 
+# Hand-written questions over this project's docs/ (tests/data/docs-questions.jsonl): recall@1
+# and @5 of the right section through diffrag-store, then each question asked of diffragd with
+# the default model at its defaults, answers right and their grounding flags
+# (docs/evaluation.md; about 10 minutes on two cores). EVAL_ARGS=--no-answers: retrieval only;
+# --build DIR measures another build.
+eval-docs: all $(QWEN_FILE) venv
+	BUILD=$(BUILD) $(VENV_PATH) $(PYTHON) tools/eval-docs.py $(EVAL_ARGS)
+.PHONY: eval-docs
+
 clean:
 	rm -rf build
 
