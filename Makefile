@@ -121,6 +121,12 @@ bench-qwen: all $(QWEN_FILE) venv
 	$(VENV_PATH) $(PYTHON) bench/bench_llamacpp.py --models qwen --sizes 512,2048,8192 --once-from 8192 --kv f16
 	$(VENV_PATH) $(PYTHON) bench/bench_llamacpp.py --models qwen --sizes 32768 --no-decode --fa 1 --reps 1
 
+# diffrag-extract's MB/s and peak memory on generated HTML, DOCX and PDF files of 0.1, 1 and 8 MB
+# (docs/performance.md; about a minute). BENCH_ARGS=--sizes 0.1 --reps 3: a smoke run.
+bench-extract: all venv
+	BUILD=$(BUILD) $(VENV_PATH) $(PYTHON) bench/bench_extract.py $(BENCH_ARGS)
+.PHONY: bench-extract
+
 bench-grounding: all $(MODEL_FILE) $(QWEN_FILE) venv
 	$(VENV_PATH) $(PYTHON) bench/bench_grounding.py
 
