@@ -121,6 +121,12 @@ bench-qwen: all $(QWEN_FILE) venv
 	$(VENV_PATH) $(PYTHON) bench/bench_llamacpp.py --models qwen --sizes 512,2048,8192 --once-from 8192 --kv f16
 	$(VENV_PATH) $(PYTHON) bench/bench_llamacpp.py --models qwen --sizes 32768 --no-decode --fa 1 --reps 1
 
+# diffrag-extract's MB/s and peak memory on generated HTML, DOCX and PDF files of 0.1, 1 and 8 MB
+# (docs/performance.md; about a minute). BENCH_ARGS=--sizes 0.1 --reps 3: a smoke run.
+bench-extract: all venv
+	BUILD=$(BUILD) $(VENV_PATH) $(PYTHON) bench/bench_extract.py $(BENCH_ARGS)
+.PHONY: bench-extract
+
 bench-grounding: all $(MODEL_FILE) $(QWEN_FILE) venv
 	$(VENV_PATH) $(PYTHON) bench/bench_grounding.py
 
@@ -162,6 +168,15 @@ eval-longctx: all $(QWEN_FILE) venv
 eval-rag: all $(QWEN_FILE) venv
 	BUILD=$(BUILD) $(VENV_PATH) $(PYTHON) tools/eval-rag.py $(EVAL_ARGS)
 .PHONY: eval-rag
+
+# Hand-written questions over this project's docs/ (tests/data/docs-questions.jsonl): recall@1
+# and @5 of the right section through diffrag-store, then each question asked of diffragd with
+# the default model at its defaults, answers right and their grounding flags
+# (docs/evaluation.md; about 10 minutes on two cores). EVAL_ARGS=--no-answers: retrieval only;
+# --build DIR measures another build.
+eval-docs: all $(QWEN_FILE) venv
+	BUILD=$(BUILD) $(VENV_PATH) $(PYTHON) tools/eval-docs.py $(EVAL_ARGS)
+.PHONY: eval-docs
 
 clean:
 	rm -rf build

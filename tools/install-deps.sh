@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 DEBS="build-essential pkg-config libopenblas-dev liblmdb-dev libstemmer-dev libsqlite3-dev
       libzmq3-dev libmsgpack-dev libmicrohttpd-dev libsystemd-dev libjansson-dev libssl-dev prometheus systemd
-      libgumbo-dev libzip-dev libxml2-dev libseccomp-dev poppler-utils qpdf
+      libgumbo-dev libzip-dev libxml2-dev libseccomp-dev poppler-utils qpdf time
       clang libclang-rt-14-dev valgrind curl openssl python3 python3-pip python3-venv"
 
 missing=""
