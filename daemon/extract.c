@@ -30,50 +30,6 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-/* The configured helper, else the one beside the running program when it is there, else the
- * bare name (PATH). */
-static void helper_path(const char *cfg, char *out, size_t cap)
-{
-    if (cfg && cfg[0]) {
-        snprintf(out, cap, "%s", cfg);
-        return;
-    }
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = 0;
-        char *slash = strrchr(exe, '/');
-        if (slash) {
-            *slash = 0;
-            if ((size_t)snprintf(out, cap, "%s/" DEXTRACT_PROGRAM, exe) < cap &&
-                access(out, X_OK) == 0)
-                return;
-        }
-    }
-    snprintf(out, cap, DEXTRACT_PROGRAM);
-}
-
-/* The helper's reason: the last line of its stderr, without "diffrag-extract: -: ". */
-static void reason(const char *errtext, char *err, size_t errlen)
-{
-    const char *line = errtext, *p = errtext;
-    while (*p) {
-        const char *nl = strchr(p, '\n');
-        if (p[0] && p[0] != '\n')
-            line = p;
-        if (!nl)
-            break;
-        p = nl + 1;
-    }
-    size_t l = strcspn(line, "\n");
-    static const char prefix[] = DEXTRACT_PROGRAM ": -: ";
-    if (l >= sizeof prefix - 1 && !strncmp(line, prefix, sizeof prefix - 1)) {
-        line += sizeof prefix - 1;
-        l -= sizeof prefix - 1;
-    }
-    snprintf(err, errlen, "%.*s", (int)l, l ? line : "no reason given");
-}
-
 static int write_all(int fd, const void *p, size_t n)
 {
     const char *c = p;
@@ -128,7 +84,7 @@ enum DextractFail dextract_run(const struct DextractOpts *o, const void *bytes, 
                                char *err, size_t errlen)
 {
     char helper[PATH_MAX + 32], max_arg[32];
-    helper_path(o->helper, helper, sizeof helper);
+    docformat_helper_path(o->helper, helper, sizeof helper);
     snprintf(max_arg, sizeof max_arg, "%zu", o->max_text);
     *title = *text = NULL;
     *text_len = 0;
@@ -253,10 +209,10 @@ enum DextractFail dextract_run(const struct DextractOpts *o, const void *bytes, 
         snprintf(err, errlen, DEXTRACT_PROGRAM " crashed on it (%s): a damaged or hostile file?",
                  strsignal(WTERMSIG(status)));
     } else if (code == HX_BAD || code == HX_LIMIT) {
-        reason(errtext, err, errlen);
+        docformat_helper_reason(errtext, err, errlen);
     } else if (code != 0) {
         char why[512];
-        reason(errtext, why, sizeof why);
+        docformat_helper_reason(errtext, why, sizeof why);
         rc = code == HX_NOMEM ? DEXTRACT_ENOMEM : DEXTRACT_EHELPER;
         snprintf(err, errlen, DEXTRACT_PROGRAM " failed (exit status %d): %s", code, why);
     } else if (n < 7 || strncmp(out, "title: ", 7) || !memchr(out, '\n', n)) {

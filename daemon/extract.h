@@ -10,7 +10,9 @@
 
 #include <stddef.h>
 
-#define DEXTRACT_PROGRAM "diffrag-extract"
+#include "text/docformat.h"
+
+#define DEXTRACT_PROGRAM DOCFORMAT_HELPER
 
 /* Why an extraction failed: the document (damaged, unsupported, too large, too slow: the
  * client's to fix) or the daemon (the helper missing or not working, memory). */

@@ -2,8 +2,11 @@
  * HTML; and the extensions a folder walk takes for those formats. */
 #include "text/docformat.h"
 
+#include <limits.h>
+#include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 static int starts_ci(const unsigned char *p, size_t n, const char *lit)
 {
@@ -94,4 +97,45 @@ enum DocFormat docformat_of_name(const char *name)
 const char *docformat_name(enum DocFormat f)
 {
     return f == DOCFMT_PDF ? "PDF" : f == DOCFMT_ZIP ? "DOCX" : f == DOCFMT_HTML ? "HTML" : "text";
+}
+
+void docformat_helper_path(const char *configured, char *out, size_t cap)
+{
+    if (configured && configured[0]) {
+        snprintf(out, cap, "%s", configured);
+        return;
+    }
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            if ((size_t)snprintf(out, cap, "%s/" DOCFORMAT_HELPER, exe) < cap &&
+                access(out, X_OK) == 0)
+                return;
+        }
+    }
+    snprintf(out, cap, DOCFORMAT_HELPER);
+}
+
+void docformat_helper_reason(const char *errtext, char *err, size_t errlen)
+{
+    const char *line = errtext, *p = errtext;
+    while (*p) {
+        const char *nl = strchr(p, '\n');
+        if (p[0] && p[0] != '\n')
+            line = p;
+        if (!nl)
+            break;
+        p = nl + 1;
+    }
+    size_t l = strcspn(line, "\n");
+    static const char prefix[] = DOCFORMAT_HELPER ": -: ";
+    if (l >= sizeof prefix - 1 && !strncmp(line, prefix, sizeof prefix - 1)) {
+        line += sizeof prefix - 1;
+        l -= sizeof prefix - 1;
+    }
+    snprintf(err, errlen, "%.*s", (int)l, l ? line : "no reason given");
 }

@@ -25,4 +25,16 @@ enum DocFormat docformat_of_name(const char *name);
 /* "PDF", "DOCX", "HTML", "text". */
 const char *docformat_name(enum DocFormat f);
 
+/* The extraction helper (clients/extract), shared by the two that run it: the ingest commands
+ * and the daemon's ingest of a file's bytes. */
+#define DOCFORMAT_HELPER "diffrag-extract"
+
+/* Where to run the helper from: `configured` when given (non-empty), else the one beside the
+ * running program when it is there, else its bare name (found on PATH). */
+void docformat_helper_path(const char *configured, char *out, size_t cap);
+
+/* The helper's reason for a failure, from its stderr: the last line that is not empty, without
+ * its "diffrag-extract: -: " prefix ("no reason given" when there is none). */
+void docformat_helper_reason(const char *errtext, char *err, size_t errlen);
+
 #endif

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "clients/ingest/extract_run.h"
+#include "text/docformat.h"
 
 static double now_s(void)
 {
@@ -22,50 +23,11 @@ static double now_s(void)
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* The helper beside the running program when there is one there, else its bare name (PATH). */
-static void helper_path(char *out, size_t cap)
-{
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = 0;
-        char *slash = strrchr(exe, '/');
-        if (slash) {
-            *slash = 0;
-            if ((size_t)snprintf(out, cap, "%s/" EXTRACT_PROGRAM, exe) < cap &&
-                access(out, X_OK) == 0)
-                return;
-        }
-    }
-    snprintf(out, cap, EXTRACT_PROGRAM);
-}
-
-/* What went wrong, from the helper's stderr: its last line, without "diffrag-extract: -: ". */
-static void reason(const char *errtext, char *err, size_t errlen)
-{
-    const char *line = errtext, *p = errtext;
-    while (*p) {
-        const char *nl = strchr(p, '\n');
-        if (p[0] && p[0] != '\n')
-            line = p;
-        if (!nl)
-            break;
-        p = nl + 1;
-    }
-    size_t l = strcspn(line, "\n");
-    static const char prefix[] = EXTRACT_PROGRAM ": -: ";
-    if (l >= sizeof prefix - 1 && !strncmp(line, prefix, sizeof prefix - 1)) {
-        line += sizeof prefix - 1;
-        l -= sizeof prefix - 1;
-    }
-    snprintf(err, errlen, "%.*s", (int)l, l ? line : "no reason given");
-}
-
 int extract_run(int fd, const char *path, size_t max_text, double timeout_s, char **title,
                 char **text, size_t *text_len, int *oom, char *err, size_t errlen)
 {
     char helper[PATH_MAX + 32], max_arg[32];
-    helper_path(helper, sizeof helper);
+    docformat_helper_path(NULL, helper, sizeof helper);
     snprintf(max_arg, sizeof max_arg, "%zu", max_text);
     *oom = 0;
     *title = *text = NULL;
@@ -180,7 +142,7 @@ int extract_run(int fd, const char *path, size_t max_text, double timeout_s, cha
         snprintf(err, errlen, EXTRACT_PROGRAM " crashed on it (%s): a damaged or hostile file?",
                  strsignal(WTERMSIG(status)));
     else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-        reason(errtext, err, errlen);
+        docformat_helper_reason(errtext, err, errlen);
     else if (n < 7 || strncmp(out, "title: ", 7) || !memchr(out, '\n', n))
         snprintf(err, errlen, EXTRACT_PROGRAM " wrote no \"title: \" line: a mismatched version?");
     else

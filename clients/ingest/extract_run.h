@@ -6,8 +6,10 @@
 
 #include <stddef.h>
 
+#include "text/docformat.h"
+
 /* The helper's program name, looked for beside /proc/self/exe, then on PATH. */
-#define EXTRACT_PROGRAM "diffrag-extract"
+#define EXTRACT_PROGRAM DOCFORMAT_HELPER
 
 /* Extracts the open regular file fd (given to the helper as its stdin; `path` names it in
  * messages and gives the title when the document has none): at most max_text bytes of text,
