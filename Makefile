@@ -88,8 +88,8 @@ FUZZ_OBJS    := model/gguf model/model_ctx model/tokenizer model/tokenizer_encod
 # fuzz_request also links the daemon's decoder and op table (with the I/O stages it names),
 # msgpack reader/writer, configuration table and the grounding parsers the configuration
 # checks with.
-FUZZ_DAEMON_OBJS := daemon/proto daemon/ops daemon/stages daemon/mp daemon/wire daemon/config daemon/config_keys daemon/config_endpoint daemon/log daemon/grounding
-FUZZ_LINK_fuzz_request := $(patsubst %,$(FUZZ_BUILD)/%.o,$(FUZZ_DAEMON_OBJS)) -lmsgpackc -lcrypto
+FUZZ_DAEMON_OBJS := daemon/proto daemon/ops daemon/stages daemon/mp daemon/wire daemon/config daemon/config_keys daemon/config_endpoint daemon/log daemon/grounding daemon/extract daemon/zutil
+FUZZ_LINK_fuzz_request := $(patsubst %,$(FUZZ_BUILD)/%.o,$(FUZZ_DAEMON_OBJS)) -lmsgpackc -lcrypto -lzmq
 # fuzz_openai: the HTTP API's request reader, then the same decoder over what it wrote.
 FUZZ_DAEMON_OBJS += daemon/openai_req
 FUZZ_LINK_fuzz_openai := $(FUZZ_LINK_fuzz_request) $(FUZZ_BUILD)/daemon/openai_req.o

@@ -238,7 +238,8 @@ def test_records_outlive_a_restart_and_leave_with_their_documents(tmp_path, buil
     data = tmp_path / "data"
     keys = dict(workers=1, threads=2, max_context_tokens=2048, max_tokens=16, relevance_floor=0,
                 kv_reuse=1, kv_reuse_recompute=0.15, kv_reuse_full_chunks=0, data_dir=data)
-    # top_k places chunks; without it the four paragraphs fit and go in whole: both paths
+    # with top_k as without it, the one-chunk paragraphs are placed whole (every chunk of a
+    # document placed: the document whole)
     asks = [(q1, {"top_k": 100}), (q2, {})]
     (tmp_path / "a").mkdir()
     with Daemon(tmp_path / "a", default_model, **keys) as d:
@@ -256,7 +257,9 @@ def test_records_outlive_a_restart_and_leave_with_their_documents(tmp_path, buil
         again_q1 = ask_collection(d, [q1], top_k=100)[0]
         assert d.metric("diffrag_kv_reuse_chunks_total", result="hit") > hits
         assert (mdb.stat().st_mtime_ns, mdb.stat().st_size) == before
-        assert again_q1["answer"] == first[0]["answer"]
+        # (its answer need not be the first one's: q2 placed the same documents whole, in the
+        # same order, so this prompt's prefix comes from the prefix cache, blended for q2)
+        assert again_q1["answer"] and again_q1["usage"]["cached_tokens"] > 0, again_q1
         assert d.stop() == 0
         log_a = d.log_text()
     assert mdb.stat().st_mtime_ns != before[0]
