@@ -234,19 +234,30 @@ int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t que
         goto out_err;
     }
     /* Earlier turns, newest first, whole, within half of what the fixed part leaves: the
-     * documents keep at least the other half. */
+     * documents keep at least the other half. They follow the documents (see the layout in
+     * prompt.h): the first placed user turn is asked in the documents' own turn, so that a
+     * follow-up's prompt begins with the whole prompt of the question it follows. A user
+     * turn's cost counts one turn opening: the first has none of its own, but the question
+     * after the turns then needs one. */
     size_t turns_cap = (o->budget - fixed) / 2, turns_used = 0, first_turn = o->n_history;
+    size_t turn_cost[2] = { fr[P_USER].n + nqp + fr[P_CLOSE].n, fr[P_ASSISTANT].n + fr[P_CLOSE].n };
     for (size_t i = o->n_history; i-- > 0;) {
         const struct CtxTurn *t = &o->history[i];
         if ((st = piece_encode(tc, &turns[i], t->text, t->len, 0)))
             goto fail;
-        size_t cost = fr[t->assistant ? P_ASSISTANT : P_USER].n + turns[i].n + fr[P_CLOSE].n;
+        size_t cost = turn_cost[t->assistant] + turns[i].n;
         if (turns_used + cost > turns_cap) {
             piece_free(&turns[i]);
             break;
         }
         turns_used += cost;
         first_turn = i;
+    }
+    /* an answer whose question was left out is left out with it: the documents' turn asks */
+    while (first_turn < o->n_history && o->history[first_turn].assistant) {
+        turns_used -= turn_cost[1] + turns[first_turn].n;
+        piece_free(&turns[first_turn]);
+        first_turn++;
     }
     fixed += turns_used;
     size_t remaining = o->budget - fixed;
@@ -318,8 +329,8 @@ int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t que
         if (k != P_USER && k != P_ASSISTANT)
             n_text += fr[k].len;
     for (size_t i = first_turn; i < o->n_history; i++)
-        n_text += fr[o->history[i].assistant ? P_ASSISTANT : P_USER].len + turns[i].len +
-                  fr[P_CLOSE].len;
+        n_text += o->history[i].assistant ? fr[P_ASSISTANT].len + turns[i].len + fr[P_CLOSE].len
+                                          : fr[P_USER].len + strlen(qp) + turns[i].len + fr[P_CLOSE].len;
     size_t n_lead = 0;
     for (size_t i = 0; i < n_placed; i++) {
         if ((st = encode_lead(tc, &pl[i], &chunks[pl[i].rank])))
@@ -348,13 +359,6 @@ int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t que
 #define EMIT_PIECE(pc) EMIT((pc)->ids, (pc)->n, (pc)->text, (pc)->len)
     for (int k = P_HEAD; k <= P_CLOSE; k++)
         EMIT_PIECE(&fr[k]);
-    ctx->history.start = tk;
-    for (size_t i = first_turn; i < o->n_history; i++) {
-        EMIT_PIECE(&fr[o->history[i].assistant ? P_ASSISTANT : P_USER]);
-        EMIT_PIECE(&turns[i]);
-        EMIT_PIECE(&fr[P_CLOSE]);
-    }
-    ctx->history.end = tk;
     EMIT_PIECE(&fr[P_DOCS_HEAD]);
     ctx->documents.start = tk;
     for (size_t i = 0; i < n_placed; i++) {
@@ -400,6 +404,22 @@ int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t que
         EMIT(s_ids, ns, sep, strlen(sep));
     }
     ctx->documents.end = tk;
+    /* the earlier turns, the first in the documents' turn; then the question opens its own */
+    ctx->history.start = tk;
+    for (size_t i = first_turn; i < o->n_history; i++) {
+        if (o->history[i].assistant) {
+            EMIT_PIECE(&fr[P_ASSISTANT]);
+        } else {
+            if (i > first_turn)
+                EMIT_PIECE(&fr[P_USER]);
+            EMIT(qp_ids, nqp, qp, strlen(qp));
+        }
+        EMIT_PIECE(&turns[i]);
+        EMIT_PIECE(&fr[P_CLOSE]);
+    }
+    if (first_turn < o->n_history)
+        EMIT_PIECE(&fr[P_USER]);
+    ctx->history.end = tk;
     EMIT(qp_ids, nqp, qp, strlen(qp));
     ctx->question.start = tk;
     EMIT(q_ids, nq, question, question_len);

@@ -83,8 +83,9 @@ struct Context {
                                            alone (what a chunk's KV copy is made after) */
     struct CtxSpan question;            /* the question's tokens */
     struct CtxSpan documents;           /* tokens from the first label to the last separator */
-    struct CtxSpan history;             /* the placed earlier turns, frame included (empty:
-                                           none) */
+    struct CtxSpan history;             /* the placed earlier turns after the documents,
+                                           frame included, up to the question's "Question: "
+                                           (empty: none) */
     size_t n_offered, n_skipped;        /* chunks given; chunks that did not fit */
     size_t n_turns, n_turns_skipped;    /* earlier turns placed; given but left out (the
                                            oldest ones) */

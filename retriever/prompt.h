@@ -11,16 +11,23 @@
  * and, for the self-check after an answer, a closing of its turn and a second user turn
  * (prompt_check).
  *
- * A client's system text and earlier turns of a conversation go between the instruction and
- * the documents; the head is then laid out in its pieces, cut where a special token starts so
- * that, encoded apart, they give the head's own tokens:
+ * A client's system text goes after the instruction, and the earlier turns of a conversation
+ * after the documents: the first placed user turn is asked in the documents' turn, as its
+ * question was, so that a follow-up's prompt begins with the prompt of the question it
+ * follows (and takes it from the prefix cache). The head is then laid out in its pieces, cut
+ * where a special token starts so that, encoded apart, they give the head's own tokens:
  *
  *   <|im_start|>system\n INSTRUCTION                   (prompt_system_open)
  *   \n\n  SYSTEM TEXT                                   (prompt_system_separator, the client's)
  *   <|im_end|>\n                                        (prompt_turn_close)
- *   <|im_start|>user\n  CONTENT  <|im_end|>\n           (per earlier turn: prompt_turn_open,
- *   <|im_start|>assistant\n  CONTENT  <|im_end|>\n       the content, prompt_turn_close)
  *   <|im_start|>user\nDocuments:\n\n                    (prompt_documents_head)
+ *   [1] Title\n  CHUNK TEXT  \n\n                       (per chunk)
+ *   Question:  CONTENT  <|im_end|>\n                    (the first earlier user turn)
+ *   <|im_start|>assistant\n  CONTENT  <|im_end|>\n      (per later turn: prompt_turn_open,
+ *   <|im_start|>user\nQuestion:  CONTENT  <|im_end|>\n   the content, prompt_turn_close)
+ *   <|im_start|>user\nQuestion:  QUESTION  <|im_end|>\n<|im_start|>assistant\n
+ *
+ * Answers whose question was left out (the oldest turns, past the budget) are left out too.
  *
  * Only the frame pieces are encoded with special-token parsing; titles, chunks, the question,
  * the system text and the turns' contents never are, so text in them cannot forge a turn

@@ -174,3 +174,99 @@ def test_cli_and_openai_api_share_a_documents_prefix(tmp_path, default_model, sq
     doc_tokens = a["context"]["doc_tokens"]
     assert b["usage"]["prompt_tokens_details"]["cached_tokens"] >= doc_tokens, b["usage"]
     assert e["usage"]["cached_tokens"] >= doc_tokens, e["usage"]
+
+
+def _api(d, body):
+    import http.client
+    h = http.client.HTTPConnection("127.0.0.1", d.http_port, timeout=300)
+    h.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    r = h.getresponse()
+    assert r.status == 200
+    return json.loads(r.read())
+
+
+def _python_client(d):
+    import sys
+
+    from conftest import ROOT
+    sys.path.insert(0, str(ROOT / "clients" / "python"))
+    import diffrag
+    return diffrag.Client(d.endpoint, timeout=300)
+
+
+def test_one_prompt_through_all_four_interfaces(tmp_path, default_model, squad_dir):
+    """The same question over the same text through the CLI (`ask -d`), the msgpack protocol,
+    the Python client and the OpenAI API frames the same prompt: each request after the first
+    takes all of it but its last page from the prefix cache."""
+    import subprocess
+
+    from conftest import BUILD, ROOT
+    text = long_document(squad_dir, 4000)[:4000]
+    f = tmp_path / "article.txt"
+    f.write_text(text)
+    q = "Who ruled the region, and when?"
+    (tmp_path / "d").mkdir()
+    with Daemon(tmp_path / "d", default_model, workers=1, threads=2, max_context_tokens=4096,
+                max_tokens=4, relevance_floor=0) as d:
+        p = subprocess.run([str(BUILD / "diffrag"), "--endpoint", d.endpoint, "ask", "--json",
+                            "--max-tokens", "4", "-d", str(f), q],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        cli = json.loads(p.stdout)["usage"]
+        _, r = d.client().call(query(q, [{"text": text}], id=1, max_tokens=4), timeout=300)
+        assert r["ok"], r
+        raw = r["usage"]
+        with _python_client(d) as c:
+            a = c.query(q, docs=[text], max_tokens=4)
+        py = {"prompt_tokens": a.usage.prompt_tokens, "cached_tokens": a.usage.cached_tokens}
+        o = _api(d, {"model": "m", "max_tokens": 4, "diffrag": {"docs": [text]},
+                     "messages": [{"role": "user", "content": q}]})["usage"]
+        api = {"prompt_tokens": o["prompt_tokens"],
+               "cached_tokens": o["prompt_tokens_details"]["cached_tokens"]}
+        assert d.stop() == 0
+    uses = {"cli": cli, "msgpack": raw, "python": py, "openai": api}
+    print(uses)
+    n = cli["prompt_tokens"]
+    assert n > 900 and cli["cached_tokens"] == 0, uses
+    for name in ("msgpack", "python", "openai"):
+        u = uses[name]
+        assert u["prompt_tokens"] == n, (name, uses)
+        assert n - 64 <= u["cached_tokens"] < n, (name, uses)
+
+
+def test_a_follow_up_reuses_the_question_it_follows(tmp_path, default_model, squad_dir):
+    """A conversation over one inline document: the follow-up, sent with the first question
+    and its answer as `history`, begins with the whole prompt of the first question and takes
+    it from the prefix cache, through the msgpack protocol, the Python client and the OpenAI
+    API's messages; the earlier turns are placed after the documents."""
+    text = long_document(squad_dir, 4000)[:4000]
+    q1, q2 = "Who ruled the region?", "And in which century?"
+    (tmp_path / "d").mkdir()
+    with Daemon(tmp_path / "d", default_model, workers=1, threads=2, max_context_tokens=4096,
+                max_tokens=12, relevance_floor=0) as d:
+        c = d.client()
+        _, r1 = c.call(query(q1, [{"text": text}], id=1, max_tokens=12), timeout=300)
+        assert r1["ok"], r1
+        hist = [{"role": "user", "content": q1}, {"role": "assistant", "content": r1["answer"]}]
+        _, r2 = c.call(query(q2, [{"text": text}], id=2, max_tokens=12, history=hist), timeout=300)
+        assert r2["ok"], r2
+        with _python_client(d) as pc:
+            a3 = pc.query(q2, docs=[text], max_tokens=12, history=hist)
+        third = hist + [{"role": "user", "content": q2}, {"role": "assistant", "content": a3.answer}]
+        o = _api(d, {"model": "m", "max_tokens": 12, "diffrag": {"docs": [text]},
+                     "messages": third + [{"role": "user", "content": "Who came after them?"}]})
+        assert d.stop() == 0
+    n1 = r1["usage"]["prompt_tokens"]
+    u2 = r2["usage"]
+    print(r1["usage"], u2, a3.usage, o["usage"], r2["context"])
+    assert r1["usage"]["cached_tokens"] == 0 and r1["context"]["whole"], r1["usage"]
+    assert r2["context"]["history_turns"] == 2 and r2["context"]["whole"], r2["context"]
+    # the follow-up's prompt begins with all of the first one's
+    assert u2["prompt_tokens"] > n1 and u2["cached_tokens"] >= n1 - 64, (n1, u2)
+    # the same follow-up again, through Python: all but its last page
+    assert a3.usage.prompt_tokens == u2["prompt_tokens"], (a3.usage, u2)
+    assert a3.usage.cached_tokens >= u2["prompt_tokens"] - 64, a3.usage
+    # a third turn through the API begins with the second turn's prompt
+    ou = o["usage"]
+    assert ou["prompt_tokens_details"]["cached_tokens"] >= u2["prompt_tokens"] - 64, ou
+    assert o["diffrag"]["context"]["history_turns"] == 4, o["diffrag"]["context"]

@@ -59,7 +59,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (ct->bytes.start > ct->bytes.end || ct->bytes.end > c->text_len) __builtin_trap();
         }
         if (c->question.end > c->n_tokens) __builtin_trap();
-        if (c->history.start > c->history.end || c->history.end > c->documents.start ||
+        if (c->history.start > c->history.end || c->history.start < c->documents.end ||
+            c->history.end > c->question.start ||
             c->n_turns + c->n_turns_skipped != n_turns) __builtin_trap();
         ctx_destroy(&c);
     }
