@@ -1,5 +1,5 @@
 /* The Markdown structure of a document as the chunker sees it (chunker_md.h): page markers,
- * fenced code, ATX headings and tables; heading paths (with a table's caption and header row
+ * fenced code, ATX and setext headings and tables; heading paths (with a table's caption and header row
  * for the later parts of a split table) and the pages of chunks. */
 #include "retriever/chunker_md.h"
 
@@ -168,6 +168,19 @@ static struct ChunkHeading atx_heading(const char *text, size_t ls, size_t le)
     return (struct ChunkHeading){ ts, (uint32_t)(te - ts), (uint32_t)level };
 }
 
+/* A setext underline on the line [ls, le): up to 3 spaces, a run of '=' (level 1) or '-'
+ * (level 2), trailing blanks; 0 when it is none. */
+static uint32_t setext_level(const char *text, size_t ls, size_t le)
+{
+    size_t i = indent(text, ls, le), e = line_trim_end(text, ls, le);
+    if (i - ls > 3 || i >= e || (text[i] != '=' && text[i] != '-'))
+        return 0;
+    for (size_t k = i; k < e; k++)
+        if (text[k] != text[i])
+            return 0;
+    return text[i] == '=' ? 1 : 2;
+}
+
 void chunk_md_free(struct ChunkMd *md)
 {
     free(md->heads);
@@ -186,6 +199,9 @@ int chunk_md_scan(const char *text, size_t len, struct ChunkMd *md)
      * one plain line (after a blank or block line); prev_plain: the line before was plain */
     size_t cand = 0, cand_end = 0;
     int cand_ok = 0, prev_plain = 0;
+    /* a setext heading: the line before, when it was a paragraph's first (and one line) */
+    size_t para = 0, para_at = 0, para_end = 0;
+    int para_ok = 0;
     for (size_t ls = 0; ls < len;) {
         size_t le = line_end(text, len, ls);
         char ch = 0;
@@ -242,7 +258,14 @@ int chunk_md_scan(const char *text, size_t len, struct ChunkMd *md)
             le = r;
         } else {
             struct ChunkHeading h = atx_heading(text, ls, le);
-            if (h.level) {
+            uint32_t setext = para_ok ? setext_level(text, ls, le) : 0;
+            if (setext && para_end - para <= UINT32_MAX) {
+                if (grow((void **)&md->heads, &hcap, md->n_heads, sizeof *md->heads))
+                    goto nomem;
+                md->heads[md->n_heads++] = (struct MdHead){
+                    para_at, { para, (uint32_t)(para_end - para), setext } };
+                cand_ok = prev_plain = para_ok = 0;
+            } else if (h.level) {
                 if (grow((void **)&md->heads, &hcap, md->n_heads, sizeof *md->heads))
                     goto nomem;
                 md->heads[md->n_heads++] = (struct MdHead){ indent(text, ls, le), h };
@@ -255,9 +278,16 @@ int chunk_md_scan(const char *text, size_t len, struct ChunkMd *md)
                     cand++;
                 cand_end = line_trim_end(text, cand, le);
                 cand_ok = !prev_plain && cand_end - cand <= CHUNK_MAX_CAPTION_BYTES;
+                para_ok = !prev_plain;
+                para_at = indent(text, ls, le);
+                para = cand;
+                para_end = cand_end;
                 prev_plain = 1;
+                ls = le + 1;
+                continue;
             }
         }
+        para_ok = 0;
         ls = le + 1;
     }
     return RET_OK;

@@ -21,7 +21,8 @@ uint32_t chunk_page_marker(const char *text, size_t ls, size_t le);
  * it is a sentence unit of its own? */
 int chunk_line_is_block(const char *text, size_t len, size_t i);
 
-struct MdHead { size_t at; struct ChunkHeading h; }; /* at: the first '#' */
+struct MdHead { size_t at; struct ChunkHeading h; }; /* at: the first '#' (a setext heading's
+                                                        first byte of text) */
 struct MdMark { size_t at, end; uint32_t page; };    /* a page marker line [at, end) */
 
 /* A table: its caption line (when it has one), header row, separator row and body rows, each a

@@ -87,6 +87,26 @@ static void test_sections(void)
         CHECK(cs[i].end - cs[i].start > 12, "chunk %zu holds more than a heading", i);
     free(cs);
 
+    /* Setext headings (a one-line paragraph underlined with = or -) are headings as ATX ones
+     * are; a line of dashes after a blank line (a rule) and a paragraph of two lines are not. */
+    const char *w =
+        "Protocol\n========\n\nThe wire protocol of the daemon.\n\n"
+        "stats\n-----\n\nRequest: stats. Reply: counters of the daemon.\n\n"
+        "cancel\n---\nRequest: cancel with a target. The worker stops at its next step.\n\n"
+        "Not found: the error not_found.\n\n---\n\nAfter a rule. Two lines\nof a paragraph\n---\n";
+    n = chunks(w, 64, 16, &cs);
+    CHECK(n == 3, "three setext sections, three chunks (got %zu)", n);
+    if (n == 3) {
+        CHECK(span_is(w, &cs[0], "Protocol\n===", "of the daemon."), "setext title's body");
+        CHECK(span_is(w, &cs[1], "stats\n---", "of the daemon."), "setext stats whole");
+        CHECK(span_is(w, &cs[2], "cancel\n---", "paragraph\n---"), "cancel, the rule and the rest");
+        CHECK(strcmp(path(w, &cs[1], NULL), "Protocol \xE2\x80\xBA stats") == 0, "setext path 1: %s",
+              path(w, &cs[1], NULL));
+        CHECK(strcmp(path(w, &cs[2], NULL), "Protocol \xE2\x80\xBA cancel") == 0,
+              "setext path 2: %s", path(w, &cs[2], NULL));
+    }
+    free(cs);
+
     /* Text before the first heading is a section of its own, with no path. */
     const char *v = "Some preface.\n\n## Part\n\nThe part.\n";
     n = chunks(v, 64, 0, &cs);
