@@ -152,6 +152,35 @@ def test_html(tmp_path):
     assert rc == 1 and out == "" and "not a PDF, DOCX or HTML document" in err and "unsupported format" in err
 
 
+def test_html_charsets(tmp_path):
+    """Pages in other encodings come out as UTF-8: by their <meta> (Latin-1 read as
+    windows-1252, as browsers do, and windows-1251), without one when the bytes are not UTF-8
+    (windows-1252), and a label iconv does not know or UTF-16 is no label."""
+    cases = [
+        (b'<html><head><meta http-equiv="Content-Type" content="text/html; charset=ISO-8859-1">'
+         b'<title>Caf\xe9</title></head><body><h1>Na\xefve \x96 test</h1><p>\x93quoted\x94 '
+         b'r\xe9sum\xe9</p></body></html>',
+         "title: Caf\u00e9\n# Na\u00efve \u2013 test\n\n\u201cquoted\u201d r\u00e9sum\u00e9\n"),
+        (b"<html><head><meta charset='windows-1251'><title>\xcf\xf0\xe8\xe2\xe5\xf2</title>"
+         b"</head><body><p>\xec\xe8\xf0</p></body></html>",
+         "title: \u041f\u0440\u0438\u0432\u0435\u0442\n\u043c\u0438\u0440\n"),
+        (b"<html><body><h1>Stra\xdfe</h1><p>no declaration, caf\xe9</p></body></html>",
+         "title: Stra\u00dfe\n# Stra\u00dfe\n\nno declaration, caf\u00e9\n"),
+        (b'<html><head><meta charset="x-no-such"><title>caf\xc3\xa9</title></head><p>na\xc3\xafve</p></html>',
+         "title: caf\u00e9\nna\u00efve\n"),
+        (b'<html><head><meta charset="utf-16"><title>caf\xc3\xa9</title></head><p>na\xc3\xafve</p></html>',
+         "title: caf\u00e9\nna\u00efve\n"),
+        (b'<html><head><meta charset="utf-8"><title>caf\xc3\xa9</title></head><p>na\xc3\xafve</p></html>',
+         "title: caf\u00e9\nna\u00efve\n"),
+    ]
+    for i, (raw, want) in enumerate(cases):
+        f = tmp_path / ("page%d.html" % i)
+        f.write_bytes(raw)
+        rc, out, err = extract(f)
+        assert rc == 0, (i, err)
+        assert out == want, (i, out, want)
+
+
 def test_docx(tmp_path):
     make_docx(tmp_path / "rep.docx")
     rc, out, err = extract(tmp_path / "rep.docx")

@@ -57,6 +57,13 @@ void md_table_row(struct Md *m, char *const *cells, size_t n, size_t cols, int h
 /* s[0..n) with white space collapsed and trimmed (malloc'd): a title. */
 char *md_one_line(const char *s, size_t n);
 
+/* An HTML page's bytes in UTF-8 (charset.c): by a byte order mark (UTF-8), a <meta> charset
+ * in its first 1024 bytes, else UTF-8 when they are valid UTF-8, else windows-1252 (Latin-1 and
+ * ASCII labels too mean windows-1252). 0 with *out NULL: already UTF-8; 0 with *out set
+ * (malloc'd, *out_len bytes): converted from `label`; EXTRACT_ENOMEM. */
+int html_to_utf8(const char *buf, size_t len, char **out, size_t *out_len, char *label,
+                 size_t label_cap);
+
 /* The readers. path is for messages; the bytes are buf[0..len). */
 int extract_html(const char *buf, size_t len, struct Md *out, char **title, char *err,
                  size_t errlen);

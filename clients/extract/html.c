@@ -337,6 +337,16 @@ static void walk(struct Html *h, const GumboNode *n, int depth)
 int extract_html(const char *buf, size_t len, struct Md *out, char **title, char *err,
                  size_t errlen)
 {
+    char label[64], *utf8 = NULL;
+    size_t utf8_len = 0;
+    if (html_to_utf8(buf, len, &utf8, &utf8_len, label, sizeof label)) {
+        snprintf(err, errlen, "out of memory converting the HTML from %s", label);
+        return EXTRACT_ENOMEM;
+    }
+    if (utf8) {
+        buf = utf8;
+        len = utf8_len;
+    }
     if (len >= 3 && !memcmp(buf, "\xEF\xBB\xBF", 3)) { /* a byte order mark is not text */
         buf += 3;
         len -= 3;
@@ -344,6 +354,7 @@ int extract_html(const char *buf, size_t len, struct Md *out, char **title, char
     GumboOptions opt = kGumboDefaultOptions;
     opt.max_errors = 0; /* the parse errors are not reported: keep none */
     GumboOutput *g = gumbo_parse_with_options(&opt, buf, len);
+    free(utf8);
     if (!g) {
         snprintf(err, errlen, "out of memory parsing the HTML");
         return EXTRACT_ENOMEM;
