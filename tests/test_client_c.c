@@ -908,6 +908,15 @@ static void test_fake_server(void)
     nometa.meta_json = "[1]";
     CHECK(diffrag_ingest(c, "c", &nometa, 1, &ir) == DIFFRAG_EINVAL, "meta not an object");
     CHECK(diffrag_ingest(c, NULL, &nometa, 1, &ir) == DIFFRAG_EINVAL, "no collection");
+    DiffragFile nofile[2] = { { .name = "a.html", .bytes = "<p>x</p>", .len = 8 },
+                              { .name = "b.pdf", .bytes = "", .len = 0 } };
+    CHECK(diffrag_ingest_files(c, "c", nofile, 2, &ir) == DIFFRAG_EINVAL && !ir &&
+          strstr(diffrag_last_error(c), "files[1] (b.pdf) has no bytes"), "a file without bytes: %s",
+          diffrag_last_error(c));
+    nofile[1] = (DiffragFile){ .bytes = "x", .len = 1 };
+    CHECK(diffrag_ingest_files(c, "c", nofile, 2, &ir) == DIFFRAG_EINVAL &&
+          strstr(diffrag_last_error(c), "files[1] has no name"), "a file without a name");
+    CHECK(diffrag_ingest_files(c, "c", NULL, 0, &ir) == DIFFRAG_EINVAL, "no files");
     DiffragDropResult *xr = NULL;
     CHECK(diffrag_drop(c, "", &xr) == DIFFRAG_EINVAL && !xr, "drop without a collection");
     DiffragClient *x = NULL;
@@ -1065,6 +1074,31 @@ static void test_live(const char *endpoint)
           "a whole paged document: pp. %lld-%lld: %s", pa && pa->n_citations ? (long long)pa->citations[0].page_first : -1,
           pa && pa->n_citations ? (long long)pa->citations[0].page_last : -1, diffrag_last_error(c));
     diffrag_answer_free(&pa);
+
+    /* files as they are on disk, read by the daemon's extraction helper: an HTML page goes in
+     * as Markdown with its <title>; a PDF without a text layer rejects its batch, naming it */
+    static const char page[] = "<html><head><title>Rhine facts</title></head><body><h1>Length</h1>"
+                               "<p>The Rhine is about 1,230 km long.</p><script>x()</script></body></html>";
+    char fcoll[300];
+    snprintf(fcoll, sizeof fcoll, "%s-files", coll);
+    DiffragFile files[2] = { { .name = "rhine.html", .bytes = page, .len = sizeof page - 1 },
+                             { .name = "scan.pdf", .bytes = "%PDF-1.4\n%%EOF\n", .len = 15 } };
+    rc = diffrag_ingest_files(c, fcoll, files, 2, &ir);
+    CHECK(rc == DIFFRAG_ESERVER && strstr(diffrag_last_error(c), "scan.pdf"), "a bad file fails its batch: %s",
+          diffrag_last_error(c));
+    diffrag_ingest_result_free(&ir);
+    rc = diffrag_ingest_files(c, fcoll, files, 1, &ir);
+    CHECK(rc == DIFFRAG_OK && ir && ir->ingested == 1 && ir->added == 1 && ir->docs == 1,
+          "ingest a file: %s", diffrag_last_error(c));
+    diffrag_ingest_result_free(&ir);
+    rc = diffrag_get(c, fcoll, "rhine.html", &d);
+    CHECK(rc == DIFFRAG_OK && d && !strcmp(d->title, "Rhine facts") && strstr(d->text, "# Length\n") &&
+          strstr(d->text, "1,230 km") && !strstr(d->text, "<h1>") && !strstr(d->text, "x()"),
+          "the file's document: %s %s", diffrag_last_error(c), d ? d->text : "-");
+    diffrag_document_free(&d);
+    DiffragDropResult *fdr = NULL;
+    CHECK(diffrag_drop(c, fcoll, &fdr) == DIFFRAG_OK, "drop the files' collection");
+    diffrag_drop_result_free(&fdr);
 
     DiffragStats *s = NULL;
     rc = diffrag_stats(c, coll, &s);

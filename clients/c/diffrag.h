@@ -331,6 +331,25 @@ DIFFRAG_API int diffrag_ingest(DiffragClient *c, const char *collection, const D
                                size_t n_docs, DiffragIngestResult **out);
 DIFFRAG_API void diffrag_ingest_result_free(DiffragIngestResult **r);
 
+/* A file to ingest as it is on disk: the daemon finds its format by content (PDF, DOCX, HTML,
+ * else UTF-8 text) and reads it with its extraction helper (docs/protocol.md, "ingest"). */
+typedef struct DiffragFile {
+    const char *name;      /* required: its file name, 1..256 bytes (the id when id is NULL;
+                            * its extension helps find the format) */
+    const void *bytes;     /* required: its content, len bytes (1..the daemon's
+                            * max_file_bytes) */
+    size_t len;
+    const char *id;        /* optional */
+    const char *title;     /* optional: else the document's own (<title>, a PDF's Title...) */
+    const char *meta_json; /* optional: a JSON object, as DiffragDoc's */
+} DiffragFile;
+
+/* diffrag_ingest for files: the same reply and rules; a file the daemon cannot read (a scanned
+ * PDF, a damaged archive...) rejects the batch with DIFFRAG_ESERVER "bad_request" naming it. */
+DIFFRAG_API int diffrag_ingest_files(DiffragClient *c, const char *collection,
+                                     const DiffragFile *files, size_t n_files,
+                                     DiffragIngestResult **out);
+
 typedef struct DiffragDeleteResult {
     int64_t deleted;    /* ids found and removed (ids not present are skipped) */
     int64_t docs, chunks; /* left in the collection */

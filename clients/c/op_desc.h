@@ -31,6 +31,7 @@ enum ReqKind {
     REQ_STRS,      /* const char *const [count], left out when count is 0 */
     REQ_DOCS,      /* const DiffragDoc [count], left out when count is 0; meta_json ignored */
     REQ_DOCS_META, /* the same with each document's meta_json */
+    REQ_FILES,     /* const DiffragFile [count], left out when count is 0 */
 };
 
 struct ReqField {
@@ -124,6 +125,7 @@ int op_run(DiffragClient *c, const struct OpDesc *op, const void *args, void **o
 int op_bad_arg(DiffragClient *c, const char *what);
 int op_check_collection(DiffragClient *c, const char *collection);
 int op_check_docs(DiffragClient *c, const DiffragDoc *docs, size_t n, int need_ids);
+int op_check_files(DiffragClient *c, const DiffragFile *files, size_t n);
 int op_check_strings(DiffragClient *c, const char *what, const char *const *v, size_t n);
 int op_decoded(DiffragClient *c, struct Dec *d);
 void op_req_free(struct Req *q);

@@ -34,6 +34,49 @@ void op_req_free(struct Req *q)
     msgpack_sbuffer_destroy(&q->sb);
 }
 
+/* "meta": the JSON object meta_json as a msgpack map; a bad one sets q->bad and says so. */
+static void pack_meta(struct Req *q, size_t i, const char *meta_json, char *err, size_t errlen)
+{
+    char why[200];
+    pkey(q, "meta");
+    int rc = json_to_msgpack(meta_json, strlen(meta_json), &q->pk, META_MAX_DEPTH, why,
+                             sizeof why);
+    if (rc == -2) {
+        q->fail = 1;
+    } else if (rc) {
+        snprintf(err, errlen, "docs[%zu].meta_json: %s", i, why);
+        q->bad = 1;
+    } else {
+        const char *s = meta_json;
+        while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')
+            s++;
+        if (*s != '{') {
+            snprintf(err, errlen, "docs[%zu].meta_json: not a JSON object", i);
+            q->bad = 1;
+        }
+    }
+}
+
+static void pack_files(struct Req *q, const DiffragFile *files, size_t n, char *err,
+                       size_t errlen)
+{
+    q->fail |= msgpack_pack_array(&q->pk, (uint32_t)n);
+    for (size_t i = 0; i < n && !q->bad && !q->fail; i++) {
+        const DiffragFile *f = &files[i];
+        q->fail |= msgpack_pack_map(&q->pk, 2 + (f->id != NULL) + (f->title != NULL) +
+                                                (f->meta_json != NULL));
+        pkv_str(q, "name", f->name);
+        pkey(q, "bytes");
+        q->fail |= msgpack_pack_bin(&q->pk, f->len) || msgpack_pack_bin_body(&q->pk, f->bytes, f->len);
+        if (f->id)
+            pkv_str(q, "id", f->id);
+        if (f->title)
+            pkv_str(q, "title", f->title);
+        if (f->meta_json)
+            pack_meta(q, i, f->meta_json, err, errlen);
+    }
+}
+
 static void pack_docs(struct Req *q, const DiffragDoc *docs, size_t n, int with_meta,
                       char *err, size_t errlen)
 {
@@ -48,26 +91,8 @@ static void pack_docs(struct Req *q, const DiffragDoc *docs, size_t n, int with_
             pkv_str(q, "id", d->id);
         if (d->title)
             pkv_str(q, "title", d->title);
-        if (with_meta && d->meta_json) {
-            char why[200];
-            pkey(q, "meta");
-            int rc = json_to_msgpack(d->meta_json, strlen(d->meta_json), &q->pk, META_MAX_DEPTH,
-                                     why, sizeof why);
-            if (rc == -2) {
-                q->fail = 1;
-            } else if (rc) {
-                snprintf(err, errlen, "docs[%zu].meta_json: %s", i, why);
-                q->bad = 1;
-            } else {
-                const char *s = d->meta_json;
-                while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')
-                    s++;
-                if (*s != '{') {
-                    snprintf(err, errlen, "docs[%zu].meta_json: not a JSON object", i);
-                    q->bad = 1;
-                }
-            }
-        }
+        if (with_meta && d->meta_json)
+            pack_meta(q, i, d->meta_json, err, errlen);
     }
 }
 
@@ -83,7 +108,8 @@ static int req_has(const struct ReqField *f, const void *args)
     case REQ_NUM_GIVEN: return ARG(args, f->count_off, int) != 0;
     case REQ_STRS:
     case REQ_DOCS:
-    case REQ_DOCS_META: return ARG(args, f->count_off, size_t) > 0;
+    case REQ_DOCS_META:
+    case REQ_FILES: return ARG(args, f->count_off, size_t) > 0;
     }
     return 0;
 }
@@ -115,6 +141,10 @@ static void req_field(struct Req *q, DiffragClient *c, const struct ReqField *f,
     case REQ_DOCS_META:
         pack_docs(q, ARG(args, f->off, const DiffragDoc *), ARG(args, f->count_off, size_t),
                   f->kind == REQ_DOCS_META, c->err, sizeof c->err);
+        break;
+    case REQ_FILES:
+        pack_files(q, ARG(args, f->off, const DiffragFile *), ARG(args, f->count_off, size_t),
+                   c->err, sizeof c->err);
         break;
     }
 }
@@ -374,6 +404,21 @@ int op_check_docs(DiffragClient *c, const DiffragDoc *docs, size_t n, int need_i
             return client_fail(c, DIFFRAG_EINVAL, NULL, "docs[%zu] has no text", i);
         if (need_ids && !docs[i].id)
             return client_fail(c, DIFFRAG_EINVAL, NULL, "docs[%zu] has no id", i);
+    }
+    return DIFFRAG_OK;
+}
+
+int op_check_files(DiffragClient *c, const DiffragFile *files, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!files[i].name || !*files[i].name)
+            return client_fail(c, DIFFRAG_EINVAL, NULL, "files[%zu] has no name", i);
+        if (!files[i].bytes || !files[i].len)
+            return client_fail(c, DIFFRAG_EINVAL, NULL, "files[%zu] (%s) has no bytes", i,
+                               files[i].name);
+        if (files[i].len > UINT32_MAX)
+            return client_fail(c, DIFFRAG_EINVAL, NULL, "files[%zu] (%s) is over 4 GiB", i,
+                               files[i].name);
     }
     return DIFFRAG_OK;
 }

@@ -297,6 +297,33 @@ static const struct OpDesc OP_INGEST = {
     OP_TABLES(INGEST_REQ, INGEST_REP),
 };
 
+/* ingest of files */
+
+struct IngestFilesArgs {
+    const char *collection;
+    const DiffragFile *files;
+    size_t n_files;
+};
+
+static int check_ingest_files(DiffragClient *c, const void *args)
+{
+    const struct IngestFilesArgs *a = args;
+    if (op_check_collection(c, a->collection))
+        return DIFFRAG_EINVAL;
+    if (!a->n_files || !a->files)
+        return op_bad_arg(c, "ingest needs at least one file");
+    return op_check_files(c, a->files, a->n_files);
+}
+
+static const struct ReqField INGEST_FILES_REQ[] = {
+    REQ(struct IngestFilesArgs, "collection", REQ_STR, collection),
+    REQ_N(struct IngestFilesArgs, "docs", REQ_FILES, files, n_files),
+};
+static const struct OpDesc OP_INGEST_FILES = {
+    .op = "ingest", .check = check_ingest_files, .type = &INGEST_TYPE,
+    OP_TABLES(INGEST_FILES_REQ, INGEST_REP),
+};
+
 /* delete */
 
 struct DeleteArgs {
@@ -584,6 +611,13 @@ int diffrag_ingest(DiffragClient *c, const char *collection, const DiffragDoc *d
 {
     struct IngestArgs a = { collection, docs, n_docs };
     RUN(c, &OP_INGEST, &a, out);
+}
+
+int diffrag_ingest_files(DiffragClient *c, const char *collection, const DiffragFile *files,
+                         size_t n_files, DiffragIngestResult **out)
+{
+    struct IngestFilesArgs a = { collection, files, n_files };
+    RUN(c, &OP_INGEST_FILES, &a, out);
 }
 
 int diffrag_delete(DiffragClient *c, const char *collection, const char *const *ids, size_t n_ids,
