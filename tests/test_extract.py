@@ -193,6 +193,40 @@ def test_docx(tmp_path):
     assert rc == 0 and out.startswith("title: Annual Report\n")
 
 
+def test_docx_lists(tmp_path):
+    """List paragraphs take their markers from word/numbering.xml: "1. " where their level is
+    numbered (counted per list from its start, a deeper level restarting under each item),
+    "- " where it is a bullet or the list is not defined, indented by level; numId 0 is no
+    list."""
+    def item(text, num, lvl=0):
+        return (f'<w:p><w:pPr><w:numPr><w:ilvl w:val="{lvl}"/><w:numId w:val="{num}"/></w:numPr>'
+                f'</w:pPr><w:r><w:t>{text}</w:t></w:r></w:p>')
+    body = (item("first", 1) + item("second", 1) + item("sub a", 1, 1) + item("sub b", 1, 1) +
+            item("third", 1) + item("sub again", 1, 1) + item("dot", 2) + item("undefined", 9) +
+            item("not a list", 0) + item("fifth", 3))
+    doc = (f'<?xml version="1.0"?><w:document {W}><w:body>{body}<w:sectPr/></w:body></w:document>')
+    numbering = (f'<?xml version="1.0"?><w:numbering {W}>'
+                 '<w:abstractNum w:abstractNumId="0">'
+                 '<w:lvl w:ilvl="0"><w:start w:val="1"/><w:numFmt w:val="decimal"/></w:lvl>'
+                 '<w:lvl w:ilvl="1"><w:start w:val="1"/><w:numFmt w:val="lowerLetter"/></w:lvl>'
+                 '</w:abstractNum>'
+                 '<w:abstractNum w:abstractNumId="1"><w:lvl w:ilvl="0"><w:numFmt w:val="bullet"/>'
+                 '</w:lvl></w:abstractNum>'
+                 '<w:abstractNum w:abstractNumId="2"><w:lvl w:ilvl="0"><w:start w:val="5"/>'
+                 '<w:numFmt w:val="decimal"/></w:lvl></w:abstractNum>'
+                 '<w:num w:numId="1"><w:abstractNumId w:val="0"/></w:num>'
+                 '<w:num w:numId="2"><w:abstractNumId w:val="1"/></w:num>'
+                 '<w:num w:numId="3"><w:abstractNumId w:val="2"/></w:num></w:numbering>')
+    with zipfile.ZipFile(tmp_path / "lists.docx", "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("[Content_Types].xml", "<Types/>")
+        z.writestr("word/document.xml", doc)
+        z.writestr("word/numbering.xml", numbering)
+    rc, out, err = extract(tmp_path / "lists.docx")
+    assert rc == 0, err
+    assert out == ("title: lists\n1. first\n2. second\n   1. sub a\n   2. sub b\n3. third\n"
+                   "   1. sub again\n- dot\n- undefined\n\nnot a list\n\n5. fifth\n"), out
+
+
 def test_docx_bombs_and_damage(tmp_path):
     # 100 MiB of zeros in a ~100 kB archive: refused by its recorded size, never inflated
     with zipfile.ZipFile(tmp_path / "bomb.docx", "w", zipfile.ZIP_DEFLATED) as z:

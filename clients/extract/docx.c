@@ -1,7 +1,8 @@
 /* DOCX (Office Open XML) to Markdown for diffrag-extract, over libzip and libxml2: the body of
  * word/document.xml in order: paragraphs (a Title or Heading1..6 style, by id or by the name
- * word/styles.xml gives it, becomes a heading; list paragraphs "- " items), tables as Markdown
- * rows; the title from docProps/core.xml (dc:title). Zip entries are checked before they are
+ * word/styles.xml gives it, becomes a heading; list paragraphs items, "1. " where
+ * word/numbering.xml numbers their level and "- " where it bullets it, indented by level),
+ * tables as Markdown rows; the title from docProps/core.xml (dc:title). Zip entries are checked before they are
  * inflated (uncompressed size, compression ratio) and counted while they are. */
 #include <errno.h>
 #include <libxml/parser.h>
@@ -22,11 +23,24 @@
 /* Nesting of tables within tables followed; deeper ones give their text flat. */
 #define DOCX_MAX_DEPTH 64
 
+/* List levels followed (Word's are 0..8). */
+#define DOCX_LIST_LEVELS 9
+
+/* A list of numbering.xml (a w:num): whether each level is numbered (not bulleted), where it
+ * starts, and the count of each level so far in the document. */
+struct NumList {
+    long num_id, abstract_id;
+    unsigned char numbered[DOCX_LIST_LEVELS];
+    long start[DOCX_LIST_LEVELS], count[DOCX_LIST_LEVELS];
+};
+
 struct Docx {
     struct Md *m;
     char **style_id;  /* heading levels by style id, from styles.xml: id -> level */
     int *style_level;
     size_t n_styles;
+    struct NumList *lists;
+    size_t n_lists;
     char *first_title;
     int oom;
 };
@@ -181,11 +195,98 @@ static void load_styles(struct Docx *d, const char *buf, size_t len)
         xmlFreeDoc(doc);
 }
 
+/* A decimal w:val, or def when absent or not a number. */
+static long w_long(const xmlNode *n, long def)
+{
+    xmlChar *v = w_val(n);
+    char *end = NULL;
+    long x = v ? strtol((const char *)v, &end, 10) : def;
+    if (v && (end == (char *)v || *end))
+        x = def;
+    xmlFree(v);
+    return x;
+}
+
+/* word/numbering.xml: each w:num's list with the formats of its w:abstractNum's levels (a
+ * level is numbered unless its w:numFmt is bullet or none). */
+static void load_numbering(struct Docx *d, const char *buf, size_t len)
+{
+    xmlDocPtr doc = parse_xml(buf, len);
+    const xmlNode *root = doc ? xmlDocGetRootElement(doc) : NULL;
+    for (const xmlNode *n = root ? root->children : NULL; n && !d->oom; n = n->next) {
+        if (!is_w(n, "num"))
+            continue;
+        struct NumList *l = realloc(d->lists, (d->n_lists + 1) * sizeof *l);
+        if (!l) {
+            d->oom = 1;
+            break;
+        }
+        d->lists = l;
+        l = &d->lists[d->n_lists++];
+        memset(l, 0, sizeof *l);
+        xmlChar *id = xmlGetNsProp(n, (const xmlChar *)"numId", (const xmlChar *)W_NS);
+        l->num_id = id ? strtol((const char *)id, NULL, 10) : -1;
+        xmlFree(id);
+        l->abstract_id = w_long(child_w(n, "abstractNumId"), -1);
+    }
+    for (const xmlNode *a = root ? root->children : NULL; a && !d->oom; a = a->next) {
+        if (!is_w(a, "abstractNum"))
+            continue;
+        xmlChar *id = xmlGetNsProp(a, (const xmlChar *)"abstractNumId", (const xmlChar *)W_NS);
+        long abstract_id = id ? strtol((const char *)id, NULL, 10) : -2;
+        xmlFree(id);
+        for (const xmlNode *lv = a->children; lv; lv = lv->next) {
+            if (!is_w(lv, "lvl"))
+                continue;
+            xmlChar *il = xmlGetNsProp(lv, (const xmlChar *)"ilvl", (const xmlChar *)W_NS);
+            long k = il ? strtol((const char *)il, NULL, 10) : -1;
+            xmlFree(il);
+            if (k < 0 || k >= DOCX_LIST_LEVELS)
+                continue;
+            xmlChar *fmt = w_val(child_w(lv, "numFmt"));
+            int numbered = fmt && strcmp((const char *)fmt, "bullet") && strcmp((const char *)fmt, "none");
+            xmlFree(fmt);
+            long start = w_long(child_w(lv, "start"), 1);
+            for (size_t i = 0; i < d->n_lists; i++)
+                if (d->lists[i].abstract_id == abstract_id) {
+                    d->lists[i].numbered[k] = (unsigned char)numbered;
+                    d->lists[i].start[k] = start;
+                }
+        }
+    }
+    if (doc)
+        xmlFreeDoc(doc);
+}
+
+/* The marker of a list paragraph (w:numPr) into out: "N. " for a numbered level, counted per
+ * list (an item restarts the levels below its own), "- " otherwise; its level into *level. */
+static void list_marker(struct Docx *d, const xmlNode *num_pr, char *out, size_t cap, int *level)
+{
+    long num_id = w_long(child_w(num_pr, "numId"), -1), k = w_long(child_w(num_pr, "ilvl"), 0);
+    if (k < 0 || k >= DOCX_LIST_LEVELS)
+        k = k < 0 ? 0 : DOCX_LIST_LEVELS - 1;
+    *level = (int)k;
+    snprintf(out, cap, "- ");
+    for (size_t i = 0; i < d->n_lists; i++) {
+        struct NumList *l = &d->lists[i];
+        if (l->num_id != num_id)
+            continue;
+        l->count[k]++;
+        for (long j = k + 1; j < DOCX_LIST_LEVELS; j++)
+            l->count[j] = 0;
+        if (l->numbered[k])
+            snprintf(out, cap, "%ld. ", l->start[k] + l->count[k] - 1);
+        return;
+    }
+}
+
 static int para_level(const struct Docx *d, const xmlNode *p, int *is_title, int *list_item)
 {
     const xmlNode *ppr = child_w(p, "pPr");
     xmlChar *style = w_val(child_w(ppr, "pStyle"));
-    *list_item = child_w(ppr, "numPr") != NULL;
+    const xmlNode *num_pr = child_w(ppr, "numPr");
+    /* numId 0 takes a paragraph out of the list its style would put it in */
+    *list_item = num_pr != NULL && w_long(child_w(num_pr, "numId"), -1) != 0;
     *is_title = 0;
     int level = 0;
     if (style) {
@@ -250,8 +351,13 @@ static void paragraph(struct Docx *d, const xmlNode *p)
                     free(s);
             }
         } else if (item) {
+            char marker[32];
+            int depth = 0;
+            list_marker(d, child_w(child_w(p, "pPr"), "numPr"), marker, sizeof marker, &depth);
             md_newline(d->m);
-            md_raw(d->m, "- ", 2);
+            for (int i = 0; i < depth; i++)
+                md_raw(d->m, "   ", 3);
+            md_raw(d->m, marker, strlen(marker));
             md_raw(d->m, line.p, line.n);
             md_newline(d->m);
         } else {
@@ -366,11 +472,13 @@ int extract_docx(int fd, const struct ExtractLimits *lim, struct Md *out, char *
         return EXTRACT_EBAD;
     }
     struct Docx d = { .m = out };
-    char *doc = NULL, *styles = NULL, *core = NULL;
-    size_t doc_len, styles_len, core_len;
+    char *doc = NULL, *styles = NULL, *core = NULL, *numbering = NULL;
+    size_t doc_len, styles_len, core_len, numbering_len;
     int rc = read_entry(z, "word/document.xml", lim, 0, &doc, &doc_len, err, errlen);
     if (!rc)
         rc = read_entry(z, "word/styles.xml", lim, 1, &styles, &styles_len, err, errlen);
+    if (!rc)
+        rc = read_entry(z, "word/numbering.xml", lim, 1, &numbering, &numbering_len, err, errlen);
     if (!rc)
         rc = read_entry(z, "docProps/core.xml", lim, 1, &core, &core_len, err, errlen);
     zip_discard(z);
@@ -383,6 +491,8 @@ int extract_docx(int fd, const struct ExtractLimits *lim, struct Md *out, char *
     }
     if (styles)
         load_styles(&d, styles, styles_len);
+    if (numbering)
+        load_numbering(&d, numbering, numbering_len);
     xmlDocPtr x = parse_xml(doc, doc_len);
     const xmlNode *root = x ? xmlDocGetRootElement(x) : NULL;
     const xmlNode *b = child_w(root, "body");
@@ -417,6 +527,8 @@ out:
         free(d.style_id[i]);
     free(d.style_id);
     free(d.style_level);
+    free(d.lists);
+    free(numbering);
     free(d.first_title);
     free(doc);
     free(styles);
