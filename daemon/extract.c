@@ -7,7 +7,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -15,20 +14,12 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 extern char **environ;
 
 /* diffrag-extract's exit statuses (docs/cli.md) */
 enum { HX_BAD = 1, HX_USAGE = 2, HX_TOOL = 3, HX_LIMIT = 4, HX_NOMEM = 5 };
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static int write_all(int fd, const void *p, size_t n)
 {
@@ -123,76 +114,21 @@ enum DextractFail dextract_run(const struct DextractOpts *o, const void *bytes, 
                      "diffragd or on PATH, or set extract_helper", strerror(se));
         return se == ENOMEM ? DEXTRACT_ENOMEM : DEXTRACT_EHELPER;
     }
-    char errtext[2048];
-    size_t elen = 0, cap = 0, n = 0, max = o->max_text + 65536 + PATH_MAX;
-    char *out = NULL;
-    int timed_out = 0, too_long = 0, oom = 0, open_fds = 2;
-    struct pollfd fds[2] = { { po[0], POLLIN, 0 }, { pe[0], POLLIN, 0 } };
-    double deadline = now_ms() + (double)o->timeout_ms;
-    while (open_fds && !too_long && !oom) {
-        double left = deadline - now_ms();
-        if (left <= 0) {
-            timed_out = 1;
-            break;
-        }
-        int k = poll(fds, 2, (int)left + 1);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0)
-            break;
-        for (int i = 0; i < 2; i++) {
-            if (fds[i].fd < 0 || !fds[i].revents)
-                continue;
-            char buf[65536];
-            ssize_t r = read(fds[i].fd, buf, sizeof buf);
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r <= 0) {
-                close(fds[i].fd);
-                fds[i].fd = -1;
-                open_fds--;
-            } else if (i == 1) {
-                size_t take = (size_t)r < sizeof errtext - 1 - elen ? (size_t)r
-                                                                   : sizeof errtext - 1 - elen;
-                memcpy(errtext + elen, buf, take);
-                elen += take;
-            } else if (n + (size_t)r > max) {
-                too_long = 1;
-                break;
-            } else {
-                if (n + (size_t)r + 1 > cap) {
-                    size_t nc = cap ? cap : 65536;
-                    while (nc < n + (size_t)r + 1)
-                        nc *= 2;
-                    char *p = realloc(out, nc);
-                    if (!p) {
-                        oom = 1;
-                        break;
-                    }
-                    out = p;
-                    cap = nc;
-                }
-                memcpy(out + n, buf, (size_t)r);
-                n += (size_t)r;
-                out[n] = 0;
-            }
-        }
-    }
-    errtext[elen] = 0;
+    struct HelperOutput h;
+    docformat_drain(po[0], pe[0], (double)o->timeout_ms, o->max_text + 65536 + PATH_MAX, &h);
     kill(-pid, SIGKILL); /* the helper and pdftotext, when anything is left */
-    for (int i = 0; i < 2; i++)
-        if (fds[i].fd >= 0)
-            close(fds[i].fd);
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;
     kill(-pid, SIGKILL);
     enum DextractFail rc = DEXTRACT_EDOC;
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    if (oom) {
+    char *out = h.out, *errtext = h.errtext;
+    size_t n = h.out_len;
+    if (h.oom) {
         rc = DEXTRACT_ENOMEM;
         snprintf(err, errlen, "out of memory");
-    } else if (timed_out) {
+    } else if (h.timed_out) {
         if (o->limit_ms > o->timeout_ms)
             snprintf(err, errlen, "extracting its text took over the %ld ms left of the "
                      "request's %ld ms (extract_timeout_ms, for its files together); stopped",
@@ -200,7 +136,7 @@ enum DextractFail dextract_run(const struct DextractOpts *o, const void *bytes, 
         else
             snprintf(err, errlen, "extracting its text took over %ld ms (extract_timeout_ms); "
                      "stopped", o->timeout_ms);
-    } else if (too_long) {
+    } else if (h.too_long) {
         snprintf(err, errlen, "its text is over %.1f MiB, the most a document may have",
                  o->max_text / 1048576.0);
     } else if (WIFSIGNALED(status) && WTERMSIG(status) == SIGXCPU) {

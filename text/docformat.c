@@ -2,10 +2,14 @@
  * HTML; and the extensions a folder walk takes for those formats. */
 #include "text/docformat.h"
 
+#include <errno.h>
 #include <limits.h>
+#include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 static int starts_ci(const unsigned char *p, size_t n, const char *lit)
@@ -138,4 +142,83 @@ void docformat_helper_reason(const char *errtext, char *err, size_t errlen)
         l -= sizeof prefix - 1;
     }
     snprintf(err, errlen, "%.*s", (int)l, l ? line : "no reason given");
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Appends buf[0..n) to r->out; sets too_long past max_out, oom when it cannot grow. */
+static void drain_append(struct HelperOutput *r, size_t *cap, const char *buf, size_t n,
+                         size_t max_out)
+{
+    if (r->out_len + n > max_out) {
+        r->too_long = 1;
+        return;
+    }
+    if (r->out_len + n + 1 > *cap) {
+        size_t nc = *cap ? *cap : 65536;
+        while (nc < r->out_len + n + 1)
+            nc *= 2;
+        char *p = realloc(r->out, nc);
+        if (!p) {
+            r->oom = 1;
+            return;
+        }
+        r->out = p;
+        *cap = nc;
+    }
+    memcpy(r->out + r->out_len, buf, n);
+    r->out_len += n;
+    r->out[r->out_len] = 0;
+}
+
+void docformat_drain(int out_fd, int err_fd, double timeout_ms, size_t max_out,
+                     struct HelperOutput *r)
+{
+    memset(r, 0, sizeof *r);
+    size_t cap = 0, elen = 0;
+    struct pollfd fds[2] = { { out_fd, POLLIN, 0 }, { err_fd, POLLIN, 0 } };
+    int open_fds = 2;
+    double deadline = now_ms() + timeout_ms;
+    while (open_fds && !r->too_long && !r->oom) {
+        double left = deadline - now_ms();
+        if (left <= 0) {
+            r->timed_out = 1;
+            break;
+        }
+        int k = poll(fds, 2, (int)left + 1);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            break;
+        for (int i = 0; i < 2 && !r->too_long && !r->oom; i++) {
+            if (fds[i].fd < 0 || !fds[i].revents)
+                continue;
+            char buf[65536];
+            ssize_t n = read(fds[i].fd, buf, sizeof buf);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0) {
+                close(fds[i].fd);
+                fds[i].fd = -1;
+                open_fds--;
+            } else if (i == 1) {
+                size_t room = sizeof r->errtext - 1 - elen;
+                size_t take = (size_t)n < room ? (size_t)n : room;
+                memcpy(r->errtext + elen, buf, take);
+                elen += take;
+            } else {
+                drain_append(r, &cap, buf, (size_t)n, max_out);
+            }
+        }
+    }
+    r->errtext[elen] = 0;
+    r->cut_short = open_fds > 0;
+    for (int i = 0; i < 2; i++)
+        if (fds[i].fd >= 0)
+            close(fds[i].fd);
 }

@@ -37,4 +37,21 @@ void docformat_helper_path(const char *configured, char *out, size_t cap);
  * its "diffrag-extract: -: " prefix ("no reason given" when there is none). */
 void docformat_helper_reason(const char *errtext, char *err, size_t errlen);
 
+/* What a child process wrote on its two pipes, read until both close, the deadline passes or
+ * its output passes the cap (docformat_drain). */
+struct HelperOutput {
+    char *out;            /* stdout, NUL-terminated (malloc'd; NULL when it wrote nothing) */
+    size_t out_len;
+    char errtext[2048];   /* the first bytes of stderr, NUL-terminated */
+    int timed_out;        /* the deadline passed first */
+    int too_long;         /* stdout passed max_out bytes (then out holds less) */
+    int oom;              /* out could not grow */
+    int cut_short;        /* any of the three: the child may still run and should be killed */
+};
+
+/* Reads out_fd (stdout) and err_fd (stderr) of a child for at most timeout_ms milliseconds,
+ * keeping at most max_out bytes of stdout and the start of stderr; closes both descriptors. */
+void docformat_drain(int out_fd, int err_fd, double timeout_ms, size_t max_out,
+                     struct HelperOutput *r);
+
 #endif

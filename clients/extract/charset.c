@@ -97,26 +97,14 @@ static int convert(const char *from, const char *buf, size_t len, char **out, si
         n = (size_t)(op - o);
         if (rc != (size_t)-1 && !left)
             break;
-        if (rc == (size_t)-1 && errno == E2BIG) {
+        int e = rc == (size_t)-1 ? errno : 0;
+        if (e == E2BIG || cap - n < 3) { /* no room: for the output, or for a U+FFFD */
             char *g = realloc(o, cap * 2);
-            if (!g) {
+            if (!g)
                 free(o);
-                o = NULL;
-                break;
-            }
             o = g;
             cap *= 2;
-        } else if (rc == (size_t)-1) { /* EILSEQ or EINVAL: one byte that does not decode */
-            if (cap - n < 3) {
-                char *g = realloc(o, cap * 2);
-                if (!g) {
-                    free(o);
-                    o = NULL;
-                    break;
-                }
-                o = g;
-                cap *= 2;
-            }
+        } else if (e) { /* EILSEQ or EINVAL: one byte that does not decode */
             memcpy(o + n, "\xEF\xBF\xBD", 3);
             n += 3;
             in++;

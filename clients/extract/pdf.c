@@ -5,33 +5,25 @@
  * and each gets a wall-clock limit of its own. */
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "clients/extract/extract.h"
+#include "text/docformat.h"
 
 /* What a child wrote and how it ended. */
 struct Run {
     char *out;
     size_t out_len;
-    char errtext[1024];
+    char errtext[2048];
     int status;      /* waitpid's */
     int timed_out, too_long, not_found;
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 /* Runs argv (found on PATH) with stdout and stderr captured: at most max_out bytes of stdout
  * (more: killed, too_long), for at most timeout_s seconds (timed_out). Returns 0, or -1 when
@@ -66,70 +58,20 @@ static int run_capture(char *const argv[], size_t max_out, double timeout_s, str
     if (read(px[0], &e, sizeof e) == (ssize_t)sizeof e)
         r->not_found = e == ENOENT || e == EACCES ? 1 : 2;
     close(px[0]);
-    size_t cap = 0, elen = 0;
-    struct pollfd fds[2] = { { po[0], POLLIN, 0 }, { pe[0], POLLIN, 0 } };
-    int open_fds = 2;
-    double deadline = now_s() + timeout_s;
-    while (open_fds && !r->not_found) {
-        double left = deadline - now_s();
-        if (left <= 0) {
-            r->timed_out = 1;
-            break;
-        }
-        int k = poll(fds, 2, (int)(left * 1000) + 1);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0)
-            break;
-        for (int i = 0; i < 2; i++) {
-            if (fds[i].fd < 0 || !fds[i].revents)
-                continue;
-            char buf[65536];
-            ssize_t n = read(fds[i].fd, buf, sizeof buf);
-            if (n < 0 && errno == EINTR)
-                continue;
-            if (n <= 0) {
-                close(fds[i].fd);
-                fds[i].fd = -1;
-                open_fds--;
-                continue;
-            }
-            if (i == 1) {
-                size_t take = (size_t)n < sizeof r->errtext - 1 - elen ? (size_t)n
-                                                                     : sizeof r->errtext - 1 - elen;
-                memcpy(r->errtext + elen, buf, take);
-                elen += take;
-                continue;
-            }
-            if (r->out_len + (size_t)n > max_out) {
-                r->too_long = 1;
-                open_fds = 0;
-                break;
-            }
-            if (r->out_len + (size_t)n + 1 > cap) {
-                size_t nc = cap ? cap : 65536;
-                while (nc < r->out_len + (size_t)n + 1)
-                    nc *= 2;
-                char *p = realloc(r->out, nc);
-                if (!p) {
-                    r->too_long = 1; /* treated as a limit: memory */
-                    open_fds = 0;
-                    break;
-                }
-                r->out = p;
-                cap = nc;
-            }
-            memcpy(r->out + r->out_len, buf, (size_t)n);
-            r->out_len += (size_t)n;
-            r->out[r->out_len] = 0;
-        }
+    if (r->not_found) {
+        close(po[0]);
+        close(pe[0]);
+    } else {
+        struct HelperOutput h;
+        docformat_drain(po[0], pe[0], timeout_s * 1e3, max_out, &h);
+        r->out = h.out;
+        r->out_len = h.out_len;
+        memcpy(r->errtext, h.errtext, sizeof r->errtext);
+        r->timed_out = h.timed_out;
+        r->too_long = h.too_long || h.oom; /* out of memory: treated as a limit */
+        if (h.cut_short)
+            kill(pid, SIGKILL);
     }
-    r->errtext[elen] = 0;
-    if (r->timed_out || r->too_long)
-        kill(pid, SIGKILL);
-    for (int i = 0; i < 2; i++)
-        if (fds[i].fd >= 0)
-            close(fds[i].fd);
     while (waitpid(pid, &r->status, 0) < 0 && errno == EINTR)
         ;
     return 0;
