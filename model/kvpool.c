@@ -211,11 +211,12 @@ int kvpool_alloc(struct KvPool *p, int32_t *page)
     return i >= 0 ? 0 : -1;
 }
 
-int kvpool_match(struct KvPool *p, const int32_t *tokens, size_t n_tokens, int max_pages,
-                 int32_t *pages, uint64_t *hashes)
+/* The published pages that hold tokens' full pages from the first, in order, at most
+ * max_pages (under p->mu). take: a reference to each (out of the LRU when it was idle), with
+ * its page and chain hash stored; else only *idle counts the idle ones. */
+static int walk_chain(struct KvPool *p, const int32_t *tokens, size_t n_tokens, int max_pages,
+                      int take, int32_t *pages, uint64_t *hashes, int *idle)
 {
-    if (!p->caching) return 0;
-    pthread_mutex_lock(&p->mu);
     int m = 0;
     uint64_t h = 0;
     int32_t parent = -1;
@@ -225,14 +226,28 @@ int kvpool_match(struct KvPool *p, const int32_t *tokens, size_t n_tokens, int m
         int32_t i = find(p, h, parent, t);
         if (i < 0) break;
         struct PageMeta *mi = &p->meta[i];
-        if (mi->ref++ == 0) {
-            lru_unlink(p, i);
-            p->n_used++;
+        if (!take) {
+            *idle += mi->ref == 0;
+        } else {
+            if (mi->ref++ == 0) {
+                lru_unlink(p, i);
+                p->n_used++;
+            }
+            pages[m] = i;
+            hashes[m] = h;
         }
-        pages[m] = i;
-        hashes[m++] = h;
+        m++;
         parent = i;
     }
+    return m;
+}
+
+int kvpool_match(struct KvPool *p, const int32_t *tokens, size_t n_tokens, int max_pages,
+                 int32_t *pages, uint64_t *hashes)
+{
+    if (!p->caching) return 0;
+    pthread_mutex_lock(&p->mu);
+    int m = walk_chain(p, tokens, n_tokens, max_pages, 1, pages, hashes, NULL);
     p->queried += n_tokens;
     p->hit += (uint64_t)m * KV_TILE;
     pthread_mutex_unlock(&p->mu);
@@ -245,18 +260,7 @@ int kvpool_peek(struct KvPool *p, const int32_t *tokens, size_t n_tokens, int ma
     *idle = 0;
     if (!p->caching) return 0;
     pthread_mutex_lock(&p->mu);
-    int m = 0;
-    uint64_t h = 0;
-    int32_t parent = -1;
-    while (m < max_pages && (size_t)(m + 1) * KV_TILE <= n_tokens) {
-        const int32_t *t = tokens + (size_t)m * KV_TILE;
-        h = kvpool_chain_hash(p, h, t);
-        int32_t i = find(p, h, parent, t);
-        if (i < 0) break;
-        *idle += p->meta[i].ref == 0;
-        m++;
-        parent = i;
-    }
+    int m = walk_chain(p, tokens, n_tokens, max_pages, 0, NULL, NULL, idle);
     pthread_mutex_unlock(&p->mu);
     return m;
 }
