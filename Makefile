@@ -134,9 +134,12 @@ bench-grounding: all $(MODEL_FILE) $(QWEN_FILE) venv
 # default model (about 15 minutes on two cores), same threads: prefix reuse (TTFT of a second
 # question over the same ~7K tokens of documents / the first's), 16 concurrent clients'
 # tokens/s, and the p99 inter-token gap of a stream while a long prompt prefills, against
-# their targets. BENCH_ARGS=--quick: a smoke run; --model another GGUF file.
+# their targets. BENCH_ARGS=--quick: a smoke run; --model another GGUF file. Then the
+# long-document scenario (bench/bench_longdoc.py: ten questions over each of three ~16K-token
+# documents, inline and stored; about 15 minutes more), LONGDOC_ARGS its options.
 bench-serving: all $(QWEN_FILE) venv
 	BUILD=$(BUILD) $(VENV_PATH) $(PYTHON) bench/bench_serving.py $(BENCH_ARGS)
+	BUILD=$(BUILD) $(VENV_PATH) $(PYTHON) bench/bench_longdoc.py $(LONGDOC_ARGS)
 .PHONY: bench-serving
 
 # The groundedness detector's calibration for the default model and its held-out evaluation

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Conversations over one inline document: for each of the first N SQuAD articles (test
-split), its first paragraphs as one document of at most --chars characters, and three of its
-answerable questions asked in turn, each later one with the earlier questions and answers as
+"""Conversations over one inline document: for each of the first N SQuAD articles (--split:
+both halves by default; nothing here is fitted), its first paragraphs as one document of at most --chars characters, and --turns of its
+answerable questions (--turns) asked in turn, each later one with the earlier questions and answers as
 `history`. Prints, per turn, how often the answer contains a gold answer, the median time to
 the first token and the prompt tokens taken from the prefix cache. Compare two builds (the
 layout of the earlier turns is the prompt's) by running it with each --diffragd.
 
-    python3 tools/eval-conversation.py [--diffragd build/diffragd] [--articles 12] [--json F]
+    python3 tools/eval-conversation.py [--diffragd build/diffragd] [--articles 24] [--json F]
 """
 import argparse
 import json
@@ -21,18 +21,16 @@ sys.path.insert(0, str(ROOT / "tools"))
 import daemon_util  # noqa: E402
 from eval_common import article_split, contains, load_squad  # noqa: E402
 
-TURNS = 3
 
-
-def conversations(n, chars):
-    """(document text, [(question, gold answers)] * TURNS) for the first n test articles."""
+def conversations(n, chars, split, turns):
+    """(document text, [(question, gold answers)] * turns) for the first n articles."""
     passages, questions = load_squad()
     by_title = {}
     for p in passages.values():
         by_title.setdefault(p["title"], []).append(p)
     out = []
     for title, ps in by_title.items():
-        if article_split(title) != "test":
+        if split != "all" and article_split(title) != split:
             continue
         text, ids = "", set()
         for p in ps:
@@ -42,9 +40,9 @@ def conversations(n, chars):
             ids.add(p["id"])
         qs = [(q["question"], q["answers"]) for q in questions
               if q["gold_passage_id"] in ids and not q["is_impossible"]]
-        if len(qs) >= TURNS:
-            step = len(qs) // TURNS  # spread over the document, not its first paragraph only
-            out.append((text, [qs[i * step] for i in range(TURNS)]))
+        if len(qs) >= turns:
+            step = len(qs) // turns  # spread over the document, not its first paragraph only
+            out.append((text, [qs[i * step] for i in range(turns)]))
         if len(out) == n:
             break
     return out
@@ -54,8 +52,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--diffragd", default=str(ROOT / "build" / "diffragd"))
     ap.add_argument("--model", default=str(ROOT / "models" / "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"))
-    ap.add_argument("--articles", type=int, default=12)
-    ap.add_argument("--chars", type=int, default=6000)
+    ap.add_argument("--articles", type=int, default=24)
+    ap.add_argument("--chars", type=int, default=10000)
+    ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--budget", type=int, default=4096,
+                    help="max_context_tokens: the default holds each document whole")
+    ap.add_argument("--split", choices=("all", "fit", "test"), default="all")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dir", default="/tmp/diffrag-eval-conversation")
     ap.add_argument("--json", help="one line per answer here")
@@ -64,16 +66,17 @@ def main():
     tmp = pathlib.Path(a.dir)
     tmp.mkdir(parents=True, exist_ok=True)
     rows = []
-    with daemon_util.Daemon(tmp, a.model, workers=1, threads=a.threads, max_context_tokens=4096,
+    with daemon_util.Daemon(tmp, a.model, workers=1, threads=a.threads,
+                            max_context_tokens=max(a.budget, 4096),
                             max_tokens=32, relevance_floor=0) as d:
         c = d.client()
         rid = 0
-        for k, (text, qs) in enumerate(conversations(a.articles, a.chars)):
+        for k, (text, qs) in enumerate(conversations(a.articles, a.chars, a.split, a.turns)):
             history = []
             for turn, (q, gold) in enumerate(qs):
                 rid += 1
                 m = {"v": 1, "op": "query", "id": rid, "question": q, "docs": [{"text": text}],
-                     "max_tokens": 32}
+                     "max_tokens": 32, "max_context_tokens": a.budget}
                 if history:
                     m["history"] = list(history)
                 _, r = c.call(m, timeout=600)
@@ -96,7 +99,7 @@ def main():
                 f.write(json.dumps(row) + "\n")
     print("\n| turn | answers | contain gold | median TTFT | median cached / prompt tokens |")
     print("|---|---|---|---|---|")
-    for turn in range(TURNS):
+    for turn in range(a.turns):
         rs = [r for r in rows if r["turn"] == turn]
         print("| %d | %d | %d | %.2f s | %d / %d |" % (
             turn + 1, len(rs), sum(r["right"] for r in rs),

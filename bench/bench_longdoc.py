@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""`make bench-serving`, the long-document scenario: questions one after another over long
+documents, as a user who keeps asking about one report asks them. Each document joins whole
+SQuAD 2.0 articles (dev, CC BY-SA 4.0): two that its questions ask about and others around them,
+until it holds at least --tokens tokens (16K-25K); its questions are SQuAD questions whose
+answers it holds, spread over both articles. diffragd serves the default model with
+a prompt budget that holds a whole document (--budget) and otherwise its defaults (no top_k):
+documents that fit the budget go in whole, whatever the question matched.
+
+- inline: the document is sent with every question (`docs`). Target: every question after the
+  first gets its first token in at most 0.05 of the first's time.
+- stored: one more document is ingested into a collection and asked about by collection
+  (--stored-questions). A stored document that fits the budget goes in whole too, so the same
+  target holds. (A stored collection whose retrieved context is larger than the budget takes
+  its chunks by question: that is chunk KV reuse's case, docs/kv-reuse.md.)
+
+Times are the daemon's own (timings.ttft_ms: from receipt to the first token); answers are
+greedy, 32 tokens at most, right when they contain a gold answer (SQuAD's normalisation).
+
+    python3 bench/bench_longdoc.py [--docs 3] [--questions 10] [--stored-questions 3]
+"""
+import argparse
+import json
+import os
+import pathlib
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BUILD = ROOT / os.environ.get("BUILD", "build")
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tools"))
+
+import daemon_util  # noqa: E402
+from eval_common import contains, load_squad  # noqa: E402
+
+MODEL = ROOT / "models" / "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
+
+
+def chars_per_token(text):
+    r = subprocess.run([str(BUILD / "diffrag-run"), "-m", str(MODEL), "-n", "0", "--ctx", "1",
+                        "--print-tokens", "-p", "-"], input=text, capture_output=True, text=True)
+    line = [ln for ln in r.stderr.splitlines() if ln.startswith("tokens:")]
+    if not line:
+        raise SystemExit("diffrag-run did not tokenize: %s" % r.stderr[-500:])
+    return len(text) / (len(line[0].split()) - 1)
+
+
+def documents(n_docs, tokens, n_questions):
+    """[(title, text, [(question, answers)])]: each document two whole articles that questions
+    ask about and, around them, whole articles no question asks about until it holds about
+    `tokens` tokens (in a fixed shuffled order); each article used once."""
+    passages, questions = load_squad()
+    arts = {}
+    for p in passages.values():
+        arts.setdefault(p["title"], []).append(p)
+    asked_ids = {q["gold_passage_id"] for q in questions if not q["is_impossible"]}
+    asked = [(t, ps) for t, ps in arts.items() if any(p["id"] in asked_ids for p in ps)]
+    filler = iter([(t, ps) for t, ps in arts.items() if not any(p["id"] in asked_ids for p in ps)])
+    if len(asked) < 2 * n_docs:
+        raise SystemExit("the SQuAD data has questions over %d articles: at most %d documents"
+                         % (len(asked), len(asked) // 2))
+    cpt = chars_per_token("\n\n".join(p["text"] for p in list(passages.values())[:300]))
+
+    def article(t, ps):
+        return "# %s\n\n%s" % (t.replace("_", " "), "\n\n".join(p["text"] for p in ps))
+    out = []
+    for k in range(n_docs):
+        mine = asked[2 * k:2 * k + 2]
+        parts = [article(t, ps) for t, ps in mine]
+        while sum(map(len, parts)) / cpt < tokens:
+            parts.append(article(*next(filler)))
+        random.Random(k).shuffle(parts)
+        ids = {p["id"] for _, ps in mine for p in ps}
+        qs = [(q["question"], q["answers"]) for q in questions
+              if q["gold_passage_id"] in ids and not q["is_impossible"]]
+        step = max(1, len(qs) // n_questions)
+        title = " / ".join(t.replace("_", " ") for t, _ in mine)
+        out.append((title, "\n\n".join(parts), qs[::step][:n_questions]))
+    return out
+
+
+def ask(c, rid, q, budget, **where):
+    m = {"v": 1, "op": "query", "id": rid, "question": q, "max_context_tokens": budget,
+         "max_tokens": 32}
+    m.update(where)
+    _, r = c.call(m, timeout=1800)
+    if not r.get("ok"):
+        raise SystemExit("query failed: %s" % r.get("error"))
+    return r
+
+
+def run(label, c, doc_qs, budget, where_of, rows):
+    rid = len(rows)
+    for k, (title, text, qs) in enumerate(doc_qs):
+        for i, (q, gold) in enumerate(qs):
+            rid += 1
+            r = ask(c, rid, q, budget, **where_of(k, title, text))
+            row = {"layout": label, "doc": k, "n": i, "ttft_s": r["timings"]["ttft_ms"] / 1e3,
+                   "prompt": r["usage"]["prompt_tokens"], "cached": r["usage"]["cached_tokens"],
+                   "whole": r["context"]["whole"], "right": contains(r["answer"], gold)}
+            rows.append(row)
+            print("  %-16s doc %d q%-2d TTFT %6.2f s  prompt %5d, cached %5d%s  %s"
+                  % (label, k, i + 1, row["ttft_s"], row["prompt"], row["cached"],
+                     ", whole" if row["whole"] else "", "right" if row["right"] else "wrong"),
+                  flush=True)
+
+
+def summarise(rows, label):
+    rs = [r for r in rows if r["layout"] == label]
+    if not rs:
+        return None
+    ratios = []
+    for k in sorted({r["doc"] for r in rs}):
+        d = [r for r in rs if r["doc"] == k]
+        ratios += [r["ttft_s"] / d[0]["ttft_s"] for r in d[1:]]
+    first = [r["ttft_s"] for r in rs if r["n"] == 0]
+    later = [r["ttft_s"] for r in rs if r["n"] > 0]
+    print("| %s | %d | %d | %.1f s | %s | %s | %d / %d |" % (
+        label, len(first), len(later), statistics.median(first),
+        "%.2f s" % statistics.median(later) if later else "-",
+        "%.3f (max %.3f)" % (statistics.median(ratios), max(ratios)) if ratios else "-",
+        sum(r["right"] for r in rs), len(rs)))
+    return max(ratios) if ratios else None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--docs", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=16000, help="tokens of each document, about")
+    ap.add_argument("--questions", type=int, default=10, help="inline questions per document")
+    ap.add_argument("--stored-questions", type=int, default=3,
+                    help="questions over a stored document (0: none)")
+    ap.add_argument("--budget", type=int, default=32704)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", help="one line per answer here")
+    a = ap.parse_args()
+    doc_qs = documents(a.docs + (1 if a.stored_questions else 0), a.tokens, a.questions)
+    stored_doc = doc_qs.pop() if a.stored_questions else None
+    rows = []
+    print("bench-longdoc: %s, %d threads, %d cores; %d documents of ~%d tokens, budget %d"
+          % (MODEL.name, a.threads, os.cpu_count(), a.docs, a.tokens, a.budget), flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-longdoc-") as tmp:
+        with daemon_util.Daemon(pathlib.Path(tmp), MODEL, workers=1, threads=a.threads,
+                                max_context_tokens=a.budget, max_tokens=32) as d:
+            c = d.client()
+            run("inline", c, doc_qs, a.budget,
+                lambda k, title, text: {"docs": [{"id": "long-%d" % k, "title": title,
+                                                  "text": text}]}, rows)
+            if stored_doc:
+                title, text, qs = stored_doc
+                _, r = c.call({"v": 1, "op": "ingest", "id": "i", "collection": "long",
+                               "docs": [{"id": "stored", "title": title, "text": text}]},
+                              timeout=600)
+                if not r.get("ok"):
+                    raise SystemExit("ingest failed: %s" % r.get("error"))
+                run("stored", c, [(title, text, qs[:a.stored_questions])], a.budget,
+                    lambda k, t, x: {"collection": "long"}, rows)
+            assert d.stop() == 0
+    if a.json:
+        with open(a.json, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+    print("\n| layout | first questions | later questions | median first TTFT | median later "
+          "TTFT | later / first of its document | right |")
+    print("|---|---|---|---|---|---|---|")
+    worst = summarise(rows, "inline")
+    worst_stored = summarise(rows, "stored")
+    for label, w in (("inline", worst), ("stored", worst_stored)):
+        if w is not None:
+            print("%s target (every later question <= 0.05 of its document's first): %s"
+                  % (label, "met" if w <= 0.05 else "NOT met"))
+
+
+if __name__ == "__main__":
+    main()
