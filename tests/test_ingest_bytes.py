@@ -148,6 +148,66 @@ def test_damaged_documents_refuse_the_batch(daemon, tmp_path):
     assert ping(daemon)["ok"]
 
 
+@needs_helper
+def test_concurrent_file_ingests(daemon, tmp_path):
+    """Six clients at once, three batches each into a collection of their own and one they
+    share: every good batch is stored whole (each file with its title), every batch with a cut
+    PDF is refused naming it and stores nothing, the daemon answers a ping throughout, and the
+    collections hold exactly what was acknowledged."""
+    import threading
+    docx = docx_bytes(tmp_path)
+    cut = PDF[:len(PDF) // 2]
+    results, errors = {}, []
+
+    def client(k):
+        try:
+            c = daemon.client()
+            out = []
+            for b in range(3):
+                docs = [{"id": "c%d-b%d-html" % (k, b), "name": "page.html", "bytes": HTML.encode()},
+                        {"id": "c%d-b%d-pdf" % (k, b), "name": "log.pdf", "bytes": PDF},
+                        {"id": "c%d-b%d-docx" % (k, b), "name": "rep.docx", "bytes": docx}]
+                if b == 1:
+                    docs.append({"id": "c%d-b%d-cut" % (k, b), "name": "cut.pdf", "bytes": cut})
+                coll = "own%d" % k if b != 2 else "shared"
+                _, r = c.call({"v": 1, "op": "ingest", "collection": coll, "docs": docs},
+                              timeout=300)
+                out.append((coll, b, r))
+            results[k] = out
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    pings = 0
+    while any(t.is_alive() for t in threads):
+        assert ping(daemon, timeout=30)["ok"]
+        pings += 1
+        time.sleep(0.2)
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert pings > 0
+    for k, out in results.items():
+        for coll, b, r in out:
+            if b == 1:
+                assert not r["ok"] and r["error"]["code"] == "bad_request", r
+                assert '("cut.pdf")' in r["error"]["message"] and "truncated" in r["error"]["message"], r
+            else:
+                assert r["ok"] and r["ingested"] == 3, r
+        for b, coll in ((0, "own%d" % k), (2, "shared")):
+            assert get(daemon, "c%d-b%d-pdf" % (k, b), coll)["doc"]["title"] == "Lighthouse log"
+            assert get(daemon, "c%d-b%d-docx" % (k, b), coll)["doc"]["title"] == "Report 2024"
+            assert get(daemon, "c%d-b%d-html" % (k, b), coll)["doc"]["title"] == "The Rhine & its Valley"
+        assert get(daemon, "c%d-b1-html" % k, "own%d" % k)["error"]["code"] == "not_found"
+    _, st = daemon.client().call({"v": 1, "op": "stats", "collection": "shared"})
+    assert st["ok"] and st["docs"] == 18, st
+    for k in range(6):
+        _, st = daemon.client().call({"v": 1, "op": "stats", "collection": "own%d" % k})
+        assert st["ok"] and st["docs"] == 3, st
+
+
 def test_request_limits_and_shape(daemon):
     def err(doc, op="ingest"):
         msg = {"v": 1, "op": op, "docs": [doc]}
