@@ -496,7 +496,8 @@ int engine_step(struct Engine *r, const struct EngineBatchItem *items, int n_ite
     }
     if (r->gpu) {
         int rc = forward_step_gpu(r, segs, k);
-        if (rc != ENGINE_OK) return errmsg_set(err, errlen, rc, "a step on the GPU: %s", r->gpu_err);
+        if (rc != ENGINE_OK)
+            return errmsg_set(err, errlen, rc, "a step on the GPU: %s", r->gpu_err);
     } else if (forward_step(r, segs, k) != ENGINE_OK) {
         return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory for a step's logits");
     }

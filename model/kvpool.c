@@ -146,8 +146,8 @@ void kvpool_stats(struct KvPool *p, struct KvPoolStats *o)
     pthread_mutex_lock(&p->mu);
     *o = (struct KvPoolStats){
         .pages = p->n_pages, .pages_used = p->n_used, .pages_cached = p->n_cached,
-        .pages_free = p->n_free, .page_bytes = p->page_bytes, .queried_tokens = p->queried, .hit_tokens = p->hit,
-        .evicted_pages = p->evicted,
+        .pages_free = p->n_free, .page_bytes = p->page_bytes, .queried_tokens = p->queried,
+        .hit_tokens = p->hit, .evicted_pages = p->evicted,
     };
     pthread_mutex_unlock(&p->mu);
 }
