@@ -159,7 +159,8 @@ const struct Key config_keys[] = {
       "and recomputed later" },
     { "prefix_cache", K_LONG, F(prefix_cache), "1", 0, 1, 0,
       "1: a prompt that starts like an earlier one takes that prefix's keys and values from the "
-      "KV pool instead of computing them again (exact: the answer is the same); 0: off" },
+      "KV pool instead of computing them again (exact: the answer is the same; on a GPU, within "
+      "the products' rounding); 0: off" },
     { "prefix_cache_bytes", K_SIZE, F(prefix_cache_bytes), "0", 0, 1e15, 0,
       "memory for cached prompt prefixes beyond the workers' own KV pages (whose pages stay "
       "cached until a worker needs them); reserved, committed as it fills" },

@@ -141,7 +141,8 @@ static int start_workers(void *zctx, struct Model *m, const char *model_name,
     }
     if (gpu_positions < 1)
         gpu_positions = 1;
-    if (engine_device_select(m, c->device, gpu_positions, &dev, note, sizeof note)) {
+    if (engine_device_select(m, c->device, gpu_positions, c->prefix_cache != 0, &dev, note,
+                             sizeof note)) {
         dlog(LL_ERROR, "msg=\"cannot use the compute device\" device=%s error=\"%s\"", c->device,
              note);
         return -1;

@@ -557,12 +557,16 @@ char *metrics_render(struct Metrics *m, size_t *len)
     fprintf(f, "diffrag_workers{state=\"busy\"} %d\n", m->workers_busy);
     head(f, "diffrag_kv_cache_bytes", "gauge", "KV cache memory of the ready workers.");
     fprintf(f, "diffrag_kv_cache_bytes %llu\n", (unsigned long long)m->kv_bytes);
-    if (m->kv_pool) {
+    /* the CPU workers' pool, or the GPU's (the same bookkeeping, model/kvpool.h) */
+    struct KvPool *pool = m->kv_pool ? m->kv_pool
+                          : m->gpu_model ? model_gpu_pool(m->gpu_model) : NULL;
+    if (pool) {
         struct KvPoolStats ks;
-        kvpool_stats(m->kv_pool, &ks);
+        kvpool_stats(pool, &ks);
         head(f, "diffrag_kv_pool_pages", "gauge",
-             "Pages of the in-process workers' KV pool (64 positions each), by state: used by a "
-             "request, cached (a prefix kept for reuse), free.");
+             "Pages of the in-process workers' KV pool (64 positions each; on the GPU when they "
+             "compute there), by state: used by a request, cached (a prefix kept for reuse), "
+             "free.");
         fprintf(f, "diffrag_kv_pool_pages{state=\"used\"} %zu\n", ks.pages_used);
         fprintf(f, "diffrag_kv_pool_pages{state=\"cached\"} %zu\n", ks.pages_cached);
         fprintf(f, "diffrag_kv_pool_pages{state=\"free\"} %zu\n",
@@ -574,20 +578,6 @@ char *metrics_render(struct Metrics *m, size_t *len)
              "Cached pages evicted (least recently used) for new requests.");
         fprintf(f, "diffrag_kv_pool_evicted_pages_total %llu\n",
                 (unsigned long long)ks.evicted_pages);
-    } else if (m->gpu_model) {
-        int pages = 0, free_pages = 0;
-        if (model_gpu_info(m->gpu_model, NULL, &pages, &free_pages) && pages > 0) {
-            head(f, "diffrag_kv_pool_pages", "gauge",
-                 "Pages of the workers' KV pool on the GPU (64 positions each), by state: used by "
-                 "a request, cached (none: the GPU keeps no prefixes), free.");
-            fprintf(f, "diffrag_kv_pool_pages{state=\"used\"} %d\n", pages - free_pages);
-            fprintf(f, "diffrag_kv_pool_pages{state=\"cached\"} 0\n");
-            fprintf(f, "diffrag_kv_pool_pages{state=\"free\"} %d\n", free_pages);
-            head(f, "diffrag_kv_pool_usage_ratio", "gauge",
-                 "Share of the KV pool's pages used by requests (cached pages not counted).");
-            fprintf(f, "diffrag_kv_pool_usage_ratio %.6f\n",
-                    (double)(pages - free_pages) / (double)pages);
-        }
     }
     if (m->wstats) {
         struct WorkerStats *ws = m->wstats;

@@ -9,10 +9,10 @@
  *
  * Device data: activations f32 or bf16 (uint16_t here), row-major, rows are tokens. Weights
  * bf16, (rows = outputs, cols = inputs), uploaded once. The KV cache lives in pages of
- * GPU_PAGE positions from one pool (struct GpuKvPool, kernels/gpu_plan.h): page p holds, for
- * every layer l, kind c (0 keys, 1 values) and KV head g, GPU_PAGE rows of head_dim bf16 at
- * element ((l * 2 + c) * n_kv_head + g) * GPU_PAGE * head_dim of the page. A sequence's page
- * table maps its position tile t (positions t*GPU_PAGE..) to a page. */
+ * GPU_PAGE positions from one pool (model/engine_gpu.c; its bookkeeping: model/kvpool.h): page
+ * p holds, for every layer l, kind c (0 keys, 1 values) and KV head g, GPU_PAGE rows of
+ * head_dim bf16 at element ((l * 2 + c) * n_kv_head + g) * GPU_PAGE * head_dim of the page. A
+ * sequence's page table maps its position tile t (positions t*GPU_PAGE..) to a page. */
 #ifndef DIFFRAG_GPU_H
 #define DIFFRAG_GPU_H
 

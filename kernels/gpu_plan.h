@@ -1,10 +1,9 @@
 /* Host-side planning for the GPU backend, in plain C so the CPU unit tests check it without a
- * GPU (tests/test_gpu_plan.c): the attention kernels' launch shapes, the KV page pool's
- * bookkeeping, and the memory a GPU context needs. */
+ * GPU (tests/test_gpu_plan.c): the attention kernels' launch shapes and the memory a GPU
+ * context needs (the KV page pool's bookkeeping is model/kvpool.h's). */
 #ifndef DIFFRAG_GPU_PLAN_H
 #define DIFFRAG_GPU_PLAN_H
 
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -329,28 +328,10 @@ GPU_HD static inline int gpu_radix_digit(const float *hist, float want, float *a
     return last;
 }
 
-/* The KV page pool: n_pages pages of page_bytes in one device allocation, handed out to
- * sequences and taken back. Host bookkeeping only; thread safe. */
-struct GpuKvPool {
-    pthread_mutex_t mu;
-    void *base;                /* device memory */
-    size_t page_bytes;
-    int n_pages;
-    int n_free;
-    int32_t *free_list;        /* (n_pages) stack of free page ids */
-};
-
 /* Elements (bf16) of one page for a model's shape. */
 static inline size_t gpu_page_elems(int n_layer, int n_kv_head, int head_dim)
 {
     return (size_t)n_layer * 2 * n_kv_head * GPU_PAGE * head_dim;
 }
-
-int gpu_pool_init(struct GpuKvPool *p, void *base, size_t page_bytes, int n_pages);
-void gpu_pool_fini(struct GpuKvPool *p);
-/* Takes n pages into out[]: 0, or -1 (nothing taken) when fewer than n are free. */
-int gpu_pool_take(struct GpuKvPool *p, int n, int32_t *out);
-void gpu_pool_give(struct GpuKvPool *p, int n, const int32_t *pages);
-int gpu_pool_free_pages(struct GpuKvPool *p);
 
 #endif

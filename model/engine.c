@@ -165,8 +165,11 @@ static int gpu_engine_new(struct Engine *e, struct Engine *runner, char *err, si
     e->gpu_lam = calloc((size_t)c->n_layer * c->n_head, sizeof(float));
     e->gpu_watch = calloc((size_t)c->n_layer, 1);
     e->gpu_cand = malloc((size_t)c->vocab * sizeof *e->gpu_cand);
+    /* the prompt's tokens and its pages' names: the prefix cache's, as on the CPU */
+    e->tok = malloc((size_t)e->opts.n_ctx * sizeof *e->tok);
+    e->page_hash = malloc(kvpool_pages_for(e->opts.n_ctx) * sizeof *e->page_hash);
     if (!e->block || !e->inv_freq || !e->cls || !e->wq_off || !e->gpu_mass || !e->gpu_lam ||
-        !e->gpu_watch || !e->gpu_cand)
+        !e->gpu_watch || !e->gpu_cand || !e->tok || !e->page_hash)
         return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory");
     e->s.cos = e->block;
     e->s.sin = e->s.cos + rows * half;

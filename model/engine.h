@@ -72,28 +72,29 @@ void engine_destroy(struct Engine **e);
 /* Appends n tokens to the sequence in chunks of opts.chunk; afterwards engine_logits holds the
  * logits of the last token. Checks for cancellation before each chunk.
  *
- * CPU contexts cache prefixes exactly (model/kvpool.h): a prefill into an empty sequence first
- * takes the longest run of cached full pages that starts the prompt (leaving at least its last
- * token to compute), and every full page a prefill writes is published for later prompts.
- * Prefill chunks run each row through the many-row products and the unsplit attention,
+ * Contexts cache prefixes exactly (model/kvpool.h; a GPU context in the GPU's pool, when the
+ * model went to the GPU with prefix_cache): a prefill into an empty sequence first takes the
+ * longest run of cached full pages that starts the prompt (leaving at least its last token to
+ * compute), and every full page a prefill writes is published for later prompts. On the CPU,
+ * prefill chunks run each row through the many-row products and the unsplit attention,
  * whatever the chunk's length, so a position's keys, values and logits do not depend on how
- * the prompt was cut into chunks, or on which part of it came from the cache.
+ * the prompt was cut into chunks, or on which part of it came from the cache; on a GPU, the
+ * products may round a row differently with another number of rows (docs/cuda.md).
  * ENGINE_EBUDGET when the pool has no page left (every page referenced by a sequence). */
 int engine_prefill(struct Engine *e, const int32_t *tokens, size_t n, char *err, size_t errlen);
-/* Positions of the current sequence taken from the prefix cache (0 on GPU contexts). */
+/* Positions of the current sequence taken from the prefix cache. */
 int engine_cached(const struct Engine *e);
-/* The prefix-cache lookup engine_prefill starts with, alone: on an empty CPU sequence, takes
+/* The prefix-cache lookup engine_prefill starts with, alone: on an empty sequence, takes
  * the longest cached run of full pages that starts `prompt` (n tokens), leaving at least the
  * last token to compute, and returns the positions taken (0 otherwise). */
 int engine_take_cached(struct Engine *e, const int32_t *prompt, size_t n);
-/* What engine_take_cached would take now, without taking it: the positions (0 on GPU
- * contexts and sequences that are not empty), and in *idle_pages how many of their pages no
- * sequence holds (engine_pages_available counts those until they are taken). */
+/* What engine_take_cached would take now, without taking it: the positions (0 on sequences
+ * that are not empty), and in *idle_pages how many of their pages no sequence holds
+ * (engine_pages_available counts those until they are taken). */
 int engine_peek_cached(const struct Engine *e, const int32_t *prompt, size_t n, int *idle_pages);
 /* Pages the sequence would take to append n more tokens; pages n positions fill in its pool
  * (a page holds 64 positions on the CPU, GPU_PAGE on a GPU); pages its pool could give now
- * (CPU: free or cached, nobody uses them; GPU: free in the device's pool); and the pool's
- * pages in all. */
+ * (free or cached: nobody uses them); and the pool's pages in all. */
 int engine_pages_needed(const struct Engine *e, int n);
 int engine_pages_for(const struct Engine *e, int n_positions);
 long engine_pages_available(const struct Engine *e);

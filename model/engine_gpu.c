@@ -15,6 +15,7 @@
 
 #include "kernels/gpu.h"
 #include "kernels/gpu_plan.h"
+#include "model/kvpool.h"
 
 /* The device's candidates are copied straight into the sampler's. */
 _Static_assert(sizeof(struct GpuCand) == sizeof(struct SampleCand) &&
@@ -25,6 +26,8 @@ _Static_assert(sizeof(struct GpuCand) == sizeof(struct SampleCand) &&
 _Static_assert(GPU_SAMPLE_GREEDY == (int)SAMPLE_GREEDY && GPU_SAMPLE_TOP_K == (int)SAMPLE_TOP_K &&
                GPU_SAMPLE_FLOOR == (int)SAMPLE_FLOOR && GPU_SAMPLE_MASS == (int)SAMPLE_MASS,
                "sampling modes differ");
+/* The GPU pool's pages are named as the CPU pool's are, a page of KV_TILE positions at a time. */
+_Static_assert(GPU_PAGE == KV_TILE, "a GPU page and a CPU page hold different positions");
 
 struct GpuLayer {
     float *attn_norm, *ffn_norm;          /* (dim) f32 */
@@ -45,8 +48,9 @@ struct GpuModel {
     struct GpuLayer *layers;
     size_t weight_bytes;
     size_t page_elems;
-    void *pool_mem;
-    struct GpuKvPool pool;
+    void *pool_mem;                       /* (n_pages, page_elems) bf16 */
+    int n_pages;
+    struct KvPool *pool;                  /* the pages' names and references (model/kvpool.h) */
 };
 
 struct GpuSeq {
@@ -160,7 +164,7 @@ void model_gpu_free(struct Model *m)
         a->free(g->ctx, g->pool_mem);
         a->ctx_destroy(g->ctx);
     }
-    gpu_pool_fini(&g->pool);
+    kvpool_destroy(&g->pool);
     free(g->layers);
     free(g);
     m->gpu = NULL;
@@ -226,8 +230,10 @@ int model_gpu_load(struct Model *m, const struct GpuModelOpts *o, char *err, siz
     g->page_elems = gpu_page_elems(c->n_layer, c->n_kv_head, c->head_dim);
     long n_pages = (o->kv_tokens + GPU_PAGE - 1) / GPU_PAGE;
     if (n_pages > 1 << 24) n_pages = 1 << 24;
+    g->n_pages = (int)n_pages;
     if (api->alloc(g->ctx, (size_t)n_pages * g->page_elems * 2, &g->pool_mem, err, errlen) ||
-        gpu_pool_init(&g->pool, g->pool_mem, g->page_elems * 2, (int)n_pages))
+        kvpool_new_names(m, g->page_elems * 2, (size_t)n_pages, o->prefix_cache, &g->pool, err,
+                         errlen))
         goto fail;
     return 0;
 fail:
@@ -242,10 +248,16 @@ const char *model_gpu_info(const struct Model *m, size_t *weight_bytes, int *pag
     struct GpuModel *g = m->gpu;
     if (!g) return NULL;
     if (weight_bytes) *weight_bytes = g->weight_bytes;
-    if (pages) *pages = g->pool.n_pages;
-    if (free_pages) *free_pages = gpu_pool_free_pages(&g->pool);
+    if (pages) *pages = g->n_pages;
+    if (free_pages) {
+        struct KvPoolStats st;
+        kvpool_stats(g->pool, &st);
+        *free_pages = (int)(st.pages - st.pages_used);
+    }
     return g->info;
 }
+
+struct KvPool *model_gpu_pool(const struct Model *m) { return m->gpu ? m->gpu->pool : NULL; }
 
 /* The activation block: sizes in bytes, each piece 256-byte aligned. Row counts of the
  * buffers attention reads by whole query tiles (q) are rounded up to GPU_QTILE. */
@@ -439,10 +451,11 @@ int gpu_seq_reserve(struct GpuSeq *s, int n_pos, char *err, size_t errlen)
     }
     int need = gpu_seq_pages_needed(s, n_pos);
     if (!need) return 0;
-    if (gpu_pool_take(&s->g->pool, need, s->pages_h + s->n_pages)) {
-        int fr = gpu_pool_free_pages(&s->g->pool);
+    if (kvpool_alloc_n(s->g->pool, need, s->pages_h + s->n_pages)) {
+        int fr = 0;
+        model_gpu_info(s->m, NULL, NULL, &fr);
         snprintf(err, errlen, "%d more KV pages (%.1f MiB) and the GPU pool has %d of %d free",
-                 need, need * s->g->page_elems * 2 / 1048576.0, fr, s->g->pool.n_pages);
+                 need, need * s->g->page_elems * 2 / 1048576.0, fr, s->g->n_pages);
         return -2;
     }
     s->g->api->upload(s->ctx, s->pages + s->n_pages, s->pages_h + s->n_pages, (size_t)need * 4);
@@ -452,8 +465,24 @@ int gpu_seq_reserve(struct GpuSeq *s, int n_pos, char *err, size_t errlen)
 
 void gpu_seq_release(struct GpuSeq *s)
 {
-    if (s->n_pages) gpu_pool_give(&s->g->pool, s->n_pages, s->pages_h);
+    kvpool_release(s->g->pool, s->pages_h, s->n_pages);
     s->n_pages = 0;
+}
+
+int gpu_seq_take_cached(struct GpuSeq *s, const int32_t *prompt, size_t n, int max_pages,
+                        uint64_t *hashes)
+{
+    if (s->n_pages) return 0;
+    int m = kvpool_match(s->g->pool, prompt, n, max_pages, s->pages_h, hashes);
+    if (m) s->g->api->upload(s->ctx, s->pages, s->pages_h, (size_t)m * 4);
+    s->n_pages = m;
+    return m;
+}
+
+const int32_t *gpu_seq_pages(const struct GpuSeq *s, int *n)
+{
+    *n = s->n_pages;
+    return s->pages_h;
 }
 
 int gpu_seq_set_spans(struct GpuSeq *s, const uint8_t *cls, size_t n, char *err, size_t errlen)
@@ -541,7 +570,7 @@ int gpu_seq_step(struct GpuSeq *r, const struct GpuStepSeg *sg, int ns, const fl
             struct GpuAttnArgs at = {
                 .q = r->q + (size_t)row * nq, .out = r->att + (size_t)row * no,
                 .pool = g->pool_mem, .pages = s->pages, .page_elems = g->page_elems,
-                .pool_pages = g->pool.n_pages, .layer = l, .n_tok = q->n, .pos0 = q->pos0,
+                .pool_pages = g->n_pages, .layer = l, .n_tok = q->n, .pos0 = q->pos0,
                 .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
                 .scale = 1.f / sqrtf((float)hd), .lambda = lam_rows,
                 .lambda_stride = r->qkv_stride, .cls = s->cls, .n_marked = q->n_marked,
@@ -650,7 +679,7 @@ int gpu_seq_sample(struct GpuSeq *s, const struct SampleKeep *k, struct SamplePa
 }
 
 int engine_device_select(struct Model *m, const char *setting, long kv_tokens,
-                         enum EngineDevice *out, char *note, size_t note_len)
+                         int prefix_cache, enum EngineDevice *out, char *note, size_t note_len)
 {
     if (note_len) note[0] = 0;
     *out = ENGINE_CPU;
@@ -667,7 +696,7 @@ int engine_device_select(struct Model *m, const char *setting, long kv_tokens,
         return 0;
     }
     char err[512];
-    struct GpuModelOpts o = {.device = 0, .kv_tokens = kv_tokens};
+    struct GpuModelOpts o = {.device = 0, .kv_tokens = kv_tokens, .prefix_cache = prefix_cache};
     if (model_gpu_load(m, &o, err, sizeof err)) {
         if (want_cuda) {
             snprintf(note, note_len, "%s", err);

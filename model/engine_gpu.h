@@ -13,17 +13,25 @@
 #include "model/model.h"
 #include "model/sampler.h"
 
+struct KvPool;
+
 struct GpuModelOpts {
     int device;                /* CUDA device index */
     long kv_tokens;            /* KV pool capacity in positions, shared by all contexts */
+    int prefix_cache;          /* 1: full prompt pages are published and matched as a CPU
+                                  pool's are (model/kvpool.h); 0: every page is private */
 };
 
 /* Uploads the weights (dequantised to bf16) and allocates the KV pool. Idempotent: a second
  * call with the model already on a GPU is a no-op returning 0. -1 with `err` on failure. */
 int model_gpu_load(struct Model *m, const struct GpuModelOpts *o, char *err, size_t errlen);
 void model_gpu_free(struct Model *m);
-/* Device line, weight bytes on the device, pool pages (total, free); NULL when not loaded. */
+/* Device line, weight bytes on the device, pool pages (total; free: no sequence holds them,
+ * cached prefixes among them); NULL when not loaded. */
 const char *model_gpu_info(const struct Model *m, size_t *weight_bytes, int *pages, int *free_pages);
+/* The names and references of the GPU pool's pages (kvpool_stats, kvpool_peek,
+ * kvpool_publish; model/kvpool.h), or NULL when not loaded. Valid until model_gpu_free. */
+struct KvPool *model_gpu_pool(const struct Model *m);
 
 /* Device bytes a sequence of n_ctx positions in chunks of `chunk` needs: KV pages and
  * activations (pure arithmetic). */
@@ -57,6 +65,15 @@ int gpu_seq_set_spans(struct GpuSeq *s, const uint8_t *cls, size_t n, char *err,
 int gpu_seq_reserve(struct GpuSeq *s, int n_pos, char *err, size_t errlen);
 void gpu_seq_release(struct GpuSeq *s);
 int gpu_seq_pages_needed(const struct GpuSeq *s, int n_pos);
+/* The prefix cache on a sequence holding no page: takes the longest run of published pages,
+ * at most max_pages, that starts `prompt` (n tokens) into its page table, their names into
+ * hashes[]; returns the pages taken (their positions then hold the prompt's keys and values).
+ * 0 when the sequence holds pages or the pool does not cache. */
+int gpu_seq_take_cached(struct GpuSeq *s, const int32_t *prompt, size_t n, int max_pages,
+                        uint64_t *hashes);
+/* The pages the sequence holds, in position order, and their number in *n (borrowed: valid
+ * until its next reserve, step or release). */
+const int32_t *gpu_seq_pages(const struct GpuSeq *s, int *n);
 
 /* One sequence's share of a step: n tokens at positions pos0..; with want_logits its last
  * position's logits are computed (they stay on the device: see gpu_seq_logits and
@@ -99,8 +116,8 @@ double gpu_seq_last_seconds(const struct GpuSeq *s);
 #endif
 
 /* Chooses where contexts of model m compute from a user's setting: "cpu"; "cuda" (the model
- * goes to GPU 0 with a KV pool of kv_tokens positions, or -1 with the reason); "auto" (CUDA
- * when an NVIDIA driver shows a device and the backend loads, else the CPU, with the reason
- * in `note`). 0 and *out set, or -1 with err. */
+ * goes to GPU 0 with a KV pool of kv_tokens positions, caching prefixes when prefix_cache is
+ * 1, or -1 with the reason); "auto" (CUDA when an NVIDIA driver shows a device and the backend
+ * loads, else the CPU, with the reason in `note`). 0 and *out set, or -1 with err. */
 int engine_device_select(struct Model *m, const char *setting, long kv_tokens,
-                         enum EngineDevice *out, char *note, size_t note_len);
+                         int prefix_cache, enum EngineDevice *out, char *note, size_t note_len);

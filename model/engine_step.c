@@ -110,16 +110,24 @@ int eng_take_pages(struct Engine *e, int end, char *err, size_t errlen)
     return ENGINE_OK;
 }
 
-/* Publishes the full pages that prefills wrote, in order, for later prompts. */
+/* Publishes the full pages that prefills wrote, in order, for later prompts: in the CPU pool,
+ * or in the GPU's (the same names, model/kvpool.h). */
 static void publish_pages(struct Engine *e)
 {
+    struct KvPool *pool = e->kv;
+    const int32_t *pages = e->pages;
+    if (e->gpu) {
+        int n_held;
+        pool = model_gpu_pool(e->m);
+        pages = gpu_seq_pages(e->gpu, &n_held);
+    }
     int full = e->prefill_end / KV_TILE;
     for (; e->n_named < full; e->n_named++) {
         int i = e->n_named;
         const int32_t *t = e->tok + (size_t)i * KV_TILE;
-        uint64_t h = kvpool_chain_hash(e->kv, i ? e->page_hash[i - 1] : 0, t);
+        uint64_t h = kvpool_chain_hash(pool, i ? e->page_hash[i - 1] : 0, t);
         e->page_hash[i] = h;
-        kvpool_publish(e->kv, e->pages[i], i ? e->pages[i - 1] : -1, h, t);
+        kvpool_publish(pool, pages[i], i ? pages[i - 1] : -1, h, t);
     }
 }
 
@@ -137,6 +145,7 @@ static int forward_step_gpu(struct Engine *r, struct StepSeg *segs, int ns)
     for (int i = 0; i < ns; i++) {
         struct Engine *e = segs[i].e;
         segs[i].row0 = n;
+        memcpy(e->tok + e->n_past, segs[i].tokens, (size_t)segs[i].n * sizeof *e->tok);
         rope_tables(r, segs[i].n, e->n_past, n);
         for (int l = 0; l < c->n_layer; l++) e->gpu_watch[l] = e->wq_off[l + 1] > e->wq_off[l];
         gs[i] = (struct GpuStepSeg){.seq = e->gpu, .tokens = segs[i].tokens, .n = segs[i].n,
@@ -400,7 +409,7 @@ static int append_tokens(struct Engine *e, const int32_t *tokens, size_t n, int 
         }
         /* Only pages whose every position a prefill wrote are published: a decoded position
          * went through the one-row form and would not equal a cold prefill's. */
-        if (prefill && !e->gpu && e->prefill_end == e->n_past - len) {
+        if (prefill && e->prefill_end == e->n_past - len) {
             e->prefill_end = e->n_past;
             publish_pages(e);
         }
@@ -408,12 +417,26 @@ static int append_tokens(struct Engine *e, const int32_t *tokens, size_t n, int 
     return ENGINE_OK;
 }
 
+/* Whether a prefix lookup may start the sequence: nothing in it, no page held. */
+static int empty_seq(const struct Engine *e)
+{
+    int n_gpu = 0;
+    if (e->gpu) gpu_seq_pages(e->gpu, &n_gpu);
+    return e->n_past == 0 && e->n_pages == 0 && n_gpu == 0 && !e->rope_offset;
+}
+
 int engine_take_cached(struct Engine *e, const int32_t *prompt, size_t n)
 {
-    if (e->gpu || e->n_past != 0 || e->n_pages != 0 || e->rope_offset || n < 2) return 0;
+    if (!empty_seq(e) || n < 2) return 0;
     /* the longest cached run of full pages, leaving the last token to compute */
-    int m = kvpool_match(e->kv, prompt, n, (int)((n - 1) / KV_TILE), e->pages, e->page_hash);
-    e->n_pages = e->n_named = m;
+    int max = (int)((n - 1) / KV_TILE), m;
+    if (e->gpu) {
+        m = gpu_seq_take_cached(e->gpu, prompt, n, max, e->page_hash);
+    } else {
+        m = kvpool_match(e->kv, prompt, n, max, e->pages, e->page_hash);
+        e->n_pages = m;
+    }
+    e->n_named = m;
     memcpy(e->tok, prompt, (size_t)m * KV_TILE * sizeof *prompt);
     e->n_past = e->prefill_end = e->n_cached = m * KV_TILE;
     return e->n_cached;
@@ -422,8 +445,9 @@ int engine_take_cached(struct Engine *e, const int32_t *prompt, size_t n)
 int engine_peek_cached(const struct Engine *e, const int32_t *prompt, size_t n, int *idle_pages)
 {
     *idle_pages = 0;
-    if (e->gpu || e->n_past != 0 || e->n_pages != 0 || e->rope_offset || n < 2) return 0;
-    return kvpool_peek(e->kv, prompt, n, (int)((n - 1) / KV_TILE), idle_pages) * KV_TILE;
+    if (!empty_seq(e) || n < 2) return 0;
+    struct KvPool *pool = e->gpu ? model_gpu_pool(e->m) : e->kv;
+    return kvpool_peek(pool, prompt, n, (int)((n - 1) / KV_TILE), idle_pages) * KV_TILE;
 }
 
 int engine_step(struct Engine *r, const struct EngineBatchItem *items, int n_items, int *failed,
@@ -472,11 +496,11 @@ int engine_step(struct Engine *r, const struct EngineBatchItem *items, int n_ite
     }
     if (r->gpu) {
         int rc = forward_step_gpu(r, segs, k);
-        return rc == ENGINE_OK ? ENGINE_OK
-                               : errmsg_set(err, errlen, rc, "a step on the GPU: %s", r->gpu_err);
-    }
-    if (forward_step(r, segs, k) != ENGINE_OK)
+        if (rc != ENGINE_OK)
+            return errmsg_set(err, errlen, rc, "a step on the GPU: %s", r->gpu_err);
+    } else if (forward_step(r, segs, k) != ENGINE_OK) {
         return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory for a step's logits");
+    }
     for (int i = 0; i < k; i++) {
         struct Engine *e = segs[i].e;
         if (segs[i].prefill && e->prefill_end == e->n_past - segs[i].n) {

@@ -51,15 +51,21 @@ size_t kvpool_pages_for(int n_positions)
     return n_positions > 0 ? ((size_t)n_positions + KV_TILE - 1) / KV_TILE : 0;
 }
 
-int kvpool_new(const struct Model *m, enum KvType t, size_t n_pages, int caching,
-               struct KvPool **out, char *err, size_t errlen)
+/* The GPU's pages (kvpool_new_names) in the seed's KV type field: bf16 in the device's layout,
+ * so their names are never a CPU pool's. */
+enum { SEED_GPU_BF16 = 16 };
+
+/* A pool of n_pages pages of page_bytes; host_mem: with their memory (else the names and
+ * references only); kv_kind: the seed's KV type field. */
+static int pool_make(const struct Model *m, enum KvType t, int kv_kind, size_t page_bytes,
+                     size_t n_pages, int caching, int host_mem, struct KvPool **out, char *err,
+                     size_t errlen)
 {
     *out = NULL;
     const struct ModelConfig *c = &m->cfg;
     if (n_pages < 1 || n_pages > (size_t)INT32_MAX / 2 || (unsigned)t > KV_Q8)
         return errmsg_set(err, errlen, ENGINE_EINPUT, "a KV pool needs 1..%d pages (asked: %zu)",
                           INT32_MAX / 2, n_pages);
-    size_t page_bytes = kvpool_page_bytes(c, t);
     if (page_bytes == 0 || n_pages > SIZE_MAX / page_bytes)
         return errmsg_set(err, errlen, ENGINE_EINPUT, "%zu KV pages do not fit in memory", n_pages);
     struct KvPool *p = calloc(1, sizeof *p);
@@ -71,12 +77,12 @@ int kvpool_new(const struct Model *m, enum KvType t, size_t n_pages, int caching
     p->caching = caching;
     p->bucket_mask = nb - 1;
     /* malloc, not calloc: a page is committed only when a sequence writes into it */
-    p->mem = malloc(n_pages * page_bytes);
+    p->mem = host_mem ? malloc(n_pages * page_bytes) : NULL;
     p->meta = calloc(n_pages, sizeof *p->meta);
     p->tokens = malloc(n_pages * KV_TILE * sizeof *p->tokens);
     p->free_stack = malloc(n_pages * sizeof *p->free_stack);
     p->buckets = malloc(nb * sizeof *p->buckets);
-    if (!p->mem || !p->meta || !p->tokens || !p->free_stack || !p->buckets ||
+    if ((host_mem && !p->mem) || !p->meta || !p->tokens || !p->free_stack || !p->buckets ||
         pthread_mutex_init(&p->mu, NULL)) {
         free(p->mem); free(p->meta); free(p->tokens); free(p->free_stack); free(p->buckets);
         free(p);
@@ -89,22 +95,36 @@ int kvpool_new(const struct Model *m, enum KvType t, size_t n_pages, int caching
     for (size_t i = 0; i < nb; i++) p->buckets[i] = -1;
     p->lru_head = p->lru_tail = -1;
     size_t tile = kv_tile_elems(t, c->head_dim);
-    p->lay = (struct KvPoolLayout){
-        .base = p->mem, .kv_type = t, .head_stride = tile,
-        .layer_stride = (size_t)c->n_kv_head * tile,
-        .value_offset = (size_t)c->n_layer * c->n_kv_head * tile,
-        .page_stride = 2 * (size_t)c->n_layer * c->n_kv_head * tile,
-    };
+    if (host_mem)
+        p->lay = (struct KvPoolLayout){
+            .base = p->mem, .kv_type = t, .head_stride = tile,
+            .layer_stride = (size_t)c->n_kv_head * tile,
+            .value_offset = (size_t)c->n_layer * c->n_kv_head * tile,
+            .page_stride = 2 * (size_t)c->n_layer * c->n_kv_head * tile,
+        };
     const struct RopeConfig *r = &c->rope;
     double seed_fields[] = {
         c->arch, c->dim, c->n_layer, c->n_head, c->n_q_head, c->n_kv_head, c->head_dim,
-        c->ffn_dim, c->vocab, c->norm_eps, t, r->base, r->n_rot, r->layout, r->scaling,
+        c->ffn_dim, c->vocab, c->norm_eps, kv_kind, r->base, r->n_rot, r->layout, r->scaling,
         r->factor, r->orig_ctx, r->attn_factor, r->beta_fast, r->beta_slow,
         (double)(uintptr_t)m,
     };
     p->seed = hash_bytes(seed_fields, sizeof seed_fields);
     *out = p;
     return 0;
+}
+
+int kvpool_new(const struct Model *m, enum KvType t, size_t n_pages, int caching,
+               struct KvPool **out, char *err, size_t errlen)
+{
+    return pool_make(m, t, (int)t, kvpool_page_bytes(&m->cfg, t), n_pages, caching, 1, out, err,
+                     errlen);
+}
+
+int kvpool_new_names(const struct Model *m, size_t page_bytes, size_t n_pages, int caching,
+                     struct KvPool **out, char *err, size_t errlen)
+{
+    return pool_make(m, KV_F32, SEED_GPU_BF16, page_bytes, n_pages, caching, 0, out, err, errlen);
 }
 
 void kvpool_destroy(struct KvPool **pp)
@@ -126,8 +146,8 @@ void kvpool_stats(struct KvPool *p, struct KvPoolStats *o)
     pthread_mutex_lock(&p->mu);
     *o = (struct KvPoolStats){
         .pages = p->n_pages, .pages_used = p->n_used, .pages_cached = p->n_cached,
-        .page_bytes = p->page_bytes, .queried_tokens = p->queried, .hit_tokens = p->hit,
-        .evicted_pages = p->evicted,
+        .pages_free = p->n_free, .page_bytes = p->page_bytes, .queried_tokens = p->queried,
+        .hit_tokens = p->hit, .evicted_pages = p->evicted,
     };
     pthread_mutex_unlock(&p->mu);
 }
@@ -188,9 +208,10 @@ static int32_t find(const struct KvPool *p, uint64_t h, int32_t parent, const in
     return -1;
 }
 
-int kvpool_alloc(struct KvPool *p, int32_t *page)
+/* A free page, else the least recently used cached one (evicted), referenced once; -1 when
+ * every page is referenced. Under the lock. */
+static int32_t take_page(struct KvPool *p)
 {
-    pthread_mutex_lock(&p->mu);
     int32_t i = -1;
     if (p->n_free) {
         i = p->free_stack[--p->n_free];
@@ -206,9 +227,28 @@ int kvpool_alloc(struct KvPool *p, int32_t *page)
         p->meta[i].ref = 1;
         p->n_used++;
     }
+    return i;
+}
+
+int kvpool_alloc(struct KvPool *p, int32_t *page)
+{
+    pthread_mutex_lock(&p->mu);
+    int32_t i = take_page(p);
     pthread_mutex_unlock(&p->mu);
     *page = i;
     return i >= 0 ? 0 : -1;
+}
+
+int kvpool_alloc_n(struct KvPool *p, int n, int32_t *pages)
+{
+    if (n < 0) return -1;
+    pthread_mutex_lock(&p->mu);
+    /* all or nothing: the check and the takes under one lock, so another thread's takes
+     * cannot leave this call half served */
+    int ok = (size_t)n <= p->n_free + p->n_cached;
+    for (int k = 0; ok && k < n; k++) pages[k] = take_page(p);
+    pthread_mutex_unlock(&p->mu);
+    return ok ? 0 : -1;
 }
 
 /* The published pages that hold tokens' full pages from the first, in order, at most

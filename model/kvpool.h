@@ -35,12 +35,21 @@ size_t kvpool_pages_for(int n_positions);
  * model/engine.h with err. The model must outlive the pool. */
 int kvpool_new(const struct Model *m, enum KvType t, size_t n_pages, int caching,
                struct KvPool **out, char *err, size_t errlen);
+/* A pool of the names and reference counts of n_pages pages whose memory lies elsewhere (the
+ * GPU's KV pool, model/engine_gpu.c: bf16 keys and values in the device's layout), of
+ * page_bytes each (what kvpool_stats reports). Its pages are named by the same chain
+ * (kvpool_chain_hash) over a seed that says they are the GPU's, so a name never stands for a
+ * CPU pool's page and the other way round. kvpool_layout's base is NULL. 0, or the codes of
+ * kvpool_new. */
+int kvpool_new_names(const struct Model *m, size_t page_bytes, size_t n_pages, int caching,
+                     struct KvPool **out, char *err, size_t errlen);
 void kvpool_destroy(struct KvPool **p);
 
 struct KvPoolStats {
     size_t pages;              /* the pool's size */
     size_t pages_used;         /* referenced by a sequence */
     size_t pages_cached;       /* published and unreferenced: kept for reuse, evictable */
+    size_t pages_free;         /* neither (pages = used + cached + free) */
     size_t page_bytes;
     uint64_t queried_tokens;   /* prompt tokens looked up in the cache */
     uint64_t hit_tokens;       /* of them, taken from cached pages */
@@ -63,6 +72,9 @@ int kvpool_caching(const struct KvPool *p);
 /* A fresh private page, referenced once: a free one, else the least recently used cached one
  * (evicted). 0, or -1 when every page is referenced. */
 int kvpool_alloc(struct KvPool *p, int32_t *page);
+/* n such pages into pages[0..n): 0, or -1 (nothing taken) when fewer than n are free or
+ * cached. */
+int kvpool_alloc_n(struct KvPool *p, int n, int32_t *pages);
 
 /* The longest run of published pages that holds tokens[0 .. 64 m) as a prompt's first pages,
  * m <= max_pages: each is referenced once more and written to pages[0..m); hashes[0..m) receive

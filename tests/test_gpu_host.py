@@ -4,7 +4,8 @@ loaded in place of the CUDA backend through DIFFRAG_CUDA_LIB). That drives every
 the kernels as a GPU run does: the engine's GPU contexts (model/engine_gpu.c: the paged KV
 cache, the activation block, logits left on the device, sampling's pass and its candidates,
 the masses and lambdas copied after the last layer) against CPU contexts of the default model,
-and the GPU checks' own logic, the code of their speed table included (at sizes divided by 1024).
+and the GPU checks' own logic, the code of their speed table included (at sizes divided by 1024),
+and the GPU pool's prefix cache (a prompt sharing another's first pages takes them).
 The CUDA kernels themselves are checked only on a GPU."""
 import os
 import re
@@ -41,6 +42,10 @@ def test_gpu_checks_against_the_host_emulation(default_model):
         assert any("hidden-state probe's rows" in o for o in e2e), e2e
         assert any("greedy sampling on the device" in o for o in e2e), e2e
         assert any("the device's span of it" in o for o in e2e), e2e
+    # the GPU pool's prefix cache (check_prefix): a shared prefix taken, bit-exact against cold
+    # runs, the pool's pages accounted for, evicted and given back
+    pfx = [o for o in oks if o.startswith("prefix cache: ")]
+    assert len(pfx) == 8 and any("bit-exact" in o for o in pfx), pfx
     rows = re.findall(r"^\| (.*) \| (.*) \|$", out, re.M)
     assert len(rows) >= 25 and any(r[0].startswith("time to first token, 128K, DIFF V2 form, split")
                                    for r in rows), out[-3000:]
@@ -260,14 +265,17 @@ def test_gpu_batching_on_the_host_emulation(tmp_path, squad_dir):
             c.send(m)
         _, finals = gather({c: [m["id"]] for c, m in zip(clients, msgs)}, timeout=600)
         preempted = metric_sum(d, "diffrag_preemptions_total")
-        # the free count once the last pages are given back (a worker returns them just after
-        # its final reply goes out, so a read before the used count settles can see fewer)
+        # the free and cached counts once the last pages are given back (a worker returns them
+        # just after its final reply goes out, so a read before the used count settles can see
+        # fewer); the prompts' published pages stay cached
         assert pages_used(d) == 0.0
         free = d.metric("diffrag_kv_pool_pages", state="free")
+        cached = d.metric("diffrag_kv_pool_pages", state="cached")
         assert d.stop() == 0, d.log_text()[-2000:]
-    print("device pool of %d pages: preemptions %s, free after %s" % (pages, preempted, free))
+    print("device pool of %d pages: preemptions %s, free after %s, cached %s"
+          % (pages, preempted, free, cached))
     assert preempted and preempted > 0, preempted
-    assert free == pages, free
+    assert free + cached == pages, (free, cached)
     for m, ref in zip(msgs, refs):
         got = finals[m["id"]]
         assert got["ok"], got
@@ -276,3 +284,54 @@ def test_gpu_batching_on_the_host_emulation(tmp_path, squad_dir):
             got = dict(got, grounding=dict(got["grounding"],
                                            self_check=ref["grounding"]["self_check"]))
         assert_same(got, ref, m["id"])
+
+
+def test_prefix_cache_on_the_host_emulation(tmp_path):
+    """The GPU pool's prefix cache through diffragd with `device cuda` on the emulated GPU: the
+    same question over the same inline document twice. The second request takes the prompt's
+    full pages that the first published (all but at most its last page: usage.cached_tokens
+    >= prompt_tokens - 64, as on a CPU worker) and prefills only the rest; its answer and token
+    figures equal the first's exactly (the emulation computes each product's rows alone here,
+    DIFFRAG_HOSTGPU_ROWWISE, so a row does not depend on how many were computed beside it);
+    /metrics counts the reused tokens, and once both are answered no page is in use and the
+    prompt's pages stay cached."""
+    from daemon_util import Daemon, gen_model, query
+    from test_batching import settle
+
+    model = gen_model(tmp_path / "tiny-diffv2-hd64.gguf", "--arch", "diffv2", "--layers", 2,
+                      "--dim", 128, "--heads", 2, "--kv-heads", 1, "--head-dim", 64,
+                      "--ffn", 256, "--vocab", 512, "--seed", 11, "--untied")
+    docs = [{"id": "rhine", "text": "The Rhine flows 1,230 km from the Swiss Alps to the North "
+             "Sea. It rises in the canton of Graubunden, forms part of the Swiss-Austrian and "
+             "Swiss-German borders, and then the Franco-German border, before it crosses Germany "
+             "and the Netherlands. Cologne, Basel, Strasbourg, Mainz, Dusseldorf and Rotterdam "
+             "lie on its banks. It carries more freight than any other river of Europe, and its "
+             "middle valley, with its castles and vineyards, is a World Heritage Site."}]
+    lib = (BUILD / "tests" / "libdiffrag_hostgpu.so").resolve()
+    env = {"DIFFRAG_CUDA_LIB": str(lib), "OPENBLAS_NUM_THREADS": "1",
+           "DIFFRAG_HOSTGPU_ROWWISE": "1"}
+    msg = query("How long is the Rhine?", docs, temperature=0, max_tokens=16,
+                include=["token_signals"])
+    with Daemon(tmp_path, model, workers=1, threads=2, device="cuda", env=env,
+                max_context_tokens=1024, max_tokens=16) as d:
+        assert "host emulation of the GPU table" in d.log_text()
+        c = d.client()
+        _, first = c.call(dict(msg, id="first"), timeout=300)
+        _, second = c.call(dict(msg, id="second"), timeout=300)
+        assert first["ok"] and second["ok"], (first, second)
+        hit = d.metric("diffrag_prefix_cache_hit_tokens_total")
+        used = settle(d, "diffrag_kv_pool_pages", 0.0, state="used")
+        cached = d.metric("diffrag_kv_pool_pages", state="cached")
+        assert d.stop() == 0, d.log_text()[-2000:]
+    u1, u2 = first["usage"], second["usage"]
+    print("prompt", u1["prompt_tokens"], "tokens; cached on the second ask:", u2["cached_tokens"],
+          "answer", repr(second["answer"]))
+    assert u1["prompt_tokens"] == u2["prompt_tokens"] > 4 * 64, (u1, u2)
+    assert u1["cached_tokens"] == 0, u1
+    assert u2["prompt_tokens"] - 64 <= u2["cached_tokens"] < u2["prompt_tokens"], u2
+    assert u2["cached_tokens"] % 64 == 0, u2
+    assert second["answer"] == first["answer"], (first["answer"], second["answer"])
+    for k in ("logprob", "entropy", "margin", "doc_mass"):
+        assert second["token_signals"][k] == first["token_signals"][k], k
+    assert hit == u2["cached_tokens"], (hit, u2)
+    assert used == 0 and cached >= u2["cached_tokens"] // 64, (used, cached)

@@ -15,6 +15,7 @@
 #include "kernels/gpu_plan.h"
 #include "model/engine.h"
 #include "model/engine_gpu.h"
+#include "model/kvpool.h"
 #include "tests/check.h"
 
 #define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -276,7 +277,7 @@ static void test_decode_plan(void)
 }
 
 struct PoolJob {
-    struct GpuKvPool *p;
+    struct KvPool *p;
     int ok;
 };
 
@@ -285,44 +286,107 @@ static void *pool_churn(void *arg)
     struct PoolJob *j = arg;
     int32_t pages[7];
     for (int i = 0; i < 20000; i++) {
-        if (gpu_pool_take(j->p, 7, pages) == 0) {
+        if (kvpool_alloc_n(j->p, 7, pages) == 0) {
             for (int k = 0; k < 7; k++)
-                if (pages[k] < 0 || pages[k] >= j->p->n_pages) j->ok = 0;
-            gpu_pool_give(j->p, 7, pages);
+                if (pages[k] < 0 || pages[k] >= 20) j->ok = 0;
+            kvpool_release(j->p, pages, 7);
         }
     }
     return NULL;
 }
 
+static size_t pool_free(struct KvPool *p)
+{
+    struct KvPoolStats st;
+    kvpool_stats(p, &st);
+    return st.pages_used + st.pages_cached + st.pages_free == st.pages ? st.pages_free
+                                                                         : (size_t)-1;
+}
+
+/* The GPU pool's bookkeeping (model/kvpool.h, kvpool_new_names): whole requests of pages or
+ * none, no page twice, pages back, and its prefix cache: published pages stay cached, are
+ * matched by their tokens, and are evicted when the free ones run out. */
 static void test_pool(void)
 {
-    struct GpuKvPool p;
-    CHECK(gpu_pool_init(&p, NULL, 4096, 20) == 0, "pool init");
+    static struct Model fake;
+    fake.cfg = (struct ModelConfig){.arch = ARCH_DIFFV2, .n_layer = 2, .dim = 128, .n_head = 2,
+                                    .n_q_head = 4, .n_kv_head = 1, .head_dim = 64,
+                                    .ffn_dim = 256, .vocab = 512, .rope = {.n_rot = 64}};
+    struct KvPool *p;
+    char err[256];
+    CHECK(kvpool_new_names(&fake, 4096, 20, 1, &p, err, sizeof err) == 0, "pool: %s", err);
     int32_t a[20], b[20];
-    CHECK(gpu_pool_take(&p, 12, a) == 0 && gpu_pool_free_pages(&p) == 8, "take 12 of 20");
-    CHECK(gpu_pool_take(&p, 9, b) == -1 && gpu_pool_free_pages(&p) == 8,
+    CHECK(kvpool_alloc_n(p, 12, a) == 0 && pool_free(p) == 8, "take 12 of 20");
+    CHECK(kvpool_alloc_n(p, 9, b) == -1 && pool_free(p) == 8,
           "a request beyond the free pages takes nothing");
-    CHECK(gpu_pool_take(&p, 8, b) == 0 && gpu_pool_free_pages(&p) == 0, "take the rest");
+    CHECK(kvpool_alloc_n(p, 8, b) == 0 && pool_free(p) == 0, "take the rest");
     int seen[20] = {0}, dup = 0;
     for (int i = 0; i < 12; i++) dup |= seen[a[i]]++;
     for (int i = 0; i < 8; i++) dup |= seen[b[i]]++;
     CHECK(!dup, "no page handed out twice");
     CHECK(a[0] == 0 && a[1] == 1, "a lone sequence gets pages in address order");
-    gpu_pool_give(&p, 12, a);
-    gpu_pool_give(&p, 8, b);
-    CHECK(gpu_pool_free_pages(&p) == 20, "all pages back");
+    kvpool_release(p, a, 12);
+    kvpool_release(p, b, 8);
+    CHECK(pool_free(p) == 20, "all pages back");
     pthread_t th[2];
-    struct PoolJob j[2] = {{&p, 1}, {&p, 1}};
+    struct PoolJob j[2] = {{p, 1}, {p, 1}};
     for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, pool_churn, &j[i]);
     for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
-    CHECK(j[0].ok && j[1].ok && gpu_pool_free_pages(&p) == 20, "two threads churning: %d free",
-          gpu_pool_free_pages(&p));
-    CHECK(gpu_pool_take(&p, 20, a) == 0, "then the whole pool again");
+    CHECK(j[0].ok && j[1].ok && pool_free(p) == 20, "two threads churning: %zu free",
+          pool_free(p));
+
+    /* a prompt of 3 full pages published, its pages given back: cached, then matched */
+    int32_t tok[3 * KV_TILE], got[3];
+    uint64_t h[3], hm[3];
+    for (int i = 0; i < 3 * KV_TILE; i++) tok[i] = (i * 7) % 512;
+    CHECK(kvpool_alloc_n(p, 3, a) == 0, "a prompt's pages");
+    for (int i = 0; i < 3; i++) {
+        h[i] = kvpool_chain_hash(p, i ? h[i - 1] : 0, tok + i * KV_TILE);
+        kvpool_publish(p, a[i], i ? a[i - 1] : -1, h[i], tok + i * KV_TILE);
+    }
+    kvpool_release(p, a, 3);
+    struct KvPoolStats st;
+    kvpool_stats(p, &st);
+    CHECK(st.pages_cached == 3 && st.pages_used == 0 && st.pages_free == 17,
+          "published pages stay cached when given back: %zu cached, %zu free", st.pages_cached,
+          st.pages_free);
+    int idle = 0;
+    CHECK(kvpool_peek(p, tok, sizeof tok / sizeof *tok, 3, &idle) == 3 && idle == 3,
+          "peek: 3 pages, all idle");
+    int m = kvpool_match(p, tok, sizeof tok / sizeof *tok, 3, got, hm);
+    CHECK(m == 3 && !memcmp(got, a, sizeof got) && !memcmp(hm, h, sizeof h),
+          "match: the same pages and names");
+    /* while they are held, the other 17 are all a request can take */
+    CHECK(kvpool_alloc_n(p, 18, b) == -1 && kvpool_alloc_n(p, 17, b) == 0, "held pages are not "
+          "handed out");
+    memset(seen, 0, sizeof seen);
+    dup = 0;
+    for (int i = 0; i < 3; i++) dup |= seen[got[i]]++;
+    for (int i = 0; i < 17; i++) dup |= seen[b[i]]++;
+    CHECK(!dup, "no page twice beside matched pages");
+    kvpool_release(p, b, 17);
+    kvpool_release(p, got, 3);
+    /* a request for every page evicts the cached ones */
+    CHECK(kvpool_alloc_n(p, 20, a) == 0, "then the whole pool again");
+    kvpool_stats(p, &st);
+    CHECK(st.evicted_pages == 3 && st.pages_cached == 0 && st.pages_used == 20,
+          "the cached pages evicted for it: %llu", (unsigned long long)st.evicted_pages);
     memset(seen, 0, sizeof seen);
     dup = 0;
     for (int i = 0; i < 20; i++) dup |= seen[a[i]]++;
     CHECK(!dup, "still no duplicate page after the churn");
-    gpu_pool_fini(&p);
+    kvpool_release(p, a, 20);
+    CHECK(kvpool_match(p, tok, sizeof tok / sizeof *tok, 3, got, hm) == 0 && pool_free(p) == 20,
+          "evicted pages are not matched");
+    /* the same chain as the CPU pool's, over a seed of their own */
+    struct KvPool *cpu, *again;
+    CHECK(kvpool_new(&fake, KV_F16, 1, 1, &cpu, err, sizeof err) == 0 &&
+          kvpool_new_names(&fake, 4096, 1, 1, &again, err, sizeof err) == 0, "pools: %s", err);
+    CHECK(kvpool_chain_hash(again, 0, tok) == h[0] && kvpool_chain_hash(cpu, 0, tok) != h[0],
+          "a GPU page's name is the same in every GPU pool of the model, never a CPU page's");
+    kvpool_destroy(&cpu);
+    kvpool_destroy(&again);
+    kvpool_destroy(&p);
 }
 
 static void test_estimate(void)
@@ -376,14 +440,14 @@ static void test_loading(void)
     CHECK(model_load(MODEL_PATH, &m, err, sizeof err) == MODEL_OK, "load: %s", err);
     enum EngineDevice d = ENGINE_CUDA;
     char note[512];
-    CHECK(engine_device_select(m, "cpu", 4096, &d, note, sizeof note) == 0 && d == ENGINE_CPU,
+    CHECK(engine_device_select(m, "cpu", 4096, 1, &d, note, sizeof note) == 0 && d == ENGINE_CPU,
           "device cpu");
-    CHECK(engine_device_select(m, "gpu", 4096, &d, note, sizeof note) == -1 &&
+    CHECK(engine_device_select(m, "gpu", 4096, 1, &d, note, sizeof note) == -1 &&
           strstr(note, "auto, cpu or cuda"), "an unknown device is refused: %s", note);
-    CHECK(engine_device_select(m, "cuda", 4096, &d, note, sizeof note) == -1 &&
+    CHECK(engine_device_select(m, "cuda", 4096, 1, &d, note, sizeof note) == -1 &&
           strstr(note, "no CUDA backend") && !m->gpu,
           "cuda without the backend fails with the reason: %s", note);
-    CHECK(engine_device_select(m, "auto", 4096, &d, note, sizeof note) == 0 && d == ENGINE_CPU &&
+    CHECK(engine_device_select(m, "auto", 4096, 1, &d, note, sizeof note) == 0 && d == ENGINE_CPU &&
           note[0], "auto falls back to the CPU and says why: %s", note);
     /* a GPU context on a model that is not on a GPU: an error, not a crash */
     struct EngineOpts o;

@@ -186,7 +186,8 @@ static int pick_device(struct Model *m, const char *device, int perplexity, int 
     }
     if (perplexity) device = "cpu";
     enum EngineDevice d;
-    if (engine_device_select(m, device, eo->n_ctx, &d, note, sizeof note)) {
+    /* the GPU's pool caches prefixes as a CPU context's own pool does */
+    if (engine_device_select(m, device, eo->n_ctx, 1, &d, note, sizeof note)) {
         fprintf(stderr, "diffrag-run: %s\n", note);
         return -1;
     }

@@ -28,6 +28,7 @@
 #include "model/engine.h"
 #include "model/engine_gpu.h"
 #include "model/gguf.h"
+#include "model/kvpool.h"
 #include "model/model.h"
 #include "model/model_ctx.h"
 #include "model/sampler.h"
@@ -778,6 +779,142 @@ static void check_batch(const struct Model *m, const char *form, const int32_t *
     engine_destroy(&r);
 }
 
+/* A prompt's greedy run in a new GPU context: the prefill's logits into lg0, the positions it
+ * took from the prefix cache, then `steps` greedy tokens into tok[] (the context is returned
+ * holding its pages; NULL on a failure, said). */
+static struct Engine *greedy_run(const struct Model *m, const int32_t *prompt, int n, int steps,
+                                 float *lg0, int *cached, int32_t *tok)
+{
+    char err[512];
+    struct Engine *e = open_ctx(m, ENGINE_CUDA, 1024, 160, 1);
+    int rc = engine_prefill(e, prompt, (size_t)n, err, sizeof err);
+    const float *lg = rc ? NULL : engine_logits(e);
+    if (lg) memcpy(lg0, lg, (size_t)m->cfg.vocab * sizeof *lg0);
+    *cached = engine_cached(e);
+    for (int s = 0; lg && s < steps; s++) {
+        tok[s] = argmax(lg, m->cfg.vocab);
+        lg = engine_decode(e, tok[s], err, sizeof err) ? NULL : engine_logits(e);
+    }
+    if (!lg) {
+        check(0, "prefix cache: a run of %d tokens: %s", n, rc ? err : "decode failed");
+        engine_destroy(&e);
+    }
+    return e;
+}
+
+/* The GPU pool's pages: used by a sequence, cached, free (which must add up to the pool). */
+static void pool_pages(const struct Model *m, struct KvPoolStats *st)
+{
+    kvpool_stats(model_gpu_pool(m), st);
+    if (st->pages_used + st->pages_cached + st->pages_free != st->pages)
+        check(0, "prefix cache: the pool's pages do not add up: %zu used, %zu cached, %zu free "
+              "of %zu", st->pages_used, st->pages_cached, st->pages_free, st->pages);
+}
+
+/* The prefix cache of the GPU's pool: two prompts P and Q sharing their first 300 tokens (4
+ * full pages) computed cold, on the pool without a cache that `go` loads, then on a pool of 12
+ * pages with the cache: Q after P takes P's 4 pages and prefills the rest, P again after a
+ * third prompt evicted the cached tail takes the head that is left; each warm run's logits and
+ * greedy tokens against its cold run's (bit-exact on the host emulation computing each
+ * product's rows alone, within bf16's error on a GPU, whose products may round a row
+ * differently with another number of rows), and the pool's accounting throughout. The model
+ * goes back to `go`'s pool. */
+static void check_prefix(struct Model *m, const struct GpuModelOpts *go, const char *info,
+                         const int32_t *prompt, int n)
+{
+    enum { NP = 330, NQ = 340, NR = 600, SHARED = 300, STEPS = 4 };
+    int vocab = m->cfg.vocab, exact = strstr(info, "host emulation") != NULL;
+    const char *rw = getenv("DIFFRAG_HOSTGPU_ROWWISE");
+    char *rw_was = rw ? strdup(rw) : NULL;
+    if (exact) setenv("DIFFRAG_HOSTGPU_ROWWISE", "1", 1);
+    int32_t P[NP], Q[NQ], R[NR], tp[STEPS], tq[STEPS], wp[STEPS], wq[STEPS];
+    for (int i = 0; i < NQ; i++) Q[i] = prompt[(i < SHARED ? i : i * 7) % n];
+    for (int i = 0; i < NP; i++) P[i] = prompt[i % n];
+    Q[SHARED] = (P[SHARED] + 1) % vocab;    /* their fifth pages differ */
+    for (int i = 0; i < NR; i++) R[i] = prompt[(i * 5 + 1) % n];
+    R[0] = (P[0] + 1) % vocab;
+    float *lp = xmalloc((size_t)vocab * 4), *lq = xmalloc((size_t)vocab * 4),
+          *wl = xmalloc((size_t)vocab * 4);
+    int cp, cq, c2, cr, c3;
+    struct Engine *ep = greedy_run(m, P, NP, STEPS, lp, &cp, tp);
+    engine_destroy(&ep);
+    struct Engine *eq = greedy_run(m, Q, NQ, STEPS, lq, &cq, tq);
+    engine_destroy(&eq);
+    check(cp == 0 && cq == 0, "prefix cache: a pool without it takes nothing (%d, %d positions)",
+          cp, cq);
+    char err[512];
+    struct GpuModelOpts small = {.device = go->device, .kv_tokens = 12 * GPU_PAGE,
+                                 .prefix_cache = 1};
+    model_gpu_free(m);
+    if (model_gpu_load(m, &small, err, sizeof err)) {
+        check(0, "prefix cache: a pool of 12 pages: %s", err);
+        goto out;
+    }
+    struct KvPoolStats st;
+    /* P cold in the new pool (its 5 full prompt pages published), then Q beside it */
+    ep = greedy_run(m, P, NP, STEPS, wl, &c2, wp);
+    int same = ep && c2 == 0 && !memcmp(wl, lp, (size_t)vocab * 4) && !memcmp(wp, tp, sizeof tp);
+    eq = ep ? greedy_run(m, Q, NQ, STEPS, wl, &cq, wq) : NULL;
+    pool_pages(m, &st);
+    double e = eq ? rel_err(wl, lq, (size_t)vocab) : INFINITY;
+    int agree = 0;
+    for (int s = 0; eq && s < STEPS; s++) agree += wq[s] == tq[s];
+    check(eq && cq == 4 * GPU_PAGE && (exact ? e == 0 && agree == STEPS : e <= 5e-2 &&
+                                                  agree >= STEPS - 1),
+          "prefix cache: Q after P takes their 4 shared pages (%d positions) and prefills %d "
+          "tokens: logits against Q's cold run %s %.2e, greedy tokens agree at %d of %d", cq,
+          NQ - cq, exact ? "(bit-exact on the emulation computing rows alone)" : "(<= 5e-2)", e,
+          agree, STEPS);
+    check(same, "prefix cache: P alone in the pool with the cache equals its run without it");
+    /* both held: P's 6 pages (5 of its prompt and its decode tokens') and Q's 2 of its own */
+    check(st.pages_used == 8, "prefix cache: P and Q hold 8 distinct pages (the 4 shared once): "
+          "%zu used", st.pages_used);
+    engine_destroy(&ep);
+    engine_destroy(&eq);
+    pool_pages(m, &st);
+    check(st.pages_used == 0 && st.pages_cached == 6 && st.pages_free == 6,
+          "prefix cache: given back, their published prompt pages stay cached (P's 5 and Q's "
+          "fifth): %zu cached, %zu free, %zu used", st.pages_cached, st.pages_free,
+          st.pages_used);
+    /* a third prompt of 10 pages: 6 free and 4 cached ones evicted, the oldest first */
+    float *lr = xmalloc((size_t)vocab * 4);
+    int32_t tr[STEPS];
+    struct Engine *er = greedy_run(m, R, NR, 0, lr, &cr, tr);
+    pool_pages(m, &st);
+    check(er && cr == 0 && st.evicted_pages == 4 && st.pages_used == 10,
+          "prefix cache: a prompt of %d tokens evicts 4 cached pages (%llu evicted, %zu used)",
+          NR, (unsigned long long)st.evicted_pages, st.pages_used);
+    engine_destroy(&er);
+    free(lr);
+    /* P again: the head of the shared prefix is left (a sequence gives its pages back last
+     * first, so the tails went first) */
+    ep = greedy_run(m, P, NP, STEPS, wl, &c3, wp);
+    e = ep ? rel_err(wl, lp, (size_t)vocab) : INFINITY;
+    agree = 0;
+    for (int s = 0; ep && s < STEPS; s++) agree += wp[s] == tp[s];
+    check(ep && c3 == 2 * GPU_PAGE && (exact ? e == 0 && agree == STEPS : e <= 5e-2 &&
+                                                   agree >= STEPS - 1),
+          "prefix cache: P after the eviction takes the 2 pages left of its prefix (%d "
+          "positions): logits against its cold run %.2e, greedy tokens agree at %d of %d", c3, e,
+          agree, STEPS);
+    /* a sequence that starts over (the scheduler's preemption, a cancel) gives back every
+     * reference it took */
+    if (ep) engine_reset(ep);
+    pool_pages(m, &st);
+    check(st.pages_used == 0, "prefix cache: a reset sequence holds no page (%zu used)",
+          st.pages_used);
+    engine_destroy(&ep);
+    model_gpu_free(m);
+    if (model_gpu_load(m, go, err, sizeof err)) check(0, "prefix cache: reloading: %s", err);
+out:
+    if (rw_was) setenv("DIFFRAG_HOSTGPU_ROWWISE", rw_was, 1);
+    else unsetenv("DIFFRAG_HOSTGPU_ROWWISE");
+    free(rw_was);
+    free(lp);
+    free(lq);
+    free(wl);
+}
+
 /* ---- 3. speed ---- */
 
 static double median(double *v, int n)
@@ -1301,6 +1438,7 @@ int main(int argc, char **argv)
         unsetenv("DIFFRAG_GPU_ATTENTION");
         check_batch(m, "GQA form", prompt, (int)n);
         check_batch(&df.m, "DIFF V2 form", prompt, (int)n);
+        check_prefix(m, &go, info, prompt, (int)n);
         printf("(%.1f s)\n", now_s() - t0);
         /* The speed figures open contexts of up to 131072 positions, past the training context
          * of the default model on purpose (times, not answers): a linear RoPE override says so
