@@ -594,7 +594,7 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
             joined[k] = 0;
             who[k] = q;
             it[k++] = (struct EngineBatchItem){ q->e, q->hist + q->done, 1, 0,
-                                                q->done + 1 == q->n_hist };
+                                                q->done + 1 == q->n_hist, 0 };
             left--;
         }
         for (int i = 0; i < sc->n && left > 0; i++) {
@@ -648,7 +648,7 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
             who[k] = q;
             it[k++] = (struct EngineBatchItem){ q->e, q->hist + q->done, n, 1,
                                                 q->done + (size_t)n == q->n_prompt &&
-                                                q->n_hist == q->n_prompt };
+                                                q->n_hist == q->n_prompt, 0 };
             left -= n;
         }
         if (k == 0 && !bq)

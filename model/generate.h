@@ -23,6 +23,11 @@ struct GenParams {
     const struct QuoteIndex *quote; /* non-NULL: quote decoding over it (model/quote.h): every
                                   token is drawn from the allowed set; borrowed, it must
                                   outlive the generation */
+    int lookup;                /* > 0: prompt-lookup decoding (model/lookup.h): each decode
+                                  step also verifies up to this many tokens drafted from the
+                                  prompt and the answer so far; the output, signals included,
+                                  is that of plain decoding. CPU contexts (generate only; a
+                                  GPU context decodes plainly). 0: off */
 };
 
 /* One generated token (or, with id -1, the release of text held back for a stop string that
@@ -54,6 +59,7 @@ struct GenResult {
     char *text;                 /* malloc'd, NUL-terminated; caller frees */
     size_t text_len;
     int n_prompt, n_generated;
+    int n_drafted, n_accepted;  /* prompt lookup: tokens drafted, and those the model kept */
     enum FinishReason finish;
     double prefill_ms, decode_ms;
     /* Quote decoding: the answer's spans, in order (their tokens make the answer's tokens
