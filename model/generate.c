@@ -213,9 +213,10 @@ struct Lookup {
 
 /* The tokens a verify step may draft after the one being decoded: within the context and the
  * chunk, and no more than the answer can still take (each row gives one token). */
-static int draft_room(const struct GenState *g, struct Engine *e)
+int gen_draft_room(const struct GenState *g, const struct Engine *e)
 {
     const struct EngineOpts *o = engine_opts(e);
+    if (g->p.lookup <= 0 || o->device != ENGINE_CPU) return 0;
     int k = g->p.lookup < LOOKUP_MAX_DRAFT ? g->p.lookup : LOOKUP_MAX_DRAFT;
     int room[3] = {o->n_ctx - engine_n_past(e) - 1, o->chunk - 1, g->p.max_tokens - g->index - 1};
     for (int i = 0; i < 3; i++)
@@ -235,7 +236,7 @@ static int decode_next(struct GenState *g, struct Engine *e, struct Lookup *lk, 
     int k = 0, rc;
     if (lk) {
         lk->hist[lk->n++] = *next;
-        k = lookup_draft(lk->hist, lk->n, row + 1, draft_room(g, e));
+        k = lookup_draft(lk->hist, lk->n, row + 1, gen_draft_room(g, e));
     }
     row[0] = *next;
     rc = k ? engine_verify(e, row, k + 1, err, errlen) : engine_decode(e, *next, err, errlen);
