@@ -630,13 +630,22 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
             }
         long mine = sched_ahead(w, sc, overcommit), others = sched_promise(w, sc, mine);
         long spare = engine_pages_available(w->e) - mine - others;
+        /* every decoding request's own token comes before any draft's rows, and drafts take
+         * no row while a prompt waits for its prefill: they would delay its first token */
+        int n_dec = 0, prefilling = 0;
+        for (int i = 0; i < sc->n; i++) {
+            int dec = sc->run[i]->started && sc->run[i]->done >= sc->run[i]->n_prompt;
+            n_dec += dec;
+            prefilling |= !dec;
+        }
         for (int i = 0; i < sc->n && left > 0; i++) {
             struct Seq *q = sc->run[i];
             if (!q->started || q->done < q->n_prompt)
                 continue;
             joined[k] = 0;
             who[k] = q;
-            int nd = seq_draft(q, left - 1);
+            int nd = prefilling ? 0 : seq_draft(q, left - n_dec);
+            n_dec--;
             it[k++] = (struct EngineBatchItem){ q->e, nd ? q->draft : q->hist + q->done, 1 + nd,
                                                 0, q->done + 1 == q->n_hist, nd > 0 };
             left -= 1 + nd;

@@ -18,6 +18,8 @@ def lookup_counts(d):
 
 
 def test_lookup_answers_equal_plain_decoding(tmp_path, default_model, squad_dir):
+    (tmp_path / "lookup").mkdir()
+    (tmp_path / "plain").mkdir()
     msgs = [ask("l%d" % i, q, docs, max_tokens=64)
             for i, (q, docs) in enumerate(one_paragraph_queries(squad_dir, N, skip=40))]
     with Daemon(tmp_path / "lookup", default_model, max_running=8, **COMMON) as d:
