@@ -5,14 +5,17 @@
  * spread over the file) over the daemon's prompt (retriever/context.h: frame, labelled chunks,
  * question) holding the question's own paragraph, whose answers copy from it; (b) free: chat
  * prompts asking for new text, with no document to copy. Each prompt is answered (up to
- * --max-tokens, default 64) without lookup and with it, in alternating order, and the answers
- * must be the same. Decode speed is the generated tokens after the first (which comes from the
- * prefill) over the decode time, as diffrag-run reports it.
+ * --max-tokens, default 64) without lookup and with each draft length of --lookup (default
+ * 3,8), the runs of a prompt in an order that rotates from prompt to prompt so that every
+ * variant meets the same machine state, and the answers must be the same. Decode speed is the
+ * generated tokens after the first (which comes from the prefill) over the decode time, as
+ * diffrag-run reports it.
  *
- * Prints per set: the median decode tokens/s off and on, the median of the per-prompt speedups,
- * the drafted tokens the model accepted (in all), and the answers that differed (must be 0).
+ * Prints per set and draft length: the median decode tokens/s off and on, the median of the
+ * per-prompt speedups (on / off of the same prompt), the drafted tokens the model accepted (in
+ * all), and the answers that differed (must be 0).
  *
- * usage: bench_lookup MODEL SQUAD_DIR [--questions N] [--lookup K] [--max-tokens N]
+ * usage: bench_lookup MODEL SQUAD_DIR [--questions N] [--lookup K[,K...]] [--max-tokens N]
  *                     [--threads T] */
 #include <stdio.h>
 #include <stdlib.h>
@@ -128,7 +131,11 @@ static const char *const FREE[] = {
 };
 #define N_FREE (int)(sizeof FREE / sizeof *FREE)
 
+#define MAX_VARIANTS 4
+
+/* One draft length's figures over a set of prompts. */
 struct Tally {
+    int lookup;
     double *off, *on, *speedup;
     int n, differed;
     long drafted, accepted, generated;
@@ -139,35 +146,37 @@ static double decode_tok_s(const struct GenResult *r)
     return r->decode_ms > 0 && r->n_generated > 1 ? (r->n_generated - 1) / (r->decode_ms / 1e3) : 0;
 }
 
-/* Answers prompt without lookup and with it (in an order that alternates with i) and adds
- * both speeds to t. */
-static int measure(struct Engine *e, const int32_t *prompt, size_t n, int lookup, int max_tokens,
-                   int i, struct Tally *t)
+/* Answers prompt without lookup (variant 0) and with each of the nv draft lengths of t[0..nv),
+ * in an order that rotates with i, and adds the figures to each t. */
+static int measure(struct Engine *e, const int32_t *prompt, size_t n, int max_tokens, int i,
+                   struct Tally *t, int nv)
 {
     char err[512];
-    struct GenResult res[2];
-    for (int k = 0; k < 2; k++) {
-        int on = (k + i) % 2;
-        struct GenParams gp = {.max_tokens = max_tokens, .lookup = on ? lookup : 0};
+    struct GenResult res[MAX_VARIANTS + 1];
+    memset(res, 0, sizeof res);
+    int rc = 0;
+    for (int k = 0; k <= nv && !rc; k++) {
+        int v = (k + i) % (nv + 1);
+        struct GenParams gp = {.max_tokens = max_tokens, .lookup = v ? t[v - 1].lookup : 0};
         sampler_params_default(&gp.sampler);
         gp.sampler.temperature = 0;
-        if (generate(e, prompt, n, &gp, NULL, NULL, &res[on], err, sizeof err)) {
+        if ((rc = generate(e, prompt, n, &gp, NULL, NULL, &res[v], err, sizeof err)))
             fprintf(stderr, "bench_lookup: %s\n", err);
-            if (k) free(res[!on].text);
-            return -1;
-        }
     }
-    t->off[t->n] = decode_tok_s(&res[0]);
-    t->on[t->n] = decode_tok_s(&res[1]);
-    t->speedup[t->n] = t->off[t->n] > 0 ? t->on[t->n] / t->off[t->n] : 0;
-    t->n++;
-    t->differed += strcmp(res[0].text, res[1].text) != 0 || res[0].n_generated != res[1].n_generated;
-    t->drafted += res[1].n_drafted;
-    t->accepted += res[1].n_accepted;
-    t->generated += res[1].n_generated;
-    free(res[0].text);
-    free(res[1].text);
-    return 0;
+    for (int v = 1; v <= nv && !rc; v++) {
+        struct Tally *x = &t[v - 1];
+        x->off[x->n] = decode_tok_s(&res[0]);
+        x->on[x->n] = decode_tok_s(&res[v]);
+        x->speedup[x->n] = x->off[x->n] > 0 ? x->on[x->n] / x->off[x->n] : 0;
+        x->n++;
+        x->differed += strcmp(res[0].text, res[v].text) != 0 ||
+                       res[0].n_generated != res[v].n_generated;
+        x->drafted += res[v].n_drafted;
+        x->accepted += res[v].n_accepted;
+        x->generated += res[v].n_generated;
+    }
+    for (int v = 0; v <= nv; v++) free(res[v].text);
+    return rc ? -1 : 0;
 }
 
 static void report(const char *what, struct Tally *t)
@@ -175,16 +184,17 @@ static void report(const char *what, struct Tally *t)
     if (!t->n) return;
     long gen = t->generated;
     double off = median(t->off, t->n), on = median(t->on, t->n), sp = median(t->speedup, t->n);
-    printf("%s: %d prompts, %ld tokens; decode tok/s median off %.1f, on %.1f; speedup median "
-           "%.2fx; drafted %ld, accepted %ld (%.0f%%; %.2f tokens a step); answers differing %d\n",
-           what, t->n, gen, off, on, sp, t->drafted, t->accepted,
+    printf("%s, lookup %d: %d prompts, %ld tokens; decode tok/s median off %.1f, on %.1f; "
+           "speedup median %.2fx; drafted %ld, accepted %ld (%.0f%%; %.2f tokens a step); answers "
+           "differing %d\n", what, t->lookup, t->n, gen, off, on, sp, t->drafted, t->accepted,
            t->drafted ? 100.0 * t->accepted / t->drafted : 0.0,
            gen > t->accepted ? (double)gen / (double)(gen - t->accepted) : 0.0, t->differed);
 }
 
-static int tally_new(struct Tally *t, int n)
+static int tally_new(struct Tally *t, int lookup, int n)
 {
     memset(t, 0, sizeof *t);
+    t->lookup = lookup;
     t->off = calloc((size_t)n, sizeof *t->off);
     t->on = calloc((size_t)n, sizeof *t->on);
     t->speedup = calloc((size_t)n, sizeof *t->speedup);
@@ -201,15 +211,16 @@ static void tally_free(struct Tally *t)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: bench_lookup MODEL SQUAD_DIR [--questions N] [--lookup K] "
+        fprintf(stderr, "usage: bench_lookup MODEL SQUAD_DIR [--questions N] [--lookup K[,K...]] "
                         "[--max-tokens N] [--threads T]\n");
         return 2;
     }
-    int n_q = 20, lookup = 8, max_tokens = 64, threads = 2;
+    int n_q = 20, max_tokens = 64, threads = 2, nv = 0, lookups[MAX_VARIANTS];
+    const char *lookup_arg = "3,8";
     for (int i = 3; i + 1 < argc; i += 2) {
         int v = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "--questions")) n_q = v;
-        else if (!strcmp(argv[i], "--lookup")) lookup = v;
+        else if (!strcmp(argv[i], "--lookup")) lookup_arg = argv[i + 1];
         else if (!strcmp(argv[i], "--max-tokens")) max_tokens = v;
         else if (!strcmp(argv[i], "--threads")) threads = v;
         else {
@@ -217,8 +228,14 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (n_q < 1 || lookup < 1 || max_tokens < 2 || threads < 1) {
-        fprintf(stderr, "bench_lookup: counts must be positive\n");
+    for (const char *p = lookup_arg; *p && nv <= MAX_VARIANTS; p += strcspn(p, ","), p += *p == ',') {
+        int k = atoi(p);
+        if (nv < MAX_VARIANTS) lookups[nv] = k;
+        nv = k < 1 ? MAX_VARIANTS + 1 : nv + 1;
+    }
+    if (n_q < 1 || nv < 1 || nv > MAX_VARIANTS || max_tokens < 2 || threads < 1) {
+        fprintf(stderr, "bench_lookup: counts must be positive (at most %d draft lengths)\n",
+                MAX_VARIANTS);
         return 2;
     }
     char err[512], path[4096];
@@ -245,10 +262,11 @@ int main(int argc, char **argv)
     }
     struct TokenCounter tc;
     tokcount_from_tokenizer(m->tok, &tc);
-    struct Tally rag, fr;
-    if (tally_new(&rag, n_q) || tally_new(&fr, n_q)) return 1;
-    printf("model %s, lookup %d, max_tokens %d, %d threads, engine %s\n", argv[1], lookup,
-           max_tokens, threads, engine_numerics());
+    struct Tally rag[MAX_VARIANTS], fr[MAX_VARIANTS];
+    for (int v = 0; v < nv; v++)
+        if (tally_new(&rag[v], lookups[v], n_q) || tally_new(&fr[v], lookups[v], n_q)) return 1;
+    printf("model %s, max_tokens %d, %d threads, engine %s\n", argv[1], max_tokens, threads,
+           engine_numerics());
     for (int i = 0; i < n_q; i++) {
         const struct Question *q = &d.qs[(size_t)i * d.n_qs / n_q];
         const struct Passage *p = find_passage(&d, q->gold);
@@ -263,7 +281,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_lookup: %s\n", err);
             return 1;
         }
-        int rc = measure(e, cx->tokens, cx->n_tokens, lookup, max_tokens, i, &rag);
+        int rc = measure(e, cx->tokens, cx->n_tokens, max_tokens, i, rag, nv);
         ctx_destroy(&cx);
         if (rc) return 1;
     }
@@ -275,13 +293,19 @@ int main(int argc, char **argv)
         size_t len = 0, n = 0;
         tok_chat_format(m->tok, &msg, 1, 1, text, sizeof text, &len);
         tok_encode(m->tok, text, len, TOK_ADD_BOS | TOK_PARSE_SPECIAL, ids, 512, &n);
-        if (measure(e, ids, n < 512 ? n : 512, lookup, max_tokens, i, &fr)) return 1;
+        if (measure(e, ids, n < 512 ? n : 512, max_tokens, i, fr, nv)) return 1;
     }
-    report("rag (SQuAD, the daemon's prompt)", &rag);
-    report("free text (nothing to copy)", &fr);
-    int bad = rag.differed + fr.differed;
-    tally_free(&rag);
-    tally_free(&fr);
+    int bad = 0;
+    for (int v = 0; v < nv; v++) {
+        report("rag (SQuAD, the daemon's prompt)", &rag[v]);
+        bad += rag[v].differed;
+    }
+    for (int v = 0; v < nv; v++) {
+        report("free text (nothing to copy)", &fr[v]);
+        bad += fr[v].differed;
+        tally_free(&rag[v]);
+        tally_free(&fr[v]);
+    }
     engine_destroy(&e);
     model_destroy(&m);
     for (int i = 0; i < d.n_ps; i++) {
