@@ -12,7 +12,7 @@
  * diffrag-run reports it.
  *
  * Prints per set and draft length: the median decode tokens/s off and on, the median of the
- * per-prompt speedups (on / off of the same prompt), the drafted tokens the model accepted (in
+ * per-prompt speedups (on / off of the same prompt) and their range, the drafted tokens the model accepted (in
  * all), and the answers that differed (must be 0).
  *
  * usage: bench_lookup MODEL SQUAD_DIR [--questions N] [--lookup K[,K...]] [--max-tokens N]
@@ -184,9 +184,12 @@ static void report(const char *what, struct Tally *t)
     if (!t->n) return;
     long gen = t->generated;
     double off = median(t->off, t->n), on = median(t->on, t->n), sp = median(t->speedup, t->n);
+    /* median sorted the speedups */
+    double lo = t->speedup[0], hi = t->speedup[t->n - 1];
     printf("%s, lookup %d: %d prompts, %ld tokens; decode tok/s median off %.1f, on %.1f; "
-           "speedup median %.2fx; drafted %ld, accepted %ld (%.0f%%; %.2f tokens a step); answers "
-           "differing %d\n", what, t->lookup, t->n, gen, off, on, sp, t->drafted, t->accepted,
+           "speedup median %.2fx (prompts %.2f-%.2fx); drafted %ld, accepted %ld (%.0f%%; %.2f "
+           "tokens a step); answers differing %d\n", what, t->lookup, t->n, gen, off, on, sp, lo,
+           hi, t->drafted, t->accepted,
            t->drafted ? 100.0 * t->accepted / t->drafted : 0.0,
            gen > t->accepted ? (double)gen / (double)(gen - t->accepted) : 0.0, t->differed);
 }

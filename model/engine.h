@@ -131,7 +131,7 @@ int engine_step(struct Engine *runner, const struct EngineBatchItem *items, int 
 /* One decode step: appends `token` and computes its logits (= prefill of one token). */
 int engine_decode(struct Engine *e, int32_t token, char *err, size_t errlen);
 
-/* ---- Verify steps (speculative decoding: model/lookup.h, docs/architecture.md) ----
+/* ---- Verify steps (speculative decoding: model/lookup.h, docs/configuration.md) ----
  * engine_verify appends n tokens (1..chunk) in one step and computes each exactly, bit for
  * bit, as engine_decode would if they were decoded one after another: each row through the
  * one-row products (the weights are streamed once for several rows) and attention of its own;
