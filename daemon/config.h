@@ -58,6 +58,7 @@ struct Config {
     long max_running, step_tokens, step_ms;      /* continuous batching */
     size_t kv_pool_bytes;                        /* 0: auto */
     size_t prefix_cache_bytes;                   /* KV pool pages beyond the workers' own */
+    long lookup_tokens;                          /* prompt lookup's drafts; 0: off */
     long kv_reuse;                               /* 1: blend documents from chunk KV */
     double kv_reuse_recompute;                   /* share of their tokens recomputed */
     long kv_reuse_full_chunks;                   /* best-ranked chunks computed in full */

@@ -164,6 +164,10 @@ const struct Key config_keys[] = {
     { "prefix_cache_bytes", K_SIZE, F(prefix_cache_bytes), "0", 0, 1e15, 0,
       "memory for cached prompt prefixes beyond the workers' own KV pages (whose pages stay "
       "cached until a worker needs them); reserved, committed as it fills" },
+    { "lookup_tokens", K_LONG, F(lookup_tokens), "3", 0, 16, 0,
+      "prompt-lookup decoding on CPU workers: each decode step also verifies up to this many "
+      "tokens drafted from the request's own prompt and answer, kept while the model itself "
+      "chooses them (the answer and its signals are the same); 0: off" },
     { "kv_reuse", K_LONG, F(kv_reuse), "0", 0, 1, 0,
       "1: CPU workers keep each document chunk's KV, computed at its first use, and blend a "
       "prompt's documents from it, recomputing kv_reuse_recompute of their tokens "

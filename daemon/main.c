@@ -154,6 +154,7 @@ static int start_workers(void *zctx, struct Model *m, const char *model_name,
     wo.step_ms = (int)c->step_ms;
     wo.max_running = (int)c->max_running;
     wo.stats = &worker_stats;
+    wo.lookup = (int)c->lookup_tokens;
     wo.kv_reuse = (int)c->kv_reuse;
     wo.kv_reuse_recompute = c->kv_reuse_recompute;
     wo.kv_reuse_full = (int)c->kv_reuse_full_chunks;

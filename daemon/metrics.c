@@ -585,6 +585,13 @@ char *metrics_render(struct Metrics *m, size_t *len)
              "Requests preempted when the KV pool ran out of pages (freed, recomputed later).");
         fprintf(f, "diffrag_preemptions_total %llu\n",
                 (unsigned long long)atomic_load(&ws->preemptions));
+        head(f, "diffrag_lookup_tokens_total", "counter",
+             "Prompt lookup (lookup_tokens): tokens drafted from requests' own prompts and "
+             "answers and verified in decode steps, and those the model kept.");
+        fprintf(f, "diffrag_lookup_tokens_total{kind=\"drafted\"} %llu\n",
+                (unsigned long long)atomic_load(&ws->lookup_drafted));
+        fprintf(f, "diffrag_lookup_tokens_total{kind=\"accepted\"} %llu\n",
+                (unsigned long long)atomic_load(&ws->lookup_accepted));
         head(f, "diffrag_step_tokens", "histogram",
              "Tokens per engine step (decode tokens of running requests plus prefill chunks).");
         uint64_t cum = 0;

@@ -25,6 +25,7 @@
 #include "daemon/fault.h"
 #include "daemon/log.h"
 #include "daemon/zutil.h"
+#include "model/lookup.h"
 
 struct Seq {
     struct WireJob job;
@@ -51,6 +52,8 @@ struct Seq {
     long blend_others;          /* tokens other sequences computed in those steps */
     double t_prefilled;
     uint64_t order;
+    int32_t draft[LOOKUP_MAX_DRAFT + 1]; /* a verify step's rows: the next token, then the
+                                   tokens drafted after it (prompt lookup) */
 };
 
 static int hist_push(struct Seq *q, int32_t t)
@@ -143,6 +146,7 @@ static struct Seq *seq_admit(struct Worker *w, void *pair, uint64_t job_id, cons
     p.sampler.seed = q->job.seed;
     p.stop = (const char *const *)q->job.stop;
     p.n_stop = q->job.n_stop;
+    p.lookup = w->o.lookup;
     if (q->job.quote) {
         if (quote_index_new(q->job.tokens, q->job.n_tokens, q->job.doc_spans, q->job.n_spans,
                             w->m->tok, &q->quote, err, sizeof err))
@@ -230,6 +234,45 @@ static int seq_advance(struct Worker *w, void *pair, struct Seq *q)
         return 1;
     }
     return 0;
+}
+
+/* Prompt lookup: the tokens drafted after the sequence's next one (at most room), in
+ * q->draft after that token; 0 when it decodes alone. A draft never needs a page that the
+ * token alone would not, so verify steps change nothing in the pool's accounting. */
+static int seq_draft(struct Seq *q, int room)
+{
+    if (q->done + 1 != q->n_hist)
+        return 0;               /* catching up after a preemption: not the answer's end yet */
+    int k = gen_draft_room(q->gen, q->e);
+    if (k > room)
+        k = room;
+    while (k > 0 && engine_pages_needed(q->e, k + 1) > engine_pages_needed(q->e, 1))
+        k--;
+    k = lookup_draft(q->hist, (int)q->n_hist, q->draft + 1, k);
+    q->draft[0] = q->hist[q->done];
+    return k;
+}
+
+/* After a verify step of the sequence's next token and k drafted ones: each row in turn is
+ * advanced as a decode step's would be, while the model chooses the drafted token (which is
+ * then in the engine already). 1 when the sequence was answered and freed, as seq_advance. */
+static int seq_advance_drafted(struct Worker *w, void *pair, struct Seq *q, int k)
+{
+    for (int i = 0;; i++) {
+        if (k && engine_verify_keep(q->e, i)) {
+            worker_send_error(pair, q->job.job, "internal", "a verify step lost its rows");
+            seq_free(w, q);
+            return 1;
+        }
+        size_t at = q->n_hist;
+        if (seq_advance(w, pair, q))
+            return 1;
+        if (i == k || q->hist[at] != q->draft[i + 1])
+            return 0;
+        q->done++;
+        if (w->o.stats)
+            atomic_fetch_add(&w->o.stats->lookup_accepted, 1);
+    }
 }
 
 struct Sched {
@@ -587,15 +630,25 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
             }
         long mine = sched_ahead(w, sc, overcommit), others = sched_promise(w, sc, mine);
         long spare = engine_pages_available(w->e) - mine - others;
+        /* every decoding request's own token comes before any draft's rows, and drafts take
+         * no row while a prompt waits for its prefill: they would delay its first token */
+        int n_dec = 0, prefilling = 0;
+        for (int i = 0; i < sc->n; i++) {
+            int dec = sc->run[i]->started && sc->run[i]->done >= sc->run[i]->n_prompt;
+            n_dec += dec;
+            prefilling |= !dec;
+        }
         for (int i = 0; i < sc->n && left > 0; i++) {
             struct Seq *q = sc->run[i];
             if (!q->started || q->done < q->n_prompt)
                 continue;
             joined[k] = 0;
             who[k] = q;
-            it[k++] = (struct EngineBatchItem){ q->e, q->hist + q->done, 1, 0,
-                                                q->done + 1 == q->n_hist };
-            left--;
+            int nd = prefilling ? 0 : seq_draft(q, left - n_dec);
+            n_dec--;
+            it[k++] = (struct EngineBatchItem){ q->e, nd ? q->draft : q->hist + q->done, 1 + nd,
+                                                0, q->done + 1 == q->n_hist, nd > 0 };
+            left -= 1 + nd;
         }
         for (int i = 0; i < sc->n && left > 0; i++) {
             struct Seq *q = sc->run[i];
@@ -648,7 +701,7 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
             who[k] = q;
             it[k++] = (struct EngineBatchItem){ q->e, q->hist + q->done, n, 1,
                                                 q->done + (size_t)n == q->n_prompt &&
-                                                q->n_hist == q->n_prompt };
+                                                q->n_hist == q->n_prompt, 0 };
             left -= n;
         }
         if (k == 0 && !bq)
@@ -723,7 +776,9 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
         int tokens = 0, nd = 0;
         for (int j = 0; j < k; j++) {
             tokens += it[j].n;
-            nd += !it[j].prefill;
+            nd += it[j].prefill ? 0 : it[j].n;
+            if (it[j].verify && w->o.stats)
+                atomic_fetch_add(&w->o.stats->lookup_drafted, (uint64_t)it[j].n - 1);
         }
         /* the blend's share after the others' tokens: its work counts as prefill tokens */
         if (bq)
@@ -733,14 +788,15 @@ static int sched_step(struct Worker *w, void *pair, struct Sched *sc)
             stats_step(w->o.stats, tokens);
         for (int j = 0; j < k; j++) {
             struct Seq *q = who[j];
-            q->done += (size_t)it[j].n;
+            /* a verify step's drafted rows count once the model has kept them */
+            q->done += it[j].verify ? 1 : (size_t)it[j].n;
             if (!it[j].logits)
                 continue;
             int at = -1;
             for (int i = 0; i < sc->n; i++)
                 if (sc->run[i] == q)
                     at = i;
-            if (seq_advance(w, pair, q) && at >= 0)
+            if (seq_advance_drafted(w, pair, q, it[j].verify ? it[j].n - 1 : 0) && at >= 0)
                 sched_remove(sc, at);   /* answered and freed: it leaves the batch */
         }
         break;

@@ -21,6 +21,8 @@
 #define WORKER_STEP_BUCKETS 15
 struct WorkerStats {
     _Atomic uint64_t preemptions;
+    /* prompt lookup: tokens drafted for verify steps, and those the model kept */
+    _Atomic uint64_t lookup_drafted, lookup_accepted;
     _Atomic uint64_t steps, step_tokens;
     _Atomic uint64_t step_bucket[WORKER_STEP_BUCKETS];
     /* chunk KV reuse (docs/kv-reuse.md): document tokens whose stored KV stayed, tokens
@@ -46,6 +48,8 @@ struct WorkerOpts {
     int step_tokens;           /* a step's tokens while a sequence is decoding (at most the
                                   context's chunk, which bounds the other steps) */
     int step_ms;               /* and no more than fit this long at the measured speed; 0: off */
+    int lookup;                /* prompt lookup (GenParams.lookup): tokens drafted a decode
+                                  step at most; 0: off */
     struct WorkerStats *stats; /* shared counters, or NULL */
     /* chunk KV reuse (CPU workers): 1 = a prompt's documents are blended from stored chunk
      * KV (docs/kv-reuse.md), recomputing this share of their tokens; the worker's chunk store

@@ -303,6 +303,7 @@ void engine_destroy(struct Engine **pe)
     free(e->wq_mass);
     free(e->mass);
     free(e->hidden);
+    eng_verify_free(e);
     free(e);
     *pe = NULL;
 }
@@ -411,6 +412,7 @@ void engine_reset(struct Engine *e)
     e->n_past = e->rope_offset = 0;
     e->mass_valid = 0;
     e->hidden_valid = 0;
+    e->vfy_rows = 0;
     atomic_store(&e->cancel, 0);
 }
 

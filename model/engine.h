@@ -112,8 +112,11 @@ struct EngineBatchItem {
     const int32_t *tokens;
     int n;
     int prefill;               /* 1: n prompt tokens (the prefill form, pages published); 0: one
-                                  decode token */
+                                  decode token, or n with verify */
     int logits;                /* 1: compute the last token's logits (engine_logits) */
+    int verify;                /* 1 (CPU, prefill 0): n decode tokens, each computed as
+                                  engine_decode would after the ones before it, every row's
+                                  logits, masses and captured rows kept (engine_verify) */
 };
 /* One step over the items, whose tokens together are at most the runner's chunk: their
  * products run as one product over the step's tokens (CPU: the prefill tokens through the
@@ -128,6 +131,22 @@ int engine_step(struct Engine *runner, const struct EngineBatchItem *items, int 
                 int *failed, char *err, size_t errlen);
 /* One decode step: appends `token` and computes its logits (= prefill of one token). */
 int engine_decode(struct Engine *e, int32_t token, char *err, size_t errlen);
+
+/* ---- Verify steps (speculative decoding: model/lookup.h, docs/configuration.md) ----
+ * engine_verify appends n tokens (1..chunk) in one step and computes each exactly, bit for
+ * bit, as engine_decode would if they were decoded one after another: each row through the
+ * one-row products (the weights are streamed once for several rows) and attention of its own;
+ * it keeps every row's logits, watched-head masses and captured rows. Afterwards the sequence
+ * holds all n, with the last row's outputs current. engine_verify_keep(e, i) then ends the
+ * sequence after row i (n_past = the count before the step + i + 1) with row i's logits,
+ * masses and captured rows current, as if tokens[0..i] alone had been decoded; it may be called
+ * again with a larger i until the sequence next computes or is reset. The rows past the
+ * kept one stay in the sequence's pages until later tokens overwrite them. engine_verify:
+ * ENGINE_EINPUT (bad token, n outside 1..chunk, a GPU context), ENGINE_ECTX, ENGINE_EBUDGET,
+ * ENGINE_ENOMEM, ENGINE_ECANCELLED (before the step; the sequence is unchanged).
+ * engine_verify_keep: ENGINE_EINPUT when i is not a row of the last verify step. */
+int engine_verify(struct Engine *e, const int32_t *tokens, int n, char *err, size_t errlen);
+int engine_verify_keep(struct Engine *e, int i);
 
 /* Appends n tokens like engine_prefill and scores them (CPU contexts only: ENGINE_EINPUT on a
  * GPU context): *nll_sum receives the summed negative

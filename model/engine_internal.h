@@ -78,6 +78,14 @@ struct Engine {
     int n_cap;
     float *hidden;            /* (n_cap, dim) */
     int hidden_valid;
+    /* engine_verify: each row's logits, masses and captured rows from the last verify step,
+     * so that engine_verify_keep can end the sequence after any of them */
+    float *vfy_logits;        /* (vfy_cap, vocab) */
+    struct AttnMass *vfy_mass; /* (vfy_cap, vfy_watch) */
+    float *vfy_hidden;        /* (vfy_cap, vfy_ncap, dim) */
+    int vfy_cap, vfy_watch, vfy_ncap;
+    int vfy_rows, vfy_base;   /* rows of the last verify step (0: none since), and n_past
+                                 before it */
     /* GPU contexts: the device sequence, and the host side of its masses */
     struct GpuSeq *gpu;
     float *gpu_mass;          /* (n_layer, n_q_head, 2) */
@@ -99,6 +107,9 @@ struct StepSeg {
     const int32_t *qpos;      /* CPU: when non-NULL, row t's position (increasing), not pos0 + t */
     int quiet;                /* CPU: 1 = no masses measured (a blend's recomputed rows) */
     int probe;                /* CPU: 1 = the rows are a blend's probe (e->probe) */
+    int verify;               /* CPU: 1 = n decode tokens, each row computed as engine_decode
+                                 would compute it after the rows before it, every row's logits,
+                                 masses and captured rows kept (engine_verify) */
 };
 
 /* ---- engine_step.c ---- */
@@ -126,6 +137,18 @@ void eng_measure_layer(struct Engine *e, int l, int row, int n, const void *kc);
 void eng_fill_masses(struct Engine *e, int l, const float *lam_row);
 /* The residual rows of the segments that capture layer l. */
 void eng_capture_rows(struct Engine *r, int l, const struct StepSeg *segs, int ns);
+
+/* ---- engine_verify.c ---- */
+
+/* Sizes e's verify buffers for n rows of its current watch and capture sets. ENGINE_ENOMEM. */
+int eng_verify_reserve(struct Engine *e, int n);
+/* Layer l's masses of verify row t, copied from e->mass after the row was measured. */
+void eng_verify_keep_masses(struct Engine *e, int l, int t);
+/* The logits of every row of the verify segment g, each through the final norm and the LM
+ * head as its own one-row product, with runner r's threads and scratch. */
+void eng_verify_logits(struct Engine *r, const struct StepSeg *g);
+/* Frees the verify buffers. */
+void eng_verify_free(struct Engine *e);
 
 /* ---- engine_blend.c ---- */
 

@@ -68,10 +68,14 @@ void eng_capture_rows(struct Engine *r, int l, const struct StepSeg *segs, int n
     for (int i = 0; i < ns; i++) {
         struct Engine *e = segs[i].e;
         if (segs[i].quiet || segs[i].probe) continue;
-        for (int j = 0; j < e->n_cap; j++)
-            if (e->cap_layer[j] == l)
-                memcpy(e->hidden + (size_t)j * d, r->s.x + (size_t)(segs[i].row0 + segs[i].n - 1) * d,
-                       (size_t)d * sizeof *e->hidden);
+        for (int j = 0; j < e->n_cap; j++) {
+            if (e->cap_layer[j] != l) continue;
+            memcpy(e->hidden + (size_t)j * d, r->s.x + (size_t)(segs[i].row0 + segs[i].n - 1) * d,
+                   (size_t)d * sizeof *e->hidden);
+            for (int t = 0; segs[i].verify && t < segs[i].n; t++)
+                memcpy(e->vfy_hidden + ((size_t)t * e->n_cap + j) * d,
+                       r->s.x + (size_t)(segs[i].row0 + t) * d, (size_t)d * sizeof *e->hidden);
+        }
     }
 }
 

@@ -212,6 +212,47 @@ static void step_matmul(struct Engine *r, struct MatmulArgs *a, int np)
     }
 }
 
+/* Segment g's rows [r0, r0 + sn) at positions pos0.. of layer l: queries and keys rotated, keys
+ * and values stored, the watched heads measured at the last row (over the sequence's first
+ * n_past + mass_n positions), then attention over the sequence's cache. */
+static void attend_rows(struct Engine *r, int l, const struct StepSeg *g, int r0, int sn,
+                        int pos0, int mass_n, void *kc, void *vc)
+{
+    const struct ModelConfig *c = &r->m->cfg;
+    struct Scratch *s = &r->s;
+    struct Engine *e = g->e;
+    const struct KvPoolLayout *lay = &r->lay;
+    int hd = c->head_dim, nq = c->n_q_head * hd, nkv = c->n_kv_head * hd, no = c->n_head * hd;
+    struct RopeStoreArgs rs = {
+        .q = s->q + (size_t)r0 * nq, .q_stride = (size_t)nq, .k = s->k + (size_t)r0 * nkv,
+        .v = s->v + (size_t)r0 * nkv, .kv_stride = (size_t)nkv, .n_tok = sn, .pos0 = pos0,
+        .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
+        .pos = g->qpos, .n_rot = c->rope.n_rot, .layout = c->rope.layout,
+        .cos = s->cos + (size_t)r0 * (c->rope.n_rot / 2),
+        .sin = s->sin + (size_t)r0 * (c->rope.n_rot / 2), .kcache = kc, .vcache = vc,
+        .kv_type = r->opts.kv_type, .kv_head_stride = lay->head_stride,
+        .pages = e->pages, .page_stride = lay->page_stride,
+    };
+    r->be->rope_store(r->pool, &rs);
+    if (!g->quiet && e->wq_off[l + 1] > e->wq_off[l])
+        eng_measure_layer(e, l, r0 + sn - 1, mass_n, kc);
+    if (g->probe) eng_probe_layer(e, r0, sn, g->qpos, pos0, kc);
+    struct AttnArgs a = {
+        .q = s->q + (size_t)r0 * nq, .q_stride = (size_t)nq,
+        .out = s->att + (size_t)r0 * no, .out_stride = (size_t)no,
+        .k = kc, .v = vc, .kv_head_stride = lay->head_stride, .pages = e->pages,
+        .page_stride = lay->page_stride, .kv_type = r->opts.kv_type, .n_tok = sn,
+        .pos0 = pos0, .qpos = g->qpos, .n_q_head = c->n_q_head,
+        .n_kv_head = c->n_kv_head, .head_dim = hd,
+        .scale = 1.f / sqrtf((float)hd), .rowwise = g->prefill,
+        .lambda = c->arch == ARCH_DIFFV2 ? s->lam + (size_t)r0 * c->n_head : NULL,
+        .lambda_stride = (size_t)c->n_head,
+    };
+    double t = eng_now_s();
+    r->be->attention(r->pool, &a, s->attn);
+    r->stats.attention_s += eng_now_s() - t;
+}
+
 /* Layer l of a step on the CPU over rows [0, n) of runner r's scratch (s->x holds their
  * residual stream; rows [0, np) take the many-row products), computed with r's threads: each
  * segment's queries and keys rotated and stored at its positions, then its attention over its
@@ -228,7 +269,6 @@ void eng_layer_step(struct Engine *r, int l, struct StepSeg *segs, int ns, int n
     size_t el = kv_elem_bytes(r->opts.kv_type);
     const struct KvPoolLayout *lay = &r->lay;
     int diff = c->arch == ARCH_DIFFV2;
-    double t;
     const struct LayerWeights *w = &m->layers[l];
     void *kc = (char *)lay->base + (size_t)l * lay->layer_stride * el;
     void *vc = (char *)lay->base + (lay->value_offset + (size_t)l * lay->layer_stride) * el;
@@ -244,36 +284,17 @@ void eng_layer_step(struct Engine *r, int l, struct StepSeg *segs, int ns, int n
     eng_add_bias(s->k, (size_t)nkv, n, w->bk);
     eng_add_bias(s->v, (size_t)nkv, n, w->bv);
     for (int i = 0; i < ns; i++) {
-        struct Engine *e = segs[i].e;
-        int r0 = segs[i].row0, sn = segs[i].n, pos0 = segs[i].pos0;
-        struct RopeStoreArgs rs = {
-            .q = s->q + (size_t)r0 * nq, .q_stride = (size_t)nq, .k = s->k + (size_t)r0 * nkv,
-            .v = s->v + (size_t)r0 * nkv, .kv_stride = (size_t)nkv, .n_tok = sn, .pos0 = pos0,
-            .n_q_head = c->n_q_head, .n_kv_head = c->n_kv_head, .head_dim = hd,
-            .pos = segs[i].qpos, .n_rot = c->rope.n_rot, .layout = c->rope.layout,
-            .cos = s->cos + (size_t)r0 * (c->rope.n_rot / 2),
-            .sin = s->sin + (size_t)r0 * (c->rope.n_rot / 2), .kcache = kc, .vcache = vc,
-            .kv_type = r->opts.kv_type, .kv_head_stride = lay->head_stride,
-            .pages = e->pages, .page_stride = lay->page_stride,
-        };
-        be->rope_store(r->pool, &rs);
-        if (!segs[i].quiet && e->wq_off[l + 1] > e->wq_off[l])
-            eng_measure_layer(e, l, r0 + sn - 1, sn, kc);
-        if (segs[i].probe) eng_probe_layer(e, r0, sn, segs[i].qpos, pos0, kc);
-        struct AttnArgs a = {
-            .q = s->q + (size_t)r0 * nq, .q_stride = (size_t)nq,
-            .out = s->att + (size_t)r0 * no, .out_stride = (size_t)no,
-            .k = kc, .v = vc, .kv_head_stride = lay->head_stride, .pages = e->pages,
-            .page_stride = lay->page_stride, .kv_type = r->opts.kv_type, .n_tok = sn,
-            .pos0 = pos0, .qpos = segs[i].qpos, .n_q_head = c->n_q_head,
-            .n_kv_head = c->n_kv_head, .head_dim = hd,
-            .scale = 1.f / sqrtf((float)hd), .rowwise = segs[i].prefill,
-            .lambda = diff ? s->lam + (size_t)r0 * c->n_head : NULL,
-            .lambda_stride = (size_t)c->n_head,
-        };
-        t = eng_now_s();
-        be->attention(r->pool, &a, s->attn);
-        r->stats.attention_s += eng_now_s() - t;
+        struct StepSeg *g = &segs[i];
+        if (!g->verify) {
+            attend_rows(r, l, g, g->row0, g->n, g->pos0, g->n, kc, vc);
+            continue;
+        }
+        /* Row by row, as decode steps one after another would: row t's key and value are
+         * stored before it attends, and its masses see the positions up to its own. */
+        for (int t = 0; t < g->n; t++) {
+            attend_rows(r, l, g, g->row0 + t, 1, g->pos0 + t, t + 1, kc, vc);
+            if (g->e->wq_off[l + 1] > g->e->wq_off[l]) eng_verify_keep_masses(g->e, l, t);
+        }
     }
     r->stats.attention_flop += attn_flop;
     struct MatmulArgs o = {
@@ -312,6 +333,7 @@ static int forward_step(struct Engine *r, struct StepSeg *segs, int ns)
         struct StepSeg *g = &segs[i];
         g->row0 = n;
         g->pos0 = g->e->n_past;
+        g->e->vfy_rows = 0;
         memcpy(g->e->tok + g->e->n_past, g->tokens, (size_t)g->n * sizeof *g->tokens);
         for (int k = 0; k < g->n; k++) {
             be->weights_row(&m->tok_embd, g->tokens[k], s->x + (size_t)(n + k) * d);
@@ -334,7 +356,11 @@ static int forward_step(struct Engine *r, struct StepSeg *segs, int ns)
         g->e->n_past += g->n;
         g->e->mass_valid = g->e->n_watch > 0;
         if (!g->quiet && !g->probe) g->e->hidden_valid = g->e->n_cap > 0;
-        if (!g->want_logits) continue;
+        if (g->verify) {
+            g->e->vfy_rows = g->n;
+            g->e->vfy_base = g->pos0;
+        }
+        if (!g->want_logits || g->verify) continue;
         be->rmsnorm(r->pool, s->xb + (size_t)nl * d, s->x + (size_t)(g->row0 + g->n - 1) * d,
                     m->output_norm, 1, d, c->norm_eps);
         nl++;
@@ -349,7 +375,7 @@ static int forward_step(struct Engine *r, struct StepSeg *segs, int ns)
         }
         struct Engine *only = NULL;
         for (int i = 0; i < ns && !only; i++)
-            if (segs[i].want_logits) only = segs[i].e;
+            if (segs[i].want_logits && !segs[i].verify) only = segs[i].e;
         struct MatmulArgs lm = {
             .x = s->xb, .x_stride = (size_t)d, .n = nl, .k = d, .n_out = 1, .onerow = 1,
             .out = {{&m->output, nl == 1 ? only->logits : lg, (size_t)c->vocab, 0}},
@@ -360,6 +386,8 @@ static int forward_step(struct Engine *r, struct StepSeg *segs, int ns)
                 memcpy(segs[i].e->logits, lg + (size_t)k++ * c->vocab,
                        (size_t)c->vocab * sizeof *lg);
     }
+    for (int i = 0; i < ns; i++)
+        if (segs[i].verify) eng_verify_logits(r, &segs[i]);
     r->stats.total_s += eng_now_s() - t_start;
     r->stats.tokens += n;
     return ENGINE_OK;
@@ -466,9 +494,13 @@ int engine_step(struct Engine *r, const struct EngineBatchItem *items, int n_ite
             const struct EngineBatchItem *it = &items[i];
             if (!!it->prefill != pass) continue;
             struct Engine *e = it->seq;
-            if (!e || e->runner != r || it->n < 1 || !it->tokens || (!it->prefill && it->n != 1) ||
+            if (!e || e->runner != r || it->n < 1 || !it->tokens ||
+                (!it->prefill && !it->verify && it->n != 1) || (it->verify && it->prefill) ||
                 e->blend)
                 return errmsg_set(err, errlen, ENGINE_EINPUT, "bad step item %d", i);
+            if (it->verify && r->gpu)
+                return errmsg_set(err, errlen, ENGINE_EINPUT, "step item %d: verify steps run "
+                                  "on CPU contexts only", i);
             if (it->n > e->opts.n_ctx - e->n_past) {
                 if (failed) *failed = i;
                 return errmsg_set(err, errlen, ENGINE_ECTX, "%d tokens do not fit: the context "
@@ -480,8 +512,14 @@ int engine_step(struct Engine *r, const struct EngineBatchItem *items, int n_ite
                     return errmsg_set(err, errlen, ENGINE_EINPUT, "token %d is outside the "
                                       "vocabulary (%d)", it->tokens[t], r->m->cfg.vocab);
                 }
+            if (it->verify && eng_verify_reserve(e, it->n)) {
+                if (failed) *failed = i;
+                return errmsg_set(err, errlen, ENGINE_ENOMEM, "out of memory for a verify "
+                                  "step's rows");
+            }
             segs[k++] = (struct StepSeg){.e = e, .tokens = it->tokens, .n = it->n,
-                                         .prefill = it->prefill, .want_logits = it->logits};
+                                         .prefill = it->prefill, .verify = it->verify,
+                                         .want_logits = it->logits && !it->verify};
             rows += it->n;
         }
     if (rows > r->opts.chunk)

@@ -1,6 +1,7 @@
 /* The decode loop and stop-string handling: output is released only once it can no longer
  * become part of a stop string, so streamed text never has to be taken back. */
 #include "model/generate.h"
+#include "model/lookup.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -202,6 +203,76 @@ int gen_end(struct GenState **pg, int cancelled, struct GenResult *r)
 }
 
 
+/* Prompt lookup's state in generate: the history drafts come from (the prompt, then each
+ * token once it is in the sequence) and the counts. */
+struct Lookup {
+    int32_t *hist;
+    int n, cap;
+    int drafted, accepted;
+};
+
+/* The tokens a verify step may draft after the one being decoded: within the context and the
+ * chunk, and no more than the answer can still take (each row gives one token). */
+int gen_draft_room(const struct GenState *g, const struct Engine *e)
+{
+    const struct EngineOpts *o = engine_opts(e);
+    if (g->p.lookup <= 0 || o->device != ENGINE_CPU) return 0;
+    int k = g->p.lookup < LOOKUP_MAX_DRAFT ? g->p.lookup : LOOKUP_MAX_DRAFT;
+    int room[3] = {o->n_ctx - engine_n_past(e) - 1, o->chunk - 1, g->p.max_tokens - g->index - 1};
+    for (int i = 0; i < 3; i++)
+        if (room[i] < k) k = room[i];
+    return k;
+}
+
+/* Decodes *next, then runs gen_next for what follows. With lookup, tokens drafted after *next
+ * are verified in the same step and each row is handed to gen_next in turn while the model
+ * keeps choosing the drafted token; the sequence is cut back after the last row kept, so the
+ * tokens, their signals and the sequence are those of decoding them one by one. Returns
+ * gen_next's 1 (with *next) or 0, a negative ENGINE_E* code, or 0 with *cancelled set. */
+static int decode_next(struct GenState *g, struct Engine *e, struct Lookup *lk, int32_t *next,
+                       int *cancelled, char *err, size_t errlen)
+{
+    int32_t row[LOOKUP_MAX_DRAFT + 1];
+    int k = 0, rc;
+    if (lk) {
+        lk->hist[lk->n++] = *next;
+        k = lookup_draft(lk->hist, lk->n, row + 1, gen_draft_room(g, e));
+    }
+    row[0] = *next;
+    rc = k ? engine_verify(e, row, k + 1, err, errlen) : engine_decode(e, *next, err, errlen);
+    if (rc == ENGINE_ECANCELLED) { *cancelled = 1; return 0; }
+    if (rc) return rc;
+    if (!k) return gen_next(g, e, next, err, errlen);
+    lk->drafted += k;
+    for (int i = 0; i <= k; i++) {
+        if (engine_verify_keep(e, i)) {
+            snprintf(err, errlen, "verify step: row %d was not computed", i);
+            return ENGINE_EINPUT;
+        }
+        rc = gen_next(g, e, next, err, errlen);
+        if (rc != 1 || i == k || *next != row[i + 1]) return rc;
+        lk->accepted++;
+        lk->hist[lk->n++] = *next;
+    }
+    return rc;
+}
+
+/* Sets up prompt lookup for generate: NULL (and ENGINE_OK) when it is off, or on a context
+ * that cannot verify. */
+static int lookup_init(struct Lookup *lk, struct Engine *e, const struct GenParams *p,
+                       const int32_t *prompt, size_t n_prompt, struct Lookup **out)
+{
+    *out = NULL;
+    if (p->lookup <= 0 || engine_opts(e)->device != ENGINE_CPU) return ENGINE_OK;
+    memset(lk, 0, sizeof *lk);
+    lk->cap = (int)n_prompt + (p->max_tokens > 0 ? p->max_tokens : 0) + 1;
+    if (!(lk->hist = malloc((size_t)lk->cap * sizeof *lk->hist))) return ENGINE_ENOMEM;
+    memcpy(lk->hist, prompt, n_prompt * sizeof *prompt);
+    lk->n = (int)n_prompt;
+    *out = lk;
+    return ENGINE_OK;
+}
+
 int generate(struct Engine *e, const int32_t *prompt, size_t n_prompt, const struct GenParams *p,
              gen_token_fn cb, void *user, struct GenResult *r, char *err, size_t errlen)
 {
@@ -226,18 +297,24 @@ int generate(struct Engine *e, const int32_t *prompt, size_t n_prompt, const str
     int cancelled = 0;
     if (rc == ENGINE_ECANCELLED) { cancelled = 1; rc = ENGINE_OK; }
     if (rc) { gen_abort(&g); return rc; }
+    struct Lookup lks, *lk = NULL;
+    if (lookup_init(&lks, e, p, prompt, n_prompt, &lk)) {
+        gen_abort(&g);
+        snprintf(err, errlen, "out of memory");
+        return ENGINE_ENOMEM;
+    }
     double t1 = now_ms();
     int32_t next;
-    while (!cancelled && (rc = gen_next(g, e, &next, err, errlen)) == 1) {
-        rc = engine_decode(e, next, err, errlen);
-        if (rc == ENGINE_ECANCELLED) { cancelled = 1; rc = ENGINE_OK; break; }
-        if (rc) break;
-    }
+    rc = cancelled ? 0 : gen_next(g, e, &next, err, errlen);
+    while (rc == 1) rc = decode_next(g, e, lk, &next, &cancelled, err, errlen);
     double decode_ms = now_ms() - t1;
+    if (lk) free(lk->hist);
     if (rc) { gen_abort(&g); return rc; }
     /* A prefill cancelled before any token ends with nothing generated. */
     rc = gen_end(&g, cancelled, r);
     r->n_prompt = (int)n_prompt;
+    r->n_drafted = lk ? lk->drafted : 0;
+    r->n_accepted = lk ? lk->accepted : 0;
     r->prefill_ms = prefill_ms;
     r->decode_ms = cancelled && r->n_generated == 0 ? 0 : decode_ms;
     if (rc) {

@@ -23,6 +23,11 @@ struct GenParams {
     const struct QuoteIndex *quote; /* non-NULL: quote decoding over it (model/quote.h): every
                                   token is drawn from the allowed set; borrowed, it must
                                   outlive the generation */
+    int lookup;                /* > 0: prompt-lookup decoding (model/lookup.h): each decode
+                                  step also verifies up to this many tokens drafted from the
+                                  prompt and the answer so far; the output, signals included,
+                                  is that of plain decoding. CPU contexts (generate only; a
+                                  GPU context decodes plainly). 0: off */
 };
 
 /* One generated token (or, with id -1, the release of text held back for a stop string that
@@ -54,6 +59,7 @@ struct GenResult {
     char *text;                 /* malloc'd, NUL-terminated; caller frees */
     size_t text_len;
     int n_prompt, n_generated;
+    int n_drafted, n_accepted;  /* prompt lookup: tokens drafted, and those the model kept */
     enum FinishReason finish;
     double prefill_ms, decode_ms;
     /* Quote decoding: the answer's spans, in order (their tokens make the answer's tokens
@@ -74,6 +80,13 @@ struct GenState;
 int gen_begin(const struct Model *m, const struct GenParams *p, gen_token_fn cb, void *user,
               struct GenState **out, char *err, size_t errlen);
 int gen_next(struct GenState *g, struct Engine *e, int32_t *next, char *err, size_t errlen);
+/* Prompt lookup for a caller that drives the engine itself (a scheduler): how many tokens may
+ * be drafted after the token about to be decoded (GenParams.lookup, capped by the context, the
+ * chunk and the answer's max_tokens); 0 when lookup is off or e is not a CPU context. The
+ * caller verifies them with the token (engine_verify or a verify step item), then for each row
+ * i in turn calls engine_verify_keep(e, i) and gen_next, going on while gen_next returns the
+ * drafted token that follows row i. */
+int gen_draft_room(const struct GenState *g, const struct Engine *e);
 /* cancelled: finish "cancelled" whatever came before. ENGINE_OK or ENGINE_ENOMEM. */
 int gen_end(struct GenState **g, int cancelled, struct GenResult *r);
 void gen_abort(struct GenState **g);

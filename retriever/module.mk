@@ -42,4 +42,17 @@ bench-kvreuse: $(BUILD)/bench_kvreuse models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.
 	$(BUILD)/bench_kvreuse models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf $(SQUAD_DIR) \
 	    $(BENCH_KVREUSE_ARGS)
 
-.PHONY: bench-retriever bench-kvreuse
+# Prompt-lookup decoding against plain decoding over SQuAD questions and free-text prompts
+# (bench/bench_lookup.c): built with everything so it always compiles, run by `make
+# bench-lookup` on the default model (about 10 minutes on 2 cores; BENCH_LOOKUP_ARGS=--questions
+# 5 for a short run, --lookup K for another draft length).
+BINS += $(BUILD)/bench_lookup
+$(BUILD)/bench_lookup: $(BUILD)/bench/bench_lookup.o $(LIB_RETRIEVER) $(LIB_MODEL)
+	$(CC) $(LDFLAGS) $< -o $@ $(RETRIEVER_LIBS) $(MODEL_LIBS) $(LDLIBS)
+
+BENCH_LOOKUP_ARGS ?=
+bench-lookup: $(BUILD)/bench_lookup models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf $(SQUAD_FILES)
+	$(BUILD)/bench_lookup models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf $(SQUAD_DIR) \
+	    $(BENCH_LOOKUP_ARGS)
+
+.PHONY: bench-retriever bench-kvreuse bench-lookup

@@ -714,7 +714,7 @@ static void check_steps(const struct Model *m)
     CHECK(prefill(other, ctx, 40) == 0, "%s", name);
     for (int t = 0; t < 64; t++) {
         int32_t tok = ctx[t % 40];
-        struct EngineBatchItem it = {other, &tok, 1, 0, 1};
+        struct EngineBatchItem it = {other, &tok, 1, 0, 1, 0};
         CHECK(engine_step(e, &it, 1, NULL, err, sizeof err) == 0, "%s: %s", name, err);
         memcpy(dec_want + (size_t)t * V, engine_logits(other), sizeof(float) * V);
     }
@@ -748,7 +748,7 @@ static void check_steps(const struct Model *m)
                 steps++;
                 if (decoded < 64 && rc == 0) {
                     int32_t tok = ctx[decoded % 40];
-                    struct EngineBatchItem it = {other, &tok, 1, 0, 1};
+                    struct EngineBatchItem it = {other, &tok, 1, 0, 1, 0};
                     CHECK(engine_step(e, &it, 1, NULL, err, sizeof err) == 0, "%s: %s", name, err);
                     memcpy(dec_got + (size_t)decoded * V, engine_logits(other), sizeof(float) * V);
                     decoded++;

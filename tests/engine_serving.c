@@ -365,14 +365,14 @@ static void batch_equals_alone(struct Model *m, enum KvType kv)
         int k = 0, budget = BUDGET;
         for (int i = 0; i < N_SEQ; i++)
             if (done_prefill[i] == len[i] && n_gen[i] > 0 && n_gen[i] < GEN) {
-                it[k++] = (struct EngineBatchItem){seq[i], &last[i], 1, 0, 1};
+                it[k++] = (struct EngineBatchItem){seq[i], &last[i], 1, 0, 1, 0};
                 budget--;
             }
         for (int i = 0; i < N_SEQ && budget > 0; i++)
             if (done_prefill[i] < len[i]) {
                 int n = len[i] - done_prefill[i] < budget ? len[i] - done_prefill[i] : budget;
                 it[k++] = (struct EngineBatchItem){seq[i], prompt[i] + done_prefill[i], n, 1,
-                                                   done_prefill[i] + n == len[i]};
+                                                   done_prefill[i] + n == len[i], 0};
                 budget -= n;
             }
         int failed;

@@ -44,6 +44,8 @@ static void usage(FILE *f)
         "      --temp T          temperature (default 0: greedy)\n"
         "      --top-k N --top-p P --min-p P --seed S   sampling\n"
         "      --stop STR        stop string (repeatable)\n"
+        "      --lookup N        prompt-lookup decoding: verify up to N tokens drafted from the\n"
+        "                        prompt with each decode step (CPU; same output; default 0: off)\n"
         "      --tokens IDS      comma-separated token ids instead of a prompt\n"
         "      --tokens-file F   token ids (whitespace or comma separated) from a file\n"
         "      --dump-logits F   write the last prompt position's logits (f32) to F\n"
@@ -267,7 +269,7 @@ int main(int argc, char **argv)
         O_CHAT = 256, O_SYSTEM, O_CTX, O_ROPE_SCALING, O_ROPE_FACTOR, O_ROPE_ORIG_CTX, O_CHUNK,
         O_THREADS, O_KV, O_BUDGET_MB, O_DEVICE, O_TEMP, O_TOP_K, O_TOP_P, O_MIN_P, O_SEED, O_STOP,
         O_TOKENS, O_TOKENS_FILE, O_DUMP_LOGITS, O_PRINT_TOKENS, O_WATCH, O_MARK, O_DUMP_MASS,
-        O_DOC, O_BATCH, O_PERPLEXITY,
+        O_DOC, O_BATCH, O_PERPLEXITY, O_LOOKUP,
     };
     static const struct option longs[] = {
         { "help", no_argument, NULL, 'h' }, { "model", required_argument, NULL, 'm' },
@@ -289,7 +291,8 @@ int main(int argc, char **argv)
         { "watch", required_argument, NULL, O_WATCH }, { "mark", required_argument, NULL, O_MARK },
         { "dump-mass", required_argument, NULL, O_DUMP_MASS },
         { "doc", required_argument, NULL, O_DOC }, { "batch", no_argument, NULL, O_BATCH },
-        { "perplexity", no_argument, NULL, O_PERPLEXITY }, { 0 },
+        { "perplexity", no_argument, NULL, O_PERPLEXITY },
+        { "lookup", required_argument, NULL, O_LOOKUP }, { 0 },
     };
     int c;
     opterr = 0;
@@ -352,6 +355,13 @@ int main(int argc, char **argv)
             break;
         case O_BATCH: batch = 1; break;
         case O_PERPLEXITY: perplexity = 1; break;
+        case O_LOOKUP:
+            gp.lookup = (int)strtol(v, &end, 10);
+            if (*end || gp.lookup < 0) {
+                fprintf(stderr, "diffrag-run: --lookup takes a count >= 0\n");
+                return 2;
+            }
+            break;
         case ':':
             fprintf(stderr, "diffrag-run: %s needs a value\n", argv[optind - 1]);
             usage(stderr);
@@ -565,6 +575,8 @@ int main(int argc, char **argv)
         size_t r2 = rss_bytes() - rss_base;
         if (r2 > rss_ctx) rss_ctx = r2;
         fprintf(stderr, "finish: reason=%s\n", finish_reason_name(res.finish));
+        if (gp.lookup > 0)
+            fprintf(stderr, "lookup: drafted=%d accepted=%d\n", res.n_drafted, res.n_accepted);
         free(res.text);
     }
     struct rusage ru;

@@ -740,7 +740,7 @@ static void check_batch(const struct Model *m, const char *form, const int32_t *
         alone[i] = open_ctx(m, ENGINE_CUDA, 2048, 2048, 1);
         rc = engine_new_seq(r, &seq[i], err, sizeof err);
         if (!rc) rc = engine_prefill(alone[i], prompt, (size_t)len, err, sizeof err);
-        it[i] = (struct EngineBatchItem){seq[i], prompt, len, 1, 1};
+        it[i] = (struct EngineBatchItem){seq[i], prompt, len, 1, 1, 0};
     }
     if (!rc) rc = engine_step(r, it, NS, &failed, err, sizeof err);
     for (int s = 0; s <= STEPS && !rc; s++) {
@@ -759,7 +759,7 @@ static void check_batch(const struct Model *m, const char *form, const int32_t *
         }
         if (rc || s == STEPS) break;
         for (int i = 0; i < NS && !rc; i++) {
-            it[i] = (struct EngineBatchItem){seq[i], &tok[i], 1, 0, 1};
+            it[i] = (struct EngineBatchItem){seq[i], &tok[i], 1, 0, 1, 0};
             rc = engine_decode(alone[i], tok[i], err, sizeof err);
         }
         if (!rc) rc = engine_step(r, it, NS, &failed, err, sizeof err);
@@ -1277,7 +1277,7 @@ static void time_batch_decode(const struct Model *m, int ns, int depth, int step
     for (int s = 0; s < steps && !rc; s++) {
         for (int pass = 0; pass < 2 && !rc; pass++) {
             int k = pass ? 1 : ns;
-            for (int i = 0; i < k; i++) it[i] = (struct EngineBatchItem){seq[i], &tok[i], 1, 0, 1};
+            for (int i = 0; i < k; i++) it[i] = (struct EngineBatchItem){seq[i], &tok[i], 1, 0, 1, 0};
             double t0 = now_s();
             rc = engine_step(r, it, k, NULL, err, sizeof err);
             for (int i = 0; i < k && !rc; i++) tok[i] = argmax(engine_logits(seq[i]), m->cfg.vocab);
