@@ -51,6 +51,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/jsonl.h"
 #include "bench/stats.h"
 #include "model/chunkkv.h"
 #include "model/engine.h"
@@ -80,53 +81,6 @@ static double now_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b) b[n] = 0;
-    *len = (size_t)n;
-    return b;
-}
-
-static const char *jstr(json_t *o, const char *k)
-{
-    json_t *v = json_object_get(o, k);
-    return json_is_string(v) ? json_string_value(v) : NULL;
-}
-
-/* Each line of a .jsonl file as a parsed object, to `fn`. */
-static int each_line(const char *path, void (*fn)(json_t *, void *), void *user)
-{
-    size_t len;
-    char *b = read_file(path, &len), err[256];
-    if (!b) {
-        fprintf(stderr, "cannot read %s\n", path);
-        return -1;
-    }
-    for (char *p = b; p < b + len;) {
-        char *e = memchr(p, '\n', (size_t)(b + len - p));
-        if (!e) e = b + len;
-        json_t *o = NULL;
-        if (e > p && json_parse(p, (size_t)(e - p), JSON_MAX_DEPTH, &o, err, sizeof err) == 0) {
-            fn(o, user);
-            json_decref(o);
-        }
-        p = e + 1;
-    }
-    free(b);
-    return 0;
-}
-
 struct Data {
     struct Passage *ps;
     int n_ps, cap_ps;
@@ -139,7 +93,7 @@ struct Data {
 static void add_passage(json_t *o, void *user)
 {
     struct Data *d = user;
-    const char *id = jstr(o, "id"), *title = jstr(o, "title"), *text = jstr(o, "text");
+    const char *id = bench_jstr(o, "id"), *title = bench_jstr(o, "title"), *text = bench_jstr(o, "text");
     if (!id || !title || !text) return;
     if (d->n_ps == d->cap_ps) {
         d->cap_ps = d->cap_ps ? 2 * d->cap_ps : 1024;
@@ -155,7 +109,7 @@ static void add_passage(json_t *o, void *user)
 static void add_question(json_t *o, void *user)
 {
     struct Data *d = user;
-    const char *q = jstr(o, "question"), *gold = jstr(o, "gold_passage_id");
+    const char *q = bench_jstr(o, "question"), *gold = bench_jstr(o, "gold_passage_id");
     json_t *ans = json_object_get(o, "answers");
     if (!q || !gold || json_is_true(json_object_get(o, "is_impossible")) || !json_is_array(ans) ||
         json_array_size(ans) == 0)
@@ -597,9 +551,9 @@ int main(int argc, char **argv)
     char err[512], path[4096];
     struct Data d = {0};
     snprintf(path, sizeof path, "%s/passages.jsonl", squad);
-    if (each_line(path, add_passage, &d)) return 1;
+    if (bench_each_line(path, add_passage, &d)) return 1;
     snprintf(path, sizeof path, "%s/questions.jsonl", squad);
-    if (each_line(path, add_question, &d)) return 1;
+    if (bench_each_line(path, add_question, &d)) return 1;
     if (shared < 0 || shared > 64) {
         fprintf(stderr, "--shared takes 0 (a context a question) to 64 questions a context\n");
         return 2;

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/jsonl.h"
 #include "bench/stats.h"
 #include "model/engine.h"
 #include "model/generate.h"
@@ -40,63 +41,43 @@ struct Data {
     int n_qs, cap_qs;
 };
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b) b[n] = 0;
-    *len = (size_t)n;
-    return b;
-}
-
 static char *dup_field(json_t *o, const char *k)
 {
-    json_t *v = json_object_get(o, k);
-    return json_is_string(v) ? strdup(json_string_value(v)) : NULL;
+    const char *v = bench_jstr(o, k);
+    return v ? strdup(v) : NULL;
 }
 
-/* Reads passages.jsonl (passages = 1) or questions.jsonl (answerable questions) into d. */
-static int read_lines(const char *path, int passages, struct Data *d)
+static void add_passage(json_t *o, void *user)
 {
-    size_t len;
-    char *b = slurp(path, &len), err[256];
-    if (!b) {
-        fprintf(stderr, "bench_lookup: cannot read %s\n", path);
-        return -1;
+    struct Data *d = user;
+    if (d->n_ps >= d->cap_ps) return;
+    struct Passage *x = &d->ps[d->n_ps];
+    x->id = dup_field(o, "id");
+    x->title = dup_field(o, "title");
+    x->text = dup_field(o, "text");
+    if (x->id && x->title && x->text) {
+        d->n_ps++;
+    } else {
+        free(x->id);
+        free(x->title);
+        free(x->text);
     }
-    for (char *p = b; p < b + len;) {
-        char *e = memchr(p, '\n', (size_t)(b + len - p));
-        if (!e) e = b + len;
-        json_t *o = NULL;
-        if (e > p && json_parse(p, (size_t)(e - p), JSON_MAX_DEPTH, &o, err, sizeof err) == 0) {
-            if (passages && d->n_ps < d->cap_ps) {
-                struct Passage *x = &d->ps[d->n_ps];
-                x->id = dup_field(o, "id");
-                x->title = dup_field(o, "title");
-                x->text = dup_field(o, "text");
-                if (x->id && x->title && x->text) d->n_ps++;
-            } else if (!passages && d->n_qs < d->cap_qs &&
-                       !json_is_true(json_object_get(o, "is_impossible"))) {
-                struct Question *x = &d->qs[d->n_qs];
-                x->text = dup_field(o, "question");
-                x->gold = dup_field(o, "gold_passage_id");
-                if (x->text && x->gold) d->n_qs++;
-            }
-            json_decref(o);
-        }
-        p = e + 1;
+}
+
+/* answerable questions only */
+static void add_question(json_t *o, void *user)
+{
+    struct Data *d = user;
+    if (d->n_qs >= d->cap_qs || json_is_true(json_object_get(o, "is_impossible"))) return;
+    struct Question *x = &d->qs[d->n_qs];
+    x->text = dup_field(o, "question");
+    x->gold = dup_field(o, "gold_passage_id");
+    if (x->text && x->gold) {
+        d->n_qs++;
+    } else {
+        free(x->text);
+        free(x->gold);
     }
-    free(b);
-    return 0;
 }
 
 static const struct Passage *find_passage(const struct Data *d, const char *id)
@@ -246,9 +227,9 @@ int main(int argc, char **argv)
     d.ps = calloc((size_t)d.cap_ps, sizeof *d.ps);
     d.qs = calloc((size_t)d.cap_qs, sizeof *d.qs);
     snprintf(path, sizeof path, "%s/passages.jsonl", argv[2]);
-    if (!d.ps || !d.qs || read_lines(path, 1, &d)) return 1;
+    if (!d.ps || !d.qs || bench_each_line(path, add_passage, &d)) return 1;
     snprintf(path, sizeof path, "%s/questions.jsonl", argv[2]);
-    if (read_lines(path, 0, &d) || d.n_qs == 0) return 1;
+    if (bench_each_line(path, add_question, &d) || d.n_qs == 0) return 1;
     struct Model *m = NULL;
     if (model_load(argv[1], &m, err, sizeof err) != MODEL_OK) {
         fprintf(stderr, "bench_lookup: %s\n", err);
