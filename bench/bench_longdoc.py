@@ -25,7 +25,6 @@ import os
 import pathlib
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 
@@ -35,18 +34,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tools"))
 
 import daemon_util  # noqa: E402
+from bench_serving import chars_per_token  # noqa: E402
 from eval_common import contains, load_squad  # noqa: E402
 
 MODEL = ROOT / "models" / "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
-
-
-def chars_per_token(text):
-    r = subprocess.run([str(BUILD / "diffrag-run"), "-m", str(MODEL), "-n", "0", "--ctx", "1",
-                        "--print-tokens", "-p", "-"], input=text, capture_output=True, text=True)
-    line = [ln for ln in r.stderr.splitlines() if ln.startswith("tokens:")]
-    if not line:
-        raise SystemExit("diffrag-run did not tokenize: %s" % r.stderr[-500:])
-    return len(text) / (len(line[0].split()) - 1)
 
 
 def documents(n_docs, tokens, n_questions):
@@ -63,7 +54,8 @@ def documents(n_docs, tokens, n_questions):
     if len(asked) < 2 * n_docs:
         raise SystemExit("the SQuAD data has questions over %d articles: at most %d documents"
                          % (len(asked), len(asked) // 2))
-    cpt = chars_per_token("\n\n".join(p["text"] for p in list(passages.values())[:300]))
+    cpt = chars_per_token("\n\n".join(p["text"] for p in list(passages.values())[:300]), MODEL,
+                          BUILD / "diffrag-run")
 
     def article(t, ps):
         return "# %s\n\n%s" % (t.replace("_", " "), "\n\n".join(p["text"] for p in ps))

@@ -114,6 +114,16 @@ def words(text):
     return set(w for w in re.findall(r"[a-z0-9]+", text.lower()) if w not in STOP_WORDS)
 
 
+def chars_per_token(text, model, run=None):
+    """Characters per token of text under model's tokenizer (diffrag-run --print-tokens)."""
+    r = subprocess.run([str(run or RUN), "-m", str(model), "-n", "0", "--ctx", "1",
+                        "--print-tokens", "-p", "-"], input=text, capture_output=True, text=True)
+    line = [ln for ln in r.stderr.splitlines() if ln.startswith("tokens:")]
+    if not line:
+        raise Fail("diffrag-run did not tokenize: %s" % r.stderr[-500:])
+    return len(text) / (len(line[0].split()) - 1)
+
+
 class Paragraphs:
     """SQuAD paragraphs handed out in file order, each once, in sets of about N tokens."""
 
@@ -127,15 +137,7 @@ class Paragraphs:
         self.chars_per_token = self._calibrate()
 
     def _calibrate(self):
-        """Characters per token of this text under the model's tokenizer (diffrag-run)."""
-        text = "\n\n".join(p["text"] for p in self.paras[:300])
-        r = subprocess.run([str(RUN), "-m", str(MODEL), "-n", "0", "--ctx", "1",
-                            "--print-tokens", "-p", "-"], input=text, capture_output=True,
-                           text=True)
-        line = [ln for ln in r.stderr.splitlines() if ln.startswith("tokens:")]
-        if not line:
-            raise Fail("diffrag-run did not tokenize: %s" % r.stderr[-500:])
-        return len(text) / (len(line[0].split()) - 1)
+        return chars_per_token("\n\n".join(p["text"] for p in self.paras[:300]), MODEL)
 
     def take(self, tokens, questions=()):
         """Paragraphs of about `tokens` tokens (label and separator included), as inline docs
