@@ -359,7 +359,7 @@ static int reliance(struct Worker *w, const struct WireJob *job, struct Engine *
     memcpy(toks, job->bare, job->n_bare * sizeof *toks);
     memcpy(toks + job->n_bare, ans, k * sizeof *toks);
     engine_reset(e);
-    if (engine_score_positions(e, toks, n, nll, NULL, err, sizeof err)) {
+    if (engine_score_positions(e, toks, n, nll, NULL, NULL, err, sizeof err)) {
         dlog(LL_DEBUG, "msg=\"context reliance skipped\" worker=%d job=%llu error=\"%s\"",
              w->o.index, (unsigned long long)job->job, err);
         goto out;

@@ -156,12 +156,12 @@ int engine_score(struct Engine *e, const int32_t *tokens, size_t n, double *nll_
                  size_t *n_scored, char *err, size_t errlen);
 /* Appends n tokens like engine_score and scores each position: for i in 0..n-2,
  * nll[i] = -log p(tokens[i+1] | tokens[0..i]) (natural log, under softmax of the logits) and
- * top[i] = the token with the largest logit at position i (the lowest id on ties). Either
- * array may be NULL; each holds at least n-1 entries. CPU contexts only (ENGINE_EINPUT on a
+ * top[i] = the token with the largest logit at position i (the lowest id on ties), gap[i] =
+ * its logit less the second largest. Any array may be NULL; each holds at least n-1 entries. CPU contexts only (ENGINE_EINPUT on a
  * GPU context), with engine_score's errors (ENGINE_EINPUT, ENGINE_ECTX, ENGINE_ENOMEM,
  * ENGINE_ECANCELLED: the arrays hold the positions done). */
 int engine_score_positions(struct Engine *e, const int32_t *tokens, size_t n, float *nll,
-                           int32_t *top, char *err, size_t errlen);
+                           int32_t *top, float *gap, char *err, size_t errlen);
 
 /* Logits (vocab) of the last token evaluated; borrowed, valid until the next call. A GPU
  * context keeps them on the device until asked: NULL when copying them fails (a device

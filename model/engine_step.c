@@ -564,10 +564,20 @@ static int32_t logits_argmax(const float *lg, int n)
     return best;
 }
 
+/* The largest logit less the second largest. */
+static float logits_gap(const float *lg, int n)
+{
+    float a = -INFINITY, b = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (lg[i] > a) { b = a; a = lg[i]; }
+        else if (lg[i] > b) b = lg[i];
+    return a - b;
+}
+
 /* engine_score and engine_score_positions: the logits of every position, ROWS rows at a time
  * through the LM head, each scored against the next token. Optional outputs may be NULL. */
 static int score_tokens(struct Engine *e, const int32_t *tokens, size_t n, float *nll,
-                        int32_t *top, double *nll_sum, size_t *n_scored, char *err, size_t errlen)
+                        int32_t *top, float *gap, double *nll_sum, size_t *n_scored, char *err, size_t errlen)
 {
     enum { ROWS = 64 };
     if (nll_sum) *nll_sum = 0;
@@ -609,6 +619,7 @@ static int score_tokens(struct Engine *e, const int32_t *tokens, size_t n, float
                 sampler_signal(row, c->vocab, tokens[pos + 1], &sig);
                 if (nll) nll[pos] = -sig.logprob;
                 if (top) top[pos] = logits_argmax(row, c->vocab);
+                if (gap) gap[pos] = logits_gap(row, c->vocab);
                 if (nll_sum) *nll_sum -= sig.logprob;
                 if (n_scored) (*n_scored)++;
             }
@@ -621,13 +632,13 @@ static int score_tokens(struct Engine *e, const int32_t *tokens, size_t n, float
 int engine_score(struct Engine *e, const int32_t *tokens, size_t n, double *nll_sum,
                  size_t *n_scored, char *err, size_t errlen)
 {
-    return score_tokens(e, tokens, n, NULL, NULL, nll_sum, n_scored, err, errlen);
+    return score_tokens(e, tokens, n, NULL, NULL, NULL, nll_sum, n_scored, err, errlen);
 }
 
 int engine_score_positions(struct Engine *e, const int32_t *tokens, size_t n, float *nll,
-                           int32_t *top, char *err, size_t errlen)
+                           int32_t *top, float *gap, char *err, size_t errlen)
 {
-    return score_tokens(e, tokens, n, nll, top, NULL, NULL, err, errlen);
+    return score_tokens(e, tokens, n, nll, top, gap, NULL, NULL, err, errlen);
 }
 
 int engine_decode(struct Engine *e, int32_t token, char *err, size_t errlen)

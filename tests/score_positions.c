@@ -1,8 +1,10 @@
 /* score_positions: the engine's per-position scores of a token sequence, for comparison with
  * an outside reference (tests/test_qwen_oracle.py against llama.cpp's record). Evaluates the
  * tokens in one CPU context through engine_score_positions and prints one line per position
- * i in 0..n-2: "i nll top" (the NLL of tokens[i+1], natural log, and the argmax at i), after a
- * summary line "score: n=... scored=... mean_nll=... perplexity=...".
+ * i in 0..n-2: "i nll top gap" (the NLL of tokens[i+1], natural log, the argmax at i and its
+ * logit less the second largest), after a summary line "score: n=... scored=... mean_nll=...
+ * perplexity=... arch=... attention=amx|f32" (attention: the prefill's attention path,
+ * kernels/cpu/attention_amx.c or the f32 paths).
  *
  * usage: score_positions -m MODEL --tokens-file FILE [-n N] [--threads T] [--chunk C]
  *        [--kv f16|f32|q8]   (FILE: token ids separated by commas or white space; -n keeps
@@ -12,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/cpu.h"
 #include "model/engine.h"
 #include "model/model.h"
 
@@ -110,7 +113,8 @@ int main(int argc, char **argv)
     struct Engine *e = NULL;
     float *nll = malloc(n * sizeof *nll);
     int32_t *top = malloc(n * sizeof *top);
-    if (!nll || !top) {
+    float *gap = malloc(n * sizeof *gap);
+    if (!nll || !top || !gap) {
         fprintf(stderr, "score_positions: out of memory\n");
         goto done;
     }
@@ -123,7 +127,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "score_positions: %s\n", err);
         goto done;
     }
-    int st = engine_score_positions(e, tokens, n, nll, top, err, sizeof err);
+    int st = engine_score_positions(e, tokens, n, nll, top, gap, err, sizeof err);
     if (st != ENGINE_OK) {
         fprintf(stderr, "score_positions: %s (%s)\n", err, engine_strerror(st));
         goto done;
@@ -131,14 +135,16 @@ int main(int argc, char **argv)
     double sum = 0.0;
     for (size_t i = 0; i + 1 < n; i++)
         sum += nll[i];
-    printf("score: n=%zu scored=%zu mean_nll=%.8f perplexity=%.6f arch=%s\n", n, n - 1,
-           sum / (double)(n - 1), exp(sum / (double)(n - 1)), model_arch_name(m->cfg.arch));
+    printf("score: n=%zu scored=%zu mean_nll=%.8f perplexity=%.6f arch=%s attention=%s\n", n,
+           n - 1, sum / (double)(n - 1), exp(sum / (double)(n - 1)), model_arch_name(m->cfg.arch),
+           cpu_attn_amx_default() ? "amx" : "f32");
     for (size_t i = 0; i + 1 < n; i++)
-        printf("%zu %.6f %d\n", i, nll[i], top[i]);
+        printf("%zu %.6f %d %.6f\n", i, nll[i], top[i], gap[i]);
     rc = fflush(stdout) == 0 ? 0 : 1;
 done:
     engine_destroy(&e);
     model_destroy(&m);
+    free(gap);
     free(top);
     free(nll);
     free(tokens);

@@ -200,7 +200,7 @@ int main(void)
     float nll[NS - 1];
     int32_t top[NS - 1];
     engine_reset(e);
-    rc = engine_score_positions(e, toks, NS, nll, top, err, sizeof err);
+    rc = engine_score_positions(e, toks, NS, nll, top, NULL, err, sizeof err);
     CHECK(rc == ENGINE_OK && engine_n_past(e) == NS, "score_positions: %s", err);
     double nll_sum = 0, max_nll_diff = 0, pos_sum = 0;
     size_t n_scored = 0;
@@ -231,9 +231,9 @@ int main(void)
           nll_sum);
     float nll_only[NS - 1];
     engine_reset(e);
-    CHECK(engine_score_positions(e, toks, NS, nll_only, NULL, err, sizeof err) == ENGINE_OK &&
+    CHECK(engine_score_positions(e, toks, NS, nll_only, NULL, NULL, err, sizeof err) == ENGINE_OK &&
           !memcmp(nll_only, nll, sizeof nll), "NULL top: same NLLs, deterministic");
-    CHECK(engine_score_positions(e, toks, 1, nll, top, err, sizeof err) == ENGINE_EINPUT,
+    CHECK(engine_score_positions(e, toks, 1, nll, top, NULL, err, sizeof err) == ENGINE_EINPUT,
           "one token refused");
 
     float logits[5] = {1.f, 3.f, 2.f, -INFINITY, 0.f};
