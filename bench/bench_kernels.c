@@ -1,7 +1,8 @@
 /* bench_kernels: the measurements behind `make bench-engine` that need to run inside one
  * process on the engine's own threads:
- *   peaks    the two ceilings: an AVX-512 (or AVX2) FMA loop on every thread, and a large
- *            OpenBLAS sgemm with as many OpenBLAS threads;
+ *   peaks    the ceilings: an AVX-512 (or AVX2) FMA loop, an AVX-512 VNNI int8 loop and an
+ *            AMX bf16 tile loop on every thread (bench/peak_loops.c), and a large OpenBLAS
+ *            sgemm with as many OpenBLAS threads;
  *   shapes   each matrix product of a model's layer at a chunk's size through every path
  *            (microkernels per instruction set, OpenBLAS inside the pool), against sgemm on
  *            the same shape with f32 weights; and the one-token products' memory bandwidth;
@@ -26,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/peak_loops.h"
 #include "bench/stats.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/dequant.h"
@@ -50,68 +52,33 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* --- the FMA ceiling --- */
+/* --- the instruction ceilings (loops in bench/peak_loops.c) --- */
 
-enum { FMA_ITERS = 4000000 };
-
-#if defined(__x86_64__) && defined(__GNUC__)
-/* Independent accumulator chains (more than latency x ports) with distinct starting values,
- * and x made opaque each step so the compiler can neither merge nor fold chains. Returns
- * FLOPs done. */
-__attribute__((target("avx512f"))) static double fma_loop_avx512(float *sink)
-{
-    enum { N = 16 };
-    __m512 x = _mm512_set1_ps(1.0000001f), y = _mm512_set1_ps(1e-7f), a[N];
-    for (int j = 0; j < N; j++) a[j] = _mm512_set1_ps((float)j * 1e-3f);
-    for (long i = 0; i < FMA_ITERS; i++) {
-        __asm__ volatile("" : "+v"(x));
-#pragma GCC unroll 16
-        for (int j = 0; j < N; j++) a[j] = _mm512_fmadd_ps(a[j], x, y);
-    }
-    float s = 0.f;
-    for (int j = 0; j < N; j++) s += _mm512_reduce_add_ps(a[j]);
-    *sink = s;
-    return (double)FMA_ITERS * N * 16 * 2;
-}
-
-__attribute__((target("avx2,fma"))) static double fma_loop_avx2(float *sink)
-{
-    enum { N = 12 };
-    __m256 x = _mm256_set1_ps(1.0000001f), y = _mm256_set1_ps(1e-7f), a[N];
-    for (int j = 0; j < N; j++) a[j] = _mm256_set1_ps((float)j * 1e-3f);
-    for (long i = 0; i < FMA_ITERS; i++) {
-        __asm__ volatile("" : "+x"(x));
-#pragma GCC unroll 12
-        for (int j = 0; j < N; j++) a[j] = _mm256_fmadd_ps(a[j], x, y);
-    }
-    float v[8], s = 0.f;
-    for (int j = 0; j < N; j++) {
-        _mm256_storeu_ps(v, a[j]);
-        s += v[0] + v[7];
-    }
-    *sink = s;
-    return (double)FMA_ITERS * N * 8 * 2;
-}
-#endif
-
-struct FmaJob { double flop[256]; float sink[256]; int isa; };
+struct FmaJob { double flop[256]; float sink[256]; int isa, kind; };   /* kind: 0 FMA, 1 VNNI, 2 AMX */
 
 static void fma_task(void *ctx, int task, int thread)
 {
     struct FmaJob *j = ctx;
     (void)thread;
 #if defined(__x86_64__) && defined(__GNUC__)
-    j->flop[task] = j->isa == CPU_ISA_AVX512 ? fma_loop_avx512(&j->sink[task])
-                                             : fma_loop_avx2(&j->sink[task]);
+    j->flop[task] = j->kind == 1 ? peak_vnni(&j->sink[task])
+                    : j->kind == 2 ? peak_amx_bf16(&j->sink[task])
+                    : j->isa == CPU_ISA_AVX512 ? peak_fma_avx512(&j->sink[task])
+                                               : peak_fma_avx2(&j->sink[task]);
 #else
     j->flop[task] = 0;
 #endif
 }
 
-static double fma_peak(struct ThreadPool *pool, int threads)
+/* GFLOP/s (or int8 GOPS) of kind 0 (f32 FMA), 1 (VNNI) or 2 (AMX bf16); 0 where the processor
+ * lacks it. */
+static double fma_peak(struct ThreadPool *pool, int threads, int kind)
 {
-    struct FmaJob j = {.isa = cpu_isa_supported(CPU_ISA_AVX512) ? CPU_ISA_AVX512 : CPU_ISA_AVX2};
+    struct FmaJob j = {.isa = cpu_isa_supported(CPU_ISA_AVX512) ? CPU_ISA_AVX512 : CPU_ISA_AVX2,
+                       .kind = kind};
     if (!cpu_isa_supported(CPU_ISA_AVX2)) return 0;
+    if (kind == 1 && !cpu_q8_vnni()) return 0;
+    if (kind == 2 && !cpu_amx_usable_once()) return 0;
     double t = now_s();
     pool_run(pool, threads, fma_task, &j);
     t = now_s() - t;
@@ -140,14 +107,18 @@ static void run_peaks(int threads, int reps)
 {
     struct ThreadPool *pool = NULL;
     if (pool_new(threads, &pool) != 0) { fprintf(stderr, "bench_kernels: no threads\n"); return; }
-    double f[64], s[64];
+    double f[64], s[64], v[64], x[64];
     if (reps > 64) reps = 64;
     /* All FMA runs first: after an sgemm OpenBLAS's threads spin for a while on our cores. */
-    for (int r = 0; r < reps; r++) f[r] = fma_peak(pool, threads);
+    for (int r = 0; r < reps; r++) f[r] = fma_peak(pool, threads, 0);
+    for (int r = 0; r < reps; r++) v[r] = fma_peak(pool, threads, 1);
+    for (int r = 0; r < reps; r++) x[r] = fma_peak(pool, threads, 2);
     for (int r = 0; r < reps; r++) s[r] = sgemm_peak(threads);
-    printf("peaks: threads=%d fma_isa=%s fma_gflops=%.1f sgemm_gflops=%.1f openblas_coretype=%s\n",
+    printf("peaks: threads=%d fma_isa=%s fma_gflops=%.1f vnni_gops=%.1f amx_bf16_gflops=%.1f "
+           "sgemm_gflops=%.1f openblas_coretype=%s\n",
            threads, cpu_isa_supported(CPU_ISA_AVX512) ? "avx512" : "avx2", median(f, reps),
-           median(s, reps), getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "auto");
+           median(v, reps), median(x, reps), median(s, reps),
+           getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "auto");
     pool_destroy(&pool);
 }
 
@@ -511,17 +482,21 @@ static void run_attention(int threads, int ctx, int n_q_head, int reps, enum KvT
     for (int i = 0; i < chunk; i++) flop += 4.0 * (a.pos0 + i + 1) * hd * n_q_head;
     printf("attention: threads=%d ctx=%d q_heads=%d chunk=%d kv=%s", threads, ctx, n_q_head, chunk,
            kv == KV_F32 ? "f32" : kv == KV_F16 ? "f16" : "q8");
-    for (int isa = CPU_ISA_COUNT - 1; isa >= 0; isa--) {
+    /* The AMX path first (where it runs), then every f32 path. */
+    for (int path = CPU_ISA_COUNT; path >= 0; path--) {
+        int amx = path == CPU_ISA_COUNT, isa = amx ? CPU_ISA_AVX512 : path;
         if (!cpu_isa_supported((enum CpuIsa)isa)) continue;
+        if (amx && !cpu_attn_amx_handles((enum CpuIsa)isa, kv, hd)) continue;
         double t[64];
         int nr = reps > 64 ? 64 : reps;
         if (isa == CPU_ISA_SCALAR) nr = 1;
         for (int r = 0; r < nr; r++) {
             double t0 = now_s();
-            cpu_attention_with((enum CpuIsa)isa, pool, &a, scratch);
+            cpu_attention_with((enum CpuIsa)isa, amx, pool, &a, scratch);
             t[r] = now_s() - t0;
         }
-        printf(" prefill_%s_gflops=%.1f", cpu_isa_name((enum CpuIsa)isa), flop / median(t, nr) / 1e9);
+        printf(" prefill_%s_gflops=%.1f", amx ? "amx" : cpu_isa_name((enum CpuIsa)isa),
+               flop / median(t, nr) / 1e9);
     }
     /* One token at the end of the cache: flash-decoding over the whole context. */
     a.n_tok = 1;
@@ -530,7 +505,7 @@ static void run_attention(int threads, int ctx, int n_q_head, int reps, enum KvT
     int nr = reps > 64 ? 64 : reps;
     for (int r = 0; r < nr; r++) {
         double t0 = now_s();
-        for (int i = 0; i < 10; i++) cpu_attention_with(cpu_isa_best(), pool, &a, scratch);
+        for (int i = 0; i < 10; i++) cpu_attention_with(cpu_isa_best(), cpu_attn_amx_default(), pool, &a, scratch);
         t[r] = (now_s() - t0) / 10;
     }
     double tm = median(t, nr), bytes = 2.0 * (double)cache * ctx / ((ctx + KV_TILE - 1) / KV_TILE * KV_TILE);

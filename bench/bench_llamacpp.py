@@ -33,6 +33,8 @@ MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 QWEN = ROOT / "models" / "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"
 # The Qwen model's targets (issue 17): diffrag / llama.cpp's better of -fa 0/1.
 QWEN_PREFILL_X, QWEN_DECODE_X = 2.5, 1.0
+# The long-context prefill targets (issue 53): at least 4.5x at 8,192 tokens, 6x at 32,768.
+QWEN_PREFILL_LONG_X = {8192: 4.5, 32768: 6.0}
 SHAPE = ["--layers", "30", "--dim", "576", "--heads", "9", "--kv-heads", "3", "--head-dim", "64",
          "--ffn", "1536", "--vocab", "49152", "--ctx", "16384", "--rope-base", "100000", "--tied"]
 
@@ -159,8 +161,8 @@ def main():
         print(f"targets for the Qwen model (diffrag / llama.cpp's better of fa={a.fa}):")
         for n in sizes:
             x = med[("qwen", "diffrag", "pp", n)] / best("qwen", "", n)
-            print(f"  prefill@{n} >= {QWEN_PREFILL_X}x: {x:.2f}x "
-                  f"{'met' if x >= QWEN_PREFILL_X else 'NOT met'}")
+            want = QWEN_PREFILL_LONG_X.get(n, QWEN_PREFILL_X)
+            print(f"  prefill@{n} >= {want}x: {x:.2f}x {'met' if x >= want else 'NOT met'}")
         if not a.no_decode:
             for depth in (0, 8192):
                 x = med[("qwen", "diffrag", f"tg_{kvs[0]}", depth)] / best("qwen", "tg_", depth)

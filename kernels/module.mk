@@ -5,8 +5,8 @@ BLAS_LIBS   := -lopenblas
 
 # The kernel benchmark behind `make bench-engine` (ceilings, per-shape products, engine split).
 BINS += $(BUILD)/bench_kernels
-$(BUILD)/bench_kernels: $(BUILD)/bench/bench_kernels.o $(BUILD)/libdiffrag_model.a
-	$(CC) $(LDFLAGS) $< -o $@ $(MODEL_LIBS) $(LDLIBS)
+$(BUILD)/bench_kernels: $(BUILD)/bench/bench_kernels.o $(BUILD)/bench/peak_loops.o $(BUILD)/libdiffrag_model.a
+	$(CC) $(LDFLAGS) $(BUILD)/bench/bench_kernels.o $(BUILD)/bench/peak_loops.o -o $@ $(MODEL_LIBS) $(LDLIBS)
 
 # The CUDA backend (kernels/cuda/*.cu, CUDA C + cuBLAS) as its own shared object, loaded with
 # dlopen when a context asks for a GPU (kernels/gpu.h): built wherever nvcc is found, for

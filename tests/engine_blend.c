@@ -337,11 +337,12 @@ static void check_kv_type(const struct Model *m, enum KvType kv, const char *nam
                "%s (unmoved: %.0f), values %.3f; every layer: keys %.3f, values %.3f\n", name,
                p, at, ku, unit, ku0, vu, ka, va);
         CHECK(ku <= 2.0 && vu == 0 && ku0 > 10 * (ku + 1), "%s", name);
-        /* every layer with an f32 cache and f32 products (DIFFRAG_GEMM=native): f32 rounding;
-         * the int8 products round activations to 8 bits, and a rounding that falls the
-         * other way at one layer moves the next ones further */
-        const char *gemm = getenv("DIFFRAG_GEMM");
-        if (kv == KV_F32 && gemm && !strcmp(gemm, "native"))
+        /* every layer with an f32 cache, f32 products (DIFFRAG_GEMM=native) and f32 attention
+         * (DIFFRAG_ATTN=f32): f32 rounding; the int8 products round activations to 8 bits
+         * and the AMX attention multiplies in bf16, and a rounding that falls the other way
+         * at one layer moves the next ones further */
+        const char *gemm = getenv("DIFFRAG_GEMM"), *attn = getenv("DIFFRAG_ATTN");
+        if (kv == KV_F32 && gemm && !strcmp(gemm, "native") && attn && !strcmp(attn, "f32"))
             CHECK(ka <= 0.05 && va <= 0.05, "%s", name);
         free(kp);
         free(kq);

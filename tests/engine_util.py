@@ -37,10 +37,12 @@ def run(model, *args, tokens=None, timeout=900, check=True, stdin=None, env=None
     return r
 
 
-# The prefill products the reference comparisons use: f32 (DIFFRAG_GEMM=native), which stay
-# within f32 rounding of exact products; the int8 products (the default with AVX-512 VNNI or
-# AVX2) round the activations to 8 bits first and are checked on their own (test_kernels).
-F32_PRODUCTS = {"DIFFRAG_GEMM": "native"}
+# The prefill arithmetic the reference comparisons use: f32 products (DIFFRAG_GEMM=native) and
+# f32 attention (DIFFRAG_ATTN=f32), which stay within f32 rounding of exact arithmetic; the int8
+# products (the default with AVX-512 VNNI or AVX2) round the activations to 8 bits first, and the
+# AMX attention (the default where the processor has it) multiplies in bf16: each is checked on
+# its own (test_kernels.c, test_qwen_oracle.py).
+F32_PRODUCTS = {"DIFFRAG_GEMM": "native", "DIFFRAG_ATTN": "f32"}
 
 
 def last_logits(model, tokens, tmp_path, *args, name="logits.bin", env=F32_PRODUCTS):
@@ -57,12 +59,16 @@ def last_logits(model, tokens, tmp_path, *args, name="logits.bin", env=F32_PRODU
 
 def run_check_binary(binary, model, gemm=None, timeout=600):
     """Run a C check binary (build/tests/engine_*) on a model; gemm sets DIFFRAG_GEMM (None: the
-    default products, whatever the caller's environment says). Prints its stdout, asserts it
-    exited 0 and returns the stdout."""
+    default products, whatever the caller's environment says), and "native" (the f32 products)
+    also the f32 attention (DIFFRAG_ATTN=f32), the f32 arithmetic of F32_PRODUCTS. Prints its
+    stdout, asserts it exited 0 and returns the stdout."""
     env = dict(os.environ)
     env.pop("DIFFRAG_GEMM", None)
+    env.pop("DIFFRAG_ATTN", None)
     if gemm:
         env["DIFFRAG_GEMM"] = gemm
+    if gemm == "native":
+        env["DIFFRAG_ATTN"] = "f32"
     r = subprocess.run([str(binary), str(model)], capture_output=True, text=True,
                        timeout=timeout, env=env)
     print(r.stdout)

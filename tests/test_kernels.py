@@ -5,7 +5,9 @@ dequantises the file exactly (1e-4 relative, as test_engine_ref); prefill in one
 token by token (the one-token kernels); and one model through every instruction-set path the
 machine supports (DIFFRAG_CPU_ISA) and both prefill product engines (DIFFRAG_GEMM). The
 K-quants (Q2_K .. Q6_K, row layout, 256-wide super-blocks) and Q5_0 (interleaved) run through
-every path too, prefill and one token at a time."""
+every path too, prefill and one token at a time. All of these run the f32 attention
+(DIFFRAG_ATTN=f32); the AMX attention, the default where the processor has it, is checked in a
+whole model on its own."""
 import functools
 import os
 import re
@@ -25,8 +27,10 @@ def c_logits(model, tokens, tmp_path, *args, env=F32_PRODUCTS):
     out = tmp_path / "logits.bin"
     cmd = [str(RUN), "-m", str(model), "--dump-logits", str(out), "-n", "0", "--kv", "f32",
            "--tokens", ",".join(map(str, tokens)), *map(str, args)]
+    # The f32 attention unless the caller names one: the AMX path multiplies in bf16 and is
+    # checked on its own (test_amx_attention_end_to_end).
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, **env))
+                       env=dict(os.environ, **{"DIFFRAG_ATTN": "f32", **env}))
     assert r.returncode == 0, r.stderr[-2000:]
     return np.fromfile(out, dtype="<f4")
 
@@ -124,3 +128,29 @@ def test_k_quant_model_every_path(dtype, tmp_path):
             err = rel_err(got, want)
             print(f"{dtype} {isa} chunk={chunk}: max rel diff {err:.3e}")
             assert err <= 1e-4, f"{dtype} {isa} chunk {chunk}: relative error {err:.3e}"
+
+
+def test_amx_attention_end_to_end(tmp_path):
+    """The default attention (the AMX tile path where the processor has it: bf16 products,
+    kernels/cpu/attention_amx.c) in a whole model with 64-wide heads, prefill in one chunk, in
+    chunks and token by token: against the exact reference within the bf16 rounding of the
+    probabilities and values (2e-2 relative; the kernel is checked to 4e-3 in test_kernels.c),
+    the same top token, and the same logits whatever the chunking (each row's arithmetic is
+    that of any chunk's, which keeps the prefix cache exact). Where the processor has no AMX the
+    default is the f32 path, and the test says so and holds it to the f32 bound."""
+    model = gen_tiny(tmp_path / "m.gguf", "--arch", "qwen2", "--dtype", "q8_0", "--dim", "256",
+                     "--ffn", "512", "--heads", "4", "--kv-heads", "2", "--untied", "--seed", "17")
+    ref = load(model)
+    tokens = np.random.default_rng(8).integers(0, ref.vocab, size=150).tolist()
+    want = logits(ref, tokens)[-1]
+    amx = "AMX bf16 path)" in kernel_report()
+    print("AMX attention here" if amx else "no AMX here: the default attention is the f32 path")
+    got = {}
+    for chunk in (150, 64, 7):
+        got[chunk] = c_logits(model, tokens, tmp_path, "--chunk", chunk, "--threads", 2,
+                              env={"DIFFRAG_ATTN": "", "DIFFRAG_GEMM": "native"})
+        err = rel_err(got[chunk], want)
+        print(f"default attention, chunk={chunk}: max rel diff {err:.3e}")
+        assert np.argmax(got[chunk]) == np.argmax(want)
+        assert err <= (2e-2 if amx else 1e-4), f"chunk {chunk}: relative error {err:.3e}"
+    assert np.array_equal(got[150], got[64]) and np.array_equal(got[150], got[7])

@@ -14,6 +14,7 @@
 
 enum {
     ROWS_TARGET = 96,   /* query rows (tokens x heads of a group) per prefill task */
+    ROWS_AMX = 256,     /* the same on the AMX path, whose tile packing is per task */
     SPLIT_MAX_TOK = 4,  /* chunks this short split the keys */
     SEG_MIN = 512,      /* keys per segment, at least */
     SEG_MAX_COUNT = 64, /* segments per head, at most */
@@ -28,9 +29,9 @@ size_t cpu_kv_head_stride(int n_ctx, int head_dim, enum KvType type)
     return (size_t)(n_ctx + KV_TILE - 1) / KV_TILE * kv_tile_elems(type, head_dim);
 }
 
-static int block_tokens(int G)
+static int block_tokens(int G, int amx)
 {
-    int bq = ROWS_TARGET / G;
+    int bq = (amx ? ROWS_AMX : ROWS_TARGET) / G;
     return bq < 4 ? 4 : bq;
 }
 
@@ -41,10 +42,13 @@ static int seg_len(int n_keys)
     return per < SEG_MIN ? SEG_MIN : per;
 }
 
-/* Floats of one thread's workspace for R rows: queries, K and V tiles, score rows. */
+/* Floats of one thread's workspace for R rows: queries, K and V tiles, score rows (or the
+ * tile unit's split queries, packed tiles and block buffers, whichever is larger). */
 static size_t ws_floats(int R, int hd)
 {
-    return round16((size_t)R * hd) + 2 * round16((size_t)hd * KV_TILE) + RB_MAX * KV_TILE;
+    size_t f32 = round16((size_t)R * hd) + 2 * round16((size_t)hd * KV_TILE) + RB_MAX * KV_TILE;
+    size_t amx = round16(cpu_attend_amx_ws_floats(R, hd));
+    return f32 > amx ? f32 : amx;
 }
 
 /* Floats of one softmax state of R rows: O (R, hd), M (R), L (R). */
@@ -52,8 +56,16 @@ static size_t state_floats(int R, int hd) { return round16((size_t)R * hd) + 2 *
 
 static int max_rows(int G)
 {
-    int q = block_tokens(G) * G, s = SPLIT_MAX_TOK * G;
+    int q = block_tokens(G, 1) * G, s = SPLIT_MAX_TOK * G;
     return q > s ? q : s;
+}
+
+/* The AMX path's packed tiles of every KV head over n_ctx positions (none where it cannot run). */
+static size_t amx_packed_bytes(int n_ctx, int hd, int n_kv_head)
+{
+    if (hd % 32 || !cpu_amx_usable_once()) return 0;
+    return (size_t)n_kv_head * ((n_ctx + KV_TILE - 1) / KV_TILE) * CPU_AMX_TILE_ELEMS(hd) *
+           sizeof(uint16_t) + 64;
 }
 
 size_t cpu_attention_scratch(int n_tok_max, int n_ctx, int head_dim, int n_q_head,
@@ -67,7 +79,7 @@ size_t cpu_attention_scratch(int n_tok_max, int n_ctx, int head_dim, int n_q_hea
     n_seg = n_seg > SEG_MAX_COUNT ? SEG_MAX_COUNT : n_seg;
     size_t parts = (size_t)n_kv_head * n_seg * state_floats(SPLIT_MAX_TOK * G, head_dim);
     return (per * (size_t)threads + parts + 16) * sizeof(float) +
-           (size_t)n_kv_head * sizeof(atomic_int) + 64;
+           (size_t)n_kv_head * sizeof(atomic_int) + 64 + amx_packed_bytes(n_ctx, head_dim, n_kv_head);
 }
 
 /* The portable path: the same tiles and state as the vector paths, in plain loops. */
@@ -123,6 +135,11 @@ static attend_fn attend_for(enum CpuIsa isa, int hd)
     return attend_scalar;
 }
 
+int cpu_attn_amx_handles(enum CpuIsa isa, enum KvType kv_type, int hd)
+{
+    return isa == CPU_ISA_AVX512 && kv_type != KV_Q8 && hd % 32 == 0 && cpu_amx_usable_once();
+}
+
 static void state_init(int R, int hd, float *O, float *M, float *L)
 {
     memset(O, 0, (size_t)R * hd * sizeof(float));
@@ -158,6 +175,8 @@ static void finish_rows(const struct AttnArgs *a, int g, int t0, int bq, const f
 struct AttnJob {
     const struct AttnArgs *a;
     attend_fn attend;
+    uint16_t *packed;          /* the AMX path: every head's tiles packed; NULL: f32 paths */
+    int n_tiles;               /* tiles per head in `packed` */
     float *scratch;
     size_t per_thread;         /* floats: workspace then state */
     int R;                     /* rows of a task's state */
@@ -181,7 +200,12 @@ static void qblock_task(void *ctx, int task, int thread)
     float *O = ws + ws_floats(job->R, hd);
     float *M = O + round16((size_t)job->R * hd), *L = M + round16((size_t)job->R);
     state_init(R, hd, O, M, L);
-    job->attend(a, g, t0, bq, 0, ATTN_ROW_POS(a, t0 + bq - 1) + 1, ws, O, M, L);
+    int ke = ATTN_ROW_POS(a, t0 + bq - 1) + 1;
+    if (job->packed)
+        cpu_attend_amx(a, g, t0, bq, 0, ke,
+                       job->packed + (size_t)g * job->n_tiles * CPU_AMX_TILE_ELEMS(hd), ws, O, M, L);
+    else
+        job->attend(a, g, t0, bq, 0, ke, ws, O, M, L);
     finish_rows(a, g, t0, bq, O, L);
 }
 
@@ -233,21 +257,41 @@ static void split_task(void *ctx, int task, int thread)
         merge_head(job, g, ws + ws_floats(job->R, hd));
 }
 
-void cpu_attention_with(enum CpuIsa isa, struct ThreadPool *pool, const struct AttnArgs *a,
-                        void *scratch)
+/* The AMX path's first pass: tile task % n_tiles of head task / n_tiles, packed. */
+static void pack_task(void *ctx, int task, int thread)
+{
+    (void)thread;
+    const struct AttnJob *job = ctx;
+    const struct AttnArgs *a = job->a;
+    int g = task / job->n_tiles, t = task % job->n_tiles;
+    cpu_amx_pack_tile(a, g, t * KV_TILE, job->k_end,
+                      job->packed + ((size_t)g * job->n_tiles + t) * CPU_AMX_TILE_ELEMS(a->head_dim));
+}
+
+void cpu_attention_with(enum CpuIsa isa, int amx, struct ThreadPool *pool,
+                        const struct AttnArgs *a, void *scratch)
 {
     int hd = a->head_dim, G = a->n_q_head / a->n_kv_head;
     int Rmax = max_rows(G);
+    int prefill = a->n_tok > SPLIT_MAX_TOK || a->rowwise;
     struct AttnJob job = {
         .a = a,
         .attend = attend_for(isa, hd),
         .scratch = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63),
         .per_thread = ws_floats(Rmax, hd) + state_floats(Rmax, hd),
     };
-    if (a->n_tok > SPLIT_MAX_TOK || a->rowwise) {
-        job.bq = block_tokens(G);
+    if (prefill) {
+        int use_amx = amx && cpu_attn_amx_handles(isa, a->kv_type, hd);
+        job.bq = block_tokens(G, use_amx);
         job.R = job.bq * G;
         job.n_qblocks = (a->n_tok + job.bq - 1) / job.bq;
+        if (use_amx) {
+            /* The packed tiles after the threads' workspaces (cpu_attention_scratch). */
+            job.k_end = ATTN_ROW_POS(a, a->n_tok - 1) + 1;
+            job.n_tiles = (job.k_end + KV_TILE - 1) / KV_TILE;
+            job.packed = (uint16_t *)(void *)(job.scratch + job.per_thread * (size_t)pool_threads(pool));
+            pool_run(pool, a->n_kv_head * job.n_tiles, pack_task, &job);
+        }
         pool_run(pool, a->n_kv_head * job.n_qblocks, qblock_task, &job);
         return;
     }

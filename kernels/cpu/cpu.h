@@ -38,9 +38,18 @@ void cpu_matmul_with(enum CpuIsa isa, enum CpuGemm gemm, struct ThreadPool *pool
                      const struct MatmulArgs *a, void *scratch);
 size_t cpu_matmul_scratch(int n_max, int k_max, int threads);
 
-/* Attention with an explicit path. */
-void cpu_attention_with(enum CpuIsa isa, struct ThreadPool *pool, const struct AttnArgs *a,
-                        void *scratch);
+/* Attention with an explicit path; amx = 1 lets prefill chunks use the AMX tile path
+ * (attention_amx.c) where cpu_attn_amx_handles says it applies. */
+void cpu_attention_with(enum CpuIsa isa, int amx, struct ThreadPool *pool,
+                        const struct AttnArgs *a, void *scratch);
+/* The AMX path: whether this processor and kernel run it (AMX-TILE, AMX-BF16, AVX512-BF16,
+ * and the tile state granted to the process; asked of the kernel once), whether it applies
+ * to a path, cache type and head size (f16 or f32 caches, head_dim a multiple of 32), and the
+ * default: on where usable, off with DIFFRAG_ATTN=f32 or a narrower DIFFRAG_CPU_ISA. */
+int cpu_amx_usable(void);
+int cpu_amx_usable_once(void);
+int cpu_attn_amx_handles(enum CpuIsa isa, enum KvType kv_type, int hd);
+int cpu_attn_amx_default(void);
 size_t cpu_attention_scratch(int n_tok_max, int n_ctx, int head_dim, int n_q_head,
                              int n_kv_head, int threads);
 size_t cpu_kv_head_stride(int n_ctx, int head_dim, enum KvType type);
@@ -201,6 +210,15 @@ void cpu_attend_avx512(const struct AttnArgs *a, int g, int t0, int bq, int kb, 
                        float *ws, float *O, float *M, float *L);
 void cpu_attend_avx2(const struct AttnArgs *a, int g, int t0, int bq, int kb, int ke,
                      float *ws, float *O, float *M, float *L);
+/* The AMX path (attention_amx.c): the tile of keys k0.. (of k_end) of KV head g packed for the
+ * tile unit into dst (CPU_AMX_TILE_ELEMS(hd) bf16), and the attention of a task over tiles
+ * packed so, the head's tiles one after another from `packed`. */
+#define CPU_AMX_TILE_ELEMS(hd) ((size_t)3 * (hd) * KV_TILE)
+void cpu_amx_pack_tile(const struct AttnArgs *a, int g, int k0, int k_end, uint16_t *dst);
+void cpu_attend_amx(const struct AttnArgs *a, int g, int t0, int bq, int kb, int ke,
+                    const uint16_t *packed, float *ws, float *O, float *M, float *L);
+/* Floats of workspace cpu_attend_amx needs for R rows of head_dim hd. */
+size_t cpu_attend_amx_ws_floats(int R, int hd);
 /* Rows t0..t1-1 of the chunk's keys and values into the cache (layout in backend.h). */
 void cpu_kv_store_rows(const struct RopeStoreArgs *a, int t0, int t1);
 /* kv_read; kv_write without a rotation (bit for bit); packed row t decoded to f32 keys and

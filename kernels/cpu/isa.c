@@ -49,6 +49,23 @@ int cpu_q8_vnni(void)
 #endif
 }
 
+static int amx_ok;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+static void check_amx(void) { amx_ok = cpu_amx_usable(); }
+
+int cpu_amx_usable_once(void)
+{
+    pthread_once(&amx_once, check_amx);
+    return amx_ok;
+}
+
+int cpu_attn_amx_default(void)
+{
+    const char *want = getenv("DIFFRAG_ATTN");
+    if (want && !strcmp(want, "f32")) return 0;
+    return cpu_isa_best() == CPU_ISA_AVX512 && cpu_amx_usable_once();
+}
+
 static enum CpuIsa best_isa;
 static enum CpuGemm default_gemm;
 static pthread_once_t choose_once = PTHREAD_ONCE_INIT;

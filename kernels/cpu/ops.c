@@ -141,7 +141,7 @@ static void cpu_matmul(struct ThreadPool *pool, const struct MatmulArgs *a, void
 
 static void cpu_attention(struct ThreadPool *pool, const struct AttnArgs *a, void *scratch)
 {
-    cpu_attention_with(cpu_isa_best(), pool, a, scratch);
+    cpu_attention_with(cpu_isa_best(), cpu_attn_amx_default(), pool, a, scratch);
 }
 
 static char numerics_name[32];

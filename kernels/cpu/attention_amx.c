@@ -1,0 +1,355 @@
+/* Prefill attention on the AMX tile unit: the two products of flash attention (scores = Q K^T,
+ * output += P V) as bf16 tile products with f32 accumulation (`tdpbf16ps`), the online
+ * softmax in f32 with AVX-512, the state (M, L, O) in f32 as on the other paths.
+ *
+ * Accuracy: a bf16 has 8 significant bits, so one bf16 product of a query and a key would
+ * err by about 2^-8 of the score, and the scores of long contexts reach tens in base 2. The
+ * scores are therefore computed from split operands, q = q_hi + q_lo and k = k_hi + k_lo
+ * (each part a bf16, the pair holding 16 significant bits), as q_hi k_hi + q_hi k_lo +
+ * q_lo k_hi: three tile products instead of one, the dropped q_lo k_lo below 2^-16 of the
+ * score. The probabilities (in [0, 1]) and the values go through one bf16 product each, their
+ * error averaged over the keys. docs/performance.md measures what the path costs in accuracy.
+ *
+ * Every task of a call reads the same tiles, so each tile is packed for the tile unit once per
+ * call (cpu_amx_pack_tile, a pass of its own before the tasks): the keys as bf16 hi and lo,
+ * the values as bf16, CPU_AMX_TILE_ELEMS(hd) elements per tile. A task's workspace
+ * (cpu_attend_amx_ws_floats) holds its rows' queries as bf16 hi and lo (rows padded to 32),
+ * and for one tile of keys every row's scores (64 f32) and probabilities (64 bf16), so that
+ * the tile products of all blocks run back to back, then the softmax of all rows, then the
+ * products with the values, through two blocks' product (32 x hd f32).
+ *
+ * A tile product B operand holds pairs: row i, column n is (B[2i][n], B[2i+1][n]) as two
+ * adjacent bf16. For the scores B[d][j] = K[d][j] (pairs of head dimensions), for the output
+ * B[j][d] = V[j][d] (pairs of keys). */
+#include "kernels/cpu/cpu.h"
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define TILE KV_TILE
+enum { BR = 16 }; /* rows of a tile */
+
+/* Elements of the split queries for R rows (padded to two blocks) of head_dim hd. */
+static size_t q_elems(int R, int hd) { return (size_t)((R + 2 * BR - 1) / (2 * BR) * 2 * BR) * hd; }
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,amx-tile,amx-bf16")
+
+struct TileCfg {
+    uint8_t palette, start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* 16 f32 to bf16, rounded to nearest even (the instruction's rounding). */
+static inline __m256i to_bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
+static inline __m512 from_bf16(__m256i h)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* Pairs (a[j], b[j]) as 16 dwords: one B-operand row. */
+static inline __m512i pair16(__m256i a, __m256i b)
+{
+    return _mm512_or_si512(_mm512_cvtepu16_epi32(a),
+                           _mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+}
+
+/* 16 floats of a cache row as f32. */
+static inline __m512 load_kv16(const void *base, enum KvType t, size_t at)
+{
+    if (t == KV_F16)
+        return _mm512_cvtph_ps(
+            _mm256_loadu_si256((const __m256i *)(const void *)((const uint16_t *)base + at)));
+    return _mm512_loadu_ps((const float *)base + at);
+}
+
+static inline __m512 exp2v(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-127.f));
+    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(1.5403530393381608e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(p, n);
+}
+
+static inline __mmask16 keep_below(int first, int limit)
+{
+    int n = limit - first;
+    return n <= 0 ? 0 : n >= 16 ? 0xffff : (__mmask16)((1u << n) - 1);
+}
+
+/* The tile's keys, split and packed: Kp[(s * 4 + n) * 512 + i * 32 + 2 j + e] is dimension
+ * 32 s + 2 i + e of key 16 n + j (hi in Kh, lo in Kl). */
+static void pack_keys(const void *k, enum KvType t, size_t at, int hd, uint16_t *Kh, uint16_t *Kl)
+{
+    for (int d = 0; d < hd; d += 2) {
+        int s = d / 32, i = (d % 32) / 2;
+        for (int n = 0; n < TILE / 16; n++) {
+            __m512 a = load_kv16(k, t, at + (size_t)d * TILE + 16 * n);
+            __m512 b = load_kv16(k, t, at + (size_t)(d + 1) * TILE + 16 * n);
+            __m256i ah = to_bf16(a), bh = to_bf16(b);
+            __m256i al = to_bf16(_mm512_sub_ps(a, from_bf16(ah)));
+            __m256i bl = to_bf16(_mm512_sub_ps(b, from_bf16(bh)));
+            size_t o = ((size_t)s * 4 + n) * 512 + (size_t)i * 32;
+            _mm512_storeu_si512(Kh + o, pair16(ah, bh));
+            _mm512_storeu_si512(Kl + o, pair16(al, bl));
+        }
+    }
+}
+
+/* The tile's values packed: Vp[(s * (hd / 16) + n) * 512 + i * 32 + 2 j + e] is dimension
+ * 16 n + j of key 32 s + 2 i + e; keys at nk and past are zeros. */
+static void pack_values(const void *v, enum KvType t, size_t at, int hd, int nk, uint16_t *Vp)
+{
+    int nb = hd / 16;
+    for (int kk = 0; kk < TILE; kk += 2) {
+        int s = kk / 32, i = (kk % 32) / 2;
+        for (int n = 0; n < nb; n++) {
+            __m512 a = kk < nk ? load_kv16(v, t, at + (size_t)kk * hd + 16 * n)
+                               : _mm512_setzero_ps();
+            __m512 b = kk + 1 < nk ? load_kv16(v, t, at + (size_t)(kk + 1) * hd + 16 * n)
+                                   : _mm512_setzero_ps();
+            _mm512_storeu_si512(Vp + ((size_t)s * nb + n) * 512 + (size_t)i * 32,
+                                pair16(to_bf16(a), to_bf16(b)));
+        }
+    }
+}
+
+/* The scores of two blocks of 16 rows (the second 16 rows after the first) against the tile's
+ * 64 keys, into S (rows TILE floats apart). Four accumulators, two blocks by two columns of 16
+ * keys, so that consecutive tile products never wait for each other: q_hi k_hi, q_hi k_lo and
+ * q_lo k_hi, each over the head dimensions 32 at a time. */
+static inline void pair_scores(const uint16_t *Qh, const uint16_t *Ql, const uint16_t *Kh,
+                               const uint16_t *Kl, int hd, float *S)
+{
+    size_t qb = (size_t)BR * hd;   /* the second block's queries */
+    for (int n = 0; n < 4; n += 2) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int s = 0; s < hd / 32; s++) {
+            const uint16_t *kh = Kh + ((size_t)s * 4 + n) * 512;
+            const uint16_t *kl = Kl + ((size_t)s * 4 + n) * 512;
+            _tile_loadd(4, Qh + 32 * s, hd * 2);
+            _tile_loadd(5, Qh + qb + 32 * s, hd * 2);
+            _tile_loadd(6, kh, 64);
+            _tile_loadd(7, kh + 512, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+            _tile_loadd(6, kl, 64);
+            _tile_loadd(7, kl + 512, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+            _tile_loadd(4, Ql + 32 * s, hd * 2);
+            _tile_loadd(5, Ql + qb + 32 * s, hd * 2);
+            _tile_loadd(6, kh, 64);
+            _tile_loadd(7, kh + 512, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_stored(0, S + 16 * n, TILE * 4);
+        _tile_stored(1, S + 16 * (n + 1), TILE * 4);
+        _tile_stored(2, S + BR * TILE + 16 * n, TILE * 4);
+        _tile_stored(3, S + BR * TILE + 16 * (n + 1), TILE * 4);
+    }
+}
+
+/* T (32, hd), rows hd floats apart = the probabilities of two blocks of 16 rows (P, rows TILE
+ * bf16 apart) times the tile's values; two blocks by two columns of 16 dimensions at a time. */
+static inline void pair_values(const uint16_t *P, const uint16_t *Vp, int hd, float *T)
+{
+    int nb = hd / 16;
+    for (int n = 0; n < nb; n += 2) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int s = 0; s < TILE / 32; s++) {
+            const uint16_t *v = Vp + ((size_t)s * nb + n) * 512;
+            _tile_loadd(4, P + 32 * s, TILE * 2);
+            _tile_loadd(5, P + BR * TILE + 32 * s, TILE * 2);
+            _tile_loadd(6, v, 64);
+            _tile_loadd(7, v + 512, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_stored(0, T + 16 * n, hd * 4);
+        _tile_stored(1, T + 16 * (n + 1), hd * 4);
+        _tile_stored(2, T + (size_t)BR * hd + 16 * n, hd * 4);
+        _tile_stored(3, T + (size_t)BR * hd + 16 * (n + 1), hd * 4);
+    }
+}
+
+void cpu_amx_pack_tile(const struct AttnArgs *a, int g, int k0, int k_end, uint16_t *dst)
+{
+    int hd = a->head_dim, nk = k_end - k0 < TILE ? k_end - k0 : TILE;
+    size_t at = kv_tile_addr(a->pages, a->page_stride, a->kv_head_stride, a->kv_type, hd, g, k0);
+    uint16_t *Kh = dst, *Kl = Kh + (size_t)hd * TILE, *Vp = Kl + (size_t)hd * TILE;
+    pack_keys(a->k, a->kv_type, at, hd, Kh, Kl);
+    pack_values(a->v, a->kv_type, at, hd, nk, Vp);
+}
+
+void cpu_attend_amx(const struct AttnArgs *a, int g, int t0, int bq, int kb, int ke,
+                    const uint16_t *packed, float *ws, float *O, float *M, float *L)
+{
+    int hd = a->head_dim, G = a->n_q_head / a->n_kv_head, R = bq * G;
+    size_t qe = q_elems(R, hd);
+    int Rp = (int)(qe / hd);   /* rows padded to whole blocks */
+    uint16_t *Qh = (uint16_t *)(void *)ws, *Ql = Qh + qe;
+    float *S = (float *)(void *)(Ql + qe);                   /* (Rp, TILE) scores */
+    uint16_t *P = (uint16_t *)(void *)(S + (size_t)Rp * TILE);  /* (Rp, TILE) probabilities */
+    float *T = (float *)(void *)(P + (size_t)Rp * TILE);     /* (2 BR, hd) two blocks' product */
+    float *corr = T + 2 * BR * hd, *m_new = corr + Rp;       /* (Rp) each */
+    int *lim = (int *)(void *)(m_new + Rp);                  /* (Rp) */
+
+    const float qscale = a->scale * 1.44269504088896341f;
+    for (int r = 0; r < Rp; r++)
+        for (int d = 0; d < hd; d += 16) {
+            __m512 x = _mm512_setzero_ps();
+            if (r < R) {
+                const float *src = a->q + (size_t)(t0 + r / G) * a->q_stride +
+                                   (size_t)(g * G + r % G) * hd;
+                x = _mm512_mul_ps(_mm512_loadu_ps(src + d), _mm512_set1_ps(qscale));
+            }
+            __m256i h = to_bf16(x);
+            _mm256_storeu_si256((__m256i *)(void *)(Qh + (size_t)r * hd + d), h);
+            _mm256_storeu_si256((__m256i *)(void *)(Ql + (size_t)r * hd + d),
+                                to_bf16(_mm512_sub_ps(x, from_bf16(h))));
+        }
+
+    struct TileCfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        cfg.rows[i] = BR;
+        cfg.colsb[i] = 64;
+    }
+    _tile_loadconfig(&cfg);
+
+    /* Per tile of keys, three passes, each a run of independent work: every block's scores
+     * (tile products only), every row's softmax (vector work only), every block's values. */
+    for (int k0 = kb; k0 < ke; k0 += TILE) {
+        int nk = ke - k0 < TILE ? ke - k0 : TILE;
+        const uint16_t *Kh = packed + (size_t)(k0 / TILE) * CPU_AMX_TILE_ELEMS(hd);
+        const uint16_t *Kl = Kh + (size_t)hd * TILE, *Vp = Kl + (size_t)hd * TILE;
+        int r_first = Rp;   /* rows before it see nothing of this tile (positions increase) */
+        for (int r = 0; r < Rp; r++) {
+            int v = r < R ? ATTN_ROW_POS(a, t0 + r / G) + 1 - k0 : 0;
+            lim[r] = v > nk ? nk : v;
+            if (lim[r] > 0 && r < r_first) r_first = r;
+        }
+        if (r_first >= R) continue;
+        int b_first = r_first / (2 * BR) * (2 * BR);
+        for (int r0 = b_first; r0 < R; r0 += 2 * BR)
+            pair_scores(Qh + (size_t)r0 * hd, Ql + (size_t)r0 * hd, Kh, Kl, hd,
+                        S + (size_t)r0 * TILE);
+        /* The new maxima, the rescale factors 16 rows to a vector exp2, the probabilities. */
+        for (int r = b_first; r < Rp; r++) {
+            corr[r] = 0.f;
+            m_new[r] = r < R ? M[r] : 0.f;
+            if (lim[r] <= 0) continue;
+            const float *sr = S + (size_t)r * TILE;
+            __m512 mx = _mm512_set1_ps(-INFINITY);
+            for (int c = 0; c < TILE; c += 16)
+                mx = _mm512_mask_max_ps(mx, keep_below(c, lim[r]), mx, _mm512_loadu_ps(sr + c));
+            float mt = _mm512_reduce_max_ps(mx);
+            if (mt > m_new[r]) m_new[r] = mt;
+            corr[r] = M[r] == -INFINITY ? -INFINITY : M[r] - m_new[r];
+        }
+        for (int r = b_first; r < Rp; r += 16)
+            _mm512_storeu_ps(corr + r, exp2v(_mm512_loadu_ps(corr + r)));
+        for (int r = b_first; r < Rp; r++) {
+            uint16_t *pr = P + (size_t)r * TILE;
+            if (lim[r] <= 0) {
+                memset(pr, 0, TILE * sizeof *pr);
+                corr[r] = 1.f;
+                continue;
+            }
+            if (M[r] == -INFINITY) corr[r] = 0.f;
+            const float *sr = S + (size_t)r * TILE;
+            __m512 sum = _mm512_setzero_ps(), neg = _mm512_set1_ps(-m_new[r]);
+            for (int c = 0; c < TILE; c += 16) {
+                __m512 p = _mm512_maskz_mov_ps(keep_below(c, lim[r]),
+                                               exp2v(_mm512_add_ps(_mm512_loadu_ps(sr + c), neg)));
+                sum = _mm512_add_ps(sum, p);
+                _mm256_storeu_si256((__m256i *)(void *)(pr + c), to_bf16(p));
+            }
+            L[r] = L[r] * corr[r] + _mm512_reduce_add_ps(sum);
+            M[r] = m_new[r];
+        }
+        for (int r0 = b_first; r0 < R; r0 += 2 * BR) {
+            int rb = R - r0 < 2 * BR ? R - r0 : 2 * BR;
+            pair_values(P + (size_t)r0 * TILE, Vp, hd, T);
+            for (int r = 0; r < rb; r++) {
+                float *o = O + (size_t)(r0 + r) * hd;
+                const float *t = T + (size_t)r * hd;
+                __m512 cr = _mm512_set1_ps(corr[r0 + r]);
+                for (int c = 0; c < hd; c += 16)
+                    _mm512_storeu_ps(o + c, _mm512_fmadd_ps(_mm512_loadu_ps(o + c), cr,
+                                                            _mm512_loadu_ps(t + c)));
+            }
+        }
+    }
+    _tile_release();
+}
+
+#pragma GCC pop_options
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+int cpu_amx_usable(void)
+{
+    __builtin_cpu_init();
+    if (!cpu_isa_supported(CPU_ISA_AVX512) || !__builtin_cpu_supports("avx512bf16")) return 0;
+    unsigned eax, ebx, ecx, edx;
+    __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
+    if (!(edx >> 24 & 1) || !(edx >> 22 & 1)) return 0;   /* AMX-TILE, AMX-BF16 */
+    /* Linux enables the tile data state per process on request. */
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+#else
+void cpu_amx_pack_tile(const struct AttnArgs *a, int g, int k0, int k_end, uint16_t *dst)
+{
+    (void)a; (void)g; (void)k0; (void)k_end; (void)dst;
+}
+void cpu_attend_amx(const struct AttnArgs *a, int g, int t0, int bq, int kb, int ke,
+                    const uint16_t *packed, float *ws, float *O, float *M, float *L)
+{
+    (void)a; (void)g; (void)t0; (void)bq; (void)kb; (void)ke; (void)packed; (void)ws; (void)O;
+    (void)M; (void)L;
+}
+int cpu_amx_usable(void) { return 0; }
+static size_t q_elems(int R, int hd) { return (size_t)((R + 31) / 32 * 32) * hd; }
+#endif
+
+size_t cpu_attend_amx_ws_floats(int R, int hd)
+{
+    /* Queries hi + lo and P (bf16); S and T; corr, m_new and lim per row. */
+    size_t rows = q_elems(R, hd) / hd;
+    size_t bf16 = 2 * q_elems(R, hd) + rows * KV_TILE;
+    return (bf16 + 1) / 2 + rows * KV_TILE + 32 * (size_t)hd + 3 * rows + 16;
+}
