@@ -40,6 +40,8 @@ static size_t q_elems(int R, int hd) { return (size_t)((R + 2 * BR - 1) / (2 * B
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,amx-tile,amx-bf16")
 
+#include "kernels/cpu/exp2_avx512.h"
+
 struct TileCfg {
     uint8_t palette, start_row;
     uint8_t reserved[14];
@@ -68,21 +70,6 @@ static inline __m512 load_kv16(const void *base, enum KvType t, size_t at)
         return _mm512_cvtph_ps(
             _mm256_loadu_si256((const __m256i *)(const void *)((const uint16_t *)base + at)));
     return _mm512_loadu_ps((const float *)base + at);
-}
-
-static inline __m512 exp2v(__m512 x)
-{
-    x = _mm512_max_ps(x, _mm512_set1_ps(-127.f));
-    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(1.5403530393381608e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-    return _mm512_scalef_ps(p, n);
 }
 
 static inline __mmask16 keep_below(int first, int limit)
@@ -128,10 +115,34 @@ static void pack_values(const void *v, enum KvType t, size_t at, int hd, int nk,
     }
 }
 
+/* C tiles 0..3 += (A0; A1) (B0 B1): two blocks of 16 rows (A0, A1, rows lda bytes apart) by
+ * two column blocks (B0, B1, packed pairs), four accumulators so that consecutive tile
+ * products never wait for each other. */
+static inline void quad(const uint16_t *A0, const uint16_t *A1, int lda, const uint16_t *B0,
+                        const uint16_t *B1)
+{
+    _tile_loadd(4, A0, lda);
+    _tile_loadd(5, A1, lda);
+    _tile_loadd(6, B0, 64);
+    _tile_loadd(7, B1, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+}
+
+/* C tiles 0..3 to a (32, 32-column) block of out (rows ldo floats apart). */
+static inline void store_quad(float *out, size_t ldo)
+{
+    _tile_stored(0, out, ldo * 4);
+    _tile_stored(1, out + 16, ldo * 4);
+    _tile_stored(2, out + BR * ldo, ldo * 4);
+    _tile_stored(3, out + BR * ldo + 16, ldo * 4);
+}
+
 /* The scores of two blocks of 16 rows (the second 16 rows after the first) against the tile's
- * 64 keys, into S (rows TILE floats apart). Four accumulators, two blocks by two columns of 16
- * keys, so that consecutive tile products never wait for each other: q_hi k_hi, q_hi k_lo and
- * q_lo k_hi, each over the head dimensions 32 at a time. */
+ * 64 keys, into S (rows TILE floats apart): q_hi k_hi + q_hi k_lo + q_lo k_hi, over the head
+ * dimensions 32 at a time, 32 keys at a time. */
 static inline void pair_scores(const uint16_t *Qh, const uint16_t *Ql, const uint16_t *Kh,
                                const uint16_t *Kl, int hd, float *S)
 {
@@ -144,38 +155,16 @@ static inline void pair_scores(const uint16_t *Qh, const uint16_t *Ql, const uin
         for (int s = 0; s < hd / 32; s++) {
             const uint16_t *kh = Kh + ((size_t)s * 4 + n) * 512;
             const uint16_t *kl = Kl + ((size_t)s * 4 + n) * 512;
-            _tile_loadd(4, Qh + 32 * s, hd * 2);
-            _tile_loadd(5, Qh + qb + 32 * s, hd * 2);
-            _tile_loadd(6, kh, 64);
-            _tile_loadd(7, kh + 512, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
-            _tile_loadd(6, kl, 64);
-            _tile_loadd(7, kl + 512, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
-            _tile_loadd(4, Ql + 32 * s, hd * 2);
-            _tile_loadd(5, Ql + qb + 32 * s, hd * 2);
-            _tile_loadd(6, kh, 64);
-            _tile_loadd(7, kh + 512, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
+            quad(Qh + 32 * s, Qh + qb + 32 * s, hd * 2, kh, kh + 512);
+            quad(Qh + 32 * s, Qh + qb + 32 * s, hd * 2, kl, kl + 512);
+            quad(Ql + 32 * s, Ql + qb + 32 * s, hd * 2, kh, kh + 512);
         }
-        _tile_stored(0, S + 16 * n, TILE * 4);
-        _tile_stored(1, S + 16 * (n + 1), TILE * 4);
-        _tile_stored(2, S + BR * TILE + 16 * n, TILE * 4);
-        _tile_stored(3, S + BR * TILE + 16 * (n + 1), TILE * 4);
+        store_quad(S + 16 * n, TILE);
     }
 }
 
 /* T (32, hd), rows hd floats apart = the probabilities of two blocks of 16 rows (P, rows TILE
- * bf16 apart) times the tile's values; two blocks by two columns of 16 dimensions at a time. */
+ * bf16 apart) times the tile's values, 32 dimensions at a time. */
 static inline void pair_values(const uint16_t *P, const uint16_t *Vp, int hd, float *T)
 {
     int nb = hd / 16;
@@ -186,19 +175,9 @@ static inline void pair_values(const uint16_t *P, const uint16_t *Vp, int hd, fl
         _tile_zero(3);
         for (int s = 0; s < TILE / 32; s++) {
             const uint16_t *v = Vp + ((size_t)s * nb + n) * 512;
-            _tile_loadd(4, P + 32 * s, TILE * 2);
-            _tile_loadd(5, P + BR * TILE + 32 * s, TILE * 2);
-            _tile_loadd(6, v, 64);
-            _tile_loadd(7, v + 512, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
+            quad(P + 32 * s, P + BR * TILE + 32 * s, TILE * 2, v, v + 512);
         }
-        _tile_stored(0, T + 16 * n, hd * 4);
-        _tile_stored(1, T + 16 * (n + 1), hd * 4);
-        _tile_stored(2, T + (size_t)BR * hd + 16 * n, hd * 4);
-        _tile_stored(3, T + (size_t)BR * hd + 16 * (n + 1), hd * 4);
+        store_quad(T + 16 * n, (size_t)hd);
     }
 }
 
@@ -279,7 +258,7 @@ void cpu_attend_amx(const struct AttnArgs *a, int g, int t0, int bq, int kb, int
             corr[r] = M[r] == -INFINITY ? -INFINITY : M[r] - m_new[r];
         }
         for (int r = b_first; r < Rp; r += 16)
-            _mm512_storeu_ps(corr + r, exp2v(_mm512_loadu_ps(corr + r)));
+            _mm512_storeu_ps(corr + r, cpu_exp2_avx512(_mm512_loadu_ps(corr + r)));
         for (int r = b_first; r < Rp; r++) {
             uint16_t *pr = P + (size_t)r * TILE;
             if (lim[r] <= 0) {
@@ -291,8 +270,8 @@ void cpu_attend_amx(const struct AttnArgs *a, int g, int t0, int bq, int kb, int
             const float *sr = S + (size_t)r * TILE;
             __m512 sum = _mm512_setzero_ps(), neg = _mm512_set1_ps(-m_new[r]);
             for (int c = 0; c < TILE; c += 16) {
-                __m512 p = _mm512_maskz_mov_ps(keep_below(c, lim[r]),
-                                               exp2v(_mm512_add_ps(_mm512_loadu_ps(sr + c), neg)));
+                __m512 x = _mm512_add_ps(_mm512_loadu_ps(sr + c), neg);
+                __m512 p = _mm512_maskz_mov_ps(keep_below(c, lim[r]), cpu_exp2_avx512(x));
                 sum = _mm512_add_ps(sum, p);
                 _mm256_storeu_si256((__m256i *)(void *)(pr + c), to_bf16(p));
             }

@@ -14,6 +14,8 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 #endif
 
+#include "kernels/cpu/exp2_avx512.h"
+
 #define VEC __m512
 #define VL 16
 #define RB 6
@@ -48,22 +50,7 @@ static inline __m512 vkeep_lt(__m512 v, int first, int limit, float fill)
     return _mm512_mask_blend_ps(m, _mm512_set1_ps(fill), v);
 }
 
-/* 2^x: x = n + f with |f| <= 1/2, degree-6 polynomial for 2^f (relative error ~2e-7),
- * scalef for 2^n; inputs below -127 give (nearly) zero. */
-static inline __m512 vexp2(__m512 x)
-{
-    x = _mm512_max_ps(x, _mm512_set1_ps(-127.f));
-    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(1.5403530393381608e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-    return _mm512_scalef_ps(p, n);
-}
+#define vexp2(x) cpu_exp2_avx512(x)
 
 static inline void load_half(float *dst, const uint16_t *src, int n)
 {

@@ -14,6 +14,7 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 #endif
 
+#include "kernels/cpu/exp2_avx512.h"
 #include "kernels/cpu/transpose_avx512.h"
 
 enum { MR = 14, NR = 32 };
@@ -83,8 +84,7 @@ kernel(const int mr, const float *x, size_t xs, int k, const float *p, float *y,
         }
 }
 
-/* g = silu(g) * u = g / (1 + e^-g) * u; e^x as 2^(x log2 e): 2^f by a degree-6 polynomial
- * on |f| <= 1/2 (relative error ~2e-7), 2^n by scalef. */
+/* g = silu(g) * u = g / (1 + e^-g) * u; e^x as 2^(x log2 e) (exp2_avx512.h). */
 void cpu_silu_mul_avx512(float *g, const float *u, int n)
 {
     for (int j = 0; j < n; j += 16) {
@@ -92,16 +92,7 @@ void cpu_silu_mul_avx512(float *g, const float *u, int n)
         __m512 gv = _mm512_maskz_loadu_ps(m, g + j), uv = _mm512_maskz_loadu_ps(m, u + j);
         __m512 x = _mm512_mul_ps(gv, _mm512_set1_ps(-1.44269504088896341f));
         x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-127.f)), _mm512_set1_ps(127.f));
-        __m512 k = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m512 f = _mm512_sub_ps(x, k);
-        __m512 p = _mm512_set1_ps(1.5403530393381608e-4f);
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-        __m512 e = _mm512_scalef_ps(p, k);
+        __m512 e = cpu_exp2_avx512(x);
         __m512 r = _mm512_div_ps(_mm512_mul_ps(gv, uv), _mm512_add_ps(_mm512_set1_ps(1.f), e));
         _mm512_mask_storeu_ps(g + j, m, r);
     }
