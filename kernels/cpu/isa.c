@@ -49,8 +49,8 @@ int cpu_q8_vnni(void)
 #endif
 }
 
-static int amx_ok;
-static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+static int amx_ok, amx_default;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT, amx_default_once = PTHREAD_ONCE_INIT;
 static void check_amx(void) { amx_ok = cpu_amx_usable(); }
 
 int cpu_amx_usable_once(void)
@@ -59,11 +59,18 @@ int cpu_amx_usable_once(void)
     return amx_ok;
 }
 
-int cpu_attn_amx_default(void)
+/* Decided once per process, as the instruction-set path is (every attention call asks). */
+static void choose_attn(void)
 {
     const char *want = getenv("DIFFRAG_ATTN");
-    if (want && !strcmp(want, "f32")) return 0;
-    return cpu_isa_best() == CPU_ISA_AVX512 && cpu_amx_usable_once();
+    amx_default = !(want && !strcmp(want, "f32")) && cpu_isa_best() == CPU_ISA_AVX512 &&
+                  cpu_amx_usable_once();
+}
+
+int cpu_attn_amx_default(void)
+{
+    pthread_once(&amx_default_once, choose_attn);
+    return amx_default;
 }
 
 static enum CpuIsa best_isa;
