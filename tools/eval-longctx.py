@@ -240,7 +240,19 @@ def check_placed(case, reply):
                                    reply["usage"]["prompt_tokens"], budget(case["size"])))
 
 
-def ask_daemon(asker, case, timeout):
+def peak_rss_mb(pid):
+    """The process's peak resident memory so far (VmHWM), in MiB; None where /proc lacks it."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
+def ask_daemon(asker, case, timeout, pid):
     t = time.time()
     r = asker.ask(query_message(case), timeout)
     wall = time.time() - t
@@ -250,7 +262,8 @@ def ask_daemon(asker, case, timeout):
             "answer": r["answer"], "hit": found(r["answer"], case["value"]),
             "prompt_tokens": r["usage"]["prompt_tokens"],
             "context_tokens": r["usage"]["context_tokens"],
-            "prefill_ms": r["timings"]["prefill_ms"], "wall_s": round(wall, 2), "via": "daemon"}
+            "prefill_ms": r["timings"]["prefill_ms"], "wall_s": round(wall, 2),
+            "peak_rss_mb": peak_rss_mb(pid), "via": "daemon"}
 
 
 def ask_run(model, case, threads, rope, timeout):
@@ -269,6 +282,7 @@ def ask_run(model, case, threads, rope, timeout):
     if p.returncode:
         raise ec.EvalError("%s: diffrag-run exited %d: %s" % (case["id"], p.returncode, err[-800:]))
     m = re.search(r"prompt_tokens=(\d+) prefill_tok_s=([0-9.]+)", err)
+    rss = re.search(r"peak_rss_mb=([0-9.]+)", err)
     answer = p.stdout.decode(errors="replace")
     n = int(m.group(1)) if m else 0
     rate = float(m.group(2)) if m else 0.0
@@ -276,7 +290,8 @@ def ask_run(model, case, threads, rope, timeout):
             "actual_depth": case["actual_depth"], "value": case["value"], "answer": answer,
             "hit": found(answer, case["value"]), "prompt_tokens": n, "context_tokens": None,
             "prefill_ms": round(1000 * n / rate, 1) if rate else None,
-            "wall_s": round(wall, 2), "via": "diffrag-run"}
+            "wall_s": round(wall, 2), "peak_rss_mb": float(rss.group(1)) if rss else None,
+            "via": "diffrag-run"}
 
 
 def table(results, depths):
@@ -285,7 +300,7 @@ def table(results, depths):
     sizes = sorted({r["size"] for r in results})
     head = ("| window | prompt tokens | " + " | ".join("depth %d%%" % round(d * 100)
                                                           for d in depths)
-            + " | recall | prefill s/needle | via |")
+            + " | recall | prefill s/needle | peak RSS MiB | via |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for s in sizes:
         rs = [r for r in results if r["size"] == s]
@@ -294,10 +309,12 @@ def table(results, depths):
             dr = [r for r in rs if r["depth"] == d]
             cells.append("%d/%d" % (sum(r["hit"] for r in dr), len(dr)) if dr else "-")
         pre = [r["prefill_ms"] for r in rs if r["prefill_ms"]]
-        lines.append("| %s | %d | %s | %.2f | %s | %s |" % (
+        rss = [r["peak_rss_mb"] for r in rs if r.get("peak_rss_mb")]
+        lines.append("| %s | %d | %s | %.2f | %s | %s | %s |" % (
             "%dK" % (s // 1024), max(r["prompt_tokens"] for r in rs), " | ".join(cells),
             sum(r["hit"] for r in rs) / len(rs),
             "%.1f" % (sum(pre) / len(pre) / 1000) if pre else "-",
+            "%.0f" % max(rss) if rss else "-",
             "/".join(sorted({r["via"] for r in rs}))))
     return "\n".join(lines)
 
@@ -325,7 +342,7 @@ def run(model, sizes, depths, per_depth, threads, rope, squad_dir, workdir, time
         keys.update(rope)
         with ec.LocalDaemon(workdir, model, **keys) as d, ec.Asker(d.endpoint, d.proc) as a:
             for c in by_daemon:
-                r = ask_daemon(a, c, timeout)
+                r = ask_daemon(a, c, timeout, d.proc.pid)
                 results.append(r)
                 log(json.dumps(r))
     for c in by_run:

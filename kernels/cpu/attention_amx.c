@@ -14,9 +14,10 @@
  * call (cpu_amx_pack_tile, a pass of its own before the tasks): the keys as bf16 hi and lo,
  * the values as bf16, CPU_AMX_TILE_ELEMS(hd) elements per tile. A task's workspace
  * (cpu_attend_amx_ws_floats) holds its rows' queries as bf16 hi and lo (rows padded to 32),
- * and for one tile of keys every row's scores (64 f32) and probabilities (64 bf16), so that
- * the tile products of all blocks run back to back, then the softmax of all rows, then the
- * products with the values, through two blocks' product (32 x hd f32).
+ * for one tile of keys every row's scores (64 f32) and probabilities (64 bf16), so that the
+ * tile products of all blocks run back to back, then the softmax of all rows, then the
+ * products with the values; and the rows' outputs (hd f32 each), which the products with the
+ * values accumulate in the tiles themselves (loaded, added to, stored back).
  *
  * A tile product B operand holds pairs: row i, column n is (B[2i][n], B[2i+1][n]) as two
  * adjacent bf16. For the scores B[d][j] = K[d][j] (pairs of head dimensions), for the output
@@ -141,12 +142,15 @@ static inline void store_quad(float *out, size_t ldo)
 }
 
 /* The scores of two blocks of 16 rows (the second 16 rows after the first) against the tile's
- * 64 keys, into S (rows TILE floats apart): q_hi k_hi + q_hi k_lo + q_lo k_hi, over the head
- * dimensions 32 at a time, 32 keys at a time. */
+ * 64 keys, into S (rows TILE floats apart): q_hi k_lo + q_hi k_hi + q_lo k_hi, over the head
+ * dimensions 32 at a time, 32 keys at a time. The operands are loaded in that order so that
+ * each is loaded once per product it takes part in: q_hi for the first two, k_hi for the last
+ * two. */
 static inline void pair_scores(const uint16_t *Qh, const uint16_t *Ql, const uint16_t *Kh,
                                const uint16_t *Kl, int hd, float *S)
 {
     size_t qb = (size_t)BR * hd;   /* the second block's queries */
+    int lda = hd * 2;
     for (int n = 0; n < 4; n += 2) {
         _tile_zero(0);
         _tile_zero(1);
@@ -155,29 +159,41 @@ static inline void pair_scores(const uint16_t *Qh, const uint16_t *Ql, const uin
         for (int s = 0; s < hd / 32; s++) {
             const uint16_t *kh = Kh + ((size_t)s * 4 + n) * 512;
             const uint16_t *kl = Kl + ((size_t)s * 4 + n) * 512;
-            quad(Qh + 32 * s, Qh + qb + 32 * s, hd * 2, kh, kh + 512);
-            quad(Qh + 32 * s, Qh + qb + 32 * s, hd * 2, kl, kl + 512);
-            quad(Ql + 32 * s, Ql + qb + 32 * s, hd * 2, kh, kh + 512);
+            quad(Qh + 32 * s, Qh + qb + 32 * s, lda, kl, kl + 512);
+            _tile_loadd(6, kh, 64);
+            _tile_loadd(7, kh + 512, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+            _tile_loadd(4, Ql + 32 * s, lda);
+            _tile_loadd(5, Ql + qb + 32 * s, lda);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
         }
         store_quad(S + 16 * n, TILE);
     }
 }
 
-/* T (32, hd), rows hd floats apart = the probabilities of two blocks of 16 rows (P, rows TILE
- * bf16 apart) times the tile's values, 32 dimensions at a time. */
-static inline void pair_values(const uint16_t *P, const uint16_t *Vp, int hd, float *T)
+/* O (32, hd), rows hd floats apart, += the probabilities of two blocks of 16 rows (P, rows
+ * TILE bf16 apart) times the tile's values, 32 dimensions at a time: the output rows are the
+ * tile products' accumulators. */
+static inline void pair_values(const uint16_t *P, const uint16_t *Vp, int hd, float *O)
 {
-    int nb = hd / 16;
+    int nb = hd / 16, ldo = hd * 4;
     for (int n = 0; n < nb; n += 2) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
+        float *o = O + 16 * n;
+        _tile_loadd(0, o, ldo);
+        _tile_loadd(1, o + 16, ldo);
+        _tile_loadd(2, o + BR * hd, ldo);
+        _tile_loadd(3, o + BR * hd + 16, ldo);
         for (int s = 0; s < TILE / 32; s++) {
             const uint16_t *v = Vp + ((size_t)s * nb + n) * 512;
             quad(P + 32 * s, P + BR * TILE + 32 * s, TILE * 2, v, v + 512);
         }
-        store_quad(T + 16 * n, (size_t)hd);
+        store_quad(o, (size_t)hd);
     }
 }
 
@@ -199,12 +215,13 @@ void cpu_attend_amx(const struct AttnArgs *a, int g, int t0, int bq, int kb, int
     uint16_t *Qh = (uint16_t *)(void *)ws, *Ql = Qh + qe;
     float *S = (float *)(void *)(Ql + qe);                   /* (Rp, TILE) scores */
     uint16_t *P = (uint16_t *)(void *)(S + (size_t)Rp * TILE);  /* (Rp, TILE) probabilities */
-    float *T = (float *)(void *)(P + (size_t)Rp * TILE);     /* (2 BR, hd) two blocks' product */
-    float *corr = T + 2 * BR * hd, *m_new = corr + Rp;       /* (Rp) each */
-    int *lim = (int *)(void *)(m_new + Rp);                  /* (Rp) */
+    float *Oa = (float *)(void *)(P + (size_t)Rp * TILE);    /* (Rp, hd) output accumulators */
+    float *Lv = Oa + (size_t)Rp * hd;                        /* (Rp, 16) row sums, by lane */
+    float *Mr = Lv + (size_t)Rp * 16, *corr = Mr + Rp;       /* (Rp) each */
+    int *lim = (int *)(void *)(corr + Rp), *seen = lim + Rp; /* (Rp) each */
 
     const float qscale = a->scale * 1.44269504088896341f;
-    for (int r = 0; r < Rp; r++)
+    for (int r = 0; r < Rp; r++) {
         for (int d = 0; d < hd; d += 16) {
             __m512 x = _mm512_setzero_ps();
             if (r < R) {
@@ -217,6 +234,16 @@ void cpu_attend_amx(const struct AttnArgs *a, int g, int t0, int bq, int kb, int
             _mm256_storeu_si256((__m256i *)(void *)(Ql + (size_t)r * hd + d),
                                 to_bf16(_mm512_sub_ps(x, from_bf16(h))));
         }
+        /* Keys a row sees: those before ke at or before its position. */
+        int v = r < R ? ATTN_ROW_POS(a, t0 + r / G) + 1 : 0;
+        seen[r] = v < ke ? v : ke;
+        Mr[r] = r < R ? M[r] : -INFINITY;
+        _mm512_storeu_ps(Lv + (size_t)r * 16, _mm512_setzero_ps());
+        Lv[(size_t)r * 16] = r < R ? L[r] : 0.f;
+    }
+    memset(Oa, 0, (size_t)Rp * hd * sizeof *Oa);
+    for (int r = 0; r < R; r++)
+        memcpy(Oa + (size_t)r * hd, O + (size_t)r * hd, (size_t)hd * sizeof *Oa);
 
     struct TileCfg cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -228,14 +255,19 @@ void cpu_attend_amx(const struct AttnArgs *a, int g, int t0, int bq, int kb, int
     _tile_loadconfig(&cfg);
 
     /* Per tile of keys, three passes, each a run of independent work: every block's scores
-     * (tile products only), every row's softmax (vector work only), every block's values. */
+     * (tile products only), every row's softmax (vector work only), every block's values.
+     * A row's maximum moves only when a score passes it by more than LAZY (in base 2), as in
+     * FlashAttention-4: until then the probabilities stay below 2^LAZY (exact in f32, as
+     * exact in bf16 as any), and the row's output and sum need no rescaling, so most tiles
+     * add their products straight into the accumulators. */
+    const float LAZY = 8.f;
     for (int k0 = kb; k0 < ke; k0 += TILE) {
         int nk = ke - k0 < TILE ? ke - k0 : TILE;
         const uint16_t *Kh = packed + (size_t)(k0 / TILE) * CPU_AMX_TILE_ELEMS(hd);
         const uint16_t *Kl = Kh + (size_t)hd * TILE, *Vp = Kl + (size_t)hd * TILE;
-        int r_first = Rp;   /* rows before it see nothing of this tile (positions increase) */
+        int r_first = Rp;   /* the first row that sees a key of this tile */
         for (int r = 0; r < Rp; r++) {
-            int v = r < R ? ATTN_ROW_POS(a, t0 + r / G) + 1 - k0 : 0;
+            int v = seen[r] - k0;
             lim[r] = v > nk ? nk : v;
             if (lim[r] > 0 && r < r_first) r_first = r;
         }
@@ -244,54 +276,54 @@ void cpu_attend_amx(const struct AttnArgs *a, int g, int t0, int bq, int kb, int
         for (int r0 = b_first; r0 < R; r0 += 2 * BR)
             pair_scores(Qh + (size_t)r0 * hd, Ql + (size_t)r0 * hd, Kh, Kl, hd,
                         S + (size_t)r0 * TILE);
-        /* The new maxima, the rescale factors 16 rows to a vector exp2, the probabilities. */
-        for (int r = b_first; r < Rp; r++) {
-            corr[r] = 0.f;
-            m_new[r] = r < R ? M[r] : 0.f;
-            if (lim[r] <= 0) continue;
-            const float *sr = S + (size_t)r * TILE;
-            __m512 mx = _mm512_set1_ps(-INFINITY);
-            for (int c = 0; c < TILE; c += 16)
-                mx = _mm512_mask_max_ps(mx, keep_below(c, lim[r]), mx, _mm512_loadu_ps(sr + c));
-            float mt = _mm512_reduce_max_ps(mx);
-            if (mt > m_new[r]) m_new[r] = mt;
-            corr[r] = M[r] == -INFINITY ? -INFINITY : M[r] - m_new[r];
-        }
-        for (int r = b_first; r < Rp; r += 16)
-            _mm512_storeu_ps(corr + r, cpu_exp2_avx512(_mm512_loadu_ps(corr + r)));
         for (int r = b_first; r < Rp; r++) {
             uint16_t *pr = P + (size_t)r * TILE;
+            corr[r] = 1.f;
             if (lim[r] <= 0) {
                 memset(pr, 0, TILE * sizeof *pr);
-                corr[r] = 1.f;
                 continue;
             }
-            if (M[r] == -INFINITY) corr[r] = 0.f;
             const float *sr = S + (size_t)r * TILE;
-            __m512 sum = _mm512_setzero_ps(), neg = _mm512_set1_ps(-m_new[r]);
+            __m512 mx = _mm512_set1_ps(-INFINITY);
+            if (lim[r] == TILE)
+                for (int c = 0; c < TILE; c += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(sr + c));
+            else
+                for (int c = 0; c < TILE; c += 16)
+                    mx = _mm512_mask_max_ps(mx, keep_below(c, lim[r]), mx,
+                                            _mm512_loadu_ps(sr + c));
+            __mmask16 past = _mm512_cmp_ps_mask(mx, _mm512_set1_ps(Mr[r] + LAZY), _CMP_GT_OQ);
+            if (past || Mr[r] == -INFINITY) {
+                float mt = _mm512_reduce_max_ps(mx);
+                corr[r] = Mr[r] == -INFINITY ? 0.f : exp2f(Mr[r] - mt);
+                Mr[r] = mt;
+            }
+            __m512 sum = _mm512_setzero_ps(), neg = _mm512_set1_ps(-Mr[r]);
             for (int c = 0; c < TILE; c += 16) {
-                __m512 x = _mm512_add_ps(_mm512_loadu_ps(sr + c), neg);
-                __m512 p = _mm512_maskz_mov_ps(keep_below(c, lim[r]), cpu_exp2_avx512(x));
+                __m512 p = cpu_exp2_avx512(_mm512_add_ps(_mm512_loadu_ps(sr + c), neg));
+                if (lim[r] < TILE) p = _mm512_maskz_mov_ps(keep_below(c, lim[r]), p);
                 sum = _mm512_add_ps(sum, p);
                 _mm256_storeu_si256((__m256i *)(void *)(pr + c), to_bf16(p));
             }
-            L[r] = L[r] * corr[r] + _mm512_reduce_add_ps(sum);
-            M[r] = m_new[r];
+            float *lv = Lv + (size_t)r * 16;
+            _mm512_storeu_ps(lv, _mm512_fmadd_ps(_mm512_loadu_ps(lv), _mm512_set1_ps(corr[r]), sum));
         }
         for (int r0 = b_first; r0 < R; r0 += 2 * BR) {
-            int rb = R - r0 < 2 * BR ? R - r0 : 2 * BR;
-            pair_values(P + (size_t)r0 * TILE, Vp, hd, T);
-            for (int r = 0; r < rb; r++) {
-                float *o = O + (size_t)(r0 + r) * hd;
-                const float *t = T + (size_t)r * hd;
-                __m512 cr = _mm512_set1_ps(corr[r0 + r]);
+            for (int r = r0; r < r0 + 2 * BR; r++) {
+                if (corr[r] == 1.f) continue;
+                float *o = Oa + (size_t)r * hd;
+                __m512 cr = _mm512_set1_ps(corr[r]);
                 for (int c = 0; c < hd; c += 16)
-                    _mm512_storeu_ps(o + c, _mm512_fmadd_ps(_mm512_loadu_ps(o + c), cr,
-                                                            _mm512_loadu_ps(t + c)));
+                    _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), cr));
             }
+            pair_values(P + (size_t)r0 * TILE, Vp, hd, Oa + (size_t)r0 * hd);
         }
     }
     _tile_release();
+    for (int r = 0; r < R; r++) {
+        memcpy(O + (size_t)r * hd, Oa + (size_t)r * hd, (size_t)hd * sizeof *O);
+        M[r] = Mr[r];
+        L[r] = _mm512_reduce_add_ps(_mm512_loadu_ps(Lv + (size_t)r * 16));
+    }
 }
 
 #pragma GCC pop_options
@@ -327,8 +359,9 @@ static size_t q_elems(int R, int hd) { return (size_t)((R + 31) / 32 * 32) * hd;
 
 size_t cpu_attend_amx_ws_floats(int R, int hd)
 {
-    /* Queries hi + lo and P (bf16); S and T; corr, m_new and lim per row. */
+    /* Queries hi + lo and P (bf16); S, the output accumulators and the row sums by lane;
+     * the maxima, rescale factors, limits and keys seen per row. */
     size_t rows = q_elems(R, hd) / hd;
     size_t bf16 = 2 * q_elems(R, hd) + rows * KV_TILE;
-    return (bf16 + 1) / 2 + rows * KV_TILE + 32 * (size_t)hd + 3 * rows + 16;
+    return (bf16 + 1) / 2 + rows * (KV_TILE + (size_t)hd + 16 + 4) + 16;
 }
