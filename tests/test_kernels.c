@@ -338,6 +338,7 @@ static void test_attention(void)
         {4, 1, 128, 19, 45, KV_F32, 0, 0},
         {4, 2, 24, 30, 9, KV_F32, 0, 0},     /* head size no vector path takes: portable */
         {14, 2, 64, 200, 300, KV_F16, 0, 0}, /* the default model's shape, 7 rows per token */
+        {14, 2, 64, 90, 910, KV_F16, 0, 0},  /* AMX: four steps of 256 keys, the last partial */
         /* key split (decode): several segments, a few tokens */
         {9, 3, 64, 1, 700, KV_F16, 0, 0},
         {18, 3, 64, 3, 600, KV_F32, 1, 0},

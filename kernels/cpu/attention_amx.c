@@ -7,17 +7,17 @@
  * scores are therefore computed from split operands, q = q_hi + q_lo and k = k_hi + k_lo
  * (each part a bf16, the pair holding 16 significant bits), as q_hi k_hi + q_hi k_lo +
  * q_lo k_hi: three tile products instead of one, the dropped q_lo k_lo below 2^-16 of the
- * score. The probabilities (in [0, 1]) and the values go through one bf16 product each, their
- * error averaged over the keys. docs/performance.md measures what the path costs in accuracy.
+ * score. The probabilities (in [0, 2^8], see LAZY) and the values go through one bf16 product
+ * each, their error averaged over the keys. docs/performance.md measures what the path costs in accuracy.
  *
  * Every task of a call reads the same tiles, so each tile is packed for the tile unit once per
  * call (cpu_amx_pack_tile, a pass of its own before the tasks): the keys as bf16 hi and lo,
  * the values as bf16, CPU_AMX_TILE_ELEMS(hd) elements per tile. A task's workspace
  * (cpu_attend_amx_ws_floats) holds its rows' queries as bf16 hi and lo (rows padded to 32),
- * for one tile of keys every row's scores (64 f32) and probabilities (64 bf16), so that the
- * tile products of all blocks run back to back, then the softmax of all rows, then the
- * products with the values; and the rows' outputs (hd f32 each), which the products with the
- * values accumulate in the tiles themselves (loaded, added to, stored back).
+ * for one step of keys (STEP, four tiles) every row's scores (f32) and probabilities (bf16),
+ * so that the tile products of all blocks run back to back, then the softmax of all rows,
+ * then the products with the values; and the rows' outputs (hd f32 each), which the products
+ * with the values accumulate in the tiles themselves (loaded, added to, stored back).
  *
  * A tile product B operand holds pairs: row i, column n is (B[2i][n], B[2i+1][n]) as two
  * adjacent bf16. For the scores B[d][j] = K[d][j] (pairs of head dimensions), for the output
@@ -33,7 +33,12 @@
 #include <unistd.h>
 
 #define TILE KV_TILE
-enum { BR = 16 }; /* rows of a tile */
+enum { BR = 16 };          /* rows of a tile */
+/* Keys per softmax step: four tiles. Each step reads and writes every row's outputs once (as
+ * tile accumulators) and reduces each row's maximum once, so longer steps cost less of both;
+ * beyond four tiles the scores of a task's rows (256 rows x 256 keys f32) outgrow the core's
+ * second-level cache, and eight tiles measured slower. */
+enum { STEP_TILES = 4, STEP = STEP_TILES * TILE };
 
 /* Elements of the split queries for R rows (padded to two blocks) of head_dim hd. */
 static size_t q_elems(int R, int hd) { return (size_t)((R + 2 * BR - 1) / (2 * BR) * 2 * BR) * hd; }
@@ -141,8 +146,8 @@ static inline void store_quad(float *out, size_t ldo)
     _tile_stored(3, out + BR * ldo + 16, ldo * 4);
 }
 
-/* The scores of two blocks of 16 rows (the second 16 rows after the first) against the tile's
- * 64 keys, into S (rows TILE floats apart): q_hi k_lo + q_hi k_hi + q_lo k_hi, over the head
+/* The scores of two blocks of 16 rows (the second 16 rows after the first) against a tile's
+ * 64 keys, into S (rows STEP floats apart): q_hi k_lo + q_hi k_hi + q_lo k_hi, over the head
  * dimensions 32 at a time, 32 keys at a time. The operands are loaded in that order so that
  * each is loaded once per product it takes part in: q_hi for the first two, k_hi for the last
  * two. */
@@ -173,14 +178,16 @@ static inline void pair_scores(const uint16_t *Qh, const uint16_t *Ql, const uin
             _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 5, 7);
         }
-        store_quad(S + 16 * n, TILE);
+        store_quad(S + 16 * n, STEP);
     }
 }
 
 /* O (32, hd), rows hd floats apart, += the probabilities of two blocks of 16 rows (P, rows
- * TILE bf16 apart) times the tile's values, 32 dimensions at a time: the output rows are the
- * tile products' accumulators. */
-static inline void pair_values(const uint16_t *P, const uint16_t *Vp, int hd, float *O)
+ * STEP bf16 apart, 32 ns columns) times the values of a step's tiles (Vp0 for the first 64
+ * keys, Vp1 for the next), 32 dimensions at a time: the output rows are the tile products'
+ * accumulators. */
+static inline void pair_values(const uint16_t *P, int ns, const uint16_t *Vp0,
+                               size_t tile_elems, int hd, float *O)
 {
     int nb = hd / 16, ldo = hd * 4;
     for (int n = 0; n < nb; n += 2) {
@@ -189,9 +196,11 @@ static inline void pair_values(const uint16_t *P, const uint16_t *Vp, int hd, fl
         _tile_loadd(1, o + 16, ldo);
         _tile_loadd(2, o + BR * hd, ldo);
         _tile_loadd(3, o + BR * hd + 16, ldo);
-        for (int s = 0; s < TILE / 32; s++) {
-            const uint16_t *v = Vp + ((size_t)s * nb + n) * 512;
-            quad(P + 32 * s, P + BR * TILE + 32 * s, TILE * 2, v, v + 512);
+        for (int s = 0; s < ns; s++) {
+            int t = s % (TILE / 32);
+            const uint16_t *v = Vp0 + (size_t)(s / (TILE / 32)) * tile_elems +
+                                ((size_t)t * nb + n) * 512;
+            quad(P + 32 * s, P + BR * STEP + 32 * s, STEP * 2, v, v + 512);
         }
         store_quad(o, (size_t)hd);
     }
@@ -213,9 +222,9 @@ void cpu_attend_amx(const struct AttnArgs *a, int g, int t0, int bq, int kb, int
     size_t qe = q_elems(R, hd);
     int Rp = (int)(qe / hd);   /* rows padded to whole blocks */
     uint16_t *Qh = (uint16_t *)(void *)ws, *Ql = Qh + qe;
-    float *S = (float *)(void *)(Ql + qe);                   /* (Rp, TILE) scores */
-    uint16_t *P = (uint16_t *)(void *)(S + (size_t)Rp * TILE);  /* (Rp, TILE) probabilities */
-    float *Oa = (float *)(void *)(P + (size_t)Rp * TILE);    /* (Rp, hd) output accumulators */
+    float *S = (float *)(void *)(Ql + qe);                   /* (Rp, STEP) scores */
+    uint16_t *P = (uint16_t *)(void *)(S + (size_t)Rp * STEP);  /* (Rp, STEP) probabilities */
+    float *Oa = (float *)(void *)(P + (size_t)Rp * STEP);    /* (Rp, hd) output accumulators */
     float *Lv = Oa + (size_t)Rp * hd;                        /* (Rp, 16) row sums, by lane */
     float *Mr = Lv + (size_t)Rp * 16, *corr = Mr + Rp;       /* (Rp) each */
     int *lim = (int *)(void *)(corr + Rp), *seen = lim + Rp; /* (Rp) each */
@@ -254,18 +263,19 @@ void cpu_attend_amx(const struct AttnArgs *a, int g, int t0, int bq, int kb, int
     }
     _tile_loadconfig(&cfg);
 
-    /* Per tile of keys, three passes, each a run of independent work: every block's scores
+    /* Per step of keys, three passes, each a run of independent work: every block's scores
      * (tile products only), every row's softmax (vector work only), every block's values.
      * A row's maximum moves only when a score passes it by more than LAZY (in base 2), as in
      * FlashAttention-4: until then the probabilities stay below 2^LAZY (exact in f32, as
-     * exact in bf16 as any), and the row's output and sum need no rescaling, so most tiles
+     * exact in bf16 as any), and the row's output and sum need no rescaling, so most steps
      * add their products straight into the accumulators. */
     const float LAZY = 8.f;
-    for (int k0 = kb; k0 < ke; k0 += TILE) {
-        int nk = ke - k0 < TILE ? ke - k0 : TILE;
-        const uint16_t *Kh = packed + (size_t)(k0 / TILE) * CPU_AMX_TILE_ELEMS(hd);
+    size_t tile_elems = CPU_AMX_TILE_ELEMS(hd);
+    for (int k0 = kb; k0 < ke; k0 += STEP) {
+        int nk = ke - k0 < STEP ? ke - k0 : STEP, nt = (nk + TILE - 1) / TILE, cols = nt * TILE;
+        const uint16_t *Kh = packed + (size_t)(k0 / TILE) * tile_elems;
         const uint16_t *Kl = Kh + (size_t)hd * TILE, *Vp = Kl + (size_t)hd * TILE;
-        int r_first = Rp;   /* the first row that sees a key of this tile */
+        int r_first = Rp;   /* the first row that sees a key of this step */
         for (int r = 0; r < Rp; r++) {
             int v = seen[r] - k0;
             lim[r] = v > nk ? nk : v;
@@ -273,22 +283,24 @@ void cpu_attend_amx(const struct AttnArgs *a, int g, int t0, int bq, int kb, int
         }
         if (r_first >= R) continue;
         int b_first = r_first / (2 * BR) * (2 * BR);
-        for (int r0 = b_first; r0 < R; r0 += 2 * BR)
-            pair_scores(Qh + (size_t)r0 * hd, Ql + (size_t)r0 * hd, Kh, Kl, hd,
-                        S + (size_t)r0 * TILE);
+        for (int r0 = b_first; r0 < R; r0 += 2 * BR) {
+            for (int t = 0; t < nt; t++)
+                pair_scores(Qh + (size_t)r0 * hd, Ql + (size_t)r0 * hd, Kh + t * tile_elems,
+                            Kl + t * tile_elems, hd, S + (size_t)r0 * STEP + t * TILE);
+        }
         for (int r = b_first; r < Rp; r++) {
-            uint16_t *pr = P + (size_t)r * TILE;
+            uint16_t *pr = P + (size_t)r * STEP;
             corr[r] = 1.f;
             if (lim[r] <= 0) {
-                memset(pr, 0, TILE * sizeof *pr);
+                memset(pr, 0, (size_t)cols * sizeof *pr);
                 continue;
             }
-            const float *sr = S + (size_t)r * TILE;
+            const float *sr = S + (size_t)r * STEP;
             __m512 mx = _mm512_set1_ps(-INFINITY);
-            if (lim[r] == TILE)
-                for (int c = 0; c < TILE; c += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(sr + c));
+            if (lim[r] == cols)
+                for (int c = 0; c < cols; c += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(sr + c));
             else
-                for (int c = 0; c < TILE; c += 16)
+                for (int c = 0; c < cols; c += 16)
                     mx = _mm512_mask_max_ps(mx, keep_below(c, lim[r]), mx,
                                             _mm512_loadu_ps(sr + c));
             __mmask16 past = _mm512_cmp_ps_mask(mx, _mm512_set1_ps(Mr[r] + LAZY), _CMP_GT_OQ);
@@ -298,9 +310,9 @@ void cpu_attend_amx(const struct AttnArgs *a, int g, int t0, int bq, int kb, int
                 Mr[r] = mt;
             }
             __m512 sum = _mm512_setzero_ps(), neg = _mm512_set1_ps(-Mr[r]);
-            for (int c = 0; c < TILE; c += 16) {
-                __m512 p = cpu_exp2_avx512(_mm512_add_ps(_mm512_loadu_ps(sr + c), neg));
-                if (lim[r] < TILE) p = _mm512_maskz_mov_ps(keep_below(c, lim[r]), p);
+            for (int c = 0; c < cols; c += 16) {
+                __m512 p = cpu_exp2_avx512_short(_mm512_add_ps(_mm512_loadu_ps(sr + c), neg));
+                if (lim[r] < cols) p = _mm512_maskz_mov_ps(keep_below(c, lim[r]), p);
                 sum = _mm512_add_ps(sum, p);
                 _mm256_storeu_si256((__m256i *)(void *)(pr + c), to_bf16(p));
             }
@@ -315,7 +327,8 @@ void cpu_attend_amx(const struct AttnArgs *a, int g, int t0, int bq, int kb, int
                 for (int c = 0; c < hd; c += 16)
                     _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), cr));
             }
-            pair_values(P + (size_t)r0 * TILE, Vp, hd, Oa + (size_t)r0 * hd);
+            pair_values(P + (size_t)r0 * STEP, cols / 32, Vp, tile_elems, hd,
+                        Oa + (size_t)r0 * hd);
         }
     }
     _tile_release();
@@ -362,6 +375,6 @@ size_t cpu_attend_amx_ws_floats(int R, int hd)
     /* Queries hi + lo and P (bf16); S, the output accumulators and the row sums by lane;
      * the maxima, rescale factors, limits and keys seen per row. */
     size_t rows = q_elems(R, hd) / hd;
-    size_t bf16 = 2 * q_elems(R, hd) + rows * KV_TILE;
-    return (bf16 + 1) / 2 + rows * (KV_TILE + (size_t)hd + 16 + 4) + 16;
+    size_t bf16 = 2 * q_elems(R, hd) + rows * STEP_TILES * KV_TILE;
+    return (bf16 + 1) / 2 + rows * (STEP_TILES * KV_TILE + (size_t)hd + 16 + 4) + 16;
 }
