@@ -34,7 +34,7 @@ def results(tmp_path_factory, squad_dir):
         with tool.ec.Asker(d.endpoint, d.proc) as asker:
             for c in cases:
                 # raises unless the haystack was placed whole, as one document
-                out.append(tool.ask_daemon(asker, c, timeout=1800))
+                out.append(tool.ask_daemon(asker, c, timeout=1800, pid=d.proc.pid))
         assert d.stop() == 0
     print("\n" + tool.table(out, DEPTHS))
     for r in out:
@@ -49,6 +49,8 @@ def test_haystack_fills_the_window(results):
         # the whole haystack was placed: most of the window is document tokens
         assert r["context_tokens"] >= SIZE - tool.reserve(SIZE) - 64, r
         assert r["prompt_tokens"] <= tool.budget(SIZE), r
+        # the daemon's peak memory so far, read from /proc: at least the model's weights
+        assert r["peak_rss_mb"] and r["peak_rss_mb"] > QWEN.stat().st_size / 2**20, r
 
 
 def test_needles_found_at_every_depth(results):
