@@ -15,8 +15,12 @@
  * per-prompt speedups (on / off of the same prompt) and their range, the drafted tokens the model accepted (in
  * all), and the answers that differed (must be 0).
  *
+ * --quote: the RAG answers, with lookup and without, in quote decoding over the placed
+ * paragraph (model/quote.h), where drafts continue the span being quoted; the free-text set is
+ * left out (it has no documents to quote).
+ *
  * usage: bench_lookup MODEL SQUAD_DIR [--questions N] [--lookup K[,K...]] [--max-tokens N]
- *                     [--threads T] */
+ *                     [--threads T] [--quote] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +30,7 @@
 #include "model/engine.h"
 #include "model/generate.h"
 #include "model/model.h"
+#include "model/quote.h"
 #include "model/tokcount_model.h"
 #include "model/tokenizer.h"
 #include "retriever/context.h"
@@ -130,7 +135,7 @@ static double decode_tok_s(const struct GenResult *r)
 /* Answers prompt without lookup (variant 0) and with each of the nv draft lengths of t[0..nv),
  * in an order that rotates with i, and adds the figures to each t. */
 static int measure(struct Engine *e, const int32_t *prompt, size_t n, int max_tokens, int i,
-                   struct Tally *t, int nv)
+                   const struct QuoteIndex *quote, struct Tally *t, int nv)
 {
     char err[512];
     struct GenResult res[MAX_VARIANTS + 1];
@@ -138,7 +143,8 @@ static int measure(struct Engine *e, const int32_t *prompt, size_t n, int max_to
     int rc = 0;
     for (int k = 0; k <= nv && !rc; k++) {
         int v = (k + i) % (nv + 1);
-        struct GenParams gp = {.max_tokens = max_tokens, .lookup = v ? t[v - 1].lookup : 0};
+        struct GenParams gp = {.max_tokens = max_tokens, .lookup = v ? t[v - 1].lookup : 0,
+                               .quote = quote};
         sampler_params_default(&gp.sampler);
         gp.sampler.temperature = 0;
         if ((rc = generate(e, prompt, n, &gp, NULL, NULL, &res[v], err, sizeof err)))
@@ -196,12 +202,21 @@ int main(int argc, char **argv)
 {
     if (argc < 3) {
         fprintf(stderr, "usage: bench_lookup MODEL SQUAD_DIR [--questions N] [--lookup K[,K...]] "
-                        "[--max-tokens N] [--threads T]\n");
+                        "[--max-tokens N] [--threads T] [--quote]\n");
         return 2;
     }
-    int n_q = 20, max_tokens = 64, threads = 2, nv = 0, lookups[MAX_VARIANTS];
+    int n_q = 20, max_tokens = 64, threads = 2, nv = 0, lookups[MAX_VARIANTS], quote = 0;
     const char *lookup_arg = "3,8";
-    for (int i = 3; i + 1 < argc; i += 2) {
+    for (int i = 3; i < argc; i += 2) {
+        if (!strcmp(argv[i], "--quote")) {
+            quote = 1;
+            i--;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "bench_lookup: %s needs a value\n", argv[i]);
+            return 2;
+        }
         int v = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "--questions")) n_q = v;
         else if (!strcmp(argv[i], "--lookup")) lookup_arg = argv[i + 1];
@@ -249,8 +264,8 @@ int main(int argc, char **argv)
     struct Tally rag[MAX_VARIANTS], fr[MAX_VARIANTS];
     for (int v = 0; v < nv; v++)
         if (tally_new(&rag[v], lookups[v], n_q) || tally_new(&fr[v], lookups[v], n_q)) return 1;
-    printf("model %s, max_tokens %d, %d threads, engine %s\n", argv[1], max_tokens, threads,
-           engine_numerics());
+    printf("model %s, max_tokens %d, %d threads, engine %s%s\n", argv[1], max_tokens, threads,
+           engine_numerics(), quote ? ", quote decoding (RAG prompts only)" : "");
     for (int i = 0; i < n_q; i++) {
         const struct Question *q = &d.qs[(size_t)i * d.n_qs / n_q];
         const struct Passage *p = find_passage(&d, q->gold);
@@ -265,11 +280,28 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_lookup: %s\n", err);
             return 1;
         }
-        int rc = measure(e, cx->tokens, cx->n_tokens, max_tokens, i, rag, nv);
+        /* --quote: every answer, with lookup or without, quotes the placed paragraph */
+        struct QuoteIndex *qi = NULL;
+        if (quote && cx->n_cites != 1) {
+            ctx_destroy(&cx);
+            continue;   /* the paragraph did not fit: nothing to quote */
+        }
+        uint32_t span[2] = {0, 0};
+        if (quote) {
+            span[0] = (uint32_t)cx->cites[0].tokens.start;
+            span[1] = (uint32_t)cx->cites[0].tokens.end;
+        }
+        if (quote && quote_index_new(cx->tokens, cx->n_tokens, span, 1, m->tok, &qi, err,
+                                     sizeof err)) {
+            fprintf(stderr, "bench_lookup: %s\n", err);
+            return 1;
+        }
+        int rc = measure(e, cx->tokens, cx->n_tokens, max_tokens, i, qi, rag, nv);
+        quote_index_destroy(&qi);
         ctx_destroy(&cx);
         if (rc) return 1;
     }
-    for (int i = 0; i < n_q; i++) {
+    for (int i = 0; i < n_q && !quote; i++) {
         const char *u = FREE[i % N_FREE];
         struct ChatMessage msg = {CHAT_USER, u, strlen(u)};
         char text[1024];
@@ -277,7 +309,7 @@ int main(int argc, char **argv)
         size_t len = 0, n = 0;
         tok_chat_format(m->tok, &msg, 1, 1, text, sizeof text, &len);
         tok_encode(m->tok, text, len, TOK_ADD_BOS | TOK_PARSE_SPECIAL, ids, 512, &n);
-        if (measure(e, ids, n < 512 ? n : 512, max_tokens, i, fr, nv)) return 1;
+        if (measure(e, ids, n < 512 ? n : 512, max_tokens, i, NULL, fr, nv)) return 1;
     }
     int bad = 0;
     for (int v = 0; v < nv; v++) {

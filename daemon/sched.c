@@ -248,7 +248,7 @@ static int seq_draft(struct Seq *q, int room)
         k = room;
     while (k > 0 && engine_pages_needed(q->e, k + 1) > engine_pages_needed(q->e, 1))
         k--;
-    k = lookup_draft(q->hist, (int)q->n_hist, q->draft + 1, k);
+    k = gen_draft(q->gen, q->hist, (int)q->n_hist, q->draft + 1, k);
     q->draft[0] = q->hist[q->done];
     return k;
 }

@@ -224,6 +224,12 @@ int gen_draft_room(const struct GenState *g, const struct Engine *e)
     return k;
 }
 
+int gen_draft(const struct GenState *g, const int32_t *hist, int n, int32_t *draft, int k_max)
+{
+    int k = g->p.quote ? quote_draft(g->p.quote, &g->qc, draft, k_max) : 0;
+    return k > 0 ? k : lookup_draft(hist, n, draft, k_max);
+}
+
 /* Decodes *next, then runs gen_next for what follows. With lookup, tokens drafted after *next
  * are verified in the same step and each row is handed to gen_next in turn while the model
  * keeps choosing the drafted token; the sequence is cut back after the last row kept, so the
@@ -236,7 +242,7 @@ static int decode_next(struct GenState *g, struct Engine *e, struct Lookup *lk, 
     int k = 0, rc;
     if (lk) {
         lk->hist[lk->n++] = *next;
-        k = lookup_draft(lk->hist, lk->n, row + 1, gen_draft_room(g, e));
+        k = gen_draft(g, lk->hist, lk->n, row + 1, gen_draft_room(g, e));
     }
     row[0] = *next;
     rc = k ? engine_verify(e, row, k + 1, err, errlen) : engine_decode(e, *next, err, errlen);

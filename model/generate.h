@@ -87,6 +87,12 @@ int gen_next(struct GenState *g, struct Engine *e, int32_t *next, char *err, siz
  * i in turn calls engine_verify_keep(e, i) and gen_next, going on while gen_next returns the
  * drafted token that follows row i. */
 int gen_draft_room(const struct GenState *g, const struct Engine *e);
+/* The draft itself, at most k_max tokens into draft, after the token gen_next just returned
+ * (hist[0..n): the prompt and the answer through that token): in quote decoding the document
+ * tokens that follow the span being quoted (quote_draft), else, or when that span ends there,
+ * those that followed the latest earlier occurrence of the answer's last tokens
+ * (lookup_draft). */
+int gen_draft(const struct GenState *g, const int32_t *hist, int n, int32_t *draft, int k_max);
 /* cancelled: finish "cancelled" whatever came before. ENGINE_OK or ENGINE_ENOMEM. */
 int gen_end(struct GenState **g, int cancelled, struct GenResult *r);
 void gen_abort(struct GenState **g);

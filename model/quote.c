@@ -24,6 +24,8 @@ struct QuoteIndex {
      * off[i] + (spans' length) */
     uint32_t *off, *span_len;
     size_t n_spans;
+    int32_t *seq;              /* those tokens, each span's separator a negative id */
+    int32_t n_seq;
     int32_t *ends;             /* end-of-turn ids */
     size_t n_ends;
     int32_t *alias_from, *alias_to;  /* spaceless first tokens -> their document token,
@@ -151,7 +153,7 @@ void quote_index_destroy(struct QuoteIndex **pq)
     free(q->len); free(q->link); free(q->firstpos); free(q->head);
     free(q->e_tok); free(q->e_to); free(q->e_next);
     free(q->h_key); free(q->h_edge);
-    free(q->off); free(q->span_len);
+    free(q->off); free(q->span_len); free(q->seq);
     free(q->ends); free(q->alias_from); free(q->alias_to);
     free(q);
     *pq = NULL;
@@ -194,7 +196,8 @@ int quote_index_new(const int32_t *tokens, size_t n_tokens, const uint32_t *span
     q->h_edge = malloc(hcap * sizeof *q->h_edge);
     q->off = malloc((n_spans + 1) * sizeof *q->off);
     q->span_len = malloc((n_spans + 1) * sizeof *q->span_len);
-    if (!q->len || !q->link || !q->firstpos || !q->head || !q->e_tok || !q->e_to ||
+    q->seq = malloc((total + 1) * sizeof *q->seq);
+    if (!q->seq || !q->len || !q->link || !q->firstpos || !q->head || !q->e_tok || !q->e_to ||
         !q->e_next || !q->h_key || !q->h_edge || !q->off || !q->span_len)
         goto oom;
     q->n_spans = n_spans;
@@ -206,6 +209,7 @@ int quote_index_new(const int32_t *tokens, size_t n_tokens, const uint32_t *span
         for (uint32_t k = spans[2 * i]; k <= spans[2 * i + 1]; k++, pos++) {
             /* the separator after each span is a token no answer can be: -(i + 1) */
             int32_t c = k < spans[2 * i + 1] ? tokens[k] : -(int32_t)(i + 1);
+            q->seq[q->n_seq++] = c;
             int32_t cur = state_add(q, q->len[last] + 1, pos);
             int32_t x = last;
             while (x >= 0 && edge_find(q, x, c) < 0) {
@@ -334,6 +338,16 @@ float quote_mask(const struct QuoteIndex *q, const struct QuoteCursor *c, const 
     if (!(z > 0)) return 0;
     double removed = 1.0 - kept / z;
     return (float)(removed < 0 ? 0 : removed > 1 ? 1 : removed);
+}
+
+int quote_draft(const struct QuoteIndex *q, const struct QuoteCursor *c, int32_t *draft,
+                int k_max)
+{
+    if (c->len <= 0 || c->state <= 0) return 0;
+    int k = 0;
+    for (int32_t p = q->firstpos[c->state] + 1; k < k_max && p < q->n_seq && q->seq[p] >= 0; p++)
+        draft[k++] = q->seq[p];
+    return k;
 }
 
 /* Where the current span lies: the first occurrence of its tokens in the documents. */

@@ -70,6 +70,12 @@ float quote_mask(const struct QuoteIndex *q, const struct QuoteCursor *c, const 
  * leaves it as it is). 0, or -1 when the token was not allowed (the cursor is unchanged). */
 int quote_advance(const struct QuoteIndex *q, struct QuoteCursor *c, int32_t token);
 
+/* Drafts for prompt lookup (model/lookup.h) in quote decoding: the document tokens that follow
+ * the cursor's current span where quote_advance placed it (its first occurrence), up to the end
+ * of that document span and at most k_max. 0 when no span is open or it ends there. */
+int quote_draft(const struct QuoteIndex *q, const struct QuoteCursor *c, int32_t *draft,
+                int k_max);
+
 /* Is the token an end of the turn for this index (tok_is_end or a control token)? */
 int quote_is_end(const struct QuoteIndex *q, int32_t token);
 

@@ -64,7 +64,8 @@ static void test_random(const struct Tokenizer *tok)
         if (p && plen > 0 && p[0] != ' ') alpha_id[n_alpha_id++] = t;
     }
     int in_alpha[1024] = {0};
-    int multi = 0, bad_sets = 0, bad_mass = 0, bad_place = 0, walks = 0, steps = 0;
+    int multi = 0, bad_sets = 0, bad_mass = 0, bad_place = 0, bad_draft = 0, n_drafted = 0;
+    int walks = 0, steps = 0;
     for (int trial = 0; trial < 60; trial++) {
         /* documents over a small alphabet of ordinary tokens, so that runs repeat */
         int alpha = 3 + (int)(rnd() % 6);
@@ -139,12 +140,27 @@ static void test_random(const struct Tokenizer *tok)
                 }
                 if (k != (size_t)c.n_tokens) bad_place++;
                 if (c.n_spans > 1 && c.len == 1) multi++;
+                /* the draft: what follows the span's first occurrence, within its document span */
+                int32_t draft[8];
+                int nd = quote_draft(q, &c, draft, 8), ref_nd = -1;
+                size_t ref_at = 0;
+                for (size_t s = 0; s < n_spans && ref_nd < 0; s++)
+                    for (uint32_t a = spans[2 * s]; a + cur_len <= spans[2 * s + 1] && ref_nd < 0; a++)
+                        if (memcmp(toks + a, cur, cur_len * sizeof *cur) == 0) {
+                            ref_at = a + cur_len;
+                            ref_nd = (int)(spans[2 * s + 1] - ref_at) < 8
+                                     ? (int)(spans[2 * s + 1] - ref_at) : 8;
+                        }
+                if (ref_nd != nd || memcmp(draft, toks + ref_at, (size_t)(nd > 0 ? nd : 0) * sizeof *draft))
+                    bad_draft++;
+                n_drafted += nd;
             }
         }
         /* a token outside the allowed set is refused and leaves the cursor as it was */
         struct QuoteCursor c;
         quote_cursor_init(&c);
         CHECK(quote_advance(q, &c, 299) == -1 && c.n_tokens == 0, "a token no document has");
+        CHECK(quote_draft(q, &c, (int32_t[4]){0}, 4) == 0, "no draft before a span opens");
         quote_index_destroy(&q);
         CHECK(q == NULL, "destroy clears the pointer");
     }
@@ -154,6 +170,9 @@ static void test_random(const struct Tokenizer *tok)
     CHECK(bad_sets == 0, "allowed sets match the reference (%d differ)", bad_sets);
     CHECK(bad_mass == 0, "removed mass matches (%d differ)", bad_mass);
     CHECK(bad_place == 0, "spans lie where their tokens are (%d misplaced)", bad_place);
+    printf("drafts: %d tokens drafted, %d drafts differ from the reference\n", n_drafted, bad_draft);
+    CHECK(n_drafted > 1000, "walks drafted (%d tokens)", n_drafted);
+    CHECK(bad_draft == 0, "drafts follow the span's first occurrence (%d differ)", bad_draft);
     free(logits);
     free(masked);
 }
