@@ -227,6 +227,44 @@ def test_docx_lists(tmp_path):
                    "   1. sub again\n- dot\n- undefined\n\nnot a list\n\n5. fifth\n"), out
 
 
+def test_docx_list_continuation(tmp_path):
+    """Lists made from one abstract list share its count, as Word numbers them: a second list
+    goes on where the first stopped; a w:lvlOverride's startOverride (or the w:start of its
+    w:lvl) restarts the level at that list's first item there, and later items of either list
+    go on from it; a w:lvl in the override may make the level a bullet."""
+    def item(text, num, lvl=0):
+        return (f'<w:p><w:pPr><w:numPr><w:ilvl w:val="{lvl}"/><w:numId w:val="{num}"/></w:numPr>'
+                f'</w:pPr><w:r><w:t>{text}</w:t></w:r></w:p>')
+    plain = '<w:p><w:r><w:t>between</w:t></w:r></w:p>'
+    body = (item("one", 1) + item("two", 1) + plain + item("three", 4) +
+            item("restart", 5) + item("sub", 5, 1) + item("next", 5) + item("back in 1", 1) +
+            item("ten", 6) + item("eleven", 6) + item("bulleted", 7) + item("sub 2", 1, 1))
+    doc = f'<?xml version="1.0"?><w:document {W}><w:body>{body}<w:sectPr/></w:body></w:document>'
+    numbering = (f'<?xml version="1.0"?><w:numbering {W}>'
+                 '<w:abstractNum w:abstractNumId="0">'
+                 '<w:lvl w:ilvl="0"><w:start w:val="1"/><w:numFmt w:val="decimal"/></w:lvl>'
+                 '<w:lvl w:ilvl="1"><w:start w:val="1"/><w:numFmt w:val="decimal"/></w:lvl>'
+                 '</w:abstractNum>'
+                 '<w:num w:numId="1"><w:abstractNumId w:val="0"/></w:num>'
+                 '<w:num w:numId="4"><w:abstractNumId w:val="0"/></w:num>'
+                 '<w:num w:numId="5"><w:abstractNumId w:val="0"/>'
+                 '<w:lvlOverride w:ilvl="0"><w:startOverride w:val="1"/></w:lvlOverride></w:num>'
+                 '<w:num w:numId="6"><w:abstractNumId w:val="0"/><w:lvlOverride w:ilvl="0">'
+                 '<w:lvl w:ilvl="0"><w:start w:val="10"/><w:numFmt w:val="decimal"/></w:lvl>'
+                 '</w:lvlOverride></w:num>'
+                 '<w:num w:numId="7"><w:abstractNumId w:val="0"/><w:lvlOverride w:ilvl="0">'
+                 '<w:lvl w:ilvl="0"><w:numFmt w:val="bullet"/></w:lvl></w:lvlOverride></w:num>'
+                 '</w:numbering>')
+    with zipfile.ZipFile(tmp_path / "cont.docx", "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("[Content_Types].xml", "<Types/>")
+        z.writestr("word/document.xml", doc)
+        z.writestr("word/numbering.xml", numbering)
+    rc, out, err = extract(tmp_path / "cont.docx")
+    assert rc == 0, err
+    assert out == ("title: cont\n1. one\n2. two\n\nbetween\n\n3. three\n1. restart\n   1. sub\n"
+                   "2. next\n3. back in 1\n10. ten\n11. eleven\n- bulleted\n   1. sub 2\n"), out
+
+
 def test_docx_bombs_and_damage(tmp_path):
     # 100 MiB of zeros in a ~100 kB archive: refused by its recorded size, never inflated
     with zipfile.ZipFile(tmp_path / "bomb.docx", "w", zipfile.ZIP_DEFLATED) as z:

@@ -1,7 +1,8 @@
 /* DOCX (Office Open XML) to Markdown for diffrag-extract, over libzip and libxml2: the body of
  * word/document.xml in order: paragraphs (a Title or Heading1..6 style, by id or by the name
  * word/styles.xml gives it, becomes a heading; list paragraphs items, "1. " where
- * word/numbering.xml numbers their level and "- " where it bullets it, indented by level),
+ * word/numbering.xml numbers their level (counted per abstract list, as Word does) and "- "
+ * where it bullets it, indented by level),
  * tables as Markdown rows; the title from docProps/core.xml (dc:title). Zip entries are checked before they are
  * inflated (uncompressed size, compression ratio) and counted while they are. */
 #include <errno.h>
@@ -26,12 +27,24 @@
 /* List levels followed (Word's are 0..8). */
 #define DOCX_LIST_LEVELS 9
 
-/* A list of numbering.xml (a w:num): whether each level is numbered (not bulleted), where it
- * starts, and the count of each level so far in the document. */
+/* An abstract list of numbering.xml (a w:abstractNum): each level's format (numbered, or a
+ * bullet) and start, and the number its last item took. Every list (w:num) made from it
+ * shares these counts, as Word numbers them: a second list of the same abstract list goes on
+ * where the first stopped unless it overrides the level's start. */
+struct AbsList {
+    long abstract_id;
+    unsigned char numbered[DOCX_LIST_LEVELS], started[DOCX_LIST_LEVELS];
+    long start[DOCX_LIST_LEVELS], cur[DOCX_LIST_LEVELS];
+};
+
+/* A list (a w:num): its abstract list, and per level what its w:lvlOverride says: a start
+ * that restarts the level at the list's first item there (w:startOverride, or the w:start of
+ * a w:lvl given in the override), and a format (w:numFmt of that w:lvl). */
 struct NumList {
     long num_id, abstract_id;
-    unsigned char numbered[DOCX_LIST_LEVELS];
-    long start[DOCX_LIST_LEVELS], count[DOCX_LIST_LEVELS];
+    unsigned char has_start[DOCX_LIST_LEVELS], restarted[DOCX_LIST_LEVELS];
+    signed char numbered[DOCX_LIST_LEVELS];   /* -1: the abstract list's format */
+    long start[DOCX_LIST_LEVELS];
 };
 
 struct Docx {
@@ -41,6 +54,8 @@ struct Docx {
     size_t n_styles;
     struct NumList *lists;
     size_t n_lists;
+    struct AbsList *abs;
+    size_t n_abs;
     char *first_title;
     int oom;
 };
@@ -207,59 +222,99 @@ static long w_long(const xmlNode *n, long def)
     return x;
 }
 
-/* word/numbering.xml: each w:num's list with the formats of its w:abstractNum's levels (a
- * level is numbered unless its w:numFmt is bullet or none). */
+/* Whether a w:lvl numbers its items: unless its w:numFmt is bullet or none (-1: no numFmt). */
+static int lvl_numbered(const xmlNode *lv)
+{
+    const xmlNode *f = child_w(lv, "numFmt");
+    if (!f)
+        return -1;
+    xmlChar *fmt = w_val(f);
+    int numbered = fmt && strcmp((const char *)fmt, "bullet") && strcmp((const char *)fmt, "none");
+    xmlFree(fmt);
+    return numbered;
+}
+
+static long lvl_index(const xmlNode *lv)
+{
+    xmlChar *il = xmlGetNsProp(lv, (const xmlChar *)"ilvl", (const xmlChar *)W_NS);
+    long k = il ? strtol((const char *)il, NULL, 10) : -1;
+    xmlFree(il);
+    return k >= 0 && k < DOCX_LIST_LEVELS ? k : -1;
+}
+
+static void *grow(struct Docx *d, void *arr, size_t n, size_t size)
+{
+    void *p = realloc(arr, (n + 1) * size);
+    if (!p)
+        d->oom = 1;
+    return p;
+}
+
+/* word/numbering.xml: the abstract lists' levels, and each w:num's abstract list and
+ * overrides. */
 static void load_numbering(struct Docx *d, const char *buf, size_t len)
 {
     xmlDocPtr doc = parse_xml(buf, len);
     const xmlNode *root = doc ? xmlDocGetRootElement(doc) : NULL;
     for (const xmlNode *n = root ? root->children : NULL; n && !d->oom; n = n->next) {
-        if (!is_w(n, "num"))
-            continue;
-        struct NumList *l = realloc(d->lists, (d->n_lists + 1) * sizeof *l);
-        if (!l) {
-            d->oom = 1;
-            break;
-        }
-        d->lists = l;
-        l = &d->lists[d->n_lists++];
-        memset(l, 0, sizeof *l);
-        xmlChar *id = xmlGetNsProp(n, (const xmlChar *)"numId", (const xmlChar *)W_NS);
-        l->num_id = id ? strtol((const char *)id, NULL, 10) : -1;
-        xmlFree(id);
-        l->abstract_id = w_long(child_w(n, "abstractNumId"), -1);
-    }
-    for (const xmlNode *a = root ? root->children : NULL; a && !d->oom; a = a->next) {
-        if (!is_w(a, "abstractNum"))
-            continue;
-        xmlChar *id = xmlGetNsProp(a, (const xmlChar *)"abstractNumId", (const xmlChar *)W_NS);
-        long abstract_id = id ? strtol((const char *)id, NULL, 10) : -2;
-        xmlFree(id);
-        for (const xmlNode *lv = a->children; lv; lv = lv->next) {
-            if (!is_w(lv, "lvl"))
-                continue;
-            xmlChar *il = xmlGetNsProp(lv, (const xmlChar *)"ilvl", (const xmlChar *)W_NS);
-            long k = il ? strtol((const char *)il, NULL, 10) : -1;
-            xmlFree(il);
-            if (k < 0 || k >= DOCX_LIST_LEVELS)
-                continue;
-            xmlChar *fmt = w_val(child_w(lv, "numFmt"));
-            int numbered = fmt && strcmp((const char *)fmt, "bullet") && strcmp((const char *)fmt, "none");
-            xmlFree(fmt);
-            long start = w_long(child_w(lv, "start"), 1);
-            for (size_t i = 0; i < d->n_lists; i++)
-                if (d->lists[i].abstract_id == abstract_id) {
-                    d->lists[i].numbered[k] = (unsigned char)numbered;
-                    d->lists[i].start[k] = start;
+        if (is_w(n, "abstractNum")) {
+            struct AbsList *a = grow(d, d->abs, d->n_abs, sizeof *a);
+            if (!a)
+                break;
+            d->abs = a;
+            a = &d->abs[d->n_abs++];
+            memset(a, 0, sizeof *a);
+            xmlChar *id = xmlGetNsProp(n, (const xmlChar *)"abstractNumId", (const xmlChar *)W_NS);
+            a->abstract_id = id ? strtol((const char *)id, NULL, 10) : -2;
+            xmlFree(id);
+            for (int k = 0; k < DOCX_LIST_LEVELS; k++)
+                a->start[k] = 1;
+            for (const xmlNode *lv = n->children; lv; lv = lv->next) {
+                long k = is_w(lv, "lvl") ? lvl_index(lv) : -1;
+                if (k < 0)
+                    continue;
+                a->numbered[k] = lvl_numbered(lv) == 1;
+                a->start[k] = w_long(child_w(lv, "start"), 1);
+            }
+        } else if (is_w(n, "num")) {
+            struct NumList *l = grow(d, d->lists, d->n_lists, sizeof *l);
+            if (!l)
+                break;
+            d->lists = l;
+            l = &d->lists[d->n_lists++];
+            memset(l, 0, sizeof *l);
+            memset(l->numbered, -1, sizeof l->numbered);
+            xmlChar *id = xmlGetNsProp(n, (const xmlChar *)"numId", (const xmlChar *)W_NS);
+            l->num_id = id ? strtol((const char *)id, NULL, 10) : -1;
+            xmlFree(id);
+            l->abstract_id = w_long(child_w(n, "abstractNumId"), -1);
+            for (const xmlNode *o = n->children; o; o = o->next) {
+                long k = is_w(o, "lvlOverride") ? lvl_index(o) : -1;
+                if (k < 0)
+                    continue;
+                const xmlNode *so = child_w(o, "startOverride"), *lv = child_w(o, "lvl");
+                if (lv) {
+                    l->numbered[k] = (signed char)lvl_numbered(lv);
+                    if (child_w(lv, "start")) {
+                        l->has_start[k] = 1;
+                        l->start[k] = w_long(child_w(lv, "start"), 1);
+                    }
                 }
+                if (so) {
+                    l->has_start[k] = 1;
+                    l->start[k] = w_long(so, 1);
+                }
+            }
         }
     }
     if (doc)
         xmlFreeDoc(doc);
 }
 
-/* The marker of a list paragraph (w:numPr) into out: "N. " for a numbered level, counted per
- * list (an item restarts the levels below its own), "- " otherwise; its level into *level. */
+/* The marker of a list paragraph (w:numPr) into out: "N. " for a numbered level, "- "
+ * otherwise; its level into *level. The number is its abstract list's count at that level
+ * (shared by every list made from it): the level's start at its first item and after an item
+ * of a higher level, or the list's start override at the list's first item there. */
 static void list_marker(struct Docx *d, const xmlNode *num_pr, char *out, size_t cap, int *level)
 {
     long num_id = w_long(child_w(num_pr, "numId"), -1), k = w_long(child_w(num_pr, "ilvl"), 0);
@@ -267,17 +322,30 @@ static void list_marker(struct Docx *d, const xmlNode *num_pr, char *out, size_t
         k = k < 0 ? 0 : DOCX_LIST_LEVELS - 1;
     *level = (int)k;
     snprintf(out, cap, "- ");
-    for (size_t i = 0; i < d->n_lists; i++) {
-        struct NumList *l = &d->lists[i];
-        if (l->num_id != num_id)
-            continue;
-        l->count[k]++;
-        for (long j = k + 1; j < DOCX_LIST_LEVELS; j++)
-            l->count[j] = 0;
-        if (l->numbered[k])
-            snprintf(out, cap, "%ld. ", l->start[k] + l->count[k] - 1);
+    struct NumList *l = NULL;
+    struct AbsList *a = NULL;
+    for (size_t i = 0; i < d->n_lists && !l; i++)
+        if (d->lists[i].num_id == num_id)
+            l = &d->lists[i];
+    for (size_t i = 0; l && i < d->n_abs && !a; i++)
+        if (d->abs[i].abstract_id == l->abstract_id)
+            a = &d->abs[i];
+    if (!a)
         return;
+    if (l->has_start[k] && !l->restarted[k]) {
+        a->cur[k] = l->start[k];
+        l->restarted[k] = 1;
+    } else if (a->started[k]) {
+        a->cur[k]++;
+    } else {
+        a->cur[k] = l->has_start[k] ? l->start[k] : a->start[k];
     }
+    a->started[k] = 1;
+    for (long j = k + 1; j < DOCX_LIST_LEVELS; j++)
+        a->started[j] = 0;
+    int numbered = l->numbered[k] >= 0 ? l->numbered[k] : a->numbered[k];
+    if (numbered)
+        snprintf(out, cap, "%ld. ", a->cur[k]);
 }
 
 static int para_level(const struct Docx *d, const xmlNode *p, int *is_title, int *list_item)
@@ -528,6 +596,7 @@ out:
     free(d.style_id);
     free(d.style_level);
     free(d.lists);
+    free(d.abs);
     free(numbering);
     free(d.first_title);
     free(doc);
