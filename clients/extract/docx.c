@@ -33,6 +33,7 @@
  * where the first stopped unless it overrides the level's start. */
 struct AbsList {
     long abstract_id;
+    size_t order;
     unsigned char numbered[DOCX_LIST_LEVELS], started[DOCX_LIST_LEVELS];
     long start[DOCX_LIST_LEVELS], cur[DOCX_LIST_LEVELS];
 };
@@ -42,6 +43,8 @@ struct AbsList {
  * a w:lvl given in the override), and a format (w:numFmt of that w:lvl). */
 struct NumList {
     long num_id, abstract_id;
+    size_t order;         /* its place in numbering.xml: of two lists with one id, the first */
+    long abs;             /* index of its abstract list in Docx.abs, -1: none */
     unsigned char has_start[DOCX_LIST_LEVELS], restarted[DOCX_LIST_LEVELS];
     signed char numbered[DOCX_LIST_LEVELS];   /* -1: the abstract list's format */
     long start[DOCX_LIST_LEVELS];
@@ -242,6 +245,46 @@ static long lvl_index(const xmlNode *lv)
     return k >= 0 && k < DOCX_LIST_LEVELS ? k : -1;
 }
 
+static int cmp_long(long x, long y) { return (x > y) - (x < y); }
+static int cmp_size(size_t x, size_t y) { return (x > y) - (x < y); }
+
+static int cmp_abs_id(const void *x, const void *y)
+{
+    return cmp_long(((const struct AbsList *)x)->abstract_id, ((const struct AbsList *)y)->abstract_id);
+}
+
+static int cmp_abs(const void *x, const void *y)
+{
+    int c = cmp_abs_id(x, y);
+    return c ? c : cmp_size(((const struct AbsList *)x)->order, ((const struct AbsList *)y)->order);
+}
+
+static int cmp_num_id(const void *x, const void *y)
+{
+    return cmp_long(((const struct NumList *)x)->num_id, ((const struct NumList *)y)->num_id);
+}
+
+static int cmp_num(const void *x, const void *y)
+{
+    int c = cmp_num_id(x, y);
+    return c ? c : cmp_size(((const struct NumList *)x)->order, ((const struct NumList *)y)->order);
+}
+
+/* The first of n sorted elements not less than key (by cmp), NULL when there is none. */
+static void *lower_bound(void *base, size_t n, size_t size, const void *key,
+                         int (*cmp)(const void *, const void *))
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (cmp((char *)base + mid * size, key) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n ? (char *)base + lo * size : NULL;
+}
+
 static void *grow(struct Docx *d, void *arr, size_t n, size_t size)
 {
     void *p = realloc(arr, (n + 1) * size);
@@ -262,8 +305,9 @@ static void load_numbering(struct Docx *d, const char *buf, size_t len)
             if (!a)
                 break;
             d->abs = a;
+            memset(&a[d->n_abs], 0, sizeof *a);
+            a[d->n_abs].order = d->n_abs;
             a = &d->abs[d->n_abs++];
-            memset(a, 0, sizeof *a);
             xmlChar *id = xmlGetNsProp(n, (const xmlChar *)"abstractNumId", (const xmlChar *)W_NS);
             a->abstract_id = id ? strtol((const char *)id, NULL, 10) : -2;
             xmlFree(id);
@@ -281,8 +325,9 @@ static void load_numbering(struct Docx *d, const char *buf, size_t len)
             if (!l)
                 break;
             d->lists = l;
+            memset(&l[d->n_lists], 0, sizeof *l);
+            l[d->n_lists].order = d->n_lists;
             l = &d->lists[d->n_lists++];
-            memset(l, 0, sizeof *l);
             memset(l->numbered, -1, sizeof l->numbered);
             xmlChar *id = xmlGetNsProp(n, (const xmlChar *)"numId", (const xmlChar *)W_NS);
             l->num_id = id ? strtol((const char *)id, NULL, 10) : -1;
@@ -309,6 +354,14 @@ static void load_numbering(struct Docx *d, const char *buf, size_t len)
     }
     if (doc)
         xmlFreeDoc(doc);
+    /* sorted by id (the first of equal ids first), each list pointing at its abstract list */
+    qsort(d->abs, d->n_abs, sizeof *d->abs, cmp_abs);
+    qsort(d->lists, d->n_lists, sizeof *d->lists, cmp_num);
+    for (size_t i = 0; i < d->n_lists; i++) {
+        struct AbsList key = {.abstract_id = d->lists[i].abstract_id};
+        const struct AbsList *a = lower_bound(d->abs, d->n_abs, sizeof *d->abs, &key, cmp_abs_id);
+        d->lists[i].abs = a && a->abstract_id == key.abstract_id ? (long)(a - d->abs) : -1;
+    }
 }
 
 /* The marker of a list paragraph (w:numPr) into out: "N. " for a numbered level, "- "
@@ -322,16 +375,11 @@ static void list_marker(struct Docx *d, const xmlNode *num_pr, char *out, size_t
         k = k < 0 ? 0 : DOCX_LIST_LEVELS - 1;
     *level = (int)k;
     snprintf(out, cap, "- ");
-    struct NumList *l = NULL;
-    struct AbsList *a = NULL;
-    for (size_t i = 0; i < d->n_lists && !l; i++)
-        if (d->lists[i].num_id == num_id)
-            l = &d->lists[i];
-    for (size_t i = 0; l && i < d->n_abs && !a; i++)
-        if (d->abs[i].abstract_id == l->abstract_id)
-            a = &d->abs[i];
-    if (!a)
+    struct NumList key = {.num_id = num_id};
+    struct NumList *l = lower_bound(d->lists, d->n_lists, sizeof *d->lists, &key, cmp_num_id);
+    if (!l || l->num_id != num_id || l->abs < 0)
         return;
+    struct AbsList *a = &d->abs[l->abs];
     if (l->has_start[k] && !l->restarted[k]) {
         a->cur[k] = l->start[k];
         l->restarted[k] = 1;
