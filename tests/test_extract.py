@@ -16,7 +16,7 @@ import zipfile
 import pytest
 
 from conftest import BUILD
-from test_clients_python import FakeServer, pong
+from test_clients_python import GROUNDED, FakeServer, pong
 
 EXTRACT = BUILD / "diffrag-extract"
 STORE = BUILD / "diffrag-store"
@@ -445,6 +445,48 @@ def test_helper_missing_or_crashing(tmp_path):
                         "--approx-tokens", str(d)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "ingested 1 documents" in r.stderr, r.stderr
     assert "page.html: an HTML: diffrag-extract crashed on it (Segmentation fault)" in r.stderr
+
+
+def test_cli_ask_d_extracts(tmp_path):
+    """`diffrag ask -d` reads a file as the ingest does: a PDF, DOCX or HTML file (by its
+    content, whatever its name) goes as its Markdown with its title, a text file as it is with
+    none; a file that cannot be read is named with its reason (exit 6, a local error) and
+    nothing is sent."""
+    d = docs_folder(tmp_path / "docs")
+    (d / "latin1.txt").write_bytes("Stra\xdfe".encode("latin-1"))
+    (d / "empty.txt").write_bytes(b"")
+    sent = []
+
+    def handler(req):
+        if req["op"] == "query":
+            sent.append(req)
+            return [GROUNDED]
+        return pong(req)
+
+    def ask(*files):
+        args = [str(DIFFRAG), "-e", srv.endpoint, "ask"]
+        for f in files:
+            args += ["-d", str(d / f)]
+        return subprocess.run(args + ["Where does the Elbe go?"], capture_output=True, text=True,
+                              timeout=60)
+    with FakeServer(handler) as srv:
+        r = ask("rivers.pdf", "report.docx", "page.html", "notes.txt", "renamed.txt")
+        assert r.returncode == 0, r.stderr
+        docs = sent[-1]["docs"]
+        assert [x["id"] for x in docs] == [str(d / f) for f in ("rivers.pdf", "report.docx",
+                                           "page.html", "notes.txt", "renamed.txt")]
+        assert [x.get("title") for x in docs] == ["Rivers Report", "Report 2024", "The Rhine & its Valley",
+                                                  None, "Fjords"]
+        assert docs[0]["text"].startswith("<!-- page 1 -->\n") and "The Elbe reaches Hamburg." in docs[0]["text"]
+        assert docs[2]["text"].startswith("# Rhine river\n")
+        assert docs[3]["text"] == "The Oder is a border river.\n"
+        n = len(sent)
+        for f, why in [("bad.pdf", "bad.pdf: a PDF: truncated"),
+                       ("latin1.txt", "latin1.txt: not UTF-8 text (nor a PDF, DOCX or HTML file)"),
+                       ("empty.txt", "empty.txt: empty")]:
+            r = ask("notes.txt", f)
+            assert r.returncode == 6 and why in r.stderr and r.stdout == "", (f, r.stderr)
+        assert len(sent) == n
 
 
 def test_cli_ingest_extracts(tmp_path):

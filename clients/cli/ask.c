@@ -6,11 +6,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "clients/cli/cli.h"
+#include "clients/ingest/docsrc.h"
+#include "clients/ingest/extract_run.h"
+#include "text/docformat.h"
 #include "text/json.h"
 
 #define ASK_ID "ask"
+/* The most text a -d file's extraction may give: what `diffrag ingest` holds a document to. */
+#define ASK_MAX_EXTRACTED ((size_t)15 << 20)
 
 struct Stream {
     const struct CliArgs *a;
@@ -294,12 +301,71 @@ static void print_details(const DiffragAnswer *r, const char *policy)
            (long long)r->completion_tokens, r->ttft_ms, r->total_ms);
 }
 
+/* Reads a -d file: a PDF, DOCX or HTML file (by its first bytes, as `diffrag ingest` decides)
+ * becomes the Markdown diffrag-extract makes of it, with its title; anything else is sent as
+ * it is and must be UTF-8 text. 0 with *text (and *title for an extracted file) malloc'd, or
+ * -1 after a message naming the file. */
+static int read_doc_file(const char *path, char **text, size_t *len, char **title)
+{
+    char *bytes = NULL;
+    size_t n = 0;
+    *text = *title = NULL;
+    if (cli_read_file(path, &bytes, &n)) {
+        fprintf(stderr, "diffrag ask: %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    enum DocFormat fmt = docformat_sniff((const unsigned char *)bytes,
+                                         n < DOCFORMAT_SNIFF_BYTES ? n : DOCFORMAT_SNIFF_BYTES);
+    if (fmt == DOCFMT_TEXT) {
+        if (n == 0 || !cli_utf8_ok(bytes, n)) {
+            fprintf(stderr, "diffrag ask: %s: %s\n", path,
+                    n ? "not UTF-8 text (nor a PDF, DOCX or HTML file)" : "empty");
+            free(bytes);
+            return -1;
+        }
+        *text = bytes;
+        *len = n;
+        return 0;
+    }
+    /* the helper reads the bytes already read (a file, or stdin), from a file in memory */
+    char why[1024] = "";
+    int oom = 0, fd = memfd_create("diffrag-ask", MFD_CLOEXEC), st = -1;
+    size_t done = 0;
+    while (fd >= 0 && done < n) {
+        ssize_t w = write(fd, bytes + done, n - done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            break;
+        done += (size_t)w;
+    }
+    if (fd < 0 || done < n || lseek(fd, 0, SEEK_SET) != 0)
+        snprintf(why, sizeof why, "cannot hold it for " EXTRACT_PROGRAM ": %s", strerror(errno));
+    else
+        st = extract_run(fd, path, ASK_MAX_EXTRACTED, DOCSRC_EXTRACT_TIMEOUT_S, title, text, len,
+                         &oom, why, sizeof why);
+    if (fd >= 0)
+        close(fd);
+    free(bytes);
+    if (st == 0 && (*len == 0 || !cli_utf8_ok(*text, *len) || !cli_utf8_ok(*title, strlen(*title))))
+        snprintf(why, sizeof why, "%s", *len ? EXTRACT_PROGRAM " wrote text that is not UTF-8: "
+                 "a mismatched version?" : "no text in it");
+    else if (st == 0)
+        return 0;
+    fprintf(stderr, "diffrag ask: %s: %s %s: %s\n", path, fmt == DOCFMT_HTML ? "an" : "a",
+            docformat_name(fmt), oom ? "out of memory" : why);
+    free(*text);
+    free(*title);
+    *text = *title = NULL;
+    return -1;
+}
+
 int cmd_ask(const struct CliArgs *a)
 {
     DiffragClient *c = NULL;
     DiffragAnswer *ans = NULL;
     DiffragDoc *docs = NULL;
-    char **texts = NULL;
+    char **texts = NULL, **titles = NULL;
     char *question = NULL;
     size_t qlen = 0;
     int rc = CLI_EXIT_LOCAL;
@@ -331,24 +397,19 @@ int cmd_ask(const struct CliArgs *a)
     if (a->n_doc_files) {
         docs = calloc(a->n_doc_files, sizeof *docs);
         texts = calloc(a->n_doc_files, sizeof *texts);
-        if (!docs || !texts)
+        titles = calloc(a->n_doc_files, sizeof *titles);
+        if (!docs || !texts || !titles)
             goto out;
     }
     for (size_t i = 0; i < a->n_doc_files; i++) {
         size_t len;
-        if (cli_read_file(a->doc_files[i], &texts[i], &len)) {
-            fprintf(stderr, "diffrag ask: %s: %s\n", a->doc_files[i], strerror(errno));
+        if (read_doc_file(a->doc_files[i], &texts[i], &len, &titles[i]))
             goto out;
-        }
-        if (len == 0 || !cli_utf8_ok(texts[i], len)) {
-            fprintf(stderr, "diffrag ask: %s: %s\n", a->doc_files[i],
-                    len ? "not UTF-8 text" : "empty");
-            goto out;
-        }
-        /* the path names it in citations; no title, so that the prompt is the one the same
-         * text gets through the Python client or the OpenAI API (a bare text has none) and
-         * the prefix cache serves it to both */
+        /* the path names it in citations; a text file has no title, so that its prompt is
+         * the one the same text gets through the Python client or the OpenAI API (a bare text
+         * has none) and the prefix cache serves it to both; an extracted file has its own */
         docs[i].id = a->doc_files[i];
+        docs[i].title = titles[i];
         docs[i].text = texts[i];
         docs[i].text_len = len;
     }
@@ -407,9 +468,15 @@ out:
     fflush(stdout);
     diffrag_answer_free(&ans);
     cli_disconnect(&c);
-    for (size_t i = 0; texts && i < a->n_doc_files; i++)
+    for (size_t i = 0; texts && titles && i < a->n_doc_files; i++) {
         free(texts[i]);
+        free(titles[i]);
+    }
+    if (!titles)
+        for (size_t i = 0; texts && i < a->n_doc_files; i++)
+            free(texts[i]);
     free(texts);
+    free(titles);
     free(docs);
     free(question);
     return rc;
