@@ -193,20 +193,31 @@ def test_docx(tmp_path):
     assert rc == 0 and out.startswith("title: Annual Report\n")
 
 
+def item(text, num, lvl=0):
+    """A list paragraph of list `num` at level `lvl`."""
+    return (f'<w:p><w:pPr><w:numPr><w:ilvl w:val="{lvl}"/><w:numId w:val="{num}"/></w:numPr>'
+            f'</w:pPr><w:r><w:t>{text}</w:t></w:r></w:p>')
+
+
+def write_list_docx(path, body, numbering):
+    """A DOCX of paragraphs `body` and the w:numbering element's contents `numbering`."""
+    doc = f'<?xml version="1.0"?><w:document {W}><w:body>{body}<w:sectPr/></w:body></w:document>'
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("[Content_Types].xml", "<Types/>")
+        z.writestr("word/document.xml", doc)
+        z.writestr("word/numbering.xml",
+                   f'<?xml version="1.0"?><w:numbering {W}>{numbering}</w:numbering>')
+
+
 def test_docx_lists(tmp_path):
     """List paragraphs take their markers from word/numbering.xml: "1. " where their level is
     numbered (counted per list from its start, a deeper level restarting under each item),
     "- " where it is a bullet or the list is not defined, indented by level; numId 0 is no
     list."""
-    def item(text, num, lvl=0):
-        return (f'<w:p><w:pPr><w:numPr><w:ilvl w:val="{lvl}"/><w:numId w:val="{num}"/></w:numPr>'
-                f'</w:pPr><w:r><w:t>{text}</w:t></w:r></w:p>')
     body = (item("first", 1) + item("second", 1) + item("sub a", 1, 1) + item("sub b", 1, 1) +
             item("third", 1) + item("sub again", 1, 1) + item("dot", 2) + item("undefined", 9) +
             item("not a list", 0) + item("fifth", 3))
-    doc = (f'<?xml version="1.0"?><w:document {W}><w:body>{body}<w:sectPr/></w:body></w:document>')
-    numbering = (f'<?xml version="1.0"?><w:numbering {W}>'
-                 '<w:abstractNum w:abstractNumId="0">'
+    numbering = ('<w:abstractNum w:abstractNumId="0">'
                  '<w:lvl w:ilvl="0"><w:start w:val="1"/><w:numFmt w:val="decimal"/></w:lvl>'
                  '<w:lvl w:ilvl="1"><w:start w:val="1"/><w:numFmt w:val="lowerLetter"/></w:lvl>'
                  '</w:abstractNum>'
@@ -216,11 +227,8 @@ def test_docx_lists(tmp_path):
                  '<w:numFmt w:val="decimal"/></w:lvl></w:abstractNum>'
                  '<w:num w:numId="1"><w:abstractNumId w:val="0"/></w:num>'
                  '<w:num w:numId="2"><w:abstractNumId w:val="1"/></w:num>'
-                 '<w:num w:numId="3"><w:abstractNumId w:val="2"/></w:num></w:numbering>')
-    with zipfile.ZipFile(tmp_path / "lists.docx", "w", zipfile.ZIP_DEFLATED) as z:
-        z.writestr("[Content_Types].xml", "<Types/>")
-        z.writestr("word/document.xml", doc)
-        z.writestr("word/numbering.xml", numbering)
+                 '<w:num w:numId="3"><w:abstractNumId w:val="2"/></w:num>')
+    write_list_docx(tmp_path / "lists.docx", body, numbering)
     rc, out, err = extract(tmp_path / "lists.docx")
     assert rc == 0, err
     assert out == ("title: lists\n1. first\n2. second\n   1. sub a\n   2. sub b\n3. third\n"
@@ -232,16 +240,11 @@ def test_docx_list_continuation(tmp_path):
     goes on where the first stopped; a w:lvlOverride's startOverride (or the w:start of its
     w:lvl) restarts the level at that list's first item there, and later items of either list
     go on from it; a w:lvl in the override may make the level a bullet."""
-    def item(text, num, lvl=0):
-        return (f'<w:p><w:pPr><w:numPr><w:ilvl w:val="{lvl}"/><w:numId w:val="{num}"/></w:numPr>'
-                f'</w:pPr><w:r><w:t>{text}</w:t></w:r></w:p>')
     plain = '<w:p><w:r><w:t>between</w:t></w:r></w:p>'
     body = (item("one", 1) + item("two", 1) + plain + item("three", 4) +
             item("restart", 5) + item("sub", 5, 1) + item("next", 5) + item("back in 1", 1) +
             item("ten", 6) + item("eleven", 6) + item("bulleted", 7) + item("sub 2", 1, 1))
-    doc = f'<?xml version="1.0"?><w:document {W}><w:body>{body}<w:sectPr/></w:body></w:document>'
-    numbering = (f'<?xml version="1.0"?><w:numbering {W}>'
-                 '<w:abstractNum w:abstractNumId="0">'
+    numbering = ('<w:abstractNum w:abstractNumId="0">'
                  '<w:lvl w:ilvl="0"><w:start w:val="1"/><w:numFmt w:val="decimal"/></w:lvl>'
                  '<w:lvl w:ilvl="1"><w:start w:val="1"/><w:numFmt w:val="decimal"/></w:lvl>'
                  '</w:abstractNum>'
@@ -253,12 +256,8 @@ def test_docx_list_continuation(tmp_path):
                  '<w:lvl w:ilvl="0"><w:start w:val="10"/><w:numFmt w:val="decimal"/></w:lvl>'
                  '</w:lvlOverride></w:num>'
                  '<w:num w:numId="7"><w:abstractNumId w:val="0"/><w:lvlOverride w:ilvl="0">'
-                 '<w:lvl w:ilvl="0"><w:numFmt w:val="bullet"/></w:lvl></w:lvlOverride></w:num>'
-                 '</w:numbering>')
-    with zipfile.ZipFile(tmp_path / "cont.docx", "w", zipfile.ZIP_DEFLATED) as z:
-        z.writestr("[Content_Types].xml", "<Types/>")
-        z.writestr("word/document.xml", doc)
-        z.writestr("word/numbering.xml", numbering)
+                 '<w:lvl w:ilvl="0"><w:numFmt w:val="bullet"/></w:lvl></w:lvlOverride></w:num>')
+    write_list_docx(tmp_path / "cont.docx", body, numbering)
     rc, out, err = extract(tmp_path / "cont.docx")
     assert rc == 0, err
     assert out == ("title: cont\n1. one\n2. two\n\nbetween\n\n3. three\n1. restart\n   1. sub\n"
