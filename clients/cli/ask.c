@@ -468,13 +468,10 @@ out:
     fflush(stdout);
     diffrag_answer_free(&ans);
     cli_disconnect(&c);
-    for (size_t i = 0; texts && titles && i < a->n_doc_files; i++) {
-        free(texts[i]);
-        free(titles[i]);
+    for (size_t i = 0; i < a->n_doc_files; i++) {
+        free(texts ? texts[i] : NULL);
+        free(titles ? titles[i] : NULL);
     }
-    if (!titles)
-        for (size_t i = 0; texts && i < a->n_doc_files; i++)
-            free(texts[i]);
     free(texts);
     free(titles);
     free(docs);
