@@ -282,19 +282,17 @@ int main(int argc, char **argv)
         }
         /* --quote: every answer, with lookup or without, quotes the placed paragraph */
         struct QuoteIndex *qi = NULL;
-        if (quote && cx->n_cites != 1) {
-            ctx_destroy(&cx);
-            continue;   /* the paragraph did not fit: nothing to quote */
-        }
-        uint32_t span[2] = {0, 0};
         if (quote) {
-            span[0] = (uint32_t)cx->cites[0].tokens.start;
-            span[1] = (uint32_t)cx->cites[0].tokens.end;
-        }
-        if (quote && quote_index_new(cx->tokens, cx->n_tokens, span, 1, m->tok, &qi, err,
-                                     sizeof err)) {
-            fprintf(stderr, "bench_lookup: %s\n", err);
-            return 1;
+            if (cx->n_cites != 1) {
+                ctx_destroy(&cx);
+                continue;   /* the paragraph did not fit: nothing to quote */
+            }
+            uint32_t span[2] = {(uint32_t)cx->cites[0].tokens.start,
+                                (uint32_t)cx->cites[0].tokens.end};
+            if (quote_index_new(cx->tokens, cx->n_tokens, span, 1, m->tok, &qi, err, sizeof err)) {
+                fprintf(stderr, "bench_lookup: %s\n", err);
+                return 1;
+            }
         }
         int rc = measure(e, cx->tokens, cx->n_tokens, max_tokens, i, qi, rag, nv);
         quote_index_destroy(&qi);

@@ -12,7 +12,6 @@
 #include "clients/cli/cli.h"
 #include "clients/ingest/docsrc.h"
 #include "clients/ingest/extract_run.h"
-#include "text/docformat.h"
 #include "text/json.h"
 
 #define ASK_ID "ask"
@@ -328,8 +327,10 @@ static int read_doc_file(const char *path, char **text, size_t *len, char **titl
         return 0;
     }
     /* the helper reads the bytes already read (a file, or stdin), from a file in memory */
-    char why[1024] = "";
-    int oom = 0, fd = memfd_create("diffrag-ask", MFD_CLOEXEC), st = -1;
+    char err[1280];
+    struct DocsrcOptions o = {.max_file_bytes = ASK_MAX_EXTRACTED};
+    struct DocsrcDoc d = {0};
+    int fd = memfd_create("diffrag-ask", MFD_CLOEXEC), st = DOCSRC_EIO;
     size_t done = 0;
     while (fd >= 0 && done < n) {
         ssize_t w = write(fd, bytes + done, n - done);
@@ -340,24 +341,27 @@ static int read_doc_file(const char *path, char **text, size_t *len, char **titl
         done += (size_t)w;
     }
     if (fd < 0 || done < n || lseek(fd, 0, SEEK_SET) != 0)
-        snprintf(why, sizeof why, "cannot hold it for " EXTRACT_PROGRAM ": %s", strerror(errno));
+        snprintf(err, sizeof err, "%s: cannot hold it for " EXTRACT_PROGRAM ": %s", path,
+                 strerror(errno));
     else
-        st = extract_run(fd, path, ASK_MAX_EXTRACTED, DOCSRC_EXTRACT_TIMEOUT_S, title, text, len,
-                         &oom, why, sizeof why);
+        st = docsrc_extract(&o, path, fd, n, fmt, &d, err, sizeof err);
     if (fd >= 0)
         close(fd);
     free(bytes);
-    if (st == 0 && (*len == 0 || !cli_utf8_ok(*text, *len) || !cli_utf8_ok(*title, strlen(*title))))
-        snprintf(why, sizeof why, "%s", *len ? EXTRACT_PROGRAM " wrote text that is not UTF-8: "
-                 "a mismatched version?" : "no text in it");
-    else if (st == 0)
-        return 0;
-    fprintf(stderr, "diffrag ask: %s: %s %s: %s\n", path, fmt == DOCFMT_HTML ? "an" : "a",
-            docformat_name(fmt), oom ? "out of memory" : why);
-    free(*text);
-    free(*title);
-    *text = *title = NULL;
-    return -1;
+    if (st == DOCSRC_OK && d.text_len == 0) {
+        snprintf(err, sizeof err, "%s: %s %s: no text in it", path,
+                 fmt == DOCFMT_HTML ? "an" : "a", docformat_name(fmt));
+        docsrc_doc_free(&d);
+        st = DOCSRC_EFILE;
+    }
+    if (st != DOCSRC_OK) {
+        fprintf(stderr, "diffrag ask: %s\n", err);
+        return -1;
+    }
+    *text = d.text;
+    *len = d.text_len;
+    *title = d.title;
+    return 0;
 }
 
 int cmd_ask(const struct CliArgs *a)

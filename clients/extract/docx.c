@@ -270,19 +270,20 @@ static int cmp_num(const void *x, const void *y)
     return c ? c : cmp_size(((const struct NumList *)x)->order, ((const struct NumList *)y)->order);
 }
 
-/* The first of n sorted elements not less than key (by cmp), NULL when there is none. */
-static void *lower_bound(void *base, size_t n, size_t size, const void *key,
-                         int (*cmp)(const void *, const void *))
+/* Keeps the first element of each run that cmp_id finds equal in a sorted array of n; returns
+ * how many are left. */
+static size_t keep_first(void *base, size_t n, size_t size, int (*cmp_id)(const void *, const void *))
 {
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (cmp((char *)base + mid * size, key) < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        char *x = (char *)base + i * size;
+        if (m && !cmp_id((char *)base + (m - 1) * size, x))
+            continue;
+        if (m != i)
+            memcpy((char *)base + m * size, x, size);
+        m++;
     }
-    return lo < n ? (char *)base + lo * size : NULL;
+    return m;
 }
 
 static void *grow(struct Docx *d, void *arr, size_t n, size_t size)
@@ -354,13 +355,16 @@ static void load_numbering(struct Docx *d, const char *buf, size_t len)
     }
     if (doc)
         xmlFreeDoc(doc);
-    /* sorted by id (the first of equal ids first), each list pointing at its abstract list */
+    /* sorted by id, the first of equal ids kept, each list pointing at its abstract list */
     qsort(d->abs, d->n_abs, sizeof *d->abs, cmp_abs);
+    d->n_abs = keep_first(d->abs, d->n_abs, sizeof *d->abs, cmp_abs_id);
     qsort(d->lists, d->n_lists, sizeof *d->lists, cmp_num);
+    d->n_lists = keep_first(d->lists, d->n_lists, sizeof *d->lists, cmp_num_id);
     for (size_t i = 0; i < d->n_lists; i++) {
         struct AbsList key = {.abstract_id = d->lists[i].abstract_id};
-        const struct AbsList *a = lower_bound(d->abs, d->n_abs, sizeof *d->abs, &key, cmp_abs_id);
-        d->lists[i].abs = a && a->abstract_id == key.abstract_id ? (long)(a - d->abs) : -1;
+        const struct AbsList *a = d->n_abs ? bsearch(&key, d->abs, d->n_abs, sizeof *d->abs,
+                                                     cmp_abs_id) : NULL;
+        d->lists[i].abs = a ? (long)(a - d->abs) : -1;
     }
 }
 
@@ -376,8 +380,9 @@ static void list_marker(struct Docx *d, const xmlNode *num_pr, char *out, size_t
     *level = (int)k;
     snprintf(out, cap, "- ");
     struct NumList key = {.num_id = num_id};
-    struct NumList *l = lower_bound(d->lists, d->n_lists, sizeof *d->lists, &key, cmp_num_id);
-    if (!l || l->num_id != num_id || l->abs < 0)
+    struct NumList *l = d->n_lists ? bsearch(&key, d->lists, d->n_lists, sizeof *d->lists,
+                                             cmp_num_id) : NULL;
+    if (!l || l->abs < 0)
         return;
     struct AbsList *a = &d->abs[l->abs];
     if (l->has_start[k] && !l->restarted[k]) {

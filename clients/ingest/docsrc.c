@@ -431,47 +431,56 @@ static char *title_of(const struct DocsrcFile *f, const char *text)
     return strndup(base, dot && dot != base ? (size_t)(dot - base) : strlen(base));
 }
 
+int docsrc_extract(const struct DocsrcOptions *o, const char *path, int fd, uint64_t size,
+                   enum DocFormat fmt, struct DocsrcDoc *d, char *err, size_t errlen)
+{
+    const char *what = fmt != DOCFMT_TEXT ? docformat_name(fmt)
+                                          : docformat_name(docformat_of_name(path));
+    const char *article = fmt == DOCFMT_HTML || (fmt == DOCFMT_TEXT &&
+                          docformat_of_name(path) == DOCFMT_HTML) ? "an" : "a";
+    char a[32], b[32], why[1024];
+    memset(d, 0, sizeof *d);
+    if (size > DOCSRC_MAX_EXTRACT_INPUT) {
+        mib(a, sizeof a, (size_t)size);
+        mib(b, sizeof b, DOCSRC_MAX_EXTRACT_INPUT);
+        return errmsg_set(err, errlen, DOCSRC_EFILE, "%s: %s %s of %s, over the %s a document "
+                          "file may have", path, article, what, a, b);
+    }
+    int oom = 0;
+    int st = extract_run(fd, path, o->max_file_bytes,
+                         o->extract_timeout_s > 0 ? o->extract_timeout_s : DOCSRC_EXTRACT_TIMEOUT_S,
+                         &d->title, &d->text, &d->text_len, &oom, why, sizeof why);
+    if (st)
+        return errmsg_set(err, errlen, oom ? DOCSRC_ENOMEM : DOCSRC_EFILE, "%s: %s %s: %s",
+                          path, article, what, why);
+    const char *nul = memchr(d->text, 0, d->text_len);
+    size_t bad = utf8_bad_offset(d->text, nul ? (size_t)(nul - d->text) : d->text_len);
+    if (nul || bad < d->text_len || !utf8_ok(d->title)) {
+        docsrc_doc_free(d);
+        return errmsg_set(err, errlen, DOCSRC_EFILE, "%s: %s %s: " EXTRACT_PROGRAM " wrote text "
+                          "that is not UTF-8: a mismatched version?", path, article, what);
+    }
+    d->title_len = strlen(d->title);
+    return DOCSRC_OK;
+}
+
 /* A PDF, DOCX or HTML file (by content, or by name for the helper to judge): one document of
  * the Markdown diffrag-extract writes. Closes fd. */
 static int read_extracted(const struct DocsrcOptions *o, const struct DocsrcFile *f, int fd,
                           const struct stat *sb, enum DocFormat fmt, docsrc_doc_fn fn, void *ctx,
                           char *err, size_t errlen)
 {
-    const char *what = fmt != DOCFMT_TEXT ? docformat_name(fmt)
-                                          : docformat_name(docformat_of_name(f->path));
-    const char *article = fmt == DOCFMT_HTML || (fmt == DOCFMT_TEXT &&
-                          docformat_of_name(f->path) == DOCFMT_HTML) ? "an" : "a";
-    char a[32], b[32], why[1024];
-    if ((uint64_t)sb->st_size > DOCSRC_MAX_EXTRACT_INPUT) {
-        close(fd);
-        mib(a, sizeof a, (size_t)sb->st_size);
-        mib(b, sizeof b, DOCSRC_MAX_EXTRACT_INPUT);
-        return errmsg_set(err, errlen, DOCSRC_EFILE, "%s: %s %s of %s, over the %s a document "
-                          "file may have", f->path, article, what, a, b);
-    }
-    struct DocsrcDoc d = { 0 };
-    int oom = 0;
-    int st = extract_run(fd, f->path, o->max_file_bytes,
-                         o->extract_timeout_s > 0 ? o->extract_timeout_s : DOCSRC_EXTRACT_TIMEOUT_S,
-                         &d.title, &d.text, &d.text_len, &oom, why, sizeof why);
+    struct DocsrcDoc d;
+    int st = docsrc_extract(o, f->path, fd, (uint64_t)sb->st_size, fmt, &d, err, errlen);
     close(fd);
     if (st)
-        return errmsg_set(err, errlen, oom ? DOCSRC_ENOMEM : DOCSRC_EFILE, "%s: %s %s: %s",
-                          f->path, article, what, why);
-    const char *nul = memchr(d.text, 0, d.text_len);
-    size_t bad = utf8_bad_offset(d.text, nul ? (size_t)(nul - d.text) : d.text_len);
-    if (nul || bad < d.text_len || !utf8_ok(d.title)) {
-        docsrc_doc_free(&d);
-        return errmsg_set(err, errlen, DOCSRC_EFILE, "%s: %s %s: " EXTRACT_PROGRAM " wrote text "
-                          "that is not UTF-8: a mismatched version?", f->path, article, what);
-    }
+        return st;
     d.id = strdup(f->id);
     if (!d.id) {
         docsrc_doc_free(&d);
         return errmsg_set(err, errlen, DOCSRC_ENOMEM, "out of memory");
     }
     d.id_len = strlen(d.id);
-    d.title_len = strlen(d.title);
     st = fn(ctx, &d) ? DOCSRC_ESTOP : DOCSRC_OK;
     docsrc_doc_free(&d);
     return st;

@@ -29,8 +29,11 @@
 #define DIFFRAG_DOCSRC_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <sys/types.h>
+
+#include "text/docformat.h"
 
 /* The longest document id the store (INDEX_MAX_ID_BYTES) and the protocol take, in bytes. */
 #define DOCSRC_MAX_ID_BYTES 256
@@ -135,6 +138,14 @@ struct DocsrcDoc {
 /* Called once per document; it takes the strings (docsrc_doc_free releases what it leaves).
  * Non-zero stops the file: docsrc_read then returns DOCSRC_ESTOP. */
 typedef int (*docsrc_doc_fn)(void *ctx, struct DocsrcDoc *doc);
+
+/* The document of a PDF, DOCX or HTML file open at fd (`size` bytes; fmt: its format by its
+ * first bytes, DOCFMT_TEXT to let the helper judge by `path`'s name), as the Markdown
+ * diffrag-extract writes and its title, into *d (id left NULL; fd left open): what docsrc_read
+ * does for such a file. Returns DOCSRC_OK, DOCSRC_EFILE (err "PATH: a PDF: REASON", as
+ * docsrc_read's) or DOCSRC_ENOMEM. */
+int docsrc_extract(const struct DocsrcOptions *o, const char *path, int fd, uint64_t size,
+                   enum DocFormat fmt, struct DocsrcDoc *d, char *err, size_t errlen);
 
 /* Reads file f and calls fn for each of its documents. *stop is checked before each .jsonl
  * line (a Ctrl-C flag; NULL: never). Returns DOCSRC_OK, DOCSRC_EFILE (a file that cannot be a
