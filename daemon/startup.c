@@ -4,6 +4,7 @@
 #include "daemon/startup.h"
 
 #include <dirent.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,13 +186,15 @@ static int find_calibration(const char *dir, const uint8_t sha[32], struct GrCal
         qsort(names, n, sizeof *names, by_name);
     int hit = 0;
     for (size_t i = 0; i < n; i++) {
-        char path[1024], err[512];
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        if (!hit && gr_calibration_load(path, out, err, sizeof err)) {
-            dlog(LL_WARN, "msg=\"grounding calibration skipped\" error=\"%s\"", err);
-        } else if (!hit && !memcmp(out->model_sha256, sha, 32)) {
-            snprintf(found, found_len, "%s", path);
-            hit = 1;
+        char path[PATH_MAX + 256], err[512];
+        int fits = (size_t)snprintf(path, sizeof path, "%s/%s", dir, names[i]) < sizeof path;
+        if (!hit && fits) {
+            if (gr_calibration_load(path, out, err, sizeof err)) {
+                dlog(LL_WARN, "msg=\"grounding calibration skipped\" error=\"%s\"", err);
+            } else if (!memcmp(out->model_sha256, sha, 32)) {
+                snprintf(found, found_len, "%s", path);
+                hit = 1;
+            }
         }
         free(names[i]);
     }
@@ -199,25 +202,39 @@ static int find_calibration(const char *dir, const uint8_t sha[32], struct GrCal
     return hit;
 }
 
-/* The directory of the installed files: PREFIX/share/diffrag/grounding beside PREFIX/bin. */
-static void share_dir(char *out, size_t cap)
+/* Where `auto` looks for calibrations, in order: deploy/grounding under the working directory,
+ * then beside the executable: the source tree its build directory lies in (build/diffragd or
+ * build/asan/diffragd: ../deploy/grounding, ../../deploy/grounding), then the installed files
+ * (PREFIX/share/diffrag/grounding beside PREFIX/bin). Returns how many it wrote into dirs. */
+enum { CAL_DIRS = 4, CAL_DIR_LEN = PATH_MAX };
+static int calibration_dirs(char dirs[CAL_DIRS][CAL_DIR_LEN])
 {
+    int n = 0;
+    snprintf(dirs[n++], CAL_DIR_LEN, "deploy/grounding");
     char exe[1024];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    out[0] = 0;
-    if (n <= 0)
-        return;
-    exe[n] = 0;
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0)
+        return n;
+    exe[len] = 0;
     char *slash = strrchr(exe, '/');
     if (!slash)
-        return;
+        return n;
     *slash = 0;
-    snprintf(out, cap, "%s/../share/diffrag/grounding", exe);
+    static const char *const rel[] = {"../deploy/grounding", "../../deploy/grounding",
+                                      "../share/diffrag/grounding"};
+    for (size_t i = 0; i < sizeof rel / sizeof *rel; i++) {
+        char path[PATH_MAX], real[PATH_MAX];
+        if ((size_t)snprintf(path, sizeof path, "%s/%s", exe, rel[i]) >= sizeof path)
+            continue;
+        /* the log names the folder without its dot-dots where it exists */
+        memcpy(dirs[n++], realpath(path, real) ? real : path, PATH_MAX);
+    }
+    return n;
 }
 
 int startup_grounding(const struct Config *c, const struct Model *m, struct Grounding *g)
 {
-    char err[1024], found[1100] = "";
+    char err[1024], found[PATH_MAX + 256] = "";
     memset(g, 0, sizeof *g);
     if (strcmp(c->grounding_calibration, "none")) {
         uint8_t sha[32];
@@ -245,13 +262,16 @@ int startup_grounding(const struct Config *c, const struct Model *m, struct Grou
                 snprintf(found, sizeof found, "%s", c->grounding_calibration);
             }
         } else {
-            char share[1100];
-            share_dir(share, sizeof share);
-            g->calibrated = find_calibration("deploy/grounding", sha, &g->cal, found, sizeof found) ||
-                            (share[0] && find_calibration(share, sha, &g->cal, found, sizeof found));
+            char dirs[CAL_DIRS][CAL_DIR_LEN], looked[4 * CAL_DIR_LEN + 8] = "";
+            int nd = calibration_dirs(dirs);
+            for (int i = 0; i < nd && !g->calibrated; i++) {
+                g->calibrated = find_calibration(dirs[i], sha, &g->cal, found, sizeof found);
+                size_t at = strlen(looked);
+                snprintf(looked + at, sizeof looked - at, "%s%s", i ? ", " : "", dirs[i]);
+            }
             if (!g->calibrated)
                 dlog(LL_INFO, "msg=\"no grounding calibration for this model; answers get "
-                     "signals but no score\" model_sha256=%s", hex);
+                     "signals but no score\" model_sha256=%s looked_in=\"%s\"", hex, looked);
         }
     }
     if (g->calibrated) {

@@ -453,6 +453,38 @@ def test_auto_finds_the_calibration_of_the_model(tmp_path, model, monkeypatch):
         assert "c-tiny.grounding" in log
 
 
+def test_auto_looks_beside_the_executable(tmp_path, model, monkeypatch):
+    """A diffragd run from another directory finds the calibration of the source tree its
+    build directory lies in (build/diffragd and build/asan/diffragd), and when it finds none
+    the log says where it looked."""
+    tree = tmp_path / "tree"
+    d_dir = tree / "deploy" / "grounding"
+    d_dir.mkdir(parents=True)
+    write_calibration(d_dir / "tiny.grounding", sha256(model), name="tiny-beside")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for sub in ("build", "build/asan"):
+        exe = tree / sub / "diffragd"
+        exe.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(DIFFRAGD, exe)
+        d = Daemon(tmp_path, model, workers=1)
+        d.argv[0] = str(exe)
+        with d:
+            g, _ = check_shape(ask(d.client(), QUESTIONS[3]))
+            assert g["detector"] == "tiny-beside" and isinstance(g["score"], float), (sub, g)
+            assert str(d_dir / "tiny.grounding") in d.log_text()
+    (d_dir / "tiny.grounding").unlink()
+    d = Daemon(tmp_path, model, workers=1)
+    d.argv[0] = str(tree / "build" / "diffragd")
+    with d:
+        g, _ = check_shape(ask(d.client(), QUESTIONS[3]))
+        assert g["detector"] == "none", g
+        log = d.log_text()
+        assert "no grounding calibration for this model" in log, log
+        assert 'looked_in="deploy/grounding, %s' % d_dir in log, log
+
+
 def test_remote_worker_returns_the_same_figures(tmp_path, model):
     cal_path = write_calibration(tmp_path / "tiny.grounding", sha256(model))
     with Daemon(tmp_path, model, workers=1, grounding_calibration=cal_path,
