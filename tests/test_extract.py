@@ -24,16 +24,26 @@ DIFFRAG = BUILD / "diffrag"
 W = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
 
 
-def make_pdf(pages, title=None):
+def pdf_string(text):
+    """A PDF text string: latin-1 as a literal, anything else as UTF-16BE in hex."""
+    try:
+        esc = text.encode("latin-1").replace(b"\\", b"\\\\").replace(b"(", b"\\(").replace(b")", b"\\)")
+        return b"(" + esc + b")"
+    except UnicodeEncodeError:
+        return b"<FEFF" + text.encode("utf-16-be").hex().upper().encode() + b">"
+
+
+def make_pdf(pages, title=None, outline=()):
     """A PDF with one page per string of `pages` (lines split on newlines; None: a page with a
-    filled square and no text), in Helvetica, with an Info Title when given."""
+    filled square and no text), in Helvetica, with an Info Title when given, and an outline
+    (bookmarks) of (title, page index, [children]) entries."""
     objs = []
 
     def add(body):
         objs.append(body)
         return len(objs)
     cat, pages_id = add(None), add(None)
-    font = add(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
+    font = add(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>")
     kids = []
     for text in pages:
         if text is None:
@@ -41,13 +51,39 @@ def make_pdf(pages, title=None):
         else:
             parts = [b"BT /F1 12 Tf 72 720 Td 14 TL"]
             for line in text.split("\n"):
-                esc = line.encode("latin-1").replace(b"\\", b"\\\\").replace(b"(", b"\\(").replace(b")", b"\\)")
+                esc = line.encode("cp1252").replace(b"\\", b"\\\\").replace(b"(", b"\\(").replace(b")", b"\\)")
                 parts.append(b"(" + esc + b") Tj T*")
             stream = b"\n".join(parts + [b"ET"])
         content = add(b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream")
         kids.append(add(b"<< /Type /Page /Parent %d 0 R /MediaBox [0 0 612 792] /Resources << /Font "
                         b"<< /F1 %d 0 R >> >> /Contents %d 0 R >>" % (pages_id, font, content)))
-    objs[cat - 1] = b"<< /Type /Catalog /Pages %d 0 R >>" % pages_id
+    def entries(items, parent):
+        """The outline entries of items under parent: (first id, last id, count)."""
+        ids = [add(None) for _ in items]
+        for i, (text, page, children) in enumerate(items):
+            first, last, count = entries(children, ids[i])
+            d = [b"/Title " + pdf_string(text), b"/Parent %d 0 R" % parent,
+                 b"/Dest [%d 0 R /XYZ 0 792 0]" % kids[page]]
+            if i:
+                d.append(b"/Prev %d 0 R" % ids[i - 1])
+            if i + 1 < len(ids):
+                d.append(b"/Next %d 0 R" % ids[i + 1])
+            if children:
+                d.append(b"/First %d 0 R /Last %d 0 R /Count %d" % (first, last, count))
+            objs[ids[i] - 1] = b"<< " + b" ".join(d) + b" >>"
+        n = len(items) + sum(entries_count(c) for _, _, c in items)
+        return (ids[0], ids[-1], n) if ids else (0, 0, 0)
+
+    def entries_count(items):
+        return len(items) + sum(entries_count(c) for _, _, c in items)
+    outlines = b""
+    if outline:
+        root = add(None)
+        first, last, count = entries(list(outline), root)
+        objs[root - 1] = b"<< /Type /Outlines /First %d 0 R /Last %d 0 R /Count %d >>" % (
+            first, last, count)
+        outlines = b" /Outlines %d 0 R /PageMode /UseOutlines" % root
+    objs[cat - 1] = b"<< /Type /Catalog /Pages %d 0 R%s >>" % (pages_id, outlines)
     objs[pages_id - 1] = b"<< /Type /Pages /Kids [%s] /Count %d >>" % (
         b" ".join(b"%d 0 R" % k for k in kids), len(kids))
     info = add(b"<< /Title (" + title.encode("latin-1") + b") >>") if title else None
@@ -309,6 +345,33 @@ def test_pdf(tmp_path):
     (tmp_path / "fake.pdf").write_text("plain words")
     rc, _, err = extract(tmp_path / "fake.pdf")
     assert rc == 1 and "does not start with %PDF-: not a PDF" in err
+
+
+def test_pdf_outline_headings(tmp_path):
+    """A PDF's outline gives its headings: an entry's line on its page (or the next) becomes a
+    heading of the entry's depth, with or without the section number the entry leaves out; a
+    contents line, a running head and an entry whose line is not there stay text."""
+    pages = ["Contents\n1 Rivers . . . 1\n1 Rivers\nRivers flow to the sea.\n"
+             "1.1 Danube & <Inn>\nThe Danube flows east.",
+             "Chapter 1: Rivers\nStill the Danube.\n\u00dcber Fl\u00fcsse \u2014 Str\u00f6me\n"
+             "Umlauts here.",
+             "Appendix A Sources\nAtlases.\n2 Lakes\nNo lakes."]
+    # the dash makes that entry's title UTF-16 in the file
+    outline = [("Rivers", 0, [("Danube & <Inn>", 0, []), ("\u00dcber Fl\u00fcsse \u2014 Str\u00f6me", 1, []),
+                              ("Not on its page", 1, [])]),
+               ("A Sources", 1, []), ("2 Lakes", 2, [("Missing", 2, [])])]
+    (tmp_path / "atlas.pdf").write_bytes(make_pdf(pages, title="Atlas", outline=outline))
+    rc, out, err = extract(tmp_path / "atlas.pdf")
+    assert rc == 0, err
+    assert out == ("title: Atlas\n<!-- page 1 -->\n\nContents\n1 Rivers . . . 1\n\n# 1 Rivers\n\n"
+                   "Rivers flow to the sea.\n\n## 1.1 Danube & <Inn>\n\nThe Danube flows east.\n\n"
+                   "<!-- page 2 -->\n\nChapter 1: Rivers\nStill the Danube.\n\n## \u00dcber "
+                   "Fl\u00fcsse \u2014 Str\u00f6me\n\nUmlauts here.\n\n<!-- page 3 -->\n\n# Appendix A Sources\n\n"
+                   "Atlases.\n\n# 2 Lakes\n\nNo lakes.\n"), out
+    # without an outline the same pages have no headings
+    (tmp_path / "plain.pdf").write_bytes(make_pdf(pages))
+    rc, out, _ = extract(tmp_path / "plain.pdf")
+    assert rc == 0 and "\n#" not in out, out
 
 
 def test_pdf_errors(tmp_path):

@@ -1,8 +1,10 @@
 /* PDF to Markdown for diffrag-extract: poppler's pdftotext (GPL, so run as its own program,
  * never linked) writes the text layer in reading order, each page ended by a form feed; each
- * page with text becomes "<!-- page N -->" and its lines. The title is the document's Title
- * (pdfinfo), when it has one. The children inherit this process's limits and seccomp filter,
- * and each gets a wall-clock limit of its own. */
+ * page with text becomes "<!-- page N -->" and its lines. The document's outline (its
+ * bookmarks, as pdftohtml -xml lists them) gives the headings: an entry's line on its page
+ * becomes a heading of the entry's depth. The title is the document's Title (pdfinfo), when it
+ * has one. The children inherit this process's limits and seccomp filter, and each gets a
+ * wall-clock limit of its own. */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -168,8 +170,161 @@ static int blank(const char *s, size_t n)
     return 1;
 }
 
-/* The pages of pdftotext's output (each ended by '\f') into out. Returns the pages with text. */
-static size_t pages(const char *s, size_t n, struct Md *out)
+/* An outline entry: its title on one line, its depth (1: top) and the page it points to. */
+struct OutlineItem {
+    char *title;
+    size_t title_len;
+    int level;
+    long page;
+};
+
+struct Outline {
+    struct OutlineItem *v;
+    size_t n, next;  /* next: the first entry not yet placed or passed over */
+};
+
+enum { OUTLINE_MAX_ITEMS = 4096, OUTLINE_MAX_TITLE = 512 };
+
+static void outline_free(struct Outline *o)
+{
+    for (size_t i = 0; i < o->n; i++)
+        free(o->v[i].title);
+    free(o->v);
+    memset(o, 0, sizeof *o);
+}
+
+/* s[0..n) with XML's five named entities decoded, in place (pdftohtml writes every other
+ * character as UTF-8). Returns the new length. */
+static size_t xml_unescape(char *s, size_t n)
+{
+    static const struct { const char *name; char c; } ent[] = {
+        {"&amp;", '&'}, {"&lt;", '<'}, {"&gt;", '>'}, {"&quot;", '"'}, {"&apos;", '\''}};
+    size_t w = 0;
+    for (size_t i = 0; i < n;) {
+        size_t k = 0;
+        if (s[i] == '&')
+            for (; k < sizeof ent / sizeof *ent; k++)
+                if (n - i >= strlen(ent[k].name) && !memcmp(s + i, ent[k].name, strlen(ent[k].name)))
+                    break;
+        if (s[i] == '&' && k < sizeof ent / sizeof *ent) {
+            s[w++] = ent[k].c;
+            i += strlen(ent[k].name);
+        } else {
+            s[w++] = s[i++];
+        }
+    }
+    return w;
+}
+
+/* The outline entries of pdftohtml -xml's output (its <outline> lists of <item page="N">
+ * elements, nested for subsections), in document order; entries without a page are left out,
+ * their children kept at their depth. At most OUTLINE_MAX_ITEMS. */
+static void outline_parse(const char *s, size_t n, struct Outline *o)
+{
+    const char *end = s + n, *p = s;
+    int depth = 0;
+    while (p < end && o->n < OUTLINE_MAX_ITEMS) {
+        const char *lt = memchr(p, '<', (size_t)(end - p));
+        if (!lt)
+            break;
+        size_t left = (size_t)(end - lt);
+        if (left >= 9 && !memcmp(lt, "<outline>", 9)) {
+            depth++;
+            p = lt + 9;
+            continue;
+        }
+        if (left >= 10 && !memcmp(lt, "</outline>", 10)) {
+            depth -= depth > 0;
+            p = lt + 10;
+            continue;
+        }
+        if (left < 6 || memcmp(lt, "<item", 5) || (lt[5] != ' ' && lt[5] != '>')) {
+            p = lt + 1;
+            continue;
+        }
+        const char *gt = memchr(lt, '>', left);
+        const char *close = gt ? memmem(gt, (size_t)(end - gt), "</item>", 7) : NULL;
+        if (!close)
+            break;
+        const char *pg = memmem(lt, (size_t)(gt - lt), "page=\"", 6);
+        long page = pg ? strtol(pg + 6, NULL, 10) : 0;
+        size_t tl = (size_t)(close - gt - 1);
+        p = close + 7;
+        if (page < 1 || tl == 0 || tl > OUTLINE_MAX_TITLE)
+            continue;
+        char raw[OUTLINE_MAX_TITLE];
+        memcpy(raw, gt + 1, tl);
+        tl = xml_unescape(raw, tl);
+        char *title = md_one_line(raw, tl);
+        if (!title)
+            return;
+        if (!title[0]) {
+            free(title);
+            continue;
+        }
+        if (!(o->n & (o->n + 1))) { /* n + 1 a power of two: grow */
+            struct OutlineItem *nv = realloc(o->v, (2 * o->n + 1) * sizeof *nv);
+            if (!nv) {
+                free(title);
+                return;
+            }
+            o->v = nv;
+        }
+        o->v[o->n++] = (struct OutlineItem){title, strlen(title), depth > 0 ? depth : 1, page};
+    }
+}
+
+/* 1 when line (collapsed to one line, as md_one_line gives it) is the entry's heading: its title,
+ * or its title after a section number the title leaves out ("2.1 ", "A.3. ", "IV ",
+ * "Appendix B ", "Chapter 3 "). A running head ("Chapter 3: Title") is not. */
+static int outline_line(const char *line, size_t n, const struct OutlineItem *it)
+{
+    static const char *const words[] = {"Appendix ", "Chapter ", "Part ", "Section "};
+    if (n < it->title_len || memcmp(line + n - it->title_len, it->title, it->title_len))
+        return 0;
+    size_t pre = n - it->title_len, i = 0;
+    if (pre == 0)
+        return 1;
+    if (pre < 2 || pre > 24 || line[pre - 1] != ' ')
+        return 0;
+    for (size_t w = 0; w < sizeof words / sizeof *words; w++)
+        if (!strncmp(line, words[w], strlen(words[w]))) {
+            i = strlen(words[w]);
+            break;
+        }
+    if (i == pre)
+        return 1; /* "Appendix A Title" for the entry "A Title" */
+    for (; i + 1 < pre; i++)
+        if (!(line[i] >= '0' && line[i] <= '9') && !(line[i] >= 'A' && line[i] <= 'Z') &&
+            line[i] != '.')
+            return 0;
+    return 1;
+}
+
+/* The outline entry whose heading line on page `page` is line (an entry is looked for on its
+ * own page and the next, in document order), or NULL; the entries before it are passed over. */
+static const struct OutlineItem *outline_match(struct Outline *o, long page, const char *line,
+                                               size_t n)
+{
+    while (o->next < o->n && o->v[o->next].page < page - 1)
+        o->next++;
+    char *one = NULL;
+    for (size_t j = o->next; j < o->n && o->v[j].page <= page; j++) {
+        if (!one && !(one = md_one_line(line, n)))
+            return NULL;
+        if (outline_line(one, strlen(one), &o->v[j])) {
+            free(one);
+            o->next = j + 1;
+            return &o->v[j];
+        }
+    }
+    free(one);
+    return NULL;
+}
+
+/* The pages of pdftotext's output (each ended by '\f') into out, the outline's entries as
+ * headings where their lines are found. Returns the pages with text. */
+static size_t pages(const char *s, size_t n, struct Outline *ol, struct Md *out)
 {
     size_t page = 0, with_text = 0;
     for (size_t i = 0; i < n;) {
@@ -187,8 +342,14 @@ static size_t pages(const char *s, size_t n, struct Md *out)
                 size_t l = strcspn(s + j, "\n\f");
                 if (j + l > end)
                     l = end - j;
+                const struct OutlineItem *h = NULL;
                 if (blank(s + j, l)) {
                     blank_run = 1;
+                } else if ((h = outline_match(ol, (long)page, s + j, l))) {
+                    md_heading(out, h->level);
+                    md_text(out, s + j, l);
+                    md_block(out);
+                    blank_run = 0;
                 } else {
                     if (blank_run)
                         md_block(out);
@@ -264,12 +425,27 @@ int extract_pdf(int fd, const struct ExtractLimits *lim, struct Md *out, char **
     }
     int rc = WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0 && !r.not_found && !r.timed_out &&
              !r.too_long ? EXTRACT_OK : child_failed("pdftotext", &r, lim, err, errlen);
-    if (!rc && pages(r.out ? r.out : "", r.out_len, out) == 0) {
+    /* The outline: pdftohtml lists it whole with the first page's text; a document without
+     * one, or a pdftohtml that fails, leaves the text without headings. */
+    struct Outline ol = {0};
+    if (!rc) {
+        char *argv4[] = { "pdftohtml", "-xml", "-i", "-q", "-stdout", "-f", "1", "-l", "1",
+                          path, NULL };
+        struct Run x;
+        char ignored[256];
+        if (!run_capture(argv4, lim->max_output, timeout, &x, ignored, sizeof ignored)) {
+            if (WIFEXITED(x.status) && WEXITSTATUS(x.status) == 0 && x.out && !x.too_long)
+                outline_parse(x.out, x.out_len, &ol);
+            free(x.out);
+        }
+    }
+    if (!rc && pages(r.out ? r.out : "", r.out_len, &ol, out) == 0) {
         snprintf(err, errlen, "no text layer: a scanned PDF? OCR it first (e.g. ocrmypdf IN.pdf "
                  "OUT.pdf)");
         rc = EXTRACT_EBAD;
     }
     free(r.out);
+    outline_free(&ol);
     if (!rc && out->oom) {
         snprintf(err, errlen, "out of memory");
         rc = EXTRACT_ENOMEM;

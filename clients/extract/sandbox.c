@@ -1,5 +1,5 @@
-/* diffrag-extract's sandbox (docs/security.md): resource limits, inherited by pdftotext and
- * pdfinfo, and a seccomp filter, a deny list applied once the input is open: no socket may be
+/* diffrag-extract's sandbox (docs/security.md): resource limits, inherited by pdftotext,
+ * pdftohtml and pdfinfo, and a seccomp filter, a deny list applied once the input is open: no socket may be
  * made, no file opened for writing, created, truncated, removed, renamed or linked, no
  * permissions or owners changed, no other process traced; without allow_exec no program
  * started either. A denied call fails with EPERM (the parsers see an error, not a kill). */
