@@ -183,7 +183,7 @@ struct Outline {
     size_t n, next;  /* next: the first entry not yet placed or passed over */
 };
 
-enum { OUTLINE_MAX_ITEMS = 4096, OUTLINE_MAX_TITLE = 512 };
+enum { OUTLINE_MAX_ITEMS = 4096, OUTLINE_MAX_TITLE = 512, OUTLINE_WINDOW = 64 };
 
 static void outline_free(struct Outline *o)
 {
@@ -302,14 +302,17 @@ static int outline_line(const char *line, size_t n, const struct OutlineItem *it
 }
 
 /* The outline entry whose heading line on page `page` is line (an entry is looked for on its
- * own page and the next, in document order), or NULL; the entries before it are passed over. */
+ * own page and the next, in document order, among the OUTLINE_WINDOW entries not yet placed,
+ * which bounds the work of an outline that points everything at one page), or NULL; the
+ * entries before it are passed over. */
 static const struct OutlineItem *outline_match(struct Outline *o, long page, const char *line,
                                                size_t n)
 {
     while (o->next < o->n && o->v[o->next].page < page - 1)
         o->next++;
     char *one = NULL;
-    for (size_t j = o->next; j < o->n && o->v[j].page <= page; j++) {
+    size_t stop = o->n - o->next > OUTLINE_WINDOW ? o->next + OUTLINE_WINDOW : o->n;
+    for (size_t j = o->next; j < stop && o->v[j].page <= page; j++) {
         if (!one && !(one = md_one_line(line, n)))
             return NULL;
         if (outline_line(one, strlen(one), &o->v[j])) {
