@@ -211,7 +211,7 @@ static int calibration_dirs(char dirs[CAL_DIRS][CAL_DIR_LEN])
 {
     int n = 0;
     snprintf(dirs[n++], CAL_DIR_LEN, "deploy/grounding");
-    char exe[1024];
+    char exe[PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (len <= 0)
         return n;
@@ -227,7 +227,7 @@ static int calibration_dirs(char dirs[CAL_DIRS][CAL_DIR_LEN])
         if ((size_t)snprintf(path, sizeof path, "%s/%s", exe, rel[i]) >= sizeof path)
             continue;
         /* the log names the folder without its dot-dots where it exists */
-        memcpy(dirs[n++], realpath(path, real) ? real : path, PATH_MAX);
+        snprintf(dirs[n++], CAL_DIR_LEN, "%s", realpath(path, real) ? real : path);
     }
     return n;
 }
@@ -262,7 +262,7 @@ int startup_grounding(const struct Config *c, const struct Model *m, struct Grou
                 snprintf(found, sizeof found, "%s", c->grounding_calibration);
             }
         } else {
-            char dirs[CAL_DIRS][CAL_DIR_LEN], looked[4 * CAL_DIR_LEN + 8] = "";
+            char dirs[CAL_DIRS][CAL_DIR_LEN], looked[CAL_DIRS * (CAL_DIR_LEN + 2)] = "";
             int nd = calibration_dirs(dirs);
             for (int i = 0; i < nd && !g->calibrated; i++) {
                 g->calibrated = find_calibration(dirs[i], sha, &g->cal, found, sizeof found);
