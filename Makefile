@@ -61,8 +61,12 @@ $(MODEL_FILE): tools/fetch-model.sh
 $(QWEN_FILE): tools/fetch-model.sh
 	sh tools/fetch-model.sh qwen
 
+# The suite runs on TEST_JOBS pytest-xdist workers, a test file to a worker: much of its time is
+# spent waiting (daemons starting, deadlines, kills, slow clients), so two workers finish it
+# sooner even on two cores. TEST_JOBS=1 runs it in one process.
+TEST_JOBS ?= 2
 test: all $(MODEL_FILE) $(QWEN_FILE) venv
-	$(VENV_PATH) $(PYTHON) -m pytest -rs --durations=15 tests
+	$(VENV_PATH) $(PYTHON) -m pytest -rs --durations=15 $(if $(filter-out 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile) tests
 
 # Everything built with AddressSanitizer + UndefinedBehaviorSanitizer in build/asan (flags
 # above; -O2, as -O1 made the engine's products 3 times slower still); `BUILD=build/asan make

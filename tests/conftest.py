@@ -67,6 +67,19 @@ def offline_venv(path):
     return py
 
 
+def run_make(argv, **kw):
+    """subprocess.run of a make command, one at a time across the workers of a parallel run
+    (`make test` runs pytest-xdist): two makes building the same tree at once would write the
+    same objects. The lock is a file in build/; the wait does not count against kw's timeout."""
+    import fcntl
+    import subprocess
+    lock = ROOT / "build" / ".tests-make.lock"
+    lock.parent.mkdir(exist_ok=True)
+    with open(lock, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        return subprocess.run(argv, **kw)
+
+
 def asan_built(program):
     """Whether a program of the build under test carries AddressSanitizer (BUILD=build/asan)."""
     return b"__asan_init" in program.read_bytes()

@@ -42,15 +42,21 @@ _recent_ports = []
 def free_port():
     """A loopback port nothing listens on now, and not one this process handed out lately: the
     kernel may give the same free port to two binds in a row, and a daemon whose client and
-    metrics ports coincide would answer its own readiness probe with ZeroMQ's greeting."""
-    while True:
+    metrics ports coincide would answer its own readiness probe with ZeroMQ's greeting. In a
+    parallel run (pytest-xdist) each worker takes only the ports whose half's remainder by the
+    number of workers is its own number (Linux gives bind() odd ports), so that two workers
+    never hand out the same port."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    me = int((os.environ.get("PYTEST_XDIST_WORKER") or "gw0").removeprefix("gw") or 0)
+    for _ in range(100000):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if port not in _recent_ports:
+        if (port >> 1) % workers == me % workers and port not in _recent_ports:
             _recent_ports.append(port)
             del _recent_ports[:-256]
             return port
+    raise RuntimeError("free_port: no free loopback port for worker %d of %d" % (me, workers))
 
 
 def gen_model(path, *args):

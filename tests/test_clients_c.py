@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import BUILD, ROOT
+from conftest import BUILD, ROOT, run_make
 from daemon_util import Daemon, free_port
 from test_clients_python import diffrag, tiny_model
 
@@ -48,9 +48,9 @@ def test_c_client_against_the_daemon(daemon):
 def valgrind_build():
     # valgrind does not know every instruction -march=native may emit (AVX-512): the flags of
     # test_valgrind_units.py, which builds in the same tree
-    r = subprocess.run(["make", "-s", "-j2", f"BUILD={VALGRIND_BUILD}", "ARCH=-march=x86-64-v3", "OPT=-O1",
-                        f"{VALGRIND_BUILD}/tests/test_client_c"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=600)
+    r = run_make(["make", "-s", "-j2", f"BUILD={VALGRIND_BUILD}", "ARCH=-march=x86-64-v3", "OPT=-O1",
+                  f"{VALGRIND_BUILD}/tests/test_client_c"], cwd=ROOT, capture_output=True,
+                 text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return ROOT / VALGRIND_BUILD
 

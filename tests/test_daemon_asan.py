@@ -11,6 +11,8 @@ import daemon_util
 import test_daemon_malformed as malformed
 from daemon_util import Daemon, fast_model, query
 
+from conftest import run_make
+
 ASAN_BUILD = "build/asan"
 ENV = {"ASAN_OPTIONS": "detect_leaks=1:halt_on_error=1:detect_stack_use_after_return=1",
        "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}
@@ -21,8 +23,8 @@ MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error")
 def asan_build(root):
     targets = [f"{ASAN_BUILD}/diffragd", f"{ASAN_BUILD}/tests/test_daemon_units",
                f"{ASAN_BUILD}/tests/test_grounding_units"]
-    r = subprocess.run(["make", "-s", "-j2", f"BUILD={ASAN_BUILD}",
-                        *targets], cwd=root, capture_output=True, text=True, timeout=1500)
+    r = run_make(["make", "-s", "-j2", f"BUILD={ASAN_BUILD}",
+                  *targets], cwd=root, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, f"ASan build failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return root / ASAN_BUILD
 

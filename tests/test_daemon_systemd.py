@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import BUILD, ROOT
+from conftest import BUILD, ROOT, run_make
 from daemon_util import Daemon, http_get, query, slow_model
 
 DOCS = [{"id": "a", "text": "The Rhine flows from the Alps to the North Sea."},
@@ -179,10 +179,10 @@ def test_install_and_systemd_analyze_verify(tmp_path):
     analyze = shutil.which("systemd-analyze")
     assert analyze, "systemd-analyze (Debian package systemd) is required"
     prefix, etc, units = tmp_path / "prefix", tmp_path / "etc", tmp_path / "units"
-    p = subprocess.run(["make", "-s", "-C", str(ROOT), "BUILD=%s" % BUILD, "-o",
-                        "%s/diffragd" % BUILD, "install-daemon", "PREFIX=%s" % prefix,
-                        "SYSCONFDIR=%s" % etc, "UNITDIR=%s" % units, "INSTALL_MODEL=no"],
-                       capture_output=True, text=True, timeout=120)
+    p = run_make(["make", "-s", "-C", str(ROOT), "BUILD=%s" % BUILD, "-o",
+                  "%s/diffragd" % BUILD, "install-daemon", "PREFIX=%s" % prefix,
+                  "SYSCONFDIR=%s" % etc, "UNITDIR=%s" % units, "INSTALL_MODEL=no"],
+                 capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     unit = units / "diffragd.service"
     assert os.access(prefix / "bin" / "diffragd", os.X_OK)

@@ -19,6 +19,8 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType as V
 from gguf.quants import dequantize, quantize
 
+from conftest import run_make
+
 TOL = 1e-6
 
 
@@ -26,8 +28,8 @@ TOL = 1e-6
 def tool(root, build_dir):
     build = build_dir.relative_to(root) if build_dir.is_relative_to(root) else build_dir
     exe = build / "tests" / "test_gguf"
-    r = subprocess.run(["make", "-s", f"BUILD={build}", str(exe)], cwd=root,
-                       capture_output=True, text=True, timeout=900)
+    r = run_make(["make", "-s", f"BUILD={build}", str(exe)], cwd=root,
+                 capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, f"building {exe} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return root / exe
 

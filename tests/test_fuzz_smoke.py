@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_make
 
 TARGETS = ["fuzz_gguf", "fuzz_tokenizer", "fuzz_analyzer", "fuzz_context", "fuzz_request",
            "fuzz_openai"]
@@ -12,8 +12,8 @@ TARGETS = ["fuzz_gguf", "fuzz_tokenizer", "fuzz_analyzer", "fuzz_context", "fuzz
 
 @pytest.fixture(scope="module")
 def fuzz_build():
-    r = subprocess.run(["make", "-s", "fuzz-build"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=1200)
+    r = run_make(["make", "-s", "fuzz-build"], cwd=ROOT, capture_output=True, text=True,
+                 timeout=1200)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return ROOT / "build" / "fuzz"
 

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from gguf.quants import dequantize
 
+from conftest import run_make
+
 ASAN_BUILD = "build/asan"
 ENV = dict(os.environ,
            ASAN_OPTIONS="detect_leaks=1:halt_on_error=1",
@@ -20,8 +22,8 @@ SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime
 @pytest.fixture(scope="module")
 def asan_tool(root):
     target = f"{ASAN_BUILD}/tests/test_gguf"
-    r = subprocess.run(["make", "-s", "-j2", f"BUILD={ASAN_BUILD}", target],
-                       cwd=root, capture_output=True, text=True, timeout=1500)
+    r = run_make(["make", "-s", "-j2", f"BUILD={ASAN_BUILD}", target],
+                 cwd=root, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, f"ASan build failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return root / target
 

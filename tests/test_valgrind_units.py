@@ -32,7 +32,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_make
 from engine_util import gen_tiny
 
 VG_BUILD = "build/valgrind"
@@ -50,8 +50,8 @@ def vg_build():
     # test_sampler loads the host emulation of the GPU table from beside itself
     targets = ["%s/tests/%s" % (VG_BUILD, t) for t in SELECTED]
     targets.append("%s/tests/libdiffrag_hostgpu.so" % VG_BUILD)
-    r = subprocess.run(["make", "-s", "-j2", "BUILD=" + VG_BUILD, "ARCH=-march=x86-64-v3", "OPT=-O1",
-                        *targets], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    r = run_make(["make", "-s", "-j2", "BUILD=" + VG_BUILD, "ARCH=-march=x86-64-v3", "OPT=-O1",
+                  *targets], cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return ROOT / VG_BUILD / "tests"
 
