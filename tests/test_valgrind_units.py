@@ -13,8 +13,10 @@ test_store's two reader threads held its writer back for minutes (the whole bina
 
 DIFFRAG_TEST_SCALE=small is set for every binary: test_store then runs its context assembly
 over the first 300 SQuAD passages with budgets up to 16,384 tokens instead of 1,216 passages and
-131,072 tokens (the same checks; it prints that it runs reduced). The native run under
-`make test` (test_c_units.py) stays at full scale.
+131,072 tokens (the same checks; it prints that it runs reduced); test_quote walks over 12
+random documents instead of 60, and test_lookup fills the context and reaches max_tokens at
+every ninth size instead of every third. The native run under `make test` (test_c_units.py)
+stays at full scale.
 
 test_engine runs on a tiny random model (DIFFRAG_TEST_MODEL; 4 layers of width 64, a context of
 131,072 for its budget check): valgrind emulates every FMA instruction through a helper, so
