@@ -10,6 +10,8 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 static int check_count __attribute__((unused));
 static int check_failures __attribute__((unused));
@@ -24,6 +26,14 @@ static int check_failures __attribute__((unused));
             fputc('\n', stderr);                                             \
         }                                                                    \
     } while (0)
+
+/* Whether DIFFRAG_TEST_SCALE=small asks for shorter inputs (slower machines, the sanitizer and
+ * valgrind passes; tests/conftest.py). A test that takes them says so on stdout. */
+static inline int check_small_scale(void)
+{
+    const char *scale = getenv("DIFFRAG_TEST_SCALE");
+    return scale && !strcmp(scale, "small");
+}
 
 /* Prints the count line and returns main's exit status. */
 static inline int check_report(const char *name)

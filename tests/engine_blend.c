@@ -828,8 +828,7 @@ int main(int argc, char **argv)
         return 1;
     }
     /* DIFFRAG_TEST_SCALE=small (slower machines, the sanitizer pass): the f16 cache only */
-    const char *scale = getenv("DIFFRAG_TEST_SCALE");
-    int small = scale && !strcmp(scale, "small");
+    int small = check_small_scale();
     if (small) printf("small scale: the f16 cache only\n");
     check_kv_type(m, KV_F16, "f16");
     if (!small) check_kv_type(m, KV_F32, "f32");

@@ -426,8 +426,7 @@ int main(int argc, char **argv)
         return 1;
     }
     /* DIFFRAG_TEST_SCALE=small (slower machines, the sanitizer pass): the f16 cache only */
-    const char *scale = getenv("DIFFRAG_TEST_SCALE");
-    int small = scale && !strcmp(scale, "small");
+    int small = check_small_scale();
     enum KvType kinds[] = {KV_F16, KV_F32, KV_Q8};
     int n_kinds = small ? 1 : 3;
     if (small) printf("small scale: the f16 cache only\n");

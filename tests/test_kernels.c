@@ -882,8 +882,7 @@ int main(void)
     for (int isa = 0; isa < CPU_ISA_COUNT; isa++)
         if (cpu_isa_supported((enum CpuIsa)isa)) printf(" %s", cpu_isa_name((enum CpuIsa)isa));
     printf(" (default %s)\n", cpu_isa_name(cpu_isa_best()));
-    const char *scale = getenv("DIFFRAG_TEST_SCALE");
-    int small = scale && !strcmp(scale, "small");
+    int small = check_small_scale();
     if (small) printf("reduced scale (DIFFRAG_TEST_SCALE=small): 2,000 pool jobs per thread count\n");
     test_pool(small ? 2000 : 100000);
     test_weights_layout();

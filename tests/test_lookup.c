@@ -303,8 +303,7 @@ static void check_generation(const struct Model *m, int real)
 
     /* the context fills inside a draft: every size up to the answer's length ends there
      * (DIFFRAG_TEST_SCALE=small, valgrind's pass: every ninth size, and of max_tokens below) */
-    const char *scale = getenv("DIFFRAG_TEST_SCALE");
-    int stride = scale && !strcmp(scale, "small") ? 9 : 3;
+    int stride = check_small_scale() ? 9 : 3;
     if (stride > 3) printf("reduced scale (DIFFRAG_TEST_SCALE=small): every ninth size\n");
     for (int room = 1; room <= 24; room += stride) {
         char what[64];

@@ -281,8 +281,7 @@ int main(void)
     int rc = tok_load_gguf(g, &tok, err, sizeof err);
     gguf_close(&g);
     CHECK(rc == TOK_OK, "tokenizer: %s", err);
-    const char *scale = getenv("DIFFRAG_TEST_SCALE");
-    int small = scale && !strcmp(scale, "small");
+    int small = check_small_scale();
     if (small) printf("reduced scale (DIFFRAG_TEST_SCALE=small): 12 random documents of 60\n");
     if (rc == TOK_OK) {
         test_random(tok, small ? 12 : 60);

@@ -399,9 +399,8 @@ static void test_device_pass(int big)
 
 int main(void)
 {
-    const char *scale = getenv("DIFFRAG_TEST_SCALE");
-    test_against_reference(!(scale && !strcmp(scale, "small")));
+    test_against_reference(!check_small_scale());
     test_signals();
-    test_device_pass(!(scale && !strcmp(scale, "small")));
+    test_device_pass(!check_small_scale());
     return check_report("test_sampler");
 }
