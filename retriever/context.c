@@ -292,14 +292,19 @@ int ctx_assemble(const struct TokenCounter *tc, const char *question, size_t que
         if (!n_placed)
             placed_free(p);
     }
-    if (o->order != CTX_ORDER_RANK && n_placed > 1) {
+    size_t n_pinned = 0;  /* placed in the order given, so they lead pl[] */
+    while (n_pinned < n_placed && pl[n_pinned].rank < o->pinned)
+        n_pinned++;
+    if (o->order != CTX_ORDER_RANK && n_placed > n_pinned + 1) {
+        struct Placed *rest = pl + n_pinned;
+        size_t n_rest = n_placed - n_pinned;
         if (o->order == CTX_ORDER_DOCUMENT) {
-            qsort_r(pl, n_placed, sizeof *pl, cmp_doc_order, (void *)chunks);
+            qsort_r(rest, n_rest, sizeof *rest, cmp_doc_order, (void *)chunks);
         } else {
-            for (size_t i = 0, j = n_placed - 1; i < j; i++, j--) {
-                struct Placed t = pl[i];
-                pl[i] = pl[j];
-                pl[j] = t;
+            for (size_t i = 0, j = n_rest - 1; i < j; i++, j--) {
+                struct Placed t = rest[i];
+                rest[i] = rest[j];
+                rest[j] = t;
             }
         }
         /* Markers follow the new order; longer numbers may cost a token: drop the worst-ranked

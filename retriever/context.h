@@ -44,6 +44,8 @@ struct CtxOptions {
     size_t budget;          /* total prompt tokens allowed (everything, frame included) */
     enum CtxOrder order;
     int no_truncate;        /* 0: when no chunk fits whole, place a prefix of the best one */
+    size_t pinned;          /* the first `pinned` chunks given, those placed, open the
+                               documents in the order given; `order` lays out the rest */
     /* The client's system text, after the instruction in the system turn (NULL, 0: none),
      * and the earlier turns, oldest first (NULL, 0: none); both borrowed for the call. The
      * system text is part of the fixed cost. Turns are placed newest first, whole, while

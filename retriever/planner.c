@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "retriever/chunker.h"
+#include "retriever/prompt.h"
 #include "retriever/status.h"
 
 /* Chunks asked for per budget token without a top_k (one per 8 tokens, and a few more: short
@@ -330,6 +331,130 @@ done:
     return st;
 }
 
+/* A window: a document whose offered chunks alone would fill the prompt is read in order from
+ * its start, and the best chunks outside that opening follow it, the best last, next to the
+ * question. The opening depends only on the document, the budget and the frame before the
+ * documents, never on the question, so every later question over the document takes it from
+ * the prefix cache and computes only the chunks after it and itself (docs/retriever.md). The
+ * window takes all but an eighth of what the frame leaves of the budget; the eighth (2,048
+ * tokens at 16K) is the CPU workers' whole default budget of best chunks. A window under
+ * PLAN_WINDOW_MIN_TOKENS saves too little prefill to be worth a layout of its own, and one
+ * that holds less than half of its document trades too much of what the question matched. */
+enum { PLAN_WINDOW_TAIL_DIV = 8, PLAN_WINDOW_MIN_TOKENS = 1024, PLAN_WINDOW_SLACK = 16 };
+
+/* The longest opening of text that ends a paragraph (before a blank line), else a line, and
+ * holds at most `avail` tokens: its length into *len (0: none fits). */
+static int fit_opening(const struct TokenCounter *tc, const char *text, size_t text_len,
+                       size_t avail, size_t *len)
+{
+    size_t *cuts = malloc((text_len / 2 + 1) * sizeof *cuts);
+    *len = 0;
+    if (!cuts)
+        return RET_ENOMEM;
+    for (int para = 1; para >= 0 && *len == 0; para--) {
+        size_t n_cuts = 0;
+        for (size_t i = 1; i + 1 < text_len; i++)
+            if (text[i] == '\n' && text[i - 1] != '\n' &&
+                (!para || text[i + 1] == '\n'))
+                cuts[n_cuts++] = i;
+        size_t lo = 0, hi = n_cuts;  /* cuts[0..lo) fit; cuts[hi..) do not */
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2, t;
+            if (tokcount_count(tc, text, cuts[mid], &t)) {
+                free(cuts);
+                return RET_ETOKEN;
+            }
+            if (t <= avail)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo > 0)
+            *len = cuts[lo - 1];
+    }
+    free(cuts);
+    return RET_OK;
+}
+
+/* The window layout into *ctx when it applies (else *ctx stays NULL); *n_inside: the offered
+ * chunks its opening holds whole. */
+static int place_window(const struct PlanRequest *rq, const struct CtxChunk *chunks,
+                        size_t n_offered, struct Context **ctx, size_t *n_inside, char *err,
+                        size_t errlen)
+{
+    if (!rq->window || rq->top_k || n_offered == 0)
+        return RET_OK;
+    const struct CtxChunk *best = &chunks[0];
+    const struct PlanDoc *d = NULL;
+    for (size_t i = 0; !d && i < rq->n_docs; i++)
+        if (same_id(rq->docs[i].id, rq->docs[i].id_len, best->doc_id, best->doc_id_len))
+            d = &rq->docs[i];
+    if (!d)
+        return RET_OK;  /* not read (too much stored text): no opening to place */
+    /* what the frame before the documents leaves, whatever the question and earlier turns */
+    struct CtxOptions co = { .budget = rq->budget, .no_truncate = 1, .system = rq->system,
+                             .system_len = rq->system_len };
+    struct Context *frame = NULL;
+    int st = ctx_assemble(rq->tc, "", 0, NULL, 0, &co, &frame, err, errlen);
+    if (st)
+        return st == RET_EBUDGET ? RET_OK : st;
+    size_t docs_avail = rq->budget - frame->n_tokens;
+    ctx_destroy(&frame);
+    char label[PROMPT_LABEL_BYTES];
+    int label_len = prompt_label(1, d->title, d->title_len, NULL, 0, label, sizeof label);
+    size_t label_tokens, open_len;
+    if (label_len < 0 || tokcount_count(rq->tc, label, (size_t)label_len, &label_tokens))
+        return ret_fail(err, errlen, RET_ETOKEN, "the token counter failed on a label");
+    size_t allow = docs_avail - docs_avail / PLAN_WINDOW_TAIL_DIV;
+    if (allow < PLAN_WINDOW_MIN_TOKENS + label_tokens + PLAN_WINDOW_SLACK)
+        return RET_OK;
+    allow -= label_tokens + PLAN_WINDOW_SLACK;
+    if ((st = fit_opening(rq->tc, d->text, d->text_len, allow, &open_len)))
+        return ret_fail(err, errlen, st, "%s", st == RET_ENOMEM
+                                                   ? "out of memory"
+                                                   : "the token counter failed on a document");
+    /* only when the document does not fit, the opening holds at least half of it (of a
+     * document many times the budget it would hold mostly what the question did not match)
+     * and the document's offered chunks alone would fill the opening */
+    size_t offered_bytes = 0;
+    for (size_t i = 0; i < n_offered; i++)
+        if (same_id(chunks[i].doc_id, chunks[i].doc_id_len, d->id, d->id_len))
+            offered_bytes += chunks[i].text_len;
+    if (open_len == 0 || open_len >= d->text_len || open_len < d->text_len / 2 ||
+        offered_bytes < open_len)
+        return RET_OK;
+    struct CtxChunk *list = malloc((n_offered + 1) * sizeof *list);
+    if (!list)
+        return ret_fail(err, errlen, RET_ENOMEM, "out of memory");
+    size_t n_list = 1;
+    *n_inside = 0;
+    list[0] = (struct CtxChunk){ d->id, d->id_len, d->title, d->title_len, d->text, open_len, 0,
+                                 0, open_len, best->score, 0, d->ref, NULL, 0, 0, 0 };
+    if (chunk_text_pages(d->text, open_len, &list[0].page_first, &list[0].page_last)) {
+        free(list);
+        return ret_fail(err, errlen, RET_ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < n_offered; i++) {
+        int inside = same_id(chunks[i].doc_id, chunks[i].doc_id_len, d->id, d->id_len) &&
+                     chunks[i].byte_end <= open_len;
+        *n_inside += inside;
+        if (!inside)
+            list[n_list++] = chunks[i];
+    }
+    co = (struct CtxOptions){ .budget = rq->budget, .no_truncate = 1, .pinned = 1,
+                              .order = CTX_ORDER_NEAREST, .system = rq->system,
+                              .system_len = rq->system_len, .history = rq->history,
+                              .n_history = rq->n_history };
+    st = ctx_assemble(rq->tc, rq->question, rq->question_len, list, n_list, &co, ctx, err,
+                      errlen);
+    free(list);
+    if (st == RET_EBUDGET)
+        st = RET_OK;  /* the frame alone does not fit: the chunk layout says so */
+    else if (!st && ((*ctx)->n_cites == 0 || (*ctx)->cites[0].rank != 0))
+        ctx_destroy(ctx);  /* a long question or conversation left no room for the opening */
+    return st;
+}
+
 static int check_request(const struct PlanRequest *rq, char *err, size_t errlen)
 {
     if (!rq->tc)
@@ -370,6 +495,14 @@ int plan_context(const struct PlanRequest *rq, struct Plan *out, char *err, size
     rd->whole = out->ctx != NULL;
     rd->chunks_placed = n_offered;
     if (!rd->whole) {
+        size_t n_inside = 0;
+        if ((st = place_window(rq, chunks, n_offered, &out->ctx, &n_inside, err, errlen)))
+            goto done;
+        rd->window = out->ctx != NULL;
+        if (rd->window)
+            rd->chunks_placed = n_inside + out->ctx->n_cites - 1;
+    }
+    if (!rd->whole && !rd->window) {
         struct CtxOptions co = { .budget = rq->budget, .order = rq->order,
                                  .system = rq->system, .system_len = rq->system_len,
                                  .history = rq->history, .n_history = rq->n_history };

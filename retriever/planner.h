@@ -4,10 +4,12 @@
  * score, at most top_k (or about one per 8 budget tokens), none under the relevance floor,
  * laid out best first, best last (nearest) or in document order; a document all of whose
  * chunks are placed goes in whole instead, in its own order, whatever top_k and the scores
- * (its prompt then does not depend on the question). The caller does the I/O: it
- * searches for plan_search_hits chunks, reads the candidate documents (stored ones until their
- * text passes plan_read_bytes) and hands both over; ctx_assemble (context.h) lays out the
- * prompt the plan chooses. */
+ * (its prompt then does not depend on the question); a long document whose offered chunks
+ * alone would fill the prompt may be read as a window instead (PlanRequest.window): its
+ * opening, the same for every question, then the best chunks outside it. The caller does the
+ * I/O: it searches for plan_search_hits chunks, reads the candidate documents (stored ones
+ * until their text passes plan_read_bytes) and hands both over; ctx_assemble (context.h) lays
+ * out the prompt the plan chooses. */
 #ifndef DIFFRAG_PLANNER_H
 #define DIFFRAG_PLANNER_H
 
@@ -52,6 +54,11 @@ struct PlanRequest {
     double relevance_floor;         /* 0..1: chunks scoring under this share of the best
                                        one's are not offered (0: every chunk found is) */
     enum CtxOrder order;
+    int window;                     /* 1: a document whose offered chunks alone would fill the
+                                       prompt may be read as a window: its opening in order,
+                                       then the best chunks outside it, the best last
+                                       (without top_k; the daemon allows it when the query
+                                       names no order and chunk KV reuse is off) */
     /* The chunks the searches found, each search's best first, one search's after the
      * other's; with n_searches 2 (the inline documents' and a collection's) they are merged
      * by score. CtxChunk.ref is the caller's name for each, copied to its citation. */
@@ -77,6 +84,9 @@ struct PlanRead {
                                   relevance floor: not matched */
     int whole;                 /* every candidate document placed whole (by the budget, or
                                   because every chunk of each was placed) */
+    int window;                /* the best chunk's document was read as a window: its
+                                  opening in order (the first citation), then the best chunks
+                                  outside it; its chunks inside the opening count as placed */
 };
 
 struct Plan {

@@ -3,8 +3,9 @@
  * rules out the budget's whole documents, but a document all of whose chunks are placed goes
  * in whole, the same for every question; the relevance floor drops low scores (and counts
  * them); two searches' chunks are merged by score; the orders (rank, nearest, document) for chunks and for whole documents;
- * stored text past plan_read_bytes is not counted; the default order; the read figures; the
- * errors. */
+ * stored text past plan_read_bytes is not counted; the default order; the read figures; a
+ * document whose chunks alone would fill the prompt read as a window (its opening, the same for
+ * every question, then the best chunks outside it); the errors. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -318,6 +319,162 @@ static void test_covered(size_t frame)
     ctx_destroy(&p1.ctx);
 }
 
+/* A long document of LONG_PARAS paragraphs, each a chunk; "Title" is its title. */
+enum { LONG_PARAS = 200 };
+static char long_text[LONG_PARAS * 80];
+static struct CtxChunk long_chunks[LONG_PARAS];
+
+static void make_long(void)
+{
+    size_t off = 0;
+    for (int i = 0; i < LONG_PARAS; i++) {
+        size_t start = off;
+        off += (size_t)snprintf(long_text + off, sizeof long_text - off,
+                                "Paragraph %d tells of river %d and of its town %d.", i, i * 7, i);
+        long_chunks[i] = (struct CtxChunk){ "long", 4, "Title", 5, long_text + start,
+                                            off - start, (uint32_t)i, start, off, 0.0, 0,
+                                            (uint64_t)i, NULL, 0, 0, 0 };
+        if (i + 1 < LONG_PARAS)
+            off += (size_t)snprintf(long_text + off, sizeof long_text - off, "\n\n");
+    }
+}
+
+/* The long document's chunks ranked by a question: chunk (seed * 17 + k) % LONG_PARAS k-th. */
+static void rank_long(struct CtxChunk *out, size_t n, int seed)
+{
+    for (size_t k = 0; k < n; k++) {
+        out[k] = long_chunks[((size_t)seed * 17 + k * 7) % LONG_PARAS];
+        out[k].score = 100.0 - (double)k;
+    }
+}
+
+/* A document whose offered chunks alone would fill the prompt is read as a window: its opening
+ * in order, the same for every question, then the best chunks outside it, the best last. */
+static void test_window(void)
+{
+    make_long();
+    struct PlanDoc d[2] = { { "long", 4, "Title", 5, long_text, strlen(long_text), PLAN_DOC_FOUND,
+                              77 },
+                            { "zz", 2, "", 0, doc_texts[2], strlen(doc_texts[2]),
+                              PLAN_DOC_FOUND, 78 } };
+    struct CtxChunk q1[LONG_PARAS + 1], q2[LONG_PARAS];
+    rank_long(q1, LONG_PARAS, 1);
+    rank_long(q2, LONG_PARAS, 2);
+    q1[LONG_PARAS] = chunk_of(2, 0, 1.0);   /* another document's chunk, ranked last */
+    q1[LONG_PARAS].doc_id = "zz";
+    q1[LONG_PARAS].doc_id_len = 2;
+    size_t doc_tokens = tokens_of(long_text), budget = doc_tokens * 2 / 3;
+    char err[256];
+    struct Plan p1, p2;
+    struct PlanRequest rq = request(q1, LONG_PARAS + 1, 2, budget);
+    rq.docs = d;
+    rq.window = 1;
+    CHECK(budget > 1400 && plan_context(&rq, &p1, err, sizeof err) == RET_OK, "plan: %s", err);
+    const struct Context *c = p1.ctx;
+    const struct CtxCitation *w = &c->cites[0];
+    CHECK(p1.read.window && !p1.read.whole && c->n_cites > 1 && !strcmp(w->doc_id, "long") &&
+          w->byte_start == 0 && !w->whole && !w->truncated && w->ref == 77 &&
+          long_text[w->byte_end] == '\n' && long_text[w->byte_end + 1] == '\n',
+          "the window: the document's opening, ending a paragraph (%zu cites)", c->n_cites);
+    size_t open_tokens = w->tokens.end - w->tokens.start;
+    CHECK(open_tokens * 8 <= (budget - c->documents.start) * 7 &&
+          open_tokens * 4 > budget * 3 - 400,
+          "the opening takes about seven eighths of the documents' budget: %zu of %zu",
+          open_tokens, budget);
+    size_t inside = 0, placed = 0;
+    for (size_t i = 0; i < LONG_PARAS + 1; i++)
+        inside += i < LONG_PARAS && q1[i].byte_end <= w->byte_end;
+    int outside = 1;
+    for (size_t i = 1; i < c->n_cites; i++) {
+        outside &= strcmp(c->cites[i].doc_id, "long") || c->cites[i].byte_end > w->byte_end;
+        placed += c->cites[i].tokens.end - c->cites[i].tokens.start;
+    }
+    CHECK(outside, "the chunks after the opening lie outside it");
+    CHECK(c->cites[c->n_cites - 1].byte_start == q1[0].byte_start ||
+          q1[0].byte_end <= w->byte_end, "the best chunk outside the opening is placed last");
+    size_t best_out = 0;
+    while (q1[best_out].byte_end <= w->byte_end)
+        best_out++;
+    CHECK(c->cites[c->n_cites - 1].byte_start == q1[best_out].byte_start &&
+          !strcmp(c->cites[c->n_cites - 1].doc_id, "long"), "best last: chunk %zu",
+          (size_t)c->cites[c->n_cites - 1].chunk);
+    CHECK(p1.read.chunks_placed == inside + c->n_cites - 1 &&
+          p1.read.chunks_left_out == LONG_PARAS + 1 - p1.read.chunks_placed &&
+          p1.read.placed_tokens == open_tokens + placed && c->n_tokens <= budget,
+          "read: %zu placed (%zu inside the opening), %zu left out", p1.read.chunks_placed,
+          inside, p1.read.chunks_left_out);
+    /* another question, ranked otherwise and longer: the same prompt up to the opening's end */
+    rq.chunks = q2;
+    rq.n_chunks = LONG_PARAS;
+    rq.question = "Which town lies on the river of paragraph forty?";
+    rq.question_len = strlen(rq.question);
+    CHECK(plan_context(&rq, &p2, err, sizeof err) == RET_OK && p2.read.window, "plan: %s", err);
+    size_t n_open = p1.ctx->cites[0].tokens.end;
+    CHECK(p2.ctx->cites[0].tokens.end == n_open &&
+          !memcmp(p1.ctx->tokens, p2.ctx->tokens, n_open * sizeof *p1.ctx->tokens),
+          "two questions share the prompt up to the opening's end (%zu tokens)", n_open);
+    ctx_destroy(&p2.ctx);
+    /* a conversation too: the earlier turns follow the documents */
+    struct CtxTurn turns[2] = { { 0, "What is paragraph one about?", 28 },
+                                { 1, "A river.", 8 } };
+    rq.history = turns;
+    rq.n_history = 2;
+    CHECK(plan_context(&rq, &p2, err, sizeof err) == RET_OK && p2.read.window &&
+          !memcmp(p1.ctx->tokens, p2.ctx->tokens, n_open * sizeof *p1.ctx->tokens) &&
+          p2.ctx->n_turns == 2, "with earlier turns, the same opening: %s", err);
+    ctx_destroy(&p2.ctx);
+    /* a question so long that the opening no longer fits beside it: chunks, within budget */
+    static char longq[4000];
+    memset(longq, 'x', sizeof longq - 1);
+    for (size_t i = 5; i + 1 < sizeof longq; i += 6)
+        longq[i] = ' ';
+    rq.history = NULL;
+    rq.n_history = 0;
+    rq.question = longq;
+    rq.question_len = strlen(longq);
+    CHECK(plan_context(&rq, &p2, err, sizeof err) == RET_OK && !p2.read.window &&
+          p2.ctx->n_tokens <= budget, "a long question: no window (%s)", err);
+    ctx_destroy(&p2.ctx);
+    rq.question = "Where?";
+    rq.question_len = 6;
+    /* not without the daemon's leave, nor under a top_k */
+    rq.window = 0;
+    CHECK(plan_context(&rq, &p2, err, sizeof err) == RET_OK && !p2.read.window &&
+          p2.ctx->cites[0].byte_start == q2[0].byte_start, "window 0: chunks best first");
+    ctx_destroy(&p2.ctx);
+    rq.window = 1;
+    rq.top_k = 40;
+    CHECK(plan_context(&rq, &p2, err, sizeof err) == RET_OK && !p2.read.window,
+          "a top_k: no window");
+    ctx_destroy(&p2.ctx);
+    rq.top_k = 0;
+    /* too few of its chunks offered to fill the opening: chunks (the relevance floor's case) */
+    rq.n_chunks = 10;
+    CHECK(plan_context(&rq, &p2, err, sizeof err) == RET_OK && !p2.read.window &&
+          p2.ctx->n_cites == 10, "ten chunks offered: no window");
+    ctx_destroy(&p2.ctx);
+    rq.n_chunks = LONG_PARAS;
+    /* an opening of about a third of the document: no window (of a document many times the
+     * budget it would hold mostly what the question did not match) */
+    rq.budget = doc_tokens * 2 / 5;
+    CHECK(plan_context(&rq, &p2, err, sizeof err) == RET_OK && !p2.read.window &&
+          rq.budget > 1400, "an opening under half the document: no window (budget %zu)",
+          rq.budget);
+    ctx_destroy(&p2.ctx);
+    /* a budget whose opening would be under 1,024 tokens: no window */
+    rq.budget = 1100;
+    CHECK(plan_context(&rq, &p2, err, sizeof err) == RET_OK && !p2.read.window,
+          "a small budget: no window");
+    ctx_destroy(&p2.ctx);
+    /* a budget the document fits: whole */
+    rq.budget = doc_tokens + 400;
+    rq.n_docs = 1;
+    CHECK(plan_context(&rq, &p2, err, sizeof err) == RET_OK && !p2.read.window && p2.read.whole,
+          "the document fits: whole");
+    ctx_destroy(&p2.ctx);
+    ctx_destroy(&p1.ctx);
+}
+
 static void test_uncounted_and_errors(size_t frame)
 {
     char err[256];
@@ -375,6 +532,7 @@ int main(void)
     test_floor_and_merge();
     test_orders();
     test_covered(frame);
+    test_window();
     test_uncounted_and_errors(frame);
     return check_report("test_planner");
 }
