@@ -512,8 +512,10 @@ int proto_decode_query(struct ProtoDec *d)
         p->order = CTX_ORDER_NEAREST;
     else if (order.len && !(order.len == 4 && !memcmp(order.p, "rank", 4)))
         FAIL(d, EC_BAD_REQUEST, "order must be \"rank\", \"document\" or \"nearest\"");
-    else if (!order.len)
+    else if (!order.len) {
         p->order = plan_default_order(cfg->kv_reuse != 0);
+        p->window = !cfg->kv_reuse;  /* a blend reuses chunks; a window, the prefix cache */
+    }
     struct Slice unsup = {0};
     if (get_str(d, K_UNSUPPORTED, 1, 16, EC_BAD_REQUEST, &unsup))
         return -1;

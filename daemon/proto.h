@@ -56,6 +56,8 @@ struct RequestParams {
     double relevance_floor;                     /* query: share of the best chunk's score */
     int order;                                  /* query: enum CtxOrder (rank, document,
                                                    nearest) */
+    int window;                                 /* query: 1 when it names no order and chunk
+                                                   KV reuse is off (PlanRequest.window) */
     double temperature, top_p;
     uint64_t seed;
     struct Slice stop[PROTO_MAX_STOP];

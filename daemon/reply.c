@@ -175,7 +175,7 @@ static void put_opt_double(struct MpWriter *w, const char *key, int have, double
 static void put_read(struct MpWriter *w, const struct PlanRead *rs, const struct Context *ctx)
 {
     mpw_cstr(w, "context");
-    mpw_map(w, 10);
+    mpw_map(w, 11);
     mpw_kv_uint(w, "documents", rs->documents);
     mpw_cstr(w, "doc_tokens");
     if (rs->doc_tokens >= 0)
@@ -188,6 +188,7 @@ static void put_read(struct MpWriter *w, const struct PlanRead *rs, const struct
     mpw_kv_uint(w, "chunks_left_out", rs->chunks_left_out);
     mpw_kv_uint(w, "chunks_below_floor", rs->chunks_below_floor);
     mpw_kv_bool(w, "whole", rs->whole);
+    mpw_kv_bool(w, "window", rs->window);
     mpw_kv_uint(w, "history_turns", ctx->n_turns);
     mpw_kv_uint(w, "history_left_out", ctx->n_turns_skipped);
 }
@@ -521,7 +522,7 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
              "finish=%s queue_ms=%.3f retrieve_ms=%.3f prefill_ms=%.3f ttft_ms=%.3f decode_ms=%.3f "
              "prompt_tokens=%zu cached_tokens=%lld reused_tokens=%lld context_tokens=%zu "
              "completion_tokens=%lld "
-             "doc_tokens=%lld placed_tokens=%zu chunks_left_out=%zu whole=%s "
+             "doc_tokens=%lld placed_tokens=%zu chunks_left_out=%zu whole=%s window=%s "
              "retried=%d detector=%s "
              "score=%s flagged=%s abstained=%s lookback_ratio=%s unsupported_token_ratio=%s "
              "mean_logprob=%s min_logprob=%s answer_tokens=%zu flagged_tokens=%zu outcome=%s%s%s",
@@ -530,6 +531,7 @@ void reply_query(struct Broker *b, struct Request *r, const struct WireResult *r
              (long long)res->reused_tokens, context_tokens,
              (long long)res->completion_tokens, r->read.doc_tokens, r->read.placed_tokens,
              r->read.chunks_left_out, r->read.whole ? "true" : "false",
+             r->read.window ? "true" : "false",
              r->retried, b->o.calibration ? b->o.calibration->name : "none",
              opt_fmt(f_score, sizeof f_score, gs->scored, gs->score),
              gs->scored ? (gs->flagged ? "true" : "false") : "-", gs->abstained ? "true" : "false",

@@ -255,6 +255,7 @@ void stage_query(const struct PrepShared *sh, struct Request *r)
         .history = p->history, .n_history = p->n_history,
         .budget = (size_t)p->max_context_tokens, .top_k = (size_t)p->top_k,
         .relevance_floor = p->relevance_floor, .order = (enum CtxOrder)p->order,
+        .window = p->window,
         .chunks = chunks, .n_chunks = n_hits,
         .n_searches = (p->n_docs > 0) + (p->collection.len > 0),
         .docs = docs.v, .n_docs = docs.n,

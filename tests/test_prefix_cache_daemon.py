@@ -136,6 +136,58 @@ def test_every_chunk_placed_reads_the_document_whole(tmp_path, default_model, sq
     assert u2["cached_tokens"] >= ctx[1]["doc_tokens"] and u2["cached_tokens"] % 64 == 0, u2
 
 
+def test_a_long_stored_document_is_read_as_a_window(tmp_path, default_model, squad_dir):
+    """A stored ~3.5K-token document asked with a 3K budget and no relevance floor, the query
+    naming no order: each question reads the document's opening in order (the first citation,
+    from byte 0, the same for both) and then its best chunks outside it, and the second
+    question takes the opening from the prefix cache. Naming an order reads chunks instead.
+    The CLI's read line says what was read."""
+    import subprocess
+    from conftest import BUILD
+    text = long_document(squad_dir, 16000)[:16000]
+    text = text[:text.rindex("\n\n")]
+    qs = ["Which people and which century does the text tell of?",
+          "What happened to the people, and when, in the text?"]
+    with Daemon(tmp_path, default_model, workers=1, threads=2, max_context_tokens=3072,
+                max_tokens=8, relevance_floor=0) as d:
+        c = d.client()
+        _, r = c.call({"v": 1, "op": "ingest", "id": "i", "collection": "long",
+                       "docs": [{"id": "article", "title": "An article", "text": text}]},
+                      timeout=120)
+        assert r["ok"], r
+        rs = []
+        for i, q in enumerate(qs + qs[:1]):
+            extra = {"order": "rank"} if i == 2 else {}
+            _, r = c.call(query(q, collection="long", id=i, max_tokens=4,
+                                max_context_tokens=3072, **extra), timeout=300)
+            assert r["ok"], r
+            rs.append(r)
+        cli = subprocess.run([str(BUILD / "diffrag"), "--endpoint", d.endpoint, "ask", "-c",
+                              "long", "--relevance-floor", "0", "--max-tokens", "4",
+                              "--max-context-tokens", "3072", qs[1]],
+                             capture_output=True, text=True, timeout=300)
+        assert d.stop() == 0
+    for r in rs:
+        print(r["context"], r["usage"], [x["offsets"] for x in r["citations"]])
+    w1, w2, ranked = rs
+    for r in (w1, w2):
+        cx, first = r["context"], r["citations"][0]
+        assert cx["window"] and not cx["whole"] and first["offsets"][0] == 0, cx
+        assert first["doc_id"] == "article" and not first["whole"] and len(r["citations"]) > 1
+        assert cx["chunks_placed"] + cx["chunks_left_out"] == cx["chunks_matched"], cx
+        # the chunks after the opening lie outside it
+        assert all(x["offsets"][1] > first["offsets"][1] for x in r["citations"][1:])
+    assert w1["citations"][0]["offsets"] == w2["citations"][0]["offsets"]
+    opening = w1["citations"][0]["offsets"][1]
+    assert 1024 * 3 < opening < len(text), opening
+    u1, u2 = w1["usage"], w2["usage"]
+    assert u1["cached_tokens"] == 0 and u2["cached_tokens"] >= u2["context_tokens"] - 800, (u1, u2)
+    assert not ranked["context"]["window"] and len(ranked["citations"]) > 3
+    assert cli.returncode == 0, cli.stderr
+    assert "the best document's opening in order, then the best chunks outside it" in cli.stdout, \
+        cli.stdout
+
+
 def test_cli_and_openai_api_share_a_documents_prefix(tmp_path, default_model, squad_dir):
     """The same text asked about through `diffrag ask -d FILE` and then through the OpenAI API
     (diffrag.docs, a bare string) gets the same prompt up to the question: the API's request

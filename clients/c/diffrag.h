@@ -219,6 +219,9 @@ typedef struct DiffragContextRead {
     int64_t chunks_below_floor; /* found but under the relevance floor (not matched); 0 from a
                                    daemon that does not say */
     int whole;                /* every document placed whole */
+    int window;               /* the best document read as a window: its opening in order,
+                                 then the best chunks outside it (0 from a daemon that does
+                                 not say) */
 } DiffragContextRead;
 
 /* The groundedness figures of an answer, when the daemon reports them (has_grounding); the

@@ -213,6 +213,7 @@ static void decode_answer(struct Dec *d, const msgpack_object *map, const void *
         r->chunks_left_out = (int64_t)opt_num(cx, "chunks_left_out", 0);
         r->chunks_below_floor = (int64_t)opt_num(cx, "chunks_below_floor", 0);
         r->whole = opt_bool(cx, "whole");
+        r->window = opt_bool(cx, "window");
     }
     /* the answer policy's decline (a daemon before it sends none: not declined) */
     a->declined = opt_bool(map, "declined");

@@ -69,8 +69,11 @@ static void print_read(const DiffragAnswer *r)
                        : x->chunks_left_out > 0 ? "a larger --max-context-tokens reads more"
                        : x->chunks_below_floor > 0 ? "a lower --relevance-floor reads more"
                        : "the rest matched no word of the question or fell past --top-k";
-    printf("read: %lld%s document tokens: %lld of %lld matching chunks placed, %lld left out%s; "
-           "%s\n", (long long)x->placed_tokens, of, (long long)x->chunks_placed,
+    printf("read: %lld%s document tokens: %s%lld of %lld matching chunks placed, %lld left "
+           "out%s; %s\n", (long long)x->placed_tokens, of,
+           x->window ? "the best document's opening in order, then the best chunks outside it; "
+                     : "",
+           (long long)x->chunks_placed,
            (long long)x->chunks_matched, (long long)x->chunks_left_out, floor, hint);
 }
 

@@ -287,6 +287,7 @@ def parse_answer(m: Dict[str, Any]) -> Answer:
                               chunks_left_out=count("chunks_left_out") or 0,
                               chunks_below_floor=count("chunks_below_floor") or 0,
                               whole=cx.get("whole") is True,
+                              window=cx.get("window") is True,
                               history_turns=count("history_turns") or 0,
                               history_left_out=count("history_left_out") or 0)
     quotes = []

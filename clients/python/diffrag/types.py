@@ -55,7 +55,8 @@ class ContextRead:
     is None when the daemon did not count them (too much text). ``history_turns`` earlier turns
     of the conversation were placed, ``history_left_out`` (the oldest) were not.
     ``chunks_below_floor``: chunks the search found that the relevance floor dropped (0 from a
-    daemon that does not say)."""
+    daemon that does not say). ``window``: the best document was read as a window, its opening
+    in order and then the best chunks outside it (False from a daemon that does not say)."""
 
     documents: int = 0
     doc_tokens: Optional[int] = None
@@ -65,6 +66,7 @@ class ContextRead:
     chunks_left_out: int = 0
     chunks_below_floor: int = 0
     whole: bool = False
+    window: bool = False
     history_turns: int = 0
     history_left_out: int = 0
 
