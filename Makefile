@@ -139,8 +139,10 @@ bench-grounding: all $(MODEL_FILE) $(QWEN_FILE) venv
 # question over the same ~7K tokens of documents / the first's), 16 concurrent clients'
 # tokens/s, and the p99 inter-token gap of a stream while a long prompt prefills, against
 # their targets. BENCH_ARGS=--quick: a smoke run; --model another GGUF file. Then the
-# long-document scenario (bench/bench_longdoc.py: ten questions over each of three ~16K-token
-# documents, inline and stored; about 15 minutes more), LONGDOC_ARGS its options.
+# long-document scenario (bench/bench_longdoc.py: first ten questions over each of five
+# ~18K-token documents stored in one collection, asked at a 16K budget in the window layout and
+# in rank order, about 95 minutes; then ten over each of three ~16K-token documents, inline and
+# stored, about 15 minutes more), LONGDOC_ARGS its options (--window-docs 0: no window run).
 bench-serving: all $(QWEN_FILE) venv
 	BUILD=$(BUILD) $(VENV_PATH) $(PYTHON) bench/bench_serving.py $(BENCH_ARGS)
 	BUILD=$(BUILD) $(VENV_PATH) $(PYTHON) bench/bench_longdoc.py $(LONGDOC_ARGS)
