@@ -19,8 +19,8 @@ documents that fit the budget go in whole, whatever the question matched.
   as a query that names no order (the window layout: the best document's opening in order,
   then the best chunks outside it; docs/retriever.md) and with `order: rank` (the best chunks
   first, the exact path without a window, whose prompt no earlier question shares). Target:
-  a later question over a document gets its first token in at most 0.3 of the rank layout's
-  time for the same question, with at least as many answers right.
+  later questions over a document get their first token in at most 0.3 of the rank layout's
+  time for the same question (the median), with at least as many answers right.
 
 Times are the daemon's own (timings.ttft_ms: from receipt to the first token); answers are
 greedy, 32 tokens at most, right when they contain a gold answer (SQuAD's normalisation).
@@ -132,9 +132,9 @@ def run_window(c, doc_qs, budget, rows):
 
 def summarise_window(rows):
     """The window layout's first token against the rank layout's for the same question, over
-    the questions whose retrieved context filled the budget (the window was used; a question
-    that matches few chunks gets the same short prompt either way, from the prefix cache the
-    second time), the first such question of each document apart; answers right over all."""
+    the questions that used the window (one whose best document's matching chunks do not fill
+    its opening gets the same prompt either way, from the prefix cache the second time), the
+    first such question of each document apart; answers right over all."""
     win = {(r["doc"], r["n"]): r for r in rows if r["layout"] == "window"}
     rank = {(r["doc"], r["n"]): r for r in rows if r["layout"] == "rank"}
     keys = sorted(k for k in win if k in rank)
@@ -156,8 +156,9 @@ def summarise_window(rows):
             statistics.median(d[k]["ttft_s"] for k in later) if later else float("nan"),
             statistics.median(d[k]["cached"] for k in later) if later else 0,
             sum(d[k]["right"] for k in keys), len(keys)))
-    print("window layout used for %d of %d questions (the others matched too few chunks to "
-          "fill the budget: the same prompt both ways)" % (len(used), len(keys)))
+    print("window layout used for %d of %d questions (for the others the best document's "
+          "matching chunks did not fill its opening: the same prompt both ways)"
+          % (len(used), len(keys)))
     if ratios:
         print("window / rank TTFT: first questions median %.3f; later questions median %.3f, "
               "worst %.3f, %d of %d at most 0.3"
@@ -190,6 +191,14 @@ def summarise(rows, label):
         "%.3f (max %.3f)" % (statistics.median(ratios), max(ratios)) if ratios else "-",
         sum(r["right"] for r in rs), len(rs)))
     return max(ratios) if ratios else None
+
+
+def write_json(path, rows):
+    """One line per answer into path (None: nowhere)."""
+    if path:
+        with open(path, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
 
 
 def main():
@@ -237,10 +246,7 @@ def main():
                   "median; at least as many right): %s"
                   % ("met" if got[0] <= 0.3 and got[1] else "NOT met"), flush=True)
     if a.only_window:
-        if a.json:
-            with open(a.json, "w") as f:
-                for r in rows:
-                    f.write(json.dumps(r) + "\n")
+        write_json(a.json, rows)
         return
     doc_qs = documents(a.docs + (1 if a.stored_questions else 0), a.tokens, a.questions)
     stored_doc = doc_qs.pop() if a.stored_questions else None
@@ -263,10 +269,7 @@ def main():
                 run("stored", c, [(title, text, qs[:a.stored_questions])], a.budget,
                     lambda k, t, x: {"collection": "long"}, rows)
             assert d.stop() == 0
-    if a.json:
-        with open(a.json, "w") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    write_json(a.json, rows)
     print("\n| layout | first questions | later questions | median first TTFT | median later "
           "TTFT | later / first of its document | right |")
     print("|---|---|---|---|---|---|---|")
