@@ -342,38 +342,48 @@ done:
  * that holds less than half of its document trades too much of what the question matched. */
 enum { PLAN_WINDOW_TAIL_DIV = 8, PLAN_WINDOW_MIN_TOKENS = 1024, PLAN_WINDOW_SLACK = 16 };
 
-/* The longest opening of text that ends a paragraph (before a blank line), else a line, and
- * holds at most `avail` tokens: its length into *len (0: none fits). */
+/* The longest opening of text that ends at a cut (a line end; with para, one before a blank
+ * line) and holds at most `avail` tokens: its length into *len and its tokens into *tokens
+ * (0, 0: none fits). */
+static int fit_cut(const struct TokenCounter *tc, const char *text, size_t text_len, int para,
+                   size_t avail, size_t *cuts, size_t *len, size_t *tokens)
+{
+    size_t n_cuts = 0;
+    *len = *tokens = 0;
+    for (size_t i = 1; i + 1 < text_len; i++)
+        if (text[i] == '\n' && text[i - 1] != '\n' && (!para || text[i + 1] == '\n'))
+            cuts[n_cuts++] = i;
+    size_t lo = 0, hi = n_cuts;  /* cuts[0..lo) fit; cuts[hi..) do not */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2, t;
+        if (tokcount_count(tc, text, cuts[mid], &t))
+            return RET_ETOKEN;
+        if (t <= avail) {
+            lo = mid + 1;
+            *len = cuts[mid];
+            *tokens = t;
+        } else {
+            hi = mid;
+        }
+    }
+    return RET_OK;
+}
+
+/* The opening of text with at most `avail` tokens: its length into *len (0: none fits). It ends
+ * a paragraph (before a blank line), unless the last paragraph end that fits leaves more than
+ * an eighth of `avail` unused (a long table, list or code block there): then a line. */
 static int fit_opening(const struct TokenCounter *tc, const char *text, size_t text_len,
                        size_t avail, size_t *len)
 {
-    size_t *cuts = malloc((text_len / 2 + 1) * sizeof *cuts);
-    *len = 0;
+    size_t *cuts = malloc((text_len / 2 + 1) * sizeof *cuts), t, line_len;
     if (!cuts)
         return RET_ENOMEM;
-    for (int para = 1; para >= 0 && *len == 0; para--) {
-        size_t n_cuts = 0;
-        for (size_t i = 1; i + 1 < text_len; i++)
-            if (text[i] == '\n' && text[i - 1] != '\n' &&
-                (!para || text[i + 1] == '\n'))
-                cuts[n_cuts++] = i;
-        size_t lo = 0, hi = n_cuts;  /* cuts[0..lo) fit; cuts[hi..) do not */
-        while (lo < hi) {
-            size_t mid = lo + (hi - lo) / 2, t;
-            if (tokcount_count(tc, text, cuts[mid], &t)) {
-                free(cuts);
-                return RET_ETOKEN;
-            }
-            if (t <= avail)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
-        if (lo > 0)
-            *len = cuts[lo - 1];
-    }
+    int st = fit_cut(tc, text, text_len, 1, avail, cuts, len, &t);
+    if (!st && t < avail - avail / PLAN_WINDOW_TAIL_DIV &&
+        !(st = fit_cut(tc, text, text_len, 0, avail, cuts, &line_len, &t)) && line_len > *len)
+        *len = line_len;
     free(cuts);
-    return RET_OK;
+    return st;
 }
 
 /* The window layout into *ctx when it applies (else *ctx stays NULL); *n_inside: the offered

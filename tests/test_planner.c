@@ -475,6 +475,47 @@ static void test_window(void)
     ctx_destroy(&p1.ctx);
 }
 
+/* A document whose paragraphs give way to a long table: the opening ends at a row (a line
+ * end), not at the last paragraph end before the table, which would leave most of its share
+ * unused. */
+static void test_window_line_cut(void)
+{
+    enum { PARAS = 20, ROWS = 400 };
+    static char text[PARAS * 80 + ROWS * 40];
+    static struct CtxChunk ch[PARAS + ROWS];
+    size_t off = 0, n = 0, table = 0;
+    for (int i = 0; i < PARAS + ROWS; i++) {
+        if (i == PARAS)
+            table = off;
+        size_t start = off;
+        off += (size_t)(i < PARAS
+                            ? snprintf(text + off, sizeof text - off,
+                                       "Paragraph %d tells of river %d and of its town.", i, i)
+                            : snprintf(text + off, sizeof text - off, "| row %d | value %d |",
+                                       i, i * 3));
+        ch[n] = (struct CtxChunk){ "tab", 3, "T", 1, text + start, off - start, (uint32_t)i,
+                                   start, off, 100.0 - (double)i, 0, 0, NULL, 0, 0, 0 };
+        n++;
+        if (i + 1 < PARAS + ROWS)
+            off += (size_t)snprintf(text + off, sizeof text - off, i < PARAS ? "\n\n" : "\n");
+    }
+    struct PlanDoc d[1] = { { "tab", 3, "T", 1, text, off, PLAN_DOC_FOUND, 5 } };
+    size_t budget = tokens_of(text) * 2 / 3;
+    struct PlanRequest rq = request(ch, n, 1, budget);
+    rq.docs = d;
+    rq.window = 1;
+    char err[256];
+    struct Plan pl;
+    CHECK(plan_context(&rq, &pl, err, sizeof err) == RET_OK && pl.read.window, "plan: %s", err);
+    const struct CtxCitation *w = &pl.ctx->cites[0];
+    CHECK(w->byte_end > table && text[w->byte_end] == '\n' && text[w->byte_end + 1] == '|',
+          "the opening ends at a table row: byte %zu (the table starts at %zu)",
+          (size_t)w->byte_end, table);
+    CHECK((w->tokens.end - w->tokens.start) * 4 > budget * 3 - 400,
+          "it takes its share: %zu tokens of %zu", w->tokens.end - w->tokens.start, budget);
+    ctx_destroy(&pl.ctx);
+}
+
 static void test_uncounted_and_errors(size_t frame)
 {
     char err[256];
@@ -533,6 +574,7 @@ int main(void)
     test_orders();
     test_covered(frame);
     test_window();
+    test_window_line_cut();
     test_uncounted_and_errors(frame);
     return check_report("test_planner");
 }
