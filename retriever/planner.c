@@ -48,6 +48,15 @@ static int same_id(const char *a, size_t al, const char *b, size_t bl)
     return al == bl && (al == 0 || !memcmp(a, b, al));
 }
 
+/* The index in rq->docs of the document with this id; rq->n_docs when none has it. */
+static size_t doc_index(const struct PlanRequest *rq, const char *id, size_t id_len)
+{
+    size_t d = 0;
+    while (d < rq->n_docs && !same_id(rq->docs[d].id, rq->docs[d].id_len, id, id_len))
+        d++;
+    return d;
+}
+
 static int by_score(const void *a, const void *b)
 {
     const struct CtxChunk *x = a, *y = b;
@@ -232,10 +241,7 @@ static size_t find_covered(const struct PlanRequest *rq, const struct Context *c
         for (e = g + 1; e < n && same_id(ci[order[e]].doc_id, ci[order[e]].doc_id_len,
                                          ci[order[g]].doc_id, ci[order[g]].doc_id_len); e++)
             ;
-        size_t d = 0;
-        while (d < rq->n_docs && !same_id(rq->docs[d].id, rq->docs[d].id_len,
-                                          ci[order[g]].doc_id, ci[order[g]].doc_id_len))
-            d++;
+        size_t d = doc_index(rq, ci[order[g]].doc_id, ci[order[g]].doc_id_len);
         if (d == rq->n_docs || covered[d])
             continue;
         const struct PlanDoc *doc = &rq->docs[d];
@@ -286,10 +292,7 @@ static int place_covered(const struct PlanRequest *rq, const struct CtxChunk *ch
     qsort(order, n, sizeof *order, by_size);
     for (size_t i = 0; i < n; i++) {
         const struct CtxChunk *ch = &chunks[order[i]];
-        size_t d = 0;
-        while (d < rq->n_docs && !same_id(rq->docs[d].id, rq->docs[d].id_len, ch->doc_id,
-                                          ch->doc_id_len))
-            d++;
+        size_t d = doc_index(rq, ch->doc_id, ch->doc_id_len);
         in_docs += d < rq->n_docs && covered[d];
         if (d == rq->n_docs || !covered[d]) {
             list[n_list++] = *ch;
@@ -395,12 +398,10 @@ static int place_window(const struct PlanRequest *rq, const struct CtxChunk *chu
     if (!rq->window || rq->top_k || n_offered == 0)
         return RET_OK;
     const struct CtxChunk *best = &chunks[0];
-    const struct PlanDoc *d = NULL;
-    for (size_t i = 0; !d && i < rq->n_docs; i++)
-        if (same_id(rq->docs[i].id, rq->docs[i].id_len, best->doc_id, best->doc_id_len))
-            d = &rq->docs[i];
-    if (!d)
+    size_t d_index = doc_index(rq, best->doc_id, best->doc_id_len);
+    if (d_index == rq->n_docs)
         return RET_OK;  /* not read (too much stored text): no opening to place */
+    const struct PlanDoc *d = &rq->docs[d_index];
     /* what the frame before the documents leaves, whatever the question and earlier turns */
     struct CtxOptions co = { .budget = rq->budget, .no_truncate = 1, .system = rq->system,
                              .system_len = rq->system_len };
