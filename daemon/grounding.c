@@ -163,9 +163,25 @@ void gr_window_features(const struct GrSignals *s, size_t a, size_t b, double f[
     f[GR_LOG_CONTEXT] = log1p((double)s->context_tokens);
 }
 
+double gr_length_offset(const struct GrCalibration *c, double log_context)
+{
+    int n = c->n_knots;
+    if (n == 0)
+        return 0;
+    if (log_context <= log1p(c->knot_tokens[0]))
+        return c->knot_offset[0];
+    for (int i = 1; i < n; i++) {
+        double a = log1p(c->knot_tokens[i - 1]), b = log1p(c->knot_tokens[i]);
+        if (log_context <= b)
+            return c->knot_offset[i - 1] +
+                   (c->knot_offset[i] - c->knot_offset[i - 1]) * (log_context - a) / (b - a);
+    }
+    return c->knot_offset[n - 1];
+}
+
 double gr_window_score(const struct GrCalibration *c, const double f[GR_N_FEATURES])
 {
-    double z = c->bias;
+    double z = c->bias + gr_length_offset(c, f[GR_LOG_CONTEXT]);
     for (int j = 0; j < c->n_features; j++)
         if (!isnan(f[c->feature[j]]))
             z += c->weight[j] * (f[c->feature[j]] - c->mean[j]) / c->scale[j];
@@ -285,13 +301,16 @@ void gr_summarize(const struct GrCalibration *cal, double threshold, const struc
 
 /* ---- the calibration file ---- */
 
-/* Keys before CK_REQUIRED are required; the probe's three come together or not at all. */
+/* Keys before CK_REQUIRED are required; the probe's three come together or not at all, and so
+ * do the length offset's two. */
 enum CalKey { CK_MAGIC, CK_NAME, CK_SHA, CK_WINDOW, CK_STRIDE, CK_THRESHOLD, CK_WATCH,
               CK_FEATURES, CK_MEAN, CK_SCALE, CK_WEIGHTS, CK_BIAS, CK_REQUIRED,
-              CK_PROBE_LAYER = CK_REQUIRED, CK_PROBE_WEIGHTS, CK_PROBE_BIAS, CK_COUNT };
+              CK_PROBE_LAYER = CK_REQUIRED, CK_PROBE_WEIGHTS, CK_PROBE_BIAS, CK_LENGTH_TOKENS,
+              CK_LENGTH_OFFSET, CK_COUNT };
 static const char *const cal_keys[CK_COUNT] = {
     "diffrag-grounding", "name", "model_sha256", "window", "stride", "threshold", "watch",
     "features", "mean", "scale", "weights", "bias", "probe_layer", "probe_weights", "probe_bias",
+    "length_tokens", "length_offset",
 };
 
 struct CalParse {
@@ -412,6 +431,38 @@ static int parse_probe(struct CalParse *p, struct GrCalibration *c, const char *
     return 0;
 }
 
+/* The length offset's knots: documents' token counts, strictly ascending; or their offsets. */
+static int parse_knots(struct CalParse *p, struct GrCalibration *c, int tokens, const char *s,
+                       const char *end, int *n)
+{
+    const char *key = tokens ? "length_tokens" : "length_offset", *t;
+    size_t tl;
+    *n = 0;
+    while (next_token(&s, end, &t, &tl)) {
+        if (*n == GR_MAX_KNOTS)
+            return cal_fail(p, p->line, "%s has more than %d numbers", key, GR_MAX_KNOTS);
+        long iv;
+        double v;
+        if (tokens) {
+            if (parse_int(t, tl, 0, 100000000, &iv))
+                return cal_fail(p, p->line, "length_tokens: \"%.*s\" is not a token count from 0 "
+                                "to 100000000", (int)(tl < 40 ? tl : 40), t);
+            if (*n > 0 && (double)iv <= c->knot_tokens[*n - 1])
+                return cal_fail(p, p->line, "length_tokens must be strictly ascending");
+            c->knot_tokens[*n] = (double)iv;
+        } else {
+            if (parse_number(t, tl, &v) || fabs(v) > 1e3)
+                return cal_fail(p, p->line, "length_offset: \"%.*s\" is not a number from -1000 "
+                                "to 1000", (int)(tl < 40 ? tl : 40), t);
+            c->knot_offset[*n] = v;
+        }
+        (*n)++;
+    }
+    if (*n == 0)
+        return cal_fail(p, p->line, "%s has no value", key);
+    return 0;
+}
+
 /* The words after a key: exactly one expected. */
 static int one_token(struct CalParse *p, const char *key, const char *s, const char *end,
                      const char **t, size_t *tl)
@@ -471,7 +522,7 @@ static int parse_features(struct CalParse *p, struct GrCalibration *c, const cha
 }
 
 static int parse_line(struct CalParse *p, struct GrCalibration *c, const char *s, const char *end,
-                      int *lines, int *n_vec)
+                      int *lines, int *n_vec, int *n_knots)
 {
     const char *t;
     size_t tl;
@@ -559,6 +610,9 @@ static int parse_line(struct CalParse *p, struct GrCalibration *c, const char *s
         return parse_vector(p, key, s, end, c->scale, &n_vec[1]);
     case CK_WEIGHTS:
         return parse_vector(p, key, s, end, c->weight, &n_vec[2]);
+    case CK_LENGTH_TOKENS:
+    case CK_LENGTH_OFFSET:
+        return parse_knots(p, c, k == CK_LENGTH_TOKENS, s, end, &n_knots[k == CK_LENGTH_OFFSET]);
     }
     return cal_fail(p, p->line, "key %s is not handled", key);
 }
@@ -567,7 +621,7 @@ int gr_calibration_parse(const char *text, size_t len, const char *origin,
                          struct GrCalibration *out, char *err, size_t errlen)
 {
     struct CalParse p = { .origin = origin ? origin : "calibration", .err = err, .errlen = errlen };
-    int lines[CK_COUNT] = { 0 }, n_vec[3] = { 0 };
+    int lines[CK_COUNT] = { 0 }, n_vec[3] = { 0 }, n_knots[2] = { 0 };
     memset(out, 0, sizeof *out);
     out->probe_layer = -1;
     if (len > GR_MAX_FILE_BYTES)
@@ -586,7 +640,7 @@ int gr_calibration_parse(const char *text, size_t len, const char *origin,
         for (const char *q = s; q < ce; q++)
             if ((unsigned char)*q < 0x20 && *q != '\t')
                 return cal_fail(&p, p.line, "control character 0x%02x", (unsigned char)*q);
-        if (parse_line(&p, out, s, ce, lines, n_vec))
+        if (parse_line(&p, out, s, ce, lines, n_vec, n_knots))
             return -1;
         s = nl ? nl + 1 : end;
     }
@@ -596,6 +650,12 @@ int gr_calibration_parse(const char *text, size_t len, const char *origin,
     int probe_keys = !!lines[CK_PROBE_LAYER] + !!lines[CK_PROBE_WEIGHTS] + !!lines[CK_PROBE_BIAS];
     if (probe_keys != 0 && probe_keys != 3)
         return cal_fail(&p, 0, "probe_layer, probe_weights and probe_bias come together");
+    if (!!lines[CK_LENGTH_TOKENS] != !!lines[CK_LENGTH_OFFSET])
+        return cal_fail(&p, 0, "length_tokens and length_offset come together");
+    if (n_knots[0] != n_knots[1])
+        return cal_fail(&p, lines[CK_LENGTH_OFFSET], "length_offset has %d numbers; "
+                        "length_tokens has %d", n_knots[1], n_knots[0]);
+    out->n_knots = n_knots[0];
     for (int j = 0; j < out->n_features; j++)
         if (out->feature[j] == GR_PROBE && !probe_keys)
             return cal_fail(&p, lines[CK_FEATURES], "feature hidden_probe needs probe_layer, "

@@ -28,6 +28,7 @@ const char *gr_feature_name(int f);   /* "mean_logprob", ...; NULL out of range 
 #define GR_MAX_WINDOW 4096
 #define GR_MAX_FILE_BYTES (1 << 20)
 #define GR_MAX_PROBE 24576                /* probe weights: three rows of a dim up to 8192 */
+#define GR_MAX_KNOTS 16                   /* length_tokens / length_offset */
 
 struct GrHead { int layer, head; };
 
@@ -42,6 +43,12 @@ struct GrCalibration {
     int feature[GR_N_FEATURES];        /* enum GrFeature, in the file's order, distinct */
     double mean[GR_N_FEATURES], scale[GR_N_FEATURES], weight[GR_N_FEATURES]; /* scale > 0 */
     double bias;
+    /* The length offset (optional): added to every window's logit, linear in ln(1 + the
+     * documents' tokens) between the knots and constant beyond them, so that one threshold
+     * means the same at every context length. */
+    int n_knots;                       /* 0: none; else 1..GR_MAX_KNOTS */
+    double knot_tokens[GR_MAX_KNOTS];  /* documents' tokens, strictly ascending */
+    double knot_offset[GR_MAX_KNOTS];  /* the logit offset at each knot */
     /* The hidden-state probe (optional; the feature hidden_probe needs it): its logit is
      * probe_bias + probe_w . [the residual stream entering probe_layer at the prompt's last
      * position ; its mean over the positions that gave the answer tokens (; at the last
@@ -119,9 +126,13 @@ size_t gr_windows(size_t n, int window, int stride, struct GrWindow *out, size_t
  * the context reliance are the answer's, the same in every window, and NaN when not measured. */
 void gr_window_features(const struct GrSignals *s, size_t a, size_t b,
                         double f[GR_N_FEATURES]);
-/* sigma(bias + sum_j weight_j (f_j - mean_j) / scale_j) over the calibration's features; a
- * NaN feature (a self-check that did not run) adds nothing, as if it were at its mean. */
+/* sigma(bias + length offset + sum_j weight_j (f_j - mean_j) / scale_j) over the calibration's
+ * features; a NaN feature (a self-check that did not run) adds nothing, as if it were at its
+ * mean. The length offset is read at f[GR_LOG_CONTEXT]. */
 double gr_window_score(const struct GrCalibration *c, const double f[GR_N_FEATURES]);
+/* The calibration's length offset at log_context = ln(1 + the documents' tokens): 0 without
+ * knots; the first or last knot's offset outside them; linear in log_context between two. */
+double gr_length_offset(const struct GrCalibration *c, double log_context);
 
 /* The answer, whitespace-trimmed, begins with the prompt's refusal phrase (case-insensitive,
  * its final punctuation optional). */

@@ -109,7 +109,8 @@ def ask(client, question, **kw):
     kw.setdefault("temperature", 1.0)
     kw.setdefault("seed", 1)
     kw.setdefault("include", ["token_signals"])
-    _, r = client.call(query(question, DOCS, max_tokens=kw.pop("max_tokens", 24), **kw),
+    docs = kw.pop("docs", DOCS)
+    _, r = client.call(query(question, docs, max_tokens=kw.pop("max_tokens", 24), **kw),
                        timeout=60)
     assert r["ok"], r
     return r
@@ -389,6 +390,34 @@ def test_self_check_leaves_the_answer_as_it_was(tmp_path, model):
                                      include=["token_signals"]), timeout=60)
         assert r["ok"] and not r["citations"], r
         assert r["grounding"]["context_reliance"] is None, r["grounding"]
+
+
+def test_length_offset_moves_the_score_with_the_documents_tokens(tmp_path, model):
+    """A calibration with length_tokens/length_offset: the daemon's score is NumPy's with the
+    offset read at the reply's usage.context_tokens, over documents of different lengths, and
+    it differs from the score without the offset by exactly that offset in every window."""
+    cal_path = write_calibration(tmp_path / "len.grounding", sha256(model), name="tiny-len")
+    cal_path.write_text(cal_path.read_text() + "length_tokens 100 1000\nlength_offset 1.5 -2\n")
+    cal = gf.read_calibration(str(cal_path))
+    plain = {k: v for k, v in cal.items() if k not in gf.LENGTH_KEYS}
+    paris = DOCS[1]["text"]   # words the lexical check knows
+    with Daemon(tmp_path, model, workers=1, grounding_calibration=cal_path) as d:
+        c = d.client()
+        seen = set()
+        for i, extra in enumerate(("", " ".join([paris] * 10), " ".join([paris] * 60))):
+            docs = [dict(DOCS[0], text=DOCS[0]["text"] + " " + extra)]
+            r = ask(c, QUESTIONS[0], docs=docs, seed=i)
+            g, ts = check_shape(r)
+            tokens = r["usage"]["context_tokens"]
+            seen.add(tokens)
+            sig = dict(ts, context_tokens=tokens)
+            want, wscores = gf.score(cal, sig)
+            assert abs(g["score"] - want) < 1e-5, (tokens, g["score"], want)
+            off = float(gf.length_offset(cal, math.log1p(tokens)))
+            for a, b in zip(wscores, gf.score(plain, sig)[1]):
+                a, b = min(max(a, 1e-12), 1 - 1e-12), min(max(b, 1e-12), 1 - 1e-12)
+                assert abs(math.log(a / (1 - a)) - math.log(b / (1 - b)) - off) < 1e-6
+        assert len(seen) == 3 and min(seen) < 100 < sorted(seen)[1] < 1000 < max(seen), seen
 
 
 def test_threshold_override_flags_every_scored_answer(tmp_path, model):

@@ -245,6 +245,41 @@ def test_hidden_state_probe_keys_and_logit(tmp_path):
                              .replace("-0.5\n", "-0.5 1\n"))
 
 
+def test_length_offset_keys_and_score(tmp_path):
+    """length_tokens/length_offset: parsed, written back exactly, linear in ln(1 + tokens)
+    between the knots and flat beyond them, added to every window's logit (as
+    daemon/grounding.c's gr_length_offset, whose unit test checks the same values)."""
+    cal = gf.parse_calibration(GOOD + "length_tokens 200 1700 15000\n"
+                                      "length_offset 0.5 -1.5 -1\n")
+    np.testing.assert_array_equal(cal["length_tokens"], [200, 1700, 15000])
+    mid = (math.log1p(1700) + math.log1p(15000)) / 2
+    for lc, want in ((0.0, 0.5), (math.log1p(200), 0.5), (math.log1p(1700), -1.5), (mid, -1.25),
+                     (math.log1p(1e6), -1.0)):
+        assert abs(float(gf.length_offset(cal, lc)) - want) < 1e-12, (lc, want)
+    base = gf.parse_calibration(GOOD)
+    s = signals(20, seed=4)
+    for tokens in (50, 900, 1700, 6000, 40000):
+        sig = dict(s, context_tokens=tokens)
+        off = float(gf.length_offset(cal, math.log1p(tokens)))
+        _, with_off = gf.score(cal, sig)
+        _, without = gf.score(base, sig)
+        for a, b in zip(with_off, without):
+            assert abs(math.log(a / (1 - a)) - math.log(b / (1 - b)) - off) < 1e-9
+    with pytest.raises(ValueError, match="needs context_tokens|need context_tokens"):
+        gf.score(cal, s)
+    path = tmp_path / "l.grounding"
+    gf.write_calibration(path, cal)
+    back = gf.read_calibration(path)
+    np.testing.assert_array_equal(back["length_tokens"], cal["length_tokens"])
+    np.testing.assert_array_equal(back["length_offset"], cal["length_offset"])
+    for extra, message in (("length_tokens 200 1700\n", "come together"),
+                           ("length_tokens 200 1700\nlength_offset 1\n", "has 1 numbers"),
+                           ("length_tokens 1700 200\nlength_offset 1 2\n", "strictly ascending"),
+                           ("length_tokens 5\nlength_offset 1e9\n", "from -1000 to 1000")):
+        with pytest.raises(ValueError, match=message):
+            gf.parse_calibration(GOOD + extra)
+
+
 def test_calibration_round_trip_is_exact(tmp_path):
     cal = calibration(weights=np.array([1 / 3, -2 / 7, 1e-17, 3e5, -0.1, 0.7, 2.0, -1e-3, 5.0]))
     path = tmp_path / "c.grounding"

@@ -206,6 +206,50 @@ static void test_calibration(void)
     bad_cal(9, "features mean_logprob min_logprob mean_entropy mean_margin lookback "
             "diff_doc_mass hidden_probe", "x.grounding:9: feature hidden_probe needs probe_layer");
 
+    /* the length offset: two keys together, knots strictly ascending, one offset per knot;
+     * linear in ln(1 + tokens) between knots, the end knots' offsets beyond them */
+    snprintf(text, sizeof text, "%slength_tokens 200 1700 15000\nlength_offset 0.5 -1.5 -1\n",
+             GOOD);
+    rc = gr_calibration_parse(text, strlen(text), "l", &c, err, sizeof err);
+    CHECK(rc == 0 && c.n_knots == 3 && c.knot_tokens[1] == 1700 && c.knot_offset[2] == -1,
+          "length offset: %s", rc ? err : "");
+    CHECK(gr_length_offset(&c, log1p(0)) == 0.5 && gr_length_offset(&c, log1p(200)) == 0.5 &&
+          gr_length_offset(&c, log1p(1700)) == -1.5 && gr_length_offset(&c, log1p(1e6)) == -1,
+          "offsets at and beyond the knots");
+    double mid = (log1p(1700) + log1p(15000)) / 2;
+    CHECK(fabs(gr_length_offset(&c, mid) - -1.25) < 1e-12, "halfway in log tokens: %g",
+          gr_length_offset(&c, mid));
+    {
+        double f[GR_N_FEATURES] = { 0 };
+        for (int j = 0; j < c.n_features; j++)
+            f[c.feature[j]] = c.mean[j];   /* every feature at its mean: bias + offset */
+        f[GR_LOG_CONTEXT] = log1p(1700);
+        CHECK(fabs(gr_window_score(&c, f) - 1 / (1 + exp(-(c.bias - 1.5)))) < 1e-12,
+              "the offset enters the window score");
+    }
+    rc = gr_calibration_parse(GOOD, strlen(GOOD), "x.grounding", &c, err, sizeof err);
+    CHECK(rc == 0 && c.n_knots == 0 && gr_length_offset(&c, 9.0) == 0, "no length offset");
+    static const struct { const char *lines, *want; } bad_len[] = {
+        { "length_tokens 200 1700\n", "length_tokens and length_offset come together" },
+        { "length_tokens 200 1700\nlength_offset 1\n", "l:16: length_offset has 1 numbers; "
+          "length_tokens has 2" },
+        { "length_tokens 1700 200\nlength_offset 1 2\n", "l:15: length_tokens must be strictly "
+          "ascending" },
+        { "length_tokens 200 200\nlength_offset 1 2\n", "strictly ascending" },
+        { "length_tokens -5\nlength_offset 1\n", "\"-5\" is not a token count" },
+        { "length_tokens 5\nlength_offset nan\n", "length_offset: \"nan\" is not a number" },
+        { "length_tokens 5\nlength_offset 1e9\n", "length_offset: \"1e9\" is not a number" },
+        { "length_tokens\nlength_offset\n", "length_tokens has no value" },
+        { "length_tokens 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17\nlength_offset 0\n",
+          "length_tokens has more than 16 numbers" },
+    };
+    for (size_t i = 0; i < sizeof bad_len / sizeof bad_len[0]; i++) {
+        snprintf(text, sizeof text, "%s%s", GOOD, bad_len[i].lines);
+        rc = gr_calibration_parse(text, strlen(text), "l", &c, err, sizeof err);
+        CHECK(rc != 0 && strstr(err, bad_len[i].want), "bad length offset %zu: want \"%s\", "
+              "got \"%s\"", i, bad_len[i].want, rc ? err : "success");
+    }
+
     int ls[8];
     int nl;
     CHECK(gr_parse_layers(" 4, 14,24", ls, 8, &nl, err, sizeof err) == 0 && nl == 3 && ls[1] == 14,

@@ -22,6 +22,9 @@ KEYS = ("name", "model_sha256", "window", "stride", "threshold", "watch", "featu
         "scale", "weights", "bias")
 # the hidden-state probe's keys: all three or none
 PROBE_KEYS = ("probe_layer", "probe_weights", "probe_bias")
+# the length offset's keys: both or none (daemon/grounding.h GR_MAX_KNOTS numbers at most)
+LENGTH_KEYS = ("length_tokens", "length_offset")
+MAX_KNOTS = 16
 
 # token_signals arrays a score needs
 SIGNALS = ("logprob", "entropy", "margin", "doc_mass", "gen_mass", "diff_doc_mass",
@@ -74,7 +77,7 @@ def parse_calibration(text):
                                  (lineno, rest.strip(), VERSION))
             magic_line = lineno
             continue
-        if key not in KEYS + PROBE_KEYS:
+        if key not in KEYS + PROBE_KEYS + LENGTH_KEYS:
             raise ValueError("line %d: unknown key %r" % (lineno, key))
         if key in seen:
             raise ValueError("line %d: key %s repeated (first on line %d)" %
@@ -104,6 +107,17 @@ def parse_calibration(text):
             if not vals or (len(vals) % 2 and len(vals) % 3):
                 raise ValueError("line %d: probe_weights has %d numbers; it needs two or three "
                                  "rows of the model's dim" % (lineno, len(vals)))
+        elif key == "length_tokens":
+            v = [_integer(x, lineno, key, 0) for x in vals]
+            if len(v) > MAX_KNOTS or any(b <= a for a, b in zip(v, v[1:])) or v[-1] > 100000000:
+                raise ValueError("line %d: length_tokens must be at most %d strictly ascending "
+                                 "token counts up to 100000000" % (lineno, MAX_KNOTS))
+            cal[key] = np.array(v, dtype=np.float64)
+        elif key == "length_offset":
+            cal[key] = np.array([_number(x, lineno, key) for x in vals], dtype=np.float64)
+            if len(vals) > MAX_KNOTS or np.any(np.abs(cal[key]) > 1e3):
+                raise ValueError("line %d: length_offset must be at most %d numbers from -1000 "
+                                 "to 1000" % (lineno, MAX_KNOTS))
         elif key in ("threshold", "bias", "probe_bias"):
             if len(vals) != 1:
                 raise ValueError("line %d: %s takes one number" % (lineno, key))
@@ -140,6 +154,12 @@ def parse_calibration(text):
     have = [k for k in PROBE_KEYS if k in seen]
     if have and len(have) != len(PROBE_KEYS):
         raise ValueError("line %d: %s come together" % (end, ", ".join(PROBE_KEYS)))
+    have_len = [k for k in LENGTH_KEYS if k in seen]
+    if have_len and len(have_len) != len(LENGTH_KEYS):
+        raise ValueError("line %d: %s come together" % (end, ", ".join(LENGTH_KEYS)))
+    if have_len and len(cal["length_tokens"]) != len(cal["length_offset"]):
+        raise ValueError("line %d: length_offset has %d numbers; length_tokens has %d" % (
+            seen["length_offset"], len(cal["length_offset"]), len(cal["length_tokens"])))
     if "hidden_probe" in cal["features"] and not have:
         raise ValueError("line %d: feature hidden_probe needs %s" %
                          (seen["features"], ", ".join(PROBE_KEYS)))
@@ -190,6 +210,9 @@ def format_calibration(cal, comment=None):
                   "probe_weights %s" % " ".join(repr(float(np.float32(x)))
                                                 for x in cal["probe_weights"]),
                   "probe_bias %s" % repr(float(cal["probe_bias"]))]
+    if "length_tokens" in cal:
+        lines += ["length_tokens %s" % " ".join("%d" % x for x in cal["length_tokens"]),
+                  "length_offset %s" % nums(cal["length_offset"])]
     text = "\n".join(lines) + "\n"
     parse_calibration(text)  # never write a file the parser would refuse
     return text
@@ -339,13 +362,28 @@ def _sigmoid(z):
                     np.exp(-np.abs(z)) / (1.0 + np.exp(-np.abs(z))))
 
 
+def length_offset(cal, log_context):
+    """The calibration's length offset at log_context = ln(1 + the documents' tokens) (an array
+    or a number): 0 without length_tokens; linear in log_context between the knots, the end
+    knots' offsets beyond them (daemon/grounding.c gr_length_offset)."""
+    if "length_tokens" not in cal:
+        return np.zeros_like(np.asarray(log_context, dtype=np.float64))
+    if np.any(np.isnan(log_context)):
+        raise ValueError("calibration %s has a length offset: the signals need context_tokens "
+                         "(the reply's usage.context_tokens)" % cal.get("name"))
+    return np.interp(log_context, np.log1p(cal["length_tokens"]), cal["length_offset"])
+
+
 def window_scores(cal, feats):
     """Logistic scores of rows of window features (FEATURES order) under a calibration; a NaN
-    feature (a self-check that did not run) adds nothing, as in the daemon."""
+    feature (a self-check that did not run) adds nothing, as in the daemon. The length offset
+    is read at the rows' log_context_tokens."""
+    feats = np.asarray(feats, dtype=np.float64)
     cols = [FEATURES.index(f) for f in cal["features"]]
-    x = (np.asarray(feats, dtype=np.float64)[:, cols] - cal["mean"]) / cal["scale"]
+    x = (feats[:, cols] - cal["mean"]) / cal["scale"]
     x = np.where(np.isnan(x), 0.0, x)
-    return _sigmoid(cal["bias"] + x @ cal["weights"])
+    off = length_offset(cal, feats[:, FEATURES.index("log_context_tokens")])
+    return _sigmoid(cal["bias"] + off + x @ cal["weights"])
 
 
 def score(cal, sig):
