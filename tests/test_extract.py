@@ -188,6 +188,29 @@ def test_html(tmp_path):
     assert rc == 1 and out == "" and "not a PDF, DOCX or HTML document" in err and "unsupported format" in err
 
 
+def test_html_definition_lists(tmp_path):
+    """A term and its definition make one paragraph, so no chunk ends between them (an option
+    list of a manual page): terms joined by commas, the definition after a colon, a second
+    definition on a line of its own, items grouped in a <div>, blocks and lists inside a
+    definition, a definition list inside a list item."""
+    (tmp_path / "opts.html").write_text(
+        "<title>bzip2</title><p>Options:</p><dl>\n"
+        "<dt>-c</dt><dt>--stdout</dt><dd><p>Compress or decompress to standard output.</p></dd>\n"
+        "<dt>-k --keep</dt>\n<dd>Keep (don't delete) input files during compression\n"
+        "or decompression.</dd><dd>A second definition.</dd>\n"
+        "<div><dt>-s</dt><dd>Reduce memory usage, <b>for</b> compression.<ul><li>one</li>"
+        "<li>two</li></ul></dd></div></dl><p>After the list.</p>"
+        "<ul><li>item <dl><dt>a</dt><dd>b</dd></dl></li></ul>", encoding="utf-8")
+    rc, out, err = extract(tmp_path / "opts.html")
+    assert rc == 0, err
+    assert out == ("title: bzip2\nOptions:\n\n"
+                   "-c, --stdout: Compress or decompress to standard output.\n\n"
+                   "-k --keep: Keep (don't delete) input files during compression or "
+                   "decompression.\nA second definition.\n\n"
+                   "-s: Reduce memory usage, for compression.\n- one\n- two\n\n"
+                   "After the list.\n\n- item a: b\n"), out
+
+
 def test_html_charsets(tmp_path):
     """Pages in other encodings come out as UTF-8: by their <meta> (Latin-1 read as
     windows-1252, as browsers do, and windows-1251), without one when the bytes are not UTF-8

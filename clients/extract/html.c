@@ -43,8 +43,8 @@ static int block(GumboTag t)
     switch (t) {
     case GUMBO_TAG_P: case GUMBO_TAG_DIV: case GUMBO_TAG_SECTION: case GUMBO_TAG_ARTICLE:
     case GUMBO_TAG_MAIN: case GUMBO_TAG_HEADER: case GUMBO_TAG_ADDRESS: case GUMBO_TAG_BLOCKQUOTE:
-    case GUMBO_TAG_FIGURE: case GUMBO_TAG_FIGCAPTION: case GUMBO_TAG_DL: case GUMBO_TAG_DT:
-    case GUMBO_TAG_DD: case GUMBO_TAG_HR: case GUMBO_TAG_FORM: case GUMBO_TAG_FIELDSET:
+    case GUMBO_TAG_FIGURE: case GUMBO_TAG_FIGCAPTION: case GUMBO_TAG_DT: case GUMBO_TAG_DD:
+    case GUMBO_TAG_HR: case GUMBO_TAG_FORM: case GUMBO_TAG_FIELDSET:
     case GUMBO_TAG_LEGEND: case GUMBO_TAG_DETAILS: case GUMBO_TAG_SUMMARY: case GUMBO_TAG_BODY:
     case GUMBO_TAG_HGROUP: case GUMBO_TAG_CENTER:
         return 1;
@@ -230,6 +230,45 @@ static void list(struct Html *h, const GumboNode *n, int depth)
         md_block(h->m);
 }
 
+/* A definition list's items, each term with its definition in one paragraph ("-k, --keep: Keep
+ * input files."), so that a chunk never ends between them: consecutive terms are joined by
+ * commas, a term's first definition follows a colon, a further one starts a line. A <div>
+ * that groups items (HTML5) is read through. *prev: what came last, 0 other, 1 a term, 2 a
+ * definition. */
+static void dlist(struct Html *h, const GumboNode *n, int depth, int *prev)
+{
+    const GumboVector *c = &n->v.element.children;
+    for (unsigned i = 0; i < c->length && !h->oom && !h->m->over; i++) {
+        const GumboNode *k = c->data[i];
+        GumboTag t = k->type == GUMBO_NODE_ELEMENT ? k->v.element.tag : GUMBO_TAG_UNKNOWN;
+        if (k->type == GUMBO_NODE_WHITESPACE || k->type == GUMBO_NODE_COMMENT)
+            continue;
+        if (t == GUMBO_TAG_DIV && depth < HTML_MAX_DEPTH) {
+            dlist(h, k, depth + 1, prev);
+            continue;
+        }
+        if (t != GUMBO_TAG_DT && t != GUMBO_TAG_DD) {
+            end_block(h);
+            walk(h, k, depth + 1);
+            *prev = 0;
+            continue;
+        }
+        if (*prev == 1) {
+            h->m->space = 0;
+            md_text(h->m, t == GUMBO_TAG_DT ? "," : ":", 1);
+            h->m->space = 1;
+        } else if (t == GUMBO_TAG_DD && *prev == 2) {
+            md_newline(h->m);
+        } else {
+            end_block(h);
+        }
+        h->in_li++; /* blocks inside flow as text */
+        children(h, k, depth + 1);
+        h->in_li--;
+        *prev = t == GUMBO_TAG_DT ? 1 : 2;
+    }
+}
+
 static void pre(struct Html *h, const GumboNode *n, int depth)
 {
     md_block(h->m);
@@ -301,6 +340,11 @@ static void walk(struct Html *h, const GumboNode *n, int depth)
         free(s);
     } else if (t == GUMBO_TAG_UL || t == GUMBO_TAG_OL) {
         list(h, n, depth);
+    } else if (t == GUMBO_TAG_DL) {
+        int prev = 0;
+        end_block(h);
+        dlist(h, n, depth, &prev);
+        end_block(h);
     } else if (t == GUMBO_TAG_TABLE) {
         table(h, n, depth);
     } else if (t == GUMBO_TAG_PRE && !h->pre && !h->in_li) {
