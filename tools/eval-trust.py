@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Answers a user can trust, measured through diffragd on held-out SQuAD 2.0 articles (the
 test split of tools/grounding-eval.py: articles the calibration never saw), answerable and
-unanswerable questions, at about 2K and about 16K tokens of context, in both answer modes.
+unanswerable questions, over contexts of a band of lengths each (by default about 2K and about
+16K tokens), in both answer modes.
 
 Contexts are whole SQuAD paragraphs sent inline, placed whole and in document order
 (relevance_floor 0, order "document"), so the questions over one context share its prefill:
-  2K   the gold paragraph and the paragraphs around it in its article
-  16K  an article's paragraphs and those of the next test-split articles
+  up to 4K   the gold paragraph and the paragraphs around it in its article
+  above      an article's paragraphs and those of the next articles of the split
 Each question is asked greedily in `free` and in `quote` mode with policy `mark`; what policy
 `decline` makes of the same answer is what it would decline: an answer the detector flags or a
 refusal (retrieval always matches here, so no `no_match`).
@@ -17,9 +18,12 @@ refusal (retrieval always matches here, so no `no_match`).
                without the refusal (the label of tools/grounding-eval.py)
 
 Per band and mode: right answers; unanswerable questions declined; right answers kept under
-`decline` (not flagged, not refused); right answers flagged; AUROC of the detector's score
-(hallucinated against not) and, in quote mode, of the removed mass alone (its mean over the
-answer, and its largest token value).
+`decline` (not flagged, not refused); right answers flagged; hallucinated answers flagged; AUROC
+of the detector's score (hallucinated against not) and, in quote mode, of the removed mass
+alone (its mean over the answer, and its largest token value).
+
+With --report FILE --refit FIT --lengths it fits a calibration's length offset on the fit
+split's answers FIT (`make eval-trust`) and reports FILE's answers under it.
 
   tools/eval-trust.py --bands 2048,16384 --contexts 12,3 --per-context 4,16 --json out.jsonl
 """
@@ -31,12 +35,15 @@ import sys
 import tempfile
 import time
 
+import numpy as np
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import eval_common as ec  # noqa: E402
 import grounding_features as gf  # noqa: E402
 
 CHARS_PER_TOKEN = 4.3   # English Wikipedia text in the default model's tokenizer
 MAX_TOKENS = 48
+MODEL_CONTEXT = 32768   # the default model's context
 
 
 def split_articles(passages, split):
@@ -98,9 +105,9 @@ def contexts(band, n_ctx, per_ctx, articles, by_passage):
                 out.append((paras[lo:hi + 1], qs))
                 taken |= set(range(lo, hi + 1))
         return out
-    for ai in range(0, len(articles)):
-        if len(out) >= n_ctx:
-            break
+    ai = -1
+    while len(out) < n_ctx and ai + 1 < len(articles):   # the later articles shrink below
+        ai += 1
         title, paras = articles[ai]
         pool = list(paras)
         for _, more in articles[ai + 1:]:
@@ -118,14 +125,22 @@ def contexts(band, n_ctx, per_ctx, articles, by_passage):
     return out
 
 
-def ask(asker, q, ctx, band, mode, timeout):
+def daemon_context(bands):
+    """The daemon's context: room for the largest band, within the default model's 32,768
+    less the daemon's largest answer (max_tokens 1,024 by default)."""
+    return min(max(bands) * 2, MODEL_CONTEXT - 1024)
+
+
+def ask(asker, q, ctx, band, mode, timeout, hidden=False, context=MODEL_CONTEXT):
     msg = {"v": 1, "op": "query", "id": "%s-%d-%s" % (q["id"], band, mode),
            "question": q["question"],
            "docs": [{"id": p["id"], "title": p["title"].replace("_", " "), "text": p["text"]}
                     for p in ctx],
-           "max_context_tokens": int(band * 1.25) + 512, "relevance_floor": 0,
+           "max_context_tokens": min(int(band * 1.25) + 512, context - MAX_TOKENS - 8),
+           "relevance_floor": 0,
            "order": "document", "max_tokens": MAX_TOKENS, "temperature": 0,
-           "answer_mode": mode, "unsupported": "mark", "include": ["token_signals"]}
+           "answer_mode": mode, "unsupported": "mark",
+           "include": ["token_signals"] + (["hidden_states"] if hidden else [])}
     r = asker.ask(msg, timeout)
     if not r.get("ok"):
         raise ec.EvalError("%s: %s" % (q["id"], r.get("error")))
@@ -145,7 +160,8 @@ def ask(asker, q, ctx, band, mode, timeout):
             "context_tokens": r["usage"]["context_tokens"],
             "left_out": r["context"]["chunks_left_out"],
             "cached_tokens": r["usage"]["cached_tokens"],
-            "total_ms": r["timings"]["total_ms"]}
+            "total_ms": r["timings"]["total_ms"], "passages": [p["id"] for p in ctx],
+            "hidden_states": r.get("hidden_states")}
 
 
 def signals_of(r):
@@ -188,6 +204,89 @@ def refit(fit_results, base, features, max_fpr):
     return cal, info, len(rows)
 
 
+def fit_length_offsets(fit_results, base, max_fpr):
+    """The base calibration with a length offset (length_tokens, length_offset) fitted on these
+    answers, its combination and probe unchanged: a knot at each band's median documents'
+    tokens, and each knot's offset the highest at which at most max_fpr of the band's right
+    answers score at or above the base's threshold, the offset read at each answer's own
+    length as the daemon reads it (between knots it is interpolated, so the knots are settled
+    together, a band at a time until none moves). Returns (calibration, [(band, knot tokens,
+    right answers, the base threshold the knot's offset amounts to, offset)])."""
+    cal0 = {k: v for k, v in base.items() if k not in gf.LENGTH_KEYS}
+    t = min(max(base["threshold"], 1e-9), 1 - 1e-9)
+    lt = math.log(t / (1 - t))
+
+    def logit(p):
+        p = min(max(p, 1e-12), 1 - 1e-12)
+        return math.log(p / (1 - p))
+    bands = sorted({r["band"] for r in fit_results})
+    knots, right = [], []   # right: per band, (ln(1 + tokens), logit of the base score)
+    for band in bands:
+        rs = [r for r in fit_results if r["band"] == band and r["token_signals"]["logprob"]]
+        ok = [r for r in rs if not r["hallucinated"] and not r["abstained"]]
+        if len(ok) < 5:
+            raise ec.EvalError("band %d has %d right answers: too few to place its threshold" %
+                               (band, len(ok)))
+        tok = int(sorted(r["context_tokens"] for r in rs)[len(rs) // 2])
+        if knots and tok <= knots[-1]:
+            raise ec.EvalError("band %d: median documents' tokens %d not above the last band's "
+                               "%d" % (band, tok, knots[-1]))
+        knots.append(tok)
+        right.append((np.log1p([r["context_tokens"] for r in ok]),
+                      np.array([logit(gf.score(cal0, signals_of(r))[0]) for r in ok])))
+    xk = np.log1p(knots)
+    offsets = [0.0] * len(bands)
+
+    def flagged_share(i, offs):
+        lc, z = right[i]
+        return float(np.mean(z + np.interp(lc, xk, offs) >= lt))
+    for _ in range(50):
+        moved = 0.0
+        for i in range(len(bands)):
+            lo, hi = -60.0, 60.0    # flags none at lo, all at hi
+            for _ in range(100):
+                mid = (lo + hi) / 2
+                trial = offsets[:i] + [mid] + offsets[i + 1:]
+                if flagged_share(i, trial) <= max_fpr:
+                    lo = mid
+                else:
+                    hi = mid
+            lo -= 1e-9   # off the crossing point, where rounding could still flag it
+            moved = max(moved, abs(lo - offsets[i]))
+            offsets[i] = lo
+        if moved < 1e-9:
+            break
+    info = [(band, tok, len(right[i][1]), 1 / (1 + math.exp(offsets[i] - lt)), offsets[i])
+            for i, (band, tok) in enumerate(zip(bands, knots))]
+    cal = dict(cal0, length_tokens=np.array(knots, float), length_offset=np.array(offsets))
+    return cal, info
+
+
+def choose_bound(fit_results, base, target, bounds=(0.05, 0.1, 0.15, 0.2), folds=5):
+    """The largest of `bounds` whose length offset, fitted on four fifths of the fit split's
+    articles and tried on the rest (5 folds), flags at most `target` of the right answers of
+    every band; the smallest when none does. Returns (bound, {bound: {band: share}})."""
+    arts = sorted({r["article"] for r in fit_results})
+    order = np.random.default_rng(0).permutation(len(arts))
+    fold = {a: order[i] % folds for i, a in enumerate(arts)}
+    table = {}
+    for bound in bounds:
+        hit = {}
+        for k in range(folds):
+            cal, _ = fit_length_offsets([r for r in fit_results if fold[r["article"]] != k],
+                                        base, bound)
+            for r in fit_results:
+                if fold[r["article"]] == k and r["right"] and not r["abstained"] and \
+                        r["token_signals"]["logprob"]:
+                    f = gf.score(cal, signals_of(r))[0] >= cal["threshold"]
+                    n = hit.setdefault(r["band"], [0, 0])
+                    n[0] += f
+                    n[1] += 1
+        table[bound] = {b: f / n for b, (f, n) in sorted(hit.items())}
+    ok = [b for b in bounds if all(v <= target for v in table[b].values())]
+    return (max(ok) if ok else min(bounds)), table
+
+
 def share(rs, key):
     return (sum(1 for r in rs if r[key]) / len(rs), len(rs)) if rs else (math.nan, 0)
 
@@ -204,8 +303,8 @@ def auroc(rs, key):
 
 def report(results):
     lines = ["| band | mode | n | right (answerable) | unanswerable declined | right kept under "
-             "decline | right flagged | AUROC score | AUROC removed mass (mean / max) | "
-             "context tokens (median) |", "|" + "---|" * 10]
+             "decline | right flagged | hallucinated flagged | AUROC score | AUROC removed mass "
+             "(mean / max) | context tokens (median) |", "|" + "---|" * 11]
     for band in sorted({r["band"] for r in results}):
         for mode in ("free", "quote"):
             rs = [r for r in results if r["band"] == band and r["mode"] == mode]
@@ -214,6 +313,7 @@ def report(results):
             a = [r for r in rs if not r["is_impossible"]]
             u = [r for r in rs if r["is_impossible"]]
             right = [r for r in a if r["right"]]
+            hal = [r for r in rs if r["hallucinated"]]
             for r in rs:
                 r["declines"] = bool(r["flagged"]) or r["abstained"]
                 r["kept"] = not r["declines"]
@@ -221,12 +321,13 @@ def report(results):
             rm = "%.3f / %.3f" % (auroc(rs, "quote_removed"), auroc(rs, "quote_removed_max")) \
                 if mode == "quote" else "-"
             lines.append("| %d | %s | %d | %.2f (%d of %d) | %.2f (%d of %d) | %.2f (%d of %d) | "
-                         "%.2f | %.3f | %s | %d |" % (
+                         "%.2f | %.2f (%d of %d) | %.3f | %s | %d |" % (
                              band, mode, len(rs), share(a, "right")[0], len(right), len(a),
                              share(u, "declines")[0], sum(r["declines"] for r in u), len(u),
                              share(right, "kept")[0], sum(r["kept"] for r in right), len(right),
-                             share(right, "flagged")[0], auroc(rs, "score"), rm,
-                             ctx[len(ctx) // 2]))
+                             share(right, "flagged")[0], share(hal, "flagged")[0],
+                             sum(bool(r["flagged"]) for r in hal), len(hal), auroc(rs, "score"),
+                             rm, ctx[len(ctx) // 2]))
     return "\n".join(lines)
 
 
@@ -243,14 +344,25 @@ def main():
                     help="the articles asked about (default test: those no calibration saw)")
     ap.add_argument("--squad", default=str(ec.DEFAULT_SQUAD))
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per question")
-    ap.add_argument("--json", help="append every result here (JSON lines)")
+    ap.add_argument("--hidden-layers", help="the daemon's grounding_hidden_layers (e.g. 14): "
+                    "every result keeps those layers' residual-stream rows, for a probe's fit")
+    ap.add_argument("--json", help="append every result here (JSON lines); the questions "
+                    "whose answers it holds already (at that band and mode) are not asked again")
     ap.add_argument("--report", help="only report the results of this JSON lines file")
     ap.add_argument("--refit", metavar="FIT_JSONL",
                     help="with --report: fit the calibration's combination again on these "
                          "(fit-split) answers, then report --report's answers under it")
+    ap.add_argument("--lengths", action="store_true",
+                    help="with --refit: fit only a length offset (the calibration's combination "
+                         "and probe kept), its threshold per band at --max-fpr of the right "
+                         "answers")
     ap.add_argument("--calibration", help="the calibration --refit starts from")
     ap.add_argument("--features", help="--refit's features (default: the calibration's)")
     ap.add_argument("--max-fpr", type=float, default=0.2, help="--refit's threshold bound")
+    ap.add_argument("--choose-fpr", type=float, metavar="TARGET",
+                    help="--refit --lengths: instead of --max-fpr, the largest bound of 0.05, "
+                         "0.1, 0.15 and 0.2 that flags at most TARGET of every band's right "
+                         "answers in 5-fold cross-validation over the fit split's articles")
     ap.add_argument("--name", help="--refit's calibration name")
     ap.add_argument("--write", help="--refit: write the calibration here")
     args = ap.parse_args()
@@ -260,6 +372,30 @@ def main():
             base = gf.read_calibration(args.calibration)
             feats = args.features.split(",") if args.features else list(base["features"])
             fit = [json.loads(l) for l in open(args.refit)]
+            if args.lengths:
+                if args.choose_fpr is not None:
+                    args.max_fpr, table = choose_bound(fit, base, args.choose_fpr)
+                    for bound, shares in table.items():
+                        print("bound %.2f: right answers flagged out of fold %s" % (
+                            bound, " ".join("%d:%.2f" % kv for kv in shares.items())))
+                    print("bound %.2f: the largest that flags at most %.2f in every band" % (
+                        args.max_fpr, args.choose_fpr))
+                cal, info = fit_length_offsets(fit, base, args.max_fpr)
+                if args.name:
+                    cal["name"] = args.name
+                for band, tok, n, th, off in info:
+                    print("band %d: knot %d tokens, %d right answers, threshold %.4f, offset "
+                          "%+.4f" % (band, tok, n, th, off))
+                if args.write:
+                    gf.write_calibration(args.write, cal, comment=(
+                        "%s with a length offset fitted by tools/eval-trust.py --refit --lengths"
+                        " on %d answers of the fit split (%s): per band, the threshold that "
+                        "flags at most %g of its right answers, moved onto the threshold." % (
+                            base["name"], len(fit), ", ".join(
+                                "%d tokens" % tok for _, tok, _, _, _ in info), args.max_fpr)))
+                rescore(results, cal)
+                print(report(results))
+                return 0
             cal, info, n = refit(fit, base, feats, args.max_fpr)
             if args.name:
                 cal["name"] = args.name
@@ -286,18 +422,27 @@ def main():
     per = [int(x) for x in args.per_context.split(",")]
     modes = args.modes.split(",")
     results = []
+    done = set()   # answers already in --json are kept there and not asked again
+    if args.json and pathlib.Path(args.json).exists():
+        done = {(r["id"], r["band"], r["mode"]) for r in map(json.loads, open(args.json))}
     out = open(args.json, "a") if args.json else None
     t0 = time.time()
     try:
         with tempfile.TemporaryDirectory(prefix="eval-trust-") as work, \
                 ec.LocalDaemon(work, args.model, threads=args.threads,
-                               max_context_tokens=min(max(bands) * 2, 30000)) as d, \
+                               max_context_tokens=daemon_context(bands),
+                               **({"grounding_hidden_layers": args.hidden_layers}
+                                  if args.hidden_layers else {})) as d, \
                 ec.Asker(d.endpoint, d.proc) as asker:
             for band, nc, pc in zip(bands, n_ctx, per):
                 for ctx, qs in contexts(band, nc, pc, articles, by_passage):
                     for q in qs:
                         for mode in modes:
-                            r = ask(asker, q, ctx, band, mode, args.timeout)
+                            if (q["id"], band, mode) in done:
+                                continue
+                            r = ask(asker, q, ctx, band, mode, args.timeout,
+                                    hidden=bool(args.hidden_layers),
+                                    context=daemon_context(bands))
                             results.append(r)
                             print(json.dumps({k: r[k] for k in ("band", "mode", "right",
                                                                  "hallucinated", "score",

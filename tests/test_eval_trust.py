@@ -1,0 +1,107 @@
+"""tools/eval-trust.py's length offset (`--refit --lengths`), on answers made up here: per band,
+the threshold that flags at most --max-fpr of the band's right answers, moved onto the
+calibration's threshold by an offset at the band's median documents' tokens; the combination
+and the probe unchanged; an offset already in the calibration is not fitted on top of; too few
+right answers in a band is an error."""
+import importlib.util
+import math
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+
+spec = importlib.util.spec_from_file_location("eval_trust", ROOT / "tools" / "eval-trust.py")
+et = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(et)
+gf = et.gf
+
+CAL = gf.parse_calibration("""diffrag-grounding 1
+name made-up
+model_sha256 %s
+window 4
+stride 2
+threshold 0.6
+watch 0:0
+features mean_logprob mean_entropy
+mean -1 1
+scale 1 1
+weights -1.2 0.8
+bias 0.3
+""" % ("ab" * 32))
+
+
+def answers(rng, band, tokens, n_right, n_wrong, shift):
+    """Answers of one band: right ones score lower than wrong ones, and every answer of the
+    band scores higher by `shift` (as a calibration fitted at other lengths would)."""
+    out = []
+    for k in range(n_right + n_wrong):
+        right = k < n_right
+        n = int(rng.integers(3, 12))
+        lp = rng.normal(-0.4 if right else -1.6, 0.5, n) - shift
+        out.append({"id": "%d-%d" % (band, k), "band": band, "mode": "free",
+                    "article": "article %d" % (k % 10),
+                    "is_impossible": False, "right": right, "abstained": False,
+                    "hallucinated": not right,
+                    "context_tokens": int(tokens * rng.uniform(0.9, 1.1)),
+                    "hidden_probe": None,
+                    "token_signals": {"logprob": list(lp), "entropy": list(rng.uniform(0, 2, n)),
+                                      "margin": [0.5] * n, "doc_mass": [0.3] * n,
+                                      "gen_mass": [0.1] * n, "diff_doc_mass": [0.3] * n,
+                                      "lookback": [0.7] * n, "unsupported": [False] * n}})
+    return out
+
+
+def flagged_right(cal, rs):
+    right = [r for r in rs if r["right"]]
+    return sum(gf.score(cal, et.signals_of(r))[0] >= cal["threshold"] for r in right) / len(right)
+
+
+def test_length_offset_flags_the_same_share_of_right_answers_at_every_length():
+    rng = np.random.default_rng(3)
+    fit = (answers(rng, 2048, 1700, 60, 40, 0.0) + answers(rng, 8192, 7000, 60, 40, 1.0) +
+           answers(rng, 16384, 14000, 60, 40, 2.0))
+    base_share = [flagged_right(CAL, [r for r in fit if r["band"] == b]) for b in (2048, 8192, 16384)]
+    assert base_share[2] > base_share[0] + 0.2, base_share   # the base flags more at length
+    cal, info = et.fit_length_offsets(fit, CAL, 0.15)
+    assert [b for b, *_ in info] == [2048, 8192, 16384]
+    for band, tok, n, th, off in info:
+        rs = [r for r in fit if r["band"] == band]
+        assert tok == sorted(r["context_tokens"] for r in rs)[len(rs) // 2] and n == 60
+        share = flagged_right(cal, rs)
+        # at most 15% of the band's right answers, and the bound is used (not far under it)
+        assert 0.10 <= share <= 0.15, (band, share)
+        assert abs(off - (math.log(0.6 / 0.4) - math.log(th / (1 - th)))) < 1e-12
+    # the offset falls with length here, since the base's scores rise with it
+    assert info[0][4] > info[1][4] > info[2][4], info
+    for k in ("features", "mean", "scale", "weights", "bias", "threshold", "window", "stride"):
+        assert np.array_equal(np.asarray(cal[k], dtype=object), np.asarray(CAL[k], dtype=object)), k
+    # fitted again from a calibration that has an offset: the same offset, not one on top of it
+    again, _ = et.fit_length_offsets(fit, cal, 0.15)
+    np.testing.assert_allclose(again["length_offset"], cal["length_offset"], atol=1e-12)
+    np.testing.assert_array_equal(again["length_tokens"], cal["length_tokens"])
+    # it makes a calibration the daemon's parser takes
+    gf.parse_calibration(gf.format_calibration(cal))
+
+
+def test_length_offset_needs_right_answers_in_every_band():
+    rng = np.random.default_rng(4)
+    fit = answers(rng, 2048, 1700, 30, 20, 0.0) + answers(rng, 16384, 14000, 4, 40, 0.0)
+    with pytest.raises(et.ec.EvalError, match="band 16384 has 4 right answers"):
+        et.fit_length_offsets(fit, CAL, 0.15)
+
+
+def test_the_bound_is_chosen_by_cross_validation_over_articles():
+    """--choose-fpr: the largest bound whose out-of-fold share of right answers flagged stays
+    within the target in every band; the table it chose from holds every bound and band."""
+    rng = np.random.default_rng(5)
+    fit = answers(rng, 2048, 1700, 80, 40, 0.0) + answers(rng, 16384, 14000, 80, 40, 1.5)
+    bound, table = et.choose_bound(fit, CAL, 0.2)
+    assert sorted(table) == [0.05, 0.1, 0.15, 0.2]
+    assert all(sorted(v) == [2048, 16384] for v in table.values())
+    ok = [b for b, v in table.items() if max(v.values()) <= 0.2]
+    assert ok and bound == max(ok), (bound, table)
+    # the out-of-fold share grows with the bound
+    assert table[0.05][2048] <= table[0.2][2048] and table[0.05][16384] <= table[0.2][16384]
+    # a target no bound meets: the smallest bound
+    assert et.choose_bound(fit, CAL, -1.0)[0] == 0.05
