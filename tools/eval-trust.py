@@ -387,12 +387,15 @@ def main():
                     print("band %d: knot %d tokens, %d right answers, threshold %.4f, offset "
                           "%+.4f" % (band, tok, n, th, off))
                 if args.write:
-                    gf.write_calibration(args.write, cal, comment=(
+                    # the base's own comments (how its combination and probe were fitted) stay
+                    kept = [l[1:].strip() for l in open(args.calibration) if l.startswith("#")
+                            and "with a length offset fitted by" not in l]
+                    gf.write_calibration(args.write, cal, comment="\n".join(kept + [
                         "%s with a length offset fitted by tools/eval-trust.py --refit --lengths"
                         " on %d answers of the fit split (%s): per band, the threshold that "
                         "flags at most %g of its right answers, moved onto the threshold." % (
                             base["name"], len(fit), ", ".join(
-                                "%d tokens" % tok for _, tok, _, _, _ in info), args.max_fpr)))
+                                "%d tokens" % tok for _, tok, _, _, _ in info), args.max_fpr)]))
                 rescore(results, cal)
                 print(report(results))
                 return 0
