@@ -44,6 +44,7 @@ import grounding_features as gf  # noqa: E402
 CHARS_PER_TOKEN = 4.3   # English Wikipedia text in the default model's tokenizer
 MAX_TOKENS = 48
 MODEL_CONTEXT = 32768   # the default model's context
+LOGIT_CLIP = 40.0       # a score of 0 or 1 as a logit, for the length offset's fit
 
 
 def split_articles(passages, split):
@@ -213,12 +214,7 @@ def fit_length_offsets(fit_results, base, max_fpr):
     together, a band at a time until none moves). Returns (calibration, [(band, knot tokens,
     right answers, the base threshold the knot's offset amounts to, offset)])."""
     cal0 = {k: v for k, v in base.items() if k not in gf.LENGTH_KEYS}
-    t = min(max(base["threshold"], 1e-9), 1 - 1e-9)
-    lt = math.log(t / (1 - t))
-
-    def logit(p):
-        p = min(max(p, 1e-12), 1 - 1e-12)
-        return math.log(p / (1 - p))
+    lt = gf.clipped_logit(base["threshold"], LOGIT_CLIP)
     bands = sorted({r["band"] for r in fit_results})
     knots, right = [], []   # right: per band, (ln(1 + tokens), logit of the base score)
     for band in bands:
@@ -233,7 +229,8 @@ def fit_length_offsets(fit_results, base, max_fpr):
                                "%d" % (band, tok, knots[-1]))
         knots.append(tok)
         right.append((np.log1p([r["context_tokens"] for r in ok]),
-                      np.array([logit(gf.score(cal0, signals_of(r))[0]) for r in ok])))
+                      np.array([gf.clipped_logit(gf.score(cal0, signals_of(r))[0], LOGIT_CLIP)
+                                for r in ok])))
     xk = np.log1p(knots)
     offsets = [0.0] * len(bands)
 
