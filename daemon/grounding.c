@@ -210,13 +210,16 @@ int gr_probe_fits(const struct GrCalibration *c, size_t dim)
     return dim && ((size_t)c->n_probe == 2 * dim || (size_t)c->n_probe == 3 * dim);
 }
 
-double gr_probe_logit(const struct GrCalibration *c, const float *rows, size_t dim)
+double gr_probe_logit(const struct GrCalibration *c, const float *rows, size_t dim,
+                      size_t context_tokens)
 {
     if (!c || c->probe_layer < 0 || !gr_probe_fits(c, dim))
         return NAN;
-    double z = c->probe_bias;
+    int long_prompt = c->long_probe_from && context_tokens >= c->long_probe_from;
+    const float *w = long_prompt ? c->long_probe_w : c->probe_w;
+    double z = long_prompt ? c->long_probe_bias : c->probe_bias;
     for (size_t i = 0; i < (size_t)c->n_probe; i++)
-        z += (double)c->probe_w[i] * rows[i];
+        z += (double)w[i] * rows[i];
     return z;
 }
 
@@ -302,15 +305,16 @@ void gr_summarize(const struct GrCalibration *cal, double threshold, const struc
 /* ---- the calibration file ---- */
 
 /* Keys before CK_REQUIRED are required; the probe's three come together or not at all, and so
- * do the length offset's two. */
+ * do the long probe's three and the length offset's two. */
 enum CalKey { CK_MAGIC, CK_NAME, CK_SHA, CK_WINDOW, CK_STRIDE, CK_THRESHOLD, CK_WATCH,
               CK_FEATURES, CK_MEAN, CK_SCALE, CK_WEIGHTS, CK_BIAS, CK_REQUIRED,
               CK_PROBE_LAYER = CK_REQUIRED, CK_PROBE_WEIGHTS, CK_PROBE_BIAS, CK_LENGTH_TOKENS,
-              CK_LENGTH_OFFSET, CK_COUNT };
+              CK_LENGTH_OFFSET, CK_LONG_PROBE_FROM, CK_LONG_PROBE_WEIGHTS, CK_LONG_PROBE_BIAS,
+              CK_COUNT };
 static const char *const cal_keys[CK_COUNT] = {
     "diffrag-grounding", "name", "model_sha256", "window", "stride", "threshold", "watch",
     "features", "mean", "scale", "weights", "bias", "probe_layer", "probe_weights", "probe_bias",
-    "length_tokens", "length_offset",
+    "length_tokens", "length_offset", "long_probe_from", "long_probe_weights", "long_probe_bias",
 };
 
 struct CalParse {
@@ -409,25 +413,27 @@ static int parse_vector(struct CalParse *p, const char *key, const char *s, cons
     return 0;
 }
 
-/* The probe's weights: two or three rows of the model's dim (checked against the model where
- * it is loaded), at most GR_MAX_PROBE numbers. */
-static int parse_probe(struct CalParse *p, struct GrCalibration *c, const char *s, const char *end)
+/* A probe's weights (key probe_weights or long_probe_weights, into w and *n): two or three
+ * rows of the model's dim (checked against the model where it is loaded), at most
+ * GR_MAX_PROBE numbers. */
+static int parse_probe(struct CalParse *p, const char *key, float *w, int *n, const char *s,
+                       const char *end)
 {
     const char *t;
     size_t tl;
     double v;
-    c->n_probe = 0;
+    *n = 0;
     while (next_token(&s, end, &t, &tl)) {
-        if (c->n_probe == GR_MAX_PROBE)
-            return cal_fail(p, p->line, "probe_weights has more than %d numbers", GR_MAX_PROBE);
+        if (*n == GR_MAX_PROBE)
+            return cal_fail(p, p->line, "%s has more than %d numbers", key, GR_MAX_PROBE);
         if (parse_number(t, tl, &v) || fabs(v) > 1e30)
-            return cal_fail(p, p->line, "probe_weights: \"%.*s\" is not a finite number",
+            return cal_fail(p, p->line, "%s: \"%.*s\" is not a finite number", key,
                             (int)(tl < 40 ? tl : 40), t);
-        c->probe_w[c->n_probe++] = (float)v;
+        w[(*n)++] = (float)v;
     }
-    if (c->n_probe == 0 || (c->n_probe % 2 && c->n_probe % 3))
-        return cal_fail(p, p->line, "probe_weights has %d numbers; it needs two or three rows "
-                        "of the model's dim", c->n_probe);
+    if (*n == 0 || (*n % 2 && *n % 3))
+        return cal_fail(p, p->line, "%s has %d numbers; it needs two or three rows of the "
+                        "model's dim", key, *n);
     return 0;
 }
 
@@ -582,6 +588,7 @@ static int parse_line(struct CalParse *p, struct GrCalibration *c, const char *s
     case CK_THRESHOLD:
     case CK_BIAS:
     case CK_PROBE_BIAS:
+    case CK_LONG_PROBE_BIAS:
         if (one_token(p, key, s, end, &t, &tl))
             return -1;
         if (parse_number(t, tl, &dv))
@@ -589,7 +596,16 @@ static int parse_line(struct CalParse *p, struct GrCalibration *c, const char *s
                             (int)(tl < 40 ? tl : 40), t);
         if (k == CK_THRESHOLD && (dv < 0 || dv > 1))
             return cal_fail(p, p->line, "threshold %g is outside [0, 1]", dv);
-        *(k == CK_THRESHOLD ? &c->threshold : k == CK_BIAS ? &c->bias : &c->probe_bias) = dv;
+        *(k == CK_THRESHOLD ? &c->threshold : k == CK_BIAS ? &c->bias :
+          k == CK_PROBE_BIAS ? &c->probe_bias : &c->long_probe_bias) = dv;
+        return 0;
+    case CK_LONG_PROBE_FROM:
+        if (one_token(p, key, s, end, &t, &tl))
+            return -1;
+        if (parse_int(t, tl, 1, 100000000, &iv))
+            return cal_fail(p, p->line, "long_probe_from must be a token count from 1 to "
+                            "100000000");
+        c->long_probe_from = (size_t)iv;
         return 0;
     case CK_PROBE_LAYER:
         if (one_token(p, key, s, end, &t, &tl))
@@ -599,7 +615,9 @@ static int parse_line(struct CalParse *p, struct GrCalibration *c, const char *s
         c->probe_layer = (int)iv;
         return 0;
     case CK_PROBE_WEIGHTS:
-        return parse_probe(p, c, s, end);
+        return parse_probe(p, key, c->probe_w, &c->n_probe, s, end);
+    case CK_LONG_PROBE_WEIGHTS:
+        return parse_probe(p, key, c->long_probe_w, &c->n_long_probe, s, end);
     case CK_WATCH:
         return parse_watch(p, c, s, end);
     case CK_FEATURES:
@@ -650,6 +668,17 @@ int gr_calibration_parse(const char *text, size_t len, const char *origin,
     int probe_keys = !!lines[CK_PROBE_LAYER] + !!lines[CK_PROBE_WEIGHTS] + !!lines[CK_PROBE_BIAS];
     if (probe_keys != 0 && probe_keys != 3)
         return cal_fail(&p, 0, "probe_layer, probe_weights and probe_bias come together");
+    int long_keys = !!lines[CK_LONG_PROBE_FROM] + !!lines[CK_LONG_PROBE_WEIGHTS] +
+                    !!lines[CK_LONG_PROBE_BIAS];
+    if (long_keys != 0 && long_keys != 3)
+        return cal_fail(&p, 0, "long_probe_from, long_probe_weights and long_probe_bias come "
+                        "together");
+    if (long_keys && !probe_keys)
+        return cal_fail(&p, lines[CK_LONG_PROBE_FROM], "a long probe needs the probe "
+                        "(probe_layer, probe_weights, probe_bias)");
+    if (long_keys && out->n_long_probe != out->n_probe)
+        return cal_fail(&p, lines[CK_LONG_PROBE_WEIGHTS], "long_probe_weights has %d numbers; "
+                        "probe_weights has %d", out->n_long_probe, out->n_probe);
     if (!!lines[CK_LENGTH_TOKENS] != !!lines[CK_LENGTH_OFFSET])
         return cal_fail(&p, 0, "length_tokens and length_offset come together");
     if (n_knots[0] != n_knots[1])

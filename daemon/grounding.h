@@ -57,6 +57,13 @@ struct GrCalibration {
     int n_probe;                       /* 2 or 3 times the model's dim */
     float probe_w[GR_MAX_PROBE];
     double probe_bias;
+    /* A probe for long prompts (optional; needs the probe): from long_probe_from documents'
+     * tokens on, its weights (as many as the probe's, over the same layer and rows) and bias
+     * take the probe's place. */
+    size_t long_probe_from;            /* 0: none */
+    int n_long_probe;
+    float long_probe_w[GR_MAX_PROBE];
+    double long_probe_bias;
 };
 
 /* Parses a calibration file's text (len bytes; need not be NUL-terminated). 0, or -1 with
@@ -156,10 +163,12 @@ struct GrSummary {
     size_t answer_tokens, flagged_tokens;
 };
 
-/* The probe's logit (GrCalibration.probe_*) over the rows of its layer: first, mean and last,
- * each of dim floats, one after the other; NAN when the calibration has no probe or its
- * weights are not two or three rows of this dim. */
-double gr_probe_logit(const struct GrCalibration *c, const float *rows, size_t dim);
+/* The probe's logit (GrCalibration.probe_*, or long_probe_* when the prompt's documents'
+ * context_tokens reach long_probe_from) over the rows of its layer: first, mean and last, each
+ * of dim floats, one after the other; NAN when the calibration has no probe or its weights are
+ * not two or three rows of this dim. */
+double gr_probe_logit(const struct GrCalibration *c, const float *rows, size_t dim,
+                      size_t context_tokens);
 /* Whether the calibration's probe weights are two or three rows of dim. */
 int gr_probe_fits(const struct GrCalibration *c, size_t dim);
 

@@ -111,8 +111,9 @@ static size_t hidden_dim(const struct Broker *b, const struct WireResult *res)
     return dim && res->n_hidden == WIRE_HIDDEN_ROWS * nl * dim ? dim : 0;
 }
 
-/* The calibration's hidden-state probe over the result's rows of its layer (the broker asks
- * every job for that layer); left out when the result has none. */
+/* The calibration's hidden-state probe (its long probe from its length on; s->context_tokens
+ * is set) over the result's rows of its layer (the broker asks every job for that layer); left
+ * out when the result has none. */
 static void probe(const struct Broker *b, const struct WireResult *res, struct GrSignals *s)
 {
     const struct GrCalibration *c = b->o.calibration;
@@ -121,7 +122,8 @@ static void probe(const struct Broker *b, const struct WireResult *res, struct G
         return;
     for (size_t i = 0; i < nl; i++)
         if (b->o.hidden[i] == c->probe_layer) {
-            double z = gr_probe_logit(c, res->hidden + WIRE_HIDDEN_ROWS * i * dim, dim);
+            double z = gr_probe_logit(c, res->hidden + WIRE_HIDDEN_ROWS * i * dim, dim,
+                                      s->context_tokens);
             if (isfinite(z)) {
                 s->has_probe = 1;
                 s->probe = z < -GR_PROBE_CLIP ? -GR_PROBE_CLIP : z > GR_PROBE_CLIP ? GR_PROBE_CLIP : z;

@@ -318,10 +318,11 @@ def test_hidden_state_probe_scores_as_numpy(tmp_path, model):
     assert "hidden_probe" in cal["features"] and cal["probe_layer"] == 1
     with Daemon(tmp_path, model, workers=1, grounding_calibration=cal_path,
                 grounding_hidden_layers="2") as d:
-        probes = []
+        probes, lengths = [], []
         for i, q in enumerate(QUESTIONS[:3]):
             r = ask(d.client(), q, seed=i, include=["token_signals", "hidden_states"])
             g, ts = check_shape(r)
+            lengths.append(r["usage"]["context_tokens"])
             h = r["hidden_states"]
             assert h["layers"] == [2, 1], h["layers"]   # the probe's layer joins the listed ones
             z = gf.probe_logit(cal, h)
@@ -331,6 +332,7 @@ def test_hidden_state_probe_scores_as_numpy(tmp_path, model):
             probes.append(g["hidden_probe"])
         assert len({round(p, 6) for p in probes}) > 1, probes
         print("hidden_probe:", [round(p, 4) for p in probes])
+        lengths.append(ask(d.client(), QUESTIONS[0], docs=DOCS[:1])["usage"]["context_tokens"])
     # weights of three rows weigh the last row too
     probe3 = probe + " " + " ".join("%.6f" % rng.uniform(-0.05, 0.05) for _ in range(dim))
     cal_path.write_text(text + "probe_layer 2\nprobe_weights %s\nprobe_bias 0.2\n" % probe3)
@@ -344,6 +346,26 @@ def test_hidden_state_probe_scores_as_numpy(tmp_path, model):
                                  r["hidden_states"])
             assert abs(g["hidden_probe"] - 1 / (1 + math.exp(-z))) < 1e-5, (g["hidden_probe"], z)
             assert abs(z - two) > 1e-6, (z, two)   # the last row's weights count
+    # a long probe takes the probe's place from its documents' tokens on: here from both
+    # documents' length, so a question over the first alone keeps the probe
+    assert lengths[-1] < lengths[0] == lengths[1], lengths
+    long_probe = " ".join("%.6f" % rng.uniform(-0.05, 0.05) for _ in range(2 * dim))
+    cal_path.write_text(text + "probe_layer 1\nprobe_weights %s\nprobe_bias -0.3\n"
+                        "long_probe_from %d\nlong_probe_weights %s\nlong_probe_bias 0.4\n" % (
+                            probe, max(lengths), long_probe))
+    cal_long = gf.read_calibration(str(cal_path))
+    with Daemon(tmp_path, model, workers=1, grounding_calibration=cal_path,
+                grounding_hidden_layers="2") as d:
+        for i, docs in enumerate((DOCS[:1], DOCS, DOCS[:1], DOCS)):
+            r = ask(d.client(), QUESTIONS[i], docs=docs, seed=i,
+                    include=["token_signals", "hidden_states"])
+            g, ts = check_shape(r)
+            n = r["usage"]["context_tokens"]
+            assert n == lengths[-1 if len(docs) == 1 else 0], (n, lengths)
+            z = gf.probe_logit(cal_long, r["hidden_states"], n)
+            short = gf.probe_logit(cal, r["hidden_states"])
+            assert abs(g["hidden_probe"] - 1 / (1 + math.exp(-z))) < 1e-5, (g["hidden_probe"], z)
+            assert (abs(z - short) > 1e-6) == (n >= max(lengths)), (n, z, short)
     # a probe whose weights do not fit the model stops the start
     cal_path.write_text(text + "probe_layer 1\nprobe_weights 1 2\nprobe_bias 0\n")
     log = refused_start(tmp_path, model, grounding_calibration=cal_path)

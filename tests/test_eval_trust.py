@@ -105,3 +105,46 @@ def test_the_bound_is_chosen_by_cross_validation_over_articles():
     assert table[0.05][2048] <= table[0.2][2048] and table[0.05][16384] <= table[0.2][16384]
     # a target no bound meets: the smallest bound
     assert et.choose_bound(fit, CAL, -1.0)[0] == 0.05
+
+
+def test_long_probe_is_fitted_on_long_answers_and_scored_out_of_fold():
+    """--long-probe: a probe fitted on the answers of at least TOKENS documents' tokens (their
+    hidden states), written as long_probe_* beside the base's probe; the fit answers it saw get
+    their out-of-fold logit, the others keep the reply's; rescoring computes it from the hidden
+    states, and an answer at that length without them is an error, not a silent score."""
+    rng = np.random.default_rng(6)
+    dim = 6
+    probe_cal = dict(CAL, features=["mean_logprob", "hidden_probe"], mean=np.array([-1.0, 0.0]),
+                     scale=np.array([1.0, 1.0]), weights=np.array([-0.5, 1.0]), probe_layer=2,
+                     probe_weights=np.zeros(2 * dim), probe_bias=0.0,
+                     length_tokens=np.array([100.0, 9000.0]), length_offset=np.array([0.0, 0.0]))
+    fit = answers(rng, 2048, 1700, 40, 40, 0.0) + answers(rng, 16384, 14000, 60, 60, 0.0)
+    for r in fit:
+        # the wrong answers' first row leans one way along dimension 0
+        first = rng.normal(0, 1, dim) + (1.5 if r["hallucinated"] else 0.0) * np.eye(dim)[0]
+        r["hidden_states"] = {"layers": [2], "first": [list(first)],
+                              "mean": [list(rng.normal(0, 1, dim))], "last": [[0.0] * dim]}
+        r["hidden_probe"] = 0.5
+    cal, out, info = et.fit_long_probe(fit, probe_cal, 5000)
+    assert cal["long_probe_from"] == 5000 and len(cal["long_probe_weights"]) == 2 * dim
+    assert "length_tokens" not in cal and cal["probe_bias"] == 0.0
+    assert info["n"] == 120 and info["cv_auroc"] > 0.75, info
+    w = cal["long_probe_weights"]
+    assert w[0] > 3 * np.max(np.abs(w[1:])), w   # it found the dimension that tells them apart
+    short = [o for o in out if o["context_tokens"] < 5000]
+    assert len(short) == 80 and all(o["hidden_probe"] == 0.5 for o in short)
+    long_ones = [(r, o) for r, o in zip(fit, out) if r["context_tokens"] >= 5000]
+    oof = [gf.clipped_logit(o["hidden_probe"], gf.PROBE_CLIP) for _, o in long_ones]
+    full = [gf.probe_logit(cal, r["hidden_states"], r["context_tokens"]) for r, _ in long_ones]
+    assert not np.allclose(oof, full)   # out of fold: not the probe fitted on all of them
+    assert np.corrcoef(oof, full)[0, 1] > 0.8
+    gf.parse_calibration(gf.format_calibration(cal))
+    test = [dict(r) for r in fit]
+    et.rescore(test, cal)
+    for r, t in zip(fit, test):
+        z = gf.probe_logit(cal, r["hidden_states"], r["context_tokens"])
+        assert abs(t["hidden_probe"] - 1 / (1 + math.exp(-z))) < 1e-12
+    with pytest.raises(et.ec.EvalError, match="without its hidden states"):
+        et.rescore([dict(fit[-1], hidden_states=None)], cal)
+    with pytest.raises(et.ec.EvalError, match="need their hidden states"):
+        et.fit_long_probe([dict(r, hidden_states=None) for r in fit], probe_cal, 5000)

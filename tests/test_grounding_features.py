@@ -244,6 +244,33 @@ def test_hidden_state_probe_keys_and_logit(tmp_path):
                              .replace("-1\nscale", "-1 0\nscale").replace("1.5\n", "1.5 1\n")
                              .replace("-0.5\n", "-0.5 1\n"))
 
+def test_long_probe_keys_and_logit(tmp_path):
+    """From long_probe_from documents' tokens on, the long probe's weights and bias take the
+    probe's place, as the daemon's gr_probe_logit does."""
+    probe = "probe_layer 3\nprobe_weights 0.5 -1 2 0.25\nprobe_bias -3\n"
+    long_probe = "long_probe_from 4000\nlong_probe_weights 1 1 -1 0.5\nlong_probe_bias 2\n"
+    cal = gf.parse_calibration(GOOD + probe + long_probe)
+    assert cal["long_probe_from"] == 4000 and cal["long_probe_bias"] == 2
+    hidden = {"layers": [3], "first": [[2, 1]], "mean": [[4, -8]]}
+    short = -3 + 0.5 * 2 - 1 * 1 + 2 * 4 + 0.25 * -8
+    assert gf.probe_logit(cal, hidden) == short
+    assert gf.probe_logit(cal, hidden, 3999) == short
+    assert gf.probe_logit(cal, hidden, 4000) == 2 + 1 * 2 + 1 * 1 - 1 * 4 + 0.5 * -8
+    assert gf.probe_logit(cal, hidden, 4000) != short
+    path = tmp_path / "l.grounding"
+    gf.write_calibration(path, cal)
+    back = gf.read_calibration(path)
+    assert back["long_probe_from"] == 4000 and back["long_probe_bias"] == 2
+    np.testing.assert_array_equal(back["long_probe_weights"], cal["long_probe_weights"])
+    with pytest.raises(ValueError, match="come together"):
+        gf.parse_calibration(GOOD + probe + "long_probe_from 4000\nlong_probe_bias 2\n")
+    with pytest.raises(ValueError, match="needs the probe"):
+        gf.parse_calibration(GOOD + long_probe)
+    with pytest.raises(ValueError, match="long_probe_weights has 6 numbers; probe_weights has 4"):
+        gf.parse_calibration(GOOD + probe + long_probe.replace("0.5\n", "0.5 1 1\n"))
+    with pytest.raises(ValueError, match="long_probe_from"):
+        gf.parse_calibration(GOOD + probe + long_probe.replace("from 4000", "from 0"))
+
 
 def test_length_offset_keys_and_score(tmp_path):
     """length_tokens/length_offset: parsed, written back exactly, linear in ln(1 + tokens)

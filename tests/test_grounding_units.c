@@ -181,18 +181,18 @@ static void test_calibration(void)
     CHECK(rc == 0 && c.probe_layer == 14 && c.n_probe == 4 && c.probe_w[1] == -1.0f &&
           c.probe_bias == -3, "probe: %s", rc ? err : "");
     float rows[6] = { 2, 1, 4, -8, 100, 7 }; /* first, mean, last of dim 2 */
-    double z = gr_probe_logit(&c, rows, 2);
+    double z = gr_probe_logit(&c, rows, 2, 0);
     CHECK(z == -3 + 0.5 * 2 - 1 * 1 + 2 * 4 + 0.25 * -8, "probe logit %g", z);
-    CHECK(isnan(gr_probe_logit(&c, rows, 3)), "a probe of another dim");
+    CHECK(isnan(gr_probe_logit(&c, rows, 3, 0)), "a probe of another dim");
     snprintf(text, sizeof text, "%sprobe_layer 14\nprobe_weights 0.5 -1 2 0.25 0.125 -2\n"
              "probe_bias -3\n", GOOD);
     rc = gr_calibration_parse(text, strlen(text), "p", &c, err, sizeof err);
     CHECK(rc == 0 && c.n_probe == 6, "probe of three rows: %s", rc ? err : "");
-    z = gr_probe_logit(&c, rows, 2);
+    z = gr_probe_logit(&c, rows, 2, 0);
     CHECK(z == -3 + 0.5 * 2 - 1 * 1 + 2 * 4 + 0.25 * -8 + 0.125 * 100 - 2 * 7,
           "three-row probe logit %g", z);
     rc = gr_calibration_parse(GOOD, strlen(GOOD), "x.grounding", &c, err, sizeof err);
-    CHECK(rc == 0 && c.probe_layer == -1 && isnan(gr_probe_logit(&c, rows, 2)),
+    CHECK(rc == 0 && c.probe_layer == -1 && isnan(gr_probe_logit(&c, rows, 2, 0)),
           "no probe: %s", rc ? err : "");
     snprintf(text, sizeof text, "%sprobe_layer 14\nprobe_bias 1\n", GOOD);
     rc = gr_calibration_parse(text, strlen(text), "p", &c, err, sizeof err);
@@ -205,6 +205,38 @@ static void test_calibration(void)
     CHECK(rc != 0 && strstr(err, "\"nan\" is not a finite number"), "NaN weight: %s", err);
     bad_cal(9, "features mean_logprob min_logprob mean_entropy mean_margin lookback "
             "diff_doc_mass hidden_probe", "x.grounding:9: feature hidden_probe needs probe_layer");
+
+    /* the long probe: three keys together, needs the probe and as many weights; from its token
+     * count on it takes the probe's place */
+    snprintf(text, sizeof text, "%sprobe_layer 14\nprobe_weights 0.5 -1 2 0.25\nprobe_bias -3\n"
+             "long_probe_from 4000\nlong_probe_weights 1 1 -1 0.5\nlong_probe_bias 2\n", GOOD);
+    rc = gr_calibration_parse(text, strlen(text), "p", &c, err, sizeof err);
+    CHECK(rc == 0 && c.long_probe_from == 4000 && c.n_long_probe == 4 &&
+          c.long_probe_w[2] == -1.0f && c.long_probe_bias == 2, "long probe: %s", rc ? err : "");
+    double zs = gr_probe_logit(&c, rows, 2, 3999), zl = gr_probe_logit(&c, rows, 2, 4000);
+    CHECK(zs == -3 + 0.5 * 2 - 1 * 1 + 2 * 4 + 0.25 * -8, "below its length, the probe: %g", zs);
+    CHECK(zl == 2 + 1 * 2 + 1 * 1 - 1 * 4 + 0.5 * -8, "from its length, the long probe: %g", zl);
+    CHECK(gr_probe_logit(&c, rows, 2, 100000) == zl && isnan(gr_probe_logit(&c, rows, 3, 5000)),
+          "the long probe beyond its length; of another dim");
+    snprintf(text, sizeof text, "%sprobe_layer 14\nprobe_weights 0.5 -1 2 0.25\nprobe_bias -3\n"
+             "long_probe_from 4000\nlong_probe_bias 2\n", GOOD);
+    rc = gr_calibration_parse(text, strlen(text), "p", &c, err, sizeof err);
+    CHECK(rc != 0 && strstr(err, "long_probe_from, long_probe_weights and long_probe_bias come "
+          "together"), "a long probe without weights: %s", err);
+    snprintf(text, sizeof text, "%sprobe_layer 14\nprobe_weights 0.5 -1 2 0.25\nprobe_bias -3\n"
+             "long_probe_from 4000\nlong_probe_weights 1 1 -1 0.5 1 1\nlong_probe_bias 2\n", GOOD);
+    rc = gr_calibration_parse(text, strlen(text), "p", &c, err, sizeof err);
+    CHECK(rc != 0 && strstr(err, "p:19: long_probe_weights has 6 numbers; probe_weights has 4"),
+          "long probe of other rows: %s", err);
+    snprintf(text, sizeof text, "%slong_probe_from 4000\nlong_probe_weights 1 1 -1 0.5\n"
+             "long_probe_bias 2\n", GOOD);
+    rc = gr_calibration_parse(text, strlen(text), "p", &c, err, sizeof err);
+    CHECK(rc != 0 && strstr(err, "p:15: a long probe needs the probe"), "no probe: %s", err);
+    snprintf(text, sizeof text, "%sprobe_layer 14\nprobe_weights 0.5 -1 2 0.25\nprobe_bias -3\n"
+             "long_probe_from 0\nlong_probe_weights 1 1 -1 0.5\nlong_probe_bias 2\n", GOOD);
+    rc = gr_calibration_parse(text, strlen(text), "p", &c, err, sizeof err);
+    CHECK(rc != 0 && strstr(err, "p:18: long_probe_from must be a token count"), "from 0: %s",
+          err);
 
     /* the length offset: two keys together, knots strictly ascending, one offset per knot;
      * linear in ln(1 + tokens) between knots, the end knots' offsets beyond them */

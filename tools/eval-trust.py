@@ -23,7 +23,9 @@ of the detector's score (hallucinated against not) and, in quote mode, of the re
 alone (its mean over the answer, and its largest token value).
 
 With --report FILE --refit FIT --lengths it fits a calibration's length offset on the fit
-split's answers FIT (`make eval-trust`) and reports FILE's answers under it.
+split's answers FIT (`make eval-trust`) and reports FILE's answers under it; with --long-probe
+TOKENS it first fits a probe for prompts of at least TOKENS documents' tokens on FIT's answers
+of that length (they need their hidden states: --hidden-layers).
 
   tools/eval-trust.py --bands 2048,16384 --contexts 12,3 --per-context 4,16 --json out.jsonl
 """
@@ -173,23 +175,65 @@ def signals_of(r):
 
 
 def rescore(results, cal):
-    """Each result's score and flag under another calibration (the signals are the reply's)."""
+    """Each result's score and flag under another calibration (the signals are the reply's; the
+    probe's logit is computed again from the reply's hidden states where it kept them, so that
+    a new probe is the one scored)."""
     for r in results:
+        if r.get("hidden_states") and "probe_layer" in cal:
+            z = gf.probe_logit(cal, r["hidden_states"], r["context_tokens"])
+            r["hidden_probe"] = None if math.isnan(z) else 1 / (1 + math.exp(-z))
+        elif "long_probe_from" in cal and r["context_tokens"] >= cal["long_probe_from"]:
+            raise ec.EvalError("%s: an answer over %d documents' tokens without its hidden "
+                               "states cannot be scored by the long probe (ask with "
+                               "--hidden-layers)" % (r["id"], r["context_tokens"]))
         r["score"] = float(gf.score(cal, signals_of(r))[0]) if r["token_signals"]["logprob"] \
             else None
         r["flagged"] = None if r["score"] is None else (r["score"] >= cal["threshold"] and
                                                         not r["abstained"])
 
 
-def refit(fit_results, base, features, max_fpr):
-    """The base calibration's combination fitted again on these answers (its watch and probe
-    kept), with `features`: tools/grounding-eval.py's procedure (L2 by cross-validation grouped
-    by article, threshold at the best out-of-fold F1 within max_fpr)."""
+def grounding_eval():
+    """tools/grounding-eval.py as a module (its fits)."""
     import importlib.util
     spec = importlib.util.spec_from_file_location(
         "grounding_eval", pathlib.Path(__file__).resolve().parent / "grounding-eval.py")
     ge = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ge)
+    return ge
+
+
+def fit_long_probe(fit_results, base, tokens):
+    """A probe for long prompts: tools/grounding-eval.py's probe fit (the base probe's layer and
+    rows, L2 by cross-validation grouped by article) on the fit answers of at least `tokens`
+    documents' tokens. Returns (the base calibration with long_probe_* and without a length
+    offset, the fit answers with those answers' hidden_probe replaced by their out-of-fold
+    logit, so that a length offset fitted on them is not fitted on the probe's own answers,
+    the fit's info)."""
+    if "probe_layer" not in base:
+        raise ec.EvalError("--long-probe needs a calibration with a probe")
+    long_ones = [r for r in fit_results if r["context_tokens"] >= tokens]
+    if any(not r.get("hidden_states") for r in long_ones):
+        raise ec.EvalError("the fit answers over %d documents' tokens or more need their "
+                           "hidden states (ask with --hidden-layers %d)" %
+                           (tokens, base["probe_layer"]))
+    ge = grounding_eval()
+    rows = [({"kind": "squad", "id": r["id"], "docs": [{"title": r["article"]}]},
+             {"hidden_states": r["hidden_states"]}, int(r["hallucinated"])) for r in long_ones]
+    probe, oof, info = ge.train_probe(rows, base["probe_layer"], ge.probe_kinds(base, rows))
+    cal = {k: v for k, v in base.items() if k not in gf.LENGTH_KEYS + gf.LONG_PROBE_KEYS}
+    cal.update(long_probe_from=int(tokens), long_probe_weights=probe["probe_weights"],
+               long_probe_bias=probe["probe_bias"])
+    logit = {id(r): float(z) for r, z in zip(long_ones, oof)}
+    out = [dict(r, hidden_probe=1 / (1 + math.exp(-logit[id(r)]))) if id(r) in logit else r
+           for r in fit_results]
+    return cal, out, info
+
+
+def refit(fit_results, base, features, max_fpr):
+    """The base calibration's combination fitted again on these answers (its watch and probe
+    kept), with `features`: tools/grounding-eval.py's procedure (L2 by cross-validation grouped
+    by article, threshold at the best out-of-fold F1 within max_fpr)."""
+    ge = grounding_eval()
     if any("article" not in r for r in fit_results):
         passages, questions = ec.load_squad()
         title = {q["id"]: passages[q["gold_passage_id"]]["title"] for q in questions}
@@ -199,7 +243,7 @@ def refit(fit_results, base, features, max_fpr):
              {"token_signals": signals_of(r)}, int(r["hallucinated"]))
             for r in fit_results if r["token_signals"]["logprob"]]
     cal, info = ge.train(rows, features, base["window"], base["stride"], max_fpr=max_fpr)
-    for k in ("name", "model_sha256", "watch", "probe_layer", "probe_weights", "probe_bias"):
+    for k in ("name", "model_sha256", "watch") + gf.PROBE_KEYS + gf.LONG_PROBE_KEYS:
         if k in base:
             cal[k] = base[k]
     return cal, info, len(rows)
@@ -353,6 +397,9 @@ def main():
                     help="with --refit: fit only a length offset (the calibration's combination "
                          "and probe kept), its threshold per band at --max-fpr of the right "
                          "answers")
+    ap.add_argument("--long-probe", type=int, metavar="TOKENS",
+                    help="--refit --lengths: first fit a probe for prompts of at least TOKENS "
+                         "documents' tokens on the fit answers of that length")
     ap.add_argument("--calibration", help="the calibration --refit starts from")
     ap.add_argument("--features", help="--refit's features (default: the calibration's)")
     ap.add_argument("--max-fpr", type=float, default=0.2, help="--refit's threshold bound")
@@ -369,7 +416,20 @@ def main():
             base = gf.read_calibration(args.calibration)
             feats = args.features.split(",") if args.features else list(base["features"])
             fit = [json.loads(l) for l in open(args.refit)]
+            if args.long_probe is not None and not args.lengths:
+                raise SystemExit("eval-trust: --long-probe goes with --refit --lengths")
             if args.lengths:
+                probe_note = ""
+                if args.long_probe is not None:
+                    base, fit, info = fit_long_probe(fit, base, args.long_probe)
+                    n_long = sum(1 for r in fit if r["context_tokens"] >= args.long_probe)
+                    print("long probe from %d tokens: %d answers, L2 %g, grouped CV AUROC %.3f" %
+                          (args.long_probe, n_long, info["lambda"], info["cv_auroc"]))
+                    probe_note = (" A probe for prompts of %d documents' tokens or more "
+                                  "(layer %d, L2 %g, grouped 5-fold CV AUROC %.3f over %d "
+                                  "answers), the offset fitted on its out-of-fold logits." % (
+                                      args.long_probe, base["probe_layer"], info["lambda"],
+                                      info["cv_auroc"], n_long))
                 if args.choose_fpr is not None:
                     args.max_fpr, table = choose_bound(fit, base, args.choose_fpr)
                     for bound, shares in table.items():
@@ -386,13 +446,15 @@ def main():
                 if args.write:
                     # the base's own comments (how its combination and probe were fitted) stay
                     kept = [l[1:].strip() for l in open(args.calibration) if l.startswith("#")
-                            and "with a length offset fitted by" not in l]
+                            and "with a length offset fitted by" not in l
+                            and "A probe for prompts of" not in l]
                     gf.write_calibration(args.write, cal, comment="\n".join(kept + [
                         "%s with a length offset fitted by tools/eval-trust.py --refit --lengths"
                         " on %d answers of the fit split (%s): per band, the threshold that "
                         "flags at most %g of its right answers, moved onto the threshold." % (
                             base["name"], len(fit), ", ".join(
-                                "%d tokens" % tok for _, tok, _, _, _ in info), args.max_fpr)]))
+                                "%d tokens" % tok for _, tok, _, _, _ in info), args.max_fpr)
+                        + probe_note]))
                 rescore(results, cal)
                 print(report(results))
                 return 0

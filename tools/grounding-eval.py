@@ -967,8 +967,9 @@ def cmd_report(args, run_seconds=None):
     if "probe_layer" in cal:
         # held out: the calibration's probe, as the daemon computes it; the fit split: the
         # out-of-fold logits the calibration was fitted with
-        with_probe(test_rows + apart_rows, [gf.probe_logit(cal, r.get("hidden_states"))
-                                            for _, r, _ in test_rows + apart_rows])
+        with_probe(test_rows + apart_rows, [
+            gf.probe_logit(cal, r.get("hidden_states"), r.get("usage", {}).get("context_tokens", 0))
+            for _, r, _ in test_rows + apart_rows])
         _, logits, _ = train_probe(fit_rows, cal["probe_layer"], probe_kinds(cal, fit_rows))
         with_probe(fit_rows, logits)
         signal_sets = {"combined": cal["features"], "combined without the probe": BASE}

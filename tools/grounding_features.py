@@ -24,6 +24,8 @@ KEYS = ("name", "model_sha256", "window", "stride", "threshold", "watch", "featu
 PROBE_KEYS = ("probe_layer", "probe_weights", "probe_bias")
 # the length offset's keys: both or none (daemon/grounding.h GR_MAX_KNOTS numbers at most)
 LENGTH_KEYS = ("length_tokens", "length_offset")
+# the probe for long prompts: all three or none, and only with the probe
+LONG_PROBE_KEYS = ("long_probe_from", "long_probe_weights", "long_probe_bias")
 MAX_KNOTS = 16
 
 # token_signals arrays a score needs
@@ -77,7 +79,7 @@ def parse_calibration(text):
                                  (lineno, rest.strip(), VERSION))
             magic_line = lineno
             continue
-        if key not in KEYS + PROBE_KEYS + LENGTH_KEYS:
+        if key not in KEYS + PROBE_KEYS + LENGTH_KEYS + LONG_PROBE_KEYS:
             raise ValueError("line %d: unknown key %r" % (lineno, key))
         if key in seen:
             raise ValueError("line %d: key %s repeated (first on line %d)" %
@@ -102,11 +104,18 @@ def parse_calibration(text):
             if len(vals) != 1:
                 raise ValueError("line %d: probe_layer takes one integer" % lineno)
             cal[key] = _integer(vals[0], lineno, key, 0)
-        elif key == "probe_weights":
+        elif key in ("probe_weights", "long_probe_weights"):
             cal[key] = np.array([_number(v, lineno, key) for v in vals], dtype=np.float64)
             if not vals or (len(vals) % 2 and len(vals) % 3):
-                raise ValueError("line %d: probe_weights has %d numbers; it needs two or three "
-                                 "rows of the model's dim" % (lineno, len(vals)))
+                raise ValueError("line %d: %s has %d numbers; it needs two or three rows of "
+                                 "the model's dim" % (lineno, key, len(vals)))
+        elif key == "long_probe_from":
+            if len(vals) != 1:
+                raise ValueError("line %d: long_probe_from takes one integer" % lineno)
+            cal[key] = _integer(vals[0], lineno, key, 1)
+            if cal[key] > 100000000:
+                raise ValueError("line %d: long_probe_from must be a token count from 1 to "
+                                 "100000000" % lineno)
         elif key == "length_tokens":
             v = [_integer(x, lineno, key, 0) for x in vals]
             if len(v) > MAX_KNOTS or any(b <= a for a, b in zip(v, v[1:])) or v[-1] > 100000000:
@@ -118,7 +127,7 @@ def parse_calibration(text):
             if len(vals) > MAX_KNOTS or np.any(np.abs(cal[key]) > 1e3):
                 raise ValueError("line %d: length_offset must be at most %d numbers from -1000 "
                                  "to 1000" % (lineno, MAX_KNOTS))
-        elif key in ("threshold", "bias", "probe_bias"):
+        elif key in ("threshold", "bias", "probe_bias", "long_probe_bias"):
             if len(vals) != 1:
                 raise ValueError("line %d: %s takes one number" % (lineno, key))
             cal[key] = _number(vals[0], lineno, key)
@@ -160,6 +169,16 @@ def parse_calibration(text):
     if have_len and len(cal["length_tokens"]) != len(cal["length_offset"]):
         raise ValueError("line %d: length_offset has %d numbers; length_tokens has %d" % (
             seen["length_offset"], len(cal["length_offset"]), len(cal["length_tokens"])))
+    have_long = [k for k in LONG_PROBE_KEYS if k in seen]
+    if have_long and len(have_long) != len(LONG_PROBE_KEYS):
+        raise ValueError("line %d: %s come together" % (end, ", ".join(LONG_PROBE_KEYS)))
+    if have_long and not have:
+        raise ValueError("line %d: a long probe needs the probe (%s)" % (
+            seen["long_probe_from"], ", ".join(PROBE_KEYS)))
+    if have_long and len(cal["long_probe_weights"]) != len(cal["probe_weights"]):
+        raise ValueError("line %d: long_probe_weights has %d numbers; probe_weights has %d" % (
+            seen["long_probe_weights"], len(cal["long_probe_weights"]),
+            len(cal["probe_weights"])))
     if "hidden_probe" in cal["features"] and not have:
         raise ValueError("line %d: feature hidden_probe needs %s" %
                          (seen["features"], ", ".join(PROBE_KEYS)))
@@ -210,6 +229,11 @@ def format_calibration(cal, comment=None):
                   "probe_weights %s" % " ".join(repr(float(np.float32(x)))
                                                 for x in cal["probe_weights"]),
                   "probe_bias %s" % repr(float(cal["probe_bias"]))]
+    if "long_probe_from" in cal:
+        lines += ["long_probe_from %d" % cal["long_probe_from"],
+                  "long_probe_weights %s" % " ".join(repr(float(np.float32(x)))
+                                                     for x in cal["long_probe_weights"]),
+                  "long_probe_bias %s" % repr(float(cal["long_probe_bias"]))]
     if "length_tokens" in cal:
         lines += ["length_tokens %s" % " ".join("%d" % x for x in cal["length_tokens"]),
                   "length_offset %s" % nums(cal["length_offset"])]
@@ -283,15 +307,18 @@ def signal_arrays(sig):
 HIDDEN_ROWS = ("first", "mean", "last")
 
 
-def probe_logit(cal, hidden):
+def probe_logit(cal, hidden, context_tokens=0):
     """The calibration's hidden-state probe over a reply's hidden_states (the residual stream
     of its layers: "first", "mean" and "last" rows; weights of two rows take the first two),
-    clipped as the daemon clips it; NaN when the reply has no row of the probe's layer or its
-    rows are not of the probe's dim."""
+    clipped as the daemon clips it; its long probe instead when context_tokens (the prompt's
+    documents' tokens) reach long_probe_from. NaN when the reply has no row of the probe's
+    layer or its rows are not of the probe's dim."""
     if not hidden or "probe_layer" not in cal or cal["probe_layer"] not in hidden["layers"]:
         return math.nan
     i = hidden["layers"].index(cal["probe_layer"])
-    w = np.asarray(cal["probe_weights"], np.float64)
+    long_prompt = "long_probe_from" in cal and context_tokens >= cal["long_probe_from"]
+    w = np.asarray(cal["long_probe_weights" if long_prompt else "probe_weights"], np.float64)
+    bias = cal["long_probe_bias" if long_prompt else "probe_bias"]
     dim = len(hidden["first"][i])
     if not dim or len(w) not in (2 * dim, 3 * dim):
         return math.nan
@@ -299,7 +326,7 @@ def probe_logit(cal, hidden):
     if any(k not in hidden for k in rows):
         return math.nan
     x = np.concatenate([np.asarray(hidden[k][i], np.float64) for k in rows])
-    return float(np.clip(cal["probe_bias"] + x @ w, -PROBE_CLIP, PROBE_CLIP))
+    return float(np.clip(bias + x @ w, -PROBE_CLIP, PROBE_CLIP))
 
 
 def clipped_logit(p, clip):
