@@ -165,24 +165,27 @@ eval-grounding: all $(QWEN_FILE) venv
 		--command "make eval-grounding" $(EVAL_ARGS)
 
 # The detector across context lengths (docs/groundedness.md "Across lengths and answer modes";
-# about 80 minutes on two cores): SQuAD questions of the fit split's articles over whole
-# paragraphs from about 170 to 25,000 tokens; a length offset fitted on them onto the
-# calibration that eval-grounding wrote (per band, the threshold that flags a set share of its
-# right answers: the largest share of 5% to 20% that flags at most 20% of every band's right
-# answers in cross-validation over the fit split's articles) and written back as
-# qwen2.5-coder-0.5b-v4; then the test split's articles at the same lengths, answered under
-# it, and the report. Answers go to build/eval-trust/.
-TRUST_BANDS := --bands 256,1024,2048,8192,16384,28000 --modes free
+# about two and a half hours on two cores): SQuAD questions of the fit split's articles over
+# whole paragraphs from about 170 to 25,000 tokens, with the residual stream of the probe's
+# layer; a probe for prompts of 4,000 documents' tokens or more fitted on them, then a length
+# offset fitted on its out-of-fold logits onto the calibration (per band, the threshold that
+# flags a set share of its right answers: the largest share of 5% to 20% that flags at most
+# 20% of every band's right answers in cross-validation over the fit split's articles), written
+# back as qwen2.5-coder-0.5b-v5; then the test split's articles at the same lengths, answered
+# under it, and the report. Answers go to build/eval-trust/.
+TRUST_BANDS := --bands 256,1024,2048,4096,8192,16384,28000 --modes free --hidden-layers 14
 TRUST_CAL := deploy/grounding/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.grounding
 eval-trust: all $(QWEN_FILE) venv
 	rm -rf build/eval-trust && mkdir -p build/eval-trust
 	$(VENV_PATH) $(PYTHON) tools/eval-trust.py --split fit $(TRUST_BANDS) \
-		--contexts 40,16,16,4,3,2 --per-context 8,8,8,32,64,64 --json build/eval-trust/fit.jsonl
+		--contexts 40,16,16,16,8,6,4 --per-context 8,8,8,8,64,128,128 \
+		--json build/eval-trust/fit.jsonl
 	$(VENV_PATH) $(PYTHON) tools/eval-trust.py --report build/eval-trust/fit.jsonl \
-		--refit build/eval-trust/fit.jsonl --lengths --choose-fpr 0.2 --calibration $(TRUST_CAL) \
-		--name qwen2.5-coder-0.5b-v4 --write $(TRUST_CAL)
+		--refit build/eval-trust/fit.jsonl --lengths --long-probe 4000 --choose-fpr 0.2 \
+		--calibration $(TRUST_CAL) --name qwen2.5-coder-0.5b-v5 --write $(TRUST_CAL)
 	$(VENV_PATH) $(PYTHON) tools/eval-trust.py --split test $(TRUST_BANDS) \
-		--contexts 40,24,24,5,5,3 --per-context 4,4,4,32,32,24 --json build/eval-trust/test.jsonl
+		--contexts 40,24,24,24,8,6,4 --per-context 4,4,4,8,48,64,64 \
+		--json build/eval-trust/test.jsonl
 .PHONY: eval-trust
 
 # Needle in a haystack with the Qwen model through diffragd at 4K, 8K, 16K and 32K tokens, five

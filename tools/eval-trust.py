@@ -449,7 +449,8 @@ def main():
                             and "with a length offset fitted by" not in l
                             and "A probe for prompts of" not in l]
                     gf.write_calibration(args.write, cal, comment="\n".join(kept + [
-                        "%s with a length offset fitted by tools/eval-trust.py --refit --lengths"
+                        "The combination and probe of %s with a length offset fitted by "
+                        "tools/eval-trust.py --refit --lengths"
                         " on %d answers of the fit split (%s): per band, the threshold that "
                         "flags at most %g of its right answers, moved onto the threshold." % (
                             base["name"], len(fit), ", ".join(
