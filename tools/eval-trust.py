@@ -181,7 +181,7 @@ def rescore(results, cal):
     for r in results:
         if r.get("hidden_states") and "probe_layer" in cal:
             z = gf.probe_logit(cal, r["hidden_states"], r["context_tokens"])
-            r["hidden_probe"] = None if math.isnan(z) else 1 / (1 + math.exp(-z))
+            r["hidden_probe"] = None if math.isnan(z) else float(gf.sigmoid(z))
         elif "long_probe_from" in cal and r["context_tokens"] >= cal["long_probe_from"]:
             raise ec.EvalError("%s: an answer over %d documents' tokens without its hidden "
                                "states cannot be scored by the long probe (ask with "
@@ -202,6 +202,11 @@ def grounding_eval():
     return ge
 
 
+def squad_case(r):
+    """An answer as tools/grounding-eval.py's fits take its case (grouped by article)."""
+    return {"kind": "squad", "id": r["id"], "docs": [{"title": r["article"]}]}
+
+
 def fit_long_probe(fit_results, base, tokens):
     """A probe for long prompts: tools/grounding-eval.py's probe fit (the base probe's layer and
     rows, L2 by cross-validation grouped by article) on the fit answers of at least `tokens`
@@ -217,14 +222,14 @@ def fit_long_probe(fit_results, base, tokens):
                            "hidden states (ask with --hidden-layers %d)" %
                            (tokens, base["probe_layer"]))
     ge = grounding_eval()
-    rows = [({"kind": "squad", "id": r["id"], "docs": [{"title": r["article"]}]},
-             {"hidden_states": r["hidden_states"]}, int(r["hallucinated"])) for r in long_ones]
+    rows = [(squad_case(r), {"hidden_states": r["hidden_states"]}, int(r["hallucinated"]))
+            for r in long_ones]
     probe, oof, info = ge.train_probe(rows, base["probe_layer"], ge.probe_kinds(base, rows))
     cal = {k: v for k, v in base.items() if k not in gf.LENGTH_KEYS + gf.LONG_PROBE_KEYS}
     cal.update(long_probe_from=int(tokens), long_probe_weights=probe["probe_weights"],
                long_probe_bias=probe["probe_bias"])
     logit = {id(r): float(z) for r, z in zip(long_ones, oof)}
-    out = [dict(r, hidden_probe=1 / (1 + math.exp(-logit[id(r)]))) if id(r) in logit else r
+    out = [dict(r, hidden_probe=float(gf.sigmoid(logit[id(r)]))) if id(r) in logit else r
            for r in fit_results]
     return cal, out, info
 
@@ -239,8 +244,7 @@ def refit(fit_results, base, features, max_fpr):
         title = {q["id"]: passages[q["gold_passage_id"]]["title"] for q in questions}
         for r in fit_results:
             r.setdefault("article", title[r["id"]])
-    rows = [({"kind": "squad", "id": r["id"], "docs": [{"title": r["article"]}]},
-             {"token_signals": signals_of(r)}, int(r["hallucinated"]))
+    rows = [(squad_case(r), {"token_signals": signals_of(r)}, int(r["hallucinated"]))
             for r in fit_results if r["token_signals"]["logprob"]]
     cal, info = ge.train(rows, features, base["window"], base["stride"], max_fpr=max_fpr)
     for k in ("name", "model_sha256", "watch") + gf.PROBE_KEYS + gf.LONG_PROBE_KEYS:
@@ -422,14 +426,13 @@ def main():
                 probe_note = ""
                 if args.long_probe is not None:
                     base, fit, info = fit_long_probe(fit, base, args.long_probe)
-                    n_long = sum(1 for r in fit if r["context_tokens"] >= args.long_probe)
                     print("long probe from %d tokens: %d answers, L2 %g, grouped CV AUROC %.3f" %
-                          (args.long_probe, n_long, info["lambda"], info["cv_auroc"]))
+                          (args.long_probe, info["n"], info["lambda"], info["cv_auroc"]))
                     probe_note = (" A probe for prompts of %d documents' tokens or more "
                                   "(layer %d, L2 %g, grouped 5-fold CV AUROC %.3f over %d "
                                   "answers), the offset fitted on its out-of-fold logits." % (
                                       args.long_probe, base["probe_layer"], info["lambda"],
-                                      info["cv_auroc"], n_long))
+                                      info["cv_auroc"], info["n"]))
                 if args.choose_fpr is not None:
                     args.max_fpr, table = choose_bound(fit, base, args.choose_fpr)
                     for bound, shares in table.items():
@@ -446,8 +449,7 @@ def main():
                 if args.write:
                     # the base's own comments (how its combination and probe were fitted) stay
                     kept = [l[1:].strip() for l in open(args.calibration) if l.startswith("#")
-                            and "with a length offset fitted by" not in l
-                            and "A probe for prompts of" not in l]
+                            and "with a length offset fitted by" not in l]
                     gf.write_calibration(args.write, cal, comment="\n".join(kept + [
                         "The combination and probe of %s with a length offset fitted by "
                         "tools/eval-trust.py --refit --lengths"

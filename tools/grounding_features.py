@@ -224,15 +224,15 @@ def format_calibration(cal, comment=None):
               "scale %s" % nums(cal["scale"]),
               "weights %s" % nums(cal["weights"]),
               "bias %s" % repr(float(cal["bias"]))]
+    def floats(a):   # a probe's weights, as the daemon keeps them
+        return " ".join(repr(float(np.float32(x))) for x in a)
     if "probe_layer" in cal:
         lines += ["probe_layer %d" % cal["probe_layer"],
-                  "probe_weights %s" % " ".join(repr(float(np.float32(x)))
-                                                for x in cal["probe_weights"]),
+                  "probe_weights %s" % floats(cal["probe_weights"]),
                   "probe_bias %s" % repr(float(cal["probe_bias"]))]
     if "long_probe_from" in cal:
         lines += ["long_probe_from %d" % cal["long_probe_from"],
-                  "long_probe_weights %s" % " ".join(repr(float(np.float32(x)))
-                                                     for x in cal["long_probe_weights"]),
+                  "long_probe_weights %s" % floats(cal["long_probe_weights"]),
                   "long_probe_bias %s" % repr(float(cal["long_probe_bias"]))]
     if "length_tokens" in cal:
         lines += ["length_tokens %s" % " ".join("%d" % x for x in cal["length_tokens"]),
@@ -383,7 +383,8 @@ def request_windows(sig, window, stride):
     return ws, feats.reshape(len(ws), len(FEATURES))
 
 
-def _sigmoid(z):
+def sigmoid(z):
+    """The logistic function, stable at both ends (an array, or a number as a 0-d array)."""
     z = np.asarray(z, dtype=np.float64)
     return np.where(z >= 0, 1.0 / (1.0 + np.exp(-np.abs(z))),
                     np.exp(-np.abs(z)) / (1.0 + np.exp(-np.abs(z))))
@@ -410,7 +411,7 @@ def window_scores(cal, feats):
     x = (feats[:, cols] - cal["mean"]) / cal["scale"]
     x = np.where(np.isnan(x), 0.0, x)
     off = length_offset(cal, feats[:, FEATURES.index("log_context_tokens")])
-    return _sigmoid(cal["bias"] + off + x @ cal["weights"])
+    return sigmoid(cal["bias"] + off + x @ cal["weights"])
 
 
 def score(cal, sig):
