@@ -92,7 +92,9 @@ FUZZ_OBJS    := model/gguf model/model_ctx model/tokenizer model/tokenizer_encod
 # fuzz_request also links the daemon's decoder and op table (with the I/O stages it names),
 # msgpack reader/writer, configuration table and the grounding parsers the configuration
 # checks with.
-FUZZ_DAEMON_OBJS := daemon/proto daemon/ops daemon/stages daemon/mp daemon/wire daemon/config daemon/config_keys daemon/config_endpoint daemon/log daemon/grounding daemon/extract daemon/zutil
+FUZZ_DAEMON_OBJS := daemon/proto daemon/ops daemon/stages daemon/mp daemon/wire daemon/config \
+                    daemon/config_keys daemon/config_endpoint daemon/log daemon/grounding \
+                    daemon/grounding_file daemon/extract daemon/zutil
 FUZZ_LINK_fuzz_request := $(patsubst %,$(FUZZ_BUILD)/%.o,$(FUZZ_DAEMON_OBJS)) -lmsgpackc -lcrypto -lzmq
 # fuzz_openai: the HTTP API's request reader, then the same decoder over what it wrote.
 FUZZ_DAEMON_OBJS += daemon/openai_req
@@ -167,12 +169,13 @@ eval-grounding: all $(QWEN_FILE) venv
 # The detector across context lengths (docs/groundedness.md "Across lengths and answer modes";
 # about two and a half hours on two cores): SQuAD questions of the fit split's articles over
 # whole paragraphs from about 170 to 25,000 tokens, with the residual stream of the probe's
-# layer; a probe for prompts of 4,000 documents' tokens or more fitted on them, then a length
-# offset fitted on its out-of-fold logits onto the calibration (per band, the threshold that
-# flags a set share of its right answers: the largest share of 5% to 20% that flags at most
-# 20% of every band's right answers in cross-validation over the fit split's articles), written
-# back as qwen2.5-coder-0.5b-v5; then the test split's articles at the same lengths, answered
-# under it, and the report. Answers go to build/eval-trust/.
+# layer; a probe for prompts of 4,000 documents' tokens or more and one for prompts under 500
+# (a single paragraph) fitted on them, then a length offset fitted on their out-of-fold logits
+# onto the calibration (per band, the threshold that flags a set share of its right answers:
+# the largest share of 5% to 20% that flags at most 20% of every band's right answers in
+# cross-validation over the fit split's articles), written back as qwen2.5-coder-0.5b-v6;
+# then the test split's articles at the same lengths, answered under it, and the report.
+# Answers go to build/eval-trust/.
 TRUST_BANDS := --bands 256,1024,2048,4096,8192,16384,28000 --modes free --hidden-layers 14
 TRUST_CAL := deploy/grounding/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.grounding
 eval-trust: all $(QWEN_FILE) venv
@@ -181,8 +184,8 @@ eval-trust: all $(QWEN_FILE) venv
 		--contexts 40,16,16,16,8,6,4 --per-context 8,8,8,8,64,128,128 \
 		--json build/eval-trust/fit.jsonl
 	$(VENV_PATH) $(PYTHON) tools/eval-trust.py --report build/eval-trust/fit.jsonl \
-		--refit build/eval-trust/fit.jsonl --lengths --long-probe 4000 --choose-fpr 0.2 \
-		--calibration $(TRUST_CAL) --name qwen2.5-coder-0.5b-v5 --write $(TRUST_CAL)
+		--refit build/eval-trust/fit.jsonl --lengths --long-probe 4000 --short-probe 500 \
+		--choose-fpr 0.2 --calibration $(TRUST_CAL) --name qwen2.5-coder-0.5b-v6 --write $(TRUST_CAL)
 	$(VENV_PATH) $(PYTHON) tools/eval-trust.py --split test $(TRUST_BANDS) \
 		--contexts 40,24,24,24,8,6,4 --per-context 4,4,4,8,48,64,64 \
 		--json build/eval-trust/test.jsonl

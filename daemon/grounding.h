@@ -64,6 +64,13 @@ struct GrCalibration {
     int n_long_probe;
     float long_probe_w[GR_MAX_PROBE];
     double long_probe_bias;
+    /* A probe for short prompts (optional; needs the probe): below short_probe_until
+     * documents' tokens (at most long_probe_from when both are given), its weights and bias
+     * take the probe's place, as the long probe's do above. */
+    size_t short_probe_until;          /* 0: none */
+    int n_short_probe;
+    float short_probe_w[GR_MAX_PROBE];
+    double short_probe_bias;
 };
 
 /* Parses a calibration file's text (len bytes; need not be NUL-terminated). 0, or -1 with
@@ -163,9 +170,9 @@ struct GrSummary {
     size_t answer_tokens, flagged_tokens;
 };
 
-/* The probe's logit (GrCalibration.probe_*, or long_probe_* when the prompt's documents'
- * context_tokens reach long_probe_from) over the rows of its layer: first, mean and last, each
- * of dim floats, one after the other; NAN when the calibration has no probe or its weights are
+/* The probe's logit (GrCalibration.probe_*; long_probe_* when the prompt's documents'
+ * context_tokens reach long_probe_from, short_probe_* when they are under short_probe_until)
+ * over the rows of its layer: first, mean and last, each of dim floats, one after the other; NAN when the calibration has no probe or its weights are
  * not two or three rows of this dim. */
 double gr_probe_logit(const struct GrCalibration *c, const float *rows, size_t dim,
                       size_t context_tokens);

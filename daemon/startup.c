@@ -351,9 +351,10 @@ int startup_grounding(const struct Config *c, const struct Model *m, struct Grou
     }
     if (g->calibrated)
         dlog(LL_INFO, "msg=\"grounding detector\" calibration=%s file=\"%s\" threshold=%g "
-             "window=%d stride=%d watched_heads=%zu length_knots=%d long_probe_from=%zu",
-             g->cal.name, found, g->threshold, g->cal.window, g->cal.stride, g->n_watch,
-             g->cal.n_knots, g->cal.long_probe_from);
+             "window=%d stride=%d watched_heads=%zu length_knots=%d long_probe_from=%zu "
+             "short_probe_until=%zu", g->cal.name, found, g->threshold, g->cal.window,
+             g->cal.stride, g->n_watch, g->cal.n_knots, g->cal.long_probe_from,
+             g->cal.short_probe_until);
     return 0;
 }
 

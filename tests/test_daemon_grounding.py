@@ -274,7 +274,8 @@ def test_hidden_state_probe_scores_as_numpy(tmp_path, model):
     """grounding_hidden_layers: replies that include hidden_states carry the residual stream of
     those layers (the first answer token's row, the answer's mean and the last row); a
     calibration with a probe adds its layer, and the reply's hidden_probe and score are what
-    NumPy computes from those rows and the token signals, for probes of two rows and of three."""
+    NumPy computes from those rows and the token signals, for probes of two rows and of three,
+    and for the probes a calibration keeps for long and for short prompts."""
     with Daemon(tmp_path, model, workers=1, grounding_calibration="none") as d:
         r = ask(d.client(), QUESTIONS[0], include=["token_signals", "hidden_states"])
         assert r["hidden_states"] is None and r["grounding"]["hidden_probe"] is None
@@ -346,14 +347,17 @@ def test_hidden_state_probe_scores_as_numpy(tmp_path, model):
                                  r["hidden_states"])
             assert abs(g["hidden_probe"] - 1 / (1 + math.exp(-z))) < 1e-5, (g["hidden_probe"], z)
             assert abs(z - two) > 1e-6, (z, two)   # the last row's weights count
-    # a long probe takes the probe's place from its documents' tokens on: here from both
-    # documents' length, so a question over the first alone keeps the probe
+    # a long probe takes the probe's place from its documents' tokens on, a short probe under
+    # its own: here both at both documents' length, so a question over the first alone reads
+    # the short probe and one over both the long probe
     assert lengths[-1] < lengths[0] == lengths[1], lengths
     long_probe = " ".join("%.6f" % rng.uniform(-0.05, 0.05) for _ in range(2 * dim))
+    short_probe = " ".join("%.6f" % rng.uniform(-0.05, 0.05) for _ in range(2 * dim))
     cal_path.write_text(text + "probe_layer 1\nprobe_weights %s\nprobe_bias -0.3\n"
-                        "long_probe_from %d\nlong_probe_weights %s\nlong_probe_bias 0.4\n" % (
-                            probe, max(lengths), long_probe))
-    cal_long = gf.read_calibration(str(cal_path))
+                        "long_probe_from %d\nlong_probe_weights %s\nlong_probe_bias 0.4\n"
+                        "short_probe_until %d\nshort_probe_weights %s\nshort_probe_bias -0.1\n" % (
+                            probe, max(lengths), long_probe, max(lengths), short_probe))
+    cal_ranged = gf.read_calibration(str(cal_path))
     with Daemon(tmp_path, model, workers=1, grounding_calibration=cal_path,
                 grounding_hidden_layers="2") as d:
         for i, docs in enumerate((DOCS[:1], DOCS, DOCS[:1], DOCS)):
@@ -362,10 +366,16 @@ def test_hidden_state_probe_scores_as_numpy(tmp_path, model):
             g, ts = check_shape(r)
             n = r["usage"]["context_tokens"]
             assert n == lengths[-1 if len(docs) == 1 else 0], (n, lengths)
-            z = gf.probe_logit(cal_long, r["hidden_states"], n)
-            short = gf.probe_logit(cal, r["hidden_states"])
+            z = gf.probe_logit(cal_ranged, r["hidden_states"], n)
             assert abs(g["hidden_probe"] - 1 / (1 + math.exp(-z))) < 1e-5, (g["hidden_probe"], z)
-            assert (abs(z - short) > 1e-6) == (n >= max(lengths)), (n, z, short)
+            for keys in (gf.LONG_PROBE_KEYS, gf.SHORT_PROBE_KEYS):
+                alone = {k: v for k, v in cal_ranged.items()
+                         if k not in gf.LONG_PROBE_KEYS + gf.SHORT_PROBE_KEYS}
+                alone.update(probe_weights=cal_ranged[keys[1]], probe_bias=cal_ranged[keys[2]])
+                read = (n >= max(lengths)) == (keys == gf.LONG_PROBE_KEYS)
+                assert (abs(z - gf.probe_logit(alone, r["hidden_states"])) < 1e-9) == read, \
+                    (n, keys)
+            assert abs(z - gf.probe_logit(cal, r["hidden_states"])) > 1e-6, (n, z)
     # a probe whose weights do not fit the model stops the start
     cal_path.write_text(text + "probe_layer 1\nprobe_weights 1 2\nprobe_bias 0\n")
     log = refused_start(tmp_path, model, grounding_calibration=cal_path)

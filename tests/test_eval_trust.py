@@ -148,3 +148,49 @@ def test_long_probe_is_fitted_on_long_answers_and_scored_out_of_fold():
         et.rescore([dict(fit[-1], hidden_states=None)], cal)
     with pytest.raises(et.ec.EvalError, match="need their hidden states"):
         et.fit_long_probe([dict(r, hidden_states=None) for r in fit], probe_cal, 5000)
+
+
+def test_short_probe_is_fitted_under_the_long_probe_and_scored_out_of_fold():
+    """--short-probe: a probe fitted on the answers the base probe scores (under the long
+    probe's length), written as short_probe_*; only the answers under its own length get their
+    out-of-fold logit; rescoring reads it from the hidden states, and an answer under that
+    length without them is an error."""
+    rng = np.random.default_rng(7)
+    dim = 6
+    probe_cal = dict(CAL, features=["mean_logprob", "hidden_probe"], mean=np.array([-1.0, 0.0]),
+                     scale=np.array([1.0, 1.0]), weights=np.array([-0.5, 1.0]), probe_layer=2,
+                     probe_weights=np.zeros(2 * dim), probe_bias=0.0,
+                     long_probe_from=5000, long_probe_weights=np.ones(2 * dim),
+                     long_probe_bias=0.0)
+    fit = answers(rng, 256, 200, 40, 40, 0.0) + answers(rng, 2048, 1700, 40, 40, 0.0) + \
+        answers(rng, 16384, 14000, 40, 40, 0.0)
+    for r in fit:
+        # the wrong answers' mean row leans one way along dimension 1
+        mean = rng.normal(0, 1, dim) + (1.5 if r["hallucinated"] else 0.0) * np.eye(dim)[1]
+        r["hidden_states"] = {"layers": [2], "first": [list(rng.normal(0, 1, dim))],
+                              "mean": [list(mean)], "last": [[0.0] * dim]}
+        r["hidden_probe"] = 0.5
+    cal, out, info = et.fit_short_probe(fit, probe_cal, 500)
+    assert cal["short_probe_until"] == 500 and len(cal["short_probe_weights"]) == 2 * dim
+    assert cal["long_probe_from"] == 5000 and "length_tokens" not in cal
+    assert info["n"] == 160 and info["cv_auroc"] > 0.75, info   # the 256 and 2048 bands
+    w = cal["short_probe_weights"]
+    assert w[dim + 1] > 3 * np.max(np.abs(np.delete(w, dim + 1))), w
+    under = [(r, o) for r, o in zip(fit, out) if r["context_tokens"] < 500]
+    assert len(under) == 80 and all(o["hidden_probe"] != 0.5 for _, o in under)
+    assert all(o["hidden_probe"] == 0.5 for r, o in zip(fit, out) if r["context_tokens"] >= 500)
+    oof = [gf.clipped_logit(o["hidden_probe"], gf.PROBE_CLIP) for _, o in under]
+    full = [gf.probe_logit(cal, r["hidden_states"], r["context_tokens"]) for r, _ in under]
+    assert not np.allclose(oof, full) and np.corrcoef(oof, full)[0, 1] > 0.8
+    gf.parse_calibration(gf.format_calibration(cal))
+    test = [dict(r) for r in fit]
+    et.rescore(test, cal)
+    for r, t in zip(fit, test):
+        z = gf.probe_logit(cal, r["hidden_states"], r["context_tokens"])
+        assert abs(t["hidden_probe"] - 1 / (1 + math.exp(-z))) < 1e-12
+    with pytest.raises(et.ec.EvalError, match="cannot be scored by the short probe"):
+        et.rescore([dict(fit[0], hidden_states=None)], cal)
+    with pytest.raises(et.ec.EvalError, match="above --long-probe 5000"):
+        et.fit_short_probe(fit, probe_cal, 6000)
+    with pytest.raises(et.ec.EvalError, match="need their hidden states"):
+        et.fit_short_probe([dict(r, hidden_states=None) for r in fit], probe_cal, 500)

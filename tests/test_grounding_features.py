@@ -272,6 +272,37 @@ def test_long_probe_keys_and_logit(tmp_path):
         gf.parse_calibration(GOOD + probe + long_probe.replace("from 4000", "from 0"))
 
 
+
+def test_short_probe_keys_and_logit(tmp_path):
+    """Under short_probe_until documents' tokens, the short probe's weights and bias take the
+    probe's place; from it on the probe, then the long probe, as the daemon's gr_probe_logit
+    reads them. The short probe's bound may not pass the long probe's."""
+    probe = "probe_layer 3\nprobe_weights 0.5 -1 2 0.25\nprobe_bias -3\n"
+    long_probe = "long_probe_from 4000\nlong_probe_weights 1 1 -1 0.5\nlong_probe_bias 2\n"
+    short_probe = "short_probe_until 500\nshort_probe_weights -1 0 0 1\nshort_probe_bias 0.5\n"
+    cal = gf.parse_calibration(GOOD + probe + long_probe + short_probe)
+    hidden = {"layers": [3], "first": [[2, 1]], "mean": [[4, -8]]}
+    mid = -3 + 0.5 * 2 - 1 * 1 + 2 * 4 + 0.25 * -8
+    under = 0.5 - 1 * 2 + 1 * -8
+    assert gf.probe_logit(cal, hidden) == under and gf.probe_logit(cal, hidden, 499) == under
+    assert gf.probe_logit(cal, hidden, 500) == mid and gf.probe_logit(cal, hidden, 3999) == mid
+    assert gf.probe_logit(cal, hidden, 4000) == 2 + 1 * 2 + 1 * 1 - 1 * 4 + 0.5 * -8
+    path = tmp_path / "s.grounding"
+    gf.write_calibration(path, cal)
+    back = gf.read_calibration(path)
+    assert back["short_probe_until"] == 500 and back["short_probe_bias"] == 0.5
+    np.testing.assert_array_equal(back["short_probe_weights"], cal["short_probe_weights"])
+    for text, message in (
+            (probe + "short_probe_until 500\nshort_probe_bias 2\n", "come together"),
+            (short_probe, "short_probe_until needs the probe"),
+            (probe + short_probe.replace("-1 0 0 1", "1 2"),
+             "short_probe_weights has 2 numbers; probe_weights has 4"),
+            (probe + short_probe.replace("until 500", "until 0"), "short_probe_until"),
+            (probe + long_probe.replace("from 4000", "from 400") + short_probe,
+             "short_probe_until 500 is above long_probe_from 400")):
+        with pytest.raises(ValueError, match=message):
+            gf.parse_calibration(GOOD + text)
+
 def test_length_offset_keys_and_score(tmp_path):
     """length_tokens/length_offset: parsed, written back exactly, linear in ln(1 + tokens)
     between the knots and flat beyond them, added to every window's logit (as

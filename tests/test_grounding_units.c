@@ -231,12 +231,47 @@ static void test_calibration(void)
     snprintf(text, sizeof text, "%slong_probe_from 4000\nlong_probe_weights 1 1 -1 0.5\n"
              "long_probe_bias 2\n", GOOD);
     rc = gr_calibration_parse(text, strlen(text), "p", &c, err, sizeof err);
-    CHECK(rc != 0 && strstr(err, "p:15: a long probe needs the probe"), "no probe: %s", err);
+    CHECK(rc != 0 && strstr(err, "p:15: long_probe_from needs the probe"), "no probe: %s", err);
     snprintf(text, sizeof text, "%sprobe_layer 14\nprobe_weights 0.5 -1 2 0.25\nprobe_bias -3\n"
              "long_probe_from 0\nlong_probe_weights 1 1 -1 0.5\nlong_probe_bias 2\n", GOOD);
     rc = gr_calibration_parse(text, strlen(text), "p", &c, err, sizeof err);
     CHECK(rc != 0 && strstr(err, "p:18: long_probe_from must be a token count"), "from 0: %s",
           err);
+
+    /* the short probe: likewise, under its token count; not above the long probe's */
+    snprintf(text, sizeof text, "%sprobe_layer 14\nprobe_weights 0.5 -1 2 0.25\nprobe_bias -3\n"
+             "long_probe_from 4000\nlong_probe_weights 1 1 -1 0.5\nlong_probe_bias 2\n"
+             "short_probe_until 500\nshort_probe_weights -1 0 0 1\nshort_probe_bias 0.5\n", GOOD);
+    rc = gr_calibration_parse(text, strlen(text), "p", &c, err, sizeof err);
+    CHECK(rc == 0 && c.short_probe_until == 500 && c.n_short_probe == 4 &&
+          c.short_probe_w[3] == 1.0f && c.short_probe_bias == 0.5, "short probe: %s",
+          rc ? err : "");
+    double zb = gr_probe_logit(&c, rows, 2, 499), zm = gr_probe_logit(&c, rows, 2, 500);
+    CHECK(zb == 0.5 - 1 * 2 + 1 * -8 && gr_probe_logit(&c, rows, 2, 0) == zb,
+          "under its length, the short probe: %g", zb);
+    CHECK(zm == zs && gr_probe_logit(&c, rows, 2, 3999) == zs &&
+          gr_probe_logit(&c, rows, 2, 4000) == zl, "from it, the probe, then the long one");
+    static const struct { const char *keys, *msg; } bad_short[] = {
+        { "short_probe_until 500\nshort_probe_bias 2\n",
+          "short_probe_until, short_probe_weights and short_probe_bias come together" },
+        { "short_probe_until 500\nshort_probe_weights 1 2\nshort_probe_bias 2\n",
+          "p:19: short_probe_weights has 2 numbers; probe_weights has 4" },
+        { "short_probe_until 0\nshort_probe_weights 1 2 3 4\nshort_probe_bias 2\n",
+          "p:18: short_probe_until must be a token count" },
+        { "long_probe_from 400\nlong_probe_weights 1 1 -1 0.5\nlong_probe_bias 2\n"
+          "short_probe_until 500\nshort_probe_weights 1 2 3 4\nshort_probe_bias 2\n",
+          "p:21: short_probe_until 500 is above long_probe_from 400" },
+    };
+    for (size_t i = 0; i < sizeof bad_short / sizeof *bad_short; i++) {
+        snprintf(text, sizeof text, "%sprobe_layer 14\nprobe_weights 0.5 -1 2 0.25\n"
+                 "probe_bias -3\n%s", GOOD, bad_short[i].keys);
+        rc = gr_calibration_parse(text, strlen(text), "p", &c, err, sizeof err);
+        CHECK(rc != 0 && strstr(err, bad_short[i].msg), "bad short probe %zu: %s", i, err);
+    }
+    snprintf(text, sizeof text, "%sshort_probe_until 500\nshort_probe_weights 1 2 3 4\n"
+             "short_probe_bias 2\n", GOOD);
+    rc = gr_calibration_parse(text, strlen(text), "p", &c, err, sizeof err);
+    CHECK(rc != 0 && strstr(err, "p:15: short_probe_until needs the probe"), "no probe: %s", err);
 
     /* the length offset: two keys together, knots strictly ascending, one offset per knot;
      * linear in ln(1 + tokens) between knots, the end knots' offsets beyond them */

@@ -182,10 +182,13 @@ def rescore(results, cal):
         if r.get("hidden_states") and "probe_layer" in cal:
             z = gf.probe_logit(cal, r["hidden_states"], r["context_tokens"])
             r["hidden_probe"] = None if math.isnan(z) else float(gf.sigmoid(z))
-        elif "long_probe_from" in cal and r["context_tokens"] >= cal["long_probe_from"]:
+        elif ("long_probe_from" in cal and r["context_tokens"] >= cal["long_probe_from"]) or \
+                ("short_probe_until" in cal and r["context_tokens"] < cal["short_probe_until"]):
             raise ec.EvalError("%s: an answer over %d documents' tokens without its hidden "
-                               "states cannot be scored by the long probe (ask with "
-                               "--hidden-layers)" % (r["id"], r["context_tokens"]))
+                               "states cannot be scored by the %s probe (ask with "
+                               "--hidden-layers)" % (r["id"], r["context_tokens"],
+                                                     "short" if r["context_tokens"] <
+                                                     cal.get("short_probe_until", 0) else "long"))
         r["score"] = float(gf.score(cal, signals_of(r))[0]) if r["token_signals"]["logprob"] \
             else None
         r["flagged"] = None if r["score"] is None else (r["score"] >= cal["threshold"] and
@@ -207,31 +210,52 @@ def squad_case(r):
     return {"kind": "squad", "id": r["id"], "docs": [{"title": r["article"]}]}
 
 
-def fit_long_probe(fit_results, base, tokens):
-    """A probe for long prompts: tools/grounding-eval.py's probe fit (the base probe's layer and
-    rows, L2 by cross-validation grouped by article) on the fit answers of at least `tokens`
-    documents' tokens. Returns (the base calibration with long_probe_* and without a length
-    offset, the fit answers with those answers' hidden_probe replaced by their out-of-fold
-    logit, so that a length offset fitted on them is not fitted on the probe's own answers,
-    the fit's info)."""
+def fit_ranged_probe(fit_results, base, keys, bound, lo, hi, applies):
+    """A probe for a range of prompt lengths (keys: gf.LONG_PROBE_KEYS or gf.SHORT_PROBE_KEYS,
+    the first one set to `bound`): tools/grounding-eval.py's probe fit (the base probe's layer
+    and rows, L2 by cross-validation grouped by article) on the fit answers of lo to under hi
+    documents' tokens. Returns (the base calibration with it and without a length offset, the
+    fit answers with the hidden_probe of those it scores (`applies`) replaced by their
+    out-of-fold logit, so that a length offset fitted on them is not fitted on the probe's own
+    answers, the fit's info)."""
     if "probe_layer" not in base:
-        raise ec.EvalError("--long-probe needs a calibration with a probe")
-    long_ones = [r for r in fit_results if r["context_tokens"] >= tokens]
-    if any(not r.get("hidden_states") for r in long_ones):
-        raise ec.EvalError("the fit answers over %d documents' tokens or more need their "
+        raise ec.EvalError("--%s-probe needs a calibration with a probe" % keys[0].split("_")[0])
+    chosen = [r for r in fit_results if lo <= r["context_tokens"] < hi]
+    if any(not r.get("hidden_states") for r in chosen):
+        raise ec.EvalError("the fit answers over %d to %s documents' tokens need their "
                            "hidden states (ask with --hidden-layers %d)" %
-                           (tokens, base["probe_layer"]))
+                           (lo, "any" if hi == math.inf else "%d" % (hi - 1),
+                            base["probe_layer"]))
     ge = grounding_eval()
     rows = [(squad_case(r), {"hidden_states": r["hidden_states"]}, int(r["hallucinated"]))
-            for r in long_ones]
+            for r in chosen]
     probe, oof, info = ge.train_probe(rows, base["probe_layer"], ge.probe_kinds(base, rows))
-    cal = {k: v for k, v in base.items() if k not in gf.LENGTH_KEYS + gf.LONG_PROBE_KEYS}
-    cal.update(long_probe_from=int(tokens), long_probe_weights=probe["probe_weights"],
-               long_probe_bias=probe["probe_bias"])
-    logit = {id(r): float(z) for r, z in zip(long_ones, oof)}
+    cal = {k: v for k, v in base.items() if k not in gf.LENGTH_KEYS + keys}
+    cal.update({keys[0]: int(bound), keys[1]: probe["probe_weights"],
+                keys[2]: probe["probe_bias"]})
+    logit = {id(r): float(z) for r, z in zip(chosen, oof) if applies(r)}
     out = [dict(r, hidden_probe=float(gf.sigmoid(logit[id(r)]))) if id(r) in logit else r
            for r in fit_results]
     return cal, out, info
+
+
+def fit_long_probe(fit_results, base, tokens):
+    """--long-probe: a probe for prompts of at least `tokens` documents' tokens, fitted on the
+    fit answers of that length (fit_ranged_probe)."""
+    return fit_ranged_probe(fit_results, base, gf.LONG_PROBE_KEYS, tokens, tokens, math.inf,
+                            lambda r: True)
+
+
+def fit_short_probe(fit_results, base, tokens):
+    """--short-probe: a probe for prompts under `tokens` documents' tokens, fitted on every fit
+    answer the base probe scores (those under the long probe's length, when it has one: the
+    short range alone holds too few answers to fit one) and scored out of fold on those under
+    `tokens` (fit_ranged_probe)."""
+    hi = base.get("long_probe_from", math.inf)
+    if tokens > hi:
+        raise ec.EvalError("--short-probe %d is above --long-probe %d" % (tokens, hi))
+    return fit_ranged_probe(fit_results, base, gf.SHORT_PROBE_KEYS, tokens, 0, hi,
+                            lambda r: r["context_tokens"] < tokens)
 
 
 def refit(fit_results, base, features, max_fpr):
@@ -404,6 +428,10 @@ def main():
     ap.add_argument("--long-probe", type=int, metavar="TOKENS",
                     help="--refit --lengths: first fit a probe for prompts of at least TOKENS "
                          "documents' tokens on the fit answers of that length")
+    ap.add_argument("--short-probe", type=int, metavar="TOKENS",
+                    help="--refit --lengths: first fit a probe for prompts under TOKENS "
+                         "documents' tokens on the fit answers the calibration's probe scores "
+                         "(under --long-probe's TOKENS)")
     ap.add_argument("--calibration", help="the calibration --refit starts from")
     ap.add_argument("--features", help="--refit's features (default: the calibration's)")
     ap.add_argument("--max-fpr", type=float, default=0.2, help="--refit's threshold bound")
@@ -420,19 +448,30 @@ def main():
             base = gf.read_calibration(args.calibration)
             feats = args.features.split(",") if args.features else list(base["features"])
             fit = [json.loads(l) for l in open(args.refit)]
-            if args.long_probe is not None and not args.lengths:
-                raise SystemExit("eval-trust: --long-probe goes with --refit --lengths")
+            if (args.long_probe is not None or args.short_probe is not None) and \
+                    not args.lengths:
+                raise SystemExit("eval-trust: --long-probe and --short-probe go with --refit "
+                                 "--lengths")
             if args.lengths:
+                # the base's probes for long and short prompts are fitted again or dropped: a
+                # length offset is fitted on the out-of-fold logits of the probes it reads
+                base = {k: v for k, v in base.items()
+                        if k not in gf.LONG_PROBE_KEYS + gf.SHORT_PROBE_KEYS}
                 probe_note = ""
-                if args.long_probe is not None:
-                    base, fit, info = fit_long_probe(fit, base, args.long_probe)
-                    print("long probe from %d tokens: %d answers, L2 %g, grouped CV AUROC %.3f" %
-                          (args.long_probe, info["n"], info["lambda"], info["cv_auroc"]))
-                    probe_note = (" A probe for prompts of %d documents' tokens or more "
-                                  "(layer %d, L2 %g, grouped 5-fold CV AUROC %.3f over %d "
-                                  "answers), the offset fitted on its out-of-fold logits." % (
-                                      args.long_probe, base["probe_layer"], info["lambda"],
-                                      info["cv_auroc"], info["n"]))
+                for which, tokens, fit_probe in (("long", args.long_probe, fit_long_probe),
+                                                 ("short", args.short_probe, fit_short_probe)):
+                    if tokens is None:
+                        continue
+                    base, fit, info = fit_probe(fit, base, tokens)
+                    span = "of %d documents' tokens or more" % tokens if which == "long" else \
+                        "under %d documents' tokens" % tokens
+                    print("%s probe (prompts %s): %d answers, L2 %g, grouped CV AUROC %.3f" %
+                          (which, span, info["n"], info["lambda"], info["cv_auroc"]))
+                    probe_note += (" A probe for prompts %s (layer %d, L2 %g, grouped 5-fold "
+                                   "CV AUROC %.3f over %d answers), the offset fitted on its "
+                                   "out-of-fold logits." % (span, base["probe_layer"],
+                                                            info["lambda"], info["cv_auroc"],
+                                                            info["n"]))
                 if args.choose_fpr is not None:
                     args.max_fpr, table = choose_bound(fit, base, args.choose_fpr)
                     for bound, shares in table.items():

@@ -24,8 +24,9 @@ KEYS = ("name", "model_sha256", "window", "stride", "threshold", "watch", "featu
 PROBE_KEYS = ("probe_layer", "probe_weights", "probe_bias")
 # the length offset's keys: both or none (daemon/grounding.h GR_MAX_KNOTS numbers at most)
 LENGTH_KEYS = ("length_tokens", "length_offset")
-# the probe for long prompts: all three or none, and only with the probe
+# the probes for long and for short prompts: all three or none, and only with the probe
 LONG_PROBE_KEYS = ("long_probe_from", "long_probe_weights", "long_probe_bias")
+SHORT_PROBE_KEYS = ("short_probe_until", "short_probe_weights", "short_probe_bias")
 MAX_KNOTS = 16
 
 # token_signals arrays a score needs
@@ -79,7 +80,7 @@ def parse_calibration(text):
                                  (lineno, rest.strip(), VERSION))
             magic_line = lineno
             continue
-        if key not in KEYS + PROBE_KEYS + LENGTH_KEYS + LONG_PROBE_KEYS:
+        if key not in KEYS + PROBE_KEYS + LENGTH_KEYS + LONG_PROBE_KEYS + SHORT_PROBE_KEYS:
             raise ValueError("line %d: unknown key %r" % (lineno, key))
         if key in seen:
             raise ValueError("line %d: key %s repeated (first on line %d)" %
@@ -104,18 +105,18 @@ def parse_calibration(text):
             if len(vals) != 1:
                 raise ValueError("line %d: probe_layer takes one integer" % lineno)
             cal[key] = _integer(vals[0], lineno, key, 0)
-        elif key in ("probe_weights", "long_probe_weights"):
+        elif key in ("probe_weights", "long_probe_weights", "short_probe_weights"):
             cal[key] = np.array([_number(v, lineno, key) for v in vals], dtype=np.float64)
             if not vals or (len(vals) % 2 and len(vals) % 3):
                 raise ValueError("line %d: %s has %d numbers; it needs two or three rows of "
                                  "the model's dim" % (lineno, key, len(vals)))
-        elif key == "long_probe_from":
+        elif key in ("long_probe_from", "short_probe_until"):
             if len(vals) != 1:
-                raise ValueError("line %d: long_probe_from takes one integer" % lineno)
+                raise ValueError("line %d: %s takes one integer" % (lineno, key))
             cal[key] = _integer(vals[0], lineno, key, 1)
             if cal[key] > 100000000:
-                raise ValueError("line %d: long_probe_from must be a token count from 1 to "
-                                 "100000000" % lineno)
+                raise ValueError("line %d: %s must be a token count from 1 to 100000000" %
+                                 (lineno, key))
         elif key == "length_tokens":
             v = [_integer(x, lineno, key, 0) for x in vals]
             if len(v) > MAX_KNOTS or any(b <= a for a, b in zip(v, v[1:])) or v[-1] > 100000000:
@@ -127,7 +128,7 @@ def parse_calibration(text):
             if len(vals) > MAX_KNOTS or np.any(np.abs(cal[key]) > 1e3):
                 raise ValueError("line %d: length_offset must be at most %d numbers from -1000 "
                                  "to 1000" % (lineno, MAX_KNOTS))
-        elif key in ("threshold", "bias", "probe_bias", "long_probe_bias"):
+        elif key in ("threshold", "bias", "probe_bias", "long_probe_bias", "short_probe_bias"):
             if len(vals) != 1:
                 raise ValueError("line %d: %s takes one number" % (lineno, key))
             cal[key] = _number(vals[0], lineno, key)
@@ -169,16 +170,20 @@ def parse_calibration(text):
     if have_len and len(cal["length_tokens"]) != len(cal["length_offset"]):
         raise ValueError("line %d: length_offset has %d numbers; length_tokens has %d" % (
             seen["length_offset"], len(cal["length_offset"]), len(cal["length_tokens"])))
-    have_long = [k for k in LONG_PROBE_KEYS if k in seen]
-    if have_long and len(have_long) != len(LONG_PROBE_KEYS):
-        raise ValueError("line %d: %s come together" % (end, ", ".join(LONG_PROBE_KEYS)))
-    if have_long and not have:
-        raise ValueError("line %d: a long probe needs the probe (%s)" % (
-            seen["long_probe_from"], ", ".join(PROBE_KEYS)))
-    if have_long and len(cal["long_probe_weights"]) != len(cal["probe_weights"]):
-        raise ValueError("line %d: long_probe_weights has %d numbers; probe_weights has %d" % (
-            seen["long_probe_weights"], len(cal["long_probe_weights"]),
-            len(cal["probe_weights"])))
+    for keys in (LONG_PROBE_KEYS, SHORT_PROBE_KEYS):
+        have_range = [k for k in keys if k in seen]
+        if have_range and len(have_range) != len(keys):
+            raise ValueError("line %d: %s come together" % (end, ", ".join(keys)))
+        if have_range and not have:
+            raise ValueError("line %d: %s needs the probe (%s)" % (
+                seen[keys[0]], keys[0], ", ".join(PROBE_KEYS)))
+        if have_range and len(cal[keys[1]]) != len(cal["probe_weights"]):
+            raise ValueError("line %d: %s has %d numbers; probe_weights has %d" % (
+                seen[keys[1]], keys[1], len(cal[keys[1]]), len(cal["probe_weights"])))
+    if "short_probe_until" in cal and "long_probe_from" in cal and \
+            cal["short_probe_until"] > cal["long_probe_from"]:
+        raise ValueError("line %d: short_probe_until %d is above long_probe_from %d" % (
+            seen["short_probe_until"], cal["short_probe_until"], cal["long_probe_from"]))
     if "hidden_probe" in cal["features"] and not have:
         raise ValueError("line %d: feature hidden_probe needs %s" %
                          (seen["features"], ", ".join(PROBE_KEYS)))
@@ -230,10 +235,11 @@ def format_calibration(cal, comment=None):
         lines += ["probe_layer %d" % cal["probe_layer"],
                   "probe_weights %s" % floats(cal["probe_weights"]),
                   "probe_bias %s" % repr(float(cal["probe_bias"]))]
-    if "long_probe_from" in cal:
-        lines += ["long_probe_from %d" % cal["long_probe_from"],
-                  "long_probe_weights %s" % floats(cal["long_probe_weights"]),
-                  "long_probe_bias %s" % repr(float(cal["long_probe_bias"]))]
+    for keys in (LONG_PROBE_KEYS, SHORT_PROBE_KEYS):
+        if keys[0] in cal:
+            lines += ["%s %d" % (keys[0], cal[keys[0]]),
+                      "%s %s" % (keys[1], floats(cal[keys[1]])),
+                      "%s %s" % (keys[2], repr(float(cal[keys[2]])))]
     if "length_tokens" in cal:
         lines += ["length_tokens %s" % " ".join("%d" % x for x in cal["length_tokens"]),
                   "length_offset %s" % nums(cal["length_offset"])]
@@ -311,14 +317,19 @@ def probe_logit(cal, hidden, context_tokens=0):
     """The calibration's hidden-state probe over a reply's hidden_states (the residual stream
     of its layers: "first", "mean" and "last" rows; weights of two rows take the first two),
     clipped as the daemon clips it; its long probe instead when context_tokens (the prompt's
-    documents' tokens) reach long_probe_from. NaN when the reply has no row of the probe's
+    documents' tokens) reach long_probe_from, its short probe when they are under
+    short_probe_until. NaN when the reply has no row of the probe's
     layer or its rows are not of the probe's dim."""
     if not hidden or "probe_layer" not in cal or cal["probe_layer"] not in hidden["layers"]:
         return math.nan
     i = hidden["layers"].index(cal["probe_layer"])
-    long_prompt = "long_probe_from" in cal and context_tokens >= cal["long_probe_from"]
-    w = np.asarray(cal["long_probe_weights" if long_prompt else "probe_weights"], np.float64)
-    bias = cal["long_probe_bias" if long_prompt else "probe_bias"]
+    keys = PROBE_KEYS
+    if "long_probe_from" in cal and context_tokens >= cal["long_probe_from"]:
+        keys = LONG_PROBE_KEYS
+    elif "short_probe_until" in cal and context_tokens < cal["short_probe_until"]:
+        keys = SHORT_PROBE_KEYS
+    w = np.asarray(cal[keys[1]], np.float64)
+    bias = cal[keys[2]]
     dim = len(hidden["first"][i])
     if not dim or len(w) not in (2 * dim, 3 * dim):
         return math.nan
