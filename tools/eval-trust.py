@@ -25,7 +25,10 @@ alone (its mean over the answer, and its largest token value).
 With --report FILE --refit FIT --lengths it fits a calibration's length offset on the fit
 split's answers FIT (`make eval-trust`) and reports FILE's answers under it; with --long-probe
 TOKENS it first fits a probe for prompts of at least TOKENS documents' tokens on FIT's answers
-of that length (they need their hidden states: --hidden-layers).
+of that length, and with --short-probe TOKENS one for prompts under TOKENS on the answers the
+calibration's own probe scores (they need their hidden states: --hidden-layers). The
+calibration's earlier probes for long and short prompts are not kept: the offset is fitted on
+the out-of-fold logits of the probes it will read.
 
   tools/eval-trust.py --bands 2048,16384 --contexts 12,3 --per-context 4,16 --json out.jsonl
 """
@@ -222,10 +225,10 @@ def fit_ranged_probe(fit_results, base, keys, bound, lo, hi, applies):
         raise ec.EvalError("--%s-probe needs a calibration with a probe" % keys[0].split("_")[0])
     chosen = [r for r in fit_results if lo <= r["context_tokens"] < hi]
     if any(not r.get("hidden_states") for r in chosen):
-        raise ec.EvalError("the fit answers over %d to %s documents' tokens need their "
-                           "hidden states (ask with --hidden-layers %d)" %
-                           (lo, "any" if hi == math.inf else "%d" % (hi - 1),
-                            base["probe_layer"]))
+        span = "of %d documents' tokens or more" % lo if hi == math.inf else \
+            "under %d documents' tokens" % hi
+        raise ec.EvalError("the fit answers %s need their hidden states (ask with "
+                           "--hidden-layers %d)" % (span, base["probe_layer"]))
     ge = grounding_eval()
     rows = [(squad_case(r), {"hidden_states": r["hidden_states"]}, int(r["hallucinated"]))
             for r in chosen]
