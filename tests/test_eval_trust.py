@@ -107,6 +107,16 @@ def test_the_bound_is_chosen_by_cross_validation_over_articles():
     assert et.choose_bound(fit, CAL, -1.0)[0] == 0.05
 
 
+def rescored_from_hidden_states(fit, cal):
+    """The calibration is one the parser takes, and rescoring gives each answer the probe its
+    length reads, from its hidden states."""
+    gf.parse_calibration(gf.format_calibration(cal))
+    test = [dict(r) for r in fit]
+    et.rescore(test, cal)
+    for r, t in zip(fit, test):
+        z = gf.probe_logit(cal, r["hidden_states"], r["context_tokens"])
+        assert abs(t["hidden_probe"] - 1 / (1 + math.exp(-z))) < 1e-12
+
 def test_long_probe_is_fitted_on_long_answers_and_scored_out_of_fold():
     """--long-probe: a probe fitted on the answers of at least TOKENS documents' tokens (their
     hidden states), written as long_probe_* beside the base's probe; the fit answers it saw get
@@ -138,12 +148,7 @@ def test_long_probe_is_fitted_on_long_answers_and_scored_out_of_fold():
     full = [gf.probe_logit(cal, r["hidden_states"], r["context_tokens"]) for r, _ in long_ones]
     assert not np.allclose(oof, full)   # out of fold: not the probe fitted on all of them
     assert np.corrcoef(oof, full)[0, 1] > 0.8
-    gf.parse_calibration(gf.format_calibration(cal))
-    test = [dict(r) for r in fit]
-    et.rescore(test, cal)
-    for r, t in zip(fit, test):
-        z = gf.probe_logit(cal, r["hidden_states"], r["context_tokens"])
-        assert abs(t["hidden_probe"] - 1 / (1 + math.exp(-z))) < 1e-12
+    rescored_from_hidden_states(fit, cal)
     with pytest.raises(et.ec.EvalError, match="without its hidden states"):
         et.rescore([dict(fit[-1], hidden_states=None)], cal)
     with pytest.raises(et.ec.EvalError, match="need their hidden states"):
@@ -182,12 +187,7 @@ def test_short_probe_is_fitted_under_the_long_probe_and_scored_out_of_fold():
     oof = [gf.clipped_logit(o["hidden_probe"], gf.PROBE_CLIP) for _, o in under]
     full = [gf.probe_logit(cal, r["hidden_states"], r["context_tokens"]) for r, _ in under]
     assert not np.allclose(oof, full) and np.corrcoef(oof, full)[0, 1] > 0.8
-    gf.parse_calibration(gf.format_calibration(cal))
-    test = [dict(r) for r in fit]
-    et.rescore(test, cal)
-    for r, t in zip(fit, test):
-        z = gf.probe_logit(cal, r["hidden_states"], r["context_tokens"])
-        assert abs(t["hidden_probe"] - 1 / (1 + math.exp(-z))) < 1e-12
+    rescored_from_hidden_states(fit, cal)
     with pytest.raises(et.ec.EvalError, match="cannot be scored by the short probe"):
         et.rescore([dict(fit[0], hidden_states=None)], cal)
     with pytest.raises(et.ec.EvalError, match="above --long-probe 5000"):
