@@ -172,8 +172,8 @@ struct GrSummary {
 
 /* The probe's logit (GrCalibration.probe_*; long_probe_* when the prompt's documents'
  * context_tokens reach long_probe_from, short_probe_* when they are under short_probe_until)
- * over the rows of its layer: first, mean and last, each of dim floats, one after the other; NAN when the calibration has no probe or its weights are
- * not two or three rows of this dim. */
+ * over the rows of its layer: first, mean and last, each of dim floats, one after the other;
+ * NAN when the calibration has no probe or its weights are not two or three rows of this dim. */
 double gr_probe_logit(const struct GrCalibration *c, const float *rows, size_t dim,
                       size_t context_tokens);
 /* Whether the calibration's probe weights are two or three rows of dim. */

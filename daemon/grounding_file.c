@@ -308,8 +308,8 @@ static int parse_line(struct CalParse *p, struct GrCalibration *c, const char *s
         if (k == CK_THRESHOLD && (dv < 0 || dv > 1))
             return cal_fail(p, p->line, "threshold %g is outside [0, 1]", dv);
         *(k == CK_THRESHOLD ? &c->threshold : k == CK_BIAS ? &c->bias :
-          k == CK_PROBE_BIAS ? &c->probe_bias : k == CK_LONG_PROBE_BIAS ? &c->long_probe_bias
-                                                                        : &c->short_probe_bias) = dv;
+          k == CK_PROBE_BIAS ? &c->probe_bias :
+          k == CK_LONG_PROBE_BIAS ? &c->long_probe_bias : &c->short_probe_bias) = dv;
         return 0;
     case CK_LONG_PROBE_FROM:
     case CK_SHORT_PROBE_UNTIL:
