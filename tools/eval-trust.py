@@ -185,13 +185,12 @@ def rescore(results, cal):
         if r.get("hidden_states") and "probe_layer" in cal:
             z = gf.probe_logit(cal, r["hidden_states"], r["context_tokens"])
             r["hidden_probe"] = None if math.isnan(z) else float(gf.sigmoid(z))
-        elif ("long_probe_from" in cal and r["context_tokens"] >= cal["long_probe_from"]) or \
-                ("short_probe_until" in cal and r["context_tokens"] < cal["short_probe_until"]):
+        elif "probe_layer" in cal and gf.probe_keys(cal, r["context_tokens"]) != gf.PROBE_KEYS:
             raise ec.EvalError("%s: an answer over %d documents' tokens without its hidden "
                                "states cannot be scored by the %s probe (ask with "
                                "--hidden-layers)" % (r["id"], r["context_tokens"],
-                                                     "short" if r["context_tokens"] <
-                                                     cal.get("short_probe_until", 0) else "long"))
+                                                     gf.probe_keys(cal, r["context_tokens"])[0]
+                                                     .split("_")[0]))
         r["score"] = float(gf.score(cal, signals_of(r))[0]) if r["token_signals"]["logprob"] \
             else None
         r["flagged"] = None if r["score"] is None else (r["score"] >= cal["threshold"] and
@@ -213,6 +212,16 @@ def squad_case(r):
     return {"kind": "squad", "id": r["id"], "docs": [{"title": r["article"]}]}
 
 
+def prompts_of(lo, hi):
+    """Words for the prompts of lo to under hi documents' tokens (hi = inf: lo or more; lo = 0:
+    under hi)."""
+    if hi == math.inf:
+        return "of %d documents' tokens or more" % lo
+    if lo == 0:
+        return "under %d documents' tokens" % hi
+    return "of %d to under %d documents' tokens" % (lo, hi)
+
+
 def fit_ranged_probe(fit_results, base, keys, bound, lo, hi, applies):
     """A probe for a range of prompt lengths (keys: gf.LONG_PROBE_KEYS or gf.SHORT_PROBE_KEYS,
     the first one set to `bound`): tools/grounding-eval.py's probe fit (the base probe's layer
@@ -225,10 +234,8 @@ def fit_ranged_probe(fit_results, base, keys, bound, lo, hi, applies):
         raise ec.EvalError("--%s-probe needs a calibration with a probe" % keys[0].split("_")[0])
     chosen = [r for r in fit_results if lo <= r["context_tokens"] < hi]
     if any(not r.get("hidden_states") for r in chosen):
-        span = "of %d documents' tokens or more" % lo if hi == math.inf else \
-            "under %d documents' tokens" % hi
         raise ec.EvalError("the fit answers %s need their hidden states (ask with "
-                           "--hidden-layers %d)" % (span, base["probe_layer"]))
+                           "--hidden-layers %d)" % (prompts_of(lo, hi), base["probe_layer"]))
     ge = grounding_eval()
     rows = [(squad_case(r), {"hidden_states": r["hidden_states"]}, int(r["hallucinated"]))
             for r in chosen]
@@ -262,7 +269,7 @@ def fit_short_probe(fit_results, base, tokens):
 
 
 def refit(fit_results, base, features, max_fpr):
-    """The base calibration's combination fitted again on these answers (its watch and probe
+    """The base calibration's combination fitted again on these answers (its watch and probes
     kept), with `features`: tools/grounding-eval.py's procedure (L2 by cross-validation grouped
     by article, threshold at the best out-of-fold F1 within max_fpr)."""
     ge = grounding_eval()
@@ -274,7 +281,8 @@ def refit(fit_results, base, features, max_fpr):
     rows = [(squad_case(r), {"token_signals": signals_of(r)}, int(r["hallucinated"]))
             for r in fit_results if r["token_signals"]["logprob"]]
     cal, info = ge.train(rows, features, base["window"], base["stride"], max_fpr=max_fpr)
-    for k in ("name", "model_sha256", "watch") + gf.PROBE_KEYS + gf.LONG_PROBE_KEYS:
+    for k in ("name", "model_sha256", "watch") + gf.PROBE_KEYS + gf.LONG_PROBE_KEYS + \
+            gf.SHORT_PROBE_KEYS:
         if k in base:
             cal[k] = base[k]
     return cal, info, len(rows)
@@ -466,8 +474,8 @@ def main():
                     if tokens is None:
                         continue
                     base, fit, info = fit_probe(fit, base, tokens)
-                    span = "of %d documents' tokens or more" % tokens if which == "long" else \
-                        "under %d documents' tokens" % tokens
+                    span = prompts_of(tokens, math.inf) if which == "long" else \
+                        prompts_of(0, tokens)
                     print("%s probe (prompts %s): %d answers, L2 %g, grouped CV AUROC %.3f" %
                           (which, span, info["n"], info["lambda"], info["cv_auroc"]))
                     probe_note += (" A probe for prompts %s (layer %d, L2 %g, grouped 5-fold "

@@ -313,21 +313,27 @@ def signal_arrays(sig):
 HIDDEN_ROWS = ("first", "mean", "last")
 
 
+def probe_keys(cal, context_tokens):
+    """The keys of the probe a calibration reads for a prompt of context_tokens documents'
+    tokens: LONG_PROBE_KEYS from long_probe_from on, SHORT_PROBE_KEYS under short_probe_until,
+    else PROBE_KEYS (daemon/grounding.c gr_probe_logit)."""
+    if "long_probe_from" in cal and context_tokens >= cal["long_probe_from"]:
+        return LONG_PROBE_KEYS
+    if "short_probe_until" in cal and context_tokens < cal["short_probe_until"]:
+        return SHORT_PROBE_KEYS
+    return PROBE_KEYS
+
+
 def probe_logit(cal, hidden, context_tokens=0):
     """The calibration's hidden-state probe over a reply's hidden_states (the residual stream
     of its layers: "first", "mean" and "last" rows; weights of two rows take the first two),
-    clipped as the daemon clips it; its long probe instead when context_tokens (the prompt's
-    documents' tokens) reach long_probe_from, its short probe when they are under
-    short_probe_until. NaN when the reply has no row of the probe's
-    layer or its rows are not of the probe's dim."""
+    clipped as the daemon clips it; the probe that probe_keys picks for context_tokens (the
+    prompt's documents' tokens). NaN when the reply has no row of the probe's layer or its rows
+    are not of the probe's dim."""
     if not hidden or "probe_layer" not in cal or cal["probe_layer"] not in hidden["layers"]:
         return math.nan
     i = hidden["layers"].index(cal["probe_layer"])
-    keys = PROBE_KEYS
-    if "long_probe_from" in cal and context_tokens >= cal["long_probe_from"]:
-        keys = LONG_PROBE_KEYS
-    elif "short_probe_until" in cal and context_tokens < cal["short_probe_until"]:
-        keys = SHORT_PROBE_KEYS
+    keys = probe_keys(cal, context_tokens)
     w = np.asarray(cal[keys[1]], np.float64)
     bias = cal[keys[2]]
     dim = len(hidden["first"][i])
