@@ -521,14 +521,14 @@ def test_helper_missing_or_crashing(tmp_path):
     r = subprocess.run([str(lone / "diffrag-store"), "--data-dir", str(tmp_path / "s1"), "ingest",
                         "--approx-tokens", str(d)], capture_output=True, text=True, env=env,
                        timeout=60)
-    assert r.returncode == 0 and "ingested 1 documents" in r.stderr, r.stderr
+    assert r.returncode == 0 and "ingested 1 document " in r.stderr, r.stderr
     assert "rivers.pdf: a PDF: reading it needs diffrag-extract, which cannot be run" in r.stderr
     crash = lone / "diffrag-extract"
     crash.write_text("#!/bin/sh\nkill -SEGV $$\n")
     crash.chmod(0o755)
     r = subprocess.run([str(lone / "diffrag-store"), "--data-dir", str(tmp_path / "s2"), "ingest",
                         "--approx-tokens", str(d)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "ingested 1 documents" in r.stderr, r.stderr
+    assert r.returncode == 0 and "ingested 1 document " in r.stderr, r.stderr
     assert "page.html: an HTML: diffrag-extract crashed on it (Segmentation fault)" in r.stderr
 
 

@@ -108,7 +108,7 @@ CHECKS = [
     (r'echo "What does /readyz report\?" \| build/diffrag ask -$', 1,
      lambda out, c: "docs/configuration.md" in sources(out)),
     (r"build/diffrag ingest -c mine examples/$", 0,
-     lambda out, c: out.startswith("ingested 1 documents") and "skipped 2 files" in out),
+     lambda out, c: out.startswith("ingested 1 document ") and "skipped 2 files" in out),
     (r'build/diffrag ask -c mine "How long is the Rhine\?"$', 1,
      lambda out, c: sources(out)[0] == "examples/sample-paragraph.txt"),
     (r'build/diffrag ask -d examples/sample-paragraph.txt "How long is the Rhine\?"$', 1,

@@ -166,7 +166,7 @@ def test_ids_relative_to_the_folder(build_dir, root, tmp_path):
     assert "ingested 50 documents" in ingest(notes, ".")
     assert "ingested 50 documents" in ingest(root, notes.resolve())
     assert "ingested 50 documents" in ingest(tmp_path, "notes/")
-    assert "ingested 1 documents" in ingest(notes / "part1", "../f00.txt")
+    assert "ingested 1 document " in ingest(notes / "part1", "../f00.txt")
     _, out, _ = run(build_dir, root, data, "-c", "rel", "stats", "--json")
     assert json.loads(out)["docs"] == 50
     ids = run(build_dir, root, data, "-c", "rel", "list", "--limit", "100")[1].split()
@@ -192,7 +192,7 @@ def test_hostile_local_files(build_dir, root, tmp_path):
     with open(d / "huge.txt", "wb") as f:           # sparse: refused by its size, never read
         f.truncate(65 << 20)
     rc, out, err = run(build_dir, root, data, "-c", "h", "ingest", "--approx-tokens", str(d))
-    assert rc == 0 and "ingested 1 documents" in err
+    assert rc == 0 and "ingested 1 document " in err
     for name, why in [("zero.txt", "not a regular file (a character device); skipped"),
                       ("null.md", "not a regular file (a character device); skipped"),
                       ("pipe.txt", "not a regular file (a FIFO); skipped"),
@@ -292,7 +292,7 @@ def test_an_over_long_id_is_skipped(build_dir, root, tmp_path):
     assert rc == 0 and "ingested 71 documents" in err, err
     note = [ln for ln in err.splitlines() if long_name in ln]
     assert len(note) == 1 and "261 bytes, over the 256" in note[0] and "skipped" in note[0], err
-    assert "skipped 1 files" in err
+    assert "skipped 1 file " in err
     ids = run(build_dir, root, data, "-c", "ln", "list", "--limit", "1000")[1].split()
     assert len(ids) == 71 and "longnames/" + fits in ids
     rc, _, err = run(build_dir, root, data, "-c", "ln", "ingest", "--approx-tokens",
@@ -337,5 +337,5 @@ def test_symlinks_out_of_the_folder_are_not_followed(build_dir, root, tmp_path):
     # named on the command line, the link is the user's choice: it is read
     rc, _, err = run(build_dir, root, data, "-c", "sl", "ingest", "--approx-tokens",
                      str(d / "leak.txt"))
-    assert "ingested 1 documents" in err
+    assert "ingested 1 document " in err
     assert "shared/leak.txt" in run(build_dir, root, data, "-c", "sl", "list")[1].split()

@@ -594,10 +594,10 @@ static int cmd_ingest(struct Store *s, const struct StoreArgs *a)
     counter_close(&in.counter);
     docsrc_list_free(&files);
     docsync_free(&sync);
-    fprintf(stderr, "diffrag-store: ingested %zu documents (%.2f MB) into \"%s\" in %.2f s "
+    fprintf(stderr, "diffrag-store: ingested %zu document%s (%.2f MB) into \"%s\" in %.2f s "
                     "(%.2f MB/s, %.0f docs/s): %zu added, %zu changed, %zu unchanged, %zu "
                     "removed, %zu skipped",
-            in.total_docs, in.total_bytes / 1e6, a->collection, dt,
+            in.total_docs, in.total_docs == 1 ? "" : "s", in.total_bytes / 1e6, a->collection, dt,
             dt > 0 ? in.total_bytes / 1e6 / dt : 0.0, dt > 0 ? in.total_docs / dt : 0.0,
             in.added, in.changed, in.unchanged, in.removed, in.skipped_files);
     for (size_t i = 0; i < in.n_skip_why; i++)

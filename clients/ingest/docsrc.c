@@ -718,12 +718,13 @@ int docsrc_read(const struct DocsrcOptions *o, const struct DocsrcFile *f, docsr
 const char *docsrc_skip_summary(size_t skipped, size_t other_kind, char *buf, size_t cap)
 {
     size_t noted = skipped - (other_kind < skipped ? other_kind : skipped);
+    const char *s = skipped == 1 ? "" : "s";
     if (other_kind && noted)
         snprintf(buf, cap, "skipped %zu files (%zu not " DOCSRC_KINDS "; %zu for other reasons; "
                  "each named above)", skipped, other_kind, noted);
     else if (other_kind)
-        snprintf(buf, cap, "skipped %zu files (not " DOCSRC_KINDS "; named above)", skipped);
+        snprintf(buf, cap, "skipped %zu file%s (not " DOCSRC_KINDS "; named above)", skipped, s);
     else
-        snprintf(buf, cap, "skipped %zu files (for the reasons noted above)", skipped);
+        snprintf(buf, cap, "skipped %zu file%s (for the reasons noted above)", skipped, s);
     return buf;
 }
