@@ -194,3 +194,26 @@ def test_short_probe_is_fitted_under_the_long_probe_and_scored_out_of_fold():
         et.fit_short_probe(fit, probe_cal, 6000)
     with pytest.raises(et.ec.EvalError, match="need their hidden states"):
         et.fit_short_probe([dict(r, hidden_states=None) for r in fit], probe_cal, 500)
+
+
+def test_bounds_say_what_the_targets_ask_of_the_answers():
+    """The report's second table: how the wrong answers split, the AUROC of knowing only which
+    questions are unanswerable, and the most any threshold declines with 90 % of the right
+    answers kept (a refusal declines whatever the threshold; an unscored answer is kept)."""
+    def r(score, right=False, impossible=False, abstained=False):
+        return {"band": 2048, "mode": "free", "score": score, "right": right,
+                "is_impossible": impossible, "abstained": abstained,
+                "hallucinated": not right and not abstained, "context_tokens": 2000,
+                "flagged": score is not None and score > 0.6}
+    rs = [r(k / 10, right=True) for k in range(1, 11)]
+    rs += [r(0.95, impossible=True), r(0.5, impossible=True), r(None, impossible=True),
+           r(0.05, impossible=True, abstained=True), r(0.3), r(0.99)]
+    # a threshold at 0.9 keeps 9 of the 10 right answers and declines 0.95 and the refusal
+    assert et.most_declined(rs) == (0.5, 0.9)
+    assert et.most_declined(rs, keep=1.0) == (0.25, 1.0)
+    assert all(math.isnan(x) for x in et.most_declined([x for x in rs if not x["right"]]))
+    # hallucinated: 3 unanswerable answered, 2 answered wrong; not: 10 right and the refusal.
+    # Knowing only which are unanswerable: 30 pairs won, 3 + 20 tied, 2 lost, of 55
+    line = et.bounds(rs).splitlines()[2]
+    assert line == "| 2048 | free | 10 | 2 | 3 | %.3f | 0.50 / 0.90 |" % (41.5 / 55), line
+    assert "unanswerable declined / right kept" in et.report(rs)

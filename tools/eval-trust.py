@@ -20,7 +20,11 @@ refusal (retrieval always matches here, so no `no_match`).
 Per band and mode: right answers; unanswerable questions declined; right answers kept under
 `decline` (not flagged, not refused); right answers flagged; hallucinated answers flagged; AUROC
 of the detector's score (hallucinated against not) and, in quote mode, of the removed mass
-alone (its mean over the answer, and its largest token value).
+alone (its mean over the answer, and its largest token value). A second table says what the
+targets ask of the model's answers: its wrong answers split into answerable questions answered
+wrong and unanswerable ones answered; the AUROC of a detector that knew only which questions
+are unanswerable; and the most any threshold on the score declines with 90% of the right
+answers kept.
 
 With --report FILE --refit FIT --lengths it fits a calibration's length offset on the fit
 split's answers FIT (`make eval-trust`) and reports FILE's answers under it; with --long-probe
@@ -28,7 +32,8 @@ TOKENS it first fits a probe for prompts of at least TOKENS documents' tokens on
 of that length, and with --short-probe TOKENS one for prompts under TOKENS on the answers the
 calibration's own probe scores (they need their hidden states: --hidden-layers). The
 calibration's earlier probes for long and short prompts are not kept: the offset is fitted on
-the out-of-fold logits of the probes it will read.
+the out-of-fold logits of the probes it will read. With --report FILE --calibration CAL alone,
+FILE's answers are scored again under CAL (from the signals and rows they keep) and reported.
 
   tools/eval-trust.py --bands 2048,16384 --contexts 12,3 --per-context 4,16 --json out.jsonl
 """
@@ -381,6 +386,50 @@ def auroc(rs, key):
     return math.nan if v is None else v
 
 
+def most_declined(rs, keep=0.9):
+    """What any threshold on the score can do under `decline`: the largest share of the
+    unanswerable questions declined (flagged above the threshold, or refused) while at least
+    `keep` of the right answers are kept, and that share kept. (nan, nan) without both."""
+    right = [r for r in rs if r["right"]]
+    u = [r for r in rs if r["is_impossible"]]
+    if not right or not u:
+        return math.nan, math.nan
+    best = (math.nan, math.nan)
+    scores = sorted({r["score"] for r in rs if r["score"] is not None}) + [math.inf]
+    for t in scores:
+        kept = sum(1 for r in right if not r["abstained"] and
+                   (r["score"] is None or r["score"] <= t)) / len(right)
+        if kept < keep:
+            continue
+        declined = sum(1 for r in u if r["abstained"] or
+                       (r["score"] is not None and r["score"] > t)) / len(u)
+        if not declined <= best[0]:   # also takes the first (nan)
+            best = (declined, kept)
+    return best
+
+
+def bounds(results):
+    """Per band and mode, what the targets ask of the model's answers: how its wrong answers
+    split, the AUROC a detector would reach if it knew which questions are unanswerable and
+    nothing else, and the most the score can decline with 90 % of the right answers kept."""
+    lines = ["| band | mode | right | answerable, answered wrong | unanswerable, answered | "
+             "AUROC knowing only which are unanswerable | at best under decline: unanswerable "
+             "declined / right kept |", "|" + "---|" * 7]
+    for band in sorted({r["band"] for r in results}):
+        for mode in ("free", "quote"):
+            rs = [r for r in results if r["band"] == band and r["mode"] == mode]
+            if not rs:
+                continue
+            for r in rs:
+                r["unanswerable"] = float(r["is_impossible"])
+            lines.append("| %d | %s | %d | %d | %d | %.3f | %.2f / %.2f |" % (
+                band, mode, sum(1 for r in rs if r["right"]),
+                sum(1 for r in rs if r["hallucinated"] and not r["is_impossible"]),
+                sum(1 for r in rs if r["hallucinated"] and r["is_impossible"]),
+                auroc(rs, "unanswerable"), *most_declined(rs)))
+    return "\n".join(lines)
+
+
 def report(results):
     lines = ["| band | mode | n | right (answerable) | unanswerable declined | right kept under "
              "decline | right flagged | hallucinated flagged | AUROC score | AUROC removed mass "
@@ -408,7 +457,7 @@ def report(results):
                              share(right, "flagged")[0], share(hal, "flagged")[0],
                              sum(bool(r["flagged"]) for r in hal), len(hal), auroc(rs, "score"),
                              rm, ctx[len(ctx) // 2]))
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n\n" + bounds(results)
 
 
 def main():
@@ -443,7 +492,8 @@ def main():
                     help="--refit --lengths: first fit a probe for prompts under TOKENS "
                          "documents' tokens on the fit answers the calibration's probe scores "
                          "(under --long-probe's TOKENS)")
-    ap.add_argument("--calibration", help="the calibration --refit starts from")
+    ap.add_argument("--calibration", help="the calibration --refit starts from; with "
+                    "--report alone, the answers are scored again under it")
     ap.add_argument("--features", help="--refit's features (default: the calibration's)")
     ap.add_argument("--max-fpr", type=float, default=0.2, help="--refit's threshold bound")
     ap.add_argument("--choose-fpr", type=float, metavar="TARGET",
@@ -455,6 +505,9 @@ def main():
     args = ap.parse_args()
     if args.report:
         results = [json.loads(l) for l in open(args.report)]
+        if args.calibration and not args.refit:
+            # the answers scored again under this calibration, from their signals and rows
+            rescore(results, gf.read_calibration(args.calibration))
         if args.refit:
             base = gf.read_calibration(args.calibration)
             feats = args.features.split(",") if args.features else list(base["features"])
