@@ -80,10 +80,12 @@ run: deps all model
 install: install-daemon install-clients
 
 # libFuzzer targets (clang): the GGUF reader, the tokenizer, the BM25 text normaliser, context
-# assembly and the daemon's request decoder. `make fuzz FUZZ_SECONDS=N` runs each for N s; an
-# UndefinedBehaviorSanitizer report stops the run like a crash (its input is saved).
+# assembly, the daemon's request decoder and the grounding calibration file's parser. `make fuzz
+# FUZZ_SECONDS=N` runs each for N s; an UndefinedBehaviorSanitizer report stops the run like a
+# crash (its input is saved).
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := fuzz_gguf fuzz_tokenizer fuzz_analyzer fuzz_context fuzz_request fuzz_openai
+FUZZ_TARGETS := fuzz_gguf fuzz_tokenizer fuzz_analyzer fuzz_context fuzz_request fuzz_openai \
+                fuzz_calibration
 FUZZ_BUILD   := build/fuzz
 FUZZ_SAN     := -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer
 # The parsers under fuzz need no kernels: link only what they use (the text layer whole).
@@ -99,6 +101,9 @@ FUZZ_LINK_fuzz_request := $(patsubst %,$(FUZZ_BUILD)/%.o,$(FUZZ_DAEMON_OBJS)) -l
 # fuzz_openai: the HTTP API's request reader, then the same decoder over what it wrote.
 FUZZ_DAEMON_OBJS += daemon/openai_req
 FUZZ_LINK_fuzz_openai := $(FUZZ_LINK_fuzz_request) $(FUZZ_BUILD)/daemon/openai_req.o
+# fuzz_calibration: the grounding calibration file's parser, and the scores it leads to.
+FUZZ_LINK_fuzz_calibration := $(FUZZ_BUILD)/daemon/grounding.o $(FUZZ_BUILD)/daemon/grounding_file.o \
+                              -lcrypto
 fuzz-build:
 	$(MAKE) BUILD=$(FUZZ_BUILD) CC=clang OPT=-O1 SAN="$(FUZZ_SAN)" \
 	    $(patsubst %,$(FUZZ_BUILD)/%.o,$(FUZZ_OBJS) $(FUZZ_DAEMON_OBJS) $(addprefix tests/fuzz/,$(FUZZ_TARGETS)))

@@ -29,6 +29,8 @@ const char *gr_feature_name(int f);   /* "mean_logprob", ...; NULL out of range 
 #define GR_MAX_FILE_BYTES (1 << 20)
 #define GR_MAX_PROBE 24576                /* probe weights: three rows of a dim up to 8192 */
 #define GR_MAX_KNOTS 16                   /* length_tokens / length_offset */
+#define GR_MAX_COEF 1e12                  /* |mean|, |weights| at most this */
+#define GR_MIN_SCALE 1e-12                /* every scale at least this */
 
 struct GrHead { int layer, head; };
 
@@ -41,7 +43,8 @@ struct GrCalibration {
     int n_watch;                       /* >= 1 */
     int n_features;                    /* 1..GR_N_FEATURES */
     int feature[GR_N_FEATURES];        /* enum GrFeature, in the file's order, distinct */
-    double mean[GR_N_FEATURES], scale[GR_N_FEATURES], weight[GR_N_FEATURES]; /* scale > 0 */
+    /* |mean|, |weight| <= GR_MAX_COEF; scale >= GR_MIN_SCALE */
+    double mean[GR_N_FEATURES], scale[GR_N_FEATURES], weight[GR_N_FEATURES];
     double bias;
     /* The length offset (optional): added to every window's logit, linear in ln(1 + the
      * documents' tokens) between the knots and constant beyond them, so that one threshold

@@ -104,7 +104,9 @@ static int hexval(char c)
     return -1;
 }
 
-/* The numbers of a mean/scale/weights line. */
+/* The numbers of a mean/scale/weights line: each within GR_MAX_COEF of 0, and a scale at
+ * least GR_MIN_SCALE, so that a window's logit over finite features is a finite number (a
+ * weight over a tiny scale would make it infinite, and two such terms of opposite signs NaN). */
 static int parse_vector(struct CalParse *p, const char *key, const char *s, const char *end,
                         double *v, int *n)
 {
@@ -114,9 +116,9 @@ static int parse_vector(struct CalParse *p, const char *key, const char *s, cons
     while (next_token(&s, end, &t, &tl)) {
         if (*n == GR_N_FEATURES)
             return cal_fail(p, p->line, "%s has more than %d numbers", key, GR_N_FEATURES);
-        if (parse_number(t, tl, &v[*n]))
-            return cal_fail(p, p->line, "%s: \"%.*s\" is not a finite number", key,
-                            (int)(tl < 40 ? tl : 40), t);
+        if (parse_number(t, tl, &v[*n]) || fabs(v[*n]) > GR_MAX_COEF)
+            return cal_fail(p, p->line, "%s: \"%.*s\" is not a number from -%g to %g", key,
+                            (int)(tl < 40 ? tl : 40), t, GR_MAX_COEF, GR_MAX_COEF);
         (*n)++;
     }
     return 0;
@@ -431,9 +433,9 @@ int gr_calibration_parse(const char *text, size_t len, const char *origin,
             return cal_fail(&p, lines[vec_keys[v]], "%s has %d numbers; features names %d",
                             cal_keys[vec_keys[v]], n_vec[v], out->n_features);
     for (int j = 0; j < out->n_features; j++)
-        if (!(out->scale[j] > 0))
-            return cal_fail(&p, lines[CK_SCALE], "scale of %s is %g; it must be above 0",
-                            gr_feature_name(out->feature[j]), out->scale[j]);
+        if (!(out->scale[j] >= GR_MIN_SCALE))
+            return cal_fail(&p, lines[CK_SCALE], "scale of %s is %g; it must be at least %g",
+                            gr_feature_name(out->feature[j]), out->scale[j], GR_MIN_SCALE);
     return 0;
 }
 

@@ -7,7 +7,7 @@ import pytest
 from conftest import ROOT, run_make
 
 TARGETS = ["fuzz_gguf", "fuzz_tokenizer", "fuzz_analyzer", "fuzz_context", "fuzz_request",
-           "fuzz_openai"]
+           "fuzz_openai", "fuzz_calibration"]
 
 
 @pytest.fixture(scope="module")

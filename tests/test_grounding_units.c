@@ -160,7 +160,13 @@ static void test_calibration(void)
     bad_cal(9, "features lookback lookback", "x.grounding:9: feature lookback is named twice");
     bad_cal(10, "mean 0 0 0", "x.grounding:10: mean has 3 numbers; features names 7");
     bad_cal(11, "scale 1 1 1 1 0 1 1", "x.grounding:11: scale of lookback is 0");
-    bad_cal(12, "weights 0 0 0 0 inf 0 0", "x.grounding:12: weights: \"inf\" is not a finite");
+    /* a weight over a tiny scale would make a window's logit infinite (NaN with two of them) */
+    bad_cal(11, "scale 1 1 1 1 1e-13 1 1",
+            "x.grounding:11: scale of lookback is 1e-13; it must be at least 1e-12");
+    bad_cal(10, "mean 0 0 0 0 0 0 -2e12",
+            "x.grounding:10: mean: \"-2e12\" is not a number from -1e+12 to 1e+12");
+    bad_cal(12, "weights 0 0 0 0 1e300 0 0", "x.grounding:12: weights: \"1e300\" is not a number");
+    bad_cal(12, "weights 0 0 0 0 inf 0 0", "x.grounding:12: weights: \"inf\" is not a number");
     bad_cal(12, "weights 0 0 0 0 0 0 0 0 0 0 0 0 0", "x.grounding:12: weights has more than 12");
     bad_cal(14, "bias 1x", "x.grounding:14: bias: \"1x\" is not a finite number");
     bad_cal(13, "window 4", "x.grounding:13: window appears twice (first on line 5)");

@@ -37,6 +37,12 @@ SIGNALS = ("logprob", "entropy", "margin", "doc_mass", "gen_mass", "diff_doc_mas
 # ---------------------------------------------------------------------------------------------
 # calibration file
 
+# A window's logit over finite features stays finite: no weight over a tiny scale (the C
+# parser's GR_MAX_COEF and GR_MIN_SCALE).
+MAX_COEF = 1e12
+MIN_SCALE = 1e-12
+
+
 def _number(text, lineno, key):
     try:
         v = float(text)
@@ -153,8 +159,10 @@ def parse_calibration(text):
             if len(set(vals)) != len(vals):
                 raise ValueError("line %d: a feature is named twice" % lineno)
             cal["features"] = list(vals)
-        else:  # mean, scale, weights
+        else:  # mean, scale, weights: bounded as diffragd bounds them (MAX_COEF, MIN_SCALE)
             cal[key] = np.array([_number(v, lineno, key) for v in vals], dtype=np.float64)
+            if np.any(np.abs(cal[key]) > MAX_COEF):
+                raise ValueError("line %d: %s: a number beyond %g" % (lineno, key, MAX_COEF))
     if magic_line is None:
         raise ValueError("line 1: not a calibration file (no '%s %d' line)" % (MAGIC, VERSION))
     end = len(text.splitlines()) + 1
@@ -192,8 +200,9 @@ def parse_calibration(text):
         if len(cal[key]) != n:
             raise ValueError("line %d: %s has %d numbers for %d features" %
                              (seen[key], key, len(cal[key]), n))
-    if np.any(cal["scale"] <= 0):
-        raise ValueError("line %d: scale must be positive" % seen["scale"])
+    if np.any(cal["scale"] < MIN_SCALE):
+        raise ValueError("line %d: scale must be positive, at least %g" %
+                         (seen["scale"], MIN_SCALE))
     if cal["stride"] > cal["window"]:
         raise ValueError("line %d: stride %d exceeds window %d (tokens would fall between "
                          "windows)" % (seen["stride"], cal["stride"], cal["window"]))
