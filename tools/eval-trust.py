@@ -386,6 +386,15 @@ def auroc(rs, key):
     return math.nan if v is None else v
 
 
+def cells(results):
+    """(band, mode, its results) for every band and mode that has results, in band order."""
+    for band in sorted({r["band"] for r in results}):
+        for mode in ("free", "quote"):
+            rs = [r for r in results if r["band"] == band and r["mode"] == mode]
+            if rs:
+                yield band, mode, rs
+
+
 def most_declined(rs, keep=0.9):
     """What any threshold on the score can do under `decline`: the largest share of the
     unanswerable questions declined (flagged above the threshold, or refused) while at least
@@ -415,18 +424,14 @@ def bounds(results):
     lines = ["| band | mode | right | answerable, answered wrong | unanswerable, answered | "
              "AUROC knowing only which are unanswerable | at best under decline: unanswerable "
              "declined / right kept |", "|" + "---|" * 7]
-    for band in sorted({r["band"] for r in results}):
-        for mode in ("free", "quote"):
-            rs = [r for r in results if r["band"] == band and r["mode"] == mode]
-            if not rs:
-                continue
-            for r in rs:
-                r["unanswerable"] = float(r["is_impossible"])
-            lines.append("| %d | %s | %d | %d | %d | %.3f | %.2f / %.2f |" % (
-                band, mode, sum(1 for r in rs if r["right"]),
-                sum(1 for r in rs if r["hallucinated"] and not r["is_impossible"]),
-                sum(1 for r in rs if r["hallucinated"] and r["is_impossible"]),
-                auroc(rs, "unanswerable"), *most_declined(rs)))
+    for band, mode, rs in cells(results):
+        for r in rs:
+            r["unanswerable"] = float(r["is_impossible"])
+        lines.append("| %d | %s | %d | %d | %d | %.3f | %.2f / %.2f |" % (
+            band, mode, sum(1 for r in rs if r["right"]),
+            sum(1 for r in rs if r["hallucinated"] and not r["is_impossible"]),
+            sum(1 for r in rs if r["hallucinated"] and r["is_impossible"]),
+            auroc(rs, "unanswerable"), *most_declined(rs)))
     return "\n".join(lines)
 
 
@@ -434,29 +439,25 @@ def report(results):
     lines = ["| band | mode | n | right (answerable) | unanswerable declined | right kept under "
              "decline | right flagged | hallucinated flagged | AUROC score | AUROC removed mass "
              "(mean / max) | context tokens (median) |", "|" + "---|" * 11]
-    for band in sorted({r["band"] for r in results}):
-        for mode in ("free", "quote"):
-            rs = [r for r in results if r["band"] == band and r["mode"] == mode]
-            if not rs:
-                continue
-            a = [r for r in rs if not r["is_impossible"]]
-            u = [r for r in rs if r["is_impossible"]]
-            right = [r for r in a if r["right"]]
-            hal = [r for r in rs if r["hallucinated"]]
-            for r in rs:
-                r["declines"] = bool(r["flagged"]) or r["abstained"]
-                r["kept"] = not r["declines"]
-            ctx = sorted(r["context_tokens"] for r in rs)
-            rm = "%.3f / %.3f" % (auroc(rs, "quote_removed"), auroc(rs, "quote_removed_max")) \
-                if mode == "quote" else "-"
-            lines.append("| %d | %s | %d | %.2f (%d of %d) | %.2f (%d of %d) | %.2f (%d of %d) | "
-                         "%.2f | %.2f (%d of %d) | %.3f | %s | %d |" % (
-                             band, mode, len(rs), share(a, "right")[0], len(right), len(a),
-                             share(u, "declines")[0], sum(r["declines"] for r in u), len(u),
-                             share(right, "kept")[0], sum(r["kept"] for r in right), len(right),
-                             share(right, "flagged")[0], share(hal, "flagged")[0],
-                             sum(bool(r["flagged"]) for r in hal), len(hal), auroc(rs, "score"),
-                             rm, ctx[len(ctx) // 2]))
+    for band, mode, rs in cells(results):
+        a = [r for r in rs if not r["is_impossible"]]
+        u = [r for r in rs if r["is_impossible"]]
+        right = [r for r in a if r["right"]]
+        hal = [r for r in rs if r["hallucinated"]]
+        for r in rs:
+            r["declines"] = bool(r["flagged"]) or r["abstained"]
+            r["kept"] = not r["declines"]
+        ctx = sorted(r["context_tokens"] for r in rs)
+        rm = "%.3f / %.3f" % (auroc(rs, "quote_removed"), auroc(rs, "quote_removed_max")) \
+            if mode == "quote" else "-"
+        lines.append("| %d | %s | %d | %.2f (%d of %d) | %.2f (%d of %d) | %.2f (%d of %d) | "
+                     "%.2f | %.2f (%d of %d) | %.3f | %s | %d |" % (
+                         band, mode, len(rs), share(a, "right")[0], len(right), len(a),
+                         share(u, "declines")[0], sum(r["declines"] for r in u), len(u),
+                         share(right, "kept")[0], sum(r["kept"] for r in right), len(right),
+                         share(right, "flagged")[0], share(hal, "flagged")[0],
+                         sum(bool(r["flagged"]) for r in hal), len(hal), auroc(rs, "score"),
+                         rm, ctx[len(ctx) // 2]))
     return "\n".join(lines) + "\n\n" + bounds(results)
 
 
