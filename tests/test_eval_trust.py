@@ -217,3 +217,36 @@ def test_bounds_say_what_the_targets_ask_of_the_answers():
     line = et.bounds(rs).splitlines()[2]
     assert line == "| 2048 | free | 10 | 2 | 3 | %.3f | 0.50 / 0.90 |" % (41.5 / 55), line
     assert "unanswerable declined / right kept" in et.report(rs)
+
+
+def test_other_articles_questions_are_asked_as_the_documents_do_not_hold_them():
+    """--other-questions: a context's K questions come from articles none of its paragraphs
+    is from, each under an id of its own, labelled as unanswerable ones are; the report gives
+    them rows of their own."""
+    passages = {"a-0": {"id": "a-0", "title": "A"}, "b-0": {"id": "b-0", "title": "B"},
+                "c-0": {"id": "c-0", "title": "C"}}
+    pool = [{"id": "q%d" % i, "gold_passage_id": "%s-0" % t.lower(), "question": "?", "answers": ["x"],
+             "is_impossible": False} for i, t in enumerate("AABBCA")]
+    ctx = [passages["a-0"], passages["c-0"]]
+    got, nxt = et.other_questions(ctx, 2, pool, passages, 0)
+    assert [q["id"] for q in got] == ["q2@a-0", "q3@a-0"] and nxt == 4
+    assert all(q["is_impossible"] and q["other_article"] for q in got)
+    assert not pool[2].get("other_article")          # the pool's questions are not changed
+    # going round from where the last context stopped; fewer when the pool has no more
+    got, nxt = et.other_questions([passages["b-0"]], 3, pool, passages, 4)
+    assert [q["id"] for q in got] == ["q4@b-0", "q5@b-0", "q0@b-0"] and nxt == 7
+    got, _ = et.other_questions([passages["b-0"], passages["a-0"], passages["c-0"]], 2, pool,
+                                passages, 0)
+    assert got == []
+
+    def r(other, abstained):
+        return {"band": 2048, "mode": "free", "score": 0.9, "right": False,
+                "is_impossible": True, "abstained": abstained, "other_article": other,
+                "hallucinated": not abstained, "context_tokens": 2000, "flagged": not abstained}
+    rows = et.report([r(False, False), r(True, False), r(True, True)]).splitlines()
+    # the declined column: the SQuAD unanswerable one flagged; of the others, one flagged and
+    # one refused
+    assert rows[2].startswith("| 2048 | free | 1 | nan (0 of 0) | 1.00 (1 of 1) |"), rows[2]
+    assert rows[3].startswith("| 2048 | free, others | 2 | nan (0 of 0) | 1.00 (2 of 2) |"), \
+        rows[3]
+    assert len(rows) == 4 + 1 + 4   # the second table: a row each too

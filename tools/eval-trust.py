@@ -12,6 +12,12 @@ Each question is asked greedily in `free` and in `quote` mode with policy `mark`
 `decline` makes of the same answer is what it would decline: an answer the detector flags or a
 refusal (retrieval always matches here, so no `no_match`).
 
+With --other-questions K, each context is also asked K answerable questions of the split's
+other articles, none of whose paragraphs it holds: questions the documents do not answer at
+all, as a user asks of documents that are not about the thing asked (SQuAD's unanswerable
+questions are written against their paragraph, and ask about what it mentions). They are
+labelled as unanswerable questions are and reported in rows of their own ("free, others").
+
   right        an answerable question whose answer contains a gold answer (SQuAD's
                normalisation)
   hallucinated an answerable question answered wrong, or an unanswerable one answered
@@ -41,6 +47,7 @@ import argparse
 import json
 import math
 import pathlib
+import random
 import sys
 import tempfile
 import time
@@ -136,6 +143,24 @@ def contexts(band, n_ctx, per_ctx, articles, by_passage):
     return out
 
 
+def other_questions(ctx, k, questions, passages, start):
+    """k answerable questions of the split whose articles have no paragraph in ctx: the
+    documents do not hold their answers. They are asked as unanswerable ones are (right only
+    when refused), under ids of their own ("QID@FIRST-PARAGRAPH"). Taken in file order from
+    `start` on, going round; returns (questions, where the next context starts)."""
+    titles = {p["title"] for p in ctx}
+    out, i = [], start
+    for _ in range(len(questions)):
+        if len(out) == k:
+            break
+        q = questions[i % len(questions)]
+        i += 1
+        if passages[q["gold_passage_id"]]["title"] not in titles:
+            out.append(dict(q, id="%s@%s" % (q["id"], ctx[0]["id"]), is_impossible=True,
+                            other_article=True))
+    return out, i
+
+
 def daemon_context(bands):
     """The daemon's context: room for the largest band, within the default model's 32,768
     less the daemon's largest answer (max_tokens 1,024 by default)."""
@@ -161,7 +186,7 @@ def ask(asker, q, ctx, band, mode, timeout, hidden=False, context=MODEL_CONTEXT)
     right = not q["is_impossible"] and ec.contains(text, q["answers"])
     qr = r["token_signals"].get("quote_removed") or []
     return {"id": q["id"], "band": band, "mode": mode, "is_impossible": q["is_impossible"],
-            "article": ctx[0]["title"],
+            "other_article": q.get("other_article", False), "article": ctx[0]["title"],
             "question": q["question"], "gold": q["answers"], "answer": text,
             "right": right, "abstained": abstained,
             "hallucinated": (not abstained) if q["is_impossible"] else not right,
@@ -387,12 +412,16 @@ def auroc(rs, key):
 
 
 def cells(results):
-    """(band, mode, its results) for every band and mode that has results, in band order."""
+    """(band, mode, its results) for every band and mode that has results, in band order; the
+    questions of other articles (--other-questions) in rows of their own, their mode named
+    "MODE, others"."""
     for band in sorted({r["band"] for r in results}):
         for mode in ("free", "quote"):
-            rs = [r for r in results if r["band"] == band and r["mode"] == mode]
-            if rs:
-                yield band, mode, rs
+            for other in (False, True):
+                rs = [r for r in results if r["band"] == band and r["mode"] == mode and
+                      r.get("other_article", False) == other]
+                if rs:
+                    yield band, mode + (", others" if other else ""), rs
 
 
 def most_declined(rs, keep=0.9):
@@ -427,11 +456,13 @@ def bounds(results):
     for band, mode, rs in cells(results):
         for r in rs:
             r["unanswerable"] = float(r["is_impossible"])
+        # without answerable questions (the others' rows) there is nothing to rank against
+        answerable = any(not r["is_impossible"] for r in rs)
         lines.append("| %d | %s | %d | %d | %d | %.3f | %.2f / %.2f |" % (
             band, mode, sum(1 for r in rs if r["right"]),
             sum(1 for r in rs if r["hallucinated"] and not r["is_impossible"]),
             sum(1 for r in rs if r["hallucinated"] and r["is_impossible"]),
-            auroc(rs, "unanswerable"), *most_declined(rs)))
+            auroc(rs, "unanswerable") if answerable else math.nan, *most_declined(rs)))
     return "\n".join(lines)
 
 
@@ -456,7 +487,8 @@ def report(results):
                          share(u, "declines")[0], sum(r["declines"] for r in u), len(u),
                          share(right, "kept")[0], sum(r["kept"] for r in right), len(right),
                          share(right, "flagged")[0], share(hal, "flagged")[0],
-                         sum(bool(r["flagged"]) for r in hal), len(hal), auroc(rs, "score"),
+                         sum(bool(r["flagged"]) for r in hal), len(hal),
+                         auroc(rs, "score") if a else math.nan,
                          rm, ctx[len(ctx) // 2]))
     return "\n".join(lines) + "\n\n" + bounds(results)
 
@@ -474,6 +506,10 @@ def main():
                     help="the articles asked about (default test: those no calibration saw)")
     ap.add_argument("--squad", default=str(ec.DEFAULT_SQUAD))
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per question")
+    ap.add_argument("--other-questions", default="0", metavar="K,...",
+                    help="also ask, over every context of a band, K answerable questions of the "
+                         "split's other articles (the documents do not hold them; reported in "
+                         "rows of their own); one number per band, or one for all")
     ap.add_argument("--hidden-layers", help="the daemon's grounding_hidden_layers (e.g. 14): "
                     "every result keeps those layers' residual-stream rows, for a probe's fit")
     ap.add_argument("--json", help="append every result here (JSON lines); the questions "
@@ -586,9 +622,18 @@ def main():
     for q in questions:
         by_passage.setdefault(q["gold_passage_id"], []).append(q)
     articles = split_articles(passages, args.split)
+    in_split = {t for t, _ in articles}
+    others = [q for q in questions if not q["is_impossible"] and
+              passages[q["gold_passage_id"]]["title"] in in_split]
+    random.Random(1).shuffle(others)   # a context's K come from several articles
+    next_other = 0
     bands = [int(x) for x in args.bands.split(",")]
     n_ctx = [int(x) for x in args.contexts.split(",")]
     per = [int(x) for x in args.per_context.split(",")]
+    n_other = [int(x) for x in args.other_questions.split(",")]
+    n_other = n_other * len(bands) if len(n_other) == 1 else n_other
+    if len(n_other) != len(bands):
+        raise SystemExit("eval-trust: --other-questions needs one number, or one per band")
     modes = args.modes.split(",")
     results = []
     done = set()   # answers already in --json are kept there and not asked again
@@ -603,8 +648,12 @@ def main():
                                **({"grounding_hidden_layers": args.hidden_layers}
                                   if args.hidden_layers else {})) as d, \
                 ec.Asker(d.endpoint, d.proc) as asker:
-            for band, nc, pc in zip(bands, n_ctx, per):
+            for band, nc, pc, k in zip(bands, n_ctx, per, n_other):
                 for ctx, qs in contexts(band, nc, pc, articles, by_passage):
+                    if k:
+                        more, next_other = other_questions(ctx, k, others, passages,
+                                                           next_other)
+                        qs = qs + more
                     for q in qs:
                         for mode in modes:
                             if (q["id"], band, mode) in done:
