@@ -102,8 +102,8 @@ FUZZ_LINK_fuzz_request := $(patsubst %,$(FUZZ_BUILD)/%.o,$(FUZZ_DAEMON_OBJS)) -l
 FUZZ_DAEMON_OBJS += daemon/openai_req
 FUZZ_LINK_fuzz_openai := $(FUZZ_LINK_fuzz_request) $(FUZZ_BUILD)/daemon/openai_req.o
 # fuzz_calibration: the grounding calibration file's parser, and the scores it leads to.
-FUZZ_LINK_fuzz_calibration := $(FUZZ_BUILD)/daemon/grounding.o $(FUZZ_BUILD)/daemon/grounding_file.o \
-                              -lcrypto
+FUZZ_LINK_fuzz_calibration := $(FUZZ_BUILD)/daemon/grounding.o \
+                              $(FUZZ_BUILD)/daemon/grounding_file.o -lcrypto
 fuzz-build:
 	$(MAKE) BUILD=$(FUZZ_BUILD) CC=clang OPT=-O1 SAN="$(FUZZ_SAN)" \
 	    $(patsubst %,$(FUZZ_BUILD)/%.o,$(FUZZ_OBJS) $(FUZZ_DAEMON_OBJS) $(addprefix tests/fuzz/,$(FUZZ_TARGETS)))

@@ -31,9 +31,9 @@ int cmd_delete(const struct CliArgs *a)
     if (!st && a->json)
         printf("%s\n", r->json);
     else if (!st)
-        printf("deleted %lld of %zu ids from \"%s\"; it holds %lld documents, %lld chunks\n",
+        printf("deleted %lld of %zu ids from \"%s\"; it holds %lld document%s, %lld chunk%s\n",
                (long long)r->deleted, a->n_pos, a->collection, (long long)r->docs,
-               (long long)r->chunks);
+               cli_s((long long)r->docs), (long long)r->chunks, cli_s((long long)r->chunks));
     diffrag_delete_result_free(&r);
     cli_disconnect(&c);
     return rc;

@@ -69,6 +69,11 @@ int cli_utf8_ok(const char *s, size_t n);
 size_t cli_print_safe(const char *s, size_t len, int layout);
 /* cli_print_safe(s) (no layout), then spaces up to width bytes, as printf's "%-*s" pads. */
 void cli_print_padded(const char *s, size_t width);
+/* "s" unless n is 1: "%lld document%s" reads "1 document", "2 documents". */
+static inline const char *cli_s(long long n)
+{
+    return n == 1 ? "" : "s";
+}
 /* Sets once by SIGINT; long loops (ingest) check it between calls. */
 extern volatile int cli_interrupted;
 

@@ -346,9 +346,10 @@ int cmd_ingest(const struct CliArgs *a)
         char counts[1024];
         counts_line(&in, counts, sizeof counts);
         printf("ingested %zu document%s (%.1f kB) from %zu file%s into \"%s\" in %.1f s: %s; "
-               "it holds %lld documents, %lld chunks\n", in.docs_sent, in.docs_sent == 1 ? "" : "s",
-               in.bytes_sent / 1e3, f.n, f.n == 1 ? "" : "s", a->collection, now_s() - in.t0,
-               counts, (long long)in.coll_docs, (long long)in.coll_chunks);
+               "it holds %lld document%s, %lld chunk%s\n", in.docs_sent,
+               cli_s((long long)in.docs_sent), in.bytes_sent / 1e3, f.n, cli_s((long long)f.n),
+               a->collection, now_s() - in.t0, counts, (long long)in.coll_docs,
+               cli_s(in.coll_docs), (long long)in.coll_chunks, cli_s(in.coll_chunks));
         char why[160];
         if (in.skipped)
             printf("%s\n", docsrc_skip_summary(in.skipped, f.other_kind, why, sizeof why));
