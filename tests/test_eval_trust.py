@@ -225,8 +225,8 @@ def test_other_articles_questions_are_asked_as_the_documents_do_not_hold_them():
     them rows of their own."""
     passages = {"a-0": {"id": "a-0", "title": "A"}, "b-0": {"id": "b-0", "title": "B"},
                 "c-0": {"id": "c-0", "title": "C"}}
-    pool = [{"id": "q%d" % i, "gold_passage_id": "%s-0" % t.lower(), "question": "?", "answers": ["x"],
-             "is_impossible": False} for i, t in enumerate("AABBCA")]
+    pool = [{"id": "q%d" % i, "gold_passage_id": "%s-0" % t.lower(), "question": "?",
+             "answers": ["x"], "is_impossible": False} for i, t in enumerate("AABBCA")]
     ctx = [passages["a-0"], passages["c-0"]]
     got, nxt = et.other_questions(ctx, 2, pool, passages, 0)
     assert [q["id"] for q in got] == ["q2@a-0", "q3@a-0"] and nxt == 4
