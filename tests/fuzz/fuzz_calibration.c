@@ -2,8 +2,9 @@
  * arbitrary bytes. A file it refuses gets a message that names the origin; a file it accepts
  * holds what grounding.h promises of it, and what the daemon computes from it is a number:
  * every window score lies in [0, 1] for finite features at any context length, the length
- * offset is finite, and the probe's logit is finite (NaN when the weights do not fit the rows'
- * dim; the reply clips it). */
+ * offset is finite, the probe's logit is finite (NaN when the weights do not fit the rows'
+ * dim; the reply clips it), and an answer's summary, over the calibration's windows, has a
+ * score in [0, 1] that agrees with its flag and its tokens' scores. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,14 @@
 
 static struct GrCalibration *g_cal;   /* 297 KiB: on the heap */
 static float *g_rows;
+
+/* One answer's signals, of a length that windows of every size meet: shorter, equal, longer. */
+enum { N_TOK = 67 };
+static float g_lp[N_TOK], g_ent[N_TOK], g_mar[N_TOK], g_doc[N_TOK], g_gen[N_TOK], g_diff[N_TOK],
+    g_back[N_TOK], g_quote[N_TOK];
+static uint32_t g_end[N_TOK];
+static uint8_t g_uns[N_TOK];
+static char g_text[N_TOK];
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -23,6 +32,19 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         exit(1);
     for (int i = 0; i < GR_MAX_PROBE; i++)   /* rows of a residual stream's size */
         g_rows[i] = (float)((i * 37 % 101) - 50) * 0.5f;
+    for (int i = 0; i < N_TOK; i++) {
+        g_lp[i] = -(float)(i % 9) * 1.5f;
+        g_ent[i] = (float)(i % 5) * 0.7f;
+        g_mar[i] = (float)(i % 4) * 0.3f;
+        g_doc[i] = (float)(i % 3) * 0.2f;
+        g_gen[i] = (float)(i % 2) * 0.4f;
+        g_diff[i] = (float)(i % 7) * 0.1f - 0.3f;
+        g_back[i] = (float)(i % 6) * 0.15f;
+        g_quote[i] = (float)(i % 10) * 0.1f;
+        g_end[i] = (uint32_t)(i + 1);
+        g_uns[i] = i % 4 == 0;
+        g_text[i] = (char)('a' + i % 26);
+    }
     return 0;
 }
 
@@ -85,6 +107,33 @@ static void check_accepted(const struct GrCalibration *c)
     }
 }
 
+static void check_summary(const struct GrCalibration *c, size_t n, int quoted)
+{
+    struct GrSignals s = {
+        .n = n, .logprob = g_lp, .entropy = g_ent, .margin = g_mar, .doc_mass = g_doc,
+        .gen_mass = g_gen, .diff_doc_mass = g_diff, .lookback = g_back, .text_end = g_end,
+        .unsupported = g_uns, .has_check = 1, .check = 3.5, .has_reliance = 1, .reliance = -0.7,
+        .has_probe = 1, .probe = -12.0, .quote_removed = quoted ? g_quote : NULL,
+        .context_tokens = 2000,
+    };
+    double ts[N_TOK];
+    struct GrSummary sum;
+    gr_summarize(c, c->threshold, &s, g_text, n, ts, &sum);
+    if (!sum.scored)
+        __builtin_trap();   /* every signal the features read is there */
+    if (!(sum.score >= 0 && sum.score <= 1) || sum.flagged != (sum.score >= c->threshold) ||
+        sum.flagged_tokens > n || (sum.flagged && sum.flagged_tokens == 0))
+        __builtin_trap();
+    double best = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!(ts[i] >= 0 && ts[i] <= sum.score))
+            __builtin_trap();
+        best = ts[i] > best ? ts[i] : best;
+    }
+    if (best != sum.score)
+        __builtin_trap();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char err[512];
@@ -96,5 +145,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     check_accepted(g_cal);
+    check_summary(g_cal, 1, 0);
+    check_summary(g_cal, N_TOK, 1);
     return 0;
 }
