@@ -146,8 +146,9 @@ def contexts(band, n_ctx, per_ctx, articles, by_passage):
 def other_questions(ctx, k, questions, passages, start):
     """k answerable questions of the split whose articles have no paragraph in ctx: the
     documents do not hold their answers. They are asked as unanswerable ones are (right only
-    when refused), under ids of their own ("QID@FIRST-PARAGRAPH"). Taken in file order from
-    `start` on, going round; returns (questions, where the next context starts)."""
+    when refused), under ids of their own ("QID@FIRST-PARAGRAPH"). Taken in the pool's order
+    (main shuffles it once) from `start` on, going round; returns (questions, where the next
+    context starts)."""
     titles = {p["title"] for p in ctx}
     out, i = [], start
     for _ in range(len(questions)):
@@ -212,15 +213,15 @@ def rescore(results, cal):
     probe's logit is computed again from the reply's hidden states where it kept them, so that
     a new probe is the one scored)."""
     for r in results:
-        if r.get("hidden_states") and "probe_layer" in cal:
+        keys = gf.probe_keys(cal, r["context_tokens"]) if "probe_layer" in cal else None
+        if r.get("hidden_states") and keys:
             z = gf.probe_logit(cal, r["hidden_states"], r["context_tokens"])
             r["hidden_probe"] = None if math.isnan(z) else float(gf.sigmoid(z))
-        elif "probe_layer" in cal and gf.probe_keys(cal, r["context_tokens"]) != gf.PROBE_KEYS:
+        elif keys and keys != gf.PROBE_KEYS:
+            which = "long" if keys == gf.LONG_PROBE_KEYS else "short"
             raise ec.EvalError("%s: an answer over %d documents' tokens without its hidden "
                                "states cannot be scored by the %s probe (ask with "
-                               "--hidden-layers)" % (r["id"], r["context_tokens"],
-                                                     gf.probe_keys(cal, r["context_tokens"])[0]
-                                                     .split("_")[0]))
+                               "--hidden-layers)" % (r["id"], r["context_tokens"], which))
         r["score"] = float(gf.score(cal, signals_of(r))[0]) if r["token_signals"]["logprob"] \
             else None
         r["flagged"] = None if r["score"] is None else (r["score"] >= cal["threshold"] and
